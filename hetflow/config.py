@@ -1,0 +1,325 @@
+"""The configuration models, defined once and passed down to every layer.
+
+Flow parameters are these models, so the Prefect UI renders them as forms; the CLI builds them
+from flags and files; the torchrun workers receive them as one JSON job file. Cross-field rules
+that JSON Schema cannot express (a global batch smaller than the cluster) live in
+``check_job``, called before anything is launched.
+
+    >>> ClusterSpec.from_speeds([1, 1, 2, 4]).slowdowns()
+    [16.0, 16.0, 8.0, 4.0]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A bad configuration value: the message is one line and names the field."""
+
+
+def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """One line per problem, `field.path: message (got value)`, the first problem first."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if p != "__root__")
+        where = ".".join(p for p in (prefix, loc) if p)
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+        lines.append(f"{where or 'config'}: {msg}{shown}")
+    return lines[0] if len(lines) == 1 else "; ".join(lines)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _finite_positive(name: str, v: float | None) -> float | None:
+    if v is not None and (not math.isfinite(v) or v <= 0):
+        raise ValueError(f"{name} must be a finite number > 0")
+    return v
+
+
+class WorkerSpec(_Model):
+    """One worker of the cluster: a cloud instance, or one emulated on this machine."""
+
+    name: str = Field(title="Name", description="Unique worker name, e.g. 'w0' or 'g5-a'.")
+    instance_type: str | None = Field(
+        None, title="Instance type", description="EC2 instance type, e.g. 'g5.xlarge' (optional)."
+    )
+    speed: float = Field(
+        1.0,
+        title="Relative speed (emulation)",
+        description="Emulated compute speed relative to the other workers; the profiler must "
+        "rediscover it by measurement. Ignored in the cloud.",
+    )
+    link_gbps: float | None = Field(
+        None,
+        title="Link bandwidth, Gbit/s (emulation)",
+        description="Emulated network bandwidth of this worker; empty means loopback speed.",
+    )
+    link_latency_ms: float = Field(
+        0.0, ge=0, title="Link latency, ms (emulation)", description="Added per collective."
+    )
+    memory_cap_batch: int | None = Field(
+        None, ge=1, title="Max local batch", description="Largest local batch that fits memory."
+    )
+    node: str = Field(
+        "node0", title="Node", description="Host this worker runs on (for hierarchical averaging)."
+    )
+
+    @field_validator("speed")
+    @classmethod
+    def _speed(cls, v: float) -> float:
+        return _finite_positive("speed", v)
+
+    @field_validator("link_gbps")
+    @classmethod
+    def _link(cls, v: float | None) -> float | None:
+        return _finite_positive("link_gbps", v)
+
+
+class ClusterSpec(_Model):
+    """The workers of one job, and how this machine emulates them."""
+
+    name: str = Field("local", title="Cluster name")
+    workers: list[WorkerSpec] = Field(min_length=1, title="Workers")
+    emulate: bool = Field(
+        True,
+        title="Emulate",
+        description="Dilate time on this machine to emulate the workers' speeds and links. "
+        "Off in the cloud, where the same code measures real instances.",
+    )
+    time_scale: float = Field(
+        4.0,
+        ge=1.0,
+        title="Time scale (emulation)",
+        description="The fastest emulated worker runs this many times slower than one core of "
+        "this machine, so that the ranks do not fight over the cores.",
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ClusterSpec:
+        seen: set[str] = set()
+        for w in self.workers:
+            if w.name in seen:
+                raise ValueError(f"worker name {w.name!r} appears twice")
+            seen.add(w.name)
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+    def slowdowns(self) -> list[float]:
+        """Time dilation per worker: the fastest runs `time_scale` times slower than a core."""
+        fastest = max(w.speed for w in self.workers)
+        return [self.time_scale * fastest / w.speed for w in self.workers]
+
+    @classmethod
+    def from_speeds(cls, speeds: list[float], **kw) -> ClusterSpec:
+        workers = [WorkerSpec(name=f"w{i}", speed=s) for i, s in enumerate(speeds)]
+        return cls(workers=workers, **kw)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ClusterSpec:
+        return cls.model_validate(load_mapping(path))
+
+
+def parse_speeds(text: str) -> list[float]:
+    """`"1,1,2,4"` -> [1.0, 1.0, 2.0, 4.0], with a one-line error naming `--speeds`."""
+    try:
+        speeds = [float(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--speeds: expected numbers separated by commas (got {text!r})") from None
+    if not speeds:
+        raise ConfigError("--speeds: at least one speed is needed")
+    for i, s in enumerate(speeds):
+        if not math.isfinite(s) or s <= 0:
+            raise ConfigError(f"--speeds: worker {i} speed must be a finite number > 0 (got {s})")
+    return speeds
+
+
+def load_mapping(path: str | Path) -> dict:
+    """Read a YAML or JSON file that must hold a mapping; one-line error otherwise."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read ({e.strerror})") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        first = str(e).splitlines()[0]
+        raise ConfigError(f"{p}: not valid YAML/JSON ({first})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+_URL = re.compile(r"^(s3|file|memory)://[^/].*$")
+
+
+class DatasetSpec(_Model):
+    """Where a dataset lives (shards + manifest) and how workers read it."""
+
+    source: Literal["digits", "synthetic"] = Field(
+        "digits",
+        title="Source",
+        description="'digits': scikit-learn's handwritten digits; 'synthetic': random digits-"
+        "shaped samples of any size, for throughput tests.",
+    )
+    url: str = Field(
+        "s3://hetflow-data/digits",
+        title="Dataset URL",
+        description="Prefix holding manifest.json and the shards (s3://, file:// or memory://).",
+    )
+    shard_samples: int = Field(256, ge=1, title="Samples per shard")
+    test_fraction: float = Field(0.2, gt=0, lt=1, title="Test fraction")
+    synthetic_samples: int = Field(10_000, ge=1, title="Synthetic samples")
+    seed: int = Field(0, title="Split seed")
+    cache_dir: str | None = Field(
+        None, title="Cache directory", description="Local shard cache; default under HETFLOW_HOME."
+    )
+    cache_mb: float = Field(256.0, gt=0, title="Cache budget (MB)")
+    prefetch: int = Field(2, ge=0, title="Prefetch depth (shards)")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not _URL.match(v):
+            raise ValueError("must start with s3://, file:// or memory:// and name a bucket/path")
+        return v.rstrip("/")
+
+
+Compression = str
+_COMPRESSION = re.compile(r"^(none|auto|fp16|bf16|powersgd:(\d+)|topk:([0-9.eE+-]+)|localsgd:(\d+))$")
+
+
+def parse_compression(v: str) -> tuple[str, float | int | None]:
+    """`"powersgd:4"` -> ("powersgd", 4); raises ValueError naming what is wrong."""
+    m = _COMPRESSION.match(v)
+    if not m:
+        raise ValueError(
+            "unknown method; use none, auto, fp16, bf16, powersgd:RANK, topk:RATIO or localsgd:H"
+        )
+    name = v.split(":")[0]
+    if m.group(2) is not None:
+        rank = int(m.group(2))
+        if rank < 1:
+            raise ValueError("powersgd rank must be >= 1")
+        return name, rank
+    if m.group(3) is not None:
+        try:
+            ratio = float(m.group(3))
+        except ValueError:
+            raise ValueError("topk ratio must be a number in (0, 1]") from None
+        if not 0 < ratio <= 1:
+            raise ValueError("topk ratio must be in (0, 1]")
+        return name, ratio
+    if m.group(4) is not None:
+        period = int(m.group(4))
+        if period < 1:
+            raise ValueError("localsgd period must be >= 1")
+        return name, period
+    return name, None
+
+
+class TrainConfig(_Model):
+    """What to train and how the batch is shared: the same for every variant but the knobs."""
+
+    model: Literal["mlp", "cnn", "wide_mlp"] = Field(
+        "cnn",
+        title="Model",
+        description="'cnn': small conv net (151k params); 'mlp': 85k params; 'wide_mlp': 4.3M "
+        "params, for communication studies.",
+    )
+    global_batch: int = Field(128, ge=1, title="Global batch", description="Samples per step.")
+    steps: int = Field(200, ge=1, title="Optimizer steps")
+    optimizer: Literal["sgd", "adam"] = Field("sgd", title="Optimizer")
+    lr: float = Field(0.05, gt=0, title="Learning rate")
+    momentum: float = Field(0.9, ge=0, lt=1, title="SGD momentum")
+    seed: int = Field(0, title="Seed")
+    target_accuracy: float | None = Field(
+        0.95,
+        gt=0,
+        le=1,
+        title="Target test accuracy",
+        description="time_to_target_s is the training time until this accuracy is first met.",
+    )
+    eval_every: int = Field(10, ge=1, title="Evaluate every N steps")
+    schedule: Literal["equal", "proportional", "dynamic"] = Field(
+        "dynamic",
+        title="Batch schedule",
+        description="'equal': same local batch everywhere (baseline); 'proportional': sized by "
+        "profiled speed; 'dynamic': proportional and re-balanced during the run.",
+    )
+    compression: Compression = Field(
+        "none",
+        title="Gradient communication",
+        description="none | auto | fp16 | bf16 | powersgd:RANK | topk:RATIO | localsgd:H. "
+        "'auto' compresses only when communication is a large share of the step.",
+    )
+    rebalance_every: int = Field(10, ge=1, title="Re-balance check every K steps")
+    rebalance_threshold: float = Field(
+        0.10, gt=0, title="Re-balance threshold", description="Imbalance (max/mean - 1) to act."
+    )
+    threads_per_rank: int = Field(1, ge=1, title="Torch threads per rank")
+
+    @field_validator("compression")
+    @classmethod
+    def _compression(cls, v: str) -> str:
+        parse_compression(v)
+        return v
+
+    @classmethod
+    def variant(cls, name: Literal["baseline", "optimized"], **kw) -> TrainConfig:
+        """The two variants of a job: baseline = equal split, no compression."""
+        knobs = {
+            "baseline": {"schedule": "equal", "compression": "none"},
+            "optimized": {"schedule": "dynamic", "compression": "auto"},
+        }[name]
+        return cls(**{**kw, **knobs})
+
+
+class TrackingConfig(_Model):
+    """Where runs are recorded. Empty fields defer to MLFLOW_* variables, then local defaults."""
+
+    tracking_uri: str | None = Field(
+        None,
+        title="MLflow tracking URI",
+        description="Empty: $MLFLOW_TRACKING_URI, else a SQLite file under HETFLOW_HOME.",
+    )
+    experiment: str = Field("hetflow", min_length=1, title="MLflow experiment")
+
+
+def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
+    """Rules across models that JSON Schema cannot state; raises ConfigError before launch."""
+    n = cluster.world_size
+    if train.global_batch < n:
+        raise ConfigError(
+            f"train.global_batch: {train.global_batch} is smaller than the {n} workers of the "
+            "cluster; every worker needs at least one sample per step"
+        )
+    caps = [w.memory_cap_batch for w in cluster.workers]
+    if all(c is not None for c in caps) and sum(caps) < train.global_batch:
+        raise ConfigError(
+            f"cluster.workers.memory_cap_batch: the caps sum to {sum(caps)}, less than "
+            f"train.global_batch={train.global_batch}"
+        )
+
+
+def validated(model: type[BaseModel], data: dict, prefix: str) -> BaseModel:
+    """model.model_validate(data), with the error turned into a one-line ConfigError."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(describe_validation_error(e, prefix)) from None

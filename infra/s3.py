@@ -1,0 +1,76 @@
+"""S3 (or any fsspec URL) access, and a local S3-protocol endpoint for runs with no AWS.
+
+Endpoints and credentials come from the standard AWS variables (`AWS_ENDPOINT_URL`,
+`AWS_ACCESS_KEY_ID`, ...), which botocore, s3fs and every torchrun child read alike; nothing
+here stores or logs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+
+import fsspec
+
+LOCAL_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "hetflow-local",
+    "AWS_SECRET_ACCESS_KEY": "hetflow-local-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem for a URL and the path inside it (s3://, file://, memory://)."""
+    opts: dict = {}
+    if url.startswith("s3://"):
+        # botocore's own retries (adaptive, with backoff) absorb throttling and 5xx.
+        opts = {"config_kwargs": {"retries": {"max_attempts": 5, "mode": "adaptive"}}}
+        opts["skip_instance_cache"] = True
+    return fsspec.core.url_to_fs(url, **opts)
+
+
+def ensure_bucket(url: str) -> None:
+    """Create the bucket of an s3:// URL if it does not exist (local endpoints only need it)."""
+    if not url.startswith("s3://"):
+        return
+    fs, path = filesystem(url)
+    bucket = path.split("/", 1)[0]
+    if not fs.exists(bucket):
+        fs.mkdir(bucket)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_s3_endpoint() -> Iterator[str]:
+    """Use `AWS_ENDPOINT_URL` or real AWS when configured; else serve S3 from moto on loopback.
+
+    The moto server lives as long as the context; its endpoint and local credentials are put in
+    `os.environ` so that child processes (torchrun ranks) reach the same endpoint.
+    """
+    if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ACCESS_KEY_ID"):
+        yield os.environ.get("AWS_ENDPOINT_URL", "aws")
+        return
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in [*LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL"]}
+    os.environ.update(LOCAL_CREDENTIALS, AWS_ENDPOINT_URL=endpoint)
+    try:
+        yield endpoint
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()

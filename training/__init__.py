@@ -1,0 +1,1 @@
+"""PyTorch: models, the torchrun worker, the heterogeneity scheduler, comm hooks, accounting."""

@@ -1,0 +1,50 @@
+"""Start the workers with torchrun (one process per emulated worker on this machine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.s3 import free_port
+from training.job import RunSpec
+
+
+class LaunchError(RuntimeError):
+    """torchrun exited non-zero; the message carries the tail of the workers' output."""
+
+
+def torchrun_command(job: Path, nproc: int, port: int, max_restarts: int = 0) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1", "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--max-restarts", str(max_restarts),
+        "-m", "training.worker", "--job", str(job),
+    ]
+
+
+def run_workers(spec: RunSpec, timeout_s: float = 1800) -> tuple[dict, float]:
+    """Write the job file, run torchrun to completion, return (result.json, wall seconds)."""
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job = spec.write(run_dir / "job.json")
+    cmd = torchrun_command(job, spec.cluster.world_size, free_port())
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec.train.threads_per_rank),
+           "PYTHONPATH": _project_root() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    log = run_dir / "workers.log"
+    t = time.perf_counter()
+    with log.open("wb") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+        raise LaunchError(f"torchrun exited {proc.returncode} (log: {log}):\n" + "\n".join(tail))
+    return json.loads((run_dir / "result.json").read_text()), wall
+
+
+def _project_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)

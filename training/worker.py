@@ -1,0 +1,278 @@
+"""The torchrun entry point: one process per (emulated) worker, DDP over gloo.
+
+One machine, 4 emulated workers (what `hetflow demo` runs)::
+
+    torchrun --nproc-per-node 4 -m training.worker --job RUN_DIR/job.json
+
+Several nodes (c10d rendezvous; run the same line on every node)::
+
+    torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
+        --rdzv-endpoint HOST:29400 --rdzv-id JOB -m training.worker --job job.json
+
+Rank 0 writes `result.json` (and `model.pt`) into the job's run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from training.comm import Link, WireCounter, register_compression
+from training.data import RankData, load_rank_data
+from training.job import RunSpec
+from training.models import build_model, parameter_count
+from training.partition import Stream
+from training.scheduler import Rebalancer, equal_batches, plan_batches
+
+now = time.perf_counter
+
+
+class Emulator:
+    """Time dilation for an emulated worker: a compute phase lasts `slowdown` x its CPU time.
+
+    CPU time of the computing thread, not wall time: on a shared host the ranks wait for a
+    core, and that wait (which depends on what the other ranks do) must not leak into the
+    emulated device's speed. The phase is padded with sleep up to slowdown x CPU seconds.
+    """
+
+    def __init__(self, slowdown: float, link: Link) -> None:
+        self.slowdown = slowdown
+        self.link = link
+        self._wall = self._cpu = 0.0
+
+    def start(self) -> None:
+        self._wall, self._cpu = now(), time.thread_time()
+
+    def finish(self) -> None:
+        target = self.slowdown * (time.thread_time() - self._cpu)
+        pad = target - (now() - self._wall)
+        if pad > 0:
+            time.sleep(pad)
+
+
+def emulator_for(spec: RunSpec, rank: int) -> Emulator:
+    if not spec.cluster.emulate:
+        return Emulator(1.0, Link(None, 0.0))
+    w = spec.cluster.workers[rank]
+    return Emulator(spec.cluster.slowdowns()[rank], Link(w.link_gbps, w.link_latency_ms / 1e3))
+
+
+@dataclass
+class StepRecord:
+    step: int
+    batch: int
+    data_s: float
+    compute_s: float
+    wait_s: float  # after compute: communication, waiting for other ranks, optimizer
+    step_s: float
+    loss_sum: float
+    bytes_sent: float
+    idle_s: float = 0.0
+    comm_s: float = 0.0
+
+
+class _Clock:
+    compute_end = 0.0
+
+
+def _timed_hook(clock: _Clock, emu: Emulator):
+    """Wrap a comm hook: when the last bucket is ready, backward's compute is over; dilate it."""
+
+    def wrap(hook):
+        def wrapped(state, bucket):
+            if bucket.is_last():
+                emu.finish()
+                clock.compute_end = now()
+            return hook(state, bucket)
+
+        return wrapped
+
+    return wrap
+
+
+def _settle_window(records: list[StepRecord], world: int, counter_world_gather) -> list[float]:
+    """All-gather the window's compute times; split each rank's wait into idle and comm."""
+    mine = torch.tensor([r.compute_s for r in records], dtype=torch.float64)
+    everyone = [torch.zeros_like(mine) for _ in range(world)]
+    counter_world_gather(everyone, mine)
+    table = torch.stack(everyone)  # ranks x steps
+    slowest = table.max(dim=0).values
+    for r, fastest_gap in zip(records, (slowest - mine).tolist(), strict=True):
+        r.idle_s = min(fastest_gap, r.wait_s)
+        r.comm_s = r.wait_s - r.idle_s
+    return table.sum(dim=1).tolist()
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    with torch.no_grad():
+        acc = (model(x).argmax(1) == y).float().mean().item()
+    model.train()
+    return acc
+
+
+def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCounter) -> dict:
+    cfg = spec.train
+    emu = emulator_for(spec, rank)
+    model = build_model(cfg.model, data.manifest.features, data.manifest.classes, cfg.seed)
+    clock = _Clock()
+    ddp = DDP(model)
+    register_compression(ddp, spec.compression, _timed_hook(clock, emu))
+    if cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    else:
+        opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
+    plan = list(spec.plan) or equal_batches(world, cfg.global_batch)
+    caps = [w.memory_cap_batch for w in spec.cluster.workers]
+    rebalancer = Rebalancer(cfg.global_batch, caps, threshold=cfg.rebalance_threshold)
+    stream = Stream(data.train.y, seed=cfg.seed)
+    xtr, ytr = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
+    xte, yte = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
+
+    records: list[StepRecord] = []
+    window: list[StepRecord] = []
+    plans = [{"step": 0, "plan": list(plan)}]
+    evals: list[dict] = []
+    train_time = 0.0
+    counter.take()
+    for step in range(cfg.steps):
+        t0 = now()
+        idx = torch.from_numpy(stream.step_indices(step, plan, rank))
+        x, y = xtr[idx], ytr[idx]
+        t1 = now()
+        emu.start()
+        loss_sum = nn.functional.cross_entropy(ddp(x), y, reduction="sum")
+        # DDP averages over ranks; scale so the result is the mean over the global batch.
+        (loss_sum * world / cfg.global_batch).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        nbytes, ncoll = counter.take()
+        emu.link.delay(nbytes, ncoll)
+        t3 = now()
+        rec = StepRecord(step, len(idx), t1 - t0, clock.compute_end - t1, t3 - clock.compute_end,
+                         t3 - t0, float(loss_sum.detach()), nbytes)
+        records.append(rec)
+        window.append(rec)
+        train_time += rec.step_s
+        last = step == cfg.steps - 1
+        if len(window) == cfg.rebalance_every or last:
+            totals = _settle_window(window, world, dist.all_gather)
+            rebalancer.observe(plan, totals)
+            if cfg.schedule == "dynamic" and not last:
+                new = rebalancer.propose(plan, step + 1)
+                if new is not None:
+                    plan = new
+                    plans.append({"step": step + 1, "plan": list(plan)})
+            window = []
+        if (step + 1) % cfg.eval_every == 0 or last:
+            if rank == 0:
+                evals.append({"step": step + 1, "train_time_s": train_time,
+                              "accuracy": evaluate(model, xte, yte)})
+            dist.barrier()  # the others wait here, outside the timed step
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()} if rank == 0 else None
+    return {
+        "records": [asdict(r) for r in records],
+        "plans": plans,
+        "evals": evals,
+        "replans": rebalancer.history,
+        "bytes_total": counter.total_bytes,
+        "params": parameter_count(model),
+        "state": state,
+        "load_s": data.load_s,
+        "cache": {"hits": data.cache.stats.hits, "misses": data.cache.stats.misses,
+                  "bytes_read": data.cache.stats.bytes_read},
+    }
+
+
+def profile(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCounter) -> dict:
+    """Measure this rank as training will run it: fwd+bwd at a few batch sizes, then all-reduce."""
+    emu = emulator_for(spec, rank)
+    model = build_model(spec.train.model, data.manifest.features, data.manifest.classes)
+    x, y = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
+    sizes, times = [], []
+    for bsz in spec.profile_batches:
+        xb, yb = x[:bsz], y[:bsz]
+        for rep in range(4):
+            t = now()
+            emu.start()
+            nn.functional.cross_entropy(model(xb), yb).backward()
+            emu.finish()
+            model.zero_grad(set_to_none=True)
+            if rep:  # the first is a warm-up
+                sizes.append(bsz)
+                times.append(now() - t)
+    slope, intercept = np.polyfit(sizes, times, 1)
+    ref = max(1, spec.train.global_batch // world)
+    step_at_ref = max(intercept + slope * ref, 1e-9)
+    grad_bytes = parameter_count(model) * 4
+    ar_bytes, ar_times = [], []
+    for nbytes in (4_096, 262_144, max(grad_bytes, 1_048_576)):
+        buf = torch.zeros(nbytes // 4)
+        for rep in range(4):
+            dist.barrier()
+            t = now()
+            dist.all_reduce(buf)
+            sent, ncoll = counter.take()
+            emu.link.delay(sent, ncoll)
+            if rep:
+                ar_bytes.append(nbytes)
+                ar_times.append(now() - t)
+    ar_slope, ar_intercept = np.polyfit(ar_bytes, ar_times, 1)
+    wire = 2 * (world - 1) / world if world > 1 else 1.0
+    grad_allreduce_s = max(ar_intercept + ar_slope * grad_bytes, 0.0)
+    return {
+        "samples_per_s": ref / step_at_ref,
+        "fit_latency_s": float(intercept),
+        "fit_s_per_sample": float(slope),
+        "allreduce_latency_s": float(max(ar_intercept, 0.0)),
+        "allreduce_gbps": float(wire * 8 / ar_slope / 1e9) if ar_slope > 0 else float("inf"),
+        "grad_bytes": grad_bytes,
+        "grad_allreduce_s": grad_allreduce_s,
+        "step_compute_s": float(step_at_ref),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", required=True, help="job.json written by the flow")
+    args = parser.parse_args(argv)
+    spec = RunSpec.read(args.job)
+    torch.set_num_threads(spec.train.threads_per_rank)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != spec.cluster.world_size:
+        raise SystemExit(f"world size {world} != {spec.cluster.world_size} workers in the cluster")
+    counter = WireCounter(world)
+    counter.install()
+    try:
+        data = load_rank_data(spec.dataset)
+        work = train if spec.mode == "train" else profile
+        mine = work(spec, data, rank, world, counter)
+        data.cache.close()
+        state = mine.pop("state", None)
+        gathered: list[dict] = [None] * world  # type: ignore[list-item]
+        dist.all_gather_object(gathered, {"rank": rank, "node": os.uname().nodename, **mine})
+        if rank == 0:
+            out = Path(spec.run_dir)
+            if state is not None:
+                torch.save(state, out / "model.pt")
+            tmp = out / "result.json.tmp"
+            tmp.write_text(json.dumps({"mode": spec.mode, "ranks": gathered}))
+            tmp.replace(out / "result.json")
+    finally:
+        counter.uninstall()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
