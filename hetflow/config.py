@@ -6,7 +6,7 @@ that JSON Schema cannot express (a global batch smaller than the cluster) live i
 ``check_job``, called before anything is launched.
 
     >>> ClusterSpec.from_speeds([1, 1, 2, 4]).slowdowns()
-    [16.0, 16.0, 8.0, 4.0]
+    [32.0, 32.0, 16.0, 8.0]
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class ClusterSpec(_Model):
         "Off in the cloud, where the same code measures real instances.",
     )
     time_scale: float = Field(
-        4.0,
+        8.0,
         ge=1.0,
         title="Time scale (emulation)",
         description="The fastest emulated worker runs this many times slower than one core of "
@@ -323,3 +323,11 @@ def validated(model: type[BaseModel], data: dict, prefix: str) -> BaseModel:
         return model.model_validate(data)
     except ValidationError as e:
         raise ConfigError(describe_validation_error(e, prefix)) from None
+
+
+DEFAULT_SPEEDS = [1.0, 1.0, 2.0, 4.0]
+
+
+def default_cluster() -> ClusterSpec:
+    """The demo's 4 emulated workers, relative speeds 1, 1, 2, 4."""
+    return ClusterSpec.from_speeds(DEFAULT_SPEEDS, name="demo-1-1-2-4")

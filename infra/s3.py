@@ -57,8 +57,11 @@ def local_s3_endpoint() -> Iterator[str]:
     if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ACCESS_KEY_ID"):
         yield os.environ.get("AWS_ENDPOINT_URL", "aws")
         return
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

@@ -1,0 +1,1 @@
+"""Prefect flows composing the tasks, and the `hetflow` command line."""

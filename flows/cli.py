@@ -1,0 +1,227 @@
+"""The `hetflow` command line.
+
+    hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH]
+    hetflow train | profile | compare RUN_ID RUN_ID | data ingest | stack up|down|status
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from hetflow.config import (
+    ClusterSpec,
+    ConfigError,
+    DatasetSpec,
+    TrackingConfig,
+    TrainConfig,
+    check_job,
+    default_cluster,
+    describe_validation_error,
+    parse_speeds,
+)
+
+
+class UsageError(Exception):
+    pass
+
+
+def _cluster(args) -> ClusterSpec:
+    if getattr(args, "cluster", None) and getattr(args, "speeds", None):
+        raise ConfigError("--speeds and --cluster: give one of them, not both")
+    if getattr(args, "cluster", None):
+        return ClusterSpec.from_file(args.cluster)
+    if getattr(args, "speeds", None):
+        return ClusterSpec.from_speeds(parse_speeds(args.speeds), name=f"speeds-{args.speeds.replace(',', '-')}")
+    return default_cluster()
+
+
+def _train(args, **extra) -> TrainConfig:
+    kw = {k: v for k, v in {"steps": args.steps, "model": args.model,
+                             "global_batch": args.global_batch, "seed": args.seed}.items() if v is not None}
+    return TrainConfig(**kw, **extra)
+
+
+def _add_job_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speeds", help="relative speeds of emulated workers, e.g. 1,1,2,4")
+    p.add_argument("--cluster", help="cluster file (YAML or JSON, a ClusterSpec)")
+    p.add_argument("--steps", type=int, help="optimizer steps per variant")
+    p.add_argument("--model", help="mlp | cnn | wide_mlp")
+    p.add_argument("--global-batch", type=int, dest="global_batch")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--dataset-url", dest="dataset_url", help="s3://bucket/prefix of the dataset")
+    p.add_argument("--json", dest="json_path", help="also write the results as JSON here")
+
+
+def _dataset(args) -> DatasetSpec:
+    return DatasetSpec(url=args.dataset_url) if getattr(args, "dataset_url", None) else DatasetSpec()
+
+
+def _print_table(table: dict, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tasks.report import rows
+
+    t = Table(title=title)
+    for col, justify in (("metric", "left"), ("baseline", "right"), ("optimized", "right"), ("change", "right")):
+        t.add_column(col, justify=justify)
+    for row in rows(table):
+        t.add_row(*row)
+    Console().print(t)
+
+
+def _write_json(path: str | None, data: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=1))
+        print(f"wrote {path}")
+
+
+def _where_to_look(tracking: TrackingConfig) -> None:
+    from tasks.tracking import tracking_uri
+
+    uri = tracking_uri(tracking)
+    print("\nWhere to look:")
+    if uri.startswith(("http://", "https://")):
+        print(f"  MLflow UI:  {uri}  (experiment '{tracking.experiment}')")
+    else:
+        print(f"  MLflow UI:  mlflow ui --backend-store-uri {uri} --port 5000   then open http://127.0.0.1:5000")
+    api = os.environ.get("PREFECT_API_URL")
+    if api:
+        print(f"  Prefect UI: {api.removesuffix('/api')}/runs")
+    else:
+        print("  Prefect UI: `hetflow stack up`, export the variables it prints, and re-run to see flows there")
+
+
+def cmd_demo(args) -> int:
+    from flows.compare import compare
+
+    cluster, train, dataset, tracking = _cluster(args), _train(args), _dataset(args), TrackingConfig()
+    check_job(cluster, train)
+    speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
+    print(f"hetflow demo: {cluster.world_size} emulated workers (speeds {speeds}), "
+          f"{train.model} on {dataset.source}, {train.steps} steps per variant")
+    t = time.perf_counter()
+    out = compare(cluster=cluster, dataset=dataset, train=train, tracking=tracking)
+    _print_table(out["table"], f"{cluster.name}: baseline vs optimized")
+    print(f"demo finished in {time.perf_counter() - t:.0f}s; MLflow runs: {out['run_ids']} (parent {out['parent_run_id']})")
+    _write_json(args.json_path, out["table"])
+    _where_to_look(tracking)
+    return 0
+
+
+def cmd_train(args) -> int:
+    from flows.train import train as train_flow
+
+    cluster, cfg = _cluster(args), _train(args)
+    check_job(cluster, cfg)
+    out = train_flow(cluster=cluster, dataset=_dataset(args), train=cfg, variant=args.variant)
+    print(json.dumps(out, indent=1))
+    _write_json(args.json_path, out)
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from flows.profile_cluster import profile_cluster, profile_rows
+
+    cluster, cfg = _cluster(args), _train(args)
+    check_job(cluster, cfg)
+    profile = profile_cluster(cluster=cluster, dataset=_dataset(args), train=cfg)
+    for row in profile_rows(profile):
+        print(row)
+    print(f"profiling took {profile['profiling_time_s']:.1f}s")
+    _write_json(args.json_path, profile)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from tasks.report import comparison
+    from tasks.tracking import read_run_metrics
+
+    tracking = TrackingConfig()
+    name_a, a = read_run_metrics(tracking, args.run_a)
+    name_b, b = read_run_metrics(tracking, args.run_b)
+    table = comparison(a, b)
+    _print_table(table, f"{name_a} ({args.run_a[:8]}) vs {name_b} ({args.run_b[:8]})")
+    _write_json(args.json_path, table)
+    return 0
+
+
+def cmd_data_ingest(args) -> int:
+    from flows.prepare_dataset import prepare_dataset
+
+    spec = DatasetSpec(source=args.source, url=args.url, shard_samples=args.shard_samples,
+                       synthetic_samples=args.samples)
+    manifest = prepare_dataset(dataset=spec, overwrite=True)
+    print(json.dumps({k: v["samples"] for k, v in manifest["splits"].items()}))
+    return 0
+
+
+def cmd_stack(args) -> int:
+    from infra import stack
+
+    return {"up": stack.up, "down": stack.down, "status": stack.status}[args.action]()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hetflow", description="Heterogeneity-aware training pipeline")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="the whole job once, small: baseline vs optimized")
+    _add_job_args(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    tr = sub.add_parser("train", help="profile, plan and train one variant")
+    _add_job_args(tr)
+    tr.add_argument("--variant", choices=["baseline", "optimized"], default="optimized")
+    tr.set_defaults(func=cmd_train)
+
+    pr = sub.add_parser("profile", help="measure the workers of a cluster")
+    _add_job_args(pr)
+    pr.set_defaults(func=cmd_profile)
+
+    cmp_ = sub.add_parser("compare", help="side-by-side table of two MLflow runs")
+    cmp_.add_argument("run_a")
+    cmp_.add_argument("run_b")
+    cmp_.add_argument("--json", dest="json_path")
+    cmp_.set_defaults(func=cmd_compare)
+
+    data = sub.add_parser("data", help="datasets in S3")
+    dsub = data.add_subparsers(dest="data_command", required=True)
+    ing = dsub.add_parser("ingest", help="write a dataset as shards + manifest")
+    ing.add_argument("--source", choices=["digits", "synthetic"], default="digits")
+    ing.add_argument("--url", default=DatasetSpec().url)
+    ing.add_argument("--shard-samples", type=int, default=256, dest="shard_samples")
+    ing.add_argument("--samples", type=int, default=10_000, help="synthetic source size")
+    ing.set_defaults(func=cmd_data_ingest)
+
+    st = sub.add_parser("stack", help="a persistent local stack on 127.0.0.1")
+    st.add_argument("action", choices=["up", "down", "status"])
+    st.set_defaults(func=cmd_stack)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pydantic import ValidationError
+
+    from infra.datasets import DatasetError
+    from training.scheduler import PlanError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, PlanError, DatasetError) as e:
+        print(f"hetflow: error: {e}", file=sys.stderr)
+        return 2
+    except ValidationError as e:
+        print(f"hetflow: error: {describe_validation_error(e)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Flow: baseline and optimized on the same cluster, data and seed, side by side.
+
+Both variants are children of one MLflow parent run, which holds the comparison table; the
+same table is the flow run's Prefect markdown artifact.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig, check_job, default_cluster
+from infra.s3 import local_s3_endpoint
+from tasks.cluster import profile_workers, train_variant
+from tasks.data import ingest_dataset
+from tasks.report import comparison, markdown
+from tasks.tracking import finish_parent_run, record_training_run, start_parent_run
+
+VARIANTS = ("baseline", "optimized")
+
+
+@flow(name="compare", log_prints=True)
+def compare(
+    cluster: ClusterSpec = default_cluster(),
+    dataset: DatasetSpec = DatasetSpec(),
+    train: TrainConfig = TrainConfig(),
+    tracking: TrackingConfig = TrackingConfig(),
+) -> dict:
+    check_job(cluster, train)
+    knobs = train.model_dump(exclude={"schedule", "compression"})
+    outcomes = {}
+    with local_s3_endpoint():
+        ingest_dataset(dataset)
+        profile = profile_workers(cluster, dataset, train)
+        parent = start_parent_run(tracking, cluster, dataset)
+        for variant in VARIANTS:
+            cfg = TrainConfig.variant(variant, **knobs)
+            out = train_variant(variant, cluster, dataset, cfg, profile)
+            out["run_id"] = record_training_run(out, cluster, dataset, cfg, tracking, profile, parent)
+            outcomes[variant] = out
+    table = comparison(outcomes["baseline"]["metrics"], outcomes["optimized"]["metrics"])
+    md = markdown(table, f"{cluster.name}: baseline vs optimized")
+    create_markdown_artifact(md, key="comparison", description="baseline vs optimized")
+    finish_parent_run(tracking, parent, table, md)
+    return {
+        "table": table,
+        "parent_run_id": parent,
+        "run_ids": {v: outcomes[v]["run_id"] for v in VARIANTS},
+        "plans": {v: outcomes[v]["plan"] for v in VARIANTS},
+    }

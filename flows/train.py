@@ -1,0 +1,31 @@
+"""Flow: profile, plan and train one variant on the cluster; record it in MLflow."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prefect import flow
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig, check_job, default_cluster
+from infra.s3 import local_s3_endpoint
+from tasks.cluster import profile_workers, train_variant
+from tasks.data import ingest_dataset
+from tasks.tracking import record_training_run
+
+
+@flow(name="train", log_prints=True)
+def train(
+    cluster: ClusterSpec = default_cluster(),
+    dataset: DatasetSpec = DatasetSpec(),
+    train: TrainConfig = TrainConfig(),
+    tracking: TrackingConfig = TrackingConfig(),
+    variant: Literal["baseline", "optimized"] = "optimized",
+) -> dict:
+    check_job(cluster, train)
+    cfg = TrainConfig.variant(variant, **train.model_dump(exclude={"schedule", "compression"}))
+    with local_s3_endpoint():
+        ingest_dataset(dataset)
+        profile = profile_workers(cluster, dataset, cfg)
+        outcome = train_variant(variant, cluster, dataset, cfg, profile)
+        outcome["run_id"] = record_training_run(outcome, cluster, dataset, cfg, tracking, profile)
+    return {"run_id": outcome["run_id"], "metrics": outcome["metrics"]}

@@ -1,0 +1,140 @@
+"""MLflow: one run per training run, a parent run per comparison. Written once, by the driver.
+
+The ranks return their figures to the flow; this module writes them after training, so the
+writing never stalls a training step. `MLFLOW_TRACKING_URI` wins over the embedded default, a
+SQLite file under HETFLOW_HOME.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+from prefect import runtime, task
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
+from infra.paths import home
+
+BATCH = 500  # MLflow accepts up to 1000 metrics per log_batch call
+
+
+def tracking_uri(cfg: TrackingConfig) -> str:
+    return cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{home() / 'mlflow.db'}"
+
+
+def experiment_id(client: MlflowClient, cfg: TrackingConfig) -> str:
+    exp = client.get_experiment_by_name(cfg.experiment)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if client.tracking_uri.startswith("sqlite:"):
+        location = (home() / "mlartifacts").as_uri()
+    return client.create_experiment(cfg.experiment, artifact_location=location)
+
+
+def client_for(cfg: TrackingConfig) -> MlflowClient:
+    uri = tracking_uri(cfg)
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient(uri)
+
+
+def flatten(prefix: str, value) -> dict[str, str]:
+    if isinstance(value, dict):
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            out.update(flatten(f"{prefix}.{k}" if prefix else str(k), v))
+        return out
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return {f"{prefix}.{i}.{k}": v for i, item in enumerate(value) for k, v in flatten("", item).items()}
+    return {prefix: json.dumps(value) if isinstance(value, list) else str(value)}
+
+
+def _flow_run_tags() -> dict[str, str]:
+    tags = {}
+    run_id = runtime.flow_run.id
+    if run_id:
+        tags["prefect_flow_run_id"] = str(run_id)
+        url = runtime.flow_run.ui_url
+        if url and os.environ.get("PREFECT_API_URL"):
+            tags["prefect_flow_run_url"] = url
+    return tags
+
+
+def _log_json(client: MlflowClient, run_id: str, name: str, data) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / name
+        path.write_text(json.dumps(data, indent=1, default=str))
+        client.log_artifact(run_id, str(path))
+
+
+@task(retries=2, retry_delay_seconds=[2, 10], task_run_name="record {outcome[variant]} in MLflow")
+def record_training_run(
+    outcome: dict,
+    cluster: ClusterSpec,
+    dataset: DatasetSpec,
+    train: TrainConfig,
+    tracking: TrackingConfig,
+    profile: dict,
+    parent_run_id: str | None = None,
+) -> str:
+    client = client_for(tracking)
+    tags = {"variant": outcome["variant"], "cluster": cluster.name, "dataset": dataset.url,
+            **_flow_run_tags()}
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    run = client.create_run(experiment_id(client, tracking), run_name=outcome["variant"], tags=tags)
+    rid = run.info.run_id
+    params = {
+        **flatten("cluster", cluster.model_dump()),
+        **flatten("dataset", dataset.model_dump()),
+        **flatten("train", train.model_dump()),
+        **flatten("plan", outcome["plan"]),
+    }
+    _log_params(client, rid, params)
+    now_ms = int(time.time() * 1000)
+    metrics = [Metric(k, float(v), now_ms, 0) for k, v in outcome["metrics"].items()]
+    for row in outcome["series"]:
+        metrics += [Metric(k, float(v), now_ms, row["step"]) for k, v in row.items() if k != "step"]
+    metrics += [Metric("test_accuracy", e["accuracy"], now_ms, e["step"]) for e in outcome["evals"]]
+    for i in range(0, len(metrics), BATCH):
+        client.log_batch(rid, metrics=metrics[i : i + BATCH])
+    _log_json(client, rid, "profile.json", profile)
+    _log_json(client, rid, "plan.json", {"initial": outcome["plan"], "plans": outcome["plans"],
+                                          "replans": outcome["replans"]})
+    client.set_terminated(rid)
+    return rid
+
+
+def _log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
+    items = [Param(k, v[:6000]) for k, v in params.items()]
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[i : i + 100])
+
+
+def start_parent_run(tracking: TrackingConfig, cluster: ClusterSpec, dataset: DatasetSpec) -> str:
+    client = client_for(tracking)
+    tags = {"variant": "compare", "cluster": cluster.name, "dataset": dataset.url, **_flow_run_tags()}
+    run = client.create_run(experiment_id(client, tracking), run_name="compare", tags=tags)
+    return run.info.run_id
+
+
+def finish_parent_run(tracking: TrackingConfig, run_id: str, table: dict, markdown: str) -> None:
+    client = client_for(tracking)
+    _log_json(client, run_id, "comparison.json", table)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "comparison.md"
+        path.write_text(markdown)
+        client.log_artifact(run_id, str(path))
+    client.set_terminated(run_id)
+
+
+def read_run_metrics(tracking: TrackingConfig, run_id: str) -> tuple[str, dict[str, float]]:
+    client = client_for(tracking)
+    run = client.get_run(run_id)
+    return run.data.tags.get("variant", run_id[:8]), dict(run.data.metrics)
