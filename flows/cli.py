@@ -168,6 +168,16 @@ def cmd_stack(args) -> int:
     return {"up": stack.up, "down": stack.down, "status": stack.status}[args.action]()
 
 
+BENCHMARKS = ("hetero", "comm", "data")
+
+
+def cmd_bench(args) -> int:
+    """Each benchmark module parses its own flags: `hetflow bench NAME --help`."""
+    import importlib
+
+    return importlib.import_module(f"benchmarks.{args.name}").main(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hetflow", description="Heterogeneity-aware training pipeline")
     sub = p.add_subparsers(dest="command", required=True)
@@ -200,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     ing.add_argument("--samples", type=int, default=10_000, help="synthetic source size")
     ing.set_defaults(func=cmd_data_ingest)
 
+    bench = sub.add_parser("bench", help="benchmarks that compare variants in one run")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags")
+    bench.set_defaults(func=cmd_bench)
+
     st = sub.add_parser("stack", help="a persistent local stack on 127.0.0.1")
     st.add_argument("action", choices=["up", "down", "status"])
     st.set_defaults(func=cmd_stack)
@@ -207,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from pydantic import ValidationError
 
     from infra.datasets import DatasetError

@@ -112,6 +112,11 @@ def register_compression(ddp: torch.nn.parallel.DistributedDataParallel, method:
     return state
 
 
+def wrap_optimizer(optimizer: torch.optim.Optimizer, method: str, state) -> torch.optim.Optimizer:
+    """The optimizer the method needs (local SGD averages models in the optimizer's step)."""
+    return optimizer
+
+
 def choose_compression(comm_share: float, threshold: float = 0.25) -> tuple[str, str]:
     """'auto': compress only when communication is a large share of the step; say why."""
     if comm_share < threshold:

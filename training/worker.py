@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from training.comm import Link, WireCounter, register_compression
+from training.comm import Link, WireCounter, register_compression, wrap_optimizer
 from training.data import RankData, load_rank_data
 from training.job import RunSpec
 from training.models import build_model, parameter_count
@@ -127,11 +127,12 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     model = build_model(cfg.model, data.manifest.features, data.manifest.classes, cfg.seed)
     clock = _Clock()
     ddp = DDP(model)
-    register_compression(ddp, spec.compression, _timed_hook(clock, emu))
+    hook_state = register_compression(ddp, spec.compression, _timed_hook(clock, emu))
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     else:
         opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
+    opt = wrap_optimizer(opt, spec.compression, hook_state)
     plan = list(spec.plan) or equal_batches(world, cfg.global_batch)
     caps = [w.memory_cap_batch for w in spec.cluster.workers]
     rebalancer = Rebalancer(cfg.global_batch, caps, threshold=cfg.rebalance_threshold)

@@ -1,0 +1,53 @@
+"""Shared fixtures: a private HETFLOW_HOME, an S3 endpoint over HTTP (moto), Prefect's harness.
+
+Every test that touches S3 talks HTTP to a moto server on 127.0.0.1, as s3fs's own tests do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+@pytest.fixture(autouse=True)
+def hetflow_home(tmp_path, monkeypatch):
+    home = tmp_path / "hetflow-home"
+    monkeypatch.setenv("HETFLOW_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3/EC2 server on loopback for the whole session; yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """Point boto3/s3fs (and torchrun children) at the moto server with fake credentials."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing-key-id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return s3_server
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
