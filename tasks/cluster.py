@@ -50,7 +50,8 @@ def train_variant(
     run_dir = new_run_dir(variant)
     spec = RunSpec(run_name=run_dir.name, variant=variant, cluster=cluster, dataset=dataset,
                    train=train, plan=plan.local_batches, compression=plan.compression,
-                   compression_reason=plan.compression_reason, run_dir=str(run_dir))
+                   compression_reason=plan.compression_reason, latency_s=plan.latency_s,
+                   run_dir=str(run_dir))
     print(f"{variant}: local batches {plan.local_batches}, compression {plan.compression} "
           f"({plan.compression_reason}); training {train.steps} steps")
     result, wall = run_workers(spec)

@@ -20,6 +20,11 @@ class RunSpec(BaseModel):
     plan: list[int] = Field(default_factory=list, description="Initial local batch per rank.")
     compression: str = Field("none", description="Resolved method; never 'auto'.")
     compression_reason: str = ""
+    latency_s: list[float] = Field(default_factory=list, description="Profiled per-step latency per rank.")
+    stragglers: list[tuple[int, int, float]] = Field(
+        default_factory=list,
+        description="(rank, step, factor): from `step` on, that rank's slowdown is multiplied by factor.",
+    )
     run_dir: str
     profile_batches: list[int] = Field(default_factory=lambda: [8, 16, 32, 64])
 

@@ -17,14 +17,22 @@ class LaunchError(RuntimeError):
     """torchrun exited non-zero; the message carries the tail of the workers' output."""
 
 
-def torchrun_command(job: Path, nproc: int, port: int, max_restarts: int = 0) -> list[str]:
+def torchrun_command(
+    job: Path, nproc: int, endpoint: str, nnodes: int = 1, rdzv_id: str = "hetflow", max_restarts: int = 0
+) -> list[str]:
+    """torchrun with c10d rendezvous; on several nodes run the same command on each of them."""
     return [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id,
         "--max-restarts", str(max_restarts),
         "-m", "training.worker", "--job", str(job),
     ]
+
+
+def worker_env(spec: RunSpec) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": str(spec.train.threads_per_rank),
+            "PYTHONPATH": _project_root() + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 def run_workers(spec: RunSpec, timeout_s: float = 1800) -> tuple[dict, float]:
@@ -32,9 +40,8 @@ def run_workers(spec: RunSpec, timeout_s: float = 1800) -> tuple[dict, float]:
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     job = spec.write(run_dir / "job.json")
-    cmd = torchrun_command(job, spec.cluster.world_size, free_port())
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec.train.threads_per_rank),
-           "PYTHONPATH": _project_root() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = torchrun_command(job, spec.cluster.world_size, f"127.0.0.1:{free_port()}", rdzv_id=spec.run_name)
+    env = worker_env(spec)
     log = run_dir / "workers.log"
     t = time.perf_counter()
     with log.open("wb") as out:

@@ -6,7 +6,7 @@ from pydantic import BaseModel
 
 from hetflow.config import ClusterSpec, TrainConfig
 from training.comm import choose_compression
-from training.scheduler import equal_batches, plan_batches
+from training.scheduler import balance_batches, equal_batches
 
 
 class Plan(BaseModel):
@@ -14,6 +14,8 @@ class Plan(BaseModel):
     compression: str
     compression_reason: str
     speeds: list[float]
+    latency_s: list[float]
+    per_sample_s: list[float]
 
 
 def comm_share(profile: dict) -> float:
@@ -25,14 +27,37 @@ def comm_share(profile: dict) -> float:
 
 
 def make_plan(profile: dict, cluster: ClusterSpec, train: TrainConfig) -> Plan:
-    speeds = [r["samples_per_s"] for r in sorted(profile["ranks"], key=lambda r: r["rank"])]
+    ranks = sorted(profile["ranks"], key=lambda r: r["rank"])
+    speeds = [r["samples_per_s"] for r in ranks]
+    latency, per_sample = fitted_step_model(ranks)
     caps = [w.memory_cap_batch for w in cluster.workers]
     if train.schedule == "equal":
         batches = equal_batches(cluster.world_size, train.global_batch)
     else:
-        batches = plan_batches(speeds, train.global_batch, caps)
+        batches = balance_batches(per_sample, latency, train.global_batch, caps)
     if train.compression == "auto":
         method, reason = choose_compression(comm_share(profile))
     else:
         method, reason = train.compression, "set in the train config"
-    return Plan(local_batches=batches, compression=method, compression_reason=reason, speeds=speeds)
+    return Plan(local_batches=batches, compression=method, compression_reason=reason,
+                speeds=speeds, latency_s=latency, per_sample_s=per_sample)
+
+
+def fitted_step_model(ranks: list[dict]) -> tuple[list[float], list[float]]:
+    """Per rank (a_i, c_i) of compute time = a_i + c_i x batch, from the profile's fit."""
+    latency = [max(0.0, r["fit_latency_s"]) for r in ranks]
+    per_sample = [r["fit_s_per_sample"] if r["fit_s_per_sample"] > 0 else 1.0 / r["samples_per_s"]
+                  for r in ranks]
+    return latency, per_sample
+
+
+def ideal_throughput(latency: list[float], per_sample: list[float], global_batch: int) -> float:
+    """Samples/s if every rank computed its balanced share with no wait and no communication."""
+    lo, hi = 0.0, 1.0
+    while sum(max(0.0, (hi - a) / c) for a, c in zip(latency, per_sample, strict=True)) < global_batch:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        total = sum(max(0.0, (mid - a) / c) for a, c in zip(latency, per_sample, strict=True))
+        lo, hi = (mid, hi) if total < global_batch else (lo, mid)
+    return global_batch / hi

@@ -32,7 +32,7 @@ from training.data import RankData, load_rank_data
 from training.job import RunSpec
 from training.models import build_model, parameter_count
 from training.partition import Stream
-from training.scheduler import Rebalancer, equal_batches, plan_batches
+from training.scheduler import Rebalancer, equal_batches
 
 now = time.perf_counter
 
@@ -100,17 +100,30 @@ def _timed_hook(clock: _Clock, emu: Emulator):
     return wrap
 
 
-def _settle_window(records: list[StepRecord], world: int, counter_world_gather) -> list[float]:
-    """All-gather the window's compute times; split each rank's wait into idle and comm."""
+def _settle_window(records: list[StepRecord], world: int, all_gather) -> list[float]:
+    """All-gather the window's compute times; split each rank's wait into idle and comm.
+
+    Returns each rank's mean compute time per step over the window, leaving out step 0 (it
+    carries DDP's one-off set-up, which would mislead the re-balancer).
+    """
     mine = torch.tensor([r.compute_s for r in records], dtype=torch.float64)
     everyone = [torch.zeros_like(mine) for _ in range(world)]
-    counter_world_gather(everyone, mine)
+    all_gather(everyone, mine)
     table = torch.stack(everyone)  # ranks x steps
     slowest = table.max(dim=0).values
     for r, fastest_gap in zip(records, (slowest - mine).tolist(), strict=True):
         r.idle_s = min(fastest_gap, r.wait_s)
         r.comm_s = r.wait_s - r.idle_s
-    return table.sum(dim=1).tolist()
+    keep = [i for i, r in enumerate(records) if r.step > 0] or list(range(len(records)))
+    return table[:, keep].mean(dim=1).tolist()
+
+
+def _straggler_factor(spec: RunSpec, rank: int, step: int) -> float:
+    factor = 1.0
+    for r, at, f in spec.stragglers:
+        if r == rank and step >= at:
+            factor = f
+    return factor
 
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -135,7 +148,9 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     opt = wrap_optimizer(opt, spec.compression, hook_state)
     plan = list(spec.plan) or equal_batches(world, cfg.global_batch)
     caps = [w.memory_cap_batch for w in spec.cluster.workers]
-    rebalancer = Rebalancer(cfg.global_batch, caps, threshold=cfg.rebalance_threshold)
+    latency = list(spec.latency_s) or [0.0] * world
+    rebalancer = Rebalancer(cfg.global_batch, caps, latency, threshold=cfg.rebalance_threshold)
+    base_slowdown = emu.slowdown
     stream = Stream(data.train.y, seed=cfg.seed)
     xtr, ytr = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
     xte, yte = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
@@ -147,6 +162,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     train_time = 0.0
     counter.take()
     for step in range(cfg.steps):
+        emu.slowdown = base_slowdown * _straggler_factor(spec, rank, step)
         t0 = now()
         idx = torch.from_numpy(stream.step_indices(step, plan, rank))
         x, y = xtr[idx], ytr[idx]

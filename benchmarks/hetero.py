@@ -1,0 +1,138 @@
+"""`hetflow bench hetero`: equal split vs static plan vs dynamic re-balancing, in one run.
+
+    hetflow bench hetero --speeds 1,1,2,4 --steps 150 --json hetero.json
+    hetflow bench hetero --speeds 1,1,2,4 --straggler 3:60:4 --json straggler.json
+
+All variants share one profile, the dataset (digits) and the seed. `ideal_samples_per_s` is
+what the workers' profiled speeds allow with no idle time and no communication: the balanced
+step time of the fitted model a_i + c_i x b_i (with a straggler, per phase of the run).
+`efficiency` = throughput / ideal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrainConfig, check_job, parse_speeds
+from infra.datasets import digits_source, write_dataset
+from infra.s3 import local_s3_endpoint
+from training.job import RunSpec
+from training.launch import run_workers
+from training.metrics import summarize
+from training.planning import fitted_step_model, ideal_throughput, make_plan
+
+VARIANTS = {"baseline": "equal", "static": "proportional", "dynamic": "dynamic"}
+
+
+def parse_straggler(text: str, world: int) -> tuple[int, int, float]:
+    try:
+        rank, step, factor = text.split(":")
+        out = (int(rank), int(step), float(factor))
+    except ValueError:
+        raise ConfigError(f"--straggler: expected RANK:STEP:FACTOR, e.g. 3:60:4 (got {text!r})") from None
+    if not 0 <= out[0] < world:
+        raise ConfigError(f"--straggler: rank {out[0]} is not in 0..{world - 1}")
+    if not out[2] > 0:
+        raise ConfigError(f"--straggler: factor must be > 0 (got {out[2]})")
+    return out
+
+
+def run_ideal(profile: dict, global_batch: int, steps: int, stragglers: list) -> float:
+    """Ideal samples/s over the whole run, phase by phase when a worker's speed changes."""
+    latency, per_sample = fitted_step_model(sorted(profile["ranks"], key=lambda r: r["rank"]))
+    bounds = sorted({0, steps, *[min(max(s, 0), steps) for _, s, _ in stragglers]})
+    seconds = 0.0
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        a, c = list(latency), list(per_sample)
+        for rank, at, factor in stragglers:
+            if start >= at:
+                a[rank], c[rank] = a[rank] * factor, c[rank] * factor
+        seconds += (stop - start) * global_batch / ideal_throughput(a, c, global_batch)
+    return steps * global_batch / seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hetflow bench hetero", description=__doc__.splitlines()[0])
+    p.add_argument("--speeds", default="1,1,2,4")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--model", default="cnn")
+    p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
+    p.add_argument("--straggler", action="append", default=[], help="RANK:STEP:FACTOR (repeatable)")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--json", dest="json_path")
+    args = p.parse_args(argv)
+
+    cluster = ClusterSpec.from_speeds(parse_speeds(args.speeds), name=f"bench-{args.speeds}")
+    base = TrainConfig(model=args.model, steps=args.steps, global_batch=args.global_batch)
+    check_job(cluster, base)
+    stragglers = [parse_straggler(s, cluster.world_size) for s in args.straggler]
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+
+    with tempfile.TemporaryDirectory() as tmp, local_s3_endpoint():
+        dataset = DatasetSpec(url="s3://hetflow-bench/digits", cache_dir=f"{tmp}/cache")
+        write_dataset(dataset.url, digits_source(dataset.test_fraction, dataset.seed), dataset.shard_samples)
+        profile, _ = run_workers(RunSpec(run_name="profile", variant="profile", mode="profile",
+                                         cluster=cluster, dataset=dataset, train=base, run_dir=f"{tmp}/profile"))
+        ideal = run_ideal(profile, base.global_batch, base.steps, stragglers)
+        results: dict[str, dict] = {}
+        for name in variants:
+            cfg = base.model_copy(update={"schedule": VARIANTS[name], "compression": "none"})
+            plan = make_plan(profile, cluster, cfg)
+            spec = RunSpec(run_name=name, variant=name, cluster=cluster, dataset=dataset, train=cfg,
+                           plan=plan.local_batches, latency_s=plan.latency_s, stragglers=stragglers,
+                           run_dir=f"{tmp}/{name}")
+            res, _ = run_workers(spec)
+            m = summarize(res, cfg.global_batch, cfg.target_accuracy)
+            results[name] = {
+                "throughput_samples_per_s": m["throughput_samples_per_s"],
+                "ideal_samples_per_s": ideal,
+                "efficiency": m["throughput_samples_per_s"] / ideal,
+                "time_to_target_s": m.get("time_to_target_s"),
+                "final_accuracy": m.get("final_accuracy"),
+                "initial_plan": plan.local_batches,
+                "final_plan": res["ranks"][0]["plans"][-1]["plan"],
+                "replans": len(res["ranks"][0]["replans"]),
+                "straggler_idle_fraction": m["straggler_idle_fraction"],
+            }
+            print(f"{name}: {m['throughput_samples_per_s']:.0f} samples/s "
+                  f"(efficiency {results[name]['efficiency']:.2f}), plan {plan.local_batches}"
+                  f" -> {results[name]['final_plan']}", flush=True)
+    base_tp = results.get("baseline", {}).get("throughput_samples_per_s")
+    for r in results.values():
+        r["speedup_vs_baseline"] = r["throughput_samples_per_s"] / base_tp if base_tp else None
+    out = {
+        "speeds": parse_speeds(args.speeds), "steps": args.steps, "model": args.model,
+        "global_batch": args.global_batch, "stragglers": stragglers,
+        "measured_speeds": [round(r["samples_per_s"], 2) for r in sorted(profile["ranks"], key=lambda r: r["rank"])],
+        "variants": results,
+    }
+    _print(out)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.json_path}")
+    return 0
+
+
+def _print(out: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"speeds {out['speeds']}, {out['steps']} steps, stragglers {out['stragglers'] or 'none'}")
+    rows = ["throughput_samples_per_s", "ideal_samples_per_s", "efficiency", "speedup_vs_baseline",
+            "time_to_target_s", "final_accuracy", "straggler_idle_fraction", "replans", "final_plan"]
+    t.add_column("metric")
+    for name in out["variants"]:
+        t.add_column(name, justify="right")
+    for row in rows:
+        cells = []
+        for r in out["variants"].values():
+            v = r.get(row)
+            cells.append("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v))
+        t.add_row(row, *cells)
+    Console().print(t)

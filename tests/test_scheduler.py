@@ -1,0 +1,134 @@
+"""The heterogeneity scheduler: plans (hypothesis) and the re-balancer's behaviour."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from training.scheduler import PlanError, Rebalancer, balance_batches, equal_batches, plan_batches
+
+speeds_st = st.lists(st.floats(min_value=0.05, max_value=50, allow_nan=False), min_size=1, max_size=16)
+
+
+@st.composite
+def plan_inputs(draw):
+    speeds = draw(speeds_st)
+    n = len(speeds)
+    batch = draw(st.integers(min_value=n, max_value=4096))
+    caps = draw(st.lists(st.one_of(st.none(), st.integers(1, 4096)), min_size=n, max_size=n))
+    if all(c is not None for c in caps) and sum(caps) < batch:
+        caps[0] = None
+    return speeds, batch, caps
+
+
+@given(plan_inputs())
+@settings(max_examples=300, deadline=None)
+def test_plan_sums_to_global_batch_within_caps_and_at_least_one(inp):
+    speeds, batch, caps = inp
+    b = plan_batches(speeds, batch, caps)
+    assert sum(b) == batch
+    assert all(x >= 1 for x in b)
+    assert all(c is None or x <= c for x, c in zip(b, caps))
+
+
+@given(speeds_st, st.integers(min_value=16, max_value=4096))
+@settings(max_examples=300, deadline=None)
+def test_uncapped_plan_is_proportional_within_rounding(speeds, batch):
+    if batch < len(speeds):
+        batch = len(speeds)
+    b = plan_batches(speeds, batch)
+    # One common factor lam with |b_i - lam * s_i| < 1 for every rank above the floor of 1;
+    # a rank at the floor would have had less than 2 samples.
+    lo = max([(x - 1) / s for x, s in zip(b, speeds) if x > 1], default=0.0)
+    hi = min([(x + 1) / s for x, s in zip(b, speeds) if x > 1], default=math.inf)
+    assert lo <= hi + 1e-9
+    for x, s in zip(b, speeds):
+        if x == 1:
+            assert lo * s < 2 + 1e-9
+
+
+def test_faster_worker_never_gets_less():
+    b = plan_batches([1, 3, 2, 5], 200)
+    assert b[0] <= b[2] <= b[1] <= b[3]
+
+
+def test_equal_batches_split_evenly():
+    assert equal_batches(4, 130) in ([33, 33, 32, 32], [32, 32, 33, 33], [33, 32, 33, 32], [32, 33, 32, 33])
+    assert max(equal_batches(4, 130)) - min(equal_batches(4, 130)) <= 1
+
+
+@given(
+    st.lists(st.tuples(st.floats(0.001, 1.0), st.floats(0.0, 0.5)), min_size=2, max_size=8),
+    st.integers(64, 2048),
+)
+@settings(max_examples=200, deadline=None)
+def test_balanced_plan_equalizes_predicted_step_times(workers, batch):
+    per_sample = [c for c, _ in workers]
+    latency = [a for _, a in workers]
+    b = balance_batches(per_sample, latency, batch)
+    assert sum(b) == batch and min(b) >= 1
+    times = [a + c * x for a, c, x in zip(latency, per_sample, b)]
+    # Moving one sample from the slowest rank to any other must not shorten the step.
+    slow = max(range(len(b)), key=lambda i: times[i])
+    if b[slow] > 1:
+        for j in range(len(b)):
+            if j != slow:
+                moved = list(times)
+                moved[slow] -= per_sample[slow]
+                moved[j] += per_sample[j]
+                assert max(moved) >= max(times) - 1e-9 or math.isclose(max(moved), max(times))
+
+
+@pytest.mark.parametrize(
+    "speeds, batch, caps, field",
+    [
+        ([1, 0, 2], 64, None, "speeds[1]"),
+        ([1, -2], 64, None, "speeds[1]"),
+        ([1, float("nan")], 64, None, "speeds[1]"),
+        ([1, float("inf")], 64, None, "speeds[1]"),
+        ([1, 1, 1, 1], 3, None, "global_batch"),
+        ([1, 1], 64, [10, 10], "caps"),
+        ([], 64, None, "speeds"),
+    ],
+)
+def test_bad_plan_inputs_name_the_field(speeds, batch, caps, field):
+    with pytest.raises(PlanError) as e:
+        plan_batches(speeds, batch, caps)
+    assert str(e.value).startswith(field)
+    assert "\n" not in str(e.value)
+
+
+def _window(per_sample, latency, plan, noise=0.0, k=0):
+    """Compute time per step each rank would report, with deterministic +-noise."""
+    return [(a + c * b) * (1 + noise * (-1) ** (i + k)) for i, (a, c, b) in enumerate(zip(latency, per_sample, plan))]
+
+
+def test_rebalancer_keeps_a_balanced_plan_under_noise():
+    per_sample, latency = [0.004, 0.004, 0.002, 0.001], [0.0] * 4
+    plan = [16, 16, 32, 64]
+    r = Rebalancer(128, [None] * 4, latency, threshold=0.1)
+    for k in range(50):
+        r.observe(plan, _window(per_sample, latency, plan, noise=0.04, k=k))
+        assert r.propose(plan, k) is None
+    assert r.replans == 0
+
+
+def test_rebalancer_absorbs_a_straggler_within_a_few_replans():
+    per_sample, latency = [0.004, 0.004, 0.002, 0.001], [0.001] * 4
+    plan = balance_batches(per_sample, latency, 128)
+    r = Rebalancer(128, [None] * 4, latency, threshold=0.1)
+    slowed = list(per_sample)
+    slowed[3] *= 4  # the fastest worker becomes 4x slower
+    for k in range(20):
+        r.observe(plan, _window(slowed, latency, plan))
+        new = r.propose(plan, k)
+        if new is not None:
+            plan = new
+    best = balance_batches(slowed, latency, 128)
+    best_step = max(a + c * b for a, c, b in zip(latency, slowed, best))
+    got_step = max(a + c * b for a, c, b in zip(latency, slowed, plan))
+    assert got_step <= best_step * 1.05
+    assert 1 <= r.replans <= 4
