@@ -1,0 +1,79 @@
+"""`hetflow demo` as a user runs it: nothing configured, small; results read back from MLflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+RUN_METRICS = [
+    "throughput_samples_per_s", "wall_time_s", "final_accuracy", "comm_bytes_total",
+    "comm_bytes_per_step", "data_wait_fraction", "s3_bytes_read", "cache_hit_ratio",
+    "straggler_idle_fraction",
+]
+RANK_METRICS = ["busy_fraction", "compute_s", "comm_s", "data_wait_s", "local_batch", "samples_per_s"]
+FRACTIONS = ["data_wait_fraction", "cache_hit_ratio", "straggler_idle_fraction", "final_accuracy"]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    home = tmp_path_factory.mktemp("demo-home")
+    out = home / "demo.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_API"))}
+    env.update(HETFLOW_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "demo", "--speeds", "1,1,2,4", "--steps", "30", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return home, json.loads(out.read_text()), proc.stdout
+
+
+def test_demo_prints_the_table_and_where_to_look(demo):
+    home, _, stdout = demo
+    assert "throughput_samples_per_s" in stdout and "rank3/busy_fraction" in stdout
+    assert f"mlflow ui --backend-store-uri sqlite:///{home}/mlflow.db" in stdout
+
+
+def test_demo_json_has_both_variants_with_design_metric_names(demo):
+    _, table, _ = demo
+    assert set(table) == {"baseline", "optimized"}
+    for variant in table.values():
+        for name in ["throughput_samples_per_s", "wall_time_s", "final_accuracy", "comm_bytes_total",
+                     "rank0/busy_fraction", "rank3/busy_fraction"]:
+            assert variant[name] is not None and variant[name] >= 0, name
+
+
+def test_mlflow_holds_both_runs_under_one_parent_with_sane_metrics(demo):
+    home, table, _ = demo
+    client = MlflowClient(f"sqlite:///{home}/mlflow.db")
+    exp = client.get_experiment_by_name("hetflow")
+    runs = {r.data.tags["variant"]: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"baseline", "optimized", "compare"}
+    parent = runs["compare"].info.run_id
+    for variant in ("baseline", "optimized"):
+        run = runs[variant]
+        m = run.data.metrics
+        assert run.data.tags["mlflow.parentRunId"] == parent
+        assert run.data.tags["prefect_flow_run_id"]
+        for name in RUN_METRICS + [f"rank{r}/{k}" for r in range(4) for k in RANK_METRICS]:
+            assert name in m, f"{variant} lacks {name}"
+        for name in FRACTIONS + [f"rank{r}/busy_fraction" for r in range(4)]:
+            assert 0.0 <= m[name] <= 1.0, (name, m[name])
+        assert m["throughput_samples_per_s"] > 0 and m["comm_bytes_total"] > 0
+        assert m["throughput_samples_per_s"] == pytest.approx(table[variant]["throughput_samples_per_s"])
+        loss = client.get_metric_history(run.info.run_id, "loss")
+        assert len(loss) == 30 and loss[-1].value < loss[0].value
+        assert sum(m[f"rank{r}/local_batch"] for r in range(4)) == 128
+    # the baseline splits equally; the optimized plan gives the fastest worker the most
+    assert {runs["baseline"].data.metrics[f"rank{r}/local_batch"] for r in range(4)} == {32}
+    opt = [runs["optimized"].data.metrics[f"rank{r}/local_batch"] for r in range(4)]
+    assert opt[3] == max(opt) and opt[0] < 32
+    artifacts = {a.path for a in client.list_artifacts(parent)}
+    assert {"comparison.json", "comparison.md"} <= artifacts
