@@ -215,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags")
     bench.set_defaults(func=cmd_bench)
 
+    sim = sub.add_parser("simulate", help="predict training at scale (1 to 1024 workers)")
+    sim.add_argument("rest", nargs=argparse.REMAINDER, help="the simulator's own flags")
+    sim.set_defaults(func=lambda a: __import__("benchmarks.simulate", fromlist=["main"]).main(a.rest))
+
     st = sub.add_parser("stack", help="a persistent local stack on 127.0.0.1")
     st.add_argument("action", choices=["up", "down", "status"])
     st.set_defaults(func=cmd_stack)

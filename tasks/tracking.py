@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import mlflow
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from prefect import runtime, task
 

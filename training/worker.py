@@ -17,55 +17,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from training.comm import Link, WireCounter, register_compression, wrap_optimizer
+from training.comm import WireCounter, register_compression, wrap_optimizer
 from training.data import RankData, load_rank_data
 from training.job import RunSpec
 from training.models import build_model, parameter_count
 from training.partition import Stream
+from training.emulation import Emulator, emulator_for, now
+from training.probes import profile
 from training.scheduler import Rebalancer, equal_batches
-
-now = time.perf_counter
-
-
-class Emulator:
-    """Time dilation for an emulated worker: a compute phase lasts `slowdown` x its CPU time.
-
-    CPU time of the computing thread, not wall time: on a shared host the ranks wait for a
-    core, and that wait (which depends on what the other ranks do) must not leak into the
-    emulated device's speed. The phase is padded with sleep up to slowdown x CPU seconds.
-    """
-
-    def __init__(self, slowdown: float, link: Link) -> None:
-        self.slowdown = slowdown
-        self.link = link
-        self._wall = self._cpu = 0.0
-
-    def start(self) -> None:
-        self._wall, self._cpu = now(), time.thread_time()
-
-    def finish(self) -> None:
-        target = self.slowdown * (time.thread_time() - self._cpu)
-        pad = target - (now() - self._wall)
-        if pad > 0:
-            time.sleep(pad)
-
-
-def emulator_for(spec: RunSpec, rank: int) -> Emulator:
-    if not spec.cluster.emulate:
-        return Emulator(1.0, Link(None, 0.0))
-    w = spec.cluster.workers[rank]
-    return Emulator(spec.cluster.slowdowns()[rank], Link(w.link_gbps, w.link_latency_ms / 1e3))
-
 
 @dataclass
 class StepRecord:
@@ -208,54 +175,6 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         "load_s": data.load_s,
         "cache": {"hits": data.cache.stats.hits, "misses": data.cache.stats.misses,
                   "bytes_read": data.cache.stats.bytes_read},
-    }
-
-
-def profile(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCounter) -> dict:
-    """Measure this rank as training will run it: fwd+bwd at a few batch sizes, then all-reduce."""
-    emu = emulator_for(spec, rank)
-    model = build_model(spec.train.model, data.manifest.features, data.manifest.classes)
-    x, y = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
-    sizes, times = [], []
-    for bsz in spec.profile_batches:
-        xb, yb = x[:bsz], y[:bsz]
-        for rep in range(4):
-            t = now()
-            emu.start()
-            nn.functional.cross_entropy(model(xb), yb).backward()
-            emu.finish()
-            model.zero_grad(set_to_none=True)
-            if rep:  # the first is a warm-up
-                sizes.append(bsz)
-                times.append(now() - t)
-    slope, intercept = np.polyfit(sizes, times, 1)
-    ref = max(1, spec.train.global_batch // world)
-    step_at_ref = max(intercept + slope * ref, 1e-9)
-    grad_bytes = parameter_count(model) * 4
-    ar_bytes, ar_times = [], []
-    for nbytes in (4_096, 262_144, max(grad_bytes, 1_048_576)):
-        buf = torch.zeros(nbytes // 4)
-        for rep in range(4):
-            dist.barrier()
-            t = now()
-            dist.all_reduce(buf)
-            sent, ncoll = counter.take()
-            emu.link.delay(sent, ncoll)
-            if rep:
-                ar_bytes.append(nbytes)
-                ar_times.append(now() - t)
-    ar_slope, ar_intercept = np.polyfit(ar_bytes, ar_times, 1)
-    wire = 2 * (world - 1) / world if world > 1 else 1.0
-    grad_allreduce_s = max(ar_intercept + ar_slope * grad_bytes, 0.0)
-    return {
-        "samples_per_s": ref / step_at_ref,
-        "fit_latency_s": float(intercept),
-        "fit_s_per_sample": float(slope),
-        "allreduce_latency_s": float(max(ar_intercept, 0.0)),
-        "allreduce_gbps": float(wire * 8 / ar_slope / 1e9) if ar_slope > 0 else float("inf"),
-        "grad_bytes": grad_bytes,
-        "grad_allreduce_s": grad_allreduce_s,
-        "step_compute_s": float(step_at_ref),
     }
 
 
