@@ -273,6 +273,10 @@ class TrainConfig(_Model):
         0.10, gt=0, title="Re-balance threshold", description="Imbalance (max/mean - 1) to act."
     )
     threads_per_rank: int = Field(1, ge=1, title="Torch threads per rank")
+    checkpoint_every: int = Field(
+        25, ge=1, title="Checkpoint every N steps",
+        description="A restarted worker resumes from the last checkpoint: at most N steps are redone.",
+    )
 
     @field_validator("compression")
     @classmethod

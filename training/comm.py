@@ -1,23 +1,50 @@
-"""Gradient communication: torch's DDP comm hooks by name, wire-byte accounting, emulated links.
+"""Gradient communication: DDP comm hooks by name, wire-byte accounting, emulated links.
 
-Bytes are counted where every collective passes: torch's hooks (`default_hooks`,
-`powerSGD_hook`) and model averagers all call `torch.distributed.all_reduce`, so `WireCounter`
-wraps that function (and `all_gather`) for the life of a worker and charges each call what the
-algorithm puts on the wire from this rank: a ring all-reduce of B bytes over n ranks sends
-2(n-1)/n x B, an all-gather of a B-byte contribution sends (n-1) x B. torch offers no
-per-collective callback, hence the wrapper.
+Methods (`TrainConfig.compression`):
+
+- `none`, `fp16`, `bf16`: torch's `default_hooks` (all-reduce of fp32 / fp16 / bf16 buckets);
+- `powersgd:R`: torch's `powerSGD_hook` (rank R, error feedback, warm start);
+- `topk:RATIO`: sparsification with error feedback, written here as a DDP comm hook (torch has
+  none): each rank keeps a residual per bucket, sends the RATIO largest-magnitude entries of
+  gradient + residual (values and int32 indices in one all-gather) and keeps the rest;
+- `localsgd:H`: torch's `post_localSGD_hook` without gradient synchronization plus
+  `PostLocalSGDOptimizer` / `PeriodicModelAverager`: the model is averaged every H steps;
+- `hierarchical:H`: gradients are all-reduced inside each node (`WorkerSpec.node`) every step
+  (`post_localSGD_hook` with a per-node subgroup) and the model is averaged across nodes every H
+  steps. Traffic inside a node does not cross the emulated network link and is counted apart.
+
+Every compressing method runs plain all-reduce for its first `WARMUP_STEPS` steps (torch's
+`start_powerSGD_iter` / `start_localSGD_iter`): early gradients are the most sensitive to
+compression error.
+
+Bytes are counted where every collective passes: torch's hooks and model averagers, and the
+top-k hook here, call `torch.distributed.all_reduce` / `all_gather` through the module, so
+`WireCounter` wraps those functions (and `all_gather_into_tensor`) for the life of a worker and
+charges each call what the algorithm puts on the wire from this rank: a ring all-reduce of B
+bytes over n ranks sends 2(n-1)/n x B, an all-gather of a B-byte contribution sends (n-1) x B.
+torch offers no per-collective callback, hence the wrapper.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
 
 from hetflow.config import parse_compression
+
+log = logging.getLogger(__name__)
+
+WARMUP_STEPS = 10
+
+# Process groups whose members share a node: their traffic does not use the emulated link.
+_INTRA_NODE_GROUPS: list = []
 
 
 def ring_allreduce_bytes(nbytes: int, world: int) -> float:
@@ -32,37 +59,63 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _group_arg(args: tuple, kwargs: dict, position: int):
+    """The `group` argument of a collective, given by keyword or at `position`."""
+    if "group" in kwargs:
+        return kwargs["group"]
+    return args[position] if len(args) > position else None
+
+
 @dataclass
 class WireCounter:
-    """Bytes this rank sent and collectives it issued; `take()` returns and resets the window."""
+    """Bytes this rank sent and collectives it issued; `take()` returns and resets the window.
+
+    The window and `total_bytes` hold traffic over the network link; collectives inside a
+    node-local group (hierarchical averaging) go to `intra_node_bytes` only.
+    """
 
     world: int
     bytes_sent: float = 0.0
     collectives: int = 0
     total_bytes: float = 0.0
+    intra_node_bytes: float = 0.0
+    _restore: tuple = field(default=(), repr=False)
 
     def install(self) -> None:
-        real_all_reduce, real_all_gather = dist.all_reduce, dist.all_gather
+        real = (dist.all_reduce, dist.all_gather, dist.all_gather_into_tensor)
+        real_all_reduce, real_all_gather, real_all_gather_into_tensor = real
 
         def all_reduce(tensor, *args, **kwargs):
-            self._charge(ring_allreduce_bytes(_nbytes(tensor), self._size(kwargs)))
+            group = _group_arg(args, kwargs, 1)  # all_reduce(tensor, op, group, async_op)
+            self._charge(ring_allreduce_bytes(_nbytes(tensor), self._size(group)), group)
             return real_all_reduce(tensor, *args, **kwargs)
 
         def all_gather(tensor_list, tensor, *args, **kwargs):
-            self._charge(allgather_bytes(_nbytes(tensor), self._size(kwargs)))
+            group = _group_arg(args, kwargs, 0)  # all_gather(tensor_list, tensor, group, async_op)
+            self._charge(allgather_bytes(_nbytes(tensor), self._size(group)), group)
             return real_all_gather(tensor_list, tensor, *args, **kwargs)
 
+        def all_gather_into_tensor(output_tensor, input_tensor, *args, **kwargs):
+            group = _group_arg(args, kwargs, 0)
+            self._charge(allgather_bytes(_nbytes(input_tensor), self._size(group)), group)
+            return real_all_gather_into_tensor(output_tensor, input_tensor, *args, **kwargs)
+
         dist.all_reduce, dist.all_gather = all_reduce, all_gather
-        self._restore = (real_all_reduce, real_all_gather)
+        dist.all_gather_into_tensor = all_gather_into_tensor
+        self._restore = real
 
     def uninstall(self) -> None:
-        dist.all_reduce, dist.all_gather = self._restore
+        if self._restore:
+            dist.all_reduce, dist.all_gather, dist.all_gather_into_tensor = self._restore
+            self._restore = ()
 
-    def _size(self, kwargs) -> int:
-        group = kwargs.get("group")
+    def _size(self, group) -> int:
         return dist.get_world_size(group) if group is not None else self.world
 
-    def _charge(self, nbytes: float) -> None:
+    def _charge(self, nbytes: float, group=None) -> None:
+        if group is not None and any(group is g for g in _INTRA_NODE_GROUPS):
+            self.intra_node_bytes += nbytes
+            return
         self.bytes_sent += nbytes
         self.total_bytes += nbytes
         self.collectives += 1
@@ -91,41 +144,250 @@ class Link:
         return seconds
 
 
-def register_compression(ddp: torch.nn.parallel.DistributedDataParallel, method: str, hook_wrapper):
-    """Attach the comm hook for `method` (never 'auto'), wrapped by `hook_wrapper(hook)`."""
-    name, arg = parse_compression(method)
+# ---------------------------------------------------------------------------------------------
+# method names
+
+_HIERARCHICAL = re.compile(r"^hierarchical:(-?\d+)$")
+
+
+def parse_method(method: str) -> tuple[str, float | int | None]:
+    """`parse_compression` plus `hierarchical:H`; errors name `train.compression`."""
+    m = _HIERARCHICAL.match(method)
+    if m:
+        period = int(m.group(1))
+        if period < 1:
+            raise ValueError(f"train.compression: hierarchical period must be >= 1 (got {method!r})")
+        return "hierarchical", period
+    try:
+        return parse_compression(method)
+    except ValueError as e:
+        raise ValueError(f"train.compression: {e} (got {method!r})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# top-k sparsification with error feedback
+
+
+def topk_count(numel: int, ratio: float) -> int:
+    """Entries kept of a `numel`-element bucket at `ratio` (at least one)."""
+    return max(1, min(numel, math.ceil(ratio * numel - 1e-9)))
+
+
+def select_topk(magnitude: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Indices of the k largest entries of a 1-D tensor (exact; order unspecified).
+
+    A full `topk` over millions of entries is slow on a CPU, so for large tensors a threshold is
+    first estimated from a random sample (as in Deep Gradient Compression) at twice the wanted
+    density; every entry above it is a candidate, and the exact top-k is taken among the
+    candidates. If the sample under-estimates (fewer than k candidates), fall back to `topk`.
+    """
+    n = magnitude.numel()
+    if k >= n:
+        return torch.arange(n)
+    density = k / n
+    sample = min(n, max(4096, math.ceil(200 / density)))
+    if n < 65536 or density > 0.1 or sample * 4 > n:
+        return magnitude.topk(k, sorted=False).indices
+    pick = torch.randint(0, n, (sample,), generator=generator)
+    kth = max(1, math.ceil(2 * density * sample))
+    threshold = magnitude[pick].topk(kth, sorted=False).values.min()
+    candidates = (magnitude >= threshold).nonzero().squeeze(1)
+    if candidates.numel() < k:
+        return magnitude.topk(k, sorted=False).indices
+    return candidates[magnitude[candidates].topk(k, sorted=False).indices]
+
+
+class TopKState:
+    """Per-bucket residuals (error feedback) and the warm-up counter of `topk_hook`."""
+
+    def __init__(self, ratio: float, process_group=None, warmup_steps: int = WARMUP_STEPS, seed: int = 0):
+        if not 0 < ratio <= 1:
+            raise ValueError(f"train.compression: topk ratio must be in (0, 1] (got {ratio})")
+        self.ratio = ratio
+        self.process_group = process_group
+        self.warmup_steps = warmup_steps
+        self.iter = 0
+        self.residuals: dict[int, torch.Tensor] = {}
+        self.generator = torch.Generator().manual_seed(seed)
+
+
+def encode_topk(acc: torch.Tensor, k: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(payload, residual): the k largest-magnitude entries of `acc` as bytes (values then int32
+    indices), and `acc` with those entries zeroed (what error feedback carries to the next step)."""
+    if acc.numel() >= 2**31:
+        raise ValueError("topk: a bucket of 2^31 entries or more does not fit int32 indices")
+    idx = select_topk(acc.abs(), k, generator)
+    values = acc[idx]
+    acc[idx] = 0
+    payload = torch.cat([values.view(torch.uint8), idx.to(torch.int32).view(torch.uint8)])
+    return payload, acc
+
+
+def decode_topk_into(out: torch.Tensor, payloads: list[torch.Tensor], k: int) -> torch.Tensor:
+    """out = sum of the sparse contributions (in place)."""
+    split = k * out.element_size()
+    out.zero_()
+    for p in payloads:
+        out.index_add_(0, p[split:].view(torch.int32).long(), p[:split].view(out.dtype))
+    return out
+
+
+def topk_hook(state, bucket):  # (TopKState, dist.GradBucket) -> Future[Tensor]; see _bf16_hook
+    """DDP comm hook: top-k sparsified, error-fed-back gradient averaging via one all-gather."""
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    world = dist.get_world_size(group)
+    buf = bucket.buffer()
+    warming = state.iter < state.warmup_steps
+    if bucket.is_last():
+        state.iter += 1
+    if warming:
+        return default_hooks._allreduce_fut(group, buf)
+    i = bucket.index()
+    residual = state.residuals.get(i)
+    # DDP may rebuild its buckets after the first step: a residual of another size is stale.
+    acc = buf.clone() if residual is None or residual.numel() != buf.numel() else buf + residual
+    k = topk_count(acc.numel(), state.ratio)
+    payload, state.residuals[i] = encode_topk(acc, k, state.generator)
+    gathered = [torch.empty_like(payload) for _ in range(world)]
+    work = dist.all_gather(gathered, payload, group=group, async_op=True)
+
+    def decompress(fut):
+        fut.wait()
+        return decode_topk_into(buf, gathered, k).div_(world)
+
+    return work.get_future().then(decompress)
+
+
+# ---------------------------------------------------------------------------------------------
+# registering a method on a DDP model
+
+
+def _bf16_hook(state, bucket):  # no annotations: DDP checks them and these would be strings
+    """torch's bf16_compress_hook under another name: DDP refuses that name unless NCCL >= 2.10
+    is present, but gloo all-reduces bf16 on CPU too."""
+    return default_hooks.bf16_compress_hook(state, bucket)
+
+
+def _node_groups(nodes: list[str]) -> list[list[int]]:
+    order: dict[str, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        order.setdefault(node, []).append(rank)
+    return list(order.values())
+
+
+def register_compression(
+    ddp: torch.nn.parallel.DistributedDataParallel,
+    method: str,
+    hook_wrapper=lambda hook: hook,
+    *,
+    nodes: list[str] | None = None,
+    warmup_steps: int = WARMUP_STEPS,
+):
+    """Attach the comm hook for `method` (never 'auto'), wrapped by `hook_wrapper(hook)`.
+
+    `nodes[r]` names the node of rank r (needed by `hierarchical:H`). Returns the hook's state;
+    pass it to `wrap_optimizer`.
+    """
+    name, arg = parse_method(method)
     if name == "none":
         state, hook = None, default_hooks.allreduce_hook
     elif name == "fp16":
         state, hook = None, default_hooks.fp16_compress_hook
     elif name == "bf16":
-        state, hook = None, default_hooks.bf16_compress_hook
+        state, hook = None, _bf16_hook
     elif name == "powersgd":
         state = powerSGD_hook.PowerSGDState(
-            process_group=None, matrix_approximation_rank=int(arg), start_powerSGD_iter=10,
+            process_group=None, matrix_approximation_rank=int(arg), start_powerSGD_iter=max(2, warmup_steps),
             min_compression_rate=1, use_error_feedback=True, warm_start=True, random_seed=0,
         )
         hook = powerSGD_hook.powerSGD_hook
-    else:
-        raise NotImplementedError(f"train.compression: {method!r} is not implemented yet")
+    elif name == "topk":
+        # at least 2: DDP rebuilds its buckets after the first step, which would scramble residuals
+        state, hook = TopKState(float(arg), warmup_steps=max(2, warmup_steps)), topk_hook
+    elif name == "localsgd":
+        state = post_localSGD_hook.PostLocalSGDState(
+            process_group=None, subgroup=None, start_localSGD_iter=warmup_steps,
+            post_local_gradient_allreduce=False,
+        )
+        hook = post_localSGD_hook.post_localSGD_hook
+    elif name == "hierarchical":
+        if nodes is None:
+            raise ValueError(
+                "train.compression: hierarchical averaging needs the node of every worker "
+                "(register_compression(..., nodes=[w.node for w in cluster.workers]))"
+            )
+        if len(nodes) != dist.get_world_size():
+            raise ValueError(f"cluster.workers.node: {len(nodes)} nodes for {dist.get_world_size()} ranks")
+        subgroup, _ = dist.new_subgroups_by_enumeration(_node_groups(nodes))
+        _INTRA_NODE_GROUPS.append(subgroup)
+        state = post_localSGD_hook.PostLocalSGDState(
+            process_group=None, subgroup=subgroup, start_localSGD_iter=warmup_steps,
+            post_local_gradient_allreduce=True,
+        )
+        hook = post_localSGD_hook.post_localSGD_hook
+    else:  # pragma: no cover - parse_method knows every name above
+        raise ValueError(f"train.compression: {method!r} is not implemented")
     ddp.register_comm_hook(state, hook_wrapper(hook))
     return state
 
 
 def wrap_optimizer(optimizer: torch.optim.Optimizer, method: str, state) -> torch.optim.Optimizer:
-    """The optimizer the method needs (local SGD averages models in the optimizer's step)."""
-    return optimizer
+    """The optimizer the method needs: local SGD averages the model after the optimizer's step."""
+    name, arg = parse_method(method)
+    if name not in ("localsgd", "hierarchical"):
+        return optimizer
+    import warnings
+
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    with warnings.catch_warnings():  # period 1 is allowed (it is plain synchronous SGD)
+        warnings.simplefilter("ignore")
+        averager = PeriodicModelAverager(period=int(arg), warmup_steps=state.start_localSGD_iter)
+    return PostLocalSGDOptimizer(optimizer, averager)
 
 
-def choose_compression(comm_share: float, threshold: float = 0.25) -> tuple[str, str]:
-    """'auto': compress only when communication is a large share of the step; say why."""
+def finish_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """At the end of training, average the model once more if the method lets replicas drift."""
+    from torch.distributed.algorithms.model_averaging.utils import average_parameters
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    if isinstance(optimizer, PostLocalSGDOptimizer):
+        average_parameters(iter(list(model.parameters())), optimizer.averager.process_group)
+
+
+# ---------------------------------------------------------------------------------------------
+# choosing a method from the profile
+
+# Tuned with `hetflow bench comm` (wide_mlp, 4 ranks, 2 cores): see choose_compression.
+COMPRESS_ABOVE = 0.40
+POWERSGD_ABOVE = 0.40
+
+
+def choose_compression(
+    comm_share: float, threshold: float = COMPRESS_ABOVE, strong: float = POWERSGD_ABOVE
+) -> tuple[str, str]:
+    """'auto': compress only when communication is a large share of the step; say why.
+
+    `comm_share` is the profiled all-reduce time of one gradient over (compute + all-reduce).
+    Below `threshold` nothing is compressed: the saving is at most that share and compression
+    costs compute and some accuracy. From `strong` on PowerSGD rank 4 (>= 8x fewer bytes,
+    accuracy close to none); between the two, fp16 (exactly half the bytes, no tuning).
+    """
     if comm_share < threshold:
-        return "none", (
+        method, reason = "none", (
             f"measured communication is {comm_share:.0%} of the step (< {threshold:.0%}): "
-            "compression would cost accuracy for little time"
+            "compression would cost compute and accuracy for little time"
         )
-    if comm_share < 0.5:
-        return "fp16", f"communication is {comm_share:.0%} of the step: fp16 halves the bytes"
-    return "powersgd:4", (
-        f"communication is {comm_share:.0%} of the step: PowerSGD rank 4 cuts bytes by >8x"
-    )
+    elif comm_share < strong:
+        method, reason = "fp16", (
+            f"communication is {comm_share:.0%} of the step ({threshold:.0%}-{strong:.0%}): "
+            "fp16 halves the bytes"
+        )
+    else:
+        method, reason = "powersgd:4", (
+            f"communication is {comm_share:.0%} of the step (>= {strong:.0%}): "
+            "PowerSGD rank 4 cuts the bytes by >8x"
+        )
+    log.info("compression 'auto' -> %s: %s", method, reason)
+    return method, reason

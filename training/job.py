@@ -26,6 +26,7 @@ class RunSpec(BaseModel):
         description="(rank, step, factor): from `step` on, that rank's slowdown is multiplied by factor.",
     )
     run_dir: str
+    checkpoint_url: str | None = Field(None, description="Where checkpoints go; default RUN_DIR/checkpoints.")
     profile_batches: list[int] = Field(default_factory=lambda: [8, 16, 32, 64])
 
     def write(self, path: Path) -> Path:

@@ -20,11 +20,20 @@ class LaunchError(RuntimeError):
 def torchrun_command(
     job: Path, nproc: int, endpoint: str, nnodes: int = 1, rdzv_id: str = "hetflow", max_restarts: int = 0
 ) -> list[str]:
-    """torchrun with c10d rendezvous; on several nodes run the same command on each of them."""
+    """torchrun: c10d rendezvous across nodes (run the same command on each of them).
+
+    On one node the static rendezvous is used: after an elastic restart, c10d's restarted
+    round on one host sometimes fails to build the gloo mesh (connection refused to a peer of
+    the previous round), while the static one comes back at the first restart.
+    """
+    if nnodes == 1:
+        host, port = endpoint.rsplit(":", 1)
+        rdzv = ["--rdzv-backend", "static", "--master-addr", host, "--master-port", port]
+    else:
+        rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
     return [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id,
+        "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), *rdzv,
         "--max-restarts", str(max_restarts),
         "-m", "training.worker", "--job", str(job),
     ]
@@ -35,12 +44,13 @@ def worker_env(spec: RunSpec) -> dict[str, str]:
             "PYTHONPATH": _project_root() + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def run_workers(spec: RunSpec, timeout_s: float = 1800) -> tuple[dict, float]:
+def run_workers(spec: RunSpec, timeout_s: float = 1800, max_restarts: int = 3) -> tuple[dict, float]:
     """Write the job file, run torchrun to completion, return (result.json, wall seconds)."""
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     job = spec.write(run_dir / "job.json")
-    cmd = torchrun_command(job, spec.cluster.world_size, f"127.0.0.1:{free_port()}", rdzv_id=spec.run_name)
+    cmd = torchrun_command(job, spec.cluster.world_size, f"127.0.0.1:{free_port()}",
+                           rdzv_id=spec.run_name, max_restarts=max_restarts)
     env = worker_env(spec)
     log = run_dir / "workers.log"
     t = time.perf_counter()

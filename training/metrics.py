@@ -26,6 +26,8 @@ def summarize(result: dict, global_batch: int, target_accuracy: float | None) ->
         "comm_bytes_per_step": bytes_total / steps,
         "steps": steps,
         "replans": len(ranks[0]["replans"]),
+        "restarts": ranks[0].get("recovery", {}).get("restarts", 0),
+        "steps_redone": ranks[0].get("recovery", {}).get("steps_redone", 0),
     }
     idle = data = 0.0
     for r in ranks:

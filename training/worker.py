@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from training.checkpoint import CheckpointStore
 from training.comm import WireCounter, register_compression, wrap_optimizer
 from training.data import RankData, load_rank_data
 from training.job import RunSpec
@@ -93,6 +95,35 @@ def _straggler_factor(spec: RunSpec, rank: int, step: int) -> float:
     return factor
 
 
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def _note_recovery(spec: RunSpec, rank: int, resumed_at: int) -> dict:
+    """After torchrun restarted the workers: how many restarts, how many steps are redone.
+
+    Rank 0 records the last completed step every step (progress.json, local to the run
+    directory); what lies between the checkpoint and that step is done again.
+    """
+    run_dir = Path(spec.run_dir)
+    path = run_dir / "recovery.json"
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if rank != 0:
+        return {}
+    note = json.loads(path.read_text()) if path.exists() else {"restarts": 0, "steps_redone": 0}
+    progress = run_dir / "progress.json"
+    if restarts > note["restarts"] and progress.exists():
+        done = json.loads(progress.read_text())["step"]
+        note = {"restarts": restarts, "steps_redone": note["steps_redone"] + max(0, done - resumed_at),
+                "resumed_at": resumed_at}
+        _write_json(path, note)
+        print(f"rank 0: restart {restarts}, resuming at step {resumed_at} ({done - resumed_at} steps redone)",
+              flush=True)
+    return note
+
+
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
     with torch.no_grad():
@@ -127,8 +158,19 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     plans = [{"step": 0, "plan": list(plan)}]
     evals: list[dict] = []
     train_time = 0.0
+    start = 0
+    store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
+    saved = store.load()
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        start, plan, plans, evals = saved["step"], saved["plan"], saved["plans"], saved["evals"]
+        train_time, rebalancer.per_sample_s = saved["train_time"], saved["per_sample_s"]
+        rebalancer.history = saved["replans"]
+        records = [StepRecord(**r) for r in saved["records"][rank]]
+    recovery = _note_recovery(spec, rank, start)
     counter.take()
-    for step in range(cfg.steps):
+    for step in range(start, cfg.steps):
         emu.slowdown = base_slowdown * _straggler_factor(spec, rank, step)
         t0 = now()
         idx = torch.from_numpy(stream.step_indices(step, plan, rank))
@@ -149,7 +191,8 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         window.append(rec)
         train_time += rec.step_s
         last = step == cfg.steps - 1
-        if len(window) == cfg.rebalance_every or last:
+        checkpoint_now = (step + 1) % cfg.checkpoint_every == 0 and not last
+        if len(window) == cfg.rebalance_every or last or checkpoint_now:
             totals = _settle_window(window, world, dist.all_gather)
             rebalancer.observe(plan, totals)
             if cfg.schedule == "dynamic" and not last:
@@ -163,6 +206,18 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
                 evals.append({"step": step + 1, "train_time_s": train_time,
                               "accuracy": evaluate(model, xte, yte)})
             dist.barrier()  # the others wait here, outside the timed step
+        if checkpoint_now:
+            everyone: list = [None] * world
+            dist.all_gather_object(everyone, [asdict(r) for r in records])
+            if rank == 0:
+                store.save(step + 1, {
+                    "step": step + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "plan": plan, "plans": plans, "evals": evals, "train_time": train_time,
+                    "per_sample_s": rebalancer.per_sample_s, "replans": rebalancer.history,
+                    "records": everyone,
+                })
+        if rank == 0:
+            _write_json(Path(spec.run_dir) / "progress.json", {"step": step + 1})
     state = {k: v.detach().clone() for k, v in model.state_dict().items()} if rank == 0 else None
     return {
         "records": [asdict(r) for r in records],
@@ -173,9 +228,27 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         "params": parameter_count(model),
         "state": state,
         "load_s": data.load_s,
+        "recovery": recovery,
         "cache": {"hits": data.cache.stats.hits, "misses": data.cache.stats.misses,
                   "bytes_read": data.cache.stats.bytes_read},
     }
+
+
+def init_process_group() -> None:
+    """gloo over torchrun's store, in a namespace of its own for each elastic restart.
+
+    torchrun hands the restarted workers the same agent store; without a fresh prefix they
+    read the previous round's gloo addresses and fail with 'connection refused'.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group("gloo")
+        return
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(minutes=5))
+    store = dist.PrefixStore(f"hetflow/attempt_{attempt}/", base)
+    dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -184,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     spec = RunSpec.read(args.job)
     torch.set_num_threads(spec.train.threads_per_rank)
-    dist.init_process_group("gloo")
+    init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != spec.cluster.world_size:
         raise SystemExit(f"world size {world} != {spec.cluster.world_size} workers in the cluster")

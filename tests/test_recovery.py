@@ -1,0 +1,107 @@
+"""A worker killed with SIGKILL mid-training: torchrun restarts the group, training resumes
+from the last checkpoint, finishes every step, and ends where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+from infra.datasets import digits_source, write_dataset
+from training.checkpoint import CheckpointStore
+from training.job import RunSpec
+from training.launch import run_workers
+from training.metrics import summarize
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+STEPS, EVERY = 40, 10
+
+
+@pytest.fixture
+def digits(s3, tmp_path):
+    spec = DatasetSpec(url="s3://hetflow-recovery/digits", cache_dir=str(tmp_path / "cache"))
+    write_dataset(spec.url, digits_source(spec.test_fraction, spec.seed), spec.shard_samples)
+    return spec
+
+
+def _spec(dataset, run_dir: Path) -> RunSpec:
+    run_dir.mkdir(parents=True)
+    cluster = ClusterSpec.from_speeds([1, 1, 2, 4], time_scale=2.0)
+    train = TrainConfig(model="mlp", global_batch=64, steps=STEPS, schedule="proportional",
+                        checkpoint_every=EVERY, eval_every=10, lr=0.05)
+    return RunSpec(run_name=run_dir.name, variant="t", cluster=cluster, dataset=dataset, train=train,
+                   plan=[8, 8, 16, 32], run_dir=str(run_dir))
+
+
+def _worker_pids(job: Path) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"training.worker" in cmd and str(job).encode() in cmd and b"torch.distributed.run" not in cmd:
+            pids.append(int(proc.name))
+    return sorted(pids)
+
+
+def _progress(run_dir: Path) -> int:
+    try:
+        return json.loads((run_dir / "progress.json").read_text())["step"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
+
+
+def test_sigkilled_worker_resumes_from_checkpoint_and_finishes(digits, tmp_path):
+    reference = _spec(digits, tmp_path / "reference")
+    run_workers(reference, timeout_s=240)
+
+    spec = _spec(digits, tmp_path / "killed")
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=run_workers(spec, timeout_s=240)[0]))
+    thread.start()
+    deadline = time.monotonic() + 180
+    while _progress(Path(spec.run_dir)) < EVERY + 3:  # past the first checkpoint
+        assert time.monotonic() < deadline and thread.is_alive(), "training never got going"
+        time.sleep(0.05)
+    victim = _worker_pids(Path(spec.run_dir) / "job.json")[-1]
+    os.kill(victim, signal.SIGKILL)
+    thread.join(timeout=240)
+
+    m = summarize(outcome["result"], 64, None)
+    assert m["steps"] == STEPS
+    assert m["restarts"] >= 1
+    assert 1 <= m["steps_redone"] <= EVERY
+    got = torch.load(Path(spec.run_dir) / "model.pt")
+    want = torch.load(Path(reference.run_dir) / "model.pt")
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=1e-5, rtol=0)
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    store = CheckpointStore(str(tmp_path / "ck"))
+    store.save(10, {"step": 10, "w": torch.ones(3)})
+    store.save(20, {"step": 20, "w": torch.full((3,), 2.0)})
+    (tmp_path / "ck" / "ckpt-000020.pt").write_bytes(b"truncated")
+    assert store.load()["step"] == 10
+    store.save(30, {"step": 30, "w": torch.zeros(3)})
+    assert store.load()["step"] == 30
+    assert sorted(p.name for p in (tmp_path / "ck").glob("ckpt-*")) == ["ckpt-000020.pt", "ckpt-000030.pt"]
+
+
+def test_checkpoints_round_trip_through_s3(s3):
+    store = CheckpointStore("s3://hetflow-ckpt/run1")
+    store.fs.mkdir("hetflow-ckpt")
+    store.save(5, {"step": 5, "w": torch.arange(4.0)})
+    again = CheckpointStore("s3://hetflow-ckpt/run1").load()
+    assert again["step"] == 5 and torch.equal(again["w"], torch.arange(4.0))
