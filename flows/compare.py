@@ -14,7 +14,7 @@ from infra.s3 import local_s3_endpoint
 from tasks.cluster import profile_workers, train_variant
 from tasks.data import ingest_dataset
 from tasks.report import comparison, markdown
-from tasks.tracking import finish_parent_run, record_training_run, start_parent_run
+from tasks.tracking import finish_parent_run, start_parent_run
 
 VARIANTS = ("baseline", "optimized")
 
@@ -35,13 +35,12 @@ def compare(
         parent = start_parent_run(tracking, cluster, dataset)
         for variant in VARIANTS:
             cfg = TrainConfig.variant(variant, **knobs)
-            out = train_variant(variant, cluster, dataset, cfg, profile)
-            out["run_id"] = record_training_run(out, cluster, dataset, cfg, tracking, profile, parent)
-            outcomes[variant] = out
+            outcomes[variant] = train_variant(variant, cluster, dataset, cfg, profile, tracking, parent)
     table = comparison(outcomes["baseline"]["metrics"], outcomes["optimized"]["metrics"])
     md = markdown(table, f"{cluster.name}: baseline vs optimized")
     create_markdown_artifact(md, key="comparison", description="baseline vs optimized")
-    finish_parent_run(tracking, parent, table, md)
+    finish_parent_run(tracking, parent, table, md, outcomes["baseline"]["metrics"],
+                      outcomes["optimized"]["metrics"])
     return {
         "table": table,
         "parent_run_id": parent,

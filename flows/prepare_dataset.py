@@ -1,4 +1,4 @@
-"""Flow: write a dataset to S3 as shards plus a manifest."""
+"""Flow: write a dataset to S3 as shards plus a manifest, then check what was written."""
 
 from __future__ import annotations
 
@@ -6,11 +6,18 @@ from prefect import flow
 
 from hetflow.config import DatasetSpec
 from infra.s3 import local_s3_endpoint
-from tasks.data import ingest_dataset
+from tasks.data import ingest_dataset, verify
 
 
 @flow(name="prepare-dataset", log_prints=True)
-def prepare_dataset(dataset: DatasetSpec = DatasetSpec(), overwrite: bool = False) -> dict:
+def prepare_dataset(
+    dataset: DatasetSpec = DatasetSpec(), overwrite: bool = False, deep_verify: bool = False
+) -> dict:
+    """Ingest `dataset` (reused when the same one is already there) and verify its shards.
+
+    `deep_verify` reads every shard back and checks its SHA-256 (costs one full read).
+    """
     with local_s3_endpoint():
         manifest = ingest_dataset(dataset, overwrite=overwrite)
+        verify(dataset.url, deep=deep_verify)
     return manifest.model_dump()

@@ -10,10 +10,9 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from infra.s3 import local_s3_endpoint
 from tasks.cluster import profile_workers, train_variant
 from tasks.data import ingest_dataset
-from tasks.tracking import record_training_run
 
 
-@flow(name="train", log_prints=True)
+@flow(name="train", log_prints=True, retries=1, retry_delay_seconds=10)
 def train(
     cluster: ClusterSpec = default_cluster(),
     dataset: DatasetSpec = DatasetSpec(),
@@ -26,6 +25,5 @@ def train(
     with local_s3_endpoint():
         ingest_dataset(dataset)
         profile = profile_workers(cluster, dataset, cfg)
-        outcome = train_variant(variant, cluster, dataset, cfg, profile)
-        outcome["run_id"] = record_training_run(outcome, cluster, dataset, cfg, tracking, profile)
+        outcome = train_variant(variant, cluster, dataset, cfg, profile, tracking)
     return {"run_id": outcome["run_id"], "metrics": outcome["metrics"]}

@@ -6,13 +6,15 @@ import datetime as dt
 import uuid
 from pathlib import Path
 
-from prefect import task
+from prefect import runtime, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from infra.paths import runs_dir
 from training.job import RunSpec
 from training.launch import run_workers
 from training.metrics import step_series, summarize
+from tasks.tracking import finish_training_run, open_training_run, system_metrics
 from training.planning import Plan, make_plan
 
 
@@ -41,31 +43,82 @@ def profile_workers(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConf
     return profile
 
 
-@task(task_run_name="train {variant}")
+def stable_run_dir(label: str) -> Path:
+    """One directory per (flow run, label): a retried task finds its checkpoints there."""
+    flow_run = runtime.flow_run.id
+    if not flow_run:
+        return new_run_dir(label)
+    path = runs_dir() / f"{flow_run}-{label}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@task(task_run_name="train {variant}", retries=1, retry_delay_seconds=5)
 def train_variant(
-    variant: str, cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig, profile: dict
+    variant: str,
+    cluster: ClusterSpec,
+    dataset: DatasetSpec,
+    train: TrainConfig,
+    profile: dict,
+    tracking: TrackingConfig,
+    parent_run_id: str | None = None,
 ) -> dict:
-    """Plan, run torchrun, and return figures, the per-step series and where the outputs are."""
+    """Plan, run torchrun with MLflow system metrics on, then record the run in MLflow.
+
+    Idempotent: a retry (or a re-run of the same flow run) reuses the run directory, so the
+    workers resume from the last checkpoint and the same MLflow run is completed.
+    """
     plan: Plan = make_plan(profile, cluster, train)
-    run_dir = new_run_dir(variant)
+    run_dir = stable_run_dir(variant)
     spec = RunSpec(run_name=run_dir.name, variant=variant, cluster=cluster, dataset=dataset,
                    train=train, plan=plan.local_batches, compression=plan.compression,
                    compression_reason=plan.compression_reason, latency_s=plan.latency_s,
                    run_dir=str(run_dir))
     print(f"{variant}: local batches {plan.local_batches}, compression {plan.compression} "
           f"({plan.compression_reason}); training {train.steps} steps")
-    result, wall = run_workers(spec)
+    run_id = open_training_run(tracking, variant, cluster, dataset, train, plan.model_dump(), run_dir,
+                               parent_run_id)
+    progress = _progress_reporter(variant, train.steps)
+    with system_metrics(run_id):
+        result, wall = run_workers(spec, on_progress=progress)
+    progress(train.steps)
     metrics = summarize(result, train.global_batch, train.target_accuracy)
     metrics["run_time_s"] = wall
-    print(f"{variant}: {metrics['throughput_samples_per_s']:.0f} samples/s, "
-          f"accuracy {metrics.get('final_accuracy', float('nan')):.3f}, {wall:.0f}s with launch")
-    return {
+    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
+    outcome = {
         "variant": variant,
+        "run_id": run_id,
         "plan": plan.model_dump(),
         "metrics": metrics,
         "series": step_series(result, train.global_batch),
-        "evals": result["ranks"][0]["evals"],
-        "plans": result["ranks"][0]["plans"],
-        "replans": result["ranks"][0]["replans"],
+        "rank_records": [r["records"] for r in ranks],
+        "evals": ranks[0]["evals"],
+        "plans": ranks[0]["plans"],
+        "replans": ranks[0]["replans"],
         "run_dir": str(run_dir),
     }
+    finish_training_run(tracking, run_id, outcome, profile, train, register_as=f"hetflow-{dataset.source}")
+    print(f"{variant}: {metrics['throughput_samples_per_s']:.0f} samples/s, "
+          f"accuracy {metrics.get('final_accuracy', float('nan')):.3f}, {wall:.0f}s with launch")
+    return outcome
+
+
+def _progress_reporter(variant: str, steps: int):
+    """A Prefect progress artifact for the run, updated as rank 0 completes steps."""
+    state = {"id": None, "last": -1}
+
+    def report(step: int) -> None:
+        pct = round(100.0 * step / steps, 1)
+        if pct == state["last"]:
+            return
+        try:
+            if state["id"] is None:
+                state["id"] = create_progress_artifact(pct, key=f"train-{variant}",
+                                                       description=f"{variant}: steps completed")
+            else:
+                update_progress_artifact(state["id"], pct)
+            state["last"] = pct
+        except Exception as e:  # progress is a courtesy: never fail training over it
+            print(f"progress artifact not updated: {type(e).__name__}")
+
+    return report

@@ -1,11 +1,21 @@
-"""Dataset tasks."""
+"""Dataset tasks: ingest (idempotent, safe to kill) and verify."""
 
 from __future__ import annotations
 
 from prefect import task
 
 from hetflow.config import DatasetSpec
-from infra.datasets import DatasetError, Manifest, digits_source, read_manifest, synthetic_source, write_dataset
+from infra.datasets import (
+    DatasetError,
+    Manifest,
+    MissingDataset,
+    check_shards,
+    digits_source,
+    read_manifest,
+    synthetic_source,
+    verify_dataset,
+    write_dataset,
+)
 
 
 def build_source(spec: DatasetSpec) -> dict:
@@ -14,17 +24,67 @@ def build_source(spec: DatasetSpec) -> dict:
     return synthetic_source(spec.synthetic_samples, spec.test_fraction, spec.seed)
 
 
-@task(retries=2, retry_delay_seconds=[2, 10], task_run_name="ingest {spec.source} -> {spec.url}")
+def ingest_params(spec: DatasetSpec) -> dict:
+    """What decides the dataset's content; recorded in the manifest, compared on reuse."""
+    params = {"source": spec.source, "shard_samples": spec.shard_samples,
+              "test_fraction": spec.test_fraction, "seed": spec.seed}
+    if spec.source == "synthetic":
+        params["samples"] = spec.synthetic_samples
+    return params
+
+
+def _retry_unless_bad_data(task, task_run, state) -> bool:
+    """A DatasetError is deterministic (bad input, a mismatch): retrying cannot fix it."""
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - result not readable: let the retry policy decide
+        return True
+    return not isinstance(exc, DatasetError)
+
+
+def _existing(spec: DatasetSpec) -> Manifest | None:
+    """The dataset already at spec.url if it is there and is the one spec describes."""
+    try:
+        manifest = read_manifest(spec.url)
+    except MissingDataset:
+        return None  # nothing there, or a killed ingest's shards: (re)write
+    except DatasetError as e:
+        raise DatasetError(f"{e} (ingest with overwrite to replace it)") from None
+    wanted = ingest_params(spec)
+    for key, value in manifest.ingest.items():
+        if key in wanted and wanted[key] != value:
+            raise DatasetError(
+                f"{spec.url}: already holds a dataset written with {key}={value!r}, not "
+                f"{wanted[key]!r}; use another url, or ingest with overwrite to replace it"
+            )
+    check_shards(manifest)
+    return manifest
+
+
+@task(retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=_retry_unless_bad_data,
+      task_run_name="ingest {spec.source} -> {spec.url}")
 def ingest_dataset(spec: DatasetSpec, overwrite: bool = False) -> Manifest:
-    """Write the dataset as shards + manifest, unless a manifest is already there."""
+    """Write the dataset as shards + manifest, unless the same dataset is already there.
+
+    An existing dataset is reused only if its manifest is whole, was written with the same
+    parameters and its shards are all there; anything else is an error naming the object
+    (nothing a user wrote is replaced without `overwrite`).
+    """
     if not overwrite:
-        try:
-            manifest = read_manifest(spec.url)
+        manifest = _existing(spec)
+        if manifest is not None:
             print(f"dataset already at {spec.url}: {manifest.splits['train'].samples} train samples")
             return manifest
-        except DatasetError:
-            pass
-    manifest = write_dataset(spec.url, build_source(spec), spec.shard_samples)
-    splits = ", ".join(f"{k}: {v.samples} samples in {len(v.shards)} shards" for k, v in manifest.splits.items())
+    manifest = write_dataset(spec.url, build_source(spec), spec.shard_samples, ingest_params(spec))
+    splits = ", ".join(f"{k}: {v.samples} samples in {len(v.shards)} shards"
+                       for k, v in manifest.splits.items())
     print(f"ingested {spec.source} to {spec.url} ({splits})")
+    return manifest
+
+
+@task(task_run_name="verify {url}")
+def verify(url: str, deep: bool = False) -> Manifest:
+    """The manifest, its shards listed (sizes), and with `deep` every SHA-256 checked."""
+    manifest = read_manifest(url)
+    verify_dataset(manifest, deep=deep)
     return manifest

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
-from prefect import runtime, task
+from prefect import runtime
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from infra.paths import home
+from tasks import plots
 
 BATCH = 500  # MLflow accepts up to 1000 metrics per log_batch call
 
@@ -73,42 +76,104 @@ def _log_json(client: MlflowClient, run_id: str, name: str, data) -> None:
         client.log_artifact(run_id, str(path))
 
 
-@task(retries=2, retry_delay_seconds=[2, 10], task_run_name="record {outcome[variant]} in MLflow")
-def record_training_run(
-    outcome: dict,
+def open_training_run(
+    tracking: TrackingConfig,
+    variant: str,
     cluster: ClusterSpec,
     dataset: DatasetSpec,
     train: TrainConfig,
-    tracking: TrackingConfig,
-    profile: dict,
+    plan: dict,
+    run_dir: Path,
     parent_run_id: str | None = None,
 ) -> str:
+    """Create the variant's run before training (so system metrics land in it), or reopen the
+    one a previous attempt of the same flow run created (its id is kept in the run directory)."""
     client = client_for(tracking)
-    tags = {"variant": outcome["variant"], "cluster": cluster.name, "dataset": dataset.url,
-            **_flow_run_tags()}
+    marker = run_dir / "mlflow_run_id"
+    if marker.exists():
+        return marker.read_text().strip()
+    tags = {"variant": variant, "cluster": cluster.name, "dataset": dataset.url, **_flow_run_tags()}
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
-    run = client.create_run(experiment_id(client, tracking), run_name=outcome["variant"], tags=tags)
+    run = client.create_run(experiment_id(client, tracking), run_name=variant, tags=tags)
     rid = run.info.run_id
     params = {
         **flatten("cluster", cluster.model_dump()),
         **flatten("dataset", dataset.model_dump()),
         **flatten("train", train.model_dump()),
-        **flatten("plan", outcome["plan"]),
+        **flatten("plan", plan),
     }
     _log_params(client, rid, params)
+    marker.write_text(rid)
+    return rid
+
+
+@contextmanager
+def system_metrics(run_id: str, interval_s: float = 2.0):
+    """MLflow's own CPU/memory (and GPU where present) sampling into the run, tagged by node."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    mlflow.system_metrics.set_system_metrics_node_id(socket.gethostname())
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, samples_before_logging=1)
+    monitor.start()
+    try:
+        yield
+    finally:
+        monitor.finish()
+
+
+def finish_training_run(
+    tracking: TrackingConfig, run_id: str, outcome: dict, profile: dict, train: TrainConfig, register_as: str
+) -> None:
+    """Figures, per-step series, the profile and plan, plots and the model; then FINISHED."""
+    client = client_for(tracking)
     now_ms = int(time.time() * 1000)
-    metrics = [Metric(k, float(v), now_ms, 0) for k, v in outcome["metrics"].items()]
+    # Run figures at the final step: per-rank names double as per-step series, and MLflow
+    # shows a metric's value at its highest step.
+    final = int(outcome["metrics"]["steps"])
+    metrics = [Metric(k, float(v), now_ms, final) for k, v in outcome["metrics"].items()]
     for row in outcome["series"]:
         metrics += [Metric(k, float(v), now_ms, row["step"]) for k, v in row.items() if k != "step"]
     metrics += [Metric("test_accuracy", e["accuracy"], now_ms, e["step"]) for e in outcome["evals"]]
     for i in range(0, len(metrics), BATCH):
-        client.log_batch(rid, metrics=metrics[i : i + BATCH])
-    _log_json(client, rid, "profile.json", profile)
-    _log_json(client, rid, "plan.json", {"initial": outcome["plan"], "plans": outcome["plans"],
-                                          "replans": outcome["replans"]})
-    client.set_terminated(rid)
-    return rid
+        client.log_batch(run_id, metrics=metrics[i : i + BATCH])
+    client.set_tag(run_id, "compression_reason", outcome["plan"]["compression_reason"])
+    _log_json(client, run_id, "profile.json", profile)
+    _log_json(client, run_id, "plan.json", {"initial": outcome["plan"], "plans": outcome["plans"],
+                                             "replans": outcome["replans"]})
+    with tempfile.TemporaryDirectory() as d:
+        title = f"{outcome['variant']}"
+        plots.timeline(outcome["rank_records"], Path(d) / "timeline.png", title=f"{title}: per-rank timeline")
+        plots.step_series(outcome["series"], Path(d) / "steps.png", title=f"{title}: step time and plan")
+        for name in ("timeline.png", "steps.png"):
+            client.log_artifact(run_id, str(Path(d) / name), artifact_path="plots")
+    _log_model(run_id, outcome, train, register_as)
+    client.set_terminated(run_id)
+
+
+def _log_model(run_id: str, outcome: dict, train: TrainConfig, register_as: str) -> None:
+    import mlflow.pytorch
+    import numpy as np
+    import torch
+
+    from training.models import build_model
+
+    state = Path(outcome["run_dir"]) / "model.pt"
+    if not state.exists():
+        return
+    model = build_model(train.model)
+    model.load_state_dict(torch.load(state))
+    model.eval()
+    accuracy = outcome["metrics"].get("final_accuracy", 0.0)
+    register = (outcome["variant"] == "optimized" and train.target_accuracy is not None
+                and accuracy >= train.target_accuracy)
+    example = np.zeros((1, 64), dtype=np.float32)
+    with mlflow.start_run(run_id=run_id):
+        mlflow.pytorch.log_model(
+            model, name="model", input_example=example,
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+            registered_model_name=register_as if register else None,
+        )
 
 
 def _log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
@@ -124,9 +189,14 @@ def start_parent_run(tracking: TrackingConfig, cluster: ClusterSpec, dataset: Da
     return run.info.run_id
 
 
-def finish_parent_run(tracking: TrackingConfig, run_id: str, table: dict, markdown: str) -> None:
+def finish_parent_run(
+    tracking: TrackingConfig, run_id: str, table: dict, markdown: str, baseline: dict, optimized: dict
+) -> None:
     client = client_for(tracking)
     _log_json(client, run_id, "comparison.json", table)
+    with tempfile.TemporaryDirectory() as d:
+        plots.busy_comparison(baseline, optimized, Path(d) / "busy_fraction.png")
+        client.log_artifact(run_id, str(Path(d) / "busy_fraction.png"), artifact_path="plots")
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "comparison.md"
         path.write_text(markdown)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -77,3 +78,21 @@ def test_mlflow_holds_both_runs_under_one_parent_with_sane_metrics(demo):
     assert opt[3] == max(opt) and opt[0] < 32
     artifacts = {a.path for a in client.list_artifacts(parent)}
     assert {"comparison.json", "comparison.md"} <= artifacts
+    assert [a.file_size for a in client.list_artifacts(parent, "plots")][0] > 1000
+
+
+def test_each_run_has_plots_model_profile_plan_and_system_metrics(demo):
+    home, _, _ = demo
+    client = MlflowClient(f"sqlite:///{home}/mlflow.db")
+    exp = client.get_experiment_by_name("hetflow")
+    for run in client.search_runs([exp.experiment_id], "tags.variant != 'compare'"):
+        rid = run.info.run_id
+        top = {a.path for a in client.list_artifacts(rid)}
+        assert {"profile.json", "plan.json", "plots"} <= top
+        plots = {a.path: a.file_size for a in client.list_artifacts(rid, "plots")}
+        assert set(plots) == {"plots/timeline.png", "plots/steps.png"} and min(plots.values()) > 1000
+        node = socket.gethostname()  # system metrics carry the node id of the host that sampled them
+        assert f"system/{node}/cpu_utilization_percentage" in run.data.metrics
+        assert 0 <= run.data.metrics["tracking_overhead_fraction"] < 0.02
+        models = client.search_logged_models([exp.experiment_id], filter_string=f"source_run_id = '{rid}'")
+        assert models, f"no model logged for {run.data.tags['variant']}"

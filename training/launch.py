@@ -44,8 +44,15 @@ def worker_env(spec: RunSpec) -> dict[str, str]:
             "PYTHONPATH": _project_root() + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def run_workers(spec: RunSpec, timeout_s: float = 1800, max_restarts: int = 3) -> tuple[dict, float]:
-    """Write the job file, run torchrun to completion, return (result.json, wall seconds)."""
+def run_workers(
+    spec: RunSpec, timeout_s: float = 1800, max_restarts: int = 3, on_progress=None
+) -> tuple[dict, float]:
+    """Write the job file, run torchrun to completion, return (result.json, wall seconds).
+
+    torchrun restarts the workers up to `max_restarts` times when one dies; they resume from
+    the last checkpoint. `on_progress(step)` is called about once a second with the last
+    completed step (from rank 0's progress.json).
+    """
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     job = spec.write(run_dir / "job.json")
@@ -54,8 +61,26 @@ def run_workers(spec: RunSpec, timeout_s: float = 1800, max_restarts: int = 3) -
     env = worker_env(spec)
     log = run_dir / "workers.log"
     t = time.perf_counter()
+    progress = run_dir / "progress.json"
     with log.open("wb") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            while proc.poll() is None:
+                if time.perf_counter() - t > timeout_s:
+                    proc.kill()
+                    raise LaunchError(f"torchrun ran past {timeout_s:.0f}s (log: {log})")
+                if on_progress is not None and progress.exists():
+                    try:
+                        on_progress(json.loads(progress.read_text())["step"])
+                    except (ValueError, KeyError):
+                        pass
+                try:
+                    proc.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+        except BaseException:
+            proc.kill()
+            raise
     wall = time.perf_counter() - t
     if proc.returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]

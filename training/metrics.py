@@ -50,6 +50,8 @@ def summarize(result: dict, global_batch: int, target_accuracy: float | None) ->
         m[f"rank{k}/samples_per_s"] = samples / compute if compute else 0.0
         m[f"rank{k}/comm_bytes"] = sum(x["bytes_sent"] for x in recs)
     m["straggler_idle_fraction"] = idle / (world * wall)
+    # share of the training loop spent recording figures (rank 0 writes progress each step)
+    m["tracking_overhead_fraction"] = max(r.get("bookkeeping_s", 0.0) for r in ranks) / wall
     m["data_wait_fraction"] = data / (world * wall)
     evals = ranks[0]["evals"]
     if evals:

@@ -169,6 +169,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         rebalancer.history = saved["replans"]
         records = [StepRecord(**r) for r in saved["records"][rank]]
     recovery = _note_recovery(spec, rank, start)
+    bookkeeping = 0.0  # what recording progress costs the training loop
     counter.take()
     for step in range(start, cfg.steps):
         emu.slowdown = base_slowdown * _straggler_factor(spec, rank, step)
@@ -187,8 +188,10 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         t3 = now()
         rec = StepRecord(step, len(idx), t1 - t0, clock.compute_end - t1, t3 - clock.compute_end,
                          t3 - t0, float(loss_sum.detach()), nbytes)
+        tb = now()
         records.append(rec)
         window.append(rec)
+        bookkeeping += now() - tb
         train_time += rec.step_s
         last = step == cfg.steps - 1
         checkpoint_now = (step + 1) % cfg.checkpoint_every == 0 and not last
@@ -217,7 +220,9 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
                     "records": everyone,
                 })
         if rank == 0:
+            tb = now()
             _write_json(Path(spec.run_dir) / "progress.json", {"step": step + 1})
+            bookkeeping += now() - tb
     state = {k: v.detach().clone() for k, v in model.state_dict().items()} if rank == 0 else None
     return {
         "records": [asdict(r) for r in records],
@@ -229,6 +234,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         "state": state,
         "load_s": data.load_s,
         "recovery": recovery,
+        "bookkeeping_s": bookkeeping,
         "cache": {"hits": data.cache.stats.hits, "misses": data.cache.stats.misses,
                   "bytes_read": data.cache.stats.bytes_read},
     }

@@ -1,0 +1,120 @@
+"""Profiling tasks: the catalog, a profile's storage and history in S3, its MLflow run.
+
+A profile is stored as `<prefix>/<UTC timestamp>.json` (the names sort by time), where the
+prefix defaults to `s3://<dataset bucket>/profiles/<cluster name>/<model>`: profiles of one
+cluster and model form its history. `speed_drift` (pure) compares a profile with the previous
+one and flags the workers whose relative speed moved by more than a threshold.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+
+from prefect import task
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
+from infra.catalog import Catalog, resolve_cluster
+from infra.s3 import ensure_bucket, filesystem
+
+
+def profiles_prefix(dataset: DatasetSpec, cluster: ClusterSpec, model: str) -> str:
+    """Where a cluster's profiles live: next to the dataset, in the same bucket."""
+    scheme, rest = dataset.url.split("://", 1)
+    bucket = rest.split("/", 1)[0]
+    return f"{scheme}://{bucket}/profiles/{cluster.name}/{model}"
+
+
+def profile_stamp(now: dt.datetime | None = None) -> str:
+    return (now or dt.datetime.now(dt.UTC)).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+@task(task_run_name="resolve instance types of {cluster.name}")
+def resolve_instance_types(cluster: ClusterSpec) -> tuple[ClusterSpec, Catalog]:
+    """Fill speeds and links of workers that name EC2 types (describe_instance_types)."""
+    catalog = Catalog.for_cluster(cluster)
+    resolved = resolve_cluster(cluster, catalog)
+    if catalog.types:
+        named = ", ".join(f"{w.name}={w.instance_type} (speed {w.speed:.2f}, link {w.link_gbps} Gbit/s)"
+                          for w in resolved.workers)
+        print(f"instance types from the EC2 catalog: {named}")
+    return resolved, catalog
+
+
+@task(retries=2, retry_delay_seconds=[1, 5], task_run_name="store profile under {prefix}")
+def store_profile(profile: dict, prefix: str) -> str:
+    """Write the profile as `<prefix>/<created_at>.json`; returns its URL."""
+    ensure_bucket(prefix)
+    fs, root = filesystem(prefix)
+    name = f"{profile['created_at']}.json"
+    fs.pipe_file(f"{root}/{name}", json.dumps(profile, indent=1, default=str).encode())
+    return f"{prefix}/{name}"
+
+
+@task(retries=2, retry_delay_seconds=[1, 5], task_run_name="profile history under {prefix}")
+def profile_history(prefix: str, limit: int = 20) -> list[dict]:
+    """The latest `limit` stored profiles under the prefix, oldest first (unreadable ones skipped)."""
+    fs, root = filesystem(prefix)
+    try:
+        names = sorted(p for p in fs.ls(root, detail=False) if p.endswith(".json"))
+    except FileNotFoundError:
+        return []
+    out = []
+    for path in names[-limit:]:
+        try:
+            out.append(json.loads(fs.cat_file(path)))
+        except (OSError, ValueError):
+            print(f"skipping unreadable profile {path}")
+    return out
+
+
+def speed_drift(previous: dict | None, current: dict, threshold: float) -> list[dict]:
+    """Workers whose relative speed moved by more than `threshold` (a fraction) since `previous`.
+
+    Workers are matched by name; one that is new or gone is not flagged.
+    """
+    if not previous:
+        return []
+    before = {r.get("worker"): r.get("relative_speed") for r in previous.get("ranks", [])}
+    flagged = []
+    for r in current["ranks"]:
+        old, new = before.get(r.get("worker")), r.get("relative_speed")
+        if not old or new is None:
+            continue
+        change = new / old - 1
+        if abs(change) > threshold:
+            flagged.append({"worker": r["worker"], "previous_speed": old, "speed": new,
+                            "change": change, "previous_profile": previous.get("created_at")})
+    return flagged
+
+
+RANK_METRICS = (
+    "samples_per_s", "relative_speed", "link_gbps", "allreduce_latency_s", "matmul_gflops",
+    "memory_gbps", "memory_per_sample_bytes", "memory_cap_batch", "s3_first_byte_s", "s3_read_mbps",
+)
+
+
+@task(retries=2, retry_delay_seconds=[2, 10], task_run_name="record profile in MLflow")
+def record_profile(profile: dict, cluster: ClusterSpec, dataset: DatasetSpec,
+                   tracking: TrackingConfig) -> str:
+    """One MLflow run (variant `profile`): per-rank figures as metrics, the JSON as an artifact."""
+    from mlflow.entities import Metric
+
+    from tasks.tracking import _flow_run_tags, _log_json, client_for, experiment_id
+
+    client = client_for(tracking)
+    tags = {"variant": "profile", "cluster": cluster.name, "dataset": dataset.url, **_flow_run_tags()}
+    run = client.create_run(experiment_id(client, tracking), run_name="profile", tags=tags)
+    rid = run.info.run_id
+    now_ms = int(time.time() * 1000)
+    metrics = [Metric("profiling_time_s", float(profile["profiling_time_s"]), now_ms, 0)]
+    for r in profile["ranks"]:
+        for key in RANK_METRICS:
+            value = r.get(key)
+            if isinstance(value, (int, float)) and value == value and abs(value) != float("inf"):
+                metrics.append(Metric(f"rank{r['rank']}/{key}", float(value), now_ms, 0))
+    client.log_batch(rid, metrics=metrics)
+    _log_json(client, rid, "profile.json", profile)
+    client.set_terminated(rid)
+    return rid
