@@ -25,8 +25,11 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem for a URL and the path inside it (s3://, file://, memory://)."""
     opts: dict = {}
     if url.startswith("s3://"):
-        # botocore's own retries (adaptive, with backoff) absorb throttling and 5xx.
-        opts = {"config_kwargs": {"retries": {"max_attempts": 5, "mode": "adaptive"}}}
+        # botocore's own retries (exponential backoff) absorb throttling, 5xx and resets;
+        # AWS_RETRY_MODE / AWS_MAX_ATTEMPTS, when set, win.
+        retries = {"mode": os.environ.get("AWS_RETRY_MODE", "standard"),
+                   "max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", "6"))}
+        opts = {"config_kwargs": {"retries": retries}}
         opts["skip_instance_cache"] = True
     return fsspec.core.url_to_fs(url, **opts)
 

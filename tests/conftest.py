@@ -51,3 +51,24 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+_FAULT_ROWS: list[tuple] = []
+
+
+@pytest.fixture
+def fault_table():
+    """Rows (fault, where, outcome, steps redone, data lost, faults injected) for the report."""
+    return _FAULT_ROWS
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FAULT_ROWS:
+        return
+    tr = terminalreporter
+    tr.section("fault injection")
+    header = ("fault injected", "during", "job", "steps redone", "data lost", "faults")
+    rows = [header, *[tuple(str(c) for c in r) for r in _FAULT_ROWS]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for r in rows:
+        tr.write_line(" | ".join(c.ljust(w) for c, w in zip(r, widths)))

@@ -62,7 +62,7 @@ def _progress(run_dir: Path) -> int:
         return 0
 
 
-def test_sigkilled_worker_resumes_from_checkpoint_and_finishes(digits, tmp_path):
+def test_sigkilled_worker_resumes_from_checkpoint_and_finishes(digits, tmp_path, fault_table):
     reference = _spec(digits, tmp_path / "reference")
     run_workers(reference, timeout_s=240)
 
@@ -86,6 +86,8 @@ def test_sigkilled_worker_resumes_from_checkpoint_and_finishes(digits, tmp_path)
     want = torch.load(Path(reference.run_dir) / "model.pt")
     for k in want:
         torch.testing.assert_close(got[k], want[k], atol=1e-5, rtol=0)
+    fault_table.append(("SIGKILL of a worker mid-run", "training (4 ranks)", f"finished, {m['restarts']} restart(s)",
+                        m["steps_redone"], "none (same final weights)", 1))
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
