@@ -1,16 +1,34 @@
 """A local shard cache: byte budget with LRU eviction, checksum-validated, atomic, multi-process.
 
-fsspec's `filecache`/`simplecache` filesystems download whole files to a local directory, but
-they have no byte budget, do not validate content against a known checksum, and their metadata
-is not safe when several ranks on one host share the directory. This class adds exactly that on
-top of fsspec's transfer (`fs.cat_file`): one file per shard named by a hash of its source (so a
-key such as `../../etc/passwd` cannot escape the directory), written to a temporary file and
-renamed into place (a crash never leaves a half file under the final name), validated by SHA-256
-on every open, guarded by an `fcntl` lock per entry, and evicted least-recently-used first.
+What fsspec gives and what is written here. fsspec's `simplecache`/`filecache` filesystems
+download whole files to a local directory, but they have no byte budget, do not validate content
+against a known checksum, and their metadata file is not safe when several ranks on one host
+share the directory. So the transfer is fsspec's (`fs.cat_file`, s3fs underneath, with
+botocore's retries) and this module adds only what those lack:
+
+- one file per shard named by a hash of its source URL, so a key such as `../../etc/passwd`
+  cannot name a path outside the directory;
+- SHA-256 checked on every read: a corrupt or truncated file is fetched again; bytes that fail
+  the check at the source raise ChecksumError naming the object;
+- writes to a temporary `.part` file, fsync, rename: a crash never leaves a half file under a
+  shard's name (stale `.part` files of killed processes are removed when a cache opens);
+- an exclusive `fcntl` lock per entry (`<name>.lock`, empty, left in place: removing a lock
+  file that another process may be about to lock is a race), shared by every process on the
+  host: two ranks that miss the same shard fetch it once, and eviction never removes a file
+  while it is being read;
+- LRU eviction by modification time (set from `time.time_ns()`; the kernel's file timestamps
+  are too coarse to order reads that are milliseconds apart) down to the byte budget, with the
+  shard just read always kept;
+- prefetch: a small thread pool that reads the next shards of a schedule into the cache;
+- an emulated object store (latency per request, a bandwidth shared by this process's
+  transfers), so that the effect of caching and prefetch shows on loopback.
+
+A budget of 0 disables the local copy: every read goes to the source (the `no_cache` baseline).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -21,18 +39,26 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.s3 import filesystem
+from infra.datasets import ChecksumError, filesystem
 
+__all__ = ["CacheStats", "ChecksumError", "EmulatedStore", "ShardCache"]
 
-class ChecksumError(ValueError):
-    """The source itself holds bytes that do not match the manifest (names the object)."""
+STALE_PART_S = 3600.0
 
 
 @dataclass
 class CacheStats:
+    """Counters of one process's cache.
+
+    Every `read` is a hit (served by a valid local file) or a miss (its bytes came from the
+    source for it, also when a prefetch fetched them ahead of the read): the hit ratio is what
+    the cache saved from S3, whether or not prefetch hid the latency.
+    """
+
     hits: int = 0
     misses: int = 0
-    bytes_read: int = 0  # from the source (S3), not from the cache
+    bytes_read: int = 0  # from the source (S3), not from the cache; prefetches included
+    prefetched: int = 0  # shards the background reader fetched from the source
     corrupt_replaced: int = 0
     evictions: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -42,15 +68,61 @@ class CacheStats:
         total = self.hits + self.misses
         return self.hits / total if total else 0.0
 
+    cache_hit_ratio = hit_ratio
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    @property
+    def s3_bytes_read(self) -> int:
+        return self.bytes_read
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {k: getattr(self, k) for k in
+                    ("hits", "misses", "bytes_read", "prefetched", "corrupt_replaced", "evictions")}
+
+
+class EmulatedStore:
+    """Delays a transfer as a slow object store would: latency per request, shared bandwidth.
+
+    Requests overlap their latency (as concurrent GETs do); their bytes queue on one link of
+    `mbps` megabits/s for this process. Both 0/None: no delay.
+    """
+
+    def __init__(self, latency_s: float = 0.0, mbps: float | None = None) -> None:
+        if latency_s < 0 or (mbps is not None and mbps <= 0):
+            raise ValueError(f"emulated S3: latency must be >= 0 and mbps > 0 (got {latency_s}, {mbps})")
+        self.latency_s = latency_s
+        self.mbps = mbps
+        self._free_at = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.latency_s or self.mbps)
+
+    def delay(self, nbytes: int, started: float) -> None:
+        ready = started + self.latency_s
+        if self.mbps:
+            with self._lock:
+                begin = max(ready, self._free_at)
+                self._free_at = begin + nbytes * 8 / (self.mbps * 1e6)
+                ready = self._free_at
+        pause = ready - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
 
 
 class ShardCache:
     """Read `base_url/key` through a local directory shared by the ranks of one host.
 
-    `latency_s` and `mbps` emulate a slow object store on loopback (0 and None: off).
+    `latency_s` and `mbps` emulate a slow object store on loopback (0 and None: off). The S3
+    client is made when the cache opens: its endpoint and credentials are the environment's then.
+    `prefetch_depth` > 0 starts a background reader: `prefetch(keys)` keeps the first
+    `prefetch_depth` of them (the next shards of the caller's schedule) coming into the cache.
     """
 
     def __init__(
@@ -62,90 +134,157 @@ class ShardCache:
         mbps: float | None = None,
         prefetch_depth: int = 0,
     ) -> None:
+        if budget_bytes < 0 or prefetch_depth < 0:
+            raise ValueError("cache budget and prefetch depth must be >= 0")
         self.base_url = base_url.rstrip("/")
         self.fs, self.root = filesystem(self.base_url)
         self.dir = Path(directory).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.budget = int(budget_bytes)
-        self.latency_s = latency_s
-        self.mbps = mbps
+        self.store = EmulatedStore(latency_s, mbps)
         self.stats = CacheStats()
-        self._pool = ThreadPoolExecutor(1) if prefetch_depth > 0 else None
+        self.depth = prefetch_depth if self.budget > 0 else 0
+        self._pool = ThreadPoolExecutor(min(self.depth, 8), "prefetch") if self.depth else None
         self._pending: dict[str, Future] = {}
+        self._fetched_ahead: set[str] = set()  # fetched by a prefetch, not read yet
+        _remove_stale_parts(self.dir)
+        connect = getattr(self.fs, "connect", None)  # s3fs: make the client now, once, rather
+        if callable(connect):  # than in the first read (concurrent first reads each make one)
+            connect()
+
+    @property
+    def latency_s(self) -> float:
+        return self.store.latency_s
+
+    @property
+    def mbps(self) -> float | None:
+        return self.store.mbps
 
     def local_path(self, key: str) -> Path:
-        digest = hashlib.sha256(f"{self.base_url}/{key}".encode()).hexdigest()[:24]
-        return self.dir / f"{digest}.shard"
+        digest = hashlib.sha256(f"{self.base_url}/{key}".encode()).hexdigest()[:32]
+        path = self.dir / f"{digest}.shard"
+        assert path.parent == self.dir  # a hex name has no separators: never outside the cache
+        return path
 
     def read(self, key: str, sha256: str) -> bytes:
         """The shard's bytes, from the cache when valid, else from the source (then cached)."""
         pending = self._pending.pop(key, None)
         if pending is not None:
-            pending.result()
-        return self._read(key, sha256, count=True)
+            with contextlib.suppress(Exception):  # the read below raises it again if it persists
+                pending.result()
+        return self._read(key, sha256, waited=True)
 
-    def prefetch(self, keys: list[tuple[str, str]]) -> None:
-        """Start fetching (key, sha256) pairs in the background, in order."""
+    def prefetch(self, keys: list[tuple[str, str]], limit: int | None = None) -> None:
+        """Bring the first `limit` (default: `prefetch_depth`) (key, sha256) pairs into the
+        cache in the background, in order. A shard already cached is only marked recently used
+        (`read` validates it)."""
         if self._pool is None:
             return
-        for key, sha in keys:
+        for k in [k for k, f in self._pending.items() if f.done()]:
+            del self._pending[k]
+        for key, sha in keys[: self.depth if limit is None else limit]:
             if key not in self._pending:
                 self._pending[key] = self._pool.submit(self._read, key, sha, False)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pending.clear()
 
-    def _read(self, key: str, sha256: str, count: bool) -> bytes:
+    def __enter__(self) -> ShardCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _read(self, key: str, sha256: str, waited: bool) -> bytes | None:
+        """`waited`: the caller's read (counted, returns the bytes); else a prefetch."""
+        if self.budget == 0:
+            data = self._fetch(key, sha256)
+            self.stats.add(misses=1, bytes_read=len(data))
+            return data
         path = self.local_path(key)
         with _locked(path):
+            if not waited and path.exists():
+                _touch(path)  # a prefetch only keeps it; the caller's read validates it
+                return None
             data = _read_if_valid(path, sha256)
             if data is not None:
-                os.utime(path)  # LRU order is modification time
-                if count:
-                    with self.stats._lock:
-                        self.stats.hits += 1
+                _touch(path)  # LRU: most recently used
+                ahead = key in self._fetched_ahead  # a prefetch fetched it for this read
+                self._fetched_ahead.discard(key)
+                self.stats.add(**({"misses": 1} if ahead else {"hits": 1}))
                 return data
             if path.exists():
-                with self.stats._lock:
-                    self.stats.corrupt_replaced += 1
-            data = self._fetch(key)
-            if _sha256(data) != sha256:
-                raise ChecksumError(
-                    f"{self.base_url}/{key}: checksum mismatch at the source (expected {sha256[:12]}…)"
-                )
+                self.stats.add(corrupt_replaced=1)
+            data = self._fetch(key, sha256)
             _atomic_write(path, data)
-            with self.stats._lock:
-                if count:
-                    self.stats.misses += 1
-                self.stats.bytes_read += len(data)
+            _touch(path)
+            if waited:
+                self.stats.add(bytes_read=len(data), misses=1)
+            else:
+                self._fetched_ahead.add(key)
+                self.stats.add(bytes_read=len(data), prefetched=1)
         self._evict(keep=path)
-        return data
+        return data if waited else None
 
-    def _fetch(self, key: str) -> bytes:
+    def _fetch(self, key: str, sha256: str) -> bytes:
+        url = f"{self.base_url}/{key}"
+        started = time.perf_counter()
         try:
             data = self.fs.cat_file(f"{self.root}/{key}")
         except FileNotFoundError:
-            raise FileNotFoundError(f"{self.base_url}/{key}: no such object") from None
-        if self.latency_s or self.mbps:
-            time.sleep(self.latency_s + (len(data) * 8 / (self.mbps * 1e6) if self.mbps else 0))
+            raise FileNotFoundError(f"{url}: no such object") from None
+        if self.store.active:
+            self.store.delay(len(data), started)
+        if _sha256(data) != sha256:
+            raise ChecksumError(f"{url}: checksum mismatch at the source ({len(data)} bytes, "
+                                f"expected SHA-256 {sha256[:12]}...)")
         return data
 
     def _evict(self, keep: Path) -> None:
-        entries = sorted(
-            (p.stat().st_mtime, p.stat().st_size, p) for p in self.dir.glob("*.shard") if p.exists()
-        )
+        entries = []
+        for p in self.dir.glob("*.shard"):
+            try:
+                st = p.stat()
+            except FileNotFoundError:  # another process evicted it meanwhile
+                continue
+            entries.append((st.st_mtime_ns, st.st_size, p))
+        entries.sort()
         total = sum(size for _, size, _ in entries)
-        for _, size, p in entries:
+        for mtime, size, p in entries:
             if total <= self.budget:
                 break
             if p == keep:
                 continue
             with _locked(p):
-                p.unlink(missing_ok=True)
+                try:
+                    if p.stat().st_mtime_ns != mtime:
+                        continue  # read meanwhile (by any process): no longer least recent
+                    p.unlink()
+                except FileNotFoundError:
+                    total -= size
+                    continue
             total -= size
-            with self.stats._lock:
-                self.stats.evictions += 1
+            self.stats.add(evictions=1)
+
+    def cached_bytes(self) -> int:
+        total = 0
+        for p in self.dir.glob("*.shard"):
+            try:
+                total += p.stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _touch(path: Path) -> None:
+    t = time.time_ns()
+    os.utime(path, ns=(t, t))
 
 
 def _read_if_valid(path: Path, sha256: str) -> bytes | None:
@@ -167,6 +306,17 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _remove_stale_parts(directory: Path) -> None:
+    """Temporary files that a killed process left behind (none is that old while being written)."""
+    cutoff = time.time() - STALE_PART_S
+    for p in directory.glob(".tmp-*.part"):
+        try:
+            if p.stat().st_mtime < cutoff:
+                p.unlink()
+        except FileNotFoundError:
+            pass
 
 
 class _locked:

@@ -7,7 +7,12 @@ Layout under the dataset URL::
     test/shard-00000.npz
 
 The manifest lists, per split, each shard's key, sample count, label histogram, byte size and
-SHA-256, so that a reader can check what it fetched.
+SHA-256, so that a reader can check what it fetched. Transfers go through fsspec (s3fs); what is
+written here is only the layout, the checks and the ordering that makes an ingest safe to kill:
+an old manifest is deleted before the first shard is replaced, the new one is written after the
+last shard, and only then are shards that no manifest names any more removed.
+
+Every error names the object it is about (`s3://bucket/prefix/train/shard-00003.npz: ...`).
 """
 
 from __future__ import annotations
@@ -15,17 +20,50 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import re
+import threading
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError, field_validator, model_validator
 
-from infra.s3 import ensure_bucket, filesystem
+from infra.s3 import filesystem as _new_filesystem
 
 MANIFEST = "manifest.json"
+_filesystems: dict[tuple, object] = {}
+_filesystems_lock = threading.Lock()
+
+
+def filesystem(url: str):
+    """infra.s3.filesystem, with one filesystem (one S3 client) per process, protocol and
+    AWS_* environment (endpoint, credentials, retry settings), instead of a new one per call.
+
+    Creating an s3fs client loads botocore's service model (a few hundred ms); a dataset read
+    or ingest used to make one per operation. Keyed on the environment, a changed endpoint or
+    credentials (tests, `local_s3_endpoint`, a proxy) gets a client of its own.
+    """
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    key = (url.split("://", 1)[0], os.getpid(), env)
+    with _filesystems_lock:
+        fs = _filesystems.get(key)
+        if fs is None:
+            fs, path = _new_filesystem(url)
+            _filesystems[key] = fs
+            return fs, path
+    return fs, fs._strip_protocol(url)
+_SHARD_KEY = re.compile(r"^[A-Za-z0-9_.-]+/shard-\d+\.npz$")
 
 
 class DatasetError(ValueError):
     """A dataset that is missing, malformed, or does not match its manifest (names the object)."""
+
+
+class MissingDataset(DatasetError):
+    """No manifest at the URL (nothing ingested there, or an ingest that did not finish)."""
+
+
+class ChecksumError(DatasetError):
+    """Bytes at the source do not match the manifest's size or SHA-256 (names the object)."""
 
 
 class ShardInfo(BaseModel):
@@ -35,11 +73,43 @@ class ShardInfo(BaseModel):
     sha256: str
     labels: dict[int, int]
 
+    @field_validator("key")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        # A manifest must not send a reader outside the dataset's prefix.
+        if v.startswith("/") or "\\" in v or any(p in ("", ".", "..") for p in v.split("/")):
+            raise ValueError(f"shard key {v!r} must be a relative path inside the dataset")
+        return v
+
+    @model_validator(mode="after")
+    def _counts(self) -> ShardInfo:
+        if self.samples < 1 or self.bytes < 1:
+            raise ValueError(f"{self.key}: a shard needs at least one sample and one byte")
+        if sum(self.labels.values()) != self.samples:
+            raise ValueError(f"{self.key}: label histogram sums to {sum(self.labels.values())}, "
+                             f"not to its {self.samples} samples")
+        return self
+
 
 class SplitInfo(BaseModel):
     samples: int
     labels: dict[int, int]
     shards: list[ShardInfo]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SplitInfo:
+        if not self.shards:
+            raise ValueError("a split needs at least one shard")
+        total = sum(s.samples for s in self.shards)
+        if total != self.samples:
+            raise ValueError(f"its shards hold {total} samples, the split says {self.samples}")
+        hist: dict[int, int] = {}
+        for s in self.shards:
+            for c, n in s.labels.items():
+                hist[c] = hist.get(c, 0) + n
+        if {c: n for c, n in hist.items() if n} != {c: n for c, n in self.labels.items() if n}:
+            raise ValueError("the shards' label histograms do not add up to the split's")
+        return self
 
 
 class Manifest(BaseModel):
@@ -48,6 +118,18 @@ class Manifest(BaseModel):
     features: int
     classes: int
     splits: dict[str, SplitInfo]
+    ingest: dict = {}  # the parameters the dataset was written with (source, samples, ...)
+
+    @model_validator(mode="after")
+    def _labels(self) -> Manifest:
+        for name, split in self.splits.items():
+            bad = [c for c in split.labels if not 0 <= c < self.classes]
+            if bad:
+                raise ValueError(f"split {name!r} has label {bad[0]}, outside 0..{self.classes - 1}")
+        return self
+
+    def shard_url(self, shard: ShardInfo) -> str:
+        return f"{self.url}/{shard.key}"
 
 
 def sha256(data: bytes) -> str:
@@ -63,9 +145,20 @@ def encode_shard(x: np.ndarray, y: np.ndarray) -> bytes:
 def decode_shard(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     try:
         with np.load(io.BytesIO(data)) as z:
-            return z["x"], z["y"]
+            x, y = z["x"], z["y"]
     except Exception as e:  # zipfile/pickle/KeyError: any of them means a bad shard
         raise DatasetError(f"{name}: not a valid npz shard ({type(e).__name__})") from None
+    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
+        raise DatasetError(f"{name}: arrays of shapes {x.shape} and {y.shape} do not pair up")
+    return x, y
+
+
+def check_shard(shard: ShardInfo, x: np.ndarray, y: np.ndarray, name: str) -> None:
+    """A decoded shard holds what the manifest says (sample count and label histogram)."""
+    if len(x) != shard.samples:
+        raise DatasetError(f"{name}: holds {len(x)} samples, the manifest says {shard.samples}")
+    if _histogram(y) != {c: n for c, n in shard.labels.items() if n}:
+        raise DatasetError(f"{name}: its labels do not match the manifest's histogram")
 
 
 def digits_source(test_fraction: float, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -93,15 +186,48 @@ def synthetic_source(
     return {"train": (x[n_test:], y[n_test:]), "test": (x[:n_test], y[:n_test])}
 
 
-def write_dataset(
-    url: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], shard_samples: int
-) -> Manifest:
-    """Write shards, then the manifest; a crash midway leaves no manifest pointing at nothing."""
+def _check_source(url: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], shard_samples: int) -> None:
+    if not splits:
+        raise DatasetError(f"{url}: the dataset has no splits")
+    if shard_samples < 1:
+        raise DatasetError(f"{url}: shard_samples must be >= 1 (got {shard_samples})")
+    features = set()
     for name, (x, y) in splits.items():
         if len(x) == 0:
             raise DatasetError(f"{url}: split {name!r} is empty")
-    ensure_bucket(url)
+        if x.ndim != 2 or len(x) != len(y):
+            raise DatasetError(f"{url}: split {name!r} has x {x.shape} and y {y.shape}; "
+                               "expected N x features and N labels")
+        if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
+            raise DatasetError(f"{url}: split {name!r} labels must be integers >= 0")
+        features.add(x.shape[1])
+    if len(features) != 1:
+        raise DatasetError(f"{url}: splits disagree on the number of features {sorted(features)}")
+
+
+def write_dataset(
+    url: str,
+    splits: dict[str, tuple[np.ndarray, np.ndarray]],
+    shard_samples: int,
+    ingest: dict | None = None,
+) -> Manifest:
+    """Write shards, then the manifest; a crash midway leaves no manifest pointing at nothing.
+
+    Over an existing dataset the old manifest goes first (it would name shards being replaced),
+    and shards that the new manifest does not name are deleted once it is in place.
+    """
+    url = url.rstrip("/")
+    _check_source(url, splits, shard_samples)
     fs, root = filesystem(url)
+    if url.startswith("s3://"):
+        bucket = root.split("/", 1)[0]
+        try:
+            if not fs.exists(bucket):
+                fs.mkdir(bucket)
+        except OSError as e:
+            raise DatasetError(f"s3://{bucket}: cannot create or reach the bucket ({e})") from None
+    if fs.exists(f"{root}/{MANIFEST}"):
+        fs.rm_file(f"{root}/{MANIFEST}")
     classes = int(max(int(y.max()) for _, y in splits.values()) + 1)
     infos: dict[str, SplitInfo] = {}
     for name, (x, y) in splits.items():
@@ -111,19 +237,23 @@ def write_dataset(
             data = encode_shard(xs, ys)
             key = f"{name}/shard-{i:05d}.npz"
             fs.pipe_file(f"{root}/{key}", data)
-            shards.append(
-                ShardInfo(
-                    key=key,
-                    samples=len(xs),
-                    bytes=len(data),
-                    sha256=sha256(data),
-                    labels=_histogram(ys),
-                )
-            )
+            shards.append(ShardInfo(key=key, samples=len(xs), bytes=len(data),
+                                    sha256=sha256(data), labels=_histogram(ys)))
         infos[name] = SplitInfo(samples=len(x), labels=_histogram(y), shards=shards)
-    manifest = Manifest(url=url, features=int(x.shape[1]), classes=classes, splits=infos)
+    features = int(next(iter(splits.values()))[0].shape[1])
+    manifest = Manifest(url=url, features=features, classes=classes, splits=infos,
+                        ingest=dict(ingest or {}))
     fs.pipe_file(f"{root}/{MANIFEST}", manifest.model_dump_json(indent=1).encode())
+    _remove_stale_shards(fs, root, manifest)
     return manifest
+
+
+def _remove_stale_shards(fs, root: str, manifest: Manifest) -> None:
+    keep = {s.key for split in manifest.splits.values() for s in split.shards}
+    stale = [p for p in fs.find(root) if _SHARD_KEY.match(p[len(root) + 1 :])
+             and p[len(root) + 1 :] not in keep]
+    if stale:
+        fs.rm(stale)
 
 
 def _histogram(y: np.ndarray) -> dict[int, int]:
@@ -132,15 +262,82 @@ def _histogram(y: np.ndarray) -> dict[int, int]:
 
 
 def read_manifest(url: str) -> Manifest:
+    """The manifest under `url`, checked for internal consistency; DatasetError naming why not."""
+    url = url.rstrip("/")
     fs, root = filesystem(url)
     where = f"{url}/{MANIFEST}"
     try:
         raw = fs.cat_file(f"{root}/{MANIFEST}")
     except FileNotFoundError:
-        raise DatasetError(f"{where}: no manifest (has the dataset been ingested?)") from None
+        raise MissingDataset(_why_missing(fs, url, root)) from None
+    except OSError as e:
+        raise DatasetError(f"{where}: cannot read ({e})") from None
     try:
         data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
         data["url"] = url
         return Manifest.model_validate(data)
-    except (ValueError, TypeError) as e:
+    except ValidationError as e:
+        from hetflow.config import describe_validation_error
+
+        raise DatasetError(f"{where}: malformed manifest ({describe_validation_error(e)})") from None
+    except ValueError as e:
         raise DatasetError(f"{where}: malformed manifest ({str(e).splitlines()[0]})") from None
+
+
+def _why_missing(fs, url: str, root: str) -> str:
+    if url.startswith("s3://"):
+        bucket = root.split("/", 1)[0]
+        try:
+            exists = fs.exists(bucket)
+        except OSError:
+            exists = False
+        if not exists:
+            return f"s3://{bucket}: no such bucket (from dataset {url})"
+    try:
+        present = fs.find(root)
+    except (FileNotFoundError, OSError):
+        present = []
+    if present:
+        return (f"{url}/{MANIFEST}: missing although {len(present)} objects are under the prefix "
+                "(an ingest that did not finish?); ingest again")
+    return f"{url}: no dataset here (no {MANIFEST}); ingest it first (hetflow data ingest --url {url})"
+
+
+def check_shards(manifest: Manifest) -> None:
+    """One listing: every shard the manifest names exists with the manifest's byte size."""
+    fs, root = filesystem(manifest.url)
+    try:
+        listing = fs.find(root, detail=True)
+    except OSError as e:
+        raise DatasetError(f"{manifest.url}: cannot list the dataset ({e})") from None
+    sizes = {p[len(root) + 1 :]: int(info.get("size") or 0) for p, info in listing.items()}
+    for name, split in manifest.splits.items():
+        for shard in split.shards:
+            size = sizes.get(shard.key)
+            if size is None:
+                raise DatasetError(f"{manifest.shard_url(shard)}: named in the manifest "
+                                   f"(split {name!r}) but missing")
+            if size != shard.bytes:
+                raise ChecksumError(f"{manifest.shard_url(shard)}: {size} bytes at the source, "
+                                    f"the manifest says {shard.bytes}")
+
+
+def verify_bytes(manifest_url: str, shard: ShardInfo, data: bytes) -> None:
+    """Bytes fetched for `shard` are what the manifest promises, else ChecksumError."""
+    if len(data) != shard.bytes or sha256(data) != shard.sha256:
+        raise ChecksumError(f"{manifest_url}/{shard.key}: checksum mismatch at the source "
+                            f"({len(data)} bytes; expected {shard.bytes} with SHA-256 "
+                            f"{shard.sha256[:12]}...)")
+
+
+def verify_dataset(manifest: Manifest, deep: bool = False) -> None:
+    """check_shards; with `deep`, also fetch every shard and compare its SHA-256."""
+    check_shards(manifest)
+    if not deep:
+        return
+    fs, root = filesystem(manifest.url)
+    for split in manifest.splits.values():
+        for shard in split.shards:
+            verify_bytes(manifest.url, shard, fs.cat_file(f"{root}/{shard.key}"))

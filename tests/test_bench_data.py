@@ -1,0 +1,68 @@
+"""`hetflow bench data`, small, against the moto S3 over HTTP: JSON shape and what must hold."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.data import main, simulate_lru
+from flows.cli import main as cli_main
+
+SMALL = ["--s3-latency-ms", "20", "--s3-mbps", "0", "--epochs", "2", "--steps-per-epoch", "16",
+         "--shard-samples", "32", "--plan", "8,8", "--compute-ms", "5", "--prefetch", "3",
+         "--cache-mb", "1"]
+
+
+def test_bench_data_smoke(s3, tmp_path):
+    path = tmp_path / "data.json"
+    assert cli_main(["bench", "data", *SMALL, "--json", str(path)]) == 0
+    out = json.loads(path.read_text())
+    assert set(out["variants"]) == {"no_cache", "cache", "cache_prefetch", "cache_half"}
+    for variant in out["variants"].values():
+        assert len(variant["epochs"]) == 2
+        for ep in variant["epochs"]:
+            assert {"s3_bytes_read", "cache_hit_ratio", "data_wait_fraction"} <= set(ep)
+            assert 0 <= ep["cache_hit_ratio"] <= 1 and 0 <= ep["data_wait_fraction"] <= 1
+    share = out["share_bytes"]
+    assert out["shards"] == out["share_shards"] == 8  # 256 samples in shards of 32
+    v = out["variants"]
+    # The share fits the budget: the first epoch reads it once, later epochs read nothing.
+    for name in ("cache", "cache_prefetch"):
+        assert [ep["s3_bytes_read"] for ep in v[name]["epochs"]] == [share, 0]
+    assert v["cache"]["epochs"][1]["cache_hit_ratio"] == 1.0
+    # Without a cache every epoch goes to S3 again; the model of its reads is exact.
+    for ep in v["no_cache"]["epochs"]:
+        assert ep["s3_bytes_read"] == ep["expected_bytes"] >= share
+        assert ep["cache_hit_ratio"] == 0.0
+    # Half the share as budget: what an LRU of that size reads, and within its bound.
+    half = v["cache_half"]
+    assert half["budget_bytes"] == share // 2
+    for ep in half["epochs"]:
+        assert ep["s3_bytes_read"] == ep["expected_bytes"]
+    assert share - half["budget_bytes"] <= half["epochs"][1]["s3_bytes_read"] <= share
+    assert out["goals"]["cache_later_epochs_read_0_bytes"]
+    assert out["goals"]["cache_half_reads_equal_lru_model"]
+    # A ratio with a wide margin, not a time: no_cache waits ~2/3 of each step on a 20 ms S3.
+    wait = {k: v[k]["epochs"][1]["data_wait_fraction"] for k in v}
+    assert wait["no_cache"] > 3 * wait["cache_prefetch"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--plan", "8,x"], "--plan"),
+    (["--rank", "2", "--plan", "8,8"], "--rank"),
+    (["--variants", "cache,bogus"], "--variants"),
+    (["--epochs", "0"], "--epochs"),
+    (["--plan", "8,8", "--steps-per-epoch", "1", "--shard-samples", "0"], "--shard-samples"),
+])
+def test_bench_data_refuses_bad_arguments(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().out
+
+
+def test_lru_model():
+    sizes = [10, 10, 10, 10]
+    # Budget of two shards: a cyclic scan hits nothing; a re-read of the most recent hits.
+    assert simulate_lru([[0], [1], [2], [0], [1], [2]], sizes, 20) == [10] * 6
+    assert simulate_lru([[0], [1], [1, 0], [2], [0]], sizes, 20) == [10, 10, 0, 10, 0]
+    assert simulate_lru([[0, 1, 2, 3]], sizes, 0) == [40]  # only the one just read is kept
