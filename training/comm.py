@@ -198,7 +198,8 @@ def select_topk(magnitude: torch.Tensor, k: int, generator: torch.Generator | No
 
 
 class TopKState:
-    """Per-bucket residuals (error feedback) and the warm-up counter of `topk_hook`."""
+    """Per-bucket residuals (error feedback), momentum buffers and the warm-up counter of
+    `topk_hook`. `wrap_optimizer` sets `optimizer` when the hook takes over SGD's momentum."""
 
     def __init__(self, ratio: float, process_group=None, warmup_steps: int = WARMUP_STEPS, seed: int = 0):
         if not 0 < ratio <= 1:
@@ -208,19 +209,40 @@ class TopKState:
         self.warmup_steps = warmup_steps
         self.iter = 0
         self.residuals: dict[int, torch.Tensor] = {}
+        self.magnitudes: dict[int, torch.Tensor] = {}
+        self.velocities: dict[int, torch.Tensor] = {}
         self.generator = torch.Generator().manual_seed(seed)
+        self.optimizer: torch.optim.SGD | None = None
+        self.momentum = 0.0
+
+    def take_over_momentum(self, bucket) -> torch.Tensor:
+        """The bucket's momentum buffer, taken from SGD (whose momentum is then set to 0)."""
+        parts = []
+        for p in bucket.parameters():
+            buf = self.optimizer.state.get(p, {}).get("momentum_buffer")
+            parts.append(torch.zeros(p.numel(), dtype=p.dtype) if buf is None else buf.detach().reshape(-1))
+        for g in self.optimizer.param_groups:
+            g["momentum"] = 0.0
+        return torch.cat(parts)
 
 
-def encode_topk(acc: torch.Tensor, k: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(payload, residual): the k largest-magnitude entries of `acc` as bytes (values then int32
-    indices), and `acc` with those entries zeroed (what error feedback carries to the next step)."""
+def encode_topk(
+    acc: torch.Tensor, k: int, generator=None, scale: float = 1.0, magnitude: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(payload, indices): the k largest-magnitude entries of `acc` as bytes (values x `scale`,
+    then int32 indices) and their indices; those entries of `acc` are zeroed in place, so that
+    `acc` is left holding what error feedback carries to the next step. `magnitude`, if given,
+    is scratch space for |acc|."""
     if acc.numel() >= 2**31:
         raise ValueError("topk: a bucket of 2^31 entries or more does not fit int32 indices")
-    idx = select_topk(acc.abs(), k, generator)
+    magnitude = torch.abs(acc, out=magnitude) if magnitude is not None else acc.abs()
+    idx = select_topk(magnitude, k, generator)
     values = acc[idx]
+    if scale != 1.0:
+        values.mul_(scale)
     acc[idx] = 0
     payload = torch.cat([values.view(torch.uint8), idx.to(torch.int32).view(torch.uint8)])
-    return payload, acc
+    return payload, idx
 
 
 def decode_topk_into(out: torch.Tensor, payloads: list[torch.Tensor], k: int) -> torch.Tensor:
@@ -233,7 +255,15 @@ def decode_topk_into(out: torch.Tensor, payloads: list[torch.Tensor], k: int) ->
 
 
 def topk_hook(state, bucket):  # (TopKState, dist.GradBucket) -> Future[Tensor]; see _bf16_hook
-    """DDP comm hook: top-k sparsified, error-fed-back gradient averaging via one all-gather."""
+    """DDP comm hook: top-k sparsified, error-fed-back gradient averaging via one all-gather.
+
+    With SGD momentum handed over by `wrap_optimizer`, this is Deep Gradient Compression's
+    momentum correction (Lin et al., 2018): each rank accumulates its own momentum u and sends
+    the top-k of the error-fed-back sum of u, clearing u where it sent (momentum factor
+    masking); SGD then steps without momentum. Without it, plain error feedback on gradients.
+    Works in place on per-bucket buffers kept across steps: allocating and faulting in fresh
+    bucket-sized tensors every step costs more than the selection.
+    """
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
     buf = bucket.buffer()
@@ -243,17 +273,31 @@ def topk_hook(state, bucket):  # (TopKState, dist.GradBucket) -> Future[Tensor];
     if warming:
         return default_hooks._allreduce_fut(group, buf)
     i = bucket.index()
-    residual = state.residuals.get(i)
-    # DDP may rebuild its buckets after the first step: a residual of another size is stale.
-    acc = buf.clone() if residual is None or residual.numel() != buf.numel() else buf + residual
+    acc = state.residuals.get(i)
+    # DDP rebuilds its buckets after the first step (warm-up is >= 2 steps, so this is set
+    # up on the final layout); a buffer of another size would be stale.
+    fresh = acc is None or acc.numel() != buf.numel() or acc.dtype != buf.dtype
+    if fresh:
+        acc = state.residuals[i] = torch.zeros_like(buf)
+        state.magnitudes[i] = torch.empty_like(buf)
+        if state.optimizer is not None:
+            state.velocities[i] = state.take_over_momentum(bucket)
+    u = state.velocities.get(i)
+    if u is not None:
+        u.mul_(state.momentum).add_(buf)
+        acc.add_(u)
+    else:
+        acc.add_(buf)
     k = topk_count(acc.numel(), state.ratio)
-    payload, state.residuals[i] = encode_topk(acc, k, state.generator)
+    payload, idx = encode_topk(acc, k, state.generator, scale=1.0 / world, magnitude=state.magnitudes[i])
+    if u is not None:
+        u[idx] = 0
     gathered = [torch.empty_like(payload) for _ in range(world)]
     work = dist.all_gather(gathered, payload, group=group, async_op=True)
 
     def decompress(fut):
         fut.wait()
-        return decode_topk_into(buf, gathered, k).div_(world)
+        return decode_topk_into(buf, gathered, k)
 
     return work.get_future().then(decompress)
 
@@ -266,6 +310,20 @@ def _bf16_hook(state, bucket):  # no annotations: DDP checks them and these woul
     """torch's bf16_compress_hook under another name: DDP refuses that name unless NCCL >= 2.10
     is present, but gloo all-reduces bf16 on CPU too."""
     return default_hooks.bf16_compress_hook(state, bucket)
+
+
+def _powersgd_hook(state, bucket):  # see _bf16_hook
+    """torch's powerSGD_hook, waited for before backward goes on to the next bucket.
+
+    PowerSGD issues its P and Q all-reduces from future callbacks, which gloo runs on its own
+    threads: with more than one bucket in flight, ranks can issue the collectives of different
+    buckets in different orders, and gloo fails ("Received data size doesn't match expected
+    size"). Finishing one bucket's exchange before the next starts keeps the order the same on
+    every rank, at the cost of overlapping communication with the rest of backward.
+    """
+    fut = powerSGD_hook.powerSGD_hook(state, bucket)
+    fut.wait()
+    return fut
 
 
 def _node_groups(nodes: list[str]) -> list[list[int]]:
@@ -300,7 +358,7 @@ def register_compression(
             process_group=None, matrix_approximation_rank=int(arg), start_powerSGD_iter=max(2, warmup_steps),
             min_compression_rate=1, use_error_feedback=True, warm_start=True, random_seed=0,
         )
-        hook = powerSGD_hook.powerSGD_hook
+        hook = _powersgd_hook
     elif name == "topk":
         # at least 2: DDP rebuilds its buckets after the first step, which would scramble residuals
         state, hook = TopKState(float(arg), warmup_steps=max(2, warmup_steps)), topk_hook
@@ -332,8 +390,14 @@ def register_compression(
 
 
 def wrap_optimizer(optimizer: torch.optim.Optimizer, method: str, state) -> torch.optim.Optimizer:
-    """The optimizer the method needs: local SGD averages the model after the optimizer's step."""
+    """The optimizer the method needs.
+
+    Local SGD averages the model after the optimizer's step (PostLocalSGDOptimizer). Top-k
+    takes over plain SGD momentum once compression starts (see `topk_hook`).
+    """
     name, arg = parse_method(method)
+    if name == "topk" and isinstance(state, TopKState) and _plain_momentum(optimizer):
+        state.optimizer, state.momentum = optimizer, optimizer.param_groups[0]["momentum"]
     if name not in ("localsgd", "hierarchical"):
         return optimizer
     import warnings
@@ -345,6 +409,17 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, method: str, state) -> torc
         warnings.simplefilter("ignore")
         averager = PeriodicModelAverager(period=int(arg), warmup_steps=state.start_localSGD_iter)
     return PostLocalSGDOptimizer(optimizer, averager)
+
+
+def _plain_momentum(optimizer) -> float:
+    """SGD with one momentum > 0 and nothing that would make hook-side momentum differ."""
+    if type(optimizer) is not torch.optim.SGD:
+        return 0.0
+    groups = optimizer.param_groups
+    m = groups[0]["momentum"]
+    plain = all(g["momentum"] == m and not g["nesterov"] and g["dampening"] == 0 and g["weight_decay"] == 0
+                and not g.get("maximize", False) for g in groups)
+    return m if plain and m > 0 else 0.0
 
 
 def finish_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:

@@ -1,0 +1,248 @@
+"""`hetflow bench comm`: gradient compression and local SGD on an emulated link, in one run.
+
+    hetflow bench comm --link-gbps 1 --json comm.json
+    hetflow bench comm --methods none,fp16,topk:0.01 --link-gbps 0 --steps 30   # loopback
+
+Every method trains the same model (default `wide_mlp`, 4.3M parameters, on digits) from the
+same seed on 4 equal emulated workers whose links have the given bandwidth and latency
+(`--link-gbps 0`: loopback, no emulated link). Then:
+
+- `bytes_per_step`: bytes one rank puts on the wire per step (WireCounter), after the methods'
+  warm-up (`training.comm.WARMUP_STEPS` steps of plain all-reduce); `run_bytes_per_step`
+  includes the warm-up;
+- `compression_ratio`: bytes_per_step of `none` over the method's;
+- `step_time_s`, `compute_time_s`, `comm_time_s`: means over the same post-warm-up steps on
+  rank 0 (comm = time after backward's compute that is not waiting for a slower rank: the
+  collectives, the emulated link, the optimizer);
+- `final_loss` (global mean loss of the last step), `final_accuracy` (test set, rank 0's model)
+  and `accuracy_delta_pp` (percentage points against `none`).
+
+`chosen` is what the `optimized` variant picks on that link: a profile run (RunSpec
+mode="profile") measures compute and all-reduce time, `training.planning.comm_share` turns them
+into the communication share of a step and `choose_compression` picks from it. If the chosen
+method is not among `--methods`, it is trained too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrainConfig, WorkerSpec, check_job, validated
+from infra.datasets import digits_source, write_dataset
+from infra.s3 import local_s3_endpoint
+from training.comm import WARMUP_STEPS, choose_compression, ring_allreduce_bytes
+from training.job import RunSpec
+from training.launch import run_workers
+from training.planning import comm_share
+from training.scheduler import equal_batches
+
+DEFAULT_METHODS = "none,fp16,bf16,powersgd:4,topk:0.01,localsgd:4"
+WORLD = 4
+
+# The survey table the issue quotes (Xu et al., "Compressed communication for distributed deep
+# learning: survey and quantitative evaluation"), for reference next to ours.
+LITERATURE = [("top-1% sparsification", "100x", "0.3"), ("8-bit quantization", "4x", "0.1"),
+              ("1-bit quantization", "32x", "0.5")]
+
+
+def parse_methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    if not methods:
+        raise ConfigError("--methods: at least one method is needed")
+    for m in methods:
+        if m == "auto":
+            raise ConfigError("--methods: 'auto' is reported as `chosen`; list concrete methods")
+        validated(TrainConfig, {"compression": m}, "--methods")
+    if len(set(methods)) != len(methods):
+        raise ConfigError(f"--methods: a method appears twice ({text!r})")
+    return methods
+
+
+def link_cluster(gbps: float, latency_ms: float) -> ClusterSpec:
+    """4 equal emulated workers, each behind a link of `gbps` (0: loopback) and `latency_ms`."""
+    workers = [
+        WorkerSpec(name=f"w{i}", speed=1.0, link_gbps=gbps or None, link_latency_ms=latency_ms)
+        for i in range(WORLD)
+    ]
+    name = f"comm-{gbps:g}gbps" if gbps else "comm-loopback"
+    return ClusterSpec(name=name, workers=workers)
+
+
+def _slug(method: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", method)
+
+
+def method_metrics(result: dict, global_batch: int, skip: int) -> dict:
+    """The per-method figures from one run's result.json (pure)."""
+    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
+    lead = ranks[0]["records"]
+    steady = lead[skip:] or lead[1:] or lead
+    n = len(steady)
+
+    def mean(key: str, recs=steady) -> float:
+        return sum(r[key] for r in recs) / len(recs)
+
+    per_rank_steady = [sum(r["bytes_sent"] for r in rk["records"][skip:]) / n for rk in ranks]
+    per_rank_run = [sum(r["bytes_sent"] for r in rk["records"]) / len(rk["records"]) for rk in ranks]
+    last = len(lead) - 1
+    final_loss = sum(rk["records"][last]["loss_sum"] for rk in ranks) / global_batch
+    evals = ranks[0]["evals"]
+    return {
+        "bytes_per_step": sum(per_rank_steady) / len(ranks),
+        "run_bytes_per_step": sum(per_rank_run) / len(ranks),
+        "step_time_s": mean("step_s"),
+        "compute_time_s": mean("compute_s"),
+        "comm_time_s": mean("comm_s"),
+        "idle_time_s": mean("idle_s"),
+        "final_loss": final_loss,
+        "final_accuracy": evals[-1]["accuracy"] if evals else None,
+        "params": ranks[0]["params"],
+        "steps": len(lead),
+        "timed_steps": n,
+    }
+
+
+def finish(results: dict[str, dict], none_bytes: float) -> None:
+    """Ratios and accuracy deltas against `none` (measured if it ran, else its formula)."""
+    base = results.get("none")
+    base_bytes = base["bytes_per_step"] if base else none_bytes
+    for r in results.values():
+        r["compression_ratio"] = base_bytes / r["bytes_per_step"] if r["bytes_per_step"] else float("inf")
+        if base and r["final_accuracy"] is not None and base["final_accuracy"] is not None:
+            r["accuracy_delta_pp"] = 100 * (r["final_accuracy"] - base["final_accuracy"])
+            r["step_time_vs_none"] = r["step_time_s"] / base["step_time_s"]
+        else:
+            r["accuracy_delta_pp"] = None
+            r["step_time_vs_none"] = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hetflow bench comm", description=__doc__.splitlines()[0])
+    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list (default {DEFAULT_METHODS})")
+    p.add_argument("--link-gbps", type=float, default=1.0, dest="link_gbps",
+                   help="emulated link bandwidth per worker, Gbit/s; 0 = loopback (default 1)")
+    p.add_argument("--latency-ms", type=float, default=0.0, dest="latency_ms",
+                   help="emulated latency per collective, ms (default 0)")
+    p.add_argument("--steps", type=int, default=59,
+                   help="optimizer steps per method (default 59: local SGD with H=4 and 10 warm-up "
+                        "steps then ends on an averaging step)")
+    p.add_argument("--model", default="wide_mlp", help="mlp | cnn | wide_mlp (default wide_mlp, 4.3M params)")
+    p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_path")
+    p.add_argument("--work-dir", dest="work_dir", help="keep run directories (logs, results) here")
+    args = p.parse_args(argv)
+
+    methods = parse_methods(args.methods)
+    if args.link_gbps < 0 or args.link_gbps != args.link_gbps:
+        raise ConfigError(f"--link-gbps: must be >= 0 (0 = loopback) (got {args.link_gbps})")
+    if args.latency_ms < 0:
+        raise ConfigError(f"--latency-ms: must be >= 0 (got {args.latency_ms})")
+    cluster = link_cluster(args.link_gbps, args.latency_ms)
+    knobs = {"model": args.model, "steps": args.steps, "global_batch": args.global_batch, "seed": args.seed,
+             "schedule": "equal", "compression": "none", "rebalance_every": args.steps,
+             "eval_every": args.steps, "target_accuracy": None}
+    if "checkpoint_every" in TrainConfig.model_fields:
+        knobs["checkpoint_every"] = args.steps  # no checkpoint inside the timed run
+    base = validated(TrainConfig, knobs, "train")
+    check_job(cluster, base)
+    skip = min(max(1, WARMUP_STEPS), max(1, args.steps - 1))
+
+    t_start = time.perf_counter()
+    results: dict[str, dict] = {}
+    with (contextlib.nullcontext(args.work_dir) if args.work_dir else tempfile.TemporaryDirectory()) as tmp, \
+            local_s3_endpoint():
+        dataset = DatasetSpec(url="s3://hetflow-bench/comm-digits", cache_dir=f"{tmp}/cache")
+        write_dataset(dataset.url, digits_source(dataset.test_fraction, dataset.seed), dataset.shard_samples)
+        profile, _ = run_workers(RunSpec(run_name="comm-profile", variant="profile", mode="profile",
+                                         cluster=cluster, dataset=dataset, train=base,
+                                         run_dir=f"{tmp}/profile"))
+        share = comm_share(profile)
+        chosen, reason = choose_compression(share)
+        print(f"profile: communication is {share:.0%} of a step -> auto picks {chosen} ({reason})", flush=True)
+        runs = methods + ([chosen] if chosen not in methods else [])
+        for method in runs:
+            cfg = base.model_copy(update={"compression": method})
+            spec = RunSpec(run_name=f"comm-{_slug(method)}", variant=method, cluster=cluster, dataset=dataset,
+                           train=cfg, plan=equal_batches(WORLD, cfg.global_batch), compression=method,
+                           compression_reason="hetflow bench comm", run_dir=f"{tmp}/{_slug(method)}")
+            res, wall = run_workers(spec)
+            results[method] = {**method_metrics(res, cfg.global_batch, skip), "wall_s": wall}
+            r = results[method]
+            print(f"{method}: {r['bytes_per_step'] / 1e6:.3f} MB/step, step {r['step_time_s'] * 1e3:.0f} ms "
+                  f"(comm {r['comm_time_s'] * 1e3:.0f} ms), accuracy {r['final_accuracy']:.4f}, "
+                  f"{wall:.0f}s", flush=True)
+    params = next(iter(results.values()))["params"]
+    finish(results, ring_allreduce_bytes(4 * params, WORLD))
+    out = {
+        "methods": results,
+        "chosen": chosen,
+        "chosen_reason": reason,
+        "profile_comm_share": share,
+        "chosen_step_time_cut": (1 - results[chosen]["step_time_vs_none"]
+                                 if results[chosen].get("step_time_vs_none") is not None else None),
+        "link_gbps": args.link_gbps or None,
+        "latency_ms": args.latency_ms,
+        "model": args.model,
+        "params": params,
+        "world": WORLD,
+        "steps": args.steps,
+        "timed_from_step": skip,
+        "warmup_steps": WARMUP_STEPS,
+        "global_batch": args.global_batch,
+        "seed": args.seed,
+        "bench_wall_s": time.perf_counter() - t_start,
+    }
+    _print(out)
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(out, indent=1))
+        print(f"wrote {args.json_path}")
+    return 0
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _print(out: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    link = f"{out['link_gbps']:g} Gbit/s" if out["link_gbps"] else "loopback"
+    console = Console(width=max(Console().width, 150))  # logs and pipes get 80 columns otherwise
+    t = Table(title=f"{out['model']} ({out['params'] / 1e6:.2f}M params), {out['world']} ranks, {link}, "
+                    f"latency {out['latency_ms']:g} ms, {out['steps']} steps "
+                    f"(times and bytes from step {out['timed_from_step']})")
+    cols = ["method", "MB/step/rank", "ratio", "step ms", "compute ms", "comm ms", "vs none",
+            "final loss", "accuracy", "Δ pp"]
+    for c in cols:
+        t.add_column(c, justify="left" if c == "method" else "right")
+    for name, r in out["methods"].items():
+        mark = " (chosen)" if name == out["chosen"] else ""
+        t.add_row(name + mark, f"{r['bytes_per_step'] / 1e6:.3f}", f"{r['compression_ratio']:.1f}x",
+                  f"{r['step_time_s'] * 1e3:.0f}", f"{r['compute_time_s'] * 1e3:.0f}",
+                  f"{r['comm_time_s'] * 1e3:.0f}", _fmt(r["step_time_vs_none"], ".2f"),
+                  f"{r['final_loss']:.4f}", _fmt(r["final_accuracy"], ".4f"),
+                  _fmt(r["accuracy_delta_pp"], "+.2f"))
+    console.print(t)
+    s = Table(title="In the survey's shape: compression ratio and accuracy loss (ours, measured)")
+    for c in ("method", "compression ratio", "accuracy loss (pp)", "source"):
+        s.add_column(c, justify="right" if c in ("compression ratio", "accuracy loss (pp)") else "left")
+    for name, r in out["methods"].items():
+        loss = None if r["accuracy_delta_pp"] is None else 0.0 - r["accuracy_delta_pp"]
+        s.add_row(name, f"{r['compression_ratio']:.1f}x", _fmt(loss, "+.2f"), "measured here")
+    for name, ratio, loss in LITERATURE:
+        s.add_row(name, ratio, loss, "survey (reference)", style="dim")
+    console.print(s)
+    cut = out["chosen_step_time_cut"]
+    tail = ""
+    if cut is not None and out["chosen"] != "none":
+        tail = f", {abs(cut):.0%} {'less' if cut >= 0 else 'more'} step time than none"
+    print(f"auto on this link: {out['chosen']} (profiled communication share {out['profile_comm_share']:.0%}){tail}")

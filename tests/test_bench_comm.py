@@ -1,0 +1,70 @@
+"""`hetflow bench comm` end to end, small: 2 methods, a few steps, the small MLP."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.comm import main, method_metrics, parse_methods
+from flows.cli import main as cli_main
+from hetflow.config import ConfigError
+from training.comm import ring_allreduce_bytes
+
+KEYS = {"bytes_per_step", "compression_ratio", "step_time_s", "comm_time_s", "final_accuracy", "accuracy_delta_pp"}
+
+
+@pytest.mark.slow
+def test_bench_comm_smoke(s3, tmp_path, capsys):
+    out = tmp_path / "comm.json"
+    argv = ["--methods", "none,fp16", "--steps", "3", "--model", "mlp", "--link-gbps", "1", "--json", str(out)]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert set(data["methods"]) >= {"none", "fp16"}
+    assert data["chosen"] in {"none", "fp16", "powersgd:4"}
+    for name, m in data["methods"].items():
+        assert KEYS <= set(m), name
+    none, fp16 = data["methods"]["none"], data["methods"]["fp16"]
+    assert none["bytes_per_step"] == ring_allreduce_bytes(4 * data["params"], 4)
+    assert fp16["bytes_per_step"] == none["bytes_per_step"] / 2
+    assert fp16["compression_ratio"] == 2.0 and none["compression_ratio"] == 1.0
+    assert none["accuracy_delta_pp"] == 0.0
+    printed = capsys.readouterr().out
+    assert "compression ratio" in printed and "accuracy loss" in printed  # the survey-shaped table
+
+
+def test_bench_comm_is_reachable_from_the_cli(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["bench", "comm", "--help"])
+    assert e.value.code == 0
+    assert "--link-gbps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("none,gzip", "unknown method"), ("topk:2", "topk ratio"), ("", "at least one"), ("none,none", "twice"),
+     ("auto", "chosen")],
+)
+def test_bench_comm_refuses_bad_methods(text, expected):
+    with pytest.raises(ConfigError) as e:
+        parse_methods(text)
+    assert str(e.value).startswith("--methods") and expected in str(e.value)
+
+
+def test_bench_comm_refuses_bad_link_before_launching(tmp_path):
+    with pytest.raises(ConfigError, match="--link-gbps"):
+        main(["--link-gbps", "-1", "--json", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_method_metrics_skip_warmup_and_average_over_ranks():
+    def rec(step, nbytes, step_s=1.0):
+        return {"step": step, "bytes_sent": nbytes, "step_s": step_s, "compute_s": 0.25, "comm_s": 0.5,
+                "idle_s": 0.0, "loss_sum": 64.0, "batch": 64}
+
+    ranks = [{"rank": r, "params": 10, "evals": [{"accuracy": 0.9}],
+              "records": [rec(0, 100.0, 9.0), rec(1, 100.0), rec(2, 10.0), rec(3, 10.0)]} for r in range(2)]
+    m = method_metrics({"ranks": ranks}, global_batch=128, skip=2)
+    assert m["bytes_per_step"] == 10.0 and m["run_bytes_per_step"] == 55.0
+    assert m["step_time_s"] == 1.0 and m["comm_time_s"] == 0.5
+    assert m["final_loss"] == 1.0 and m["final_accuracy"] == 0.9

@@ -1,0 +1,391 @@
+"""Communication methods: byte accounting with real gloo ranks, the top-k hook, bad input, 'auto'.
+
+The multi-process test starts 4 gloo ranks on loopback (this file run as a script, one process
+per rank) that train a tiny MLP a few steps under every method and report what `WireCounter`
+charged per step; the test compares that with the bytes each algorithm must send.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetflow.config import ConfigError, TrainConfig, validated
+from training.comm import (
+    Link,
+    allgather_bytes,
+    choose_compression,
+    decode_topk_into,
+    encode_topk,
+    parse_method,
+    ring_allreduce_bytes,
+    select_topk,
+    topk_count,
+)
+
+WORLD = 4
+WARMUP = 2
+STEPS = 6
+NODES = ["a", "a", "b", "b"]
+METHODS = ["none", "fp16", "bf16", "powersgd:2", "topk:0.01", "topk:1", "localsgd:2", "hierarchical:2"]
+MULTI = ["none", "powersgd:2", "topk:0.01"]  # again with small DDP buckets (several per step)
+BUCKET_MB = 0.001  # about 1 KB: the tiny MLP then has 2 buckets from step 1 on
+SHAPES = [(128, 64), (128,), (10, 128), (10,)]  # the tiny MLP's parameters
+
+
+def tiny_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+# ---------------------------------------------------------------------------------------------
+# one rank (this file run as a script)
+
+
+def _rank_main(argv: list[str]) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from training.comm import WireCounter, finish_optimizer, register_compression, wrap_optimizer
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--rank", type=int)
+    p.add_argument("--init")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{args.init}", rank=args.rank, world_size=WORLD)
+    counter = WireCounter(WORLD)
+    counter.install()
+    out: dict = {}
+    try:
+        runs = [(m, m, None) for m in METHODS] + [(f"{m}@multi", m, BUCKET_MB) for m in MULTI]
+        for label, method, bucket_mb in runs:
+            model = tiny_model()
+            ddp = DDP(model) if bucket_mb is None else DDP(model, bucket_cap_mb=bucket_mb)
+            buckets: set[int] = set()
+
+            def seen(hook, buckets=buckets):  # like the worker's wrapper; notes the buckets
+                def wrapped(state, bucket):
+                    buckets.add(bucket.index())
+                    return hook(state, bucket)
+
+                return wrapped
+
+            state = register_compression(ddp, method, seen, nodes=NODES, warmup_steps=WARMUP)
+            opt = wrap_optimizer(torch.optim.SGD(ddp.parameters(), lr=0.1), method, state)
+            gen = torch.Generator().manual_seed(100 + args.rank)
+            counter.take()
+            intra0 = counter.intra_node_bytes
+            per_step, spread = [], []
+            for _ in range(STEPS):
+                x, y = torch.randn(16, 64, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                per_step.append(counter.take()[0])
+                flat = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+                everyone = [torch.zeros_like(flat) for _ in range(WORLD)]
+                dist.all_gather(everyone, flat)
+                counter.take()  # the check above is not training traffic
+                spread.append(max(float((e - everyone[0]).abs().max()) for e in everyone))
+            finish_optimizer(opt, model)
+            counter.take()
+            out[label] = {
+                "buckets": len(buckets),
+                "bytes": per_step,
+                "intra_bytes": counter.intra_node_bytes - intra0,
+                "replica_spread": spread,
+                "params": torch.cat([q.detach().reshape(-1) for q in model.parameters()]).tolist(),
+            }
+            dist.barrier()
+    finally:
+        counter.uninstall()
+        dist.destroy_process_group()
+    Path(args.out).write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    _rank_main(sys.argv[1:])
+    sys.exit(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the multi-process measurement
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("ranks")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--rank", str(r), "--init", str(tmp / "store"), "--out", str(tmp / f"{r}.json")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        for r in range(WORLD)
+    ]
+    deadline = time.monotonic() + 90
+    logs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            logs.append(out.decode(errors="replace"))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{logs[r][-3000:]}"
+    return [json.loads((tmp / f"{r}.json").read_text()) for r in range(WORLD)]
+
+
+GRAD_BYTES = 4 * sum(math.prod(s) for s in SHAPES)
+NONE_BYTES = ring_allreduce_bytes(GRAD_BYTES, WORLD)  # 2(n-1)/n x gradient bytes
+
+
+def _steady(ranks: list[dict], method: str) -> list[float]:
+    return ranks[0][method]["bytes"][WARMUP:]
+
+
+@pytest.mark.slow
+def test_every_rank_counts_the_same_bytes(measured):
+    for method in METHODS:
+        assert all(r[method]["bytes"] == measured[0][method]["bytes"] for r in measured), method
+
+
+@pytest.mark.slow
+def test_none_counts_ring_allreduce_of_the_gradient(measured):
+    assert NONE_BYTES == 1.5 * GRAD_BYTES
+    assert measured[0]["none"]["bytes"] == [NONE_BYTES] * STEPS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fp16", "bf16"])
+def test_half_precision_sends_exactly_half(measured, method):
+    assert measured[0][method]["bytes"] == [NONE_BYTES / 2] * STEPS
+
+
+@pytest.mark.slow
+def test_powersgd_sends_its_low_rank_factors(measured):
+    r = 2
+    uncompressed = compressed = 0
+    for shape in SHAPES:
+        if len(shape) == 1:
+            uncompressed += shape[0]
+            continue
+        n, m = shape[0], math.prod(shape[1:])
+        if (n + m) * r < n * m:
+            compressed += (n + m) * r  # P (n x r) and Q (m x r)
+        else:
+            uncompressed += n * m
+    expected = ring_allreduce_bytes(4 * uncompressed, WORLD) + ring_allreduce_bytes(4 * compressed, WORLD)
+    bytes_ = measured[0]["powersgd:2"]["bytes"]
+    assert bytes_[:WARMUP] == [NONE_BYTES] * WARMUP  # warm-up: plain all-reduce
+    assert bytes_[WARMUP:] == [expected] * (STEPS - WARMUP)
+    assert NONE_BYTES / expected > 8
+
+
+@pytest.mark.slow
+def test_several_buckets_per_step(measured):
+    """Hooks that issue collectives from callbacks (PowerSGD) must keep one order on all ranks."""
+    assert measured[0]["none"]["buckets"] == 1
+    for m in MULTI:
+        assert measured[0][f"{m}@multi"]["buckets"] > 1
+        assert all(r[f"{m}@multi"]["bytes"] == measured[0][f"{m}@multi"]["bytes"] for r in measured)
+        assert max(measured[0][f"{m}@multi"]["replica_spread"]) < 1e-5, m
+    assert measured[0]["none@multi"]["bytes"] == [NONE_BYTES] * STEPS
+    # PowerSGD's bytes do not depend on how tensors are bucketed
+    assert measured[0]["powersgd:2@multi"]["bytes"] == measured[0]["powersgd:2"]["bytes"]
+    # top-k keeps ceil(ratio x n) per bucket: a little more than in one bucket, never less
+    one, multi = _steady(measured, "topk:0.01")[0], _steady(measured, "topk:0.01@multi")[0]
+    per_entry = allgather_bytes(8, WORLD)
+    assert one <= multi < one + per_entry * measured[0]["topk:0.01@multi"]["buckets"]
+
+
+@pytest.mark.slow
+def test_topk_sends_values_and_indices(measured):
+    k = topk_count(GRAD_BYTES // 4, 0.01)  # the tiny model is one DDP bucket
+    expected = allgather_bytes(k * (4 + 4), WORLD)  # fp32 value + int32 index per entry
+    assert _steady(measured, "topk:0.01") == [expected] * (STEPS - WARMUP)
+    assert NONE_BYTES / expected >= 20
+
+
+@pytest.mark.slow
+def test_topk_at_ratio_one_is_plain_averaging(measured):
+    a = torch.tensor(measured[0]["none"]["params"])
+    b = torch.tensor(measured[0]["topk:1"]["params"])
+    assert torch.allclose(a, b, atol=1e-5)
+    assert max(measured[0]["topk:1"]["replica_spread"]) < 1e-5
+
+
+@pytest.mark.slow
+def test_compressed_runs_keep_replicas_in_sync(measured):
+    for method in ("fp16", "bf16", "powersgd:2", "topk:0.01"):
+        assert max(measured[0][method]["replica_spread"]) < 1e-5, method
+
+
+@pytest.mark.slow
+def test_localsgd_averages_the_model_every_h_steps(measured):
+    bytes_ = measured[0]["localsgd:2"]["bytes"]
+    spread = measured[0]["localsgd:2"]["replica_spread"]
+    params = ring_allreduce_bytes(GRAD_BYTES, WORLD)  # parameters are as large as the gradient
+    # warm-up: gradient all-reduce; then the model is averaged after steps 2 and 4 only
+    assert bytes_ == [NONE_BYTES, NONE_BYTES, params, 0.0, params, 0.0]
+    assert spread[2] < 1e-6 and spread[4] < 1e-6  # averaged
+    assert spread[3] > 1e-4 and spread[5] > 1e-4  # replicas drift between averagings
+    finals = [torch.tensor(r["localsgd:2"]["params"]) for r in measured]  # after finish_optimizer
+    assert all(torch.allclose(f, finals[0], atol=1e-6) for f in finals)
+
+
+@pytest.mark.slow
+def test_hierarchical_keeps_intra_node_traffic_off_the_link(measured):
+    bytes_ = measured[0]["hierarchical:2"]["bytes"]
+    params = ring_allreduce_bytes(GRAD_BYTES, WORLD)
+    assert bytes_ == [NONE_BYTES, NONE_BYTES, params, 0.0, params, 0.0]
+    # steps 2..5: gradients all-reduced inside each 2-rank node, off the link
+    assert measured[0]["hierarchical:2"]["intra_bytes"] == 4 * ring_allreduce_bytes(GRAD_BYTES, 2)
+    spread = measured[0]["hierarchical:2"]["replica_spread"]
+    assert spread[3] > 1e-4  # the two nodes drift apart between averagings
+
+
+# ---------------------------------------------------------------------------------------------
+# the top-k compressor (pure)
+
+
+@pytest.mark.parametrize("n, ratio", [(1000, 0.01), (300_000, 0.01), (300_000, 0.001), (300_000, 0.3), (5, 1.0)])
+def test_select_topk_is_exact(n, ratio):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    k = topk_count(n, ratio)
+    got = select_topk(x.abs(), k, torch.Generator().manual_seed(1))
+    assert got.numel() == k and got.unique().numel() == k
+    assert set(got.tolist()) == set(x.abs().topk(k).indices.tolist())
+
+
+def test_topk_count_bounds():
+    assert topk_count(1000, 0.01) == 10
+    assert topk_count(10, 0.001) == 1
+    assert topk_count(10, 1.0) == 10
+
+
+def test_error_feedback_loses_nothing():
+    """What was sent plus what is still held back equals everything that came in."""
+    gen = torch.Generator().manual_seed(0)
+    n, k = 5000, 50
+    residual = torch.zeros(n)
+    sent = torch.zeros(n)
+    total = torch.zeros(n)
+    for _ in range(20):
+        g = torch.randn(n, generator=gen)
+        total += g
+        residual = g + residual
+        payload, idx = encode_topk(residual, k)  # zeroes the sent entries of `residual`
+        assert payload.numel() == k * 8 and idx.numel() == k
+        sent += decode_topk_into(torch.empty(n), [payload], k)
+    assert torch.allclose(sent + residual, total, atol=1e-4)
+
+
+def test_decode_sums_the_contributions_of_all_ranks():
+    k = 2
+    a, _ = encode_topk(torch.tensor([0.0, 5.0, -7.0, 1.0]), k)
+    b, _ = encode_topk(torch.tensor([3.0, 0.0, -9.0, 0.0]), k)
+    assert decode_topk_into(torch.empty(4), [a, b], k).tolist() == [3.0, 5.0, -16.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# accounting and link (pure)
+
+
+def test_wire_formulas():
+    assert ring_allreduce_bytes(1000, 4) == 1500
+    assert ring_allreduce_bytes(1000, 1) == 0
+    assert allgather_bytes(1000, 4) == 3000
+
+
+def test_link_costs_bytes_over_bandwidth_plus_latency():
+    assert Link(None, 0.0).delay(1e9, 3) == 0.0
+    assert Link(100.0, 0.001).delay(1_000_000, 2) == pytest.approx(0.002 + 8e6 / 100e9)
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input names the field
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("gzip", "unknown method"),
+        ("POWERSGD:4", "unknown method"),
+        ("powersgd", "unknown method"),
+        ("powersgd:0", "powersgd rank must be >= 1"),
+        ("powersgd:-1", "unknown method"),
+        ("topk:0", "topk ratio must be in (0, 1]"),
+        ("topk:1.5", "topk ratio must be in (0, 1]"),
+        ("topk:-0.1", "topk ratio must be in (0, 1]"),
+        ("topk:1e-400", "topk ratio must be in (0, 1]"),
+        ("topk:nan", "unknown method"),
+        ("topk:.", "topk ratio must be a number"),
+        ("localsgd:0", "localsgd period must be >= 1"),
+        ("localsgd:-3", "unknown method"),
+    ],
+)
+def test_train_config_refuses_bad_methods_naming_the_field(value, expected):
+    with pytest.raises(ConfigError) as e:
+        validated(TrainConfig, {"compression": value}, "train")
+    msg = str(e.value)
+    assert msg.startswith("train.compression:") and expected in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("value", ["none", "auto", "fp16", "bf16", "powersgd:1", "topk:1", "topk:0.001", "localsgd:1"])
+def test_train_config_accepts_good_methods(value):
+    assert TrainConfig(compression=value).compression == value
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("hierarchical:0", "hierarchical period must be >= 1"), ("zip:3", "unknown method"), ("topk:2", "topk ratio")],
+)
+def test_parse_method_names_the_field(value, expected):
+    with pytest.raises(ValueError) as e:
+        parse_method(value)
+    assert str(e.value).startswith("train.compression:") and expected in str(e.value)
+
+
+def test_parse_method_knows_hierarchical():
+    assert parse_method("hierarchical:4") == ("hierarchical", 4)
+    assert parse_method("topk:0.01") == ("topk", 0.01)
+
+
+# ---------------------------------------------------------------------------------------------
+# 'auto'
+
+
+def test_auto_keeps_none_when_communication_is_cheap(caplog):
+    caplog.set_level("INFO", logger="training.comm")
+    method, reason = choose_compression(0.05)
+    assert method == "none" and "5%" in reason
+    assert "none" in caplog.text and "5%" in caplog.text  # the reason is logged
+
+
+def test_auto_compresses_when_communication_dominates():
+    method, reason = choose_compression(0.7)
+    assert method.startswith("powersgd") and "70%" in reason
+    assert choose_compression(0.7)[0] == parse_method(method)[0] + ":4"
+
+
+@pytest.mark.parametrize("share", [0.0, 0.2, 0.39, 0.41, 0.6, 0.99, 1.0])
+def test_auto_is_monotone_in_the_share(share):
+    order = ["none", "fp16", "powersgd:4"]
+    lower = choose_compression(max(0.0, share - 0.05))[0]
+    assert order.index(lower) <= order.index(choose_compression(share)[0])
