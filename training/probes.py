@@ -10,8 +10,11 @@ What each figure is and how it is taken (every rank runs every probe; rank 0 gat
 - **compute** (`samples_per_s`, `fit_latency_s`, `fit_s_per_sample`, `step_compute_s`):
   forward+backward of the job's model at `spec.profile_batches`, in interleaved rounds (every
   batch size once per round, the order alternating) for a fixed wall-time budget that starts on
-  all ranks at once, so that every rank samples the same stretch of the host's load. Per batch
-  size the median time; `time = a + b x batch` fitted by least squares to the medians.
+  all ranks at once, so that every rank samples the same stretch of the host's load (at least 3
+  rounds; a slow worker does fewer rounds than a fast one). Each step follows a pause of at
+  least `COMPUTE_PAUSE_S` since the previous one computed, as in training. Per batch size the median time;
+  `time = a + b x batch` fitted by least squares to the medians, leaving out the one batch size
+  that lies more than 30% off the line through the others (a burst of load on a shared host).
   `samples_per_s` is the throughput at the reference batch `global_batch / world`.
 - **memory** (`memory_per_sample_bytes`, `memory_fixed_bytes`, `memory_cap_batch`): the bytes
   autograd saves for backward (`torch.autograd.graph.saved_tensors_hooks`, storages counted
@@ -24,17 +27,23 @@ What each figure is and how it is taken (every rank runs every probe; rank 0 gat
 - **all-reduce** (`allreduce_latency_s`, `allreduce_gbps`, `grad_allreduce_s`): messages of
   4 KiB to 2 MiB and the gradient's size. Each is timed on every rank from the barrier before
   it to the end of this rank's own link delay, so a worker's slow link shows in its own figure
-  (rank by rank). Per size the median, fitted to `latency + wire bytes / bandwidth` with
-  relative-error weights; wire bytes are the ring's 2(n-1)/n x B, so the bandwidth is the
-  all-reduce "bus bandwidth" of nccl-tests. `link_gbps` is that bandwidth.
+  (rank by rank). Per size the median, fitted to `latency + wire bytes / bandwidth`
+  (`fit_transfer`: least-squares slope, latency from the smallest message); wire bytes are the ring's 2(n-1)/n x B, so the bandwidth is the
+  all-reduce "bus bandwidth" of nccl-tests. `grad_allreduce_s` is the fit at the gradient size.
+- **link** (`link_gbps`, `link_latency_s`): this worker's own link, from a ring of
+  point-to-point sends (64 KiB to 2 MiB), each timed on its sender from the receiver's "ready"
+  to the end of the send and the sender's link delay; the best of 4 per size, fitted like the
+  all-reduce. It is measured in series with the real transport (loopback here), so an
+  emulated link reads slightly slower than its setting: 1/measured = 1/link + 1/transport.
 - **S3** (`s3_first_byte_s`, `s3_read_mbps`): 1-byte range reads of two shards (median), then
-  whole shards, largest first, for up to 0.2 s, through fsspec at the dataset URL.
+  whole shards, largest first, for up to 0.1 s, through fsspec at the dataset URL.
 
 `probe_s` records how long each probe took on this rank.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -52,20 +61,25 @@ from training.emulation import Emulator, emulator_for, now
 from training.job import RunSpec
 from training.models import build_model, parameter_count
 
-T_ENTER = time.time()
 COMPUTE_BUDGET_S = 2.0  # wall time of the compute probe (every rank alike)
 COMPUTE_MIN_ROUNDS = 3
 COMPUTE_MAX_ROUNDS = 15
+# Every timed step starts at least this long after the previous one finished computing (an
+# emulated worker's dilation pause counts). In training a worker computes after the all-reduce
+# and the wait for the others, and caches cool in that pause: on the 2-core test host a
+# fwd+bwd takes ~20% more CPU time after 60 ms idle than back to back. Without the pause the
+# fastest worker (short pauses) would look up to 15% faster than it trains.
+COMPUTE_PAUSE_S = 0.08
 ALLREDUCE_SIZES = (4_096, 65_536, 524_288, 2_097_152)
 ALLREDUCE_REPS = 3  # timed, after one untimed warm-up per size
+LINK_SIZES = (65_536, 524_288, 2_097_152)
+LINK_REPS = 4
 MEMORY_HEADROOM = 0.8
-S3_BUDGET_S = 0.2
+S3_BUDGET_S = 0.1
 
 
 def profile(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCounter) -> dict:
     """Measure this rank as training will run it: compute, memory, all-reduce, S3 reads."""
-    global T_PROBE
-    T_PROBE = time.time()
     emu = emulator_for(spec, rank)
     model = build_model(spec.train.model, data.manifest.features, data.manifest.classes, spec.train.seed)
     x, y = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
@@ -83,16 +97,18 @@ def profile(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireC
     mem = timed("memory", probe_memory, model, x, y, spec.train.optimizer)
     mm = timed("matmul", probe_matmul, emu)
     bw = timed("memory_bandwidth", probe_memory_bandwidth, emu)
+    s3 = timed("s3", probe_s3, data)  # fast workers read while the slowest still computes
     grad_bytes = parameter_count(model) * 4
     dist.barrier()
     ar = timed("allreduce", probe_allreduce, world, counter, emu, grad_bytes)
-    s3 = timed("s3", probe_s3, data)
-    return {"t_enter": T_ENTER, "t_probe": T_PROBE, "t_exit": time.time(), "load_s": data.load_s,
+    link = timed("link", probe_link, rank, world, emu)
+    return {
         **comp,
         **mem,
         "matmul_gflops": mm,
         "memory_gbps": bw,
         **ar,
+        **link,
         "grad_bytes": grad_bytes,
         **s3,
         "probe_s": took,
@@ -120,6 +136,46 @@ def _step(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> None:
     model.zero_grad(set_to_none=True)
 
 
+def fit_transfer(nbytes: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
+    """(latency s, s per byte) of t = latency + bytes / bandwidth from per-size medians.
+
+    The slope is the least-squares fit (the largest messages weigh most, as they should for a
+    bandwidth); the latency is what the smallest message took beyond its bytes, so that a
+    sleep's wake-up jitter on a busy host shows as latency and does not bend the bandwidth.
+    """
+    _, slope = fit_affine(nbytes, ts)
+    if slope <= 0:
+        slope = max(ts[-1] - ts[0], 1e-12) / max(nbytes[-1] - nbytes[0], 1)
+    small = min(range(len(nbytes)), key=lambda i: nbytes[i])
+    return max(ts[small] - slope * nbytes[small], 0.0), slope
+
+
+def robust_affine(xs: Sequence[float], ts: Sequence[float], outlier: float = 0.3
+                  ) -> tuple[float, float, float | None]:
+    """(a, b, dropped x) of t = a + b x; with 4+ points, one point may be left out.
+
+    The candidate is the point without which the others lie best on a line; it is left out
+    when it lies more than `outlier` (relative) off that line: a burst of load on the shared
+    host that spoiled most samples of one batch size must not bend the fit.
+    """
+    a, b = fit_affine(xs, ts)
+    if len(xs) < 4:
+        return a, b, None
+    best = None
+    for i in range(len(xs)):
+        rest = [j for j in range(len(xs)) if j != i]
+        ai, bi = fit_affine([xs[j] for j in rest], [ts[j] for j in rest])
+        spread = max(abs(ts[j] / (ai + bi * xs[j]) - 1) if ai + bi * xs[j] > 0 else math.inf
+                     for j in rest)
+        if best is None or spread < best[0]:
+            best = (spread, i, ai, bi)
+    _, i, ai, bi = best
+    predicted = ai + bi * xs[i]
+    if predicted > 0 and abs(ts[i] / predicted - 1) > outlier:
+        return ai, bi, xs[i]
+    return a, b, None
+
+
 def probe_compute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, emu: Emulator,
                   sizes: list[int], ref: int, budget_s: float = COMPUTE_BUDGET_S) -> dict:
     sizes = sorted({max(1, min(int(b), len(x))) for b in sizes})
@@ -128,23 +184,33 @@ def probe_compute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, emu: Emula
     batches = {b: (x[:b], y[:b]) for b in sizes}
     for b in sizes:  # warm-up: allocations, kernel selection (not dilated, not timed)
         _step(model, *batches[b])
+
+    computed = now()
+
+    def timed_step(b: int) -> float:
+        nonlocal computed
+        rest = COMPUTE_PAUSE_S - (now() - computed)
+        if rest > 0:  # cool down as long as a step of training does (see COMPUTE_PAUSE_S)
+            time.sleep(rest)
+        t = now()
+        emu.start()
+        _step(model, *batches[b])
+        computed = now()
+        emu.finish()
+        return now() - t
+
+    # One dilated step, untimed: every timed step then follows a pause, as in training
+    # (a step straight after the warm-up finds warm caches and runs up to 30% faster).
+    timed_step(sizes[0])
     times: dict[int, list[float]] = {b: [] for b in sizes}
-    cpu: dict[int, list[float]] = {b: [] for b in sizes}
     start = now()
     rounds = 0
     while rounds < COMPUTE_MAX_ROUNDS and (rounds < COMPUTE_MIN_ROUNDS or now() - start < budget_s):
-        order = sizes if rounds % 2 == 0 else sizes[::-1]
-        for b in order:
-            t = now()
-            c = time.thread_time()
-            emu.start()
-            _step(model, *batches[b])
-            cpu[b].append(time.thread_time() - c)
-            emu.finish()
-            times[b].append(now() - t)
+        for b in sizes if rounds % 2 == 0 else sizes[::-1]:
+            times[b].append(timed_step(b))
         rounds += 1
     medians = [statistics.median(times[b]) for b in sizes]
-    intercept, slope = fit_affine(sizes, medians)
+    intercept, slope, dropped = robust_affine(sizes, medians)
     if slope <= 0:  # a flat or noisy curve: fall back to the largest batch's throughput
         slope, intercept = medians[-1] / sizes[-1], 0.0
     step_at_ref = max(intercept + slope * ref, 1e-9)
@@ -156,7 +222,7 @@ def probe_compute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, emu: Emula
         "compute_rounds": rounds,
         "compute_batches": sizes,
         "compute_median_s": medians,
-        "DBG_cpu": {b: cpu[b] for b in sizes}, "DBG_wall": {b: times[b] for b in sizes},
+        "compute_outlier_batch": dropped,
     }
 
 
@@ -270,18 +336,55 @@ def probe_allreduce(world: int, counter: WireCounter, emu: Emulator, grad_bytes:
             if rep:  # the first of each size is a warm-up
                 samples.append(now() - t)
         medians.append(statistics.median(samples))
-    wire_bytes = [wire * s for s in all_sizes]
-    latency, slope = fit_affine(wire_bytes, medians, weights=[1 / t**2 for t in medians])
-    if slope <= 0:
-        slope = max(medians[-1] - max(latency, 0.0), 1e-12) / wire_bytes[-1]
-    gbps = 8 / slope / 1e9
+    latency, slope = fit_transfer([wire * s for s in all_sizes], medians)
     return {
-        "allreduce_latency_s": float(max(latency, 0.0)),
-        "allreduce_gbps": float(gbps),
-        "link_gbps": float(gbps),
-        "grad_allreduce_s": float(max(latency, 0.0) + slope * wire * grad_bytes),
+        "allreduce_latency_s": float(latency),
+        "allreduce_gbps": float(8 / slope / 1e9),
+        "grad_allreduce_s": float(latency + slope * wire * grad_bytes),
         "allreduce_bytes": all_sizes,
         "allreduce_median_s": medians,
+    }
+
+
+def probe_link(rank: int, world: int, emu: Emulator, sizes: Sequence[int] = LINK_SIZES,
+               reps: int = LINK_REPS) -> dict:
+    """This worker's own link: it sends to the next rank while receiving from the previous one.
+
+    Every rank sends at once (a ring of point-to-point transfers). The receiver posts its
+    receive and then tells the sender it is ready; the sender starts its clock on that word, so
+    that no rank times another's lateness. Timed on the sender to the end of its send plus its
+    link's delay for the bytes it sent (the charge the WireCounter makes for a collective;
+    torch's send is not wrapped, so the probe applies it). Fitted to latency + bytes / bandwidth
+    on each size's best time: on a busy host the noise (a late wake-up) only ever adds.
+    """
+    if world < 2:
+        return {"link_gbps": None, "link_latency_s": None}
+    dst, src = (rank + 1) % world, (rank - 1) % world
+    ready_out, ready_in = torch.zeros(1), torch.zeros(1)
+    medians = []
+    for nbytes in sizes:
+        send = torch.zeros(max(1, nbytes // 4))
+        recv = torch.empty_like(send)
+        samples = []
+        for rep in range(reps + 1):
+            incoming = dist.irecv(recv, src=src, tag=2)
+            token = dist.isend(ready_out, dst=src, tag=1)
+            dist.recv(ready_in, src=dst, tag=1)
+            t = now()
+            dist.send(send, dst=dst, tag=2)
+            emu.link.delay(send.numel() * send.element_size(), 1)
+            if rep:  # the first of each size is a warm-up
+                samples.append(now() - t)
+            token.wait()
+            incoming.wait()
+        medians.append(min(samples))  # delays only add (a late wake-up, a busy core): the best
+    dist.barrier()
+    latency, slope = fit_transfer(list(sizes), medians)
+    return {
+        "link_gbps": float(8 / slope / 1e9),
+        "link_latency_s": float(latency),
+        "link_bytes": list(sizes),
+        "link_best_s": medians,
     }
 
 

@@ -1,0 +1,395 @@
+"""The EC2 catalog: what an instance type offers, what it costs, and how fast it should be.
+
+- Instance types come from the EC2 API through boto3 (`describe_instance_types`: vCPUs,
+  memory, GPUs and their memory, network performance). `AWS_ENDPOINT_URL` points boto3 at a
+  local endpoint (moto serves the EC2 API next to S3), real credentials at AWS.
+- Hourly prices come from a table shipped with the project (`infra/prices.json`), which must
+  say where and when its figures come from; `pricing_api_prices` reads the AWS Price List API
+  instead where it is reachable (opt-in: it needs credentials and the network).
+- Peak FLOP/s per device seed a plan before anything is measured: the devices' FP32 peak from
+  NVIDIA's datasheets (`DEVICE_PEAK_TFLOPS`), or for CPU-only instances an estimate from the
+  cores and clock that EC2 reports. Measurement (the profile) then replaces the seed.
+
+A worker is one process on one device, as torchrun runs it: on an instance with n GPUs a
+worker is one GPU and its share of the instance (1/n of the price and of the network); on a
+CPU-only instance a worker is the whole instance.
+
+Pure functions over a `Catalog` (no I/O): `resolve_cluster` fills an emulated cluster's speeds
+and links from the instance types it names, `seed_profile` gives the planner a profile before
+a measurement exists, `cost_usd` prices a run.
+
+    >>> network_gbps("Up to 25 Gigabit"), network_gbps("4x 100 Gigabit"), network_gbps("Moderate")
+    (25.0, 400.0, 0.75)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from hetflow.config import ClusterSpec, ConfigError
+
+PRICE_TABLE = Path(__file__).with_name("prices.json")
+DEFAULT_REGION = "us-east-1"
+DESCRIBE_CHUNK = 100  # describe_instance_types takes at most 100 names per call
+
+# FP32 (non-tensor) peak TFLOP/s at boost clock, per device, from NVIDIA's product datasheets
+# (T4, A10, L4, L40S, V100 SXM2, A100 SXM4, H100 SXM5, H200). The A10G of g5 instances is the
+# AWS variant of the A10 and is listed at the A10's figure. Relative values are what count.
+DEVICE_PEAK_TFLOPS: dict[str, float] = {
+    "T4": 8.1,
+    "T4g": 8.1,
+    "A10G": 31.2,
+    "L4": 30.3,
+    "L40S": 91.6,
+    "V100": 15.7,
+    "A100": 19.5,
+    "H100": 67.0,
+    "H200": 67.0,
+}
+CPU_FLOP_PER_CYCLE = 32  # FP32 per core and cycle: two 256-bit FMA units (AVX2 / SVE-256)
+NAMED_NETWORK_GBPS = {"very low": 0.05, "low": 0.3, "low to moderate": 0.5, "moderate": 0.75,
+                      "high": 1.0}
+
+
+class CatalogError(ConfigError):
+    """An instance type the catalog does not know, a bad price table: one line, names the input."""
+
+
+class InstanceInfo(BaseModel):
+    """One EC2 instance type, as `describe_instance_types` reports it."""
+
+    instance_type: str
+    vcpus: int
+    cores: int
+    clock_ghz: float | None = None
+    memory_mib: int
+    gpus: int = 0
+    gpu_name: str | None = None
+    gpu_memory_mib: int = 0  # per GPU
+    network: str  # EC2's wording, e.g. "Up to 25 Gigabit"
+    network_gbps: float  # baseline bandwidth of all network cards together
+
+    @property
+    def devices(self) -> int:
+        """Workers one instance holds: one per GPU, or one for a CPU-only instance."""
+        return max(1, self.gpus)
+
+    @property
+    def device(self) -> str:
+        return self.gpu_name or "CPU"
+
+    @property
+    def peak_tflops(self) -> float:
+        """FP32 peak of one worker's device (one GPU, or the whole CPU of a CPU-only instance)."""
+        if self.gpus:
+            if self.gpu_name not in DEVICE_PEAK_TFLOPS:
+                known = ", ".join(sorted(DEVICE_PEAK_TFLOPS))
+                raise CatalogError(
+                    f"{self.instance_type}: no peak FLOP/s known for GPU {self.gpu_name!r} "
+                    f"(known: {known})"
+                )
+            return DEVICE_PEAK_TFLOPS[self.gpu_name]
+        return self.cores * (self.clock_ghz or 2.5) * CPU_FLOP_PER_CYCLE / 1e3
+
+    @property
+    def worker_link_gbps(self) -> float:
+        """One worker's share of the instance's baseline network bandwidth."""
+        return self.network_gbps / self.devices
+
+
+class PriceTable(BaseModel):
+    """Hourly On-Demand prices and where and when they come from."""
+
+    source: str
+    as_of: str
+    region: str = DEFAULT_REGION
+    currency: str = "USD"
+    prices: dict[str, float]
+
+    def price(self, instance_type: str) -> float:
+        if instance_type not in self.prices:
+            raise CatalogError(
+                f"{instance_type}: no hourly price in the price table ({self.source}, "
+                f"as of {self.as_of}); add it there"
+            )
+        return self.prices[instance_type]
+
+
+def load_prices(path: str | Path = PRICE_TABLE) -> PriceTable:
+    """Read a price table; it must name its source and date, and hold positive prices."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise CatalogError(f"{p}: cannot read the price table ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise CatalogError(f"{p}: the price table is not valid JSON ({e.msg}, line {e.lineno})") from None
+    return price_table(data, str(p))
+
+
+def price_table(data: dict, where: str = "price table") -> PriceTable:
+    if not isinstance(data, dict):
+        raise CatalogError(f"{where}: expected a mapping with source, as_of and prices")
+    for key in ("source", "as_of"):
+        value = data.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise CatalogError(
+                f"{where}: a price table must say where its figures come from and when "
+                f"('source' and 'as_of'); {key!r} is missing or empty"
+            )
+    prices = data.get("prices")
+    if not isinstance(prices, dict) or not prices:
+        raise CatalogError(f"{where}: 'prices' must map instance types to hourly prices")
+    for name, value in prices.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise CatalogError(f"{where}: prices.{name} must be a finite number >= 0 (got {value!r})")
+    extra = {k: v for k, v in data.items() if k in ("region", "currency")}
+    return PriceTable(source=data["source"], as_of=data["as_of"], prices=prices, **extra)
+
+
+def network_gbps(text: str) -> float:
+    """EC2's network performance wording in Gbit/s ('Up to' gives the burst figure)."""
+    t = text.strip().lower()
+    if t in NAMED_NETWORK_GBPS:
+        return NAMED_NETWORK_GBPS[t]
+    m = re.fullmatch(r"(?:up to )?(?:(\d+)x )?([\d.]+) gigabit", t)
+    if not m:
+        raise CatalogError(f"network performance {text!r}: not a figure this catalog can read")
+    return float(m.group(1) or 1) * float(m.group(2))
+
+
+def instance_info(raw: dict) -> InstanceInfo:
+    """An `InstanceTypes` entry of describe_instance_types as an InstanceInfo."""
+    name = raw["InstanceType"]
+    vcpu = raw.get("VCpuInfo", {})
+    gpus = raw.get("GpuInfo", {}).get("Gpus", [])
+    net = raw.get("NetworkInfo", {})
+    cards = [c for c in net.get("NetworkCards", []) if c.get("BaselineBandwidthInGbps")]
+    perf = net.get("NetworkPerformance", "")
+    bandwidth = sum(c["BaselineBandwidthInGbps"] for c in cards) if cards else network_gbps(perf)
+    return InstanceInfo(
+        instance_type=name,
+        vcpus=int(vcpu.get("DefaultVCpus", 1)),
+        cores=int(vcpu.get("DefaultCores", vcpu.get("DefaultVCpus", 1))),
+        clock_ghz=raw.get("ProcessorInfo", {}).get("SustainedClockSpeedInGhz"),
+        memory_mib=int(raw.get("MemoryInfo", {}).get("SizeInMiB", 0)),
+        gpus=sum(int(g.get("Count", 0)) for g in gpus),
+        gpu_name=gpus[0]["Name"] if gpus else None,
+        gpu_memory_mib=int(gpus[0].get("MemoryInfo", {}).get("SizeInMiB", 0)) if gpus else 0,
+        network=perf,
+        network_gbps=float(bandwidth),
+    )
+
+
+def ec2_client(region: str | None = None):
+    """boto3's EC2 client; the endpoint and credentials come from the standard AWS variables."""
+    import boto3
+
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
+    return boto3.client("ec2", region_name=region)
+
+
+def describe_instance_types(names: Iterable[str], client=None) -> dict[str, InstanceInfo]:
+    """InstanceInfo per name, from describe_instance_types; CatalogError naming unknown types."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    wanted = list(dict.fromkeys(names))
+    client = client or ec2_client()
+    found: dict[str, InstanceInfo] = {}
+    for i in range(0, len(wanted), DESCRIBE_CHUNK):
+        chunk = wanted[i : i + DESCRIBE_CHUNK]
+        try:
+            pages = client.get_paginator("describe_instance_types").paginate(InstanceTypes=chunk)
+            for page in pages:
+                for raw in page.get("InstanceTypes", []):
+                    found[raw["InstanceType"]] = instance_info(raw)
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code.startswith("InvalidInstanceType"):
+                unknown = [n for n in chunk if n not in found] or chunk
+                bad = [n for n in unknown if n in e.response["Error"].get("Message", "")] or unknown
+                raise CatalogError(
+                    f"instance_type: EC2 does not know {', '.join(sorted(bad))}"
+                ) from None
+            raise CatalogError(f"EC2 describe_instance_types failed: {code or e}") from None
+        except BotoCoreError as e:
+            raise CatalogError(f"EC2 describe_instance_types failed: {e}") from None
+    missing = [n for n in wanted if n not in found]
+    if missing:
+        raise CatalogError(f"instance_type: EC2 does not know {', '.join(sorted(missing))}")
+    return found
+
+
+class Catalog(BaseModel):
+    """Instance types (from EC2) and their prices (from a table that names its source)."""
+
+    types: dict[str, InstanceInfo]
+    prices: PriceTable
+
+    @classmethod
+    def from_ec2(cls, names: Iterable[str], prices: PriceTable | None = None, client=None) -> Catalog:
+        return cls(types=describe_instance_types(names, client), prices=prices or load_prices())
+
+    @classmethod
+    def for_cluster(cls, cluster: ClusterSpec, prices: PriceTable | None = None, client=None) -> Catalog:
+        """The catalog of the instance types a cluster names (an empty one if it names none)."""
+        names = [w.instance_type for w in cluster.workers if w.instance_type]
+        types = describe_instance_types(names, client) if names else {}
+        return cls(types=types, prices=prices or load_prices())
+
+    def info(self, instance_type: str) -> InstanceInfo:
+        if instance_type not in self.types:
+            raise CatalogError(f"instance_type: {instance_type!r} is not in the catalog")
+        return self.types[instance_type]
+
+    def price(self, instance_type: str) -> float:
+        self.info(instance_type)
+        return self.prices.price(instance_type)
+
+    def worker_price(self, instance_type: str) -> float:
+        """USD per hour of one worker: its device's share of the instance."""
+        return self.price(instance_type) / self.info(instance_type).devices
+
+    def relative_peak(self, instance_types: list[str]) -> list[float]:
+        """Peak FLOP/s of each worker's device relative to the fastest (= 1.0)."""
+        peaks = [self.info(t).peak_tflops for t in instance_types]
+        top = max(peaks)
+        return [p / top for p in peaks]
+
+
+def resolve_cluster(cluster: ClusterSpec, catalog: Catalog, link_scale: float = 1.0) -> ClusterSpec:
+    """A cluster whose workers name EC2 types, with speed and link filled from the catalog.
+
+    speed: the device's peak FLOP/s relative to the fastest named device (so the emulation's
+    slowdowns follow the catalog); link_gbps: the worker's share of its instance's baseline
+    network bandwidth, divided by `link_scale` (an emulated device is far slower than a real
+    one; scaling the links keeps communication's share of a step closer to the real one).
+    Values a worker sets itself win (a link_gbps or a speed given in the file stay).
+    Naming types for some workers but not others is an error: their speeds would not share a
+    unit. A cluster that names no type is returned as it is.
+    """
+    named = [w for w in cluster.workers if w.instance_type]
+    if not named:
+        return cluster
+    if len(named) != len(cluster.workers):
+        bare = ", ".join(w.name for w in cluster.workers if not w.instance_type)
+        raise CatalogError(
+            f"cluster.workers: name an instance_type for every worker or for none ({bare} names none)"
+        )
+    if not (math.isfinite(link_scale) and link_scale > 0):
+        raise CatalogError(f"link_scale: must be a finite number > 0 (got {link_scale})")
+    speeds = catalog.relative_peak([w.instance_type for w in cluster.workers])
+    workers = []
+    for w, speed in zip(cluster.workers, speeds, strict=True):
+        info = catalog.info(w.instance_type)
+        update = {}
+        if "speed" not in w.model_fields_set:
+            update["speed"] = round(speed, 6)
+        if "link_gbps" not in w.model_fields_set:
+            update["link_gbps"] = round(info.worker_link_gbps / link_scale, 6)
+        workers.append(w.model_copy(update=update))
+    out = cluster.model_copy(update={"workers": workers})
+    return ClusterSpec.model_validate(out.model_dump())
+
+
+def seed_profile(cluster: ClusterSpec, catalog: Catalog) -> dict:
+    """A profile the planner can use before anything is measured: speeds = relative peak FLOP/s.
+
+    Same keys as a measured profile's ranks; the unit of time is arbitrary (only ratios count),
+    latencies are 0 and communication is unknown (0), so the plan is speed-proportional.
+    """
+    if not all(w.instance_type for w in cluster.workers):
+        raise CatalogError("seed_profile: every worker must name an instance_type")
+    speeds = catalog.relative_peak([w.instance_type for w in cluster.workers])
+    ranks = [
+        {"rank": i, "worker": w.name, "instance_type": w.instance_type, "samples_per_s": s,
+         "relative_speed": s, "fit_latency_s": 0.0, "fit_s_per_sample": 1.0 / s,
+         "step_compute_s": 1.0 / s, "grad_allreduce_s": 0.0, "allreduce_latency_s": 0.0,
+         "allreduce_gbps": catalog.info(w.instance_type).worker_link_gbps}
+        for i, (w, s) in enumerate(zip(cluster.workers, speeds, strict=True))
+    ]
+    return {"cluster": cluster.name, "source": "catalog", "ranks": ranks, "profiling_time_s": 0.0}
+
+
+def cost_usd(cluster: ClusterSpec, wall_time_s: float, catalog: Catalog,
+             epochs: float | None = None) -> dict:
+    """What a run of `wall_time_s` costs: by worker, in total, per hour and per epoch.
+
+    A worker that names no instance type (local emulation) costs nothing and is listed under
+    `unpriced`. `per_epoch_usd` is total / epochs when the number of epochs is given (> 0).
+    """
+    if not (math.isfinite(wall_time_s) and wall_time_s >= 0):
+        raise CatalogError(f"wall_time_s: must be a finite number >= 0 (got {wall_time_s})")
+    hours = wall_time_s / 3600
+    by_worker: dict[str, float] = {}
+    unpriced: list[str] = []
+    per_hour = 0.0
+    for w in cluster.workers:
+        if not w.instance_type:
+            by_worker[w.name] = 0.0
+            unpriced.append(w.name)
+            continue
+        rate = catalog.worker_price(w.instance_type)
+        per_hour += rate
+        by_worker[w.name] = rate * hours
+    total = sum(by_worker.values())
+    out = {
+        "by_worker": by_worker,
+        "total_usd": total,
+        "usd_per_hour": per_hour,
+        "wall_time_s": wall_time_s,
+        "unpriced": unpriced,
+        "price_source": f"{catalog.prices.source} (as of {catalog.prices.as_of})",
+    }
+    if epochs is not None:
+        if not (math.isfinite(epochs) and epochs > 0):
+            raise CatalogError(f"epochs: must be a finite number > 0 (got {epochs})")
+        out["epochs"] = epochs
+        out["per_epoch_usd"] = total / epochs
+    return out
+
+
+def pricing_api_prices(instance_types: Iterable[str], region: str = DEFAULT_REGION,
+                       location: str = "US East (N. Virginia)") -> PriceTable:
+    """On-Demand Linux prices from the AWS Price List API (needs credentials and the network).
+
+    Raises CatalogError when the API cannot be reached or has no price for a type; callers fall
+    back to the shipped table.
+    """
+    import datetime as dt
+
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    config = Config(connect_timeout=3, read_timeout=10, retries={"total_max_attempts": 1})
+    client = boto3.client("pricing", region_name="us-east-1", config=config)
+    prices: dict[str, float] = {}
+    for name in dict.fromkeys(instance_types):
+        filters = [
+            {"Type": "TERM_MATCH", "Field": k, "Value": v}
+            for k, v in {"instanceType": name, "location": location, "operatingSystem": "Linux",
+                         "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": "Used"}.items()
+        ]
+        try:
+            resp = client.get_products(ServiceCode="AmazonEC2", Filters=filters, MaxResults=10)
+        except (BotoCoreError, ClientError) as e:
+            raise CatalogError(f"AWS Price List API unreachable ({type(e).__name__})") from None
+        for item in resp.get("PriceList", []):
+            product = json.loads(item) if isinstance(item, str) else item
+            for term in product.get("terms", {}).get("OnDemand", {}).values():
+                for dim in term.get("priceDimensions", {}).values():
+                    usd = float(dim.get("pricePerUnit", {}).get("USD", 0) or 0)
+                    if usd > 0:
+                        prices[name] = usd
+        if name not in prices:
+            raise CatalogError(f"{name}: the AWS Price List API has no On-Demand price in {location}")
+    return PriceTable(source=f"AWS Price List API (AmazonEC2, {location}, Linux, shared, On-Demand)",
+                      as_of=dt.date.today().isoformat(), region=region, prices=prices)
