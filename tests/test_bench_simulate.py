@@ -1,0 +1,97 @@
+"""`hetflow simulate` end to end (no calibration runs): JSON shape, plot, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.simulate import calibration_errors, main, predict_run
+from hetflow.config import ConfigError
+
+ROW_KEYS = {"workers", "plan", "throughput_samples_per_s", "efficiency", "epoch_time_s", "cost_per_epoch"}
+
+
+def test_mix_writes_rows_for_every_count_and_plan(s3, tmp_path):
+    path = tmp_path / "sim.json"
+    png = tmp_path / "sim.png"
+    rc = main(["--mix", "g4dn.xlarge:2,g5.xlarge:1,p3dn.24xlarge:1", "--model", "resnet50",
+               "--workers", "1,4,16,1024", "--json", str(path), "--plot", str(png)])
+    assert rc == 0
+    out = json.loads(path.read_text())
+    rows = out["rows"]
+    assert [(r["workers"], r["plan"]) for r in rows] == [
+        (n, p) for n in (1, 4, 16, 1024) for p in ("baseline", "optimized")]
+    for r in rows:
+        assert ROW_KEYS <= set(r)
+        assert r["throughput_samples_per_s"] > 0 and 0 < r["efficiency"] <= 1 + 1e-9
+        assert r["epoch_time_s"] > 0 and r["cost_per_epoch"] > 0
+    by = {(r["workers"], r["plan"]): r for r in rows}
+    assert by[(1, "baseline")]["efficiency"] == pytest.approx(1.0)
+    for n in (4, 16, 1024):
+        assert by[(n, "optimized")]["throughput_samples_per_s"] >= by[(n, "baseline")]["throughput_samples_per_s"]
+    assert out["cluster"]["workers_at_1024"] and out["model"]["params"] == 25_600_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_cluster_and_published_tables(tmp_path):
+    profile = {"model": "cnn", "ranks": [
+        {"rank": i, "worker": f"w{i}", "fit_latency_s": 0.01 * s, "fit_s_per_sample": 0.003 / s,
+         "samples_per_s": 300 * s, "allreduce_gbps": 10.0, "allreduce_latency_s": 0.001}
+        for i, s in enumerate([1, 1, 2, 4])]}
+    src = tmp_path / "profile.json"
+    src.write_text(json.dumps(profile))
+    path = tmp_path / "out.json"
+    assert main(["--cluster", str(src), "--workers", "4,64", "--published", "--json", str(path)]) == 0
+    out = json.loads(path.read_text())
+    assert {(r["workers"], r["plan"]) for r in out["rows"]} == {(n, p) for n in (4, 64)
+                                                                for p in ("baseline", "optimized")}
+    assert out["model"]["name"] == "cnn"
+    four = {r["plan"]: r for r in out["rows"] if r["workers"] == 4}
+    assert four["optimized"]["speedup_vs_baseline"] > 1.2
+    pub = out["published"]
+    assert len(pub["resnet50_v100_epoch"]) == 4 and len(pub["scaling_efficiency"]) == 8
+    assert all(abs(r["rel_error"]) <= 0.10 for r in pub["scaling_efficiency"])
+
+
+def test_bad_input_is_refused_with_a_clear_error(s3, tmp_path):
+    with pytest.raises(ConfigError, match="--model"):
+        main(["--mix", "g5.xlarge:1", "--model", "gpt-9"])
+    with pytest.raises(ConfigError, match="--workers"):
+        main(["--mix", "g5.xlarge:1", "--workers", "0,4"])
+    with pytest.raises(ConfigError, match="g9.enormous"):
+        main(["--mix", "g9.enormous:2"])
+    with pytest.raises(ConfigError, match="--fraction"):
+        main(["--mix", "g5.xlarge:1", "--fraction", "2"])
+    bare = tmp_path / "cluster.yaml"
+    bare.write_text("workers:\n  - {name: a, speed: 1}\n")
+    with pytest.raises(ConfigError, match="instance_type"):
+        main(["--cluster", str(bare)])
+
+
+def _profile(latency, per_sample):
+    return {"ranks": [{"rank": i, "fit_latency_s": a, "fit_s_per_sample": c, "samples_per_s": 1 / c,
+                       "allreduce_gbps": 100.0, "allreduce_latency_s": 0.0}
+                      for i, (a, c) in enumerate(zip(latency, per_sample, strict=True))]}
+
+
+def test_calibration_fits_the_overhead_leave_one_out():
+    prof = _profile([0.02, 0.02, 0.01, 0.005], [0.004, 0.004, 0.002, 0.001])
+    runs = {}
+    for name, batches in (("baseline", [32, 32, 32, 32]), ("optimized", [16, 16, 32, 64])):
+        true = predict_run(prof, "cnn", 128, batches, name, overhead_s=0.015)
+        runs[name] = {"profile": prof, "model": "cnn", "global_batch": 128, "batches": batches, "plan": name,
+                      "measured": {"throughput_samples_per_s": true.throughput_samples_per_s,
+                                   "step_time_s": true.step_time_s, "compute_s": [], "comm_s": 0.0}}
+    comm_prof = _profile([0.0] * 4, [0.003] * 4)
+    true = predict_run(comm_prof, "wide_mlp", 128, [32] * 4, "baseline", overhead_s=0.015)
+    runs["comm"] = {"profile": comm_prof, "model": "wide_mlp", "global_batch": 128, "batches": [32] * 4,
+                    "plan": "baseline", "measured": {"throughput_samples_per_s": true.throughput_samples_per_s,
+                                                     "step_time_s": true.step_time_s, "compute_s": [],
+                                                     "comm_s": 0.0}}
+    cal = calibration_errors(runs)
+    assert cal["step_overhead_s"] == pytest.approx(0.015)
+    assert cal["hetero_error"] == pytest.approx(0.0, abs=1e-9)
+    assert cal["comm_error"] == pytest.approx(0.0, abs=1e-9)
+    assert cal["hetero_error_profile_only"] > 0.05
+    assert set(cal["runs"]) == {"baseline", "optimized", "comm"}

@@ -1,0 +1,330 @@
+"""The scale simulator (pure): formulas, invariants, the published tables, bad input."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetflow.config import ConfigError
+from infra.catalog import Catalog, InstanceInfo, PriceTable
+from training import simulator as sim
+from training.scheduler import balance_batches
+
+RESNET = sim.MODELS["resnet50"]
+
+
+def catalog() -> Catalog:
+    """A catalog as describe_instance_types reports these types (no endpoint needed)."""
+    types = {
+        "g4dn.xlarge": InstanceInfo(instance_type="g4dn.xlarge", vcpus=4, cores=2, memory_mib=16384, gpus=1,
+                                    gpu_name="T4", gpu_memory_mib=15360, network="Up to 25 Gigabit",
+                                    network_gbps=5.0),
+        "g5.xlarge": InstanceInfo(instance_type="g5.xlarge", vcpus=4, cores=2, memory_mib=16384, gpus=1,
+                                  gpu_name="A10G", gpu_memory_mib=22888, network="Up to 10 Gigabit",
+                                  network_gbps=2.5),
+        "p3dn.24xlarge": InstanceInfo(instance_type="p3dn.24xlarge", vcpus=96, cores=48, memory_mib=786432,
+                                      gpus=8, gpu_name="V100", gpu_memory_mib=32768, network="100 Gigabit",
+                                      network_gbps=100.0),
+    }
+    prices = PriceTable(source="test", as_of="2024-06-01",
+                        prices={"g4dn.xlarge": 0.526, "g5.xlarge": 1.006, "p3dn.24xlarge": 31.212})
+    return Catalog(types=types, prices=prices)
+
+
+def homogeneous(n: int, link_gbps: float = 10.0, a: float = 0.0, c: float = 0.01) -> list[sim.WorkerModel]:
+    return [sim.WorkerModel(f"w{i}", a, c, link_gbps=link_gbps, node=f"n{i}") for i in range(n)]
+
+
+# -- communication ----------------------------------------------------------------------------
+
+
+def test_ring_formula_by_hand():
+    # 2(n-1) alpha + 2(n-1)/n x bytes x beta, n = 4, 100 MB at 10 Gbit/s, alpha 50 us
+    t = sim.ring_allreduce_time(100e6, 4, 50e-6, 10.0)
+    assert t == pytest.approx(6 * 50e-6 + 1.5 * 100e6 * 8 / 10e9)
+    assert sim.ring_allreduce_time(100e6, 1, 50e-6, 10.0) == 0.0
+    assert sim.ring_allreduce_time(100e6, 4, 50e-6, 10.0, collectives=3) == pytest.approx(t + 2 * 6 * 50e-6)
+
+
+def test_ring_bytes_agree_with_the_byte_accounting():
+    from training.comm import ring_allreduce_bytes
+
+    for n in (2, 3, 8, 1024):
+        beta_time = sim.ring_allreduce_time(1e6, n, 0.0, 8e-3)  # 1 byte/us: time in s = bytes / 1e6
+        assert beta_time == pytest.approx(ring_allreduce_bytes(1_000_000, n) / 1e6)
+
+
+def test_allreduce_uses_buckets_slowest_link_and_compression():
+    net = sim.Network(alpha_s=10e-6)
+    grad = 102.4e6
+    k = net.buckets(grad)
+    assert k == 1 + math.ceil((grad - sim.MIB) / (25 * sim.MIB))  # DDP: 1 MiB first, then 25 MiB
+    workers = homogeneous(8, link_gbps=25.0)
+    assert sim.allreduce_time(workers, grad, net) == pytest.approx(sim.ring_allreduce_time(grad, 8, 10e-6, 25.0, k))
+    slow = workers[:-1] + [replace(workers[-1], link_gbps=5.0)]
+    assert sim.allreduce_time(slow, grad, net) == pytest.approx(sim.ring_allreduce_time(grad, 8, 10e-6, 5.0, k))
+    half = replace(net, compression_ratio=2.0)
+    assert sim.allreduce_time(workers, grad, half) == pytest.approx(
+        sim.ring_allreduce_time(grad / 2, 8, 10e-6, 25.0, half.buckets(grad / 2)))
+
+
+def test_hierarchical_beats_a_flat_ring_across_nvlink_nodes():
+    cat = catalog()
+    ws = sim.catalog_cluster([("p3dn.24xlarge", 8)], cat, RESNET, 0.3)  # 64 V100s in 8 nodes
+    assert len(ws) == 64 and len({w.node for w in ws}) == 8
+    ring = sim.allreduce_time(ws, RESNET.grad_bytes, sim.Network(collective="ring"))
+    hier = sim.allreduce_time(ws, RESNET.grad_bytes, sim.Network(collective="hierarchical"))
+    assert 0 < hier < ring
+    # by hand: intra 2(g-1) x alpha_intra x k + 2(g-1)/g x M / NVLink; inter ring of 8 nodes on 100 Gbit/s
+    net, k, m = sim.Network(), sim.Network().buckets(RESNET.grad_bytes), RESNET.grad_bytes
+    intra = k * 14 * net.intra_alpha_s + 14 / 8 * m * 8 / (sim.INTRA_NODE_GBPS["V100"] * 1e9)
+    inter = k * 14 * net.alpha_s + 14 / 8 * m * 8 / 100e9
+    assert hier == pytest.approx(intra + inter)
+    every4 = sim.allreduce_time(ws, m, sim.Network(collective="hierarchical", average_every=4))
+    assert every4 == pytest.approx(intra + inter / 4)
+
+
+# -- one step ---------------------------------------------------------------------------------
+
+
+def test_one_worker_is_fully_efficient():
+    for workers in (homogeneous(1), sim.catalog_cluster([("g5.xlarge", 1)], catalog(), RESNET, 0.3)):
+        for job in (sim.Job(RESNET, local_batch=64), sim.Job(RESNET, global_batch=256, step_overhead_s=0.01)):
+            p = sim.simulate_step(workers, job, sim.Network(), "baseline")
+            assert p.efficiency == pytest.approx(1.0) and p.comm_s == 0.0
+
+
+def test_step_arithmetic_by_hand():
+    ws = [sim.WorkerModel("a", 0.01, 0.002, link_gbps=8.0), sim.WorkerModel("b", 0.02, 0.001, link_gbps=8.0)]
+    model = sim.ModelSpec("toy", params=1_000_000, per_sample_flops=1.0, sample_bytes=1.0, epoch_samples=1000)
+    job = sim.Job(model, global_batch=100, step_overhead_s=0.005)
+    net = sim.Network(alpha_s=1e-4)
+    p = sim.simulate_step(ws, job, net, "baseline")
+    assert p.local_batches == [50, 50]
+    compute = max(0.01 + 0.002 * 50, 0.02 + 0.001 * 50)
+    k = net.buckets(4e6)  # 1 MiB first bucket, then the rest: 2 all-reduces
+    assert k == 2
+    comm = k * 2 * 1e-4 + 1.0 * 4e6 * 8 / 8e9
+    assert p.step_time_s == pytest.approx(compute + 0.005 + comm)
+    assert p.throughput_samples_per_s == pytest.approx(100 / p.step_time_s)
+    assert p.epoch_time_s == pytest.approx(1000 / p.throughput_samples_per_s)
+    ideal = 50 / (0.01 + 0.1 + 0.005) + 50 / (0.02 + 0.05 + 0.005)
+    assert p.efficiency == pytest.approx(p.throughput_samples_per_s / ideal)
+    opt = sim.simulate_step(ws, job, net, "optimized")
+    assert opt.local_batches == balance_batches([0.002, 0.001], [0.01, 0.02], 100)
+
+
+def test_ddp_bucket_copy_is_charged_at_the_profiled_copy_bandwidth():
+    w = sim.WorkerModel("w", 0.01, 0.001, memory_gbps=2.0)
+    assert w.compute_s(32) == pytest.approx(0.042)
+    assert w.compute_s(32, grad_bytes=1e9) == pytest.approx(0.042 + 2 * 1e9 / 2e9)
+    model = sim.ModelSpec("toy", params=250_000_000, per_sample_flops=1.0, sample_bytes=1.0, epoch_samples=1)
+    p = sim.simulate_step([w], sim.Job(model, global_batch=32), sim.Network())
+    assert p.compute_s == pytest.approx(1.042) and p.efficiency == pytest.approx(1.0)
+
+
+def test_cost_per_epoch_charges_whole_instances():
+    cat = catalog()
+    one_gpu = sim.catalog_cluster([("p3dn.24xlarge", 1)], cat, RESNET, 0.3, n=1)
+    assert len(one_gpu) == 1 and one_gpu[0].usd_per_hour == pytest.approx(31.212)
+    p = sim.simulate_step(one_gpu, sim.Job(RESNET, local_batch=64), sim.Network(), "baseline")
+    assert p.cost_per_epoch == pytest.approx(31.212 * p.epoch_time_s / 3600)
+    full = sim.catalog_cluster([("p3dn.24xlarge", 1)], cat, RESNET, 0.3)
+    assert sum(w.usd_per_hour for w in full) == pytest.approx(31.212)
+
+
+def test_storage_model_adds_data_wait_only_when_reads_outrun_compute():
+    fast = homogeneous(2)
+    slow = [replace(w, storage_mbps=1.0) for w in fast]  # 1 Mbit/s: reading dominates
+    job = sim.Job(RESNET, local_batch=8)
+    p0 = sim.simulate_step(fast, job, sim.Network(), "baseline")
+    p1 = sim.simulate_step(slow, job, sim.Network(), "baseline")
+    read = 8 * RESNET.sample_bytes * 8 / 1e6
+    assert p0.data_wait_s == 0.0
+    assert p1.data_wait_s == pytest.approx(read - 8 * 0.01)  # prefetch overlaps compute
+    no_prefetch = sim.simulate_step(slow, replace(job, prefetch=False), sim.Network(), "baseline")
+    assert no_prefetch.data_wait_s == pytest.approx(read)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 256), st.floats(0.0, 1e-3), st.floats(1e-6, 1e-3))
+def test_efficiency_degrades_monotonically_with_latency(n, alpha, extra):
+    job = sim.Job(RESNET, local_batch=32)
+    ws = homogeneous(n)
+    lo = sim.simulate_step(ws, job, sim.Network(alpha_s=alpha), "baseline").efficiency
+    hi = sim.simulate_step(ws, job, sim.Network(alpha_s=alpha + extra), "baseline").efficiency
+    assert hi < lo <= 1.0
+
+
+def test_efficiency_falls_with_workers_on_a_fixed_link():
+    job = sim.Job(RESNET, local_batch=32)
+    effs = [sim.simulate_step(homogeneous(n), job, sim.Network(alpha_s=20e-6), "baseline").efficiency
+            for n in (1, 2, 4, 16, 64, 256, 1024)]
+    assert effs[0] == pytest.approx(1.0)
+    assert all(b < a for a, b in itertools.pairwise(effs))
+
+
+speeds = st.lists(st.floats(1e-3, 1e-1), min_size=2, max_size=24)
+
+
+@settings(max_examples=60, deadline=None)
+@given(speeds, st.lists(st.floats(0.0, 0.05), min_size=24, max_size=24), st.integers(0, 2000))
+def test_optimized_is_never_slower_than_the_equal_split(per_sample, latency, extra):
+    n = len(per_sample)
+    ws = [sim.WorkerModel(f"w{i}", latency[i], c, link_gbps=10.0) for i, c in enumerate(per_sample)]
+    job = sim.Job(RESNET, global_batch=n + extra)
+    base = sim.simulate_step(ws, job, sim.Network(), "baseline")
+    opt = sim.simulate_step(ws, job, sim.Network(), "optimized")
+    assert opt.throughput_samples_per_s >= base.throughput_samples_per_s * (1 - 1e-9)
+    assert opt.efficiency >= base.efficiency * (1 - 1e-9)
+
+
+def test_optimized_equals_baseline_on_a_homogeneous_cluster():
+    for n in (1, 3, 64):
+        ws = homogeneous(n, a=0.01)
+        job = sim.Job(RESNET, local_batch=64)
+        base = sim.simulate_step(ws, job, sim.Network(), "baseline")
+        opt = sim.simulate_step(ws, job, sim.Network(), "optimized")
+        assert opt.local_batches == base.local_batches
+        assert opt.throughput_samples_per_s == pytest.approx(base.throughput_samples_per_s)
+
+
+def test_mixed_cluster_at_scale_gains_from_the_plan():
+    cat = catalog()
+    mix = [("g4dn.xlarge", 32), ("g5.xlarge", 16), ("p3dn.24xlarge", 2)]
+    ws = sim.catalog_cluster(mix, cat, RESNET, 0.3)
+    assert len(ws) == 64 and sum(w.kind == "p3dn.24xlarge" for w in ws) == 16
+    job = sim.Job(RESNET, local_batch=64)
+    base = sim.simulate_step(ws, job, sim.Network(), "baseline")
+    opt = sim.simulate_step(ws, job, sim.Network(), "optimized")
+    assert opt.throughput_samples_per_s > 1.1 * base.throughput_samples_per_s
+    assert opt.cost_per_epoch < base.cost_per_epoch
+    assert base.usd_per_hour == pytest.approx(32 * 0.526 + 16 * 1.006 + 2 * 31.212)
+    # the fastest devices get the largest shares
+    by_kind = {w.kind: b for w, b in zip(ws, opt.local_batches, strict=True)}
+    assert by_kind["g5.xlarge"] > by_kind["p3dn.24xlarge"] > by_kind["g4dn.xlarge"]
+
+
+def test_scaled_mix_keeps_proportions():
+    assert sim.scale_counts([32, 16, 16], 1024) == [512, 256, 256]
+    assert sum(sim.scale_counts([32, 16, 16], 7)) == 7
+    ws = sim.catalog_cluster([("g4dn.xlarge", 32), ("p3dn.24xlarge", 2)], catalog(), RESNET, 0.3, n=1024)
+    assert len(ws) == 1024
+
+
+def test_1024_workers_answer_with_bounded_work():
+    """No wall-clock assertion: the sweep touches each worker a bounded number of times."""
+    ws = sim.catalog_cluster([("g4dn.xlarge", 32), ("g5.xlarge", 16), ("p3dn.24xlarge", 2)], catalog(), RESNET,
+                             0.3, n=1024)
+    calls = {"n": 0}
+    original = sim.WorkerModel.compute_s
+
+    def counting(self, *args):
+        calls["n"] += 1
+        return original(self, *args)
+
+    sim.WorkerModel.compute_s = counting
+    try:
+        preds = sim.sweep(lambda n: ws, [1024], sim.Job(RESNET, local_batch=64), sim.Network())
+    finally:
+        sim.WorkerModel.compute_s = original
+    assert [p.plan for p in preds] == ["baseline", "optimized"]
+    assert calls["n"] <= 2 * 3 * 1024  # per plan: busy, compute-only, ideal
+
+
+def test_profile_workers_read_the_fitted_model():
+    profile = {"model": "cnn", "ranks": [
+        {"rank": 1, "fit_latency_s": 0.02, "fit_s_per_sample": 0.001, "samples_per_s": 500, "allreduce_gbps": 5.0,
+         "allreduce_latency_s": 0.003},
+        {"rank": 0, "fit_latency_s": -0.01, "fit_s_per_sample": 0.0, "samples_per_s": 100, "allreduce_gbps": 4.0,
+         "allreduce_latency_s": 0.001},
+    ]}
+    ws = sim.profile_workers(profile)
+    assert [(w.latency_s, w.per_sample_s, w.link_gbps) for w in ws] == [(0.0, 0.01, 4.0), (0.02, 0.001, 5.0)]
+    assert sim.profile_alpha_s(profile) == pytest.approx(0.003 / 2)
+    big = sim.replicate(ws, 5)
+    assert len(big) == 5 and len({w.node for w in big}) == 5 and big[3].per_sample_s == 0.001
+
+
+def test_local_model_figures_match_training_models():
+    from training.models import build_model, parameter_count
+
+    for name in ("mlp", "cnn", "wide_mlp"):
+        assert sim.MODELS[name].params == parameter_count(build_model(name))
+
+
+# -- the published tables ---------------------------------------------------------------------
+
+
+def test_published_tables_reproduced_within_ten_percent():
+    pub = sim.published_comparison()
+    assert [r["gpus"] for r in pub["resnet50_v100_epoch"]] == [1, 2, 4, 8]
+    for r in pub["resnet50_v100_epoch"]:
+        assert abs(r["rel_error"]) <= 0.10, r
+    rows = pub["scaling_efficiency"]
+    assert {(r["model"], r["nodes"]) for r in rows} == {(m, n) for m in ("resnet50", "bert-large")
+                                                         for n in (16, 64, 256, 1024)}
+    for r in rows:
+        assert abs(r["rel_error"]) <= 0.10, r
+    for model in ("resnet50", "bert-large"):
+        ours = [r["ours"] for r in rows if r["model"] == model]
+        assert ours == sorted(ours, reverse=True)  # the shape: efficiency falls with nodes
+    a = pub["assumptions"]
+    assert a["resnet50"]["params"] == 25_600_000 and a["bert-large"]["params"] == 340_000_000
+    assert a["resnet50"]["per_sample_gflop"] == pytest.approx(12.3)
+    assert a["bert-large"]["per_sample_gflop"] == pytest.approx(3 * 2 * 0.34 * 128)
+
+
+def test_v100_fraction_arithmetic():
+    # 1,281,167 images in 220 min = 97.06 img/s; x 12.3 GFLOP = 1.194 TFLOP/s of 15.7
+    assert sim.v100_fraction_from_epoch(220) == pytest.approx(1_281_167 / 13_200 * 12.3e9 / 15.7e12)
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def test_unknown_instance_type_is_a_clear_error():
+    with pytest.raises(ConfigError, match="g9.enormous"):
+        sim.catalog_cluster([("g9.enormous", 2)], catalog(), RESNET, 0.3)
+
+
+def test_bad_mix_and_worker_counts():
+    with pytest.raises(ConfigError, match="--mix"):
+        sim.parse_mix("g5.xlarge")
+    with pytest.raises(ConfigError, match="--mix"):
+        sim.parse_mix("g5.xlarge:0")
+    with pytest.raises(ConfigError, match="twice"):
+        sim.parse_mix("g5.xlarge:1,g5.xlarge:2")
+    for bad in (0, -3, 1.5):
+        with pytest.raises(ConfigError, match="workers"):
+            sim.check_workers(bad)
+    with pytest.raises(ConfigError, match="workers"):
+        sim.simulate_step([], sim.Job(RESNET, local_batch=1), sim.Network())
+    with pytest.raises(ConfigError, match="workers"):
+        sim.ring_allreduce_time(1.0, 0, 0.0, 1.0)
+
+
+def test_bad_figures_are_clear_errors():
+    with pytest.raises(ConfigError, match="per_sample_s"):
+        sim.WorkerModel("w", 0.0, 0.0)
+    with pytest.raises(ConfigError, match="link_gbps"):
+        sim.WorkerModel("w", 0.0, 1.0, link_gbps=-1.0)
+    with pytest.raises(ConfigError, match="exactly one"):
+        sim.Job(RESNET)
+    with pytest.raises(ConfigError, match="compression_ratio"):
+        sim.Network(compression_ratio=0.5)
+    with pytest.raises(ConfigError, match="collective"):
+        sim.Network(collective="tree")
+    with pytest.raises(ConfigError, match="plan"):
+        sim.simulate_step(homogeneous(2), sim.Job(RESNET, local_batch=2), sim.Network(), "fastest")
+    with pytest.raises(ConfigError, match="fraction"):
+        sim.catalog_cluster([("g5.xlarge", 1)], catalog(), RESNET, 1.5)
+    with pytest.raises(ConfigError, match="global_batch"):
+        sim.simulate_step(homogeneous(4), sim.Job(RESNET, global_batch=2), sim.Network())
+    with pytest.raises(ConfigError, match="profile"):
+        sim.profile_workers({"ranks": []})
