@@ -225,6 +225,101 @@ def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack):
     assert sum(s["samples"] for s in manifest["splits"].values()) == 1797  # scikit-learn's digits
 
 
+RUN_METRICS = ["throughput_samples_per_s", "wall_time_s", "final_accuracy", "comm_bytes_total",
+               "comm_bytes_per_step", "data_wait_fraction", "s3_bytes_read", "cache_hit_ratio",
+               "straggler_idle_fraction", "tracking_overhead_fraction"]
+FRACTIONS = ["data_wait_fraction", "cache_hit_ratio", "straggler_idle_fraction", "final_accuracy",
+             "tracking_overhead_fraction"]
+SMALL = {"model": "mlp", "steps": 20, "eval_every": 10, "global_batch": 64}
+
+
+def _wait_final(client, run_ids, deadline_s: float) -> dict:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        runs = {rid: client.read_flow_run(rid) for rid in run_ids}
+        if all(r.state and r.state.is_final() for r in runs.values()):
+            return runs
+        time.sleep(1.0)
+    return {rid: client.read_flow_run(rid) for rid in run_ids}
+
+
+@pytest.mark.timeout(600)
+def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(stack, tmp_path):
+    """A compare run and two train runs submitted at once, as from the UI, to a process worker.
+
+    compare: both variants are children of one parent run in the MLflow server, with the
+    DESIGN.md metrics (fractions in [0, 1]), the plots, and the Prefect markdown artifact's
+    numbers equal to the runs' metrics. train: the deployment's concurrency limit of 1 makes
+    the two runs take turns instead of sharing the cores, and both finish.
+    """
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from tasks.report import fmt
+
+    ex = stack["exports"]
+    env = {**stack["env"], **ex, "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    dataset = {"url": f"s3://hetflow-deploy-test/digits-{uuid.uuid4().hex[:6]}"}
+    with SyncPrefectClient(ex["PREFECT_API_URL"]) as client:
+        deps = {n: client.read_deployment_by_name(f"{n}/{n}") for n in ("compare", "train")}
+        compare = client.create_flow_run_from_deployment(
+            deps["compare"].id, parameters={"dataset": dataset, "train": SMALL})
+        trains = [client.create_flow_run_from_deployment(
+            deps["train"].id, parameters={"dataset": dataset, "train": SMALL, "variant": "optimized"})
+            for _ in range(2)]
+        log = (tmp_path / "worker.log").open("w")
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "hetflow-local", "--limit", "3"],
+            cwd=stack["home"], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            runs = _wait_final(client, [compare.id, *[t.id for t in trains]], 480)
+        finally:
+            worker.terminate()
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+            log.close()
+        tail = (tmp_path / "worker.log").read_text()[-6000:]
+        for r in runs.values():
+            assert r.state.is_completed(), f"{r.name} ended {r.state.type}: {r.state.message}\n{tail}"
+        spans = sorted((runs[t.id].start_time, runs[t.id].end_time) for t in trains)
+        assert spans[0][1] <= spans[1][0], f"train runs overlapped despite the limit: {spans}"
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[compare.id])))
+        md = next(a for a in artifacts if a.key == "comparison").data
+
+    mlflow = MlflowClient(ex["MLFLOW_TRACKING_URI"])
+    exp = mlflow.get_experiment_by_name("hetflow")
+    found = mlflow.search_runs([exp.experiment_id], f"tags.prefect_flow_run_id = '{compare.id}'")
+    by = {r.data.tags["variant"]: r for r in found}
+    assert set(by) == {"compare", "baseline", "optimized"}
+    parent = by["compare"].info.run_id
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
+             for line in md.splitlines() if line.startswith("| ") and not line.startswith("| metric")}
+    for variant, col in (("baseline", 0), ("optimized", 1)):
+        run = by[variant]
+        m = run.data.metrics
+        assert run.data.tags["mlflow.parentRunId"] == parent
+        assert run.data.tags["prefect_flow_run_url"].endswith(str(compare.id))
+        for name in RUN_METRICS + [f"rank{r}/busy_fraction" for r in range(4)]:
+            assert name in m, f"{variant} lacks {name}"
+        for name in FRACTIONS + [f"rank{r}/busy_fraction" for r in range(4)]:
+            assert 0.0 <= m[name] <= 1.0, (variant, name, m[name])
+        assert m["throughput_samples_per_s"] > 0 and m["comm_bytes_total"] > 0 and m["s3_bytes_read"] >= 0
+        for name, values in cells.items():  # the Prefect artifact says what MLflow holds
+            assert values[col] == fmt(m.get(name)), (variant, name, values[col], m.get(name))
+        plots = {a.path: a.file_size for a in mlflow.list_artifacts(run.info.run_id, "plots")}
+        assert set(plots) == {"plots/timeline.png", "plots/steps.png"} and min(plots.values()) > 1000
+    assert "throughput_samples_per_s" in cells and "rank3/busy_fraction" in cells
+    parent_files = {a.path for a in mlflow.list_artifacts(parent)}
+    assert {"comparison.json", "comparison.md", "plots"} <= parent_files
+    trained = mlflow.search_runs([exp.experiment_id], "tags.variant = 'optimized'")
+    mine = [r for r in trained if r.data.tags.get("prefect_flow_run_id") in {str(t.id) for t in trains}]
+    assert len(mine) == 2 and all(r.info.status == "FINISHED" for r in mine)
+
+
 def test_down_stops_everything_and_s3_state_survives_a_restart(stack):
     env, ports, ex = stack["env"], stack["ports"], stack["exports"]
     down = _cli(env, "stack", "down", timeout=120)

@@ -101,25 +101,45 @@ def _write_json(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
-def _note_recovery(spec: RunSpec, rank: int, resumed_at: int) -> dict:
-    """After torchrun restarted the workers: how many restarts, how many steps are redone.
+class ProgressFile:
+    """progress.json, `{"step": N}`, rewritten in place every step with one fixed-width pwrite.
 
-    Rank 0 records the last completed step every step (progress.json, local to the run
-    directory); what lies between the checkpoint and that step is done again.
+    The launcher polls it for the Prefect progress artifact and a restart reads it to count the
+    steps redone; an open and rename per step (as `_write_json` does) costs the training loop
+    measurably more on a loaded machine.
     """
-    run_dir = Path(spec.run_dir)
-    path = run_dir / "recovery.json"
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    WIDTH = 12
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.ftruncate(self.fd, 0)
+
+    def write(self, step: int) -> None:
+        os.pwrite(self.fd, f'{{"step": {step:>{self.WIDTH}}}}\n'.encode(), 0)
+
+
+def _note_recovery(spec: RunSpec, rank: int, resumed_at: int) -> dict:
+    """On a start over an earlier attempt of this run, count it and the steps done again.
+
+    An earlier attempt is torchrun's elastic restart after a worker died, or a new launch in the
+    same run directory (a Prefect retry of the train task after torchrun itself died). Rank 0
+    records the last completed step every step (progress.json, local to the run directory);
+    what lies between the checkpoint and that step is done again.
+    """
     if rank != 0:
         return {}
+    run_dir = Path(spec.run_dir)
+    path = run_dir / "recovery.json"
     note = json.loads(path.read_text()) if path.exists() else {"restarts": 0, "steps_redone": 0}
     progress = run_dir / "progress.json"
-    if restarts > note["restarts"] and progress.exists():
+    if progress.exists():
         done = json.loads(progress.read_text())["step"]
-        note = {"restarts": restarts, "steps_redone": note["steps_redone"] + max(0, done - resumed_at),
-                "resumed_at": resumed_at}
+        note = {"restarts": note["restarts"] + 1,
+                "steps_redone": note["steps_redone"] + max(0, done - resumed_at), "resumed_at": resumed_at}
         _write_json(path, note)
-        print(f"rank 0: restart {restarts}, resuming at step {resumed_at} ({done - resumed_at} steps redone)",
+        how = f"torchrun restart {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        print(f"rank 0: {how}, resuming at step {resumed_at} ({max(0, done - resumed_at)} steps redone)",
               flush=True)
     return note
 
@@ -169,6 +189,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         rebalancer.history = saved["replans"]
         records = [StepRecord(**r) for r in saved["records"][rank]]
     recovery = _note_recovery(spec, rank, start)
+    progress = ProgressFile(Path(spec.run_dir) / "progress.json") if rank == 0 else None
     bookkeeping = 0.0  # what recording progress costs the training loop
     counter.take()
     for step in range(start, cfg.steps):
@@ -219,9 +240,9 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
                     "per_sample_s": rebalancer.per_sample_s, "replans": rebalancer.history,
                     "records": everyone,
                 })
-        if rank == 0:
+        if progress is not None:
             tb = now()
-            _write_json(Path(spec.run_dir) / "progress.json", {"step": step + 1})
+            progress.write(step + 1)
             bookkeeping += now() - tb
     state = {k: v.detach().clone() for k, v in model.state_dict().items()} if rank == 0 else None
     return {

@@ -1,0 +1,96 @@
+"""The whole torchrun job dies mid-training (agent and workers SIGKILLed, as when the flow's
+process tree is lost): Prefect retries the train task, which launches again in the same run
+directory, resumes from the last checkpoint, finishes every step and completes the same MLflow
+run, with `restarts` and `steps_redone` recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
+from infra.paths import runs_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+STEPS, EVERY, KILL_AT = 60, 10, 25
+
+
+def _job_pids(home: Path) -> list[int]:
+    """torchrun agents and workers of train runs under this test's HETFLOW_HOME."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = b" ".join((proc / "cmdline").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if str(home).encode() in cmd and b"-optimized" in cmd and b"job.json" in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _kill_job_when_it_reaches(step: int, home: Path, killed: list, stop: threading.Event) -> None:
+    while not stop.is_set():
+        for progress in runs_dir().glob("*-optimized/progress.json"):
+            try:
+                done = json.loads(progress.read_text())["step"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if done >= step:
+                pids = _job_pids(home)
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                killed.append((done, pids))
+                return
+        time.sleep(0.2)
+
+
+def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
+    s3, prefect_harness, hetflow_home, tmp_path, fault_table
+):
+    from mlflow import MlflowClient
+
+    from flows.train import train
+    from tasks.tracking import client_for
+
+    dataset = DatasetSpec(url="s3://hetflow-flow-retry/digits", cache_dir=str(tmp_path / "cache"))
+    cluster = ClusterSpec.from_speeds([1, 1, 2, 4], time_scale=2.0)
+    cfg = TrainConfig(model="mlp", global_batch=64, steps=STEPS, checkpoint_every=EVERY, eval_every=10)
+    killed: list = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_kill_job_when_it_reaches, args=(KILL_AT, hetflow_home, killed, stop),
+                               daemon=True)
+    watcher.start()
+    try:
+        out = train(cluster=cluster, dataset=dataset, train=cfg, tracking=TrackingConfig(), variant="optimized")
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+
+    assert killed and len(killed[0][1]) >= 2, f"the job was not killed: {killed}"  # agent + workers
+    m = out["metrics"]
+    assert m["steps"] == STEPS
+    assert m["restarts"] == 1
+    # killed at step >= KILL_AT: a start from zero would redo more than EVERY steps
+    assert 0 <= m["steps_redone"] <= EVERY  # bounded by the checkpoint interval
+
+    client: MlflowClient = client_for(TrackingConfig())
+    runs = client.search_runs([client.get_experiment_by_name("hetflow").experiment_id],
+                              filter_string="tags.variant = 'optimized'")
+    assert [r.info.run_id for r in runs] == [out["run_id"]]  # the retry completed the same run
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["restarts"] == 1 and run.data.metrics["steps_redone"] == m["steps_redone"]
+    fault_table.append(("SIGKILL of torchrun and all workers", "train flow", "finished, task retried",
+                        int(m["steps_redone"]), "none", 1))
