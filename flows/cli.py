@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags")
     bench.set_defaults(func=cmd_bench)
 
-    sim = sub.add_parser("simulate", help="predict training at scale (1 to 1024 workers)")
+    sim = sub.add_parser("simulate", help="predict training at scale (1 to 1024 workers)", add_help=False)
     sim.add_argument("rest", nargs=argparse.REMAINDER, help="the simulator's own flags")
     sim.set_defaults(func=lambda a: __import__("benchmarks.simulate", fromlist=["main"]).main(a.rest))
 
@@ -232,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     from infra.datasets import DatasetError
     from training.scheduler import PlanError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["simulate"]:  # its flags are its own; argparse's REMAINDER would not take them
+        argv = ["simulate", "--", *argv[1:]]
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

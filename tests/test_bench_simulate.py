@@ -95,3 +95,14 @@ def test_calibration_fits_the_overhead_leave_one_out():
     assert cal["comm_error"] == pytest.approx(0.0, abs=1e-9)
     assert cal["hetero_error_profile_only"] > 0.05
     assert set(cal["runs"]) == {"baseline", "optimized", "comm"}
+
+
+def test_the_cli_hands_simulate_its_own_flags(s3, tmp_path, capsys):
+    from flows.cli import main as hetflow
+
+    path = tmp_path / "cli.json"
+    assert hetflow(["simulate", "--mix", "g4dn.xlarge:2", "--workers", "1,2", "--json", str(path)]) == 0
+    assert {r["workers"] for r in json.loads(path.read_text())["rows"]} == {1, 2}
+    with pytest.raises(SystemExit):
+        hetflow(["simulate", "--help"])
+    assert "--mix" in capsys.readouterr().out
