@@ -27,13 +27,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import re
 import tempfile
 import time
-from pathlib import Path
 
-from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrainConfig, WorkerSpec, check_job, validated
+from benchmarks import write_json
+from hetflow.config import (
+    ClusterSpec,
+    ConfigError,
+    DatasetSpec,
+    TrainConfig,
+    WorkerSpec,
+    check_job,
+    validated,
+)
 from infra.datasets import digits_source, write_dataset
 from infra.s3 import local_s3_endpoint
 from training.comm import WARMUP_STEPS, choose_compression, ring_allreduce_bytes
@@ -200,10 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench_wall_s": time.perf_counter() - t_start,
     }
     _print(out)
-    if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(out, indent=1))
-        print(f"wrote {args.json_path}")
+    write_json(args.json_path, out)
     return 0
 
 

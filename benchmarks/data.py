@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import socket
 import subprocess
@@ -33,12 +32,12 @@ import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
-from pathlib import Path
 
+from benchmarks import write_json
 from hetflow.config import ConfigError
 from infra.cache import ShardCache
 from infra.datasets import Manifest, synthetic_source, write_dataset
-from infra.s3 import LOCAL_CREDENTIALS, free_port, local_s3_endpoint
+from infra.s3 import free_port, local_endpoint_environ, local_s3_endpoint
 from training.data import RankReader, shard_reads
 from training.partition import check_plan
 
@@ -97,7 +96,6 @@ def s3_endpoint(in_process: bool) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    saved = {k: os.environ.get(k) for k in [*LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL"]}
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -108,15 +106,9 @@ def s3_endpoint(in_process: bool) -> Iterator[str]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("moto server did not start") from None
                 time.sleep(0.1)
-        os.environ.update(LOCAL_CREDENTIALS, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
-        with local_s3_endpoint() as endpoint:
+        with local_endpoint_environ(f"http://127.0.0.1:{port}"), local_s3_endpoint() as endpoint:
             yield endpoint
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         proc.terminate()
         proc.wait(timeout=10)
 
@@ -275,8 +267,5 @@ def main(argv: list[str] | None = None) -> int:
     out["wall_s"] = time.perf_counter() - started
     out["goals"] = goals(out)
     print_table(out)
-    if a.json_path:
-        Path(a.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json_path).write_text(json.dumps(out, indent=1))
-        print(f"wrote {a.json_path}")
+    write_json(a.json_path, out)
     return 0

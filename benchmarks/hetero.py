@@ -12,11 +12,17 @@ step time of the fitted model a_i + c_i x b_i (with a straggler, per phase of th
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
-from pathlib import Path
 
-from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrainConfig, check_job, parse_speeds
+from benchmarks import write_json
+from hetflow.config import (
+    ClusterSpec,
+    ConfigError,
+    DatasetSpec,
+    TrainConfig,
+    check_job,
+    parse_speeds,
+)
 from infra.datasets import digits_source, write_dataset
 from infra.s3 import local_s3_endpoint
 from training.job import RunSpec
@@ -113,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         "variants": results,
     }
     _print(out)
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps(out, indent=1))
-        print(f"wrote {args.json_path}")
+    write_json(args.json_path, out)
     return 0
 
 

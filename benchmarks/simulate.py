@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import write_json
 from hetflow.config import ClusterSpec, ConfigError, load_mapping
 from training import simulator as sim
 
@@ -558,8 +559,5 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--plot: nothing to plot (calibration alone has no efficiency curve)")
         plot(out, args.plot_path)
         print(f"wrote {args.plot_path}")
-    if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(out, indent=1, default=str))
-        print(f"wrote {args.json_path}")
+    write_json(args.json_path, out)
     return 0

@@ -51,6 +51,23 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def local_endpoint_environ(endpoint: str) -> Iterator[None]:
+    """`AWS_ENDPOINT_URL` and the local credentials in `os.environ` (children inherit them) for
+    the context; what was there before is put back."""
+    values = {**LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
 def local_s3_endpoint() -> Iterator[str]:
     """Use `AWS_ENDPOINT_URL` or real AWS when configured; else serve S3 from moto on loopback.
 
@@ -69,14 +86,8 @@ def local_s3_endpoint() -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in [*LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL"]}
-    os.environ.update(LOCAL_CREDENTIALS, AWS_ENDPOINT_URL=endpoint)
     try:
-        yield endpoint
+        with local_endpoint_environ(endpoint):
+            yield endpoint
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         server.stop()
