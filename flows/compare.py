@@ -13,6 +13,7 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from infra.s3 import local_s3_endpoint
 from tasks.cluster import profile_workers, train_variant
 from tasks.data import ingest_dataset
+from tasks.profile import resolve_instance_types
 from tasks.report import comparison, markdown
 from tasks.tracking import finish_parent_run, start_parent_run
 
@@ -30,12 +31,14 @@ def compare(
     knobs = train.model_dump(exclude={"schedule", "compression"})
     outcomes = {}
     with local_s3_endpoint():
-        ingest_dataset(dataset)
+        cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
+        epoch_samples = ingest_dataset(dataset).splits["train"].samples
         profile = profile_workers(cluster, dataset, train)
         parent = start_parent_run(tracking, cluster, dataset)
         for variant in VARIANTS:
             cfg = TrainConfig.variant(variant, **knobs)
-            outcomes[variant] = train_variant(variant, cluster, dataset, cfg, profile, tracking, parent)
+            outcomes[variant] = train_variant(variant, cluster, dataset, cfg, profile, tracking, parent,
+                                              catalog=catalog, epoch_samples=epoch_samples)
     table = comparison(outcomes["baseline"]["metrics"], outcomes["optimized"]["metrics"])
     md = markdown(table, f"{cluster.name}: baseline vs optimized")
     create_markdown_artifact(md, key="comparison", description="baseline vs optimized")

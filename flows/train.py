@@ -10,6 +10,7 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from infra.s3 import local_s3_endpoint
 from tasks.cluster import profile_workers, train_variant
 from tasks.data import ingest_dataset
+from tasks.profile import resolve_instance_types
 
 
 @flow(name="train", log_prints=True, retries=1, retry_delay_seconds=10)
@@ -23,7 +24,9 @@ def train(
     check_job(cluster, train)
     cfg = TrainConfig.variant(variant, **train.model_dump(exclude={"schedule", "compression"}))
     with local_s3_endpoint():
-        ingest_dataset(dataset)
+        cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
+        epoch_samples = ingest_dataset(dataset).splits["train"].samples
         profile = profile_workers(cluster, dataset, cfg)
-        outcome = train_variant(variant, cluster, dataset, cfg, profile, tracking)
+        outcome = train_variant(variant, cluster, dataset, cfg, profile, tracking,
+                                catalog=catalog, epoch_samples=epoch_samples)
     return {"run_id": outcome["run_id"], "metrics": outcome["metrics"]}

@@ -10,6 +10,7 @@ from prefect import runtime, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
+from infra.catalog import Catalog, cost_usd
 from infra.paths import runs_dir
 from training.job import RunSpec
 from training.launch import run_workers
@@ -62,6 +63,8 @@ def train_variant(
     profile: dict,
     tracking: TrackingConfig,
     parent_run_id: str | None = None,
+    catalog: Catalog | None = None,
+    epoch_samples: int | None = None,
 ) -> dict:
     """Plan, run torchrun with MLflow system metrics on, then record the run in MLflow.
 
@@ -84,6 +87,7 @@ def train_variant(
     progress(train.steps)
     metrics = summarize(result, train.global_batch, train.target_accuracy)
     metrics["run_time_s"] = wall
+    metrics.update(cost_metrics(cluster, metrics, train, catalog, epoch_samples))
     ranks = sorted(result["ranks"], key=lambda r: r["rank"])
     outcome = {
         "variant": variant,
@@ -101,6 +105,23 @@ def train_variant(
     print(f"{variant}: {metrics['throughput_samples_per_s']:.0f} samples/s, "
           f"accuracy {metrics.get('final_accuracy', float('nan')):.3f}, {wall:.0f}s with launch")
     return outcome
+
+
+def cost_metrics(cluster: ClusterSpec, metrics: dict, train: TrainConfig, catalog: Catalog | None,
+                 epoch_samples: int | None) -> dict[str, float]:
+    """`cost_usd`, `cost_per_epoch_usd` and `rank{i}/cost_usd` of the training loop's wall time
+    (price x instance-hours, a GPU instance's price shared by its GPUs), when the workers name
+    EC2 instance types; nothing for workers that name none (a local emulation has no price)."""
+    if catalog is None or not catalog.types:
+        return {}
+    epochs = metrics["steps"] * train.global_batch / epoch_samples if epoch_samples else None
+    cost = cost_usd(cluster, metrics["wall_time_s"], catalog, epochs=epochs)
+    out = {"cost_usd": cost["total_usd"]}
+    if cost.get("per_epoch_usd") is not None:
+        out["cost_per_epoch_usd"] = cost["per_epoch_usd"]
+    for i, w in enumerate(cluster.workers):
+        out[f"rank{i}/cost_usd"] = cost["by_worker"][w.name]
+    return out
 
 
 def _progress_reporter(variant: str, steps: int):

@@ -13,6 +13,8 @@ HEADLINE = [
     "comm_bytes_per_step",
     "straggler_idle_fraction",
     "data_wait_fraction",
+    "cost_usd",
+    "cost_per_epoch_usd",
 ]
 
 

@@ -1,7 +1,8 @@
 """The whole torchrun job dies mid-training (agent and workers SIGKILLed, as when the flow's
 process tree is lost): Prefect retries the train task, which launches again in the same run
 directory, resumes from the last checkpoint, finishes every step and completes the same MLflow
-run, with `restarts` and `steps_redone` recorded."""
+run, with `restarts` and `steps_redone` recorded. The cluster names EC2 instance types (from
+moto's EC2 API): the emulation takes its speeds from the catalog and the run reports its cost."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
+from infra.catalog import Catalog
+from infra.datasets import read_manifest
 from infra.paths import runs_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -65,7 +68,9 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
     from tasks.tracking import client_for
 
     dataset = DatasetSpec(url="s3://hetflow-flow-retry/digits", cache_dir=str(tmp_path / "cache"))
-    cluster = ClusterSpec.from_speeds([1, 1, 2, 4], time_scale=2.0)
+    types = ["g4dn.xlarge", "g4dn.xlarge", "p3dn.24xlarge", "g5.xlarge"]  # T4, T4, V100, A10G
+    cluster = ClusterSpec.model_validate({"name": "ec2-mix", "time_scale": 2.0, "workers": [
+        {"name": f"w{i}", "instance_type": t} for i, t in enumerate(types)]})
     cfg = TrainConfig(model="mlp", global_batch=64, steps=STEPS, checkpoint_every=EVERY, eval_every=10)
     killed: list = []
     stop = threading.Event()
@@ -92,5 +97,18 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
     run = runs[0]
     assert run.info.status == "FINISHED"
     assert run.data.metrics["restarts"] == 1 and run.data.metrics["steps_redone"] == m["steps_redone"]
+    # speeds from the catalog: the A10G (rank 3) gets the largest share, the T4s the smallest
+    batches = [run.data.metrics[f"rank{i}/local_batch"] for i in range(4)]
+    assert batches[3] == max(batches) and batches[0] == min(batches), batches
+    # cost: price x the training loop's hours, a p3dn's price shared by its 8 GPUs
+    catalog = Catalog.for_cluster(cluster)
+    hours = run.data.metrics["wall_time_s"] / 3600
+    for i, t in enumerate(types):
+        share = catalog.price(t) / catalog.info(t).devices
+        assert run.data.metrics[f"rank{i}/cost_usd"] == pytest.approx(share * hours, rel=1e-6)
+    assert run.data.metrics["cost_usd"] == pytest.approx(
+        sum(run.data.metrics[f"rank{i}/cost_usd"] for i in range(4)), rel=1e-6)
+    epochs = STEPS * cfg.global_batch / read_manifest(dataset.url).splits["train"].samples
+    assert run.data.metrics["cost_per_epoch_usd"] == pytest.approx(run.data.metrics["cost_usd"] / epochs, rel=1e-3)
     fault_table.append(("SIGKILL of torchrun and all workers", "train flow", "finished, task retried",
                         int(m["steps_redone"]), "none", 1))
