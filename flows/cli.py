@@ -227,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect makes PREFECT_HOME but not its parents; its SQLite database then cannot open
+    if os.environ.get("PREFECT_HOME"):
+        os.makedirs(os.path.expanduser(os.environ["PREFECT_HOME"]), exist_ok=True)
     from pydantic import ValidationError
 
     from infra.datasets import DatasetError
