@@ -127,15 +127,15 @@ def cmd_train(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from flows.profile_cluster import profile_cluster, profile_rows
+    from flows.profile_cluster import print_profile_report, profile_cluster
 
     cluster, cfg = _cluster(args), _train(args)
     check_job(cluster, cfg)
     profile = profile_cluster(cluster=cluster, dataset=_dataset(args), train=cfg)
-    for row in profile_rows(profile):
-        print(row)
-    print(f"profiling took {profile['profiling_time_s']:.1f}s")
-    _write_json(args.json_path, profile)
+    report = profile.pop("report")
+    print_profile_report(report)
+    # the shape at the top ({"workers": [...], "profiling_time_s"}), the raw probes beside
+    _write_json(args.json_path, {**report, **{k: v for k, v in profile.items() if k != "cluster"}})
     return 0
 
 

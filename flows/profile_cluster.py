@@ -38,19 +38,6 @@ from tasks.profile import (
 )
 
 
-def profile_rows(profile: dict) -> list[dict]:
-    return [
-        {
-            "worker": r["worker"],
-            "relative_speed": round(r["relative_speed"], 3),
-            "samples_per_s": round(r["samples_per_s"], 1),
-            "allreduce_latency_ms": round(r["allreduce_latency_s"] * 1e3, 3),
-            "allreduce_gbps": round(r["allreduce_gbps"], 3),
-        }
-        for r in profile["ranks"]
-    ]
-
-
 def profile_report(profile: dict, cluster: ClusterSpec) -> dict:
     """Measured next to emulated, per worker; speeds relative to the fastest worker (= 1.0).
 
@@ -95,7 +82,7 @@ def print_profile_report(report: dict, console=None) -> None:
                         "(speeds relative to the fastest worker)")
     for name in ("worker", "speed emulated", "speed measured", "error", "link Gbit/s emulated",
                  "link Gbit/s measured", "link error", "latency ms", "max local batch"):
-        table.add_column(name, justify="left" if name == "worker" else "right")
+        table.add_column(name, justify="left" if name == "worker" else "right", overflow="fold")
     for w in report["workers"]:
         err = (w["measured_speed"] / w["emulated_speed"] - 1) if w["emulated_speed"] else None
         link_err = (w["link_gbps_measured"] / w["link_gbps_emulated"] - 1

@@ -113,3 +113,21 @@ def test_bad_profile_inputs_are_refused_before_launch(s3, prefect_harness, monke
     with pytest.raises(ConfigError, match="drift_threshold"):
         profile_flow.profile_cluster(drift_threshold=0, record=False)
     assert launched == []
+
+
+def test_hetflow_profile_prints_measured_next_to_emulated_and_writes_the_issue_json(
+        s3, prefect_harness, monkeypatch, hetflow_home, tmp_path, capsys):
+    from flows.cli import main
+
+    monkeypatch.setattr(profile_flow, "profile_workers", fake_profile_workers([26.0, 100.0]))
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps the headers on a narrower terminal
+    path = tmp_path / "profile.json"
+    assert main(["profile", "--speeds", "1,4", "--json", str(path)]) == 0
+    out = json.loads(path.read_text())
+    assert out["profiling_time_s"] == 9.0 and len(out["ranks"]) == 2
+    assert [(w["name"], w["emulated_speed"], w["measured_speed"]) for w in out["workers"]] == [
+        ("w0", 0.25, 0.26), ("w1", 1.0, 1.0)]
+    assert set(out["workers"][0]) >= {"link_gbps_emulated", "link_gbps_measured", "link_latency_ms",
+                                      "memory_cap_batch"}
+    printed = capsys.readouterr().out
+    assert "speed measured" in printed and "+4.0%" in printed and "9.0s" in printed

@@ -144,8 +144,9 @@ def fit_transfer(nbytes: Sequence[float], ts: Sequence[float]) -> tuple[float, f
     sleep's wake-up jitter on a busy host shows as latency and does not bend the bandwidth.
     """
     _, slope = fit_affine(nbytes, ts)
-    if slope <= 0:
-        slope = max(ts[-1] - ts[0], 1e-12) / max(nbytes[-1] - nbytes[0], 1)
+    if slope <= 0:  # latency hides the bytes (loopback): report the bandwidth's lower bound,
+        largest = max(range(len(nbytes)), key=lambda i: nbytes[i])  # all of it transfer
+        slope = max(ts[largest], 1e-12) / max(nbytes[largest], 1)
     small = min(range(len(nbytes)), key=lambda i: nbytes[i])
     return max(ts[small] - slope * nbytes[small], 0.0), slope
 
