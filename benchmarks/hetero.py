@@ -68,11 +68,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument("--straggler", action="append", default=[], help="RANK:STEP:FACTOR (repeatable)")
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--rebalance-every", type=int, default=TrainConfig.model_fields["rebalance_every"].default,
+                   dest="rebalance_every", help="dynamic: check the balance every K steps")
+    p.add_argument("--rebalance-threshold", type=float, dest="rebalance_threshold",
+                   default=TrainConfig.model_fields["rebalance_threshold"].default,
+                   help="dynamic: imbalance (max/mean - 1) that triggers a re-plan")
     p.add_argument("--json", dest="json_path")
     args = p.parse_args(argv)
 
     cluster = ClusterSpec.from_speeds(parse_speeds(args.speeds), name=f"bench-{args.speeds}")
-    base = TrainConfig(model=args.model, steps=args.steps, global_batch=args.global_batch)
+    base = TrainConfig(model=args.model, steps=args.steps, global_batch=args.global_batch,
+                       rebalance_every=args.rebalance_every, rebalance_threshold=args.rebalance_threshold)
     check_job(cluster, base)
     stragglers = [parse_straggler(s, cluster.world_size) for s in args.straggler]
     variants = [v for v in args.variants.split(",") if v]
@@ -91,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = base.model_copy(update={"schedule": VARIANTS[name], "compression": "none"})
             plan = make_plan(profile, cluster, cfg)
             spec = RunSpec(run_name=name, variant=name, cluster=cluster, dataset=dataset, train=cfg,
-                           plan=plan.local_batches, latency_s=plan.latency_s, stragglers=stragglers,
-                           run_dir=f"{tmp}/{name}")
+                           plan=plan.local_batches, latency_s=plan.latency_s, per_sample_s=plan.per_sample_s,
+                           stragglers=stragglers, run_dir=f"{tmp}/{name}")
             res, _ = run_workers(spec)
             m = summarize(res, cfg.global_batch, cfg.target_accuracy)
             results[name] = {

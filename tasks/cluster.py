@@ -76,7 +76,7 @@ def train_variant(
     spec = RunSpec(run_name=run_dir.name, variant=variant, cluster=cluster, dataset=dataset,
                    train=train, plan=plan.local_batches, compression=plan.compression,
                    compression_reason=plan.compression_reason, latency_s=plan.latency_s,
-                   run_dir=str(run_dir))
+                   per_sample_s=plan.per_sample_s, run_dir=str(run_dir))
     print(f"{variant}: local batches {plan.local_batches}, compression {plan.compression} "
           f"({plan.compression_reason}); training {train.steps} steps")
     run_id = open_training_run(tracking, variant, cluster, dataset, train, plan.model_dump(), run_dir,

@@ -21,6 +21,7 @@ class RunSpec(BaseModel):
     compression: str = Field("none", description="Resolved method; never 'auto'.")
     compression_reason: str = ""
     latency_s: list[float] = Field(default_factory=list, description="Profiled per-step latency per rank.")
+    per_sample_s: list[float] = Field(default_factory=list, description="Profiled compute time per sample per rank.")
     stragglers: list[tuple[int, int, float]] = Field(
         default_factory=list,
         description="(rank, step, factor): from `step` on, that rank's slowdown is multiplied by factor.",

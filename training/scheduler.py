@@ -133,36 +133,67 @@ def equal_batches(n: int, global_batch: int) -> list[int]:
 class Rebalancer:
     """Re-plans from smoothed per-rank speed estimates when the imbalance passes a threshold.
 
-    Each rank's compute time over a window is modelled as steps x (a_i + c_i x b_i): the
-    per-step latency a_i comes from the profile, the per-sample time c_i is re-estimated from
-    what the ranks report (an exponential moving average with weight `smoothing` on the newest
-    window). Every rank holds one and feeds it the same all-gathered figures, so every rank
-    reaches the same plan with no extra collective. Hysteresis: a new plan is adopted only when
-    it is predicted to shorten the step by more than `threshold / 2`, so noise does not make
-    the plan oscillate.
+    Each rank's compute time per step is modelled as `scale_i x (a_i + c_i x b_i)`: the shape
+    (a_i, c_i) is the profile's fit, and only the scale is re-estimated from what the ranks report
+    (an exponential moving average with weight `smoothing` on the newest window; a change of
+    more than 3 x `threshold`, far beyond noise, is taken at once). A device that
+    slows down (thermal throttling, a noisy neighbour, a straggler) is slower at every batch size,
+    latency included; re-fitting c_i alone from one batch size would blame the slow-down on the
+    per-sample time and under-predict the latency, and with the few samples a slow worker gets,
+    noise in c_i would be large. Without a profiled c_i (`per_sample_s` None), the first window
+    sets it and the scale starts at 1.
+
+    Every rank holds one and feeds it the same all-gathered figures, so every rank reaches the
+    same plan with no extra collective. Hysteresis: a new plan is adopted only when it is
+    predicted to shorten the step by more than `threshold / 2`, so noise does not make the plan
+    oscillate. Verification: a new plan whose first window is slower than the old plan's last
+    (by more than `threshold / 2`) is reverted and not proposed again until the speeds change.
     """
 
     global_batch: int
     caps: list[int | None]
     latency_s: list[float]
+    per_sample_s: list[float] | None = None
     threshold: float = 0.10
     smoothing: float = 0.5
-    per_sample_s: list[float] | None = None
+    scale: list[float] | None = None
     replans: int = 0
     history: list[dict] = field(default_factory=list)
+    rejected: list[list[int]] = field(default_factory=list)
+    trial: dict | None = None  # the plan before the last re-plan, and its measured step
+    revert_to: list[int] | None = None
+    last_step_s: float = 0.0
 
     def step_times(self, plan: Sequence[int]) -> list[float]:
-        assert self.per_sample_s is not None
-        return [a + c * b for a, c, b in zip(self.latency_s, self.per_sample_s, plan, strict=True)]
+        assert self.per_sample_s is not None and self.scale is not None
+        return [s * (a + c * b) for s, a, c, b in
+                zip(self.scale, self.latency_s, self.per_sample_s, plan, strict=True)]
 
     def observe(self, plan: Sequence[int], compute_s_per_step: Sequence[float]) -> None:
         """Feed each rank's mean compute time per step over a window in which it ran `plan`."""
-        now = [max(t - a, 0.05 * t) / b for t, a, b in zip(compute_s_per_step, self.latency_s, plan, strict=True)]
+        self.last_step_s = max(compute_s_per_step)
+        if self.trial is not None and list(plan) != self.trial["plan"]:
+            before, self.trial, after = self.trial, None, max(compute_s_per_step)
+            if after > before["step_s"] * (1 + self.threshold / 2):
+                # The model promised a shorter step and the measurement says longer: it does not
+                # hold at these batches (a device's step is not affine near batch 1, say). Go
+                # back, and do not propose this plan again until the speeds change.
+                self.rejected.append(list(plan))
+                self.revert_to = before["plan"]
+                return
         if self.per_sample_s is None:
-            self.per_sample_s = now
-        else:
-            w = self.smoothing
-            self.per_sample_s = [w * n + (1 - w) * o for n, o in zip(now, self.per_sample_s, strict=True)]
+            self.per_sample_s = [max(t - a, 0.05 * t) / b
+                                 for t, a, b in zip(compute_s_per_step, self.latency_s, plan, strict=True)]
+        now = [t / (a + c * b) if a + c * b > 0 else 1.0 for t, a, c, b in
+               zip(compute_s_per_step, self.latency_s, self.per_sample_s, plan, strict=True)]
+        if self.scale is None:
+            self.scale = now
+        else:  # a step change (far beyond noise) is taken at once; the rest is smoothed
+            w, jump = self.smoothing, 3 * self.threshold
+            if any(abs(n / o - 1) > jump for n, o in zip(now, self.scale, strict=True)):
+                self.rejected = []  # the speeds changed: what failed before may work now
+            self.scale = [n if abs(n / o - 1) > jump else w * n + (1 - w) * o
+                          for n, o in zip(now, self.scale, strict=True)]
 
     def imbalance(self, plan: Sequence[int]) -> float:
         times = self.step_times(plan)
@@ -171,18 +202,36 @@ class Rebalancer:
 
     def propose(self, plan: Sequence[int], step: int) -> list[int] | None:
         """A new plan, or None when the current one is good enough."""
-        if self.per_sample_s is None:
+        if self.revert_to is not None:
+            back, self.revert_to = self.revert_to, None
+            self.history.append({"step": step, "plan": back, "reverted": list(plan)})
+            return back
+        if self.scale is None:
             return None
         current = self.imbalance(plan)
         if current <= self.threshold:
             return None
-        new = balance_batches(self.per_sample_s, self.latency_s, self.global_batch, self.caps)
+        new = balance_batches([s * c for s, c in zip(self.scale, self.per_sample_s, strict=True)],
+                              [s * a for s, a in zip(self.scale, self.latency_s, strict=True)],
+                              self.global_batch, self.caps)
         before, after = max(self.step_times(plan)), max(self.step_times(new))
-        if new == list(plan) or after > before * (1 - self.threshold / 2):
+        if new == list(plan) or new in self.rejected or after > before * (1 - self.threshold / 2):
             return None
+        self.trial = {"plan": list(plan), "step_s": self.last_step_s}
         self.replans += 1
         self.history.append(
             {"step": step, "plan": new, "imbalance_before": round(current, 4),
              "predicted_speedup": round(before / after, 4)}
         )
         return new
+
+    def state(self) -> dict:
+        """What a checkpoint keeps so that a resumed run re-plans as the lost one would have."""
+        return {"per_sample_s": self.per_sample_s, "scale": self.scale, "replans": self.history,
+                "rejected": self.rejected, "trial": self.trial, "revert_to": self.revert_to,
+                "replan_count": self.replans}
+
+    def restore(self, state: dict) -> None:
+        self.per_sample_s, self.scale = state["per_sample_s"], state["scale"]
+        self.history, self.rejected = state["replans"], state["rejected"]
+        self.trial, self.revert_to, self.replans = state["trial"], state["revert_to"], state["replan_count"]

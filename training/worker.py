@@ -167,7 +167,8 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     plan = list(spec.plan) or equal_batches(world, cfg.global_batch)
     caps = [w.memory_cap_batch for w in spec.cluster.workers]
     latency = list(spec.latency_s) or [0.0] * world
-    rebalancer = Rebalancer(cfg.global_batch, caps, latency, threshold=cfg.rebalance_threshold)
+    rebalancer = Rebalancer(cfg.global_batch, caps, latency, list(spec.per_sample_s) or None,
+                            threshold=cfg.rebalance_threshold)
     base_slowdown = emu.slowdown
     stream = Stream(data.train.y, seed=cfg.seed)
     xtr, ytr = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
@@ -185,8 +186,8 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         start, plan, plans, evals = saved["step"], saved["plan"], saved["plans"], saved["evals"]
-        train_time, rebalancer.per_sample_s = saved["train_time"], saved["per_sample_s"]
-        rebalancer.history = saved["replans"]
+        train_time = saved["train_time"]
+        rebalancer.restore(saved["rebalancer"])
         records = [StepRecord(**r) for r in saved["records"][rank]]
     recovery = _note_recovery(spec, rank, start)
     progress = ProgressFile(Path(spec.run_dir) / "progress.json") if rank == 0 else None
@@ -237,7 +238,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
                 store.save(step + 1, {
                     "step": step + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
                     "plan": plan, "plans": plans, "evals": evals, "train_time": train_time,
-                    "per_sample_s": rebalancer.per_sample_s, "replans": rebalancer.history,
+                    "rebalancer": rebalancer.state(),
                     "records": everyone,
                 })
         if progress is not None:
