@@ -19,6 +19,7 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from infra.catalog import Catalog
 from infra.datasets import read_manifest
 from infra.paths import runs_dir
+from tests.procs import pids_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -27,17 +28,7 @@ STEPS, EVERY, KILL_AT = 60, 10, 25
 
 def _job_pids(home: Path) -> list[int]:
     """torchrun agents and workers of train runs under this test's HETFLOW_HOME."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = b" ".join((proc / "cmdline").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if str(home).encode() in cmd and b"-optimized" in cmd and b"job.json" in cmd:
-            pids.append(int(proc.name))
-    return pids
+    return pids_with(str(home), "-optimized", "job.json")
 
 
 def _kill_job_when_it_reaches(step: int, home: Path, killed: list, stop: threading.Event) -> None:

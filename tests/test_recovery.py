@@ -15,6 +15,7 @@ import torch
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from infra.datasets import digits_source, write_dataset
+from tests.procs import pids_with
 from training.checkpoint import CheckpointStore
 from training.job import RunSpec
 from training.launch import run_workers
@@ -42,17 +43,7 @@ def _spec(dataset, run_dir: Path) -> RunSpec:
 
 
 def _worker_pids(job: Path) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"training.worker" in cmd and str(job).encode() in cmd and b"torch.distributed.run" not in cmd:
-            pids.append(int(proc.name))
-    return sorted(pids)
+    return pids_with("training.worker", str(job), excluding="torch.distributed.run")
 
 
 def _progress(run_dir: Path) -> int:

@@ -12,9 +12,10 @@ What each figure is and how it is taken (every rank runs every probe; rank 0 gat
   batch size once per round, the order alternating) for a fixed wall-time budget that starts on
   all ranks at once, so that every rank samples the same stretch of the host's load (at least 3
   rounds; a slow worker does fewer rounds than a fast one). Each step follows a pause of at
-  least `COMPUTE_PAUSE_S` since the previous one computed, as in training. Per batch size the best time
-  (interference only adds time); `time = a + b x batch` fitted by least squares to those, leaving out the one batch size
-  that lies more than 30% off the line through the others (a burst of load on a shared host).
+  least `COMPUTE_PAUSE_S` since the previous one computed, as in training. Per batch size the
+  best time (interference only adds time); `time = a + b x batch` fitted by least squares to
+  those, leaving out the one batch size that lies more than 30% off the line through the others
+  (a burst of load on a shared host).
   `samples_per_s` is the throughput at the reference batch `global_batch / world`.
 - **memory** (`memory_per_sample_bytes`, `memory_fixed_bytes`, `memory_cap_batch`): the bytes
   autograd saves for backward (`torch.autograd.graph.saved_tensors_hooks`, storages counted
@@ -28,8 +29,8 @@ What each figure is and how it is taken (every rank runs every probe; rank 0 gat
   4 KiB to 2 MiB and the gradient's size. Each is timed on every rank from the barrier before
   it to the end of this rank's own link delay, so a worker's slow link shows in its own figure
   (rank by rank). Per size the median, fitted to `latency + wire bytes / bandwidth`
-  (`fit_transfer`: least-squares slope, latency from the smallest message); wire bytes are the ring's 2(n-1)/n x B, so the bandwidth is the
-  all-reduce "bus bandwidth" of nccl-tests. `grad_allreduce_s` is the fit at the gradient size.
+  (`fit_transfer`: least-squares slope, latency from the smallest message); wire bytes are the
+  ring's 2(n-1)/n x B, so the bandwidth is the all-reduce "bus bandwidth" of nccl-tests. `grad_allreduce_s` is the fit at the gradient size.
 - **link** (`link_gbps`, `link_latency_s`): this worker's own link, from a ring of
   point-to-point sends (64 KiB to 2 MiB), each timed on its sender from the receiver's "ready"
   to the end of the send and the sender's link delay; the best of 4 per size, fitted like the
@@ -118,16 +119,13 @@ def profile(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireC
 # -- compute ---------------------------------------------------------------------------------
 
 
-def fit_affine(xs: Sequence[float], ts: Sequence[float], weights: Sequence[float] | None = None
-               ) -> tuple[float, float]:
-    """(intercept, slope) of t = a + b x by (weighted) least squares; needs two distinct x."""
+def fit_affine(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope) of t = a + b x by least squares; needs two distinct x."""
     x = np.asarray(xs, dtype=float)
     t = np.asarray(ts, dtype=float)
     if len(set(x.tolist())) < 2:
         raise ValueError("fit_affine: need at least two distinct x values")
-    w = np.ones_like(x) if weights is None else np.sqrt(np.asarray(weights, dtype=float))
-    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
-    (a, b), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    (a, b), *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x], axis=1), t, rcond=None)
     return float(a), float(b)
 
 
@@ -137,7 +135,7 @@ def _step(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> None:
 
 
 def fit_transfer(nbytes: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
-    """(latency s, s per byte) of t = latency + bytes / bandwidth from per-size medians.
+    """(latency s, s per byte) of t = latency + bytes / bandwidth from one time per size.
 
     The slope is the least-squares fit (the largest messages weigh most, as they should for a
     bandwidth); the latency is what the smallest message took beyond its bytes, so that a
@@ -212,7 +210,8 @@ def probe_compute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, emu: Emula
         rounds += 1
     # Interference on a shared host only ever adds time (a core taken, caches thrashed), so the
     # best of the rounds is the estimate nearest the worker's own speed; the median let one
-    # burst of load spoil a slow worker's few rounds (22% off in CI; the best: under 10%).
+    # burst of load spoil a slow worker's few rounds (22% off in one CI run; over 10 profiles
+    # of speeds 1,2,3,4 here the worst error was 25% with the median, 10.6% with the best).
     best = [min(times[b]) for b in sizes]
     intercept, slope, dropped = robust_affine(sizes, best)
     if slope <= 0:  # a flat or noisy curve: fall back to the largest batch's throughput
@@ -365,7 +364,7 @@ def probe_link(rank: int, world: int, emu: Emulator, sizes: Sequence[int] = LINK
         return {"link_gbps": None, "link_latency_s": None}
     dst, src = (rank + 1) % world, (rank - 1) % world
     ready_out, ready_in = torch.zeros(1), torch.zeros(1)
-    medians = []
+    best = []
     for nbytes in sizes:
         send = torch.zeros(max(1, nbytes // 4))
         recv = torch.empty_like(send)
@@ -381,14 +380,14 @@ def probe_link(rank: int, world: int, emu: Emulator, sizes: Sequence[int] = LINK
                 samples.append(now() - t)
             token.wait()
             incoming.wait()
-        medians.append(min(samples))  # delays only add (a late wake-up, a busy core): the best
+        best.append(min(samples))  # delays only add (a late wake-up, a busy core): the best
     dist.barrier()
-    latency, slope = fit_transfer(list(sizes), medians)
+    latency, slope = fit_transfer(list(sizes), best)
     return {
         "link_gbps": float(8 / slope / 1e9),
         "link_latency_s": float(latency),
         "link_bytes": list(sizes),
-        "link_best_s": medians,
+        "link_best_s": best,
     }
 
 
