@@ -28,7 +28,8 @@ from infra.s3 import local_s3_endpoint
 from training.job import RunSpec
 from training.launch import run_workers
 from training.metrics import summarize
-from training.planning import fitted_step_model, ideal_throughput, make_plan
+from training.planning import ideal_throughput, make_plan
+from training.scheduler import fitted_step_model
 
 VARIANTS = {"baseline": "equal", "static": "proportional", "dynamic": "dynamic"}
 

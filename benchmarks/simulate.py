@@ -30,6 +30,7 @@ import json
 import math
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from benchmarks import write_json
@@ -161,12 +162,12 @@ def setup(args) -> dict:
     if data is not None and "ranks" in data:
         profile = data
         model = _model(args.model, profile.get("model", "cnn"))
-        base = sim.profile_workers(profile, link_gbps=args.link_gbps)
+        base = sim.profile_workers(profile)  # --link-gbps goes to the Network, which overrides
         alpha_s = sim.profile_alpha_s(profile) if alpha_s is None else alpha_s
         source = {"profile": args.cluster, "ranks": len(base)}
 
-        def cluster_at(n: int) -> list[sim.WorkerModel]:
-            return base if n == len(base) else sim.replicate(base, n)
+        def cluster_at(n: int | None = None) -> list[sim.WorkerModel]:
+            return base if n is None or n == len(base) else sim.replicate(base, n)
     else:
         model = _model(args.model)
         if data is not None:
@@ -193,7 +194,7 @@ def setup(args) -> dict:
     else:
         job = sim.Job(model, global_batch=model.default_global_batch, step_overhead_s=args.overhead_ms / 1e3,
                       jitter=args.jitter)
-    own = len(cluster_at(None)) if "profile" not in source else source["ranks"]
+    own = len(cluster_at(None))
     counts = parse_workers(args.workers) if args.workers else [own]
     return {"cluster_at": cluster_at, "job": job, "network": network, "counts": counts,
             "source": source, "fraction": fraction, "model": model}
@@ -208,11 +209,8 @@ def _file_cluster(cluster: ClusterSpec, model: sim.ModelSpec, fraction, args):
     catalog = _catalog([w.instance_type for w in cluster.workers])
     base = []
     for w in cluster.workers:
-        try:
-            info = catalog.info(w.instance_type)
-            price, peak = catalog.worker_price(w.instance_type), info.peak_tflops
-        except ConfigError as e:
-            raise sim.SimulationError(str(e)) from None
+        info = catalog.info(w.instance_type)  # a CatalogError names an unknown type
+        price, peak = catalog.worker_price(w.instance_type), info.peak_tflops
         node = w.node if "node" in w.model_fields_set else w.name
         base.append(sim.flops_worker(
             w.name, model, peak, sim._fraction_for(fraction, info.device),
@@ -222,10 +220,8 @@ def _file_cluster(cluster: ClusterSpec, model: sim.ModelSpec, fraction, args):
     def cluster_at(n: int | None = None) -> list[sim.WorkerModel]:
         return base if n is None or n == len(base) else sim.replicate(base, n)
 
-    kinds: dict[str, int] = {}
-    for w in cluster.workers:
-        kinds[w.instance_type] = kinds.get(w.instance_type, 0) + 1
-    return cluster_at, {"cluster": cluster.name, "workers": kinds,
+    kinds = Counter(w.instance_type for w in cluster.workers)
+    return cluster_at, {"cluster": cluster.name, "workers": dict(kinds),
                         "price_source": f"{catalog.prices.source} (as of {catalog.prices.as_of})"}
 
 
@@ -249,9 +245,7 @@ def run_simulation(s: dict) -> dict:
         b = base_tp.get(row["workers"])
         row["speedup_vs_baseline"] = row["throughput_samples_per_s"] / b if b else None
     biggest = max(s["counts"])
-    kinds: dict[str, int] = {}
-    for w in s["cluster_at"](biggest):
-        kinds[w.kind] = kinds.get(w.kind, 0) + 1
+    kinds = dict(Counter(w.kind for w in s["cluster_at"](biggest)))
     job, net, model = s["job"], s["network"], s["model"]
     return {
         "rows": rows,

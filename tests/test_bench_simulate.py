@@ -75,26 +75,32 @@ def _profile(latency, per_sample):
                       for i, (a, c) in enumerate(zip(latency, per_sample, strict=True))]}
 
 
+def _measured(prof, model, batches, plan, overhead_s):
+    true = predict_run(prof, model, 128, batches, plan, overhead_s=overhead_s)
+    return {"profile": prof, "model": model, "global_batch": 128, "batches": batches, "plan": plan,
+            "measured": {"throughput_samples_per_s": true.throughput_samples_per_s,
+                         "step_time_s": true.step_time_s, "compute_s": [], "comm_s": 0.0}}
+
+
 def test_calibration_fits_the_overhead_leave_one_out():
     prof = _profile([0.02, 0.02, 0.01, 0.005], [0.004, 0.004, 0.002, 0.001])
-    runs = {}
-    for name, batches in (("baseline", [32, 32, 32, 32]), ("optimized", [16, 16, 32, 64])):
-        true = predict_run(prof, "cnn", 128, batches, name, overhead_s=0.015)
-        runs[name] = {"profile": prof, "model": "cnn", "global_batch": 128, "batches": batches, "plan": name,
-                      "measured": {"throughput_samples_per_s": true.throughput_samples_per_s,
-                                   "step_time_s": true.step_time_s, "compute_s": [], "comm_s": 0.0}}
     comm_prof = _profile([0.0] * 4, [0.003] * 4)
-    true = predict_run(comm_prof, "wide_mlp", 128, [32] * 4, "baseline", overhead_s=0.015)
-    runs["comm"] = {"profile": comm_prof, "model": "wide_mlp", "global_batch": 128, "batches": [32] * 4,
-                    "plan": "baseline", "measured": {"throughput_samples_per_s": true.throughput_samples_per_s,
-                                                     "step_time_s": true.step_time_s, "compute_s": [],
-                                                     "comm_s": 0.0}}
+    # one overhead for every run: leave-one-out recovers it and predicts every run exactly
+    runs = {name: _measured(prof, "cnn", batches, name, 0.015)
+            for name, batches in (("baseline", [32] * 4), ("optimized", [16, 16, 32, 64]))}
+    runs["comm"] = _measured(comm_prof, "wide_mlp", [32] * 4, "baseline", 0.015)
     cal = calibration_errors(runs)
     assert cal["step_overhead_s"] == pytest.approx(0.015)
     assert cal["hetero_error"] == pytest.approx(0.0, abs=1e-9)
     assert cal["comm_error"] == pytest.approx(0.0, abs=1e-9)
     assert cal["hetero_error_profile_only"] > 0.05
     assert set(cal["runs"]) == {"baseline", "optimized", "comm"}
+    # different overheads: each hetero run is predicted with the other's, comm with their mean
+    runs = {"baseline": _measured(prof, "cnn", [32] * 4, "baseline", 0.010),
+            "optimized": _measured(prof, "cnn", [16, 16, 32, 64], "optimized", 0.020),
+            "comm": _measured(comm_prof, "wide_mlp", [32] * 4, "baseline", 0.015)}
+    used = {k: r["overhead_used_s"] for k, r in calibration_errors(runs)["runs"].items()}
+    assert used == pytest.approx({"baseline": 0.020, "optimized": 0.010, "comm": 0.015})
 
 
 def test_the_cli_hands_simulate_its_own_flags(s3, tmp_path, capsys):

@@ -6,7 +6,7 @@ from pydantic import BaseModel
 
 from hetflow.config import ClusterSpec, TrainConfig
 from training.comm import choose_compression
-from training.scheduler import balance_batches, equal_batches
+from training.scheduler import balance_batches, equal_batches, fitted_step_model
 
 
 class Plan(BaseModel):
@@ -41,14 +41,6 @@ def make_plan(profile: dict, cluster: ClusterSpec, train: TrainConfig) -> Plan:
         method, reason = train.compression, "set in the train config"
     return Plan(local_batches=batches, compression=method, compression_reason=reason,
                 speeds=speeds, latency_s=latency, per_sample_s=per_sample)
-
-
-def fitted_step_model(ranks: list[dict]) -> tuple[list[float], list[float]]:
-    """Per rank (a_i, c_i) of compute time = a_i + c_i x batch, from the profile's fit."""
-    latency = [max(0.0, r["fit_latency_s"]) for r in ranks]
-    per_sample = [r["fit_s_per_sample"] if r["fit_s_per_sample"] > 0 else 1.0 / r["samples_per_s"]
-                  for r in ranks]
-    return latency, per_sample
 
 
 def ideal_throughput(latency: list[float], per_sample: list[float], global_batch: int) -> float:

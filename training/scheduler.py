@@ -124,6 +124,14 @@ def _greedy_fill(b: list[int], global_batch: int, hi_caps: list[float], cost) ->
     return b
 
 
+def fitted_step_model(ranks: list[dict]) -> tuple[list[float], list[float]]:
+    """Per rank (a_i, c_i) of compute time = a_i + c_i x batch, from the profile's fit."""
+    latency = [max(0.0, r["fit_latency_s"]) for r in ranks]
+    per_sample = [r["fit_s_per_sample"] if r["fit_s_per_sample"] > 0 else 1.0 / r["samples_per_s"]
+                  for r in ranks]
+    return latency, per_sample
+
+
 def equal_batches(n: int, global_batch: int) -> list[int]:
     """The baseline split: as equal as integers allow."""
     return plan_batches([1.0] * n, global_batch)
@@ -157,12 +165,16 @@ class Rebalancer:
     threshold: float = 0.10
     smoothing: float = 0.5
     scale: list[float] | None = None
-    replans: int = 0
     history: list[dict] = field(default_factory=list)
     rejected: list[list[int]] = field(default_factory=list)
     trial: dict | None = None  # the plan before the last re-plan, and its measured step
     revert_to: list[int] | None = None
     last_step_s: float = 0.0
+
+    @property
+    def replans(self) -> int:
+        """Plans adopted from the model (reverts of a failed one not counted)."""
+        return sum("reverted" not in h for h in self.history)
 
     def step_times(self, plan: Sequence[int]) -> list[float]:
         assert self.per_sample_s is not None and self.scale is not None
@@ -218,7 +230,6 @@ class Rebalancer:
         if new == list(plan) or new in self.rejected or after > before * (1 - self.threshold / 2):
             return None
         self.trial = {"plan": list(plan), "step_s": self.last_step_s}
-        self.replans += 1
         self.history.append(
             {"step": step, "plan": new, "imbalance_before": round(current, 4),
              "predicted_speedup": round(before / after, 4)}
@@ -228,10 +239,9 @@ class Rebalancer:
     def state(self) -> dict:
         """What a checkpoint keeps so that a resumed run re-plans as the lost one would have."""
         return {"per_sample_s": self.per_sample_s, "scale": self.scale, "replans": self.history,
-                "rejected": self.rejected, "trial": self.trial, "revert_to": self.revert_to,
-                "replan_count": self.replans}
+                "rejected": self.rejected, "trial": self.trial, "revert_to": self.revert_to}
 
     def restore(self, state: dict) -> None:
         self.per_sample_s, self.scale = state["per_sample_s"], state["scale"]
         self.history, self.rejected = state["replans"], state["rejected"]
-        self.trial, self.revert_to, self.replans = state["trial"], state["revert_to"], state["replan_count"]
+        self.trial, self.revert_to = state["trial"], state["revert_to"]

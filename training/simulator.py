@@ -54,8 +54,8 @@ from statistics import NormalDist
 from typing import Literal
 
 from hetflow.config import ConfigError
-from infra.catalog import DEVICE_PEAK_TFLOPS, Catalog, InstanceInfo
-from training.scheduler import balance_batches, equal_batches
+from infra.catalog import DEVICE_PEAK_TFLOPS, Catalog
+from training.scheduler import balance_batches, equal_batches, fitted_step_model
 
 MIB = 2**20
 DDP_BUCKET_BYTES = 25 * MIB  # torch DDP's bucket_cap_mb default
@@ -355,22 +355,15 @@ def allreduce_time(workers: Sequence[WorkerModel], grad_bytes: float, network: N
             edges += [_intra_gbps(grp, network) for grp in groups if len(grp) > 1]
         bw = min(edges)
         alpha = network.alpha_s if n_nodes > 1 else network.intra_alpha_s
-        if math.isinf(bw):
-            return k * 2 * (n - 1) * alpha
-        t = ring_allreduce_time(nbytes, n, alpha, bw, k)
+        t = ring_allreduce_time(nbytes, n, alpha, bw, k)  # an infinite bandwidth leaves alpha
         if network.collective == "hierarchical" and n_nodes > 1:
             t /= network.average_every
         return t
     # hierarchical: reduce-scatter in each node, ring across nodes, all-gather in each node
-    intra = 0.0
-    for grp in groups:
-        m = len(grp)
-        if m > 1:
-            bw = _intra_gbps(grp, network)
-            intra = max(intra, k * 2 * (m - 1) * network.intra_alpha_s + 2 * (m - 1) / m * nbytes * 8 / (bw * 1e9))
+    intra = max(ring_allreduce_time(nbytes, len(grp), network.intra_alpha_s, _intra_gbps(grp, network), k)
+                for grp in groups)
     nic = min(_nic_gbps(grp, network) for grp in groups)
-    inter = (k * 2 * (n_nodes - 1) * network.alpha_s
-             + (0.0 if math.isinf(nic) else 2 * (n_nodes - 1) / n_nodes * nbytes * 8 / (nic * 1e9)))
+    inter = ring_allreduce_time(nbytes, n_nodes, network.alpha_s, nic, k)
     return intra + inter / network.average_every
 
 
@@ -531,12 +524,7 @@ def catalog_cluster(mix: Sequence[tuple[str, int]], catalog: Catalog, model: Mod
     With n: n workers in the mix's proportions (by workers), packed into whole instances; an
     instance only partly used is paid in full (its price spread over the workers on it).
     """
-    infos: list[InstanceInfo] = []
-    for name, _ in mix:
-        try:
-            infos.append(catalog.info(name))
-        except ConfigError as e:
-            raise SimulationError(str(e)) from None
+    infos = [catalog.info(name) for name, _ in mix]  # a CatalogError names an unknown type
     per_kind = [k * info.devices for (_, k), info in zip(mix, infos, strict=True)]
     if n is not None:
         check_workers(n)
@@ -545,11 +533,7 @@ def catalog_cluster(mix: Sequence[tuple[str, int]], catalog: Catalog, model: Mod
     for (name, _), info, count in zip(mix, infos, per_kind, strict=True):
         if count == 0:
             continue
-        try:
-            price = catalog.price(name)
-            peak = info.peak_tflops
-        except ConfigError as e:
-            raise SimulationError(str(e)) from None
+        price, peak = catalog.price(name), info.peak_tflops
         f = _fraction_for(fraction, info.device)
         d = info.devices
         for inst in range(math.ceil(count / d)):
@@ -562,14 +546,15 @@ def catalog_cluster(mix: Sequence[tuple[str, int]], catalog: Catalog, model: Mod
     return workers
 
 
-def profile_workers(profile: dict, link_gbps: float | None = None) -> list[WorkerModel]:
-    """Workers from a hetflow profile: a_i, c_i as fitted (as `training.planning` reads them).
+def profile_workers(profile: dict) -> list[WorkerModel]:
+    """Workers from a hetflow profile: a_i, c_i as the planner reads them (`fitted_step_model`).
 
     The profile times the bare model; under DDP each step also copies the gradient into DDP's
     buckets during backward, which the simulator charges at the rank's profiled copy bandwidth
-    (`memory_gbps`, measured dilated like compute). Each rank's link is its measured all-reduce bus bandwidth; every rank its own node (the
-    local emulation gives each worker its own link). Storage is left out: training reads its
-    shards through the local cache once, then from memory.
+    (`memory_gbps`, measured dilated like compute). Each rank's link is its measured all-reduce
+    bus bandwidth (a `Network.link_gbps` overrides it); every rank its own node (the local
+    emulation gives each worker its own link). Storage is left out: training reads its shards
+    through the local cache once, then from memory.
     """
     ranks = sorted(profile.get("ranks") or [], key=lambda r: r["rank"])
     if not ranks:
@@ -577,16 +562,12 @@ def profile_workers(profile: dict, link_gbps: float | None = None) -> list[Worke
     out = []
     for r in ranks:
         try:
-            a = max(0.0, float(r["fit_latency_s"]))
-            c = float(r["fit_s_per_sample"])
-            if not c > 0:
-                c = 1.0 / float(r["samples_per_s"])
-        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            (a,), (c,) = fitted_step_model([r])
+        except (KeyError, TypeError, ZeroDivisionError):
             raise SimulationError(f"profile: rank {r.get('rank')} lacks fit_latency_s / fit_s_per_sample") from None
-        gbps = link_gbps or r.get("allreduce_gbps") or None
-        cap = r.get("memory_cap_batch") or None
         out.append(WorkerModel(name=str(r.get("worker", f"rank{r['rank']}")), latency_s=a, per_sample_s=c,
-                               link_gbps=gbps, node=f"rank{r['rank']}", cap=cap,
+                               link_gbps=r.get("allreduce_gbps") or None, node=f"rank{r['rank']}",
+                               cap=r.get("memory_cap_batch") or None,
                                memory_gbps=r.get("memory_gbps") or None,
                                kind=str(r.get("instance_type") or r.get("worker") or "profiled")))
     return out
