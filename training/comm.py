@@ -199,9 +199,19 @@ def select_topk(magnitude: torch.Tensor, k: int, generator: torch.Generator | No
 
 class TopKState:
     """Per-bucket residuals (error feedback), momentum buffers and the warm-up counter of
-    `topk_hook`. `wrap_optimizer` sets `optimizer` when the hook takes over SGD's momentum."""
+    `topk_hook`. `wrap_optimizer` sets `optimizer` when the hook takes over SGD's momentum.
 
-    def __init__(self, ratio: float, process_group=None, warmup_steps: int = WARMUP_STEPS, seed: int = 0):
+    The buffers follow DDP's bucket layout, which DDP changes after the first step of every new
+    DDP instance (it re-orders the parameters by when their gradients were ready). `params`
+    (the model's parameters, in order) lets the state name each slice by its parameter, so
+    that a layout change, or a resume into a new DDP instance, re-orders the slices instead of
+    mixing them up.
+    """
+
+    KEPT = ("residuals", "velocities")
+
+    def __init__(self, ratio: float, process_group=None, warmup_steps: int = WARMUP_STEPS, seed: int = 0,
+                 params=()):
         if not 0 < ratio <= 1:
             raise ValueError(f"train.compression: topk ratio must be in (0, 1] (got {ratio})")
         self.ratio = ratio
@@ -211,9 +221,56 @@ class TopKState:
         self.residuals: dict[int, torch.Tensor] = {}
         self.magnitudes: dict[int, torch.Tensor] = {}
         self.velocities: dict[int, torch.Tensor] = {}
+        self.layouts: dict[int, tuple[int, ...]] = {}  # bucket -> its parameters' indices
+        self.loose: dict[str, dict[int, torch.Tensor]] = {name: {} for name in self.KEPT}  # by parameter
+        self.param_index = {p: k for k, p in enumerate(params)}
+        self.numels = {k: p.numel() for p, k in self.param_index.items()}
         self.generator = torch.Generator().manual_seed(seed)
         self.optimizer: torch.optim.SGD | None = None
         self.momentum = 0.0
+
+    def layout(self, bucket) -> tuple[int, ...]:
+        return tuple(self.param_index.get(p, -1) for p in bucket.parameters())
+
+    def by_parameter(self, name: str) -> dict[int, torch.Tensor]:
+        """Every slice of `residuals` or `velocities` held, keyed by parameter index."""
+        out = dict(self.loose[name])
+        for i, store in ((i, getattr(self, name)) for i in self.layouts):
+            if i in store:
+                layout = self.layouts[i]
+                out.update(zip(layout, store[i].split([self.numels[k] for k in layout]), strict=True))
+        return out
+
+    def lay_out(self, i: int, bucket) -> None:
+        """(Re)build bucket i's buffers for its current layout from the slices held."""
+        layout, buf = self.layout(bucket), bucket.buffer()
+        known = -1 not in layout
+        held = {name: self.by_parameter(name) if known else {} for name in self.KEPT}
+        self.layouts[i] = layout
+        for name in self.KEPT:
+            pieces = held[name]
+            if known and all(k in pieces for k in layout):
+                getattr(self, name)[i] = torch.cat([pieces[k] for k in layout]).to(buf.dtype)
+            elif name == "residuals":
+                self.residuals[i] = torch.zeros_like(buf)
+            elif self.optimizer is not None:
+                self.velocities[i] = self.take_over_momentum(bucket)
+            for k in layout:
+                self.loose[name].pop(k, None)
+        self.magnitudes[i] = torch.empty_like(buf)
+
+    def state_dict(self) -> dict:
+        """Warm-up counter, residuals and momentum by parameter: what a checkpoint must keep so
+        that a resumed run compresses as the lost one would have (the optimizer's own state
+        holds momentum 0 once the hook has taken it over)."""
+        return {"iter": self.iter, "momentum": self.momentum, "generator": self.generator.get_state(),
+                **{name: {k: t.clone() for k, t in self.by_parameter(name).items()} for name in self.KEPT}}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.iter, self.momentum = saved["iter"], saved["momentum"]
+        self.generator.set_state(saved["generator"])
+        self.residuals, self.velocities, self.magnitudes, self.layouts = {}, {}, {}, {}
+        self.loose = {name: dict(saved[name]) for name in self.KEPT}
 
     def take_over_momentum(self, bucket) -> torch.Tensor:
         """The bucket's momentum buffer, taken from SGD (whose momentum is then set to 0)."""
@@ -274,14 +331,9 @@ def topk_hook(state, bucket):  # (TopKState, dist.GradBucket) -> Future[Tensor];
         return default_hooks._allreduce_fut(group, buf)
     i = bucket.index()
     acc = state.residuals.get(i)
-    # DDP rebuilds its buckets after the first step (warm-up is >= 2 steps, so this is set
-    # up on the final layout); a buffer of another size would be stale.
-    fresh = acc is None or acc.numel() != buf.numel() or acc.dtype != buf.dtype
-    if fresh:
-        acc = state.residuals[i] = torch.zeros_like(buf)
-        state.magnitudes[i] = torch.empty_like(buf)
-        if state.optimizer is not None:
-            state.velocities[i] = state.take_over_momentum(bucket)
+    if acc is None or acc.numel() != buf.numel() or state.layouts.get(i) != state.layout(bucket):
+        state.lay_out(i, bucket)  # first use, or DDP re-ordered its buckets (see TopKState)
+        acc = state.residuals[i]
     u = state.velocities.get(i)
     if u is not None:
         u.mul_(state.momentum).add_(buf)
@@ -361,7 +413,8 @@ def register_compression(
         hook = _powersgd_hook
     elif name == "topk":
         # at least 2: DDP rebuilds its buckets after the first step, which would scramble residuals
-        state, hook = TopKState(float(arg), warmup_steps=max(2, warmup_steps)), topk_hook
+        state = TopKState(float(arg), warmup_steps=max(2, warmup_steps), params=list(ddp.module.parameters()))
+        hook = topk_hook
     elif name == "localsgd":
         state = post_localSGD_hook.PostLocalSGDState(
             process_group=None, subgroup=None, start_localSGD_iter=warmup_steps,
@@ -396,8 +449,10 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, method: str, state) -> torc
     takes over plain SGD momentum once compression starts (see `topk_hook`).
     """
     name, arg = parse_method(method)
-    if name == "topk" and isinstance(state, TopKState) and _plain_momentum(optimizer):
-        state.optimizer, state.momentum = optimizer, optimizer.param_groups[0]["momentum"]
+    momentum = _plain_momentum(optimizer)
+    # At ratio 1 everything is sent and nothing is left to correct: SGD keeps its momentum.
+    if name == "topk" and isinstance(state, TopKState) and momentum and state.ratio < 1:
+        state.optimizer, state.momentum = optimizer, momentum
     if name not in ("localsgd", "hierarchical"):
         return optimizer
     import warnings
@@ -409,6 +464,30 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, method: str, state) -> torc
         warnings.simplefilter("ignore")
         averager = PeriodicModelAverager(period=int(arg), warmup_steps=state.start_localSGD_iter)
     return PostLocalSGDOptimizer(optimizer, averager)
+
+
+def comm_state_dict(state) -> dict | None:
+    """What a checkpoint keeps of a comm hook's state (`register_compression`'s return); None
+    for the stateless hooks. Top-k keeps everything (see `TopKState.state_dict`). PowerSGD and
+    local SGD keep their step counter, so a resumed run does not warm up again; PowerSGD's error
+    feedback and warm-start factors are keyed by bucket position, which a new DDP instance
+    re-orders after its first step, so they start again from zero. Local SGD's model averager
+    is in its optimizer's state."""
+    if isinstance(state, TopKState):
+        return state.state_dict()
+    if isinstance(state, powerSGD_hook.PowerSGDState | post_localSGD_hook.PostLocalSGDState):
+        return {"iter": state.iter}
+    return None
+
+
+def load_comm_state(state, saved: dict | None) -> None:
+    """Restore `comm_state_dict`'s output into a freshly registered hook's state."""
+    if saved is None:
+        return
+    if isinstance(state, TopKState):
+        state.load_state_dict(saved)
+    elif isinstance(state, powerSGD_hook.PowerSGDState | post_localSGD_hook.PostLocalSGDState):
+        state.iter = saved["iter"]
 
 
 def _plain_momentum(optimizer) -> float:
