@@ -39,7 +39,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.datasets import ChecksumError, filesystem
+from infra.datasets import ChecksumError
+from infra.s3 import filesystem
 
 __all__ = ["CacheStats", "ChecksumError", "EmulatedStore", "ShardCache"]
 

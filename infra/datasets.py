@@ -17,40 +17,18 @@ Every error names the object it is about (`s3://bucket/prefix/train/shard-00003.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
-import os
 import re
-import threading
 
 import numpy as np
 from pydantic import BaseModel, ValidationError, field_validator, model_validator
 
-from infra.s3 import filesystem as _new_filesystem
+from infra.s3 import ensure_bucket, filesystem
 
 MANIFEST = "manifest.json"
-_filesystems: dict[tuple, object] = {}
-_filesystems_lock = threading.Lock()
-
-
-def filesystem(url: str):
-    """infra.s3.filesystem, with one filesystem (one S3 client) per process, protocol and
-    AWS_* environment (endpoint, credentials, retry settings), instead of a new one per call.
-
-    Creating an s3fs client loads botocore's service model (a few hundred ms); a dataset read
-    or ingest used to make one per operation. Keyed on the environment, a changed endpoint or
-    credentials (tests, `local_s3_endpoint`, a proxy) gets a client of its own.
-    """
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
-    key = (url.split("://", 1)[0], os.getpid(), env)
-    with _filesystems_lock:
-        fs = _filesystems.get(key)
-        if fs is None:
-            fs, path = _new_filesystem(url)
-            _filesystems[key] = fs
-            return fs, path
-    return fs, fs._strip_protocol(url)
 _SHARD_KEY = re.compile(r"^[A-Za-z0-9_.-]+/shard-\d+\.npz$")
 
 
@@ -219,14 +197,11 @@ def write_dataset(
     url = url.rstrip("/")
     _check_source(url, splits, shard_samples)
     fs, root = filesystem(url)
-    if url.startswith("s3://"):
-        bucket = root.split("/", 1)[0]
-        try:
-            if not fs.exists(bucket):
-                fs.mkdir(bucket)
-        except OSError as e:
-            raise DatasetError(f"s3://{bucket}: cannot create or reach the bucket ({e})") from None
-    if fs.exists(f"{root}/{MANIFEST}"):
+    try:
+        ensure_bucket(url)
+    except OSError as e:
+        raise DatasetError(f"s3://{root.split('/', 1)[0]}: cannot create or reach the bucket ({e})") from None
+    with contextlib.suppress(FileNotFoundError):  # S3 deletes a missing key without a word
         fs.rm_file(f"{root}/{MANIFEST}")
     classes = int(max(int(y.max()) for _, y in splits.values()) + 1)
     infos: dict[str, SplitInfo] = {}

@@ -291,3 +291,16 @@ def test_rank_readers_hand_out_each_sample_once_per_epoch(s3, ids_dataset, tmp_p
     assert sorted(seen) == list(range(n))
     assert cache.cached_bytes() <= budget_shards * size
     assert cache.stats.hits + cache.stats.misses >= 6
+
+
+def test_an_object_another_writer_puts_is_seen_at_once(s3):
+    """The shared client keeps no listing: after a listing, another process's manifest shows."""
+    import boto3
+
+    url = "s3://hetflow-test-other/ds"
+    fs, root = filesystem(url)
+    fs.mkdir("hetflow-test-other")
+    fs.pipe_file(f"{root}/train/shard-00000.npz", b"x")
+    assert not fs.exists(f"{root}/manifest.json") and fs.find(root)  # a listing is made
+    boto3.client("s3").put_object(Bucket="hetflow-test-other", Key="ds/manifest.json", Body=b"{}")
+    assert filesystem(url)[0].exists(f"{root}/manifest.json")
