@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.datasets import ChecksumError
+from infra.datasets import sha256 as sha256_of
 from infra.s3 import filesystem
 
 __all__ = ["CacheStats", "ChecksumError", "EmulatedStore", "ShardCache"]
@@ -153,19 +154,9 @@ class ShardCache:
         if callable(connect):  # than in the first read (concurrent first reads each make one)
             connect()
 
-    @property
-    def latency_s(self) -> float:
-        return self.store.latency_s
-
-    @property
-    def mbps(self) -> float | None:
-        return self.store.mbps
-
     def local_path(self, key: str) -> Path:
         digest = hashlib.sha256(f"{self.base_url}/{key}".encode()).hexdigest()[:32]
-        path = self.dir / f"{digest}.shard"
-        assert path.parent == self.dir  # a hex name has no separators: never outside the cache
-        return path
+        return self.dir / f"{digest}.shard"  # a hex name: never outside the cache, whatever the key
 
     def read(self, key: str, sha256: str) -> bytes:
         """The shard's bytes, from the cache when valid, else from the source (then cached)."""
@@ -175,15 +166,15 @@ class ShardCache:
                 pending.result()
         return self._read(key, sha256, waited=True)
 
-    def prefetch(self, keys: list[tuple[str, str]], limit: int | None = None) -> None:
-        """Bring the first `limit` (default: `prefetch_depth`) (key, sha256) pairs into the
-        cache in the background, in order. A shard already cached is only marked recently used
+    def prefetch(self, keys: list[tuple[str, str]]) -> None:
+        """Bring the first `prefetch_depth` (key, sha256) pairs into the cache in the
+        background, in order. A shard already cached is only marked recently used
         (`read` validates it)."""
         if self._pool is None:
             return
         for k in [k for k, f in self._pending.items() if f.done()]:
             del self._pending[k]
-        for key, sha in keys[: self.depth if limit is None else limit]:
+        for key, sha in keys[: self.depth]:
             if key not in self._pending:
                 self._pending[key] = self._pool.submit(self._read, key, sha, False)
 
@@ -238,7 +229,7 @@ class ShardCache:
             raise FileNotFoundError(f"{url}: no such object") from None
         if self.store.active:
             self.store.delay(len(data), started)
-        if _sha256(data) != sha256:
+        if sha256_of(data) != sha256:
             raise ChecksumError(f"{url}: checksum mismatch at the source ({len(data)} bytes, "
                                 f"expected SHA-256 {sha256[:12]}...)")
         return data
@@ -279,9 +270,6 @@ class ShardCache:
         return total
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
 
 def _touch(path: Path) -> None:
     t = time.time_ns()
@@ -293,7 +281,7 @@ def _read_if_valid(path: Path, sha256: str) -> bytes | None:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
-    return data if _sha256(data) == sha256 else None
+    return data if sha256_of(data) == sha256 else None
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

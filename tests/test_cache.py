@@ -13,16 +13,14 @@ import pytest
 import infra.cache as cache_mod
 from infra.cache import ChecksumError, EmulatedStore, ShardCache
 from infra.datasets import synthetic_source, write_dataset
+from infra.s3 import local_endpoint_environ
 
 
 @pytest.fixture(scope="module")
 def dataset(s3_server):
     """8 train shards of 16 samples in S3 (moto over HTTP), written once for the module."""
     url = "s3://hetflow-test-cache/syn"
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in {"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing-key-id",
-                     "AWS_SECRET_ACCESS_KEY": "testing-secret", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            mp.setenv(k, v)
+    with local_endpoint_environ(s3_server):
         manifest = write_dataset(url, synthetic_source(129, 0.01, seed=3), shard_samples=16)
     train = manifest.splits["train"].shards
     assert len(train) == 8
@@ -203,6 +201,16 @@ def _read_all(args) -> list[str]:
             key, sha, _ = keys[i]
             out.append(hashlib.sha256(cache.read(key, sha)).hexdigest() == sha)
     return [all(out), cache.stats.hits, cache.stats.misses]
+
+
+def test_processes_that_miss_the_same_shard_fetch_it_once(shards, tmp_path):
+    url, keys = shards
+    budget = 100 * keys[0][2]  # every shard fits: after one fetch each, all reads are hits
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        results = pool.map(_read_all, [(url, str(tmp_path / "shared"), budget, keys, s) for s in range(4)])
+    assert all(ok for ok, _, _ in results)
+    assert sum(m for _, _, m in results) == len(keys)  # the entry lock: one fetch per shard
 
 
 def test_processes_sharing_one_cache_all_get_valid_data(shards, tmp_path):

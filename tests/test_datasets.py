@@ -26,6 +26,7 @@ from infra.datasets import (
     verify_dataset,
     write_dataset,
 )
+from infra.s3 import local_endpoint_environ
 from tasks.data import _retry_unless_bad_data, ingest_dataset
 from training.data import RankReader, check_world, load_rank_data
 
@@ -261,10 +262,7 @@ def ids_dataset(s3_server):
     rng = np.random.default_rng(5)
     y = rng.integers(0, 4, size=120)
     x = np.tile(np.arange(120, dtype=np.float32)[:, None], (1, 3))  # feature = sample id
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in {"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing-key-id",
-                     "AWS_SECRET_ACCESS_KEY": "testing-secret", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            mp.setenv(k, v)
+    with local_endpoint_environ(s3_server):
         return write_dataset(url, {"train": (x, y)}, 20), y
 
 
