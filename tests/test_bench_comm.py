@@ -9,7 +9,7 @@ import pytest
 from benchmarks.comm import main, method_metrics, parse_methods
 from flows.cli import main as cli_main
 from hetflow.config import ConfigError
-from training.comm import ring_allreduce_bytes
+from training.comm import choose_compression, ring_allreduce_bytes
 
 KEYS = {"bytes_per_step", "compression_ratio", "step_time_s", "comm_time_s", "final_accuracy", "accuracy_delta_pp"}
 
@@ -22,6 +22,7 @@ def test_bench_comm_smoke(s3, tmp_path, capsys):
     data = json.loads(out.read_text())
     assert set(data["methods"]) >= {"none", "fp16"}
     assert data["chosen"] in {"none", "fp16", "powersgd:4"}
+    assert data["chosen"] == choose_compression(data["profile_comm_share"])[0]  # from the profile
     for name, m in data["methods"].items():
         assert KEYS <= set(m), name
     none, fp16 = data["methods"]["none"], data["methods"]["fp16"]

@@ -515,32 +515,24 @@ def finish_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -
 
 # Tuned with `hetflow bench comm` (wide_mlp, 4 ranks, 2 cores): see choose_compression.
 COMPRESS_ABOVE = 0.40
-POWERSGD_ABOVE = 0.40
 
 
-def choose_compression(
-    comm_share: float, threshold: float = COMPRESS_ABOVE, strong: float = POWERSGD_ABOVE
-) -> tuple[str, str]:
+def choose_compression(comm_share: float, threshold: float = COMPRESS_ABOVE) -> tuple[str, str]:
     """'auto': compress only when communication is a large share of the step; say why.
 
     `comm_share` is the profiled all-reduce time of one gradient over (compute + all-reduce).
     Below `threshold` nothing is compressed: the saving is at most that share and compression
-    costs compute and some accuracy. From `strong` on PowerSGD rank 4 (>= 8x fewer bytes,
-    accuracy close to none); between the two, fp16 (exactly half the bytes, no tuning).
+    costs compute and some accuracy. From there on PowerSGD rank 4 (>= 8x fewer bytes,
+    accuracy close to none in `hetflow bench comm`).
     """
     if comm_share < threshold:
         method, reason = "none", (
             f"measured communication is {comm_share:.0%} of the step (< {threshold:.0%}): "
             "compression would cost compute and accuracy for little time"
         )
-    elif comm_share < strong:
-        method, reason = "fp16", (
-            f"communication is {comm_share:.0%} of the step ({threshold:.0%}-{strong:.0%}): "
-            "fp16 halves the bytes"
-        )
     else:
         method, reason = "powersgd:4", (
-            f"communication is {comm_share:.0%} of the step (>= {strong:.0%}): "
+            f"communication is {comm_share:.0%} of the step (>= {threshold:.0%}): "
             "PowerSGD rank 4 cuts the bytes by >8x"
         )
     log.info("compression 'auto' -> %s: %s", method, reason)
