@@ -52,6 +52,8 @@ def test_profile_cluster_and_published_tables(tmp_path):
     pub = out["published"]
     assert len(pub["resnet50_v100_epoch"]) == 4 and len(pub["scaling_efficiency"]) == 8
     assert all(abs(r["rel_error"]) <= 0.10 for r in pub["scaling_efficiency"])
+    worst = max(pub["scaling_efficiency"], key=lambda r: abs(r["rel_error"]))
+    assert f"{worst['model']} at {worst['nodes']} nodes, {worst['rel_error']:+.1%}" in pub["gap"]  # not stale
 
 
 def test_bad_input_is_refused_with_a_clear_error(s3, tmp_path):
