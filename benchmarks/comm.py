@@ -26,23 +26,18 @@ method is not among `--methods`, it is trained too.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
-import tempfile
 import time
 
-from benchmarks import write_json
+from benchmarks import digits_workspace, wide_console, write_json
 from hetflow.config import (
     ClusterSpec,
     ConfigError,
-    DatasetSpec,
     TrainConfig,
     WorkerSpec,
     check_job,
     validated,
 )
-from infra.datasets import digits_source, write_dataset
-from infra.s3 import local_s3_endpoint
 from training.comm import WARMUP_STEPS, choose_compression, ring_allreduce_bytes
 from training.job import RunSpec
 from training.launch import run_workers
@@ -162,10 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     results: dict[str, dict] = {}
-    with (contextlib.nullcontext(args.work_dir) if args.work_dir else tempfile.TemporaryDirectory()) as tmp, \
-            local_s3_endpoint():
-        dataset = DatasetSpec(url="s3://hetflow-bench/comm-digits", cache_dir=f"{tmp}/cache")
-        write_dataset(dataset.url, digits_source(dataset.test_fraction, dataset.seed), dataset.shard_samples)
+    with digits_workspace("comm-digits", args.work_dir) as (tmp, dataset):
         profile, _ = run_workers(RunSpec(run_name="comm-profile", variant="profile", mode="profile",
                                          cluster=cluster, dataset=dataset, train=base,
                                          run_dir=f"{tmp}/profile"))
@@ -215,11 +207,10 @@ def _fmt(v, spec: str) -> str:
 
 
 def _print(out: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     link = f"{out['link_gbps']:g} Gbit/s" if out["link_gbps"] else "loopback"
-    console = Console(width=max(Console().width, 150))  # logs and pipes get 80 columns otherwise
+    console = wide_console(150)
     t = Table(title=f"{out['model']} ({out['params'] / 1e6:.2f}M params), {out['world']} ranks, {link}, "
                     f"latency {out['latency_ms']:g} ms, {out['steps']} steps "
                     f"(times and bytes from step {out['timed_from_step']})")

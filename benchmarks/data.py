@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from benchmarks import write_json
+from benchmarks import wide_console, write_json
 from hetflow.config import ConfigError
 from infra.cache import ShardCache
 from infra.datasets import Manifest, synthetic_source, write_dataset
@@ -204,7 +204,6 @@ def goals(out: dict) -> dict:
 
 
 def print_table(out: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     c = out["config"]
@@ -222,7 +221,7 @@ def print_table(out: dict) -> None:
                       "-" if lru is None else f"{lru / 1e6:.3f}", f"{ep['cache_hit_ratio']:.2f}",
                       f"{ep['data_wait_fraction']:.1%}", f"{ep['data_wait_fraction_warm']:.1%}",
                       f"{ep['step_s'] * 1e3:.1f}")
-    console = Console(width=max(Console().width, 110))
+    console = wide_console(110)
     console.print(t)
     console.print(f"share of rank {c['rank']}: {out['share_bytes'] / 1e6:.3f} MB in "
                   f"{out['share_shards']} of {out['shards']} shards; took {out['wall_s']:.1f}s")

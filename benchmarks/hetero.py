@@ -12,19 +12,15 @@ step time of the fitted model a_i + c_i x b_i (with a straggler, per phase of th
 from __future__ import annotations
 
 import argparse
-import tempfile
 
-from benchmarks import write_json
+from benchmarks import digits_workspace, write_json
 from hetflow.config import (
     ClusterSpec,
     ConfigError,
-    DatasetSpec,
     TrainConfig,
     check_job,
     parse_speeds,
 )
-from infra.datasets import digits_source, write_dataset
-from infra.s3 import local_s3_endpoint
 from training.job import RunSpec
 from training.launch import run_workers
 from training.metrics import summarize
@@ -87,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
 
-    with tempfile.TemporaryDirectory() as tmp, local_s3_endpoint():
-        dataset = DatasetSpec(url="s3://hetflow-bench/digits", cache_dir=f"{tmp}/cache")
-        write_dataset(dataset.url, digits_source(dataset.test_fraction, dataset.seed), dataset.shard_samples)
+    with digits_workspace("digits") as (tmp, dataset):
         profile, _ = run_workers(RunSpec(run_name="profile", variant="profile", mode="profile",
                                          cluster=cluster, dataset=dataset, train=base, run_dir=f"{tmp}/profile"))
         ideal = run_ideal(profile, base.global_batch, base.steps, stragglers)

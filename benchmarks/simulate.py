@@ -29,12 +29,11 @@ import argparse
 import itertools
 import json
 import math
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks import write_json
+from benchmarks import digits_workspace, wide_console, write_json
 from hetflow.config import ClusterSpec, ConfigError, load_mapping
 from training import simulator as sim
 
@@ -43,10 +42,7 @@ DEFAULT_FRACTION = 0.3
 
 
 def _console():
-    from rich.console import Console
-
-    width = Console().width
-    return Console(width=max(width, 140))
+    return wide_console(140)
 
 
 # -- arguments --------------------------------------------------------------------------------
@@ -455,9 +451,7 @@ def calibration_errors(runs: dict[str, dict]) -> dict:
 def calibrate(steps: int) -> dict:
     """Small real runs here (torchrun, emulated workers), each predicted from its own profile."""
     from benchmarks.comm import link_cluster
-    from hetflow.config import DatasetSpec, TrainConfig, check_job
-    from infra.datasets import digits_source, write_dataset
-    from infra.s3 import local_s3_endpoint
+    from hetflow.config import TrainConfig, check_job
     from training.job import RunSpec
     from training.launch import run_workers
     from training.planning import make_plan
@@ -474,9 +468,7 @@ def calibrate(steps: int) -> dict:
     check_job(comm_cluster, comm_cfg)
     runs: dict[str, dict] = {}
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp, local_s3_endpoint():
-        dataset = DatasetSpec(url="s3://hetflow-bench/calibrate-digits", cache_dir=f"{tmp}/cache")
-        write_dataset(dataset.url, digits_source(dataset.test_fraction, dataset.seed), dataset.shard_samples)
+    with digits_workspace("calibrate-digits") as (tmp, dataset):
 
         def profile_of(cluster, cfg, label):
             prof, wall = run_workers(RunSpec(run_name=f"{label}-profile", variant="profile", mode="profile",
