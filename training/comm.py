@@ -113,6 +113,8 @@ class WireCounter:
         return dist.get_world_size(group) if group is not None else self.world
 
     def _charge(self, nbytes: float, group=None) -> None:
+        if group is not None and self._size(group) == 1:
+            return  # a group of one rank (the profile's compute probe) puts nothing on a link
         if group is not None and any(group is g for g in _INTRA_NODE_GROUPS):
             self.intra_node_bytes += nbytes
             return

@@ -29,7 +29,7 @@ def summarize(result: dict, global_batch: int, target_accuracy: float | None) ->
         "restarts": ranks[0].get("recovery", {}).get("restarts", 0),
         "steps_redone": ranks[0].get("recovery", {}).get("steps_redone", 0),
     }
-    idle = data = 0.0
+    idle = data = busy = talk = 0.0
     for r in ranks:
         recs = r["records"]
         total = sum(x["step_s"] for x in recs)
@@ -40,6 +40,8 @@ def summarize(result: dict, global_batch: int, target_accuracy: float | None) ->
         samples = sum(x["batch"] for x in recs)
         idle += rank_idle
         data += wait
+        busy += compute
+        talk += comm
         k = r["rank"]
         m[f"rank{k}/busy_fraction"] = compute / total
         m[f"rank{k}/compute_s"] = compute
@@ -49,6 +51,9 @@ def summarize(result: dict, global_batch: int, target_accuracy: float | None) ->
         m[f"rank{k}/local_batch"] = recs[-1]["batch"]
         m[f"rank{k}/samples_per_s"] = samples / compute if compute else 0.0
         m[f"rank{k}/comm_bytes"] = sum(x["bytes_sent"] for x in recs)
+    # where the ranks' time went, summed over ranks: compute + comm + idle + data wait ~ 1
+    m["compute_fraction"] = busy / (world * wall)
+    m["comm_fraction"] = talk / (world * wall)
     m["straggler_idle_fraction"] = idle / (world * wall)
     # share of the training loop spent recording figures (rank 0 writes progress each step)
     m["tracking_overhead_fraction"] = max(r.get("bookkeeping_s", 0.0) for r in ranks) / wall

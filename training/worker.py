@@ -32,7 +32,7 @@ from training.data import RankData, load_rank_data
 from training.job import RunSpec
 from training.models import build_model, parameter_count
 from training.partition import Stream
-from training.emulation import Emulator, emulator_for, now
+from training.emulation import emulator_for, now
 from training.probes import profile
 from training.scheduler import Rebalancer, equal_batches
 
@@ -48,25 +48,6 @@ class StepRecord:
     bytes_sent: float
     idle_s: float = 0.0
     comm_s: float = 0.0
-
-
-class _Clock:
-    compute_end = 0.0
-
-
-def _timed_hook(clock: _Clock, emu: Emulator):
-    """Wrap a comm hook: when the last bucket is ready, backward's compute is over; dilate it."""
-
-    def wrap(hook):
-        def wrapped(state, bucket):
-            if bucket.is_last():
-                emu.finish()
-                clock.compute_end = now()
-            return hook(state, bucket)
-
-        return wrapped
-
-    return wrap
 
 
 def _settle_window(records: list[StepRecord], world: int, all_gather) -> list[float]:
@@ -161,9 +142,8 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     cfg = spec.train
     emu = emulator_for(spec, rank)
     model = build_model(cfg.model, data.manifest.features, data.manifest.classes, cfg.seed)
-    clock = _Clock()
     ddp = DDP(model)
-    hook_state = register_compression(ddp, spec.compression, _timed_hook(clock, emu))
+    hook_state = register_compression(ddp, spec.compression, emu.dilating_hook)
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     else:
@@ -214,7 +194,8 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         nbytes, ncoll = counter.take()
         emu.link.delay(nbytes, ncoll)
         t3 = now()
-        rec = StepRecord(step, len(idx), t1 - t0, clock.compute_end - t1, t3 - clock.compute_end,
+        computed = emu.finished_at  # the comm hook ended the compute phase at the last bucket
+        rec = StepRecord(step, len(idx), t1 - t0, computed - t1, t3 - computed,
                          t3 - t0, float(loss_sum.detach()), nbytes)
         tb = now()
         records.append(rec)
