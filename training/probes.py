@@ -142,7 +142,7 @@ def solo_ddp(model: nn.Module, emu: Emulator) -> DDP:
     then under-estimated the slow workers' steps by up to 18%.
     """
     solo, _ = dist.new_subgroups(group_size=1)  # every rank creates every group, in order
-    net = DDP(model, process_group=solo)
+    net = DDP(model, process_group=solo, gradient_as_bucket_view=True)  # as training.worker
     net.register_comm_hook(solo, emu.dilating_hook(default_hooks.allreduce_hook))
     return net
 

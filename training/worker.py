@@ -142,7 +142,9 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     cfg = spec.train
     emu = emulator_for(spec, rank)
     model = build_model(cfg.model, data.manifest.features, data.manifest.classes, cfg.seed)
-    ddp = DDP(model)
+    # Gradients live in DDP's buckets (no copy between them each step: 16% of a wide_mlp step's
+    # CPU time here, dilated with the rest of a worker's compute).
+    ddp = DDP(model, gradient_as_bucket_view=True)
     hook_state = register_compression(ddp, spec.compression, emu.dilating_hook)
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
