@@ -13,7 +13,9 @@ same seed on 4 equal emulated workers whose links have the given bandwidth and l
 - `compression_ratio`: bytes_per_step of `none` over the method's;
 - `step_time_s`, `compute_time_s`, `comm_time_s`: means over the same post-warm-up steps on
   rank 0 (comm = time after backward's compute that is not waiting for a slower rank: the
-  collectives, the emulated link, the optimizer);
+  collectives, the emulated link, the optimizer). On a shared host one run's step time moves
+  by about 10% from run to run; `--repeat N` runs every method N times, round by round, and
+  reports the median, each run's step time and the chosen method's cut per round;
 - `final_loss` (global mean loss of the last step), `final_accuracy` (test set, rank 0's model)
   and `accuracy_delta_pp` (percentage points against `none`).
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import time
 
 from benchmarks import digits_workspace, wide_console, write_json
@@ -110,6 +113,30 @@ def method_metrics(result: dict, global_batch: int, skip: int) -> dict:
     }
 
 
+TIMES = ("step_time_s", "compute_time_s", "comm_time_s", "idle_time_s")
+
+
+def combine_repeats(runs: list[dict]) -> dict:
+    """One method's figures over `--repeat` runs (pure): the times are the medians, and
+    `step_time_s_runs` keeps every run's step time. Bytes, loss and accuracy come from the first
+    run; the same seed gives the same training in every run."""
+    out = dict(runs[0])
+    for key in TIMES:
+        out[key] = statistics.median(r[key] for r in runs)
+    out["step_time_s_runs"] = [r["step_time_s"] for r in runs]
+    out["wall_s"] = sum(r.get("wall_s", 0.0) for r in runs)
+    return out
+
+
+def paired_cuts(results: dict[str, dict], method: str) -> list[float]:
+    """Step time saved by `method` against `none` in each round of runs (pure): rounds run every
+    method back to back, so a slow spell of the host weighs on both sides of a pair."""
+    if "none" not in results or method not in results:
+        return []
+    return [1 - m / n for m, n in zip(results[method]["step_time_s_runs"],
+                                      results["none"]["step_time_s_runs"], strict=True)]
+
+
 def finish(results: dict[str, dict], none_bytes: float) -> None:
     """Ratios and accuracy deltas against `none` (measured if it ran, else its formula)."""
     base = results.get("none")
@@ -137,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="wide_mlp", help="mlp | cnn | wide_mlp (default wide_mlp, 4.3M params)")
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of runs (every method once per round); times are the medians and "
+                        "the chosen method's cut against none is given per round (default 1)")
     p.add_argument("--json", dest="json_path")
     p.add_argument("--work-dir", dest="work_dir", help="keep run directories (logs, results) here")
     args = p.parse_args(argv)
@@ -146,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--link-gbps: must be >= 0 (0 = loopback) (got {args.link_gbps})")
     if args.latency_ms < 0:
         raise ConfigError(f"--latency-ms: must be >= 0 (got {args.latency_ms})")
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat: must be >= 1 (got {args.repeat})")
     cluster = link_cluster(args.link_gbps, args.latency_ms)
     knobs = {"model": args.model, "steps": args.steps, "global_batch": args.global_batch, "seed": args.seed,
              "schedule": "equal", "compression": "none", "rebalance_every": args.steps,
@@ -156,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     skip = min(WARMUP_STEPS, max(1, args.steps - 1))
 
     t_start = time.perf_counter()
-    results: dict[str, dict] = {}
+    rounds: dict[str, list[dict]] = {}
     with digits_workspace("comm-digits", args.work_dir) as (tmp, dataset):
         profile, _ = run_workers(RunSpec(run_name="comm-profile", variant="profile", mode="profile",
                                          cluster=cluster, dataset=dataset, train=base,
@@ -165,17 +197,20 @@ def main(argv: list[str] | None = None) -> int:
         chosen, reason = choose_compression(share)
         print(f"profile: communication is {share:.0%} of a step -> auto picks {chosen} ({reason})", flush=True)
         runs = methods + ([chosen] if chosen not in methods else [])
-        for method in runs:
-            cfg = base.model_copy(update={"compression": method})
-            spec = RunSpec(run_name=f"comm-{_slug(method)}", variant=method, cluster=cluster, dataset=dataset,
-                           train=cfg, plan=equal_batches(WORLD, cfg.global_batch), compression=method,
-                           compression_reason="hetflow bench comm", run_dir=f"{tmp}/{_slug(method)}")
-            res, wall = run_workers(spec)
-            results[method] = {**method_metrics(res, cfg.global_batch, skip), "wall_s": wall}
-            r = results[method]
-            print(f"{method}: {r['bytes_per_step'] / 1e6:.3f} MB/step, step {r['step_time_s'] * 1e3:.0f} ms "
-                  f"(comm {r['comm_time_s'] * 1e3:.0f} ms), accuracy {r['final_accuracy']:.4f}, "
-                  f"{wall:.0f}s", flush=True)
+        for round_ in range(args.repeat):
+            for method in runs:
+                cfg = base.model_copy(update={"compression": method})
+                spec = RunSpec(run_name=f"comm-{_slug(method)}", variant=method, cluster=cluster,
+                               dataset=dataset, train=cfg, plan=equal_batches(WORLD, cfg.global_batch),
+                               compression=method, compression_reason="hetflow bench comm",
+                               run_dir=f"{tmp}/{_slug(method)}-{round_}")
+                res, wall = run_workers(spec)
+                r = {**method_metrics(res, cfg.global_batch, skip), "wall_s": wall}
+                rounds.setdefault(method, []).append(r)
+                print(f"{method}: {r['bytes_per_step'] / 1e6:.3f} MB/step, step {r['step_time_s'] * 1e3:.0f} ms "
+                      f"(comm {r['comm_time_s'] * 1e3:.0f} ms), accuracy {r['final_accuracy']:.4f}, "
+                      f"{wall:.0f}s", flush=True)
+    results = {method: combine_repeats(rs) for method, rs in rounds.items()}
     params = next(iter(results.values()))["params"]
     finish(results, ring_allreduce_bytes(4 * params, WORLD))
     out = {
@@ -185,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         "profile_comm_share": share,
         "chosen_step_time_cut": (1 - results[chosen]["step_time_vs_none"]
                                  if results[chosen].get("step_time_vs_none") is not None else None),
+        "chosen_step_time_cut_runs": paired_cuts(results, chosen),
+        "repeat": args.repeat,
         "link_gbps": args.link_gbps or None,
         "latency_ms": args.latency_ms,
         "model": args.model,
@@ -239,4 +276,7 @@ def _print(out: dict) -> None:
     tail = ""
     if cut is not None and out["chosen"] != "none":
         tail = f", {abs(cut):.0%} {'less' if cut >= 0 else 'more'} step time than none"
+        if len(out["chosen_step_time_cut_runs"]) > 1:
+            tail += " (median step times; per round: " + ", ".join(
+                f"{c:.0%}" for c in out["chosen_step_time_cut_runs"]) + ")"
     print(f"auto on this link: {out['chosen']} (profiled communication share {out['profile_comm_share']:.0%}){tail}")

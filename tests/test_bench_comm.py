@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.comm import main, method_metrics, parse_methods
+from benchmarks.comm import combine_repeats, main, method_metrics, paired_cuts, parse_methods
 from flows.cli import main as cli_main
 from hetflow.config import ConfigError
 from training.comm import choose_compression, ring_allreduce_bytes
@@ -52,10 +52,26 @@ def test_bench_comm_refuses_bad_methods(text, expected):
     assert str(e.value).startswith("--methods") and expected in str(e.value)
 
 
-def test_bench_comm_refuses_bad_link_before_launching(tmp_path):
-    with pytest.raises(ConfigError, match="--link-gbps"):
-        main(["--link-gbps", "-1", "--json", str(tmp_path / "x.json")])
+@pytest.mark.parametrize("argv, field", [(["--link-gbps", "-1"], "--link-gbps"), (["--repeat", "0"], "--repeat")])
+def test_bench_comm_refuses_bad_numbers_before_launching(tmp_path, argv, field):
+    with pytest.raises(ConfigError, match=field):
+        main([*argv, "--json", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
+
+
+def test_repeats_take_median_times_and_pair_cuts_by_round():
+    def run(step, acc):
+        return {"step_time_s": step, "compute_time_s": step / 2, "comm_time_s": step / 4, "idle_time_s": 0.0,
+                "bytes_per_step": 8.0, "final_accuracy": acc, "wall_s": 10.0}
+
+    none = combine_repeats([run(0.40, 0.9), run(0.50, 0.8), run(0.44, 0.7)])
+    fast = combine_repeats([run(0.20, 0.9), run(0.40, 0.9), run(0.33, 0.9)])
+    assert none["step_time_s"] == 0.44 and none["compute_time_s"] == 0.22  # medians, not the first run
+    assert none["step_time_s_runs"] == [0.40, 0.50, 0.44] and none["wall_s"] == 30.0
+    assert none["final_accuracy"] == 0.9  # the first run's training figures
+    cuts = paired_cuts({"none": none, "powersgd:4": fast}, "powersgd:4")
+    assert cuts == pytest.approx([0.5, 0.2, 0.25])  # round by round, not median against median
+    assert paired_cuts({"powersgd:4": fast}, "powersgd:4") == []
 
 
 def test_method_metrics_skip_warmup_and_average_over_ranks():
