@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 import torch
@@ -68,6 +69,30 @@ def test_compute_probe_sees_the_dilation_of_two_emulators(monkeypatch):
     torch.set_num_threads(threads)
     assert slow["samples_per_s"] / fast["samples_per_s"] == pytest.approx(1 / 3, rel=0.35)
     assert fast["compute_rounds"] >= 3 and fast["fit_s_per_sample"] > 0
+
+
+def test_emulator_phase_ends_once_at_the_last_bucket():
+    emu = Emulator(4.0, Link(None))
+    hook = emu.dilating_hook(lambda state, bucket: ("reduced", bucket.last))
+
+    class Bucket:
+        def __init__(self, last: bool):
+            self.last = last
+
+        def is_last(self) -> bool:
+            return self.last
+
+    emu.start()
+    cpu = time.thread_time()
+    sum(i * i for i in range(200_000))  # some CPU work to dilate
+    assert hook("state", Bucket(False)) == ("reduced", False)
+    assert emu._open  # an earlier bucket does not end the phase
+    assert hook("state", Bucket(True)) == ("reduced", True)
+    spent = time.thread_time() - cpu
+    end = emu.finished_at
+    assert not emu._open and emu.computed_at <= end
+    assert end - emu._wall >= 4.0 * spent * 0.9  # padded to slowdown x CPU time (sleep only overshoots)
+    assert emu.finish() == end  # a second finish (the probe's, after backward) is a no-op
 
 
 def test_profile_report_shape_and_table():
