@@ -499,7 +499,7 @@ def calibrate(steps: int) -> dict:
               flush=True)
     out = calibration_errors(runs)
     keep = ("rank", "fit_latency_s", "fit_s_per_sample", "samples_per_s", "allreduce_latency_s",
-            "allreduce_gbps", "grad_allreduce_s", "grad_bytes", "memory_gbps")
+            "allreduce_gbps", "grad_allreduce_s", "grad_bytes")
     out["profiles"] = {name: [{k: r.get(k) for k in keep} for r in sorted(prof["ranks"], key=lambda r: r["rank"])]
                        for name, prof in (("hetero", hetero_profile), ("comm", comm_profile))}
     out["setup"] = {"hetero": "speeds 1,1,2,4, cnn, global batch 128, equal split vs hetflow's static plan",

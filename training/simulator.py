@@ -2,7 +2,7 @@
 
 One optimizer step of synchronous data parallelism, worker by worker::
 
-    compute_i  = a_i + c_i x b_i [+ 2 x gradient bytes / copy bandwidth]   (profile's fit; DDP)
+    compute_i  = a_i + c_i x b_i                                          (profile's fit)
     data_i     = max(0, b_i x sample_bytes / storage_i - prefetch x compute_i)
     step       = max_i (data_i + compute_i) x (1 + jitter x z_n) + overhead + exposed_comm
     throughput = global_batch / step
@@ -10,9 +10,9 @@ One optimizer step of synchronous data parallelism, worker by worker::
 - **Compute.** a_i (`fit_latency_s`) and c_i (`fit_s_per_sample`) come from a hetflow profile,
   rank by rank; for an instance type never measured, c_i = per-sample FLOPs / (device peak
   FLOP/s x achieved fraction) and a_i = 0, with the peak from `infra.catalog`
-  (`DEVICE_PEAK_TFLOPS`: FP32 datasheet figures) and the achieved fraction an input. DDP
-  copies each gradient into its buckets during backward: with a profiled copy bandwidth
-  (`memory_gbps`) that costs 2 x gradient bytes / bandwidth per step (on a GPU, negligible).
+  (`DEVICE_PEAK_TFLOPS`: FP32 datasheet figures) and the achieved fraction an input. The
+  profile times a step through DDP (`training.probes.solo_ddp`), so DDP's own work in backward
+  is in a_i and c_i already.
 - **Communication**, from the alpha-beta model of the collective DDP runs (buckets of
   `bucket_bytes`, each one all-reduce; gradient bytes divided by `compression_ratio`):
   ring: buckets x 2(n-1) x alpha + 2(n-1)/n x bytes x beta, where beta is the slowest edge of a
@@ -172,7 +172,6 @@ class WorkerModel:
     usd_per_hour: float = 0.0
     kind: str = ""  # instance type or profile label, for tables
     device: str = "CPU"
-    memory_gbps: float | None = None  # copy bandwidth seen by DDP's bucket copy (None: negligible)
 
     def __post_init__(self) -> None:
         for name in ("latency_s", "per_sample_s", "usd_per_hour"):
@@ -181,17 +180,16 @@ class WorkerModel:
                 raise SimulationError(f"worker {self.name}: {name} must be a finite number >= 0 (got {v!r})")
         if not self.per_sample_s > 0:
             raise SimulationError(f"worker {self.name}: per_sample_s must be > 0 (got {self.per_sample_s!r})")
-        for name in ("link_gbps", "storage_mbps", "memory_gbps"):
+        for name in ("link_gbps", "storage_mbps"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v > 0):
                 raise SimulationError(f"worker {self.name}: {name} must be a finite number > 0 (got {v!r})")
         if self.cap is not None and self.cap < 1:
             raise SimulationError(f"worker {self.name}: cap must be >= 1 (got {self.cap})")
 
-    def compute_s(self, batch: float, grad_bytes: float = 0.0) -> float:
-        """a + c x batch, plus DDP copying the gradient into its buckets (read + write)."""
-        copy = 2 * grad_bytes / (self.memory_gbps * 1e9) if self.memory_gbps else 0.0
-        return self.latency_s + self.per_sample_s * batch + copy
+    def compute_s(self, batch: float) -> float:
+        """a + c x batch."""
+        return self.latency_s + self.per_sample_s * batch
 
 
 @dataclass(frozen=True)
@@ -395,7 +393,7 @@ def _data_wait(w: WorkerModel, batch: float, model: ModelSpec, prefetch: bool) -
     if w.storage_mbps is None or batch <= 0:
         return 0.0
     read = batch * model.sample_bytes * 8 / (w.storage_mbps * 1e6)
-    return max(0.0, read - w.compute_s(batch, model.grad_bytes)) if prefetch else read
+    return max(0.0, read - w.compute_s(batch)) if prefetch else read
 
 
 def simulate_step(workers: Sequence[WorkerModel], job: Job, network: Network, plan: str = "baseline",
@@ -414,19 +412,18 @@ def simulate_step(workers: Sequence[WorkerModel], job: Job, network: Network, pl
     for w, bi in zip(workers, b, strict=True):
         d = _data_wait(w, bi, model, job.prefetch)
         waits.append(d)
-        busy.append(d + w.compute_s(bi, model.grad_bytes))
+        busy.append(d + w.compute_s(bi))
     slowest = max(busy)
     slowest_jittered = slowest * (1 + job.jitter * expected_max_normal(n))
     comm = allreduce_time(workers, model.grad_bytes, network)
-    compute_only = max(w.compute_s(bi, model.grad_bytes) for w, bi in zip(workers, b, strict=True))
+    compute_only = max(w.compute_s(bi) for w, bi in zip(workers, b, strict=True))
     exposed = max(0.0, comm - network.overlap * compute_only)
     step = slowest_jittered + job.step_overhead_s + exposed
     throughput = gb / step
     ref = gb / n
     ideal = 0.0
     for w in workers:
-        alone = (_data_wait(w, ref, model, job.prefetch) + w.compute_s(ref, model.grad_bytes)
-                 + job.step_overhead_s)
+        alone = _data_wait(w, ref, model, job.prefetch) + w.compute_s(ref) + job.step_overhead_s
         ideal += ref / alone
     idle = sum(slowest_jittered - t for t in busy) / (n * step)
     usd = sum(w.usd_per_hour for w in workers)
@@ -549,12 +546,11 @@ def catalog_cluster(mix: Sequence[tuple[str, int]], catalog: Catalog, model: Mod
 def profile_workers(profile: dict) -> list[WorkerModel]:
     """Workers from a hetflow profile: a_i, c_i as the planner reads them (`fitted_step_model`).
 
-    The profile times the bare model; under DDP each step also copies the gradient into DDP's
-    buckets during backward, which the simulator charges at the rank's profiled copy bandwidth
-    (`memory_gbps`, measured dilated like compute). Each rank's link is its measured all-reduce
-    bus bandwidth (a `Network.link_gbps` overrides it); every rank its own node (the local
-    emulation gives each worker its own link). Storage is left out: training reads its shards
-    through the local cache once, then from memory.
+    The profile times the step through DDP, as training runs it, so nothing is added for DDP's
+    work in backward. Each rank's link is its measured all-reduce bus bandwidth (a
+    `Network.link_gbps` overrides it); every rank its own node (the local emulation gives each
+    worker its own link). Storage is left out: training reads its shards through the local cache
+    once, then from memory.
     """
     ranks = sorted(profile.get("ranks") or [], key=lambda r: r["rank"])
     if not ranks:
@@ -568,7 +564,6 @@ def profile_workers(profile: dict) -> list[WorkerModel]:
         out.append(WorkerModel(name=str(r.get("worker", f"rank{r['rank']}")), latency_s=a, per_sample_s=c,
                                link_gbps=r.get("allreduce_gbps") or None, node=f"rank{r['rank']}",
                                cap=r.get("memory_cap_batch") or None,
-                               memory_gbps=r.get("memory_gbps") or None,
                                kind=str(r.get("instance_type") or r.get("worker") or "profiled")))
     return out
 
