@@ -12,7 +12,8 @@ What keeps efficiency below 1 is reported beside it, per variant: the share of t
 spent computing, communicating (the gradient all-reduce, the optimizer), idle (waiting for a
 slower rank) and waiting for data; and `efficiency_vs_ideal_with_allreduce`, against an ideal
 that also pays the profile's measured all-reduce of one gradient (`allreduce_s`) every step,
-which no plan can avoid.
+which no plan can avoid. `compute_model_error` says, rank by rank, how far the measured
+compute per step lies from what the plan's fitted model (a_i + c_i x b_i) predicted.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from hetflow.config import (
 )
 from training.job import RunSpec
 from training.launch import run_workers
-from training.metrics import summarize
+from training.metrics import WARMUP_STEPS, summarize
 from training.planning import ideal_throughput, make_plan
 from training.scheduler import fitted_step_model
 
@@ -62,6 +63,23 @@ def run_ideal(profile: dict, global_batch: int, steps: int, stragglers: list) ->
                 a[rank], c[rank] = a[rank] * factor, c[rank] * factor
         seconds += (stop - start) * global_batch / ideal_throughput(a, c, global_batch)
     return steps * global_batch / seconds
+
+
+def compute_model_error(result: dict, plan: list[int], latency_s: list[float], per_sample_s: list[float],
+                        until_step: int) -> list[float | None]:
+    """Per rank, measured compute per step over the plan's model a_i + c_i x b_i, minus 1 (pure).
+
+    Over the steps that ran the first plan's batch, leaving out step 0 (DDP's set-up) and every
+    step from `until_step` on (a straggler changes the speeds there); None where no step did.
+    """
+    out: list[float | None] = []
+    for r in sorted(result["ranks"], key=lambda r: r["rank"]):
+        k = r["rank"]
+        times = [x["compute_s"] for x in r["records"]
+                 if WARMUP_STEPS <= x["step"] < until_step and x["batch"] == plan[k]]
+        predicted = latency_s[k] + per_sample_s[k] * plan[k]
+        out.append(sum(times) / len(times) / predicted - 1 if times and predicted > 0 else None)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                            stragglers=stragglers, run_dir=f"{tmp}/{name}")
             res, _ = run_workers(spec)
             m = summarize(res, cfg.global_batch, cfg.target_accuracy)
+            until = min([base.steps, *[at for _, at, _ in stragglers]])
             results[name] = {
                 "throughput_samples_per_s": m["throughput_samples_per_s"],
                 "ideal_samples_per_s": ideal,
@@ -119,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 "compute_fraction": m["compute_fraction"],
                 "comm_fraction": m["comm_fraction"],
                 "data_wait_fraction": m["data_wait_fraction"],
+                "compute_model_error": compute_model_error(res, plan.local_batches, plan.latency_s,
+                                                           plan.per_sample_s, until),
             }
             print(f"{name}: {m['throughput_samples_per_s']:.0f} samples/s "
                   f"(efficiency {results[name]['efficiency']:.2f}), plan {plan.local_batches}"
@@ -146,7 +167,7 @@ def _print(out: dict) -> None:
                     f"all-reduce {out['allreduce_s'] * 1e3:.1f} ms")
     rows = ["throughput_samples_per_s", "ideal_samples_per_s", "efficiency", "efficiency_vs_ideal_with_allreduce",
             "speedup_vs_baseline", "time_to_target_s", "final_accuracy", "compute_fraction", "comm_fraction",
-            "straggler_idle_fraction", "data_wait_fraction", "replans", "final_plan"]
+            "straggler_idle_fraction", "data_wait_fraction", "compute_model_error", "replans", "final_plan"]
     t.add_column("metric")
     for name in out["variants"]:
         t.add_column(name, justify="right")
@@ -154,6 +175,8 @@ def _print(out: dict) -> None:
         cells = []
         for r in out["variants"].values():
             v = r.get(row)
+            if isinstance(v, list) and v and not isinstance(v[0], int):
+                v = "[" + ", ".join("-" if e is None else f"{e:+.2f}" for e in v) + "]"
             cells.append("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v))
         t.add_row(row, *cells)
     wide_console(110).print(t)

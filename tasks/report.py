@@ -11,6 +11,8 @@ HEADLINE = [
     "final_accuracy",
     "comm_bytes_total",
     "comm_bytes_per_step",
+    "compute_fraction",
+    "comm_fraction",
     "straggler_idle_fraction",
     "data_wait_fraction",
     "cost_usd",

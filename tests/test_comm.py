@@ -400,7 +400,7 @@ def _one_rank_run(method: str, steps: int, resume_from: dict | None = None, save
     from training.comm import comm_state_dict, load_comm_state
 
     model = tiny_model()
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)  # as the worker
     state = register_compression(ddp, method, warmup_steps=2)
     opt = wrap_optimizer(torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9), method, state)
     start, saved = 0, None

@@ -51,6 +51,15 @@ def test_demo_json_has_both_variants_with_design_metric_names(demo):
             assert variant[name] is not None and variant[name] >= 0, name
 
 
+def test_where_the_ranks_time_went_adds_up(demo):
+    _, table, _ = demo
+    for name, variant in table.items():
+        shares = [variant[k] for k in ("compute_fraction", "comm_fraction", "straggler_idle_fraction",
+                                       "data_wait_fraction")]
+        assert all(0 <= f <= 1 for f in shares), name
+        assert sum(shares) == pytest.approx(1.0, abs=0.02), name  # each rank's step, split four ways
+
+
 def test_mlflow_holds_both_runs_under_one_parent_with_sane_metrics(demo):
     home, table, _ = demo
     client = MlflowClient(f"sqlite:///{home}/mlflow.db")

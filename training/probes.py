@@ -30,7 +30,8 @@ What each figure is and how it is taken (every rank runs every probe; rank 0 gat
   it to the end of this rank's own link delay, so a worker's slow link shows in its own figure
   (rank by rank). Per size the median, fitted to `latency + wire bytes / bandwidth`
   (`fit_transfer`: least-squares slope, latency from the smallest message); wire bytes are the
-  ring's 2(n-1)/n x B, so the bandwidth is the all-reduce "bus bandwidth" of nccl-tests. `grad_allreduce_s` is the fit at the gradient size.
+  ring's 2(n-1)/n x B, so the bandwidth is the all-reduce "bus bandwidth" of nccl-tests.
+  `grad_allreduce_s` is the fit at the gradient size.
 - **link** (`link_gbps`, `link_latency_s`): this worker's own link, from a ring of
   point-to-point sends (64 KiB to 2 MiB), each timed on its sender from the receiver's "ready"
   to the end of the send and the sender's link delay; the best of 4 per size, fitted like the
@@ -136,10 +137,10 @@ def solo_ddp(model: nn.Module, emu: Emulator) -> DDP:
     """`model` wrapped as training wraps it (DDP, the compute phase ended by the comm hook at the
     last bucket), reducing over a group of this rank alone, so that each rank may step on its own.
 
-    DDP's own work in a step (forward bookkeeping, copying gradients into buckets) is part of a
-    worker's compute and is dilated with it: about 0.3 ms of CPU per step here, which on a
-    worker 32x slower than a core is 10 ms. A probe of the bare model missed it, and the plan
-    then under-estimated the slow workers' steps by up to 18%.
+    DDP's own work in a step (forward bookkeeping, the reducer's hooks in backward) is part of
+    a worker's compute and is dilated with it, so a probe of the bare model under-estimates a
+    slow worker's step. `hetflow bench hetero` reports the gap per rank
+    (`compute_model_error`: measured over planned compute at the first plan's batches).
     """
     solo, _ = dist.new_subgroups(group_size=1)  # every rank creates every group, in order
     net = DDP(model, process_group=solo, gradient_as_bucket_view=True)  # as training.worker

@@ -142,8 +142,8 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     cfg = spec.train
     emu = emulator_for(spec, rank)
     model = build_model(cfg.model, data.manifest.features, data.manifest.classes, cfg.seed)
-    # Gradients live in DDP's buckets (no copy between them each step: 16% of a wide_mlp step's
-    # CPU time here, dilated with the rest of a worker's compute).
+    # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
+    # compute phase would otherwise pay (and the emulator dilate).
     ddp = DDP(model, gradient_as_bucket_view=True)
     hook_state = register_compression(ddp, spec.compression, emu.dilating_hook)
     if cfg.optimizer == "sgd":
@@ -196,7 +196,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         nbytes, ncoll = counter.take()
         emu.link.delay(nbytes, ncoll)
         t3 = now()
-        computed = emu.finished_at  # the comm hook ended the compute phase at the last bucket
+        computed = emu.finish()  # when the comm hook ended the phase at the last bucket
         rec = StepRecord(step, len(idx), t1 - t0, computed - t1, t3 - computed,
                          t3 - t0, float(loss_sum.detach()), nbytes)
         tb = now()
