@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                 "initial_plan": plan.local_batches,
                 "final_plan": res["ranks"][0]["plans"][-1]["plan"],
                 "replans": len(res["ranks"][0]["replans"]),
+                "plans": res["ranks"][0]["plans"],  # every plan in force, from the step it came in
+                "replan_log": res["ranks"][0]["replans"],  # why: imbalance, predicted speedup, reverts
                 "straggler_idle_fraction": m["straggler_idle_fraction"],
                 "compute_fraction": m["compute_fraction"],
                 "comm_fraction": m["comm_fraction"],

@@ -268,7 +268,11 @@ class TrainConfig(_Model):
         description="none | auto | fp16 | bf16 | powersgd:RANK | topk:RATIO | localsgd:H. "
         "'auto' compresses only when communication is a large share of the step.",
     )
-    rebalance_every: int = Field(10, ge=1, title="Re-balance check every K steps")
+    rebalance_every: int = Field(
+        10, ge=1, title="Re-balance check every K steps",
+        description="Also at once when a rank's step time jumps by more than 3 x the threshold "
+        "for two steps in a row (a straggler).",
+    )
     rebalance_threshold: float = Field(
         0.10, gt=0, title="Re-balance threshold", description="Imbalance (max/mean - 1) to act."
     )

@@ -177,3 +177,27 @@ def test_rebalancer_reverts_a_plan_that_measures_slower_than_the_model_promised(
     restored = Rebalancer(128, [None] * 4, latency, per_sample)
     restored.restore(r.state())
     assert restored.rejected == [trial] and restored.replans == r.replans
+
+
+@given(st.lists(st.lists(st.floats(min_value=0.9, max_value=1.1), min_size=4, max_size=4), min_size=0, max_size=30),
+       st.floats(min_value=0.01, max_value=1.0))
+@settings(max_examples=200, deadline=None)
+def test_sudden_change_ignores_noise_within_threshold(noise, base):
+    # step times that wander +-10% around one speed (threshold 0.1: a jump is > 30%)
+    rows = [[base * f for f in row] for row in noise]
+    assert not Rebalancer(128, [None] * 4, [0.0] * 4, threshold=0.1).sudden_change(rows)
+
+
+@pytest.mark.parametrize("factor", [4.0, 0.25], ids=["slower", "faster"])
+def test_sudden_change_needs_two_steps_beyond_three_thresholds(factor):
+    r = Rebalancer(128, [None] * 4, [0.0] * 4, threshold=0.1)
+    steady = [[0.08, 0.08, 0.04, 0.02]] * 5
+    jumped = [0.08, 0.08, 0.04, 0.02 * factor]
+    assert not r.sudden_change(steady)
+    assert not r.sudden_change([*steady, jumped])  # one step is noise
+    assert not r.sudden_change([*steady, jumped, steady[0]])  # a spike, gone again
+    assert r.sudden_change([*steady, jumped, jumped])
+    assert not r.sudden_change([*steady[:2], jumped, jumped])  # too little before it to compare
+    # 30% is the line: 1.29x twice is not a jump, 1.31x twice is
+    assert not r.sudden_change([*steady, *[[0.08, 0.08, 0.04, 0.02 * 1.29]] * 2])
+    assert r.sudden_change([*steady, *[[0.08, 0.08, 0.04, 0.02 * 1.31]] * 2])

@@ -80,3 +80,22 @@ def test_two_nodes_of_two_processes_rendezvous_and_train_the_same_step(digits, t
     outputs = [n.communicate(timeout=200)[0].decode(errors="replace") for n in nodes]
     assert [n.returncode for n in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
     _assert_same_params(torch.load(Path(spec.run_dir) / "model.pt"), _single_process_step(spec))
+
+
+def test_dynamic_plan_moves_work_off_a_straggler_within_a_few_steps(digits, tmp_path):
+    # K is longer than the run, so no window ever closes: only the step-by-step shared timings
+    # (SharedStepTimes, Rebalancer.sudden_change) can re-plan, a few steps after rank 3 slows 4x.
+    cluster = ClusterSpec.from_speeds([1.0, 1.0, 2.0, 4.0])
+    train = TrainConfig(model="cnn", global_batch=64, steps=24, schedule="dynamic", rebalance_every=100,
+                        eval_every=100, checkpoint_every=100, target_accuracy=None)
+    spec = RunSpec(run_name="straggler", variant="dynamic", cluster=cluster, dataset=digits, train=train,
+                   plan=[8, 8, 16, 32], stragglers=[(3, 12, 4.0)], run_dir=str(tmp_path))
+    result, _ = run_workers(spec, timeout_s=200)
+    plans = result["ranks"][0]["plans"]
+    assert [p["step"] for p in plans[:1]] == [0] and len(plans) >= 2, plans
+    assert 12 < plans[1]["step"] <= 15, plans  # onset at 12, seen at 12 and 13, shared a step late
+    assert plans[1]["plan"][3] < 32 and sum(plans[1]["plan"]) == 64, plans
+    assert all(r["plans"] == plans for r in result["ranks"])  # every rank reached the same plan
+    ranks = result["ranks"]
+    assert all(rec["idle_s"] + rec["comm_s"] == pytest.approx(rec["wait_s"]) for r in ranks for rec in r["records"])
+    assert max(rec["idle_s"] for rec in ranks[0]["records"]) > 0  # the shared timings split the wait

@@ -45,6 +45,17 @@ WARMUP_STEPS = 10
 
 # Process groups whose members share a node: their traffic does not use the emulated link.
 _INTRA_NODE_GROUPS: list = []
+# Process groups for the ranks' own control messages (step timings), apart from the gradients'.
+_CONTROL_GROUPS: list = []
+
+
+def new_control_group():
+    """A gloo group for small control collectives (the ranks' step timings), so that they never
+    queue with the gradients' collectives; `WireCounter` counts its bytes as `control_bytes`,
+    not as gradient traffic over the emulated link. Every rank must call it, in the same order."""
+    group = dist.new_group(backend="gloo")
+    _CONTROL_GROUPS.append(group)
+    return group
 
 
 def ring_allreduce_bytes(nbytes: int, world: int) -> float:
@@ -70,8 +81,9 @@ def _group_arg(args: tuple, kwargs: dict, position: int):
 class WireCounter:
     """Bytes this rank sent and collectives it issued; `take()` returns and resets the window.
 
-    The window and `total_bytes` hold traffic over the network link; collectives inside a
-    node-local group (hierarchical averaging) go to `intra_node_bytes` only.
+    The window and `total_bytes` hold the gradients' traffic over the network link; collectives
+    inside a node-local group (hierarchical averaging) go to `intra_node_bytes` only, and those
+    of a control group (`new_control_group`) to `control_bytes` only.
     """
 
     world: int
@@ -79,6 +91,7 @@ class WireCounter:
     collectives: int = 0
     total_bytes: float = 0.0
     intra_node_bytes: float = 0.0
+    control_bytes: float = 0.0
     _restore: tuple = field(default=(), repr=False)
 
     def install(self) -> None:
@@ -117,6 +130,9 @@ class WireCounter:
             return  # a group of one rank (the profile's compute probe) puts nothing on a link
         if group is not None and any(group is g for g in _INTRA_NODE_GROUPS):
             self.intra_node_bytes += nbytes
+            return
+        if group is not None and any(group is g for g in _CONTROL_GROUPS):
+            self.control_bytes += nbytes
             return
         self.bytes_sent += nbytes
         self.total_bytes += nbytes

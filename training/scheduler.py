@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -151,8 +152,9 @@ class Rebalancer:
     noise in c_i would be large. Without a profiled c_i (`per_sample_s` None), the first window
     sets it and the scale starts at 1.
 
-    Every rank holds one and feeds it the same all-gathered figures, so every rank reaches the
-    same plan with no extra collective. Hysteresis: a new plan is adopted only when it is
+    Every rank holds one and feeds it the same all-gathered figures (a window's means; after a
+    `sudden_change`, the two steps that showed it), so every rank reaches the same plan with no
+    extra collective. Hysteresis: a new plan is adopted only when it is
     predicted to shorten the step by more than `threshold / 2`, so noise does not make the plan
     oscillate. Verification: a new plan whose first window is slower than the old plan's last
     (by more than `threshold / 2`) is reverted and not proposed again until the speeds change.
@@ -206,6 +208,25 @@ class Rebalancer:
                 self.rejected = []  # the speeds changed: what failed before may work now
             self.scale = [n if abs(n / o - 1) > jump else w * n + (1 - w) * o
                           for n, o in zip(now, self.scale, strict=True)]
+
+    def sudden_change(self, rows: Sequence[Sequence[float]], recent: int = 2, reference: int = 3) -> bool:
+        """Whether a rank's speed has jumped: its compute time in each of the last `recent` rows
+        lies more than 3 x `threshold` (the jump `observe` takes at once) above, or each below,
+        its median over the `reference` or more rows before them.
+
+        `rows[step][rank]`: compute time per step, every row under the same plan. Two steps in a
+        row, not one: a single slow step is noise (a page fault, the host), and each
+        further step a straggler runs on the old plan costs a step of its slow pace.
+        """
+        if len(rows) < recent + reference:
+            return False
+        jump = 1 + 3 * self.threshold
+        for rank in range(len(rows[0])):
+            median = statistics.median(row[rank] for row in rows[:-recent])
+            last = [row[rank] for row in rows[-recent:]]
+            if median > 0 and (min(last) > median * jump or max(last) * jump < median):
+                return True
+        return False
 
     def imbalance(self, plan: Sequence[int]) -> float:
         times = self.step_times(plan)

@@ -27,7 +27,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from training.checkpoint import CheckpointStore
-from training.comm import WireCounter, comm_state_dict, load_comm_state, register_compression, wrap_optimizer
+from training.comm import (
+    WireCounter,
+    comm_state_dict,
+    load_comm_state,
+    new_control_group,
+    register_compression,
+    wrap_optimizer,
+)
 from training.data import RankData, load_rank_data
 from training.job import RunSpec
 from training.models import build_model, parameter_count
@@ -50,22 +57,45 @@ class StepRecord:
     comm_s: float = 0.0
 
 
-def _settle_window(records: list[StepRecord], world: int, all_gather) -> list[float]:
-    """All-gather the window's compute times; split each rank's wait into idle and comm.
+class SharedStepTimes:
+    """Every rank's compute time of every step, shared one step late, so that no step waits.
 
-    Returns each rank's mean compute time per step over the window, leaving out step 0 (it
-    carries DDP's one-off set-up, which would mislead the re-balancer).
+    After each step a rank posts its compute time in an asynchronous all-gather on a control
+    group of its own (`new_control_group`: gloo runs it in the background, apart from the
+    gradients' collectives); the gather of step s is collected after step s+1, by when it has
+    long finished. `collect(flush=True)` waits for the newest too, where every step must be
+    accounted for (a checkpoint, the run's end). A collected row splits its step's wait into
+    idle (for the slowest rank) and communication, and feeds the re-balancer: step by step, so
+    that a sudden change of speed is acted on within a few steps (`Rebalancer.sudden_change`),
+    not only at the end of a window of K steps. One all-gather of one float per rank and step;
+    torch has no per-step sharing of metrics.
     """
-    mine = torch.tensor([r.compute_s for r in records], dtype=torch.float64)
-    everyone = [torch.zeros_like(mine) for _ in range(world)]
-    all_gather(everyone, mine)
-    table = torch.stack(everyone)  # ranks x steps
-    slowest = table.max(dim=0).values
-    for r, fastest_gap in zip(records, (slowest - mine).tolist(), strict=True):
-        r.idle_s = min(fastest_gap, r.wait_s)
-        r.comm_s = r.wait_s - r.idle_s
-    keep = [i for i, r in enumerate(records) if r.step > 0] or list(range(len(records)))
-    return table[:, keep].mean(dim=1).tolist()
+
+    def __init__(self, world: int, group) -> None:
+        self.world, self.group = world, group
+        self.pending: list[tuple[StepRecord, int, list[torch.Tensor], dist.Work]] = []
+
+    def post(self, rec: StepRecord, tag: int) -> None:
+        mine = torch.tensor([rec.compute_s], dtype=torch.float64)
+        out = [torch.zeros_like(mine) for _ in range(self.world)]
+        self.pending.append((rec, tag, out, dist.all_gather(out, mine, group=self.group, async_op=True)))
+
+    def collect(self, flush: bool = False) -> list[tuple[StepRecord, int, list[float]]]:
+        """(record, tag, every rank's compute time) of the steps whose gather is in, oldest first;
+        the newest stays in flight unless `flush`."""
+        done = []
+        while len(self.pending) > (0 if flush else 1):
+            rec, tag, out, work = self.pending.pop(0)
+            work.wait()
+            row = torch.cat(out).tolist()
+            rec.idle_s = min(max(row) - rec.compute_s, rec.wait_s)
+            rec.comm_s = rec.wait_s - rec.idle_s
+            done.append((rec, tag, row))
+        return done
+
+
+def _column_means(rows: list[list[float]]) -> list[float]:
+    return [sum(col) / len(col) for col in zip(*rows, strict=True)]
 
 
 def _straggler_factor(spec: RunSpec, rank: int, step: int) -> float:
@@ -146,6 +176,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     # compute phase would otherwise pay (and the emulator dilate).
     ddp = DDP(model, gradient_as_bucket_view=True)
     hook_state = register_compression(ddp, spec.compression, emu.dilating_hook)
+    shared = SharedStepTimes(world, new_control_group())
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     else:
@@ -162,7 +193,11 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     xte, yte = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
 
     records: list[StepRecord] = []
-    window: list[StepRecord] = []
+    # Rows of compute times (rank by rank) of the steps run on the plan in force, step 0 (DDP's
+    # one-off set-up) left out: since the plan came in or the last sudden change (`current`),
+    # and since the last look at the plan (`window`).
+    current: list[list[float]] = []
+    window: list[list[float]] = []
     plans = [{"step": 0, "plan": list(plan)}]
     evals: list[dict] = []
     train_time = 0.0
@@ -201,20 +236,28 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
                          t3 - t0, float(loss_sum.detach()), nbytes)
         tb = now()
         records.append(rec)
-        window.append(rec)
         bookkeeping += now() - tb
         train_time += rec.step_s
         last = step == cfg.steps - 1
         checkpoint_now = (step + 1) % cfg.checkpoint_every == 0 and not last
-        if len(window) == cfg.rebalance_every or last or checkpoint_now:
-            totals = _settle_window(window, world, dist.all_gather)
-            rebalancer.observe(plan, totals)
+        shared.post(rec, len(plans))  # tagged with the plan it ran
+        for done, tag, row in shared.collect(flush=last or checkpoint_now):
+            if tag == len(plans) and done.step > 0:
+                current = [*current[-max(cfg.rebalance_every, 3) - 1:], row]
+                window.append(row)
+        sudden = cfg.schedule == "dynamic" and rebalancer.sudden_change(current)
+        if sudden or (window and (len(window) >= cfg.rebalance_every or last or checkpoint_now)):
+            # After a sudden change only the steps since it tell the new speeds.
+            rebalancer.observe(plan, _column_means(current[-2:] if sudden else window))
+            window = []
+            if sudden:
+                current = []
             if cfg.schedule == "dynamic" and not last:
                 new = rebalancer.propose(plan, step + 1)
                 if new is not None:
                     plan = new
                     plans.append({"step": step + 1, "plan": list(plan)})
-            window = []
+                    current = []
         if (step + 1) % cfg.eval_every == 0 or last:
             if rank == 0:
                 evals.append({"step": step + 1, "train_time_s": train_time,
@@ -242,6 +285,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         "evals": evals,
         "replans": rebalancer.history,
         "bytes_total": counter.total_bytes,
+        "control_bytes": counter.control_bytes,
         "params": parameter_count(model),
         "state": state,
         "load_s": data.load_s,
