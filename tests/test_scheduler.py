@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -154,7 +155,33 @@ def test_rebalancer_scales_the_profiled_step_when_a_device_slows_down_latency_in
     best = balance_batches(slowed_c, slowed_a, 128)
     step = lambda b: max(a + c * x for a, c, x in zip(slowed_a, slowed_c, b))  # noqa: E731
     assert step(plan) <= step(best) * 1.05 and 1 <= r.replans <= 2  # a step change: taken at once
-    assert r.scale[3] == pytest.approx(4, rel=0.1) and r.scale[0] == pytest.approx(1, rel=0.05)
+    truth = [a + c * b for a, c, b in zip(slowed_a, slowed_c, plan)]
+    assert r.step_times(plan) == pytest.approx(truth, rel=0.05)  # rank 3 4x, the others as profiled
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rebalancer_learns_a_worker_the_profile_mispredicts_at_small_batches_and_settles(seed):
+    # The profile's fit (batches 8..64) puts worker 0's latency at 93 ms; it really is 50 ms, so
+    # its time at batch 1 is half what the fit says. Scaling the fit to that one measurement
+    # over-states how much more work worker 0 can take, and the re-plan it suggests is slower
+    # and reverted. Learning only "not that exact plan", every window's noise (+-4% here)
+    # suggested a slightly different plan, tried and reverted in turn (5 to 8 reverts in 40
+    # windows before; in the field 3 in 40 steps): what the trial measured must stay known.
+    rng = random.Random(seed)
+    latency, per_sample = [0.0928, 0.0432, 0.0183, 0.0063], [0.0043, 0.0026, 0.0018, 0.00088]
+    true_latency = [0.050, *latency[1:]]
+    real = lambda b: [a + c * x for a, c, x in zip(true_latency, per_sample, b)]  # noqa: E731
+    plan = balance_batches(per_sample, latency, 128)
+    assert plan[0] == 1
+    best = max(real(balance_batches(per_sample, true_latency, 128)))
+    r = Rebalancer(128, [None] * 4, latency, per_sample, threshold=0.1)
+    for k in range(40):
+        r.observe(plan, [t * (1 + rng.uniform(-0.04, 0.04)) for t in real(plan)])
+        new = r.propose(plan, k)
+        if new is not None:
+            plan = new
+    assert max(real(plan)) <= best * 1.06  # within the hysteresis of the best plan
+    assert sum("reverted" in h for h in r.history) <= 1 and len(r.history) <= 3
 
 
 def test_rebalancer_reverts_a_plan_that_measures_slower_than_the_model_promised():
@@ -177,6 +204,7 @@ def test_rebalancer_reverts_a_plan_that_measures_slower_than_the_model_promised(
     restored = Rebalancer(128, [None] * 4, latency, per_sample)
     restored.restore(r.state())
     assert restored.rejected == [trial] and restored.replans == r.replans
+    assert restored.step_times(start) == r.step_times(start)  # what it learned survives a restart
 
 
 @given(st.lists(st.lists(st.floats(min_value=0.9, max_value=1.1), min_size=4, max_size=4), min_size=0, max_size=30),

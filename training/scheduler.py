@@ -142,22 +142,27 @@ def equal_batches(n: int, global_batch: int) -> list[int]:
 class Rebalancer:
     """Re-plans from smoothed per-rank speed estimates when the imbalance passes a threshold.
 
-    Each rank's compute time per step is modelled as `scale_i x (a_i + c_i x b_i)`: the shape
-    (a_i, c_i) is the profile's fit, and only the scale is re-estimated from what the ranks report
-    (an exponential moving average with weight `smoothing` on the newest window; a change of
-    more than 3 x `threshold`, far beyond noise, is taken at once). A device that
-    slows down (thermal throttling, a noisy neighbour, a straggler) is slower at every batch size,
-    latency included; re-fitting c_i alone from one batch size would blame the slow-down on the
-    per-sample time and under-predict the latency, and with the few samples a slow worker gets,
-    noise in c_i would be large. Without a profiled c_i (`per_sample_s` None), the first window
-    sets it and the scale starts at 1.
+    Each rank's compute time per step is modelled as affine in its batch, `a_i + c_i x b_i`,
+    learned from what the ranks report: per rank, the compute time measured at each batch it
+    has run since its speed last changed (`points`; an exponential moving average with weight
+    `smoothing` on the newest window). From one batch, or from batches whose times lie within
+    noise of each other, the model is the profile's fit scaled to the newest measurement: a
+    device that slows down (thermal throttling, a noisy neighbour, a straggler) is slower at
+    every batch size, latency included, and a slope re-fitted from nearby batches would be mostly
+    noise. Once a rank has run batches whose times differ by more than 3 x `threshold`, its line
+    is fitted through them: the profile times batches 8 to 64, and a slow worker's time at batch
+    1 or 2 can lie 30% off that line, which scaling alone cannot express. A rank whose time at a
+    batch it ran before moves by more than 3 x `threshold` (far beyond noise) has changed speed:
+    its older points are dropped. Without a profiled c_i (`per_sample_s` None), the first
+    window sets it.
 
     Every rank holds one and feeds it the same all-gathered figures (a window's means; after a
     `sudden_change`, the two steps that showed it), so every rank reaches the same plan with no
     extra collective. Hysteresis: a new plan is adopted only when it is
     predicted to shorten the step by more than `threshold / 2`, so noise does not make the plan
     oscillate. Verification: a new plan whose first window is slower than the old plan's last
-    (by more than `threshold / 2`) is reverted and not proposed again until the speeds change.
+    (by more than `threshold / 2`) is reverted and not proposed again until the speeds change;
+    what it measured stays in `points`, so the next proposal knows the model was wrong there.
     """
 
     global_batch: int
@@ -166,7 +171,8 @@ class Rebalancer:
     per_sample_s: list[float] | None = None
     threshold: float = 0.10
     smoothing: float = 0.5
-    scale: list[float] | None = None
+    points: list[dict[int, float]] | None = None  # per rank: batch -> compute time measured
+    latest: list[int] | None = None  # per rank: the batch of its newest measurement
     history: list[dict] = field(default_factory=list)
     rejected: list[list[int]] = field(default_factory=list)
     trial: dict | None = None  # the plan before the last re-plan, and its measured step
@@ -178,14 +184,31 @@ class Rebalancer:
         """Plans adopted from the model (reverts of a failed one not counted)."""
         return sum("reverted" not in h for h in self.history)
 
+    def model(self) -> tuple[list[float], list[float]]:
+        """(a_i, c_i) per rank: each rank's compute time per step is a_i + c_i x batch."""
+        assert self.per_sample_s is not None and self.points is not None and self.latest is not None
+        latency, per_sample = [], []
+        for a0, c0, pts, b in zip(self.latency_s, self.per_sample_s, self.points, self.latest, strict=True):
+            times = list(pts.values())
+            if len(pts) >= 2 and max(times) > min(times) * (1 + 3 * self.threshold):
+                c, a = statistics.linear_regression(list(pts), times)
+                if c > 0 and a >= 0:
+                    latency.append(a)
+                    per_sample.append(c)
+                    continue
+            scale = pts[b] / (a0 + c0 * b) if a0 + c0 * b > 0 else 1.0
+            latency.append(scale * a0)
+            per_sample.append(scale * c0)
+        return latency, per_sample
+
     def step_times(self, plan: Sequence[int]) -> list[float]:
-        assert self.per_sample_s is not None and self.scale is not None
-        return [s * (a + c * b) for s, a, c, b in
-                zip(self.scale, self.latency_s, self.per_sample_s, plan, strict=True)]
+        latency, per_sample = self.model()
+        return [a + c * b for a, c, b in zip(latency, per_sample, plan, strict=True)]
 
     def observe(self, plan: Sequence[int], compute_s_per_step: Sequence[float]) -> None:
         """Feed each rank's mean compute time per step over a window in which it ran `plan`."""
         self.last_step_s = max(compute_s_per_step)
+        failed = False
         if self.trial is not None and list(plan) != self.trial["plan"]:
             before, self.trial, after = self.trial, None, max(compute_s_per_step)
             if after > before["step_s"] * (1 + self.threshold / 2):
@@ -194,20 +217,19 @@ class Rebalancer:
                 # back, and do not propose this plan again until the speeds change.
                 self.rejected.append(list(plan))
                 self.revert_to = before["plan"]
-                return
+                failed = True
         if self.per_sample_s is None:
             self.per_sample_s = [max(t - a, 0.05 * t) / b
                                  for t, a, b in zip(compute_s_per_step, self.latency_s, plan, strict=True)]
-        now = [t / (a + c * b) if a + c * b > 0 else 1.0 for t, a, c, b in
-               zip(compute_s_per_step, self.latency_s, self.per_sample_s, plan, strict=True)]
-        if self.scale is None:
-            self.scale = now
-        else:  # a step change (far beyond noise) is taken at once; the rest is smoothed
-            w, jump = self.smoothing, 3 * self.threshold
-            if any(abs(n / o - 1) > jump for n, o in zip(now, self.scale, strict=True)):
-                self.rejected = []  # the speeds changed: what failed before may work now
-            self.scale = [n if abs(n / o - 1) > jump else w * n + (1 - w) * o
-                          for n, o in zip(now, self.scale, strict=True)]
+        if self.points is None:
+            self.points = [{} for _ in plan]
+        w, jump = self.smoothing, 3 * self.threshold
+        for pts, b, t in zip(self.points, plan, compute_s_per_step, strict=True):
+            if b in pts and abs(t / pts[b] - 1) > jump and not failed:  # this rank's speed changed
+                pts.clear()
+                self.rejected = []  # what failed before may work now
+            pts[b] = w * t + (1 - w) * pts[b] if b in pts else t
+        self.latest = list(plan)
 
     def sudden_change(self, rows: Sequence[Sequence[float]], recent: int = 2, reference: int = 3) -> bool:
         """Whether a rank's speed has jumped: its compute time in each of the last `recent` rows
@@ -239,14 +261,13 @@ class Rebalancer:
             back, self.revert_to = self.revert_to, None
             self.history.append({"step": step, "plan": back, "reverted": list(plan)})
             return back
-        if self.scale is None:
+        if self.points is None:
             return None
         current = self.imbalance(plan)
         if current <= self.threshold:
             return None
-        new = balance_batches([s * c for s, c in zip(self.scale, self.per_sample_s, strict=True)],
-                              [s * a for s, a in zip(self.scale, self.latency_s, strict=True)],
-                              self.global_batch, self.caps)
+        latency, per_sample = self.model()
+        new = balance_batches(per_sample, latency, self.global_batch, self.caps)
         before, after = max(self.step_times(plan)), max(self.step_times(new))
         if new == list(plan) or new in self.rejected or after > before * (1 - self.threshold / 2):
             return None
@@ -259,10 +280,15 @@ class Rebalancer:
 
     def state(self) -> dict:
         """What a checkpoint keeps so that a resumed run re-plans as the lost one would have."""
-        return {"per_sample_s": self.per_sample_s, "scale": self.scale, "replans": self.history,
-                "rejected": self.rejected, "trial": self.trial, "revert_to": self.revert_to}
+        return {"per_sample_s": self.per_sample_s, "replans": self.history,
+                "points": None if self.points is None else [sorted(p.items()) for p in self.points],
+                "latest": self.latest, "rejected": self.rejected, "trial": self.trial,
+                "revert_to": self.revert_to}
 
     def restore(self, state: dict) -> None:
-        self.per_sample_s, self.scale = state["per_sample_s"], state["scale"]
+        self.per_sample_s, self.latest = state["per_sample_s"], state.get("latest")
+        points = state.get("points")
+        self.points = None if points is None or self.latest is None else [
+            {int(b): float(t) for b, t in p} for p in points]
         self.history, self.rejected = state["replans"], state["rejected"]
         self.trial, self.revert_to = state["trial"], state["revert_to"]
