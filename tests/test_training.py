@@ -13,6 +13,7 @@ from torch import nn
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from infra.datasets import digits_source, write_dataset
 from infra.s3 import free_port
+from training.comm import allgather_bytes
 from training.job import RunSpec
 from training.launch import run_workers, torchrun_command, worker_env
 from training.models import build_model
@@ -99,3 +100,22 @@ def test_dynamic_plan_moves_work_off_a_straggler_within_a_few_steps(digits, tmp_
     ranks = result["ranks"]
     assert all(rec["idle_s"] + rec["comm_s"] == pytest.approx(rec["wait_s"]) for r in ranks for rec in r["records"])
     assert max(rec["idle_s"] for rec in ranks[0]["records"]) > 0  # the shared timings split the wait
+    # one float per rank and step, counted apart from the gradients' bytes
+    assert all(r["control_bytes"] == train.steps * allgather_bytes(8, 4) for r in ranks)
+
+
+def test_static_run_shares_step_times_every_k_steps_and_splits_every_wait(digits, tmp_path):
+    # Not dynamic: the timings go out K at a time (a collective per step costs ~12% of a short
+    # step on this host); the last, partial batch is flushed, so every step's wait is still split.
+    cluster = ClusterSpec.from_speeds([1.0, 1.0, 2.0, 4.0])
+    train = TrainConfig(model="cnn", global_batch=64, steps=13, schedule="equal", rebalance_every=5,
+                        eval_every=100, checkpoint_every=100, target_accuracy=None)
+    spec = RunSpec(run_name="static", variant="baseline", cluster=cluster, dataset=digits, train=train,
+                   plan=[16, 16, 16, 16], run_dir=str(tmp_path))
+    result, _ = run_workers(spec, timeout_s=200)
+    ranks = result["ranks"]
+    assert all(len(r["records"]) == train.steps for r in ranks)
+    assert all(rec["idle_s"] + rec["comm_s"] == pytest.approx(rec["wait_s"]) for r in ranks for rec in r["records"])
+    fastest = ranks[3]["records"][1:]  # rank 3 waits for ranks 0 and 1, 4x slower, every step
+    assert min(rec["idle_s"] for rec in fastest) > 0
+    assert all(r["control_bytes"] == train.steps * allgather_bytes(8, 4) for r in ranks)

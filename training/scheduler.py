@@ -149,11 +149,11 @@ class Rebalancer:
     noise of each other, the model is the profile's fit scaled to the newest measurement: a
     device that slows down (thermal throttling, a noisy neighbour, a straggler) is slower at
     every batch size, latency included, and a slope re-fitted from nearby batches would be mostly
-    noise. Once a rank has run batches whose times differ by more than 3 x `threshold`, its line
+    noise. Once a rank has run batches whose times differ by more than a factor `jump`, its line
     is fitted through them: the profile times batches 8 to 64, and a slow worker's time at batch
     1 or 2 can lie 30% off that line, which scaling alone cannot express. A rank whose time at a
-    batch it ran before moves by more than 3 x `threshold` (far beyond noise) has changed speed:
-    its older points are dropped. Without a profiled c_i (`per_sample_s` None), the first
+    batch it ran before moves by more than a factor `jump` (1 + 3 x `threshold`, far beyond
+    noise) has changed speed: its older points are dropped. Without a profiled c_i (`per_sample_s` None), the first
     window sets it.
 
     Every rank holds one and feeds it the same all-gathered figures (a window's means; after a
@@ -180,6 +180,11 @@ class Rebalancer:
     last_step_s: float = 0.0
 
     @property
+    def jump(self) -> float:
+        """A change of a rank's step time beyond this ratio is a change of speed, not noise."""
+        return 1 + 3 * self.threshold
+
+    @property
     def replans(self) -> int:
         """Plans adopted from the model (reverts of a failed one not counted)."""
         return sum("reverted" not in h for h in self.history)
@@ -190,7 +195,7 @@ class Rebalancer:
         latency, per_sample = [], []
         for a0, c0, pts, b in zip(self.latency_s, self.per_sample_s, self.points, self.latest, strict=True):
             times = list(pts.values())
-            if len(pts) >= 2 and max(times) > min(times) * (1 + 3 * self.threshold):
+            if len(pts) >= 2 and max(times) > min(times) * self.jump:
                 c, a = statistics.linear_regression(list(pts), times)
                 if c > 0 and a >= 0:
                     latency.append(a)
@@ -223,9 +228,9 @@ class Rebalancer:
                                  for t, a, b in zip(compute_s_per_step, self.latency_s, plan, strict=True)]
         if self.points is None:
             self.points = [{} for _ in plan]
-        w, jump = self.smoothing, 3 * self.threshold
+        w = self.smoothing
         for pts, b, t in zip(self.points, plan, compute_s_per_step, strict=True):
-            if b in pts and abs(t / pts[b] - 1) > jump and not failed:  # this rank's speed changed
+            if b in pts and not failed and not 1 / self.jump <= t / pts[b] <= self.jump:  # speed changed
                 pts.clear()
                 self.rejected = []  # what failed before may work now
             pts[b] = w * t + (1 - w) * pts[b] if b in pts else t
@@ -233,8 +238,8 @@ class Rebalancer:
 
     def sudden_change(self, rows: Sequence[Sequence[float]], recent: int = 2, reference: int = 3) -> bool:
         """Whether a rank's speed has jumped: its compute time in each of the last `recent` rows
-        lies more than 3 x `threshold` (the jump `observe` takes at once) above, or each below,
-        its median over the `reference` or more rows before them.
+        lies more than `jump` times above, or each more than `jump` times below, its median over
+        the `reference` or more rows before them.
 
         `rows[step][rank]`: compute time per step, every row under the same plan. Two steps in a
         row, not one: a single slow step is noise (a page fault, the host), and each
@@ -242,7 +247,7 @@ class Rebalancer:
         """
         if len(rows) < recent + reference:
             return False
-        jump = 1 + 3 * self.threshold
+        jump = self.jump
         for rank in range(len(rows[0])):
             median = statistics.median(row[rank] for row in rows[:-recent])
             last = [row[rank] for row in rows[-recent:]]

@@ -43,6 +43,10 @@ from training.emulation import emulator_for, now
 from training.probes import profile
 from training.scheduler import Rebalancer, equal_batches
 
+# Steps of the plan in force kept for `Rebalancer.sudden_change` (it compares a rank's last 2
+# with its median over the rest).
+SUDDEN_ROWS = 12
+
 @dataclass
 class StepRecord:
     step: int
@@ -58,39 +62,51 @@ class StepRecord:
 
 
 class SharedStepTimes:
-    """Every rank's compute time of every step, shared one step late, so that no step waits.
+    """Every rank's compute time of every step, shared in the background, so that no step waits.
 
-    After each step a rank posts its compute time in an asynchronous all-gather on a control
-    group of its own (`new_control_group`: gloo runs it in the background, apart from the
-    gradients' collectives); the gather of step s is collected after step s+1, by when it has
-    long finished. `collect(flush=True)` waits for the newest too, where every step must be
-    accounted for (a checkpoint, the run's end). A collected row splits its step's wait into
-    idle (for the slowest rank) and communication, and feeds the re-balancer: step by step, so
-    that a sudden change of speed is acted on within a few steps (`Rebalancer.sudden_change`),
-    not only at the end of a window of K steps. One all-gather of one float per rank and step;
-    torch has no per-step sharing of metrics.
+    A rank posts each step's compute time; every `every` posts they go out in one asynchronous
+    all-gather on a control group of its own (`new_control_group`: gloo runs it in the
+    background, apart from the gradients' collectives), collected at the next one, by when it has
+    long finished. `collect(flush=True)` sends and waits for the rest, where every step must be
+    accounted for (a checkpoint, the run's end). A collected row splits its step's wait into idle
+    (for the slowest rank) and communication, and feeds the re-balancer.
+
+    The dynamic schedule shares every step (`every=1`), so that a sudden change of speed is
+    acted on within a few steps (`Rebalancer.sudden_change`); the others every K steps. A
+    collective per step is not free on a shared host: 4 processes on 2 vCPUs, each stepping 24
+    ms of CPU work, ran 10-12% slower with it and no slower with one every 10 steps
+    (`benchmarks/step_sharing.py`). torch has no per-step sharing of metrics.
     """
 
-    def __init__(self, world: int, group) -> None:
-        self.world, self.group = world, group
-        self.pending: list[tuple[StepRecord, int, list[torch.Tensor], dist.Work]] = []
+    def __init__(self, world: int, group, every: int) -> None:
+        self.world, self.group, self.every = world, group, every
+        self.unsent: list[tuple[StepRecord, int]] = []
+        self.pending: list[tuple[list[tuple[StepRecord, int]], list[torch.Tensor], dist.Work]] = []
 
     def post(self, rec: StepRecord, tag: int) -> None:
-        mine = torch.tensor([rec.compute_s], dtype=torch.float64)
+        self.unsent.append((rec, tag))
+        if len(self.unsent) >= self.every:
+            self._send()
+
+    def _send(self) -> None:
+        mine = torch.tensor([rec.compute_s for rec, _ in self.unsent], dtype=torch.float64)
         out = [torch.zeros_like(mine) for _ in range(self.world)]
-        self.pending.append((rec, tag, out, dist.all_gather(out, mine, group=self.group, async_op=True)))
+        self.pending.append((self.unsent, out, dist.all_gather(out, mine, group=self.group, async_op=True)))
+        self.unsent = []
 
     def collect(self, flush: bool = False) -> list[tuple[StepRecord, int, list[float]]]:
         """(record, tag, every rank's compute time) of the steps whose gather is in, oldest first;
-        the newest stays in flight unless `flush`."""
+        the newest gather stays in flight unless `flush`."""
+        if flush and self.unsent:
+            self._send()
         done = []
         while len(self.pending) > (0 if flush else 1):
-            rec, tag, out, work = self.pending.pop(0)
+            entries, out, work = self.pending.pop(0)
             work.wait()
-            row = torch.cat(out).tolist()
-            rec.idle_s = min(max(row) - rec.compute_s, rec.wait_s)
-            rec.comm_s = rec.wait_s - rec.idle_s
-            done.append((rec, tag, row))
+            for (rec, tag), row in zip(entries, torch.stack(out, dim=1).tolist(), strict=True):
+                rec.idle_s = min(max(row) - rec.compute_s, rec.wait_s)
+                rec.comm_s = rec.wait_s - rec.idle_s
+                done.append((rec, tag, row))
         return done
 
 
@@ -176,7 +192,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     # compute phase would otherwise pay (and the emulator dilate).
     ddp = DDP(model, gradient_as_bucket_view=True)
     hook_state = register_compression(ddp, spec.compression, emu.dilating_hook)
-    shared = SharedStepTimes(world, new_control_group())
+    shared = SharedStepTimes(world, new_control_group(), 1 if cfg.schedule == "dynamic" else cfg.rebalance_every)
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     else:
@@ -243,7 +259,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         shared.post(rec, len(plans))  # tagged with the plan it ran
         for done, tag, row in shared.collect(flush=last or checkpoint_now):
             if tag == len(plans) and done.step > 0:
-                current = [*current[-max(cfg.rebalance_every, 3) - 1:], row]
+                current = [*current[-SUDDEN_ROWS + 1:], row]
                 window.append(row)
         sudden = cfg.schedule == "dynamic" and rebalancer.sudden_change(current)
         if sudden or (window and (len(window) >= cfg.rebalance_every or last or checkpoint_now)):
