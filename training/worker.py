@@ -46,6 +46,10 @@ from training.scheduler import Rebalancer, equal_batches
 # Steps of the plan in force kept for `Rebalancer.sudden_change` (it compares a rank's last 2
 # with its median over the rest).
 SUDDEN_ROWS = 12
+# Steps that run new batch shapes, at the start and after each re-plan, pay one-off costs (the
+# allocator, kernel choice): up to twice the settled time on this host. The re-balancer does not
+# see them, or it takes the first settled steps for a sudden speed-up.
+SETTLE_STEPS = 2
 
 @dataclass
 class StepRecord:
@@ -209,8 +213,8 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     xte, yte = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
 
     records: list[StepRecord] = []
-    # Rows of compute times (rank by rank) of the steps run on the plan in force, step 0 (DDP's
-    # one-off set-up) left out: since the plan came in or the last sudden change (`current`),
+    # Rows of compute times (rank by rank) of the steps run on the plan in force, its first
+    # SETTLE_STEPS left out: since the plan came in or the last sudden change (`current`),
     # and since the last look at the plan (`window`).
     current: list[list[float]] = []
     window: list[list[float]] = []
@@ -258,7 +262,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         checkpoint_now = (step + 1) % cfg.checkpoint_every == 0 and not last
         shared.post(rec, len(plans))  # tagged with the plan it ran
         for done, tag, row in shared.collect(flush=last or checkpoint_now):
-            if tag == len(plans) and done.step > 0:
+            if tag == len(plans) and done.step >= plans[-1]["step"] + SETTLE_STEPS:
                 current = [*current[-SUDDEN_ROWS + 1:], row]
                 window.append(row)
         sudden = cfg.schedule == "dynamic" and rebalancer.sudden_change(current)
