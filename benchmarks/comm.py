@@ -8,8 +8,9 @@ same seed on 4 equal emulated workers whose links have the given bandwidth and l
 (`--link-gbps 0`: loopback, no emulated link). Then:
 
 - `bytes_per_step`: bytes one rank puts on the wire per step (WireCounter), after the methods'
-  warm-up (`training.comm.WARMUP_STEPS` steps of plain all-reduce); `run_bytes_per_step`
-  includes the warm-up;
+  warm-up (`training.comm.WARMUP_STEPS` steps of plain all-reduce; for top-k also its density
+  stages, `training.comm.topk_warmup_steps`), from the method's `timed_from_step` on;
+  `run_bytes_per_step` includes the warm-up;
 - `compression_ratio`: bytes_per_step of `none` over the method's;
 - `step_time_s`, `compute_time_s`, `comm_time_s`: means over the same post-warm-up steps on
   rank 0 (comm = time after backward's compute that is not waiting for a slower rank: the
@@ -41,7 +42,7 @@ from hetflow.config import (
     check_job,
     validated,
 )
-from training.comm import WARMUP_STEPS, choose_compression, ring_allreduce_bytes
+from training.comm import WARMUP_STEPS, choose_compression, method_warmup_steps, ring_allreduce_bytes
 from training.job import RunSpec
 from training.launch import run_workers
 from training.planning import comm_share
@@ -205,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                                compression=method, compression_reason="hetflow bench comm",
                                run_dir=f"{tmp}/{_slug(method)}-{round_}")
                 res, wall = run_workers(spec)
-                r = {**method_metrics(res, cfg.global_batch, skip), "wall_s": wall}
+                timed_from = min(max(skip, method_warmup_steps(method)), max(1, args.steps - 1))
+                r = {**method_metrics(res, cfg.global_batch, timed_from), "wall_s": wall,
+                     "timed_from_step": timed_from}
                 rounds.setdefault(method, []).append(r)
                 print(f"{method}: {r['bytes_per_step'] / 1e6:.3f} MB/step, step {r['step_time_s'] * 1e3:.0f} ms "
                       f"(comm {r['comm_time_s'] * 1e3:.0f} ms), accuracy {r['final_accuracy']:.4f}, "
@@ -250,7 +253,7 @@ def _print(out: dict) -> None:
     console = wide_console(150)
     t = Table(title=f"{out['model']} ({out['params'] / 1e6:.2f}M params), {out['world']} ranks, {link}, "
                     f"latency {out['latency_ms']:g} ms, {out['steps']} steps "
-                    f"(times and bytes from step {out['timed_from_step']})")
+                    f"(times and bytes from step {out['timed_from_step']}, top-k after its density stages)")
     cols = ["method", "MB/step/rank", "ratio", "step ms", "compute ms", "comm ms", "vs none",
             "final loss", "accuracy", "Δ pp"]
     for c in cols:

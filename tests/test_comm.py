@@ -33,6 +33,8 @@ from training.comm import (
     ring_allreduce_bytes,
     select_topk,
     topk_count,
+    topk_density,
+    topk_warmup_steps,
     wrap_optimizer,
 )
 
@@ -44,6 +46,7 @@ METHODS = ["none", "fp16", "bf16", "powersgd:2", "topk:0.01", "topk:1", "localsg
 MULTI = ["none", "powersgd:2", "topk:0.01"]  # again with small DDP buckets (several per step)
 BUCKET_MB = 0.001  # about 1 KB: the tiny MLP then has 2 buckets from step 1 on
 SHAPES = [(128, 64), (128,), (10, 128), (10,)]  # the tiny MLP's parameters
+ALL_BUT_NAMED = "topk:0.99999"  # a ratio below 1 that still keeps all 9,610 entries
 
 
 def tiny_model() -> torch.nn.Module:
@@ -72,8 +75,11 @@ def _rank_main(argv: list[str]) -> None:
     counter.install()
     out: dict = {}
     try:
-        runs = [(m, m, None) for m in METHODS] + [(f"{m}@multi", m, BUCKET_MB) for m in MULTI]
-        for label, method, bucket_mb in runs:
+        # (label, method, DDP bucket cap, top-k density stage steps, SGD momentum)
+        runs = [(m, m, None, 0, 0.0) for m in METHODS] + [(f"{m}@multi", m, BUCKET_MB, 0, 0.0) for m in MULTI]
+        runs += [("topk:0.01@staged", "topk:0.01", None, 1, 0.0)]
+        runs += [(f"{m}@momentum", m, None, 0, 0.9) for m in ("none", ALL_BUT_NAMED)]
+        for label, method, bucket_mb, stage_steps, momentum in runs:
             model = tiny_model()
             ddp = DDP(model) if bucket_mb is None else DDP(model, bucket_cap_mb=bucket_mb)
             buckets: set[int] = set()
@@ -85,8 +91,9 @@ def _rank_main(argv: list[str]) -> None:
 
                 return wrapped
 
-            state = register_compression(ddp, method, seen, nodes=NODES, warmup_steps=WARMUP)
-            opt = wrap_optimizer(torch.optim.SGD(ddp.parameters(), lr=0.1), method, state)
+            state = register_compression(ddp, method, seen, nodes=NODES, warmup_steps=WARMUP,
+                                         density_stage_steps=stage_steps)
+            opt = wrap_optimizer(torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=momentum), method, state)
             gen = torch.Generator().manual_seed(100 + args.rank)
             counter.take()
             intra0 = counter.intra_node_bytes
@@ -224,6 +231,27 @@ def test_topk_sends_values_and_indices(measured):
     expected = allgather_bytes(k * (4 + 4), WORLD)  # fp32 value + int32 index per entry
     assert _steady(measured, "topk:0.01") == [expected] * (STEPS - WARMUP)
     assert NONE_BYTES / expected >= 20
+
+
+@pytest.mark.slow
+def test_topk_warms_up_through_density_stages(measured):
+    # one step per stage: 25%, 6.25%, 1.5625%, then the method's 1%
+    ks = [topk_count(GRAD_BYTES // 4, topk_density(0.01, s, 1)) for s in range(STEPS - WARMUP)]
+    assert ks == [topk_count(GRAD_BYTES // 4, d) for d in (0.25, 0.0625, 0.015625, 0.01)]
+    assert _steady(measured, "topk:0.01@staged") == [allgather_bytes(k * 8, WORLD) for k in ks]
+    assert topk_warmup_steps(0.01, WARMUP, 1) == WARMUP + 3
+    assert topk_warmup_steps(0.3, WARMUP, 1) == WARMUP  # above the first stage: no stages
+
+
+@pytest.mark.slow
+def test_topk_sending_everything_with_momentum_is_momentum_sgd(measured):
+    # below 1 the hook takes SGD's momentum over (momentum correction); sending everything, it must
+    # step as momentum SGD does, which clearing the momentum where it sent would break
+    a = torch.tensor(measured[0]["none@momentum"]["params"])
+    b = torch.tensor(measured[0][f"{ALL_BUT_NAMED}@momentum"]["params"])
+    assert topk_count(GRAD_BYTES // 4, 0.99999) == GRAD_BYTES // 4
+    assert torch.allclose(a, b, atol=1e-5)
+    assert not torch.allclose(a, torch.tensor(measured[0]["none"]["params"]), atol=1e-3)
 
 
 @pytest.mark.slow

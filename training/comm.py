@@ -42,6 +42,9 @@ from hetflow.config import parse_compression
 log = logging.getLogger(__name__)
 
 WARMUP_STEPS = 10
+# Top-k's density warm-up after the dense steps (Deep Gradient Compression's schedule): 25%,
+# 6.25%, 1.56%, ... of the entries, each for this many steps, until the method's own ratio.
+DENSITY_STAGE_STEPS = 8
 
 # Process groups whose members share a node: their traffic does not use the emulated link.
 _INTRA_NODE_GROUPS: list = []
@@ -191,6 +194,27 @@ def topk_count(numel: int, ratio: float) -> int:
     return max(1, min(numel, math.ceil(ratio * numel - 1e-9)))
 
 
+def topk_density(ratio: float, compressed_steps: int, stage_steps: int = DENSITY_STAGE_STEPS) -> float:
+    """Share of entries top-k sends in its `compressed_steps`-th step after the dense warm-up.
+
+    Deep Gradient Compression (Lin et al., 2018) warms up by sending 25%, then 6.25%, 1.56%, ...
+    (a quarter less each stage) before the final ratio; sending 1% from the first compressed
+    step leaves most of the early, large gradients in the residuals. On wide_mlp, 59 steps, 3
+    seeds: -1.58 pp against `none` without the stages, -0.37 pp with 8-step stages.
+    """
+    if stage_steps <= 0:
+        return ratio
+    return max(ratio, 0.25 / 4 ** (compressed_steps // stage_steps))
+
+
+def topk_warmup_steps(ratio: float, warmup_steps: int = WARMUP_STEPS, stage_steps: int = DENSITY_STAGE_STEPS) -> int:
+    """Steps before top-k sends at its own ratio: the dense ones, then the density stages."""
+    stages = 0
+    while stage_steps > 0 and topk_density(ratio, stages * stage_steps, stage_steps) > ratio:
+        stages += 1
+    return warmup_steps + stages * stage_steps
+
+
 def select_topk(magnitude: torch.Tensor, k: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Indices of the k largest entries of a 1-D tensor (exact; order unspecified).
 
@@ -229,12 +253,13 @@ class TopKState:
     KEPT = ("residuals", "velocities")
 
     def __init__(self, ratio: float, process_group=None, warmup_steps: int = WARMUP_STEPS, seed: int = 0,
-                 params=()):
+                 params=(), stage_steps: int = DENSITY_STAGE_STEPS):
         if not 0 < ratio <= 1:
             raise ValueError(f"train.compression: topk ratio must be in (0, 1] (got {ratio})")
         self.ratio = ratio
         self.process_group = process_group
         self.warmup_steps = warmup_steps
+        self.stage_steps = stage_steps
         self.iter = 0
         self.residuals: dict[int, torch.Tensor] = {}
         self.magnitudes: dict[int, torch.Tensor] = {}
@@ -334,8 +359,12 @@ def topk_hook(state, bucket):  # (TopKState, dist.GradBucket) -> Future[Tensor];
 
     With SGD momentum handed over by `wrap_optimizer`, this is Deep Gradient Compression's
     momentum correction (Lin et al., 2018): each rank accumulates its own momentum u and sends
-    the top-k of the error-fed-back sum of u, clearing u where it sent (momentum factor
-    masking); SGD then steps without momentum. Without it, plain error feedback on gradients.
+    the top-k of the error-fed-back sum of u; SGD then steps without momentum. Without it, plain
+    error feedback on gradients. DGC's momentum factor masking (clearing u where it sent) is
+    left out: it drops momentum at exactly the entries sent, so that at a density of 1 the
+    method is SGD without momentum; with it, top-k at 1% lost 3.06 pp against `none` (wide_mlp,
+    59 steps, mean of 3 seeds), without it 1.58. After the dense warm-up the density follows
+    `topk_density`.
     Works in place on per-bucket buffers kept across steps: allocating and faulting in fresh
     bucket-sized tensors every step costs more than the selection.
     """
@@ -343,6 +372,7 @@ def topk_hook(state, bucket):  # (TopKState, dist.GradBucket) -> Future[Tensor];
     world = dist.get_world_size(group)
     buf = bucket.buffer()
     warming = state.iter < state.warmup_steps
+    density = topk_density(state.ratio, state.iter - state.warmup_steps, state.stage_steps)
     if bucket.is_last():
         state.iter += 1
     if warming:
@@ -358,10 +388,8 @@ def topk_hook(state, bucket):  # (TopKState, dist.GradBucket) -> Future[Tensor];
         acc.add_(u)
     else:
         acc.add_(buf)
-    k = topk_count(acc.numel(), state.ratio)
-    payload, idx = encode_topk(acc, k, state.generator, scale=1.0 / world, magnitude=state.magnitudes[i])
-    if u is not None:
-        u[idx] = 0
+    k = topk_count(acc.numel(), density)
+    payload, _ = encode_topk(acc, k, state.generator, scale=1.0 / world, magnitude=state.magnitudes[i])
     gathered = [torch.empty_like(payload) for _ in range(world)]
     work = dist.all_gather(gathered, payload, group=group, async_op=True)
 
@@ -403,6 +431,14 @@ def _node_groups(nodes: list[str]) -> list[list[int]]:
     return list(order.values())
 
 
+def method_warmup_steps(method: str, warmup_steps: int = WARMUP_STEPS) -> int:
+    """Steps before `method` sends as it will for the rest of the run (its warm-up)."""
+    name, arg = parse_method(method)
+    if name == "none":
+        return 0
+    return topk_warmup_steps(float(arg), max(2, warmup_steps)) if name == "topk" else warmup_steps
+
+
 def register_compression(
     ddp: torch.nn.parallel.DistributedDataParallel,
     method: str,
@@ -410,11 +446,13 @@ def register_compression(
     *,
     nodes: list[str] | None = None,
     warmup_steps: int = WARMUP_STEPS,
+    density_stage_steps: int = DENSITY_STAGE_STEPS,
 ):
     """Attach the comm hook for `method` (never 'auto'), wrapped by `hook_wrapper(hook)`.
 
-    `nodes[r]` names the node of rank r (needed by `hierarchical:H`). Returns the hook's state;
-    pass it to `wrap_optimizer`.
+    `nodes[r]` names the node of rank r (needed by `hierarchical:H`). `density_stage_steps`:
+    top-k's density warm-up (`topk_density`; 0: none). Returns the hook's state; pass it to
+    `wrap_optimizer`.
     """
     name, arg = parse_method(method)
     if name == "none":
@@ -431,7 +469,8 @@ def register_compression(
         hook = _powersgd_hook
     elif name == "topk":
         # at least 2: DDP rebuilds its buckets after the first step, which would scramble residuals
-        state = TopKState(float(arg), warmup_steps=max(2, warmup_steps), params=list(ddp.module.parameters()))
+        state = TopKState(float(arg), warmup_steps=max(2, warmup_steps), params=list(ddp.module.parameters()),
+                          stage_steps=density_stage_steps)
         hook = topk_hook
     elif name == "localsgd":
         state = post_localSGD_hook.PostLocalSGDState(
