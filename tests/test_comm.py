@@ -28,6 +28,7 @@ from training.comm import (
     choose_compression,
     decode_topk_into,
     encode_topk,
+    method_warmup_steps,
     parse_method,
     register_compression,
     ring_allreduce_bytes,
@@ -241,6 +242,19 @@ def test_topk_warms_up_through_density_stages(measured):
     assert _steady(measured, "topk:0.01@staged") == [allgather_bytes(k * 8, WORLD) for k in ks]
     assert topk_warmup_steps(0.01, WARMUP, 1) == WARMUP + 3
     assert topk_warmup_steps(0.3, WARMUP, 1) == WARMUP  # above the first stage: no stages
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label,method,stage_steps", [
+    *[(m, m, 0) for m in ("none", "fp16", "bf16", "powersgd:2", "topk:0.01")],
+    ("topk:0.01@staged", "topk:0.01", 1),
+])
+def test_method_warmup_steps_is_where_the_bytes_settle(measured, label, method, stage_steps):
+    # what bench comm times and counts from: every step after it sends what the last one does
+    sent = measured[0][label]["bytes"]
+    w = method_warmup_steps(method, WARMUP, stage_steps)
+    assert sent[w:] == [sent[-1]] * (STEPS - w)
+    assert w == 0 or sent[w - 1] != sent[-1]
 
 
 @pytest.mark.slow

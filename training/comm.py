@@ -199,8 +199,9 @@ def topk_density(ratio: float, compressed_steps: int, stage_steps: int = DENSITY
 
     Deep Gradient Compression (Lin et al., 2018) warms up by sending 25%, then 6.25%, 1.56%, ...
     (a quarter less each stage) before the final ratio; sending 1% from the first compressed
-    step leaves most of the early, large gradients in the residuals. On wide_mlp, 59 steps, 3
-    seeds: -1.58 pp against `none` without the stages, -0.46 pp with 8-step stages.
+    step leaves most of the early, large gradients in the residuals. Mean over seeds 0-2 of
+    `hetflow bench comm --methods none,topk:0.01 --link-gbps 0 --seed S` (wide_mlp, 59 steps):
+    -1.58 pp against `none` without the stages, -0.46 pp (-0.28, -1.11, 0.00) with 8-step ones.
     """
     if stage_steps <= 0:
         return ratio
@@ -362,20 +363,19 @@ def topk_hook(state, bucket):  # (TopKState, dist.GradBucket) -> Future[Tensor];
     the top-k of the error-fed-back sum of u; SGD then steps without momentum. Without it, plain
     error feedback on gradients. DGC's momentum factor masking (clearing u where it sent) is
     left out: it drops momentum at exactly the entries sent, so that at a density of 1 the
-    method is SGD without momentum; with it, top-k at 1% lost 3.06 pp against `none` (wide_mlp,
-    59 steps, mean of 3 seeds), without it 1.58. After the dense warm-up the density follows
-    `topk_density`.
+    method is SGD without momentum; with it (commit 40877a5), top-k at 1% lost 3.06 pp against
+    `none` over the seeds `topk_density` cites, without it 1.58. After the dense warm-up the
+    density follows `topk_density`.
     Works in place on per-bucket buffers kept across steps: allocating and faulting in fresh
     bucket-sized tensors every step costs more than the selection.
     """
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
     buf = bucket.buffer()
-    warming = state.iter < state.warmup_steps
-    density = topk_density(state.ratio, state.iter - state.warmup_steps, state.stage_steps)
+    compressed_steps = state.iter - state.warmup_steps  # negative while warming up
     if bucket.is_last():
         state.iter += 1
-    if warming:
+    if compressed_steps < 0:
         return default_hooks._allreduce_fut(group, buf)
     i = bucket.index()
     acc = state.residuals.get(i)
@@ -388,7 +388,7 @@ def topk_hook(state, bucket):  # (TopKState, dist.GradBucket) -> Future[Tensor];
         acc.add_(u)
     else:
         acc.add_(buf)
-    k = topk_count(acc.numel(), density)
+    k = topk_count(acc.numel(), topk_density(state.ratio, compressed_steps, state.stage_steps))
     payload, _ = encode_topk(acc, k, state.generator, scale=1.0 / world, magnitude=state.magnitudes[i])
     gathered = [torch.empty_like(payload) for _ in range(world)]
     work = dist.all_gather(gathered, payload, group=group, async_op=True)
@@ -431,12 +431,24 @@ def _node_groups(nodes: list[str]) -> list[list[int]]:
     return list(order.values())
 
 
-def method_warmup_steps(method: str, warmup_steps: int = WARMUP_STEPS) -> int:
-    """Steps before `method` sends as it will for the rest of the run (its warm-up)."""
+def _stateful_warmup(warmup_steps: int) -> int:
+    """Dense steps before PowerSGD or top-k compress: at least 2, since DDP rebuilds its buckets
+    after the first step, which would scramble their per-bucket state (residuals, factors)."""
+    return max(2, warmup_steps)
+
+
+def method_warmup_steps(method: str, warmup_steps: int = WARMUP_STEPS,
+                        density_stage_steps: int = DENSITY_STAGE_STEPS) -> int:
+    """Steps before `method` sends as it will for the rest of the run (its warm-up), as
+    `register_compression` sets it up."""
     name, arg = parse_method(method)
-    if name == "none":
+    if name in ("none", "fp16", "bf16"):
         return 0
-    return topk_warmup_steps(float(arg), max(2, warmup_steps)) if name == "topk" else warmup_steps
+    if name == "powersgd":
+        return _stateful_warmup(warmup_steps)
+    if name == "topk":
+        return topk_warmup_steps(float(arg), _stateful_warmup(warmup_steps), density_stage_steps)
+    return warmup_steps
 
 
 def register_compression(
@@ -463,13 +475,12 @@ def register_compression(
         state, hook = None, _bf16_hook
     elif name == "powersgd":
         state = powerSGD_hook.PowerSGDState(
-            process_group=None, matrix_approximation_rank=int(arg), start_powerSGD_iter=max(2, warmup_steps),
+            process_group=None, matrix_approximation_rank=int(arg), start_powerSGD_iter=_stateful_warmup(warmup_steps),
             min_compression_rate=1, use_error_feedback=True, warm_start=True, random_seed=0,
         )
         hook = _powersgd_hook
     elif name == "topk":
-        # at least 2: DDP rebuilds its buckets after the first step, which would scramble residuals
-        state = TopKState(float(arg), warmup_steps=max(2, warmup_steps), params=list(ddp.module.parameters()),
+        state = TopKState(float(arg), warmup_steps=_stateful_warmup(warmup_steps), params=list(ddp.module.parameters()),
                           stage_steps=density_stage_steps)
         hook = topk_hook
     elif name == "localsgd":

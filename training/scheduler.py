@@ -138,6 +138,11 @@ def equal_batches(n: int, global_batch: int) -> list[int]:
     return plan_batches([1.0] * n, global_batch)
 
 
+# Steps in a row that a rank's time must lie beyond `Rebalancer.jump` to count as a sudden change;
+# the re-plan after one is made from these steps alone.
+SUDDEN_STEPS = 2
+
+
 @dataclass
 class Rebalancer:
     """Re-plans from smoothed per-rank speed estimates when the imbalance passes a threshold.
@@ -153,8 +158,8 @@ class Rebalancer:
     is fitted through them: the profile times batches 8 to 64, and a slow worker's time at batch
     1 or 2 can lie 30% off that line, which scaling alone cannot express. A rank whose time at a
     batch it ran before moves by more than a factor `jump` (1 + 3 x `threshold`, far beyond
-    noise) has changed speed: its older points are dropped. Without a profiled c_i (`per_sample_s` None), the first
-    window sets it.
+    noise) has changed speed: its older points are dropped. Without a profiled c_i
+    (`per_sample_s` None), the first window sets it.
 
     Every rank holds one and feeds it the same all-gathered figures (a window's means; after a
     `sudden_change`, the two steps that showed it), so every rank reaches the same plan with no
@@ -236,7 +241,7 @@ class Rebalancer:
             pts[b] = w * t + (1 - w) * pts[b] if b in pts else t
         self.latest = list(plan)
 
-    def sudden_change(self, rows: Sequence[Sequence[float]], recent: int = 2, reference: int = 3) -> bool:
+    def sudden_change(self, rows: Sequence[Sequence[float]], recent: int = SUDDEN_STEPS, reference: int = 3) -> bool:
         """Whether a rank's speed has jumped: its compute time in each of the last `recent` rows
         lies more than `jump` times above, or each more than `jump` times below, its median over
         the `reference` or more rows before them.

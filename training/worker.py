@@ -41,10 +41,10 @@ from training.models import build_model, parameter_count
 from training.partition import Stream
 from training.emulation import emulator_for, now
 from training.probes import profile
-from training.scheduler import Rebalancer, equal_batches
+from training.scheduler import SUDDEN_STEPS, Rebalancer, equal_batches
 
-# Steps of the plan in force kept for `Rebalancer.sudden_change` (it compares a rank's last 2
-# with its median over the rest).
+# Steps of the plan in force kept for `Rebalancer.sudden_change` (it compares a rank's last
+# SUDDEN_STEPS with its median over the rest).
 SUDDEN_ROWS = 12
 # Steps that run new batch shapes, at the start and after each re-plan, pay one-off costs (the
 # allocator, kernel choice): up to twice the settled time on this host. The re-balancer does not
@@ -268,7 +268,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         sudden = cfg.schedule == "dynamic" and rebalancer.sudden_change(current)
         if sudden or (window and (len(window) >= cfg.rebalance_every or last or checkpoint_now)):
             # After a sudden change only the steps since it tell the new speeds.
-            rebalancer.observe(plan, _column_means(current[-2:] if sudden else window))
+            rebalancer.observe(plan, _column_means(current[-SUDDEN_STEPS:] if sudden else window))
             window = []
             if sudden:
                 current = []
