@@ -105,6 +105,14 @@ class ClusterSpec(_Model):
         description="The fastest emulated worker runs this many times slower than one core of "
         "this machine, so that the ranks do not fight over the cores.",
     )
+    jitter: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        title="Step-time jitter (emulation)",
+        description="Coefficient of variation of each emulated compute step's time, drawn "
+        "afresh every step; 0 runs every step of a batch size at the worker's own pace.",
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> ClusterSpec:

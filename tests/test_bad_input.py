@@ -36,8 +36,10 @@ def test_demo_refuses_bad_input_before_launch(argv, expected, capsys, hetflow_ho
         ("workers:\n  - {name: a, speed: 1}\n  - {name: a, speed: 2}\n", ".yaml", "appears twice"),
         ("workers:\n  - {name: a, speed: -3}\n", ".yaml", "workers.0.speed"),
         ("workers:\n  - {name: a, spede: 3}\n", ".yaml", "workers.0.spede"),
+        ("workers:\n  - {name: a, speed: 1}\njitter: 1.5\n", ".yaml", "jitter"),
     ],
-    ids=["bad-yaml", "bad-json", "not-a-mapping", "duplicate-worker", "negative-speed", "unknown-field"],
+    ids=["bad-yaml", "bad-json", "not-a-mapping", "duplicate-worker", "negative-speed", "unknown-field",
+         "jitter-above-1"],
 )
 def test_bad_cluster_file_is_refused_with_one_line(tmp_path, capsys, text, suffix, expected, hetflow_home):
     path = tmp_path / f"cluster{suffix}"

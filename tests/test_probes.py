@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import statistics
 import time
 
 import pytest
@@ -12,7 +13,7 @@ from flows.profile_cluster import print_profile_report, profile_report
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from infra.datasets import digits_source, write_dataset
 from training.comm import Link
-from training.emulation import Emulator
+from training.emulation import SMOOTH_PHASES, Emulator
 from training.job import RunSpec
 from training.launch import run_workers
 from training.models import build_model
@@ -148,3 +149,48 @@ def test_profile_of_four_emulated_workers_rediscovers_speeds_and_the_slow_link(d
     # probe is a few ms long, so under a loaded CI machine only its direction is asserted.
     gflops = [r["matmul_gflops"] for r in sorted(result["ranks"], key=lambda r: r["rank"])]
     assert gflops[-1] / gflops[0] > 2
+
+
+def _burn(cpu_s: float) -> None:
+    """Exactly `cpu_s` of this thread's CPU time."""
+    t = time.thread_time()
+    while time.thread_time() - t < cpu_s:
+        pass
+
+
+def _phase(emu: Emulator, cpu_s: float, key=None) -> float:
+    began = time.perf_counter()
+    emu.start(key)
+    _burn(cpu_s)
+    return emu.finish() - began
+
+
+def test_a_keyed_phase_is_dilated_from_its_keys_recent_median_cpu_time():
+    unit = 0.004
+    emu = Emulator(5.0, Link(None))
+    for _ in range(3):
+        _phase(emu, unit, key=8)
+    # one phase of 5x the CPU time: the emulated device takes its usual time (its own work, no
+    # pad), where unkeyed dilation would make it 5 x 5 units long
+    assert _phase(emu, 5 * unit, key=8) < 0.5 * 25 * unit
+    assert _phase(emu, 5 * unit) >= 25 * unit
+    # another key has a history of its own
+    assert _phase(emu, 5 * unit, key=16) >= 25 * unit
+    # a lasting change takes over the median within the window
+    took = [_phase(emu, 5 * unit, key=8) for _ in range(SMOOTH_PHASES // 2 + 1)]
+    assert took[0] < 0.5 * 25 * unit and took[-1] >= 25 * unit
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.3])
+def test_jitter_varies_each_keyed_phase_by_the_coefficient_asked_for(jitter):
+    emu, again = Emulator(8.0, Link(None), jitter=jitter, seed=3), Emulator(8.0, Link(None), jitter=jitter, seed=3)
+    took = [_phase(emu, 0.002, key=4) for _ in range(40)]
+    cv = statistics.stdev(took) / statistics.mean(took)
+    if jitter:
+        assert 0.15 < cv < 0.5
+        assert statistics.mean(took) == pytest.approx(8 * 0.002, rel=0.25)  # the mean pace is kept
+        # the draws come from the seed: a second emulator of the same seed repeats them
+        twice = [_phase(again, 0.002, key=4) for _ in range(5)]
+        assert twice == pytest.approx(took[:5], rel=0.2)
+    else:
+        assert cv < 0.1

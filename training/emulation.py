@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import math
+import random
+import statistics
 import time
+from collections import defaultdict, deque
 
 from training.comm import Link
 from training.job import RunSpec
 
 now = time.perf_counter
+
+# A keyed compute phase is dilated from the median CPU time of its key's last SMOOTH_PHASES
+# phases (see `Emulator`).
+SMOOTH_PHASES = 7
 
 
 class Emulator:
@@ -16,26 +24,50 @@ class Emulator:
     CPU time of the computing thread, not wall time: on a shared host the ranks wait for a
     core, and that wait (which depends on what the other ranks do) must not leak into the
     emulated device's speed. The phase is padded with sleep up to slowdown x CPU seconds.
+
+    A phase started with a `key` (training and the compute probe pass the batch size) is
+    dilated from the median CPU time of that key's last `SMOOTH_PHASES` phases, its own
+    included. The CPU time of one step on this 2-vCPU host varies by 10-20% from step to
+    step (caches cooled by the pause, the hypervisor), and dilation multiplied that noise by
+    the slowdown (8 to 32 in `hetflow bench hetero`): the emulated workers were noisy, not
+    only slow, where a real accelerator repeats a step's time within a few percent. The median
+    still follows a lasting change of the host's cost within a few phases, and a
+    straggler's factor changes `slowdown` itself. Noise on purpose is `jitter`: each keyed
+    phase lasts a log-normal factor (mean 1, coefficient of variation `jitter`) longer or
+    shorter, drawn from `seed`.
     """
 
-    def __init__(self, slowdown: float, link: Link) -> None:
+    def __init__(self, slowdown: float, link: Link, jitter: float = 0.0, seed: int = 0) -> None:
         self.slowdown = slowdown
         self.link = link
         self._wall = self._cpu = 0.0
         self._open = False
+        self._key: object = None
+        self._cpu_times: dict[object, deque[float]] = defaultdict(lambda: deque(maxlen=SMOOTH_PHASES))
+        self._sigma = math.sqrt(math.log1p(jitter**2))
+        self._rng = random.Random(seed)
         self.computed_at = self.finished_at = 0.0  # when the last phase's own work / its pad ended
 
-    def start(self) -> None:
+    def start(self, key: object = None) -> None:
         self._wall, self._cpu = now(), time.thread_time()
+        self._key = key
         self._open = True
+
+    def _target(self, cpu: float) -> float:
+        """How long the phase lasts on the emulated device, given its CPU seconds here."""
+        if self._key is None:
+            return self.slowdown * cpu
+        recent = self._cpu_times[self._key]
+        recent.append(cpu)
+        factor = self._rng.lognormvariate(-self._sigma**2 / 2, self._sigma) if self._sigma else 1.0
+        return self.slowdown * statistics.median(recent) * factor
 
     def finish(self) -> float:
         """End the phase begun by `start` (pad it); a second call before the next `start` is a
         no-op. Returns when the phase ended, pad included."""
         if self._open:
             self.computed_at = now()
-            target = self.slowdown * (time.thread_time() - self._cpu)
-            pad = target - (self.computed_at - self._wall)
+            pad = self._target(time.thread_time() - self._cpu) - (self.computed_at - self._wall)
             if pad > 0:
                 time.sleep(pad)
             self.finished_at = now()
@@ -58,4 +90,5 @@ def emulator_for(spec: RunSpec, rank: int) -> Emulator:
     if not spec.cluster.emulate:
         return Emulator(1.0, Link(None, 0.0))
     w = spec.cluster.workers[rank]
-    return Emulator(spec.cluster.slowdowns()[rank], Link(w.link_gbps, w.link_latency_ms / 1e3))
+    return Emulator(spec.cluster.slowdowns()[rank], Link(w.link_gbps, w.link_latency_ms / 1e3),
+                    jitter=spec.cluster.jitter, seed=spec.train.seed * 1009 + rank)

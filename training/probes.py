@@ -211,7 +211,7 @@ def probe_compute(model: nn.Module, x: torch.Tensor, y: torch.Tensor, emu: Emula
         if rest > 0:  # cool down as long as a step of training does (see COMPUTE_PAUSE_S)
             time.sleep(rest)
         t = now()
-        emu.start()
+        emu.start(key=b)
         _step(model, *batches[b])
         end = emu.finish()  # a no-op when the model's comm hook has ended the phase
         computed = emu.computed_at

@@ -242,7 +242,7 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
         idx = torch.from_numpy(stream.step_indices(step, plan, rank))
         x, y = xtr[idx], ytr[idx]
         t1 = now()
-        emu.start()
+        emu.start(key=len(idx))
         loss_sum = nn.functional.cross_entropy(ddp(x), y, reduction="sum")
         # DDP averages over ranks; scale so the result is the mean over the global batch.
         (loss_sum * world / cfg.global_batch).backward()
