@@ -95,10 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rebalance-threshold", type=float, dest="rebalance_threshold",
                    default=TrainConfig.model_fields["rebalance_threshold"].default,
                    help="dynamic: imbalance (max/mean - 1) that triggers a re-plan")
+    p.add_argument("--time-scale", type=float, dest="time_scale",
+                   default=ClusterSpec.model_fields["time_scale"].default,
+                   help="emulation: the fastest worker runs this many times slower than a core")
+    p.add_argument("--jitter", type=float, default=0.0,
+                   help="emulation: coefficient of variation of every compute step's time")
     p.add_argument("--json", dest="json_path")
     args = p.parse_args(argv)
 
-    cluster = ClusterSpec.from_speeds(parse_speeds(args.speeds), name=f"bench-{args.speeds}")
+    cluster = ClusterSpec.from_speeds(parse_speeds(args.speeds), name=f"bench-{args.speeds}",
+                                      time_scale=args.time_scale, jitter=args.jitter)
     base = TrainConfig(model=args.model, steps=args.steps, global_batch=args.global_batch,
                        rebalance_every=args.rebalance_every, rebalance_threshold=args.rebalance_threshold)
     check_job(cluster, base)
@@ -152,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "speeds": parse_speeds(args.speeds), "steps": args.steps, "model": args.model,
         "global_batch": args.global_batch, "stragglers": stragglers,
+        "time_scale": args.time_scale, "jitter": args.jitter,
         "measured_speeds": [round(r["samples_per_s"], 2) for r in sorted(profile["ranks"], key=lambda r: r["rank"])],
         "allreduce_s": allreduce_s,
         "ideal_with_allreduce_samples_per_s": ideal_ar,
