@@ -165,7 +165,7 @@ def _phase(emu: Emulator, cpu_s: float, key=None) -> float:
     return emu.finish() - began
 
 
-def test_a_keyed_phase_is_dilated_from_its_keys_recent_median_cpu_time():
+def test_a_keyed_phase_is_dilated_from_its_keys_least_recent_cpu_time():
     unit = 0.004
     emu = Emulator(5.0, Link(None))
     for _ in range(3):
@@ -176,9 +176,11 @@ def test_a_keyed_phase_is_dilated_from_its_keys_recent_median_cpu_time():
     assert _phase(emu, 5 * unit) >= 25 * unit
     # another key has a history of its own
     assert _phase(emu, 5 * unit, key=16) >= 25 * unit
-    # a lasting change takes over the median within the window
-    took = [_phase(emu, 5 * unit, key=8) for _ in range(SMOOTH_PHASES // 2 + 1)]
-    assert took[0] < 0.5 * 25 * unit and took[-1] >= 25 * unit
+    # a lasting change shows once it fills the window (one of its phases ran above)
+    took = [_phase(emu, 5 * unit, key=8) for _ in range(SMOOTH_PHASES - 1)]
+    assert took[-2] < 0.5 * 25 * unit and took[-1] >= 25 * unit
+    # and a faster phase is the device's pace at once
+    assert _phase(emu, unit, key=8) < 0.5 * 25 * unit
 
 
 @pytest.mark.parametrize("jitter", [0.0, 0.3])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import time
 from collections import defaultdict, deque
 
@@ -13,7 +12,7 @@ from training.job import RunSpec
 
 now = time.perf_counter
 
-# A keyed compute phase is dilated from the median CPU time of its key's last SMOOTH_PHASES
+# A keyed compute phase is dilated from the least CPU time of its key's last SMOOTH_PHASES
 # phases (see `Emulator`).
 SMOOTH_PHASES = 7
 
@@ -26,15 +25,19 @@ class Emulator:
     emulated device's speed. The phase is padded with sleep up to slowdown x CPU seconds.
 
     A phase started with a `key` (training and the compute probe pass the batch size) is
-    dilated from the median CPU time of that key's last `SMOOTH_PHASES` phases, its own
-    included. The CPU time of one step on this 2-vCPU host varies by 10-20% from step to
-    step (caches cooled by the pause, the hypervisor), and dilation multiplied that noise by
-    the slowdown (8 to 32 in `hetflow bench hetero`): the emulated workers were noisy, not
-    only slow, where a real accelerator repeats a step's time within a few percent. The median
-    still follows a lasting change of the host's cost within a few phases, and a
-    straggler's factor changes `slowdown` itself. Noise on purpose is `jitter`: each keyed
-    phase lasts a log-normal factor (mean 1, coefficient of variation `jitter`) longer or
-    shorter, drawn from `seed`.
+    dilated from the least CPU time of that key's last `SMOOTH_PHASES` phases, its own
+    included: the device's pace at that batch, free of the host. The CPU time of one step on
+    this 2-vCPU host varies by 10-20% from step to step (caches cooled by the pause, the
+    hypervisor, the other ranks) and is up to 2x in a batch shape's first steps; dilation
+    multiplied that noise by the slowdown (8 to 32 in `hetflow bench hetero`), so the emulated
+    workers were noisy, not only slow, where a real accelerator repeats a step's time within a
+    few percent. Interference only ever adds time, so the least recent time is the estimate
+    nearest the work itself, as the compute probe's best-of-rounds is (a median of 7 still
+    carried a cold start into the 4th step and left the ranks 5-15% off their profile). A
+    lasting rise of the host's cost shows after `SMOOTH_PHASES` phases; a straggler's factor
+    changes `slowdown` itself. Noise on purpose is `jitter`: each keyed phase lasts a
+    log-normal factor (mean 1, coefficient of variation `jitter`) longer or shorter, drawn
+    from `seed`.
     """
 
     def __init__(self, slowdown: float, link: Link, jitter: float = 0.0, seed: int = 0) -> None:
@@ -60,7 +63,7 @@ class Emulator:
         recent = self._cpu_times[self._key]
         recent.append(cpu)
         factor = self._rng.lognormvariate(-self._sigma**2 / 2, self._sigma) if self._sigma else 1.0
-        return self.slowdown * statistics.median(recent) * factor
+        return self.slowdown * min(recent) * factor
 
     def finish(self) -> float:
         """End the phase begun by `start` (pad it); a second call before the next `start` is a

@@ -61,12 +61,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from infra.s3 import filesystem
 from training.comm import WireCounter
 from training.data import RankData
-from training.emulation import Emulator, emulator_for, now
+from training.emulation import SMOOTH_PHASES, Emulator, emulator_for, now
 from training.job import RunSpec
 from training.models import build_model, parameter_count
 
 COMPUTE_BUDGET_S = 2.0  # wall time of the compute probe (every rank alike)
-COMPUTE_MIN_ROUNDS = 3
+# An emulated worker's step at a batch size is dilated from the least CPU time of its last
+# SMOOTH_PHASES steps at that size: as many rounds as that, and the profile times the pace the
+# worker trains at (with 3 rounds it timed steps 3-14% slower than training ran them).
+COMPUTE_MIN_ROUNDS = SMOOTH_PHASES
 COMPUTE_MAX_ROUNDS = 15
 # Every timed step starts at least this long after the previous one finished computing (an
 # emulated worker's dilation pause counts). In training a worker computes after the all-reduce
