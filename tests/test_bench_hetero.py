@@ -1,10 +1,13 @@
-"""`hetflow bench hetero`'s pure pieces (the benchmark itself is measured, not tested)."""
+"""`hetflow bench hetero`'s pure pieces and argument checks (the benchmark itself is measured,
+not tested)."""
 
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from benchmarks.hetero import compute_model_error
+from benchmarks.hetero import compute_model_error, main, median_run
+from hetflow.config import ConfigError
 
 
 def test_compute_model_error_compares_measured_compute_with_the_plans_model():
@@ -22,3 +25,24 @@ def test_compute_model_error_compares_measured_compute_with_the_plans_model():
     # whose batch is not the plan's (a re-plan)
     assert errors == [pytest.approx(0.0), pytest.approx(0.3)]
     assert compute_model_error(result, [3, 4], [0.01, 0.02], [0.02, 0.02], until_step=3)[0] is None
+
+
+def test_median_run_keeps_the_median_runs_figures_together_and_lists_every_efficiency():
+    def run(tp, plan):
+        return {"throughput_samples_per_s": tp, "efficiency": tp / 100, "final_plan": plan}
+
+    runs = [run(90.0, [1]), run(70.0, [2]), run(80.0, [3])]
+    out = median_run(runs)
+    assert out["throughput_samples_per_s"] == 80.0 and out["final_plan"] == [3]  # one run, whole
+    assert out["efficiency_runs"] == [0.9, 0.7, 0.8]  # in the order they ran
+    assert median_run(runs[:2])["final_plan"] == [2]  # even count: the lower middle
+    assert "efficiency_runs" not in runs[2]  # the runs themselves are left as they were
+
+
+@pytest.mark.parametrize("argv, field", [(["--repeat", "0"], "--repeat"), (["--jitter", "1.5"], "jitter"),
+                                         (["--time-scale", "0"], "time_scale")])
+def test_bench_hetero_refuses_bad_numbers_before_launching(tmp_path, argv, field):
+    # the CLI turns either into one line naming the field (tests/test_bad_input.py)
+    with pytest.raises((ConfigError, ValidationError), match=field):
+        main([*argv, "--json", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
