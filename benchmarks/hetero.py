@@ -18,16 +18,19 @@ compute per step lies from what the plan's fitted model (a_i + c_i x b_i) predic
 
 The workers are emulated (see `training.emulation`): `--time-scale` (default 16, where
 `hetflow train` uses 8) makes the fastest worker that many times slower than a core of this
-machine, and `--jitter` adds step-to-step noise to every worker's compute. The bench's
-default is 16 because the 4 ranks' gloo all-reduce on a 2-vCPU host takes 2-9 ms whatever
-the gradient's size (the processes outnumber the cores; 2 ranks take 0.3 ms): 8-9% of a step
-at time scale 8, 4% at 16. That cost belongs to the host, not to the plan, and no emulated
-link asks for it. The figures of one run move by about 5% from run to run (a worker process's pace
-varies from one launch to the next): compare variants within one run, or take `--repeat 3`, which runs the variants
-round by round and reports each one's median run, with every run's efficiency beside it.
-Training has computed 2-16% faster per step than the profile predicted (negative
-`compute_model_error`, the baseline's included), so `ideal_samples_per_s` reads a few percent
-low and `efficiency` as much high; the cause is not found.
+machine, and `--jitter` adds step-to-step noise to every worker's compute. The bench's default
+is 16 because the 4 ranks' gloo all-reduce on a 2-vCPU host takes 2-13 ms whatever the
+gradient's size (the processes outnumber the cores; 2 ranks take 0.3 ms): communication was
+8-9% of the ranks' time at time scale 8, 4% at 16 (`comm_fraction`, 1,1,2,4). That cost belongs
+to the host, not to the plan, and no emulated link asks for it.
+
+One run's efficiencies move by about 5% from run to run: two variants that ran the same plan
+with no re-plan scored 0.902 and 0.977 in one run. Compare variants within one run, or take
+`--repeat 3`, which runs the variants round by round and reports each one's median run, with
+every run's efficiency beside it. Training has computed up to 16% faster per step than the
+profile predicted (negative `compute_model_error`, the baseline's included), so
+`ideal_samples_per_s` reads a few percent low and `efficiency` as much high; the cause is not
+found.
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                    default=TIME_SCALE,
                    help="emulation: the fastest worker runs this many times slower than a core "
                    f"(default {TIME_SCALE:g})")
-    p.add_argument("--jitter", type=float, default=0.0,
+    p.add_argument("--jitter", type=float, default=ClusterSpec.model_fields["jitter"].default,
                    help="emulation: coefficient of variation of every compute step's time")
     p.add_argument("--repeat", type=int, default=1,
                    help="run every variant N times, round by round, and report each one's median run")

@@ -165,34 +165,41 @@ def _phase(emu: Emulator, cpu_s: float, key=None) -> float:
     return emu.finish() - began
 
 
-def test_a_keyed_phase_is_dilated_from_its_keys_least_recent_cpu_time():
-    unit = 0.004
+def test_a_keyed_phase_is_dilated_from_the_least_of_its_keys_recent_cpu_times():
     emu = Emulator(5.0, Link(None))
     for _ in range(3):
-        _phase(emu, unit, key=8)
-    # one phase of 5x the CPU time: the emulated device takes its usual time (its own work, no
-    # pad), where unkeyed dilation would make it 5 x 5 units long
-    assert _phase(emu, 5 * unit, key=8) < 0.5 * 25 * unit
-    assert _phase(emu, 5 * unit) >= 25 * unit
+        assert emu.dilated(1.0, key=8) == 5.0
+    # one phase of 5x the CPU time: the emulated device takes its usual time, where unkeyed
+    # dilation makes it 5 x 5 long
+    assert emu.dilated(5.0, key=8) == 5.0
+    assert emu.dilated(5.0) == 25.0
     # another key has a history of its own
-    assert _phase(emu, 5 * unit, key=16) >= 25 * unit
+    assert emu.dilated(5.0, key=16) == 25.0
     # a lasting change shows once it fills the window (one of its phases ran above)
-    took = [_phase(emu, 5 * unit, key=8) for _ in range(SMOOTH_PHASES - 1)]
-    assert took[-2] < 0.5 * 25 * unit and took[-1] >= 25 * unit
+    took = [emu.dilated(5.0, key=8) for _ in range(SMOOTH_PHASES - 1)]
+    assert took[-2] == 5.0 and took[-1] == 25.0
     # and a faster phase is the device's pace at once
-    assert _phase(emu, unit, key=8) < 0.5 * 25 * unit
+    assert emu.dilated(1.0, key=8) == 5.0
+
+
+def test_finish_pads_a_keyed_phase_and_records_its_cpu_time_under_the_key():
+    unit = 0.004
+    emu = Emulator(5.0, Link(None))
+    assert _phase(emu, unit, key=8) >= 5 * unit  # padded (sleep only overshoots)
+    # the phase's CPU time (a little over `unit`) is key 8's least so far; nothing went to key 16
+    assert 5 * unit <= emu.dilated(100.0, key=8) < 5 * 2 * unit
+    assert emu.dilated(100.0, key=16) == 500.0
 
 
 @pytest.mark.parametrize("jitter", [0.0, 0.3])
 def test_jitter_varies_each_keyed_phase_by_the_coefficient_asked_for(jitter):
     emu, again = Emulator(8.0, Link(None), jitter=jitter, seed=3), Emulator(8.0, Link(None), jitter=jitter, seed=3)
-    took = [_phase(emu, 0.002, key=4) for _ in range(40)]
+    took = [emu.dilated(0.002, key=4) for _ in range(40)]
     cv = statistics.stdev(took) / statistics.mean(took)
     if jitter:
         assert 0.15 < cv < 0.5
         assert statistics.mean(took) == pytest.approx(8 * 0.002, rel=0.25)  # the mean pace is kept
         # the draws come from the seed: a second emulator of the same seed repeats them
-        twice = [_phase(again, 0.002, key=4) for _ in range(5)]
-        assert twice == pytest.approx(took[:5], rel=0.2)
+        assert [again.dilated(0.002, key=4) for _ in range(5)] == took[:5]
     else:
-        assert cv < 0.1
+        assert cv == 0.0

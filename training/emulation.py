@@ -29,11 +29,12 @@ class Emulator:
     included: the device's pace at that batch, free of the host. The CPU time of one step on
     this 2-vCPU host varies by 10-20% from step to step (caches cooled by the pause, the
     hypervisor, the other ranks) and is up to 2x in a batch shape's first steps; dilation
-    multiplied that noise by the slowdown (8 to 32 in `hetflow bench hetero`), so the emulated
-    workers were noisy, not only slow, where a real accelerator repeats a step's time within a
-    few percent. Interference only ever adds time, so the least recent time is the estimate
-    nearest the work itself, as the compute probe's best-of-rounds is (a median of 7 still
-    carried a cold start into the 4th step and left the ranks 5-15% off their profile). A
+    multiplied that noise by the slowdown (16 to 96 in `hetflow bench hetero` on 1,2,3,6), so
+    the emulated workers were noisy, not only slow, where a real accelerator repeats a step's
+    time within a few percent. Interference only ever adds time, so the least of the recent
+    times is the estimate nearest the work itself, as the compute probe's best-of-rounds is (a
+    median of 7 carried a batch shape's cold first steps into the 4th step, where the dynamic
+    schedule took them for an imbalance and re-planned). A
     lasting rise of the host's cost shows after `SMOOTH_PHASES` phases; a straggler's factor
     changes `slowdown` itself. Noise on purpose is `jitter`: each keyed phase lasts a
     log-normal factor (mean 1, coefficient of variation `jitter`) longer or shorter, drawn
@@ -56,11 +57,12 @@ class Emulator:
         self._key = key
         self._open = True
 
-    def _target(self, cpu: float) -> float:
-        """How long the phase lasts on the emulated device, given its CPU seconds here."""
-        if self._key is None:
+    def dilated(self, cpu: float, key: object = None) -> float:
+        """Seconds a phase of `cpu` CPU seconds here lasts on the emulated device; a keyed
+        phase's CPU time joins its key's recent ones. `finish` pads the phase to this."""
+        if key is None:
             return self.slowdown * cpu
-        recent = self._cpu_times[self._key]
+        recent = self._cpu_times[key]
         recent.append(cpu)
         factor = self._rng.lognormvariate(-self._sigma**2 / 2, self._sigma) if self._sigma else 1.0
         return self.slowdown * min(recent) * factor
@@ -70,7 +72,7 @@ class Emulator:
         no-op. Returns when the phase ended, pad included."""
         if self._open:
             self.computed_at = now()
-            pad = self._target(time.thread_time() - self._cpu) - (self.computed_at - self._wall)
+            pad = self.dilated(time.thread_time() - self._cpu, self._key) - (self.computed_at - self._wall)
             if pad > 0:
                 time.sleep(pad)
             self.finished_at = now()

@@ -67,8 +67,10 @@ from training.models import build_model, parameter_count
 
 COMPUTE_BUDGET_S = 2.0  # wall time of the compute probe (every rank alike)
 # An emulated worker's step at a batch size is dilated from the least CPU time of its last
-# SMOOTH_PHASES steps at that size: as many rounds as that, and the profile times the pace the
-# worker trains at (with 3 rounds it timed steps 3-14% slower than training ran them).
+# SMOOTH_PHASES steps at that size: as many rounds as that, and the probe's best round is the
+# same statistic as a settled training step (the least of 7, not of 3). Training still ran 1-16%
+# faster per step than the profile in `hetflow bench hetero` (`compute_model_error`); the
+# cause is not found.
 COMPUTE_MIN_ROUNDS = SMOOTH_PHASES
 COMPUTE_MAX_ROUNDS = 15
 # Every timed step starts at least this long after the previous one finished computing (an
