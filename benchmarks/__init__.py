@@ -31,8 +31,8 @@ def digits_workspace(name: str, work_dir: str | None = None) -> Iterator[tuple[s
     started for the benchmark (unless one is configured), cached under the folder, a temporary
     one unless `work_dir` is given."""
     from hetflow.config import DatasetSpec
-    from infra.datasets import digits_source, write_dataset
-    from infra.s3 import local_s3_endpoint
+    from hetflow.infra.datasets import digits_source, write_dataset
+    from hetflow.infra.s3 import local_s3_endpoint
 
     folder = contextlib.nullcontext(work_dir) if work_dir else tempfile.TemporaryDirectory()
     with folder as tmp, local_s3_endpoint():

@@ -42,11 +42,11 @@ from hetflow.config import (
     check_job,
     validated,
 )
-from training.comm import WARMUP_STEPS, choose_compression, method_warmup_steps, ring_allreduce_bytes
-from training.job import RunSpec
-from training.launch import run_workers
-from training.planning import comm_share
-from training.scheduler import equal_batches
+from hetflow.training.comm import WARMUP_STEPS, choose_compression, method_warmup_steps, ring_allreduce_bytes
+from hetflow.training.job import RunSpec
+from hetflow.training.launch import run_workers
+from hetflow.training.planning import comm_share
+from hetflow.training.scheduler import equal_batches
 
 DEFAULT_METHODS = "none,fp16,bf16,powersgd:4,topk:0.01,localsgd:4"
 WORLD = 4

@@ -35,11 +35,11 @@ from collections.abc import Iterator
 
 from benchmarks import wide_console, write_json
 from hetflow.config import ConfigError
-from infra.cache import ShardCache
-from infra.datasets import Manifest, synthetic_source, write_dataset
-from infra.s3 import free_port, local_endpoint_environ, local_s3_endpoint
-from training.data import RankReader, shard_reads
-from training.partition import check_plan
+from hetflow.infra.cache import ShardCache
+from hetflow.infra.datasets import Manifest, synthetic_source, write_dataset
+from hetflow.infra.s3 import free_port, local_endpoint_environ, local_s3_endpoint
+from hetflow.training.data import RankReader, shard_reads
+from hetflow.training.partition import check_plan
 
 VARIANTS = ("no_cache", "cache", "cache_prefetch", "cache_half")
 

@@ -47,11 +47,11 @@ from hetflow.config import (
     check_job,
     parse_speeds,
 )
-from training.job import RunSpec
-from training.launch import run_workers
-from training.metrics import WARMUP_STEPS, summarize
-from training.planning import ideal_throughput, make_plan
-from training.scheduler import fitted_step_model
+from hetflow.training.job import RunSpec
+from hetflow.training.launch import run_workers
+from hetflow.training.metrics import WARMUP_STEPS, summarize
+from hetflow.training.planning import ideal_throughput, make_plan
+from hetflow.training.scheduler import fitted_step_model
 
 TIME_SCALE = 16.0  # see the module docstring
 VARIANTS = {"baseline": "equal", "static": "proportional", "dynamic": "dynamic"}

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from benchmarks import digits_workspace, wide_console, write_json
 from hetflow.config import ClusterSpec, ConfigError, load_mapping
-from training import simulator as sim
+from hetflow.training import simulator as sim
 
 DEFAULT_MIX = "g4dn.xlarge:32,g5.xlarge:16,p3dn.24xlarge:2"
 DEFAULT_FRACTION = 0.3
@@ -132,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _catalog(types: list[str]):
-    from infra.catalog import Catalog
-    from infra.s3 import local_s3_endpoint
+    from hetflow.infra.catalog import Catalog
+    from hetflow.infra.s3 import local_s3_endpoint
 
     with local_s3_endpoint():
         return Catalog.from_ec2(types)
@@ -377,7 +377,7 @@ def published_gap(pub: dict) -> str:
 
 
 def _measured(result: dict, global_batch: int) -> dict:
-    from training.metrics import summarize
+    from hetflow.training.metrics import summarize
 
     m = summarize(result, global_batch, None)
     ranks = sorted(result["ranks"], key=lambda r: r["rank"])
@@ -452,9 +452,9 @@ def calibrate(steps: int) -> dict:
     """Small real runs here (torchrun, emulated workers), each predicted from its own profile."""
     from benchmarks.comm import link_cluster
     from hetflow.config import TrainConfig, check_job
-    from training.job import RunSpec
-    from training.launch import run_workers
-    from training.planning import make_plan
+    from hetflow.training.job import RunSpec
+    from hetflow.training.launch import run_workers
+    from hetflow.training.planning import make_plan
 
     if steps < 5:
         raise ConfigError(f"--calibrate-steps: at least 5 (got {steps})")

@@ -10,12 +10,12 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig, check_job, default_cluster
-from infra.s3 import local_s3_endpoint
-from tasks.cluster import profile_workers, train_variant
-from tasks.data import ingest_dataset
-from tasks.profile import resolve_instance_types
-from tasks.report import comparison, markdown
-from tasks.tracking import finish_parent_run, start_parent_run
+from hetflow.infra.s3 import local_s3_endpoint
+from hetflow.tasks.cluster import profile_workers, train_variant
+from hetflow.tasks.data import ingest_dataset
+from hetflow.tasks.profile import resolve_instance_types
+from hetflow.tasks.report import comparison, markdown
+from hetflow.tasks.tracking import finish_parent_run, start_parent_run
 
 VARIANTS = ("baseline", "optimized")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import flow
 
 from hetflow.config import DatasetSpec
-from infra.s3 import local_s3_endpoint
-from tasks.data import ingest_dataset, verify
+from hetflow.infra.s3 import local_s3_endpoint
+from hetflow.tasks.data import ingest_dataset, verify
 
 
 @flow(name="prepare-dataset", log_prints=True)

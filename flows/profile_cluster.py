@@ -23,11 +23,11 @@ from hetflow.config import (
     check_job,
     default_cluster,
 )
-from infra.catalog import cost_usd
-from infra.s3 import local_s3_endpoint
-from tasks.cluster import profile_workers
-from tasks.data import ingest_dataset
-from tasks.profile import (
+from hetflow.infra.catalog import cost_usd
+from hetflow.infra.s3 import local_s3_endpoint
+from hetflow.tasks.cluster import profile_workers
+from hetflow.tasks.data import ingest_dataset
+from hetflow.tasks.profile import (
     profile_history,
     profile_stamp,
     profiles_prefix,

@@ -7,10 +7,10 @@ from typing import Literal
 from prefect import flow
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig, check_job, default_cluster
-from infra.s3 import local_s3_endpoint
-from tasks.cluster import profile_workers, train_variant
-from tasks.data import ingest_dataset
-from tasks.profile import resolve_instance_types
+from hetflow.infra.s3 import local_s3_endpoint
+from hetflow.tasks.cluster import profile_workers, train_variant
+from hetflow.tasks.data import ingest_dataset
+from hetflow.tasks.profile import resolve_instance_types
 
 
 @flow(name="train", log_prints=True, retries=1, retry_delay_seconds=10)

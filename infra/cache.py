@@ -39,9 +39,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.datasets import ChecksumError
-from infra.datasets import sha256 as sha256_of
-from infra.s3 import filesystem
+from hetflow.infra.datasets import ChecksumError
+from hetflow.infra.datasets import sha256 as sha256_of
+from hetflow.infra.s3 import filesystem
 
 __all__ = ["CacheStats", "ChecksumError", "EmulatedStore", "ShardCache"]
 

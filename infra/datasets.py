@@ -26,7 +26,7 @@ import re
 import numpy as np
 from pydantic import BaseModel, ValidationError, field_validator, model_validator
 
-from infra.s3 import ensure_bucket, filesystem
+from hetflow.infra.s3 import ensure_bucket, filesystem
 
 MANIFEST = "manifest.json"
 _SHARD_KEY = re.compile(r"^[A-Za-z0-9_.-]+/shard-\d+\.npz$")

@@ -10,13 +10,13 @@ from prefect import runtime, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
-from infra.catalog import Catalog, cost_usd
-from infra.paths import runs_dir
-from training.job import RunSpec
-from training.launch import run_workers
-from training.metrics import step_series, summarize
-from tasks.tracking import finish_training_run, open_training_run, system_metrics
-from training.planning import Plan, make_plan
+from hetflow.infra.catalog import Catalog, cost_usd
+from hetflow.infra.paths import runs_dir
+from hetflow.training.job import RunSpec
+from hetflow.training.launch import run_workers
+from hetflow.training.metrics import step_series, summarize
+from hetflow.tasks.tracking import finish_training_run, open_training_run, system_metrics
+from hetflow.training.planning import Plan, make_plan
 
 
 def new_run_dir(label: str) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 
 from hetflow.config import DatasetSpec
-from infra.datasets import (
+from hetflow.infra.datasets import (
     DatasetError,
     Manifest,
     MissingDataset,

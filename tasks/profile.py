@@ -15,8 +15,8 @@ import time
 from prefect import task
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
-from infra.catalog import Catalog, resolve_cluster
-from infra.s3 import ensure_bucket, filesystem
+from hetflow.infra.catalog import Catalog, resolve_cluster
+from hetflow.infra.s3 import ensure_bucket, filesystem
 
 
 def profiles_prefix(dataset: DatasetSpec, cluster: ClusterSpec, model: str) -> str:
@@ -101,7 +101,7 @@ def record_profile(profile: dict, cluster: ClusterSpec, dataset: DatasetSpec,
     """One MLflow run (variant `profile`): per-rank figures as metrics, the JSON as an artifact."""
     from mlflow.entities import Metric
 
-    from tasks.tracking import _flow_run_tags, _log_json, client_for, experiment_id
+    from hetflow.tasks.tracking import _flow_run_tags, _log_json, client_for, experiment_id
 
     client = client_for(tracking)
     tags = {"variant": "profile", "cluster": cluster.name, "dataset": dataset.url, **_flow_run_tags()}

@@ -21,8 +21,8 @@ from mlflow.tracking import MlflowClient
 from prefect import runtime
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
-from infra.paths import home
-from tasks import plots
+from hetflow.infra.paths import home
+from hetflow.tasks import plots
 
 BATCH = 500  # MLflow accepts up to 1000 metrics per log_batch call
 
@@ -156,7 +156,7 @@ def _log_model(run_id: str, outcome: dict, train: TrainConfig, register_as: str)
     import numpy as np
     import torch
 
-    from training.models import build_model
+    from hetflow.training.models import build_model
 
     state = Path(outcome["run_dir"]) / "model.pt"
     if not state.exists():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.cli import main
+from hetflow.cli import main
 from hetflow.config import ConfigError, DatasetSpec, TrainConfig, load_mapping, validated
 
 CASES = {

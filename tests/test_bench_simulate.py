@@ -106,7 +106,7 @@ def test_calibration_fits_the_overhead_leave_one_out():
 
 
 def test_the_cli_hands_simulate_its_own_flags(s3, tmp_path, capsys):
-    from flows.cli import main as hetflow
+    from hetflow.cli import main as hetflow
 
     path = tmp_path / "cli.json"
     assert hetflow(["simulate", "--mix", "g4dn.xlarge:2", "--workers", "1,2", "--json", str(path)]) == 0

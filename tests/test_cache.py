@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import infra.cache as cache_mod
-from infra.cache import ChecksumError, EmulatedStore, ShardCache
-from infra.datasets import synthetic_source, write_dataset
-from infra.s3 import local_endpoint_environ
+import hetflow.infra.cache as cache_mod
+from hetflow.infra.cache import ChecksumError, EmulatedStore, ShardCache
+from hetflow.infra.datasets import synthetic_source, write_dataset
+from hetflow.infra.s3 import local_endpoint_environ
 
 
 @pytest.fixture(scope="module")

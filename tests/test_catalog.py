@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hetflow.config import ClusterSpec, ConfigError
-from infra.catalog import (
+from hetflow.infra.catalog import (
     Catalog,
     CatalogError,
     cost_usd,
@@ -117,7 +117,7 @@ def test_resolve_cluster_derives_speeds_and_links_from_instance_types(catalog):
 
 def test_seed_profile_feeds_the_planner(catalog):
     from hetflow.config import TrainConfig
-    from training.planning import make_plan
+    from hetflow.training.planning import make_plan
 
     cluster = resolve_cluster(ClusterSpec.model_validate({"workers": [
         {"name": "t4", "instance_type": "g4dn.xlarge"}, {"name": "h100", "instance_type": "p5.48xlarge"},

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hetflow.config import ConfigError, TrainConfig, validated
-from training.comm import (
+from hetflow.training.comm import (
     Link,
     allgather_bytes,
     choose_compression,
@@ -63,7 +63,7 @@ def _rank_main(argv: list[str]) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from training.comm import WireCounter, finish_optimizer, register_compression, wrap_optimizer
+    from hetflow.training.comm import WireCounter, finish_optimizer, register_compression, wrap_optimizer
 
     p = argparse.ArgumentParser()
     p.add_argument("--rank", type=int)
@@ -127,7 +127,6 @@ def _rank_main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     _rank_main(sys.argv[1:])
     sys.exit(0)
 
@@ -139,8 +138,7 @@ if __name__ == "__main__":
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("ranks")
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--rank", str(r), "--init", str(tmp / "store"), "--out", str(tmp / f"{r}.json")],
@@ -418,7 +416,7 @@ def test_parse_method_knows_hierarchical():
 
 
 def test_auto_keeps_none_when_communication_is_cheap(caplog):
-    caplog.set_level("INFO", logger="training.comm")
+    caplog.set_level("INFO", logger="hetflow.training.comm")
     method, reason = choose_compression(0.05)
     assert method == "none" and "5%" in reason
     assert "none" in caplog.text and "5%" in caplog.text  # the reason is logged
@@ -439,7 +437,7 @@ def test_auto_is_monotone_in_the_share(share):
 
 def _one_rank_run(method: str, steps: int, resume_from: dict | None = None, save_at: int | None = None):
     """SGD with momentum 0.9 under DDP on one gloo rank; (parameters, checkpoint taken at save_at)."""
-    from training.comm import comm_state_dict, load_comm_state
+    from hetflow.training.comm import comm_state_dict, load_comm_state
 
     model = tiny_model()
     ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)  # as the worker

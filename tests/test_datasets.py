@@ -12,8 +12,8 @@ import pytest
 from prefect.states import Completed, Failed
 
 from hetflow.config import DatasetSpec
-from infra.cache import ShardCache
-from infra.datasets import (
+from hetflow.infra.cache import ShardCache
+from hetflow.infra.datasets import (
     ChecksumError,
     DatasetError,
     MissingDataset,
@@ -26,9 +26,9 @@ from infra.datasets import (
     verify_dataset,
     write_dataset,
 )
-from infra.s3 import local_endpoint_environ
-from tasks.data import _retry_unless_bad_data, ingest_dataset
-from training.data import RankReader, check_world, load_rank_data
+from hetflow.infra.s3 import local_endpoint_environ
+from hetflow.tasks.data import _retry_unless_bad_data, ingest_dataset
+from hetflow.training.data import RankReader, check_world, load_rank_data
 
 
 def _objects(url: str) -> list[str]:
@@ -73,7 +73,7 @@ def test_an_existing_dataset_is_reused_only_if_it_is_the_same(s3, tmp_path, monk
     spec = _spec(tmp_path)
     ingest_dataset.fn(spec)
     with monkeypatch.context() as mp:
-        mp.setattr("tasks.data.write_dataset", lambda *a, **k: pytest.fail("rewritten"))
+        mp.setattr("hetflow.tasks.data.write_dataset", lambda *a, **k: pytest.fail("rewritten"))
         assert ingest_dataset.fn(spec).splits["train"].samples == 80
         with pytest.raises(DatasetError, match=r"^s3://hetflow-test-ds/syn: already holds a dataset "
                                                r"written with shard_samples=32, not 64"):
@@ -184,7 +184,7 @@ def test_a_shard_holding_other_samples_than_its_manifest_says_is_named(s3, tmp_p
 
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    import infra.datasets as d
+    import hetflow.infra.datasets as d
     real = d.filesystem
     def patched(url):
         fs, root = real(url)

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from infra.cache import ShardCache
-from infra.datasets import DatasetError, decode_shard, digits_source, read_manifest, write_dataset
+from hetflow.infra.cache import ShardCache
+from hetflow.infra.datasets import DatasetError, decode_shard, digits_source, read_manifest, write_dataset
 from tests.faults import FaultProxy
-from training.checkpoint import CheckpointStore
+from hetflow.training.checkpoint import CheckpointStore
 
 FAULTS = [("503", 4), ("500", 5), ("reset", 6)]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
-from infra.catalog import Catalog
-from infra.datasets import read_manifest
-from infra.paths import runs_dir
+from hetflow.infra.catalog import Catalog
+from hetflow.infra.datasets import read_manifest
+from hetflow.infra.paths import runs_dir
 from tests.procs import pids_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -55,8 +55,8 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
 ):
     from mlflow import MlflowClient
 
-    from flows.train import train
-    from tasks.tracking import client_for
+    from hetflow.flows.train import train
+    from hetflow.tasks.tracking import client_for
 
     dataset = DatasetSpec(url="s3://hetflow-flow-retry/digits", cache_dir=str(tmp_path / "cache"))
     types = ["g4dn.xlarge", "g4dn.xlarge", "p3dn.24xlarge", "g5.xlarge"]  # T4, T4, V100, A10G

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from training.partition import (
+from hetflow.training.partition import (
     PartitionError,
     ShardSchedule,
     Stream,

@@ -9,15 +9,15 @@ import time
 import pytest
 import torch
 
-from flows.profile_cluster import print_profile_report, profile_report
+from hetflow.flows.profile_cluster import print_profile_report, profile_report
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from infra.datasets import digits_source, write_dataset
-from training.comm import Link
-from training.emulation import SMOOTH_PHASES, Emulator
-from training.job import RunSpec
-from training.launch import run_workers
-from training.models import build_model
-from training.probes import fit_affine, fit_transfer, probe_compute, robust_affine, saved_activation_bytes
+from hetflow.infra.datasets import digits_source, write_dataset
+from hetflow.training.comm import Link
+from hetflow.training.emulation import SMOOTH_PHASES, Emulator
+from hetflow.training.job import RunSpec
+from hetflow.training.launch import run_workers
+from hetflow.training.models import build_model
+from hetflow.training.probes import fit_affine, fit_transfer, probe_compute, robust_affine, saved_activation_bytes
 
 SPEEDS = [1.0, 2.0, 3.0, 4.0]
 SLOW_LINK = (1, 0.5)  # worker 1 has a 0.5 Gbit/s link; the others loopback
@@ -62,7 +62,7 @@ def test_saved_activation_bytes_grow_linearly_with_the_batch():
 def test_compute_probe_sees_the_dilation_of_two_emulators(monkeypatch):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a rank runs (threads_per_rank); more would fight for the cores
-    monkeypatch.setattr("training.probes.COMPUTE_PAUSE_S", 0.03)
+    monkeypatch.setattr("hetflow.training.probes.COMPUTE_PAUSE_S", 0.03)
     model = build_model("cnn")
     x, y = torch.rand(64, 64), torch.randint(0, 10, (64,))
     fast = probe_compute(model, x, y, Emulator(3.0, Link(None)), [8, 16, 32], ref=16, budget_s=0.3)

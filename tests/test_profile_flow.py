@@ -10,11 +10,11 @@ import json
 
 import pytest
 
-import flows.profile_cluster as profile_flow
+import hetflow.flows.profile_cluster as profile_flow
 from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrainConfig
-from infra.catalog import CatalogError
-from infra.s3 import filesystem
-from tasks.profile import speed_drift
+from hetflow.infra.catalog import CatalogError
+from hetflow.infra.s3 import filesystem
+from hetflow.tasks.profile import speed_drift
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -86,7 +86,7 @@ def test_profile_flow_resolves_instance_types_stores_history_and_flags_drift(
     from mlflow.tracking import MlflowClient
 
     from hetflow.config import TrackingConfig
-    from tasks.tracking import tracking_uri
+    from hetflow.tasks.tracking import tracking_uri
 
     client = MlflowClient(tracking_uri(TrackingConfig()))
     run = client.get_run(out["mlflow_run_id"])
@@ -117,7 +117,7 @@ def test_bad_profile_inputs_are_refused_before_launch(s3, prefect_harness, monke
 
 def test_hetflow_profile_prints_measured_next_to_emulated_and_writes_the_issue_json(
         s3, prefect_harness, monkeypatch, hetflow_home, tmp_path, capsys):
-    from flows.cli import main
+    from hetflow.cli import main
 
     monkeypatch.setattr(profile_flow, "profile_workers", fake_profile_workers([26.0, 100.0]))
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps the headers on a narrower terminal

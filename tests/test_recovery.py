@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from infra.datasets import digits_source, write_dataset
+from hetflow.infra.datasets import digits_source, write_dataset
 from tests.procs import pids_with
-from training.checkpoint import CheckpointStore
-from training.job import RunSpec
-from training.launch import run_workers
-from training.metrics import summarize
+from hetflow.training.checkpoint import CheckpointStore
+from hetflow.training.job import RunSpec
+from hetflow.training.launch import run_workers
+from hetflow.training.metrics import summarize
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -43,7 +43,7 @@ def _spec(dataset, run_dir: Path) -> RunSpec:
 
 
 def _worker_pids(job: Path) -> list[int]:
-    return pids_with("training.worker", str(job), excluding="torch.distributed.run")
+    return pids_with("hetflow.training.worker", str(job), excluding="torch.distributed.run")
 
 
 def _progress(run_dir: Path) -> int:

@@ -37,7 +37,7 @@ async def _prefect_records(flow_run_id) -> str:
 def test_fake_credentials_appear_in_no_record(s3, monkeypatch, tmp_path, hetflow_home, prefect_harness):
     for k, v in SECRETS.items():
         monkeypatch.setenv(k, v)
-    from flows.train import train
+    from hetflow.flows.train import train
     from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 
     state = train(

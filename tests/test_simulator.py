@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetflow.config import ConfigError
-from infra.catalog import Catalog, InstanceInfo, PriceTable
-from training import simulator as sim
-from training.scheduler import balance_batches
+from hetflow.infra.catalog import Catalog, InstanceInfo, PriceTable
+from hetflow.training import simulator as sim
+from hetflow.training.scheduler import balance_batches
 
 RESNET = sim.MODELS["resnet50"]
 
@@ -52,7 +52,7 @@ def test_ring_formula_by_hand():
 
 
 def test_ring_bytes_agree_with_the_byte_accounting():
-    from training.comm import ring_allreduce_bytes
+    from hetflow.training.comm import ring_allreduce_bytes
 
     for n in (2, 3, 8, 1024):
         beta_time = sim.ring_allreduce_time(1e6, n, 0.0, 8e-3)  # 1 byte/us: time in s = bytes / 1e6
@@ -255,7 +255,7 @@ def test_profile_workers_read_the_fitted_model():
 
 
 def test_local_model_figures_match_training_models():
-    from training.models import build_model, parameter_count
+    from hetflow.training.models import build_model, parameter_count
 
     for name in ("mlp", "cnn", "wide_mlp"):
         assert sim.MODELS[name].params == parameter_count(build_model(name))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.s3 import free_port
+from hetflow.infra.s3 import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -256,7 +256,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(stack,
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    from tasks.report import fmt
+    from hetflow.tasks.report import fmt
 
     ex = stack["exports"]
     env = {**stack["env"], **ex, "PREFECT_WORKER_QUERY_SECONDS": "2"}

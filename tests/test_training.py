@@ -11,13 +11,13 @@ import torch
 from torch import nn
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from infra.datasets import digits_source, write_dataset
-from infra.s3 import free_port
-from training.comm import allgather_bytes
-from training.job import RunSpec
-from training.launch import run_workers, torchrun_command, worker_env
-from training.models import build_model
-from training.partition import Stream
+from hetflow.infra.datasets import digits_source, write_dataset
+from hetflow.infra.s3 import free_port
+from hetflow.training.comm import allgather_bytes
+from hetflow.training.job import RunSpec
+from hetflow.training.launch import run_workers, torchrun_command, worker_env
+from hetflow.training.models import build_model
+from hetflow.training.partition import Stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

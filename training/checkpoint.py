@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from infra.s3 import filesystem
+from hetflow.infra.s3 import filesystem
 
 POINTER = "latest.json"
 

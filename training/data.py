@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetflow.config import DatasetSpec
-from infra.cache import ShardCache
-from infra.datasets import (
+from hetflow.infra.cache import ShardCache
+from hetflow.infra.datasets import (
     DatasetError,
     Manifest,
     ShardInfo,
@@ -35,8 +35,8 @@ from infra.datasets import (
     decode_shard,
     read_manifest,
 )
-from infra.paths import default_cache_dir
-from training.partition import PartitionError, ShardSchedule, Stream, check_plan
+from hetflow.infra.paths import default_cache_dir
+from hetflow.training.partition import PartitionError, ShardSchedule, Stream, check_plan
 
 
 @dataclass

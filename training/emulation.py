@@ -7,8 +7,8 @@ import random
 import time
 from collections import defaultdict, deque
 
-from training.comm import Link
-from training.job import RunSpec
+from hetflow.training.comm import Link
+from hetflow.training.job import RunSpec
 
 now = time.perf_counter
 

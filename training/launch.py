@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from infra.s3 import free_port
-from training.job import RunSpec
+from hetflow.infra.s3 import free_port
+from hetflow.training.job import RunSpec
 
 
 class LaunchError(RuntimeError):
@@ -35,13 +35,12 @@ def torchrun_command(
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), *rdzv,
         "--max-restarts", str(max_restarts),
-        "-m", "training.worker", "--job", str(job),
+        "-m", "hetflow.training.worker", "--job", str(job),
     ]
 
 
 def worker_env(spec: RunSpec) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": str(spec.train.threads_per_rank),
-            "PYTHONPATH": _project_root() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return {**os.environ, "OMP_NUM_THREADS": str(spec.train.threads_per_rank)}
 
 
 def run_workers(
@@ -86,7 +85,3 @@ def run_workers(
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
         raise LaunchError(f"torchrun exited {proc.returncode} (log: {log}):\n" + "\n".join(tail))
     return json.loads((run_dir / "result.json").read_text()), wall
-
-
-def _project_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)

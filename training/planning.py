@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from hetflow.config import ClusterSpec, TrainConfig
-from training.comm import choose_compression
-from training.scheduler import balance_batches, equal_batches, fitted_step_model
+from hetflow.training.comm import choose_compression
+from hetflow.training.scheduler import balance_batches, equal_batches, fitted_step_model
 
 
 class Plan(BaseModel):

@@ -58,12 +58,12 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from infra.s3 import filesystem
-from training.comm import WireCounter
-from training.data import RankData
-from training.emulation import SMOOTH_PHASES, Emulator, emulator_for, now
-from training.job import RunSpec
-from training.models import build_model, parameter_count
+from hetflow.infra.s3 import filesystem
+from hetflow.training.comm import WireCounter
+from hetflow.training.data import RankData
+from hetflow.training.emulation import SMOOTH_PHASES, Emulator, emulator_for, now
+from hetflow.training.job import RunSpec
+from hetflow.training.models import build_model, parameter_count
 
 COMPUTE_BUDGET_S = 2.0  # wall time of the compute probe (every rank alike)
 # An emulated worker's step at a batch size is dilated from the least CPU time of its last

@@ -54,8 +54,8 @@ from statistics import NormalDist
 from typing import Literal
 
 from hetflow.config import ConfigError
-from infra.catalog import DEVICE_PEAK_TFLOPS, Catalog
-from training.scheduler import balance_batches, equal_batches, fitted_step_model
+from hetflow.infra.catalog import DEVICE_PEAK_TFLOPS, Catalog
+from hetflow.training.scheduler import balance_batches, equal_batches, fitted_step_model
 
 MIB = 2**20
 DDP_BUCKET_BYTES = 25 * MIB  # torch DDP's bucket_cap_mb default

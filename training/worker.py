@@ -2,12 +2,12 @@
 
 One machine, 4 emulated workers (what `hetflow demo` runs)::
 
-    torchrun --nproc-per-node 4 -m training.worker --job RUN_DIR/job.json
+    torchrun --nproc-per-node 4 -m hetflow.training.worker --job RUN_DIR/job.json
 
 Several nodes (c10d rendezvous; run the same line on every node)::
 
     torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
-        --rdzv-endpoint HOST:29400 --rdzv-id JOB -m training.worker --job job.json
+        --rdzv-endpoint HOST:29400 --rdzv-id JOB -m hetflow.training.worker --job job.json
 
 Rank 0 writes `result.json` (and `model.pt`) into the job's run directory.
 """
@@ -26,8 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from training.checkpoint import CheckpointStore
-from training.comm import (
+from hetflow.training.checkpoint import CheckpointStore
+from hetflow.training.comm import (
     WireCounter,
     comm_state_dict,
     load_comm_state,
@@ -35,13 +35,13 @@ from training.comm import (
     register_compression,
     wrap_optimizer,
 )
-from training.data import RankData, load_rank_data
-from training.job import RunSpec
-from training.models import build_model, parameter_count
-from training.partition import Stream
-from training.emulation import emulator_for, now
-from training.probes import profile
-from training.scheduler import SUDDEN_STEPS, Rebalancer, equal_batches
+from hetflow.training.data import RankData, load_rank_data
+from hetflow.training.job import RunSpec
+from hetflow.training.models import build_model, parameter_count
+from hetflow.training.partition import Stream
+from hetflow.training.emulation import emulator_for, now
+from hetflow.training.probes import profile
+from hetflow.training.scheduler import SUDDEN_STEPS, Rebalancer, equal_batches
 
 # Steps of the plan in force kept for `Rebalancer.sudden_change` (it compares a rank's last
 # SUDDEN_STEPS with its median over the rest).

@@ -65,7 +65,7 @@ def _print_table(table: dict, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from tasks.report import rows
+    from hetflow.tasks.report import rows
 
     t = Table(title=title)
     for col, justify in (("metric", "left"), ("baseline", "right"), ("optimized", "right"), ("change", "right")):
@@ -83,7 +83,7 @@ def _write_json(path: str | None, data: dict) -> None:
 
 
 def _where_to_look(tracking: TrackingConfig) -> None:
-    from tasks.tracking import tracking_uri
+    from hetflow.tasks.tracking import tracking_uri
 
     uri = tracking_uri(tracking)
     print("\nWhere to look:")
@@ -99,7 +99,7 @@ def _where_to_look(tracking: TrackingConfig) -> None:
 
 
 def cmd_demo(args) -> int:
-    from flows.compare import compare
+    from hetflow.flows.compare import compare
 
     cluster, train, dataset, tracking = _cluster(args), _train(args), _dataset(args), TrackingConfig()
     check_job(cluster, train)
@@ -116,7 +116,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from flows.train import train as train_flow
+    from hetflow.flows.train import train as train_flow
 
     cluster, cfg = _cluster(args), _train(args)
     check_job(cluster, cfg)
@@ -127,7 +127,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from flows.profile_cluster import print_profile_report, profile_cluster
+    from hetflow.flows.profile_cluster import print_profile_report, profile_cluster
 
     cluster, cfg = _cluster(args), _train(args)
     check_job(cluster, cfg)
@@ -140,8 +140,8 @@ def cmd_profile(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from tasks.report import comparison
-    from tasks.tracking import read_run_metrics
+    from hetflow.tasks.report import comparison
+    from hetflow.tasks.tracking import read_run_metrics
 
     tracking = TrackingConfig()
     name_a, a = read_run_metrics(tracking, args.run_a)
@@ -153,7 +153,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_data_ingest(args) -> int:
-    from flows.prepare_dataset import prepare_dataset
+    from hetflow.flows.prepare_dataset import prepare_dataset
 
     spec = DatasetSpec(source=args.source, url=args.url, shard_samples=args.shard_samples,
                        synthetic_samples=args.samples)
@@ -163,7 +163,7 @@ def cmd_data_ingest(args) -> int:
 
 
 def cmd_stack(args) -> int:
-    from infra import stack
+    from hetflow import stack
 
     return {"up": stack.up, "down": stack.down, "status": stack.status}[args.action]()
 
@@ -171,11 +171,31 @@ def cmd_stack(args) -> int:
 BENCHMARKS = ("hetero", "comm", "data")
 
 
+def benchmark_module(name: str):
+    """`benchmarks.NAME` from the source checkout this package is installed from.
+
+    benchmarks/ is not installed (it is measurement, not product): an editable install from a
+    clone finds it beside `hetflow/`, without any edit of `sys.path`.
+    """
+    import importlib
+    import importlib.util
+
+    if "benchmarks" not in sys.modules:
+        root = Path(__file__).resolve().parent.parent / "benchmarks"
+        if not (root / "__init__.py").exists():
+            raise ConfigError("hetflow bench: benchmarks/ ships with the source checkout; "
+                              "install a clone with `pip install -e .` to run them")
+        spec = importlib.util.spec_from_file_location(
+            "benchmarks", root / "__init__.py", submodule_search_locations=[str(root)])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["benchmarks"] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"benchmarks.{name}")
+
+
 def cmd_bench(args) -> int:
     """Each benchmark module parses its own flags: `hetflow bench NAME --help`."""
-    import importlib
-
-    return importlib.import_module(f"benchmarks.{args.name}").main(args.rest)
+    return benchmark_module(args.name).main(args.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -217,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="predict training at scale (1 to 1024 workers)", add_help=False)
     sim.add_argument("rest", nargs=argparse.REMAINDER, help="the simulator's own flags")
-    sim.set_defaults(func=lambda a: __import__("benchmarks.simulate", fromlist=["main"]).main(a.rest))
+    sim.set_defaults(func=lambda a: benchmark_module("simulate").main(a.rest))
 
     st = sub.add_parser("stack", help="a persistent local stack on 127.0.0.1")
     st.add_argument("action", choices=["up", "down", "status"])
@@ -232,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(os.path.expanduser(os.environ["PREFECT_HOME"]), exist_ok=True)
     from pydantic import ValidationError
 
-    from infra.datasets import DatasetError
-    from training.scheduler import PlanError
+    from hetflow.infra.datasets import DatasetError
+    from hetflow.training.scheduler import PlanError
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["simulate"]:  # its flags are its own; argparse's REMAINDER would not take them

@@ -51,8 +51,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.paths import home
-from infra.s3 import LOCAL_CREDENTIALS
+from hetflow.infra.paths import home
+from hetflow.infra.s3 import LOCAL_CREDENTIALS
 
 HOST = "127.0.0.1"
 MLFLOW_BUCKET = "hetflow-mlflow"
