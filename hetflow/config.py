@@ -20,6 +20,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hetflow.records import CompressionMethod
+
 
 class ConfigError(ValueError):
     """A bad configuration value: the message is one line and names the field."""
@@ -208,39 +210,6 @@ class DatasetSpec(_Model):
         return v.rstrip("/")
 
 
-Compression = str
-_COMPRESSION = re.compile(r"^(none|auto|fp16|bf16|powersgd:(\d+)|topk:([0-9.eE+-]+)|localsgd:(\d+))$")
-
-
-def parse_compression(v: str) -> tuple[str, float | int | None]:
-    """`"powersgd:4"` -> ("powersgd", 4); raises ValueError naming what is wrong."""
-    m = _COMPRESSION.match(v)
-    if not m:
-        raise ValueError(
-            "unknown method; use none, auto, fp16, bf16, powersgd:RANK, topk:RATIO or localsgd:H"
-        )
-    name = v.split(":")[0]
-    if m.group(2) is not None:
-        rank = int(m.group(2))
-        if rank < 1:
-            raise ValueError("powersgd rank must be >= 1")
-        return name, rank
-    if m.group(3) is not None:
-        try:
-            ratio = float(m.group(3))
-        except ValueError:
-            raise ValueError("topk ratio must be a number in (0, 1]") from None
-        if not 0 < ratio <= 1:
-            raise ValueError("topk ratio must be in (0, 1]")
-        return name, ratio
-    if m.group(4) is not None:
-        period = int(m.group(4))
-        if period < 1:
-            raise ValueError("localsgd period must be >= 1")
-        return name, period
-    return name, None
-
-
 class TrainConfig(_Model):
     """What to train and how the batch is shared: the same for every variant but the knobs."""
 
@@ -270,11 +239,11 @@ class TrainConfig(_Model):
         description="'equal': same local batch everywhere (baseline); 'proportional': sized by "
         "profiled speed; 'dynamic': proportional and re-balanced during the run.",
     )
-    compression: Compression = Field(
+    compression: str = Field(
         "none",
         title="Gradient communication",
-        description="none | auto | fp16 | bf16 | powersgd:RANK | topk:RATIO | localsgd:H. "
-        "'auto' compresses only when communication is a large share of the step.",
+        description="none | auto | fp16 | bf16 | powersgd:RANK | topk:RATIO | localsgd:H | "
+        "hierarchical:H. 'auto' compresses only when communication is a large share of the step.",
     )
     rebalance_every: int = Field(
         10, ge=1, title="Re-balance check every K steps",
@@ -293,8 +262,11 @@ class TrainConfig(_Model):
     @field_validator("compression")
     @classmethod
     def _compression(cls, v: str) -> str:
-        parse_compression(v)
-        return v
+        return v if v == "auto" else str(CompressionMethod.parse(v))
+
+    def compression_method(self) -> CompressionMethod | None:
+        """The method set here, parsed; None for 'auto', which the planner resolves."""
+        return None if self.compression == "auto" else CompressionMethod.parse(self.compression)
 
     @classmethod
     def variant(cls, name: Literal["baseline", "optimized"], **kw) -> TrainConfig:

@@ -371,17 +371,18 @@ def test_link_costs_bytes_over_bandwidth_plus_latency():
     [
         ("gzip", "unknown method"),
         ("POWERSGD:4", "unknown method"),
-        ("powersgd", "unknown method"),
-        ("powersgd:0", "powersgd rank must be >= 1"),
-        ("powersgd:-1", "unknown method"),
-        ("topk:0", "topk ratio must be in (0, 1]"),
-        ("topk:1.5", "topk ratio must be in (0, 1]"),
-        ("topk:-0.1", "topk ratio must be in (0, 1]"),
-        ("topk:1e-400", "topk ratio must be in (0, 1]"),
-        ("topk:nan", "unknown method"),
+        ("powersgd", "powersgd needs powersgd:RANK"),
+        ("powersgd:0", "powersgd rank must be a whole number >= 1"),
+        ("powersgd:-1", "powersgd rank must be a whole number >= 1"),
+        ("fp16:2", "fp16 takes no argument"),
+        ("topk:0", "topk ratio must be a number in (0, 1]"),
+        ("topk:1.5", "topk ratio must be a number in (0, 1]"),
+        ("topk:-0.1", "topk ratio must be a number in (0, 1]"),
+        ("topk:1e-400", "topk ratio must be a number in (0, 1]"),
+        ("topk:nan", "topk ratio must be a number in (0, 1]"),
         ("topk:.", "topk ratio must be a number"),
-        ("localsgd:0", "localsgd period must be >= 1"),
-        ("localsgd:-3", "unknown method"),
+        ("localsgd:0", "localsgd period must be a whole number >= 1"),
+        ("localsgd:-3", "localsgd period must be a whole number >= 1"),
     ],
 )
 def test_train_config_refuses_bad_methods_naming_the_field(value, expected):
@@ -398,7 +399,7 @@ def test_train_config_accepts_good_methods(value):
 
 @pytest.mark.parametrize(
     "value, expected",
-    [("hierarchical:0", "hierarchical period must be >= 1"), ("zip:3", "unknown method"), ("topk:2", "topk ratio")],
+    [("hierarchical:0", "hierarchical period must be a whole number >= 1"), ("zip:3", "unknown method"), ("topk:2", "topk ratio")],
 )
 def test_parse_method_names_the_field(value, expected):
     with pytest.raises(ValueError) as e:

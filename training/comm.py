@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
 
-from hetflow.config import parse_compression
+from hetflow.records import CompressionMethod
 
 log = logging.getLogger(__name__)
 
@@ -168,21 +168,13 @@ class Link:
 # ---------------------------------------------------------------------------------------------
 # method names
 
-_HIERARCHICAL = re.compile(r"^hierarchical:(-?\d+)$")
-
-
 def parse_method(method: str) -> tuple[str, float | int | None]:
-    """`parse_compression` plus `hierarchical:H`; errors name `train.compression`."""
-    m = _HIERARCHICAL.match(method)
-    if m:
-        period = int(m.group(1))
-        if period < 1:
-            raise ValueError(f"train.compression: hierarchical period must be >= 1 (got {method!r})")
-        return "hierarchical", period
+    """(name, argument) of a method; errors name `train.compression`."""
     try:
-        return parse_compression(method)
+        m = CompressionMethod.parse(method)
     except ValueError as e:
-        raise ValueError(f"train.compression: {e} (got {method!r})") from None
+        raise ValueError(f"train.compression: {e}") from None
+    return m.name, next((v for v in (m.rank, m.ratio, m.period) if v is not None), None)
 
 
 # ---------------------------------------------------------------------------------------------

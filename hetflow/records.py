@@ -1,0 +1,275 @@
+"""Typed records that cross the layers, defined once: what a profile measured, what a plan
+decided, what a run produced, and the compression method as a parsed value.
+
+They are pydantic models, so they travel as JSON (the workers' `result.json`, MLflow
+artifacts, S3) and back without a dict with string keys in between:
+
+    >>> CompressionMethod.parse("powersgd:4")
+    CompressionMethod(name='powersgd', rank=4, ratio=None, period=None)
+    >>> str(CompressionMethod.parse("topk:0.01"))
+    'topk:0.01'
+    >>> Plan.equal([32, 32], why="baseline").compression.name
+    'none'
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+METHOD_NAMES = ("none", "fp16", "bf16", "powersgd", "topk", "localsgd", "hierarchical")
+MethodName = Literal["none", "fp16", "bf16", "powersgd", "topk", "localsgd", "hierarchical"]
+METHOD_SYNTAX = (
+    "none, fp16, bf16, powersgd:RANK, topk:RATIO, localsgd:H or hierarchical:H"
+)
+_METHOD = re.compile(r"^(?P<name>[a-z0-9]+)(?::(?P<arg>.+))?$")
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CompressionMethod(_Record):
+    """A gradient-communication method, parsed once from its text form (`powersgd:4`).
+
+    `rank` is PowerSGD's matrix rank, `ratio` top-k's share of entries sent, `period` the steps
+    between model averages of local SGD and hierarchical averaging; the others are None.
+    'auto' is not a method: the planner resolves it into one.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: MethodName = "none"
+    rank: int | None = None
+    ratio: float | None = None
+    period: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> CompressionMethod:
+        """`"topk:0.01"` -> CompressionMethod(name='topk', ratio=0.01); ValueError naming
+        what is wrong otherwise (callers prefix the field)."""
+        m = _METHOD.match(text.strip())
+        name, arg = (m["name"], m["arg"]) if m else (text, None)
+        if name not in METHOD_NAMES:
+            raise ValueError(f"unknown method {text!r}; use {METHOD_SYNTAX}")
+        takes = {"powersgd": "rank", "topk": "ratio", "localsgd": "period", "hierarchical": "period"}
+        field = takes.get(name)
+        if field is None:
+            if arg is not None:
+                raise ValueError(f"{name} takes no argument (got {text!r})")
+            return cls(name=name)
+        if arg is None:
+            raise ValueError(f"{name} needs {name}:{field.upper()} (got {text!r})")
+        if field == "ratio":
+            try:
+                ratio = float(arg)
+            except ValueError:
+                ratio = math.nan
+            if not 0 < ratio <= 1:
+                raise ValueError(f"topk ratio must be a number in (0, 1] (got {arg!r})")
+            return cls(name=name, ratio=ratio)
+        if not re.fullmatch(r"-?\d+", arg) or int(arg) < 1:
+            raise ValueError(f"{name} {field} must be a whole number >= 1 (got {arg!r})")
+        return cls(name=name, **{field: int(arg)})
+
+    def __str__(self) -> str:
+        arg = self.rank if self.rank is not None else self.period
+        if self.ratio is not None:
+            arg = f"{self.ratio:g}"
+        return self.name if arg is None else f"{self.name}:{arg}"
+
+    @property
+    def compresses(self) -> bool:
+        """False for plain all-reduce, which sends every fp32 gradient every step."""
+        return self.name != "none"
+
+
+# -- profile ----------------------------------------------------------------------------------
+
+
+class RankProfile(_Record):
+    """One worker as measured inside its cluster (`hetflow.training.probes`).
+
+    Compute: the step through DDP at a few batch sizes, fitted as `fit_latency_s +
+    fit_s_per_sample x batch`; `samples_per_s` and `step_compute_s` at the reference batch
+    (global batch / workers). Memory: the largest local batch that fits. All-reduce and link:
+    fits of latency + bytes / bandwidth. S3: first-byte time and read throughput.
+    """
+
+    rank: int
+    node: str = ""
+    worker: str = Field("", description="The cluster's name for this worker (set by the flow).")
+    relative_speed: float = Field(0.0, description="samples_per_s over the fastest worker's.")
+    samples_per_s: float
+    step_compute_s: float
+    fit_latency_s: float
+    fit_s_per_sample: float
+    compute_rounds: int = 0
+    compute_batches: list[int] = []
+    compute_best_s: list[float] = []
+    compute_outlier_batch: int | None = None
+    memory_per_sample_bytes: float | None = None
+    memory_fixed_bytes: float | None = None
+    memory_available_bytes: int | None = None
+    memory_cap_batch: int | None = None
+    matmul_gflops: float | None = None
+    memory_gbps: float | None = None
+    allreduce_latency_s: float = 0.0
+    allreduce_gbps: float | None = None
+    grad_allreduce_s: float = 0.0
+    allreduce_bytes: list[int] = []
+    allreduce_median_s: list[float] = []
+    link_gbps: float | None = None
+    link_latency_s: float | None = None
+    link_bytes: list[int] = []
+    link_best_s: list[float] = []
+    grad_bytes: int = 0
+    s3_first_byte_s: float | None = None
+    s3_read_mbps: float | None = None
+    s3_bytes_probed: int = 0
+    probe_s: dict[str, float] = Field({}, description="Wall seconds each probe took.")
+
+    def step_model(self) -> tuple[float, float]:
+        """(a, c) of this worker's compute time a + c x batch; c falls back to the measured
+        pace where the fit's slope is not positive."""
+        per_sample = self.fit_s_per_sample if self.fit_s_per_sample > 0 else 1.0 / self.samples_per_s
+        return max(0.0, self.fit_latency_s), per_sample
+
+
+class SpeedDrift(_Record):
+    """A worker whose relative speed moved beyond the threshold since the previous profile."""
+
+    worker: str
+    previous_speed: float
+    speed: float
+    change: float
+    previous_profile: str | None = None
+
+
+class Profile(_Record):
+    """Every worker of a cluster, measured for one model; what the planner plans from."""
+
+    cluster: str
+    model: str
+    ranks: list[RankProfile] = Field(description="In rank order.")
+    profiling_time_s: float = 0.0
+    created_at: str | None = None
+    stored_at: str | None = None
+    mlflow_run_id: str | None = None
+    previous_profiles: list[str | None] = []
+    drift: list[SpeedDrift] = []
+    cost: dict | None = None
+
+    def step_models(self) -> tuple[list[float], list[float]]:
+        """Per rank (a_i, c_i) of compute time = a_i + c_i x batch."""
+        pairs = [r.step_model() for r in self.ranks]
+        return [a for a, _ in pairs], [c for _, c in pairs]
+
+    def comm_share(self) -> float:
+        """Measured all-reduce time of one gradient over (compute + all-reduce) of one step."""
+        comm = max(r.grad_allreduce_s for r in self.ranks)
+        compute = max(r.step_compute_s for r in self.ranks)
+        return comm / (comm + compute) if comm + compute > 0 else 0.0
+
+
+# -- plan -------------------------------------------------------------------------------------
+
+
+class Plan(_Record):
+    """What a variant runs with: each rank's local batch and the gradient communication.
+
+    `latency_s` and `per_sample_s` are the step model it was balanced with (empty when no
+    profile was used); the re-balancer starts from them.
+    """
+
+    local_batches: list[int]
+    compression: CompressionMethod = CompressionMethod()
+    compression_reason: str = ""
+    speeds: list[float] = []
+    latency_s: list[float] = []
+    per_sample_s: list[float] = []
+
+    @classmethod
+    def equal(cls, local_batches: list[int], why: str = "") -> Plan:
+        """A plan with no profile behind it: these batches, plain all-reduce."""
+        return cls(local_batches=list(local_batches), compression_reason=why)
+
+
+# -- run result -------------------------------------------------------------------------------
+
+
+class StepRecord(_Record):
+    """One rank's step, in seconds: data wait, compute, and the wait after it, which splits
+    into idle (for the slowest rank) and communication once every rank's time is known."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    step: int
+    batch: int
+    data_s: float
+    compute_s: float
+    wait_s: float
+    step_s: float
+    loss_sum: float
+    bytes_sent: float
+    idle_s: float = 0.0
+    comm_s: float = 0.0
+
+
+class PlanChange(_Record):
+    """The local batches in force from `step` on."""
+
+    step: int
+    plan: list[int]
+
+
+class EvalPoint(_Record):
+    step: int
+    train_time_s: float
+    accuracy: float
+
+
+class CacheCounts(_Record):
+    hits: int = 0
+    misses: int = 0
+    bytes_read: int = 0
+
+
+class Recovery(_Record):
+    """Restarts of this run (torchrun's, or a retried task's) and the steps done again."""
+
+    restarts: int = 0
+    steps_redone: int = 0
+    resumed_at: int | None = None
+
+
+class RankResult(_Record):
+    """What one rank of a training run returns."""
+
+    rank: int
+    node: str = ""
+    records: list[StepRecord]
+    plans: list[PlanChange]
+    evals: list[EvalPoint] = Field([], description="Rank 0's only; empty elsewhere.")
+    replans: list[dict] = Field([], description="The re-balancer's log (Rebalancer.history).")
+    bytes_total: float = 0.0
+    control_bytes: float = 0.0
+    params: int = 0
+    load_s: float = 0.0
+    recovery: Recovery = Recovery()
+    bookkeeping_s: float = 0.0
+    cache: CacheCounts = CacheCounts()
+
+
+class RunResult(_Record):
+    """Every rank's result of one training run, in rank order (the workers' result.json)."""
+
+    ranks: list[RankResult]
+
+    @property
+    def lead(self) -> RankResult:
+        """Rank 0, which holds the evaluations and the plan history."""
+        return self.ranks[0]
