@@ -33,7 +33,6 @@ import re
 import statistics
 import time
 
-from benchmarks import digits_workspace, wide_console, write_json
 from hetflow.config import (
     ClusterSpec,
     ConfigError,
@@ -42,11 +41,19 @@ from hetflow.config import (
     check_job,
     validated,
 )
-from hetflow.training.comm import WARMUP_STEPS, choose_compression, method_warmup_steps, ring_allreduce_bytes
+from hetflow.records import CompressionMethod, Plan
+from hetflow.training.comm import (
+    WARMUP_STEPS,
+    choose_compression,
+    method_warmup_steps,
+    ring_allreduce_bytes,
+)
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 from hetflow.training.planning import comm_share
 from hetflow.training.scheduler import equal_batches
+
+from benchmarks import digits_workspace, wide_console, write_json
 
 DEFAULT_METHODS = "none,fp16,bf16,powersgd:4,topk:0.01,localsgd:4"
 WORLD = 4
@@ -202,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             for method in runs:
                 cfg = base.model_copy(update={"compression": method})
                 spec = RunSpec(run_name=f"comm-{_slug(method)}", variant=method, cluster=cluster,
-                               dataset=dataset, train=cfg, plan=equal_batches(WORLD, cfg.global_batch),
-                               compression=method, compression_reason="hetflow bench comm",
+                               dataset=dataset, train=cfg,
+                               plan=Plan(local_batches=equal_batches(WORLD, cfg.global_batch),
+                                         compression=CompressionMethod.parse(method),
+                                         compression_reason="hetflow bench comm"),
                                run_dir=f"{tmp}/{_slug(method)}-{round_}")
                 res, wall = run_workers(spec)
                 timed_from = min(max(skip, method_warmup_steps(method)), max(1, args.steps - 1))

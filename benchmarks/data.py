@@ -17,7 +17,7 @@ Per epoch: `s3_bytes_read`, `cache_hit_ratio` (the loop's reads served by the ca
 `data_wait_fraction` (time waiting for data / step time), and for variants without prefetch the
 bytes a model of the same read sequence predicts (`expected_bytes`: every read for `no_cache`,
 an exact byte-budget LRU for the others). S3's latency
-and bandwidth are emulated (infra.cache.EmulatedStore). Timings are wall-clock on a shared host.
+and bandwidth are emulated (hetflow.emulation.store.EmulatedStore). Timings are wall-clock on a shared host.
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from benchmarks import wide_console, write_json
 from hetflow.config import ConfigError
 from hetflow.infra.cache import ShardCache
 from hetflow.infra.datasets import Manifest, synthetic_source, write_dataset
 from hetflow.infra.s3 import free_port, local_endpoint_environ, local_s3_endpoint
 from hetflow.training.data import RankReader, shard_reads
 from hetflow.training.partition import check_plan
+
+from benchmarks import wide_console, write_json
 
 VARIANTS = ("no_cache", "cache", "cache_prefetch", "cache_half")
 

@@ -16,7 +16,7 @@ that also pays the profile's measured all-reduce of one gradient (`allreduce_s`)
 which no plan can avoid. `compute_model_error` says, rank by rank, how far the measured
 compute per step lies from what the plan's fitted model (a_i + c_i x b_i) predicted.
 
-The workers are emulated (see `training.emulation`): `--time-scale` (default 16, where
+The workers are emulated (see `hetflow.emulation`): `--time-scale` (default 16, where
 `hetflow train` uses 8) makes the fastest worker that many times slower than a core of this
 machine, and `--jitter` adds step-to-step noise to every worker's compute. The bench's default
 is 16 because the 4 ranks' gloo all-reduce on a 2-vCPU host takes 2-13 ms whatever the
@@ -39,7 +39,6 @@ import argparse
 import itertools
 import statistics
 
-from benchmarks import digits_workspace, wide_console, write_json
 from hetflow.config import (
     ClusterSpec,
     ConfigError,
@@ -52,6 +51,8 @@ from hetflow.training.launch import run_workers
 from hetflow.training.metrics import WARMUP_STEPS, summarize
 from hetflow.training.planning import ideal_throughput, make_plan
 from hetflow.training.scheduler import fitted_step_model
+
+from benchmarks import digits_workspace, wide_console, write_json
 
 TIME_SCALE = 16.0  # see the module docstring
 VARIANTS = {"baseline": "equal", "static": "proportional", "dynamic": "dynamic"}
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = base.model_copy(update={"schedule": VARIANTS[name], "compression": "none"})
             plan = make_plan(profile, cluster, cfg)
             spec = RunSpec(run_name=name, variant=name, cluster=cluster, dataset=dataset, train=cfg,
-                           plan=plan.local_batches, latency_s=plan.latency_s, per_sample_s=plan.per_sample_s,
+                           plan=plan,
                            stragglers=stragglers, run_dir=f"{tmp}/{name}-{round_}")
             res, _ = run_workers(spec)
             m = summarize(res, cfg.global_batch, cfg.target_accuracy)

@@ -33,9 +33,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks import digits_workspace, wide_console, write_json
 from hetflow.config import ClusterSpec, ConfigError, load_mapping
 from hetflow.training import simulator as sim
+
+from benchmarks import digits_workspace, wide_console, write_json
 
 DEFAULT_MIX = "g4dn.xlarge:32,g5.xlarge:16,p3dn.24xlarge:2"
 DEFAULT_FRACTION = 0.3
@@ -450,11 +451,13 @@ def calibration_errors(runs: dict[str, dict]) -> dict:
 
 def calibrate(steps: int) -> dict:
     """Small real runs here (torchrun, emulated workers), each predicted from its own profile."""
-    from benchmarks.comm import link_cluster
     from hetflow.config import TrainConfig, check_job
+    from hetflow.records import Plan
     from hetflow.training.job import RunSpec
     from hetflow.training.launch import run_workers
     from hetflow.training.planning import make_plan
+
+    from benchmarks.comm import link_cluster
 
     if steps < 5:
         raise ConfigError(f"--calibrate-steps: at least 5 (got {steps})")
@@ -482,7 +485,7 @@ def calibrate(steps: int) -> dict:
             cfg = hetero_cfg.model_copy(update={"schedule": schedule, "compression": "none"})
             plan = make_plan(hetero_profile, hetero_cluster, cfg)
             res, wall = run_workers(RunSpec(run_name=name, variant=name, cluster=hetero_cluster, dataset=dataset,
-                                            train=cfg, plan=plan.local_batches, latency_s=plan.latency_s,
+                                            train=cfg, plan=plan,
                                             run_dir=f"{tmp}/{name}"))
             runs[name] = {"profile": hetero_profile, "model": "cnn", "global_batch": cfg.global_batch,
                           "batches": plan.local_batches, "plan": name,
@@ -492,7 +495,7 @@ def calibrate(steps: int) -> dict:
         comm_profile = profile_of(comm_cluster, comm_cfg, "comm")
         batches = [comm_cfg.global_batch // 4] * 4
         res, wall = run_workers(RunSpec(run_name="comm", variant="comm", cluster=comm_cluster, dataset=dataset,
-                                        train=comm_cfg, plan=batches, run_dir=f"{tmp}/comm"))
+                                        train=comm_cfg, plan=Plan.equal(batches), run_dir=f"{tmp}/comm"))
         runs["comm"] = {"profile": comm_profile, "model": "wide_mlp", "global_batch": comm_cfg.global_batch,
                         "batches": batches, "plan": "baseline", "measured": _measured(res, comm_cfg.global_batch)}
         print(f"comm: {runs['comm']['measured']['throughput_samples_per_s']:.0f} samples/s ({wall:.0f}s)",

@@ -9,13 +9,20 @@ from __future__ import annotations
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig, check_job, default_cluster
+from hetflow.config import (
+    ClusterSpec,
+    DatasetSpec,
+    TrackingConfig,
+    TrainConfig,
+    check_job,
+    default_cluster,
+)
 from hetflow.infra.s3 import local_s3_endpoint
-from hetflow.tasks.cluster import profile_workers, train_variant
 from hetflow.tasks.data import ingest_dataset
-from hetflow.tasks.profile import resolve_instance_types
+from hetflow.tasks.profile import profile_workers, resolve_instance_types
 from hetflow.tasks.report import comparison, markdown
 from hetflow.tasks.tracking import finish_parent_run, start_parent_run
+from hetflow.tasks.train import train_variant
 
 VARIANTS = ("baseline", "optimized")
 

@@ -25,11 +25,11 @@ from hetflow.config import (
 )
 from hetflow.infra.catalog import cost_usd
 from hetflow.infra.s3 import local_s3_endpoint
-from hetflow.tasks.cluster import profile_workers
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.profile import (
     profile_history,
     profile_stamp,
+    profile_workers,
     profiles_prefix,
     record_profile,
     resolve_instance_types,

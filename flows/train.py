@@ -6,11 +6,18 @@ from typing import Literal
 
 from prefect import flow
 
-from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig, check_job, default_cluster
+from hetflow.config import (
+    ClusterSpec,
+    DatasetSpec,
+    TrackingConfig,
+    TrainConfig,
+    check_job,
+    default_cluster,
+)
 from hetflow.infra.s3 import local_s3_endpoint
-from hetflow.tasks.cluster import profile_workers, train_variant
 from hetflow.tasks.data import ingest_dataset
-from hetflow.tasks.profile import resolve_instance_types
+from hetflow.tasks.profile import profile_workers, resolve_instance_types
+from hetflow.tasks.train import train_variant
 
 
 @flow(name="train", log_prints=True, retries=1, retry_delay_seconds=10)

@@ -267,6 +267,7 @@ class RankResult(_Record):
 class RunResult(_Record):
     """Every rank's result of one training run, in rank order (the workers' result.json)."""
 
+    mode: Literal["train"] = "train"
     ranks: list[RankResult]
 
     @property

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import uuid
 from pathlib import Path
 
 
@@ -18,3 +20,11 @@ def default_cache_dir() -> Path:
 
 def runs_dir() -> Path:
     return home() / "runs"
+
+
+def new_run_dir(label: str) -> Path:
+    """A fresh directory for one run under `runs_dir()`, named by time, label and a random tag."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = runs_dir() / f"{stamp}-{label}-{uuid.uuid4().hex[:6]}"
+    path.mkdir(parents=True)
+    return path

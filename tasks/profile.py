@@ -14,9 +14,12 @@ import time
 
 from prefect import task
 
-from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog, resolve_cluster
+from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem
+from hetflow.training.job import RunSpec
+from hetflow.training.launch import run_workers
 
 
 def profiles_prefix(dataset: DatasetSpec, cluster: ClusterSpec, model: str) -> str:
@@ -28,6 +31,24 @@ def profiles_prefix(dataset: DatasetSpec, cluster: ClusterSpec, model: str) -> s
 
 def profile_stamp(now: dt.datetime | None = None) -> str:
     return (now or dt.datetime.now(dt.UTC)).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+@task(task_run_name="profile {cluster.name} ({cluster.world_size} workers)")
+def profile_workers(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> dict:
+    """Measure every worker inside the cluster: fwd+bwd speed on the job's model, all-reduce."""
+    run_dir = new_run_dir("profile")
+    spec = RunSpec(run_name=run_dir.name, variant="profile", mode="profile", cluster=cluster,
+                   dataset=dataset, train=train, run_dir=str(run_dir))
+    result, wall = run_workers(spec)
+    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
+    fastest = max(r["samples_per_s"] for r in ranks)
+    for r, w in zip(ranks, cluster.workers, strict=True):
+        r["worker"] = w.name
+        r["relative_speed"] = r["samples_per_s"] / fastest
+    profile = {"cluster": cluster.name, "model": train.model, "ranks": ranks, "profiling_time_s": wall}
+    speeds = ", ".join(f"{r['worker']}={r['relative_speed']:.2f}" for r in ranks)
+    print(f"profiled {cluster.world_size} workers in {wall:.1f}s; relative speeds {speeds}")
+    return profile
 
 
 @task(task_run_name="resolve instance types of {cluster.name}")

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from benchmarks.comm import combine_repeats, main, method_metrics, paired_cuts, parse_methods
 from hetflow.cli import main as cli_main
 from hetflow.config import ConfigError
 from hetflow.training.comm import choose_compression, ring_allreduce_bytes
+
+from benchmarks.comm import combine_repeats, main, method_metrics, paired_cuts, parse_methods
 
 KEYS = {"bytes_per_step", "compression_ratio", "step_time_s", "comm_time_s", "final_accuracy", "accuracy_delta_pp"}
 

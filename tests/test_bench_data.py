@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from benchmarks.data import main, simulate_lru
 from hetflow.cli import main as cli_main
+
+from benchmarks.data import main, simulate_lru
 
 SMALL = ["--s3-latency-ms", "20", "--s3-mbps", "0", "--epochs", "2", "--steps-per-epoch", "16",
          "--shard-samples", "32", "--plan", "8,8", "--compute-ms", "5", "--prefetch", "3",

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from benchmarks.hetero import compute_model_error, main, median_run
 from hetflow.config import ConfigError
+
+from benchmarks.hetero import compute_model_error, main, median_run
 
 
 def test_compute_model_error_compares_measured_compute_with_the_plans_model():

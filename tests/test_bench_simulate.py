@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from benchmarks.simulate import calibration_errors, main, predict_run
 from hetflow.config import ConfigError
+
+from benchmarks.simulate import calibration_errors, main, predict_run
 
 ROW_KEYS = {"workers", "plan", "throughput_samples_per_s", "efficiency", "epoch_time_s", "cost_per_epoch"}
 

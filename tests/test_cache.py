@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import hetflow.infra.cache as cache_mod
-from hetflow.infra.cache import ChecksumError, EmulatedStore, ShardCache
+from hetflow.emulation.store import EmulatedStore
+from hetflow.infra.cache import ChecksumError, ShardCache
 from hetflow.infra.datasets import synthetic_source, write_dataset
 from hetflow.infra.s3 import local_endpoint_environ
 

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from hetflow.config import ConfigError, TrainConfig, validated
+from hetflow.emulation.link import Link
 from hetflow.training.comm import (
-    Link,
     allgather_bytes,
     choose_compression,
     decode_topk_into,
@@ -63,7 +63,12 @@ def _rank_main(argv: list[str]) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hetflow.training.comm import WireCounter, finish_optimizer, register_compression, wrap_optimizer
+    from hetflow.training.comm import (
+        WireCounter,
+        finish_optimizer,
+        register_compression,
+        wrap_optimizer,
+    )
 
     p = argparse.ArgumentParser()
     p.add_argument("--rank", type=int)

@@ -8,9 +8,16 @@ import pytest
 import torch
 
 from hetflow.infra.cache import ShardCache
-from hetflow.infra.datasets import DatasetError, decode_shard, digits_source, read_manifest, write_dataset
-from tests.faults import FaultProxy
+from hetflow.infra.datasets import (
+    DatasetError,
+    decode_shard,
+    digits_source,
+    read_manifest,
+    write_dataset,
+)
 from hetflow.training.checkpoint import CheckpointStore
+
+from tests.faults import FaultProxy
 
 FAULTS = [("503", 4), ("500", 5), ("reset", 6)]
 

@@ -19,6 +19,7 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog
 from hetflow.infra.datasets import read_manifest
 from hetflow.infra.paths import runs_dir
+
 from tests.procs import pids_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -9,15 +9,21 @@ import time
 import pytest
 import torch
 
-from hetflow.flows.profile_cluster import print_profile_report, profile_report
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+from hetflow.emulation.emulator import SMOOTH_PHASES, Emulator
+from hetflow.emulation.link import Link
+from hetflow.flows.profile_cluster import print_profile_report, profile_report
 from hetflow.infra.datasets import digits_source, write_dataset
-from hetflow.training.comm import Link
-from hetflow.training.emulation import SMOOTH_PHASES, Emulator
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 from hetflow.training.models import build_model
-from hetflow.training.probes import fit_affine, fit_transfer, probe_compute, robust_affine, saved_activation_bytes
+from hetflow.training.probes import (
+    fit_affine,
+    fit_transfer,
+    probe_compute,
+    robust_affine,
+    saved_activation_bytes,
+)
 
 SPEEDS = [1.0, 2.0, 3.0, 4.0]
 SLOW_LINK = (1, 0.5)  # worker 1 has a 0.5 Gbit/s link; the others loopback

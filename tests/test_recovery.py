@@ -15,11 +15,13 @@ import torch
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.infra.datasets import digits_source, write_dataset
-from tests.procs import pids_with
+from hetflow.records import Plan
 from hetflow.training.checkpoint import CheckpointStore
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 from hetflow.training.metrics import summarize
+
+from tests.procs import pids_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -39,7 +41,7 @@ def _spec(dataset, run_dir: Path) -> RunSpec:
     train = TrainConfig(model="mlp", global_batch=64, steps=STEPS, schedule="proportional",
                         checkpoint_every=EVERY, eval_every=10, lr=0.05)
     return RunSpec(run_name=run_dir.name, variant="t", cluster=cluster, dataset=dataset, train=train,
-                   plan=[8, 8, 16, 32], run_dir=str(run_dir))
+                   plan=Plan.equal([8, 8, 16, 32]), run_dir=str(run_dir))
 
 
 def _worker_pids(job: Path) -> list[int]:

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetflow.training.scheduler import PlanError, Rebalancer, balance_batches, equal_batches, plan_batches
+from hetflow.training.scheduler import (
+    PlanError,
+    Rebalancer,
+    balance_batches,
+    equal_batches,
+    plan_batches,
+)
 
 speeds_st = st.lists(st.floats(min_value=0.05, max_value=50, allow_nan=False), min_size=1, max_size=16)
 

@@ -37,8 +37,8 @@ async def _prefect_records(flow_run_id) -> str:
 def test_fake_credentials_appear_in_no_record(s3, monkeypatch, tmp_path, hetflow_home, prefect_harness):
     for k, v in SECRETS.items():
         monkeypatch.setenv(k, v)
-    from hetflow.flows.train import train
     from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
+    from hetflow.flows.train import train
 
     state = train(
         cluster=ClusterSpec.from_speeds([1, 2], time_scale=2.0),

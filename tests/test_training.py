@@ -13,6 +13,7 @@ from torch import nn
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.infra.datasets import digits_source, write_dataset
 from hetflow.infra.s3 import free_port
+from hetflow.records import Plan
 from hetflow.training.comm import allgather_bytes
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers, torchrun_command, worker_env
@@ -38,13 +39,14 @@ def _one_step_spec(dataset, tmp_path, plan, name, nodes=("node0",) * 4):
     run_dir = tmp_path / name
     run_dir.mkdir()
     return RunSpec(run_name=name, variant=name, cluster=cluster, dataset=dataset, train=train,
-                   plan=plan, run_dir=str(run_dir))
+                   plan=Plan.equal(plan), run_dir=str(run_dir))
 
 
 def _single_process_step(spec: RunSpec) -> dict[str, torch.Tensor]:
     """The reference: one SGD step on the concatenated global batch, mean loss."""
     x, y = digits_source(spec.dataset.test_fraction, spec.dataset.seed)["train"]
-    idx = np.concatenate([Stream(y, spec.train.seed).step_indices(0, spec.plan, r) for r in range(len(spec.plan))])
+    idx = np.concatenate([Stream(y, spec.train.seed).step_indices(0, spec.plan.local_batches, r)
+                          for r in range(spec.cluster.world_size)])
     model = build_model(spec.train.model, seed=spec.train.seed)
     opt = torch.optim.SGD(model.parameters(), lr=spec.train.lr)
     nn.functional.cross_entropy(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])).backward()
@@ -90,7 +92,7 @@ def test_dynamic_plan_moves_work_off_a_straggler_within_a_few_steps(digits, tmp_
     train = TrainConfig(model="cnn", global_batch=64, steps=24, schedule="dynamic", rebalance_every=100,
                         eval_every=100, checkpoint_every=100, target_accuracy=None)
     spec = RunSpec(run_name="straggler", variant="dynamic", cluster=cluster, dataset=digits, train=train,
-                   plan=[8, 8, 16, 32], stragglers=[(3, 12, 4.0)], run_dir=str(tmp_path))
+                   plan=Plan.equal([8, 8, 16, 32]), stragglers=[(3, 12, 4.0)], run_dir=str(tmp_path))
     result, _ = run_workers(spec, timeout_s=200)
     plans = result["ranks"][0]["plans"]
     assert [p["step"] for p in plans[:1]] == [0] and len(plans) >= 2, plans
@@ -111,7 +113,7 @@ def test_static_run_shares_step_times_every_k_steps_and_splits_every_wait(digits
     train = TrainConfig(model="cnn", global_batch=64, steps=13, schedule="equal", rebalance_every=5,
                         eval_every=100, checkpoint_every=100, target_accuracy=None)
     spec = RunSpec(run_name="static", variant="baseline", cluster=cluster, dataset=digits, train=train,
-                   plan=[16, 16, 16, 16], run_dir=str(tmp_path))
+                   plan=Plan.equal([16, 16, 16, 16]), run_dir=str(tmp_path))
     result, _ = run_workers(spec, timeout_s=200)
     ranks = result["ranks"]
     assert all(len(r["records"]) == train.steps for r in ranks)

@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import logging
 import math
-import re
-import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import (
+    default_hooks,
+    post_localSGD_hook,
+    powerSGD_hook,
+)
 
 from hetflow.records import CompressionMethod
 
@@ -145,24 +147,6 @@ class WireCounter:
         out = (self.bytes_sent, self.collectives)
         self.bytes_sent, self.collectives = 0.0, 0
         return out
-
-
-@dataclass
-class Link:
-    """An emulated network link: each window of traffic costs bytes / bandwidth + latency."""
-
-    gbps: float | None
-    latency_s: float = 0.0
-
-    def delay(self, nbytes: float, collectives: int) -> float:
-        if self.gbps is None and not self.latency_s:
-            return 0.0
-        seconds = collectives * self.latency_s
-        if self.gbps:
-            seconds += nbytes * 8 / (self.gbps * 1e9)
-        if seconds > 0:
-            time.sleep(seconds)
-        return seconds
 
 
 # ---------------------------------------------------------------------------------------------

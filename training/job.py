@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+from hetflow.emulation.emulator import Emulator
+from hetflow.emulation.link import Link
+from hetflow.records import Plan
 
 
 class RunSpec(BaseModel):
@@ -17,11 +20,7 @@ class RunSpec(BaseModel):
     cluster: ClusterSpec
     dataset: DatasetSpec
     train: TrainConfig
-    plan: list[int] = Field(default_factory=list, description="Initial local batch per rank.")
-    compression: str = Field("none", description="Resolved method; never 'auto'.")
-    compression_reason: str = ""
-    latency_s: list[float] = Field(default_factory=list, description="Profiled per-step latency per rank.")
-    per_sample_s: list[float] = Field(default_factory=list, description="Profiled compute time per sample per rank.")
+    plan: Plan | None = Field(None, description="What a training run starts with; none to profile.")
     stragglers: list[tuple[int, int, float]] = Field(
         default_factory=list,
         description="(rank, step, factor): from `step` on, that rank's slowdown is multiplied by factor.",
@@ -30,6 +29,15 @@ class RunSpec(BaseModel):
     checkpoint_url: str | None = Field(None, description="Where checkpoints go; default RUN_DIR/checkpoints.")
     profile_batches: list[int] = Field(default_factory=lambda: [8, 16, 32, 64])
 
+    @model_validator(mode="after")
+    def _plan_fits(self) -> RunSpec:
+        if self.mode == "train" and self.plan is None:
+            raise ValueError("plan: a training run needs a plan (hetflow.training.planning.make_plan)")
+        if self.plan is not None and len(self.plan.local_batches) != self.cluster.world_size:
+            raise ValueError(f"plan.local_batches: {len(self.plan.local_batches)} batches for "
+                             f"{self.cluster.world_size} workers")
+        return self
+
     def write(self, path: Path) -> Path:
         path.write_text(self.model_dump_json(indent=1))
         return path
@@ -37,3 +45,12 @@ class RunSpec(BaseModel):
     @classmethod
     def read(cls, path: str | Path) -> RunSpec:
         return cls.model_validate_json(Path(path).read_text())
+
+
+def emulator_for(spec: RunSpec, rank: int) -> Emulator:
+    """The emulated device of `rank`: its slowdown and link, or none when not emulating."""
+    if not spec.cluster.emulate:
+        return Emulator(1.0, Link(None, 0.0))
+    w = spec.cluster.workers[rank]
+    return Emulator(spec.cluster.slowdowns()[rank], Link(w.link_gbps, w.link_latency_ms / 1e3),
+                    jitter=spec.cluster.jitter, seed=spec.train.seed * 1009 + rank)

@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
-
 from hetflow.config import ClusterSpec, TrainConfig
+from hetflow.records import CompressionMethod, Plan
 from hetflow.training.comm import choose_compression
 from hetflow.training.scheduler import balance_batches, equal_batches, fitted_step_model
-
-
-class Plan(BaseModel):
-    local_batches: list[int]
-    compression: str
-    compression_reason: str
-    speeds: list[float]
-    latency_s: list[float]
-    per_sample_s: list[float]
 
 
 def comm_share(profile: dict) -> float:
@@ -39,7 +29,7 @@ def make_plan(profile: dict, cluster: ClusterSpec, train: TrainConfig) -> Plan:
         method, reason = choose_compression(comm_share(profile))
     else:
         method, reason = train.compression, "set in the train config"
-    return Plan(local_batches=batches, compression=method, compression_reason=reason,
+    return Plan(local_batches=batches, compression=CompressionMethod.parse(method), compression_reason=reason,
                 speeds=speeds, latency_s=latency, per_sample_s=per_sample)
 
 

@@ -58,11 +58,11 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from hetflow.emulation.emulator import SMOOTH_PHASES, Emulator, now
 from hetflow.infra.s3 import filesystem
 from hetflow.training.comm import WireCounter
 from hetflow.training.data import RankData
-from hetflow.training.emulation import SMOOTH_PHASES, Emulator, emulator_for, now
-from hetflow.training.job import RunSpec
+from hetflow.training.job import RunSpec, emulator_for
 from hetflow.training.models import build_model, parameter_count
 
 COMPUTE_BUDGET_S = 2.0  # wall time of the compute probe (every rank alike)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from hetflow.emulation.emulator import now
 from hetflow.training.checkpoint import CheckpointStore
 from hetflow.training.comm import (
     WireCounter,
@@ -36,12 +37,11 @@ from hetflow.training.comm import (
     wrap_optimizer,
 )
 from hetflow.training.data import RankData, load_rank_data
-from hetflow.training.job import RunSpec
+from hetflow.training.job import RunSpec, emulator_for
 from hetflow.training.models import build_model, parameter_count
 from hetflow.training.partition import Stream
-from hetflow.training.emulation import emulator_for, now
 from hetflow.training.probes import profile
-from hetflow.training.scheduler import SUDDEN_STEPS, Rebalancer, equal_batches
+from hetflow.training.scheduler import SUDDEN_STEPS, Rebalancer
 
 # Steps of the plan in force kept for `Rebalancer.sudden_change` (it compares a rank's last
 # SUDDEN_STEPS with its median over the rest).
@@ -195,17 +195,17 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ddp = DDP(model, gradient_as_bucket_view=True)
-    hook_state = register_compression(ddp, spec.compression, emu.dilating_hook)
+    hook_state = register_compression(ddp, str(spec.plan.compression), emu.dilating_hook)
     shared = SharedStepTimes(world, new_control_group(), 1 if cfg.schedule == "dynamic" else cfg.rebalance_every)
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     else:
         opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
-    opt = wrap_optimizer(opt, spec.compression, hook_state)
-    plan = list(spec.plan) or equal_batches(world, cfg.global_batch)
+    opt = wrap_optimizer(opt, str(spec.plan.compression), hook_state)
+    plan = list(spec.plan.local_batches)
     caps = [w.memory_cap_batch for w in spec.cluster.workers]
-    latency = list(spec.latency_s) or [0.0] * world
-    rebalancer = Rebalancer(cfg.global_batch, caps, latency, list(spec.per_sample_s) or None,
+    latency = list(spec.plan.latency_s) or [0.0] * world
+    rebalancer = Rebalancer(cfg.global_batch, caps, latency, list(spec.plan.per_sample_s) or None,
                             threshold=cfg.rebalance_threshold)
     base_slowdown = emu.slowdown
     stream = Stream(data.train.y, seed=cfg.seed)

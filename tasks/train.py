@@ -1,9 +1,7 @@
-"""Profiling and training tasks: each launches torchrun on the cluster."""
+"""The training task: plan a variant from the profile, run it on the cluster, record it."""
 
 from __future__ import annotations
 
-import datetime as dt
-import uuid
 from pathlib import Path
 
 from prefect import runtime, task
@@ -11,37 +9,13 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog, cost_usd
-from hetflow.infra.paths import runs_dir
+from hetflow.infra.paths import new_run_dir, runs_dir
+from hetflow.records import Plan
+from hetflow.tasks.tracking import finish_training_run, open_training_run, system_metrics
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 from hetflow.training.metrics import step_series, summarize
-from hetflow.tasks.tracking import finish_training_run, open_training_run, system_metrics
-from hetflow.training.planning import Plan, make_plan
-
-
-def new_run_dir(label: str) -> Path:
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = runs_dir() / f"{stamp}-{label}-{uuid.uuid4().hex[:6]}"
-    path.mkdir(parents=True)
-    return path
-
-
-@task(task_run_name="profile {cluster.name} ({cluster.world_size} workers)")
-def profile_workers(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> dict:
-    """Measure every worker inside the cluster: fwd+bwd speed on the job's model, all-reduce."""
-    run_dir = new_run_dir("profile")
-    spec = RunSpec(run_name=run_dir.name, variant="profile", mode="profile", cluster=cluster,
-                   dataset=dataset, train=train, run_dir=str(run_dir))
-    result, wall = run_workers(spec)
-    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
-    fastest = max(r["samples_per_s"] for r in ranks)
-    for r, w in zip(ranks, cluster.workers, strict=True):
-        r["worker"] = w.name
-        r["relative_speed"] = r["samples_per_s"] / fastest
-    profile = {"cluster": cluster.name, "model": train.model, "ranks": ranks, "profiling_time_s": wall}
-    speeds = ", ".join(f"{r['worker']}={r['relative_speed']:.2f}" for r in ranks)
-    print(f"profiled {cluster.world_size} workers in {wall:.1f}s; relative speeds {speeds}")
-    return profile
+from hetflow.training.planning import make_plan
 
 
 def stable_run_dir(label: str) -> Path:
@@ -74,12 +48,10 @@ def train_variant(
     plan: Plan = make_plan(profile, cluster, train)
     run_dir = stable_run_dir(variant)
     spec = RunSpec(run_name=run_dir.name, variant=variant, cluster=cluster, dataset=dataset,
-                   train=train, plan=plan.local_batches, compression=plan.compression,
-                   compression_reason=plan.compression_reason, latency_s=plan.latency_s,
-                   per_sample_s=plan.per_sample_s, run_dir=str(run_dir))
+                   train=train, plan=plan, run_dir=str(run_dir))
     print(f"{variant}: local batches {plan.local_batches}, compression {plan.compression} "
           f"({plan.compression_reason}); training {train.steps} steps")
-    run_id = open_training_run(tracking, variant, cluster, dataset, train, plan.model_dump(), run_dir,
+    run_id = open_training_run(tracking, variant, cluster, dataset, train, plan.model_dump(mode="json"), run_dir,
                                parent_run_id)
     progress = _progress_reporter(variant, train.steps)
     with system_metrics(run_id):
@@ -92,7 +64,7 @@ def train_variant(
     outcome = {
         "variant": variant,
         "run_id": run_id,
-        "plan": plan.model_dump(),
+        "plan": plan.model_dump(mode="json"),
         "metrics": metrics,
         "series": step_series(result, train.global_batch),
         "rank_records": [r["records"] for r in ranks],

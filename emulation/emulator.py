@@ -7,8 +7,7 @@ import random
 import time
 from collections import defaultdict, deque
 
-from hetflow.training.comm import Link
-from hetflow.training.job import RunSpec
+from hetflow.emulation.link import Link
 
 now = time.perf_counter
 
@@ -89,11 +88,3 @@ class Emulator:
             return hook(state, bucket)
 
         return wrapped
-
-
-def emulator_for(spec: RunSpec, rank: int) -> Emulator:
-    if not spec.cluster.emulate:
-        return Emulator(1.0, Link(None, 0.0))
-    w = spec.cluster.workers[rank]
-    return Emulator(spec.cluster.slowdowns()[rank], Link(w.link_gbps, w.link_latency_ms / 1e3),
-                    jitter=spec.cluster.jitter, seed=spec.train.seed * 1009 + rank)
