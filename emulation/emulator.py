@@ -21,23 +21,17 @@ class Emulator:
 
     CPU time of the computing thread, not wall time: on a shared host the ranks wait for a
     core, and that wait (which depends on what the other ranks do) must not leak into the
-    emulated device's speed. The phase is padded with sleep up to slowdown x CPU seconds.
+    emulated device's speed. `finish` pads the phase with sleep up to `dilated(...)` seconds.
 
     A phase started with a `key` (training and the compute probe pass the batch size) is
     dilated from the least CPU time of that key's last `SMOOTH_PHASES` phases, its own
-    included: the device's pace at that batch, free of the host. The CPU time of one step on
-    this 2-vCPU host varies by 10-20% from step to step (caches cooled by the pause, the
-    hypervisor, the other ranks) and is up to 2x in a batch shape's first steps; dilation
-    multiplied that noise by the slowdown (16 to 96 in `hetflow bench hetero` on 1,2,3,6), so
-    the emulated workers were noisy, not only slow, where a real accelerator repeats a step's
-    time within a few percent. Interference only ever adds time, so the least of the recent
-    times is the estimate nearest the work itself, as the compute probe's best-of-rounds is (a
-    median of 7 carried a batch shape's cold first steps into the 4th step, where the dynamic
-    schedule took them for an imbalance and re-planned). A
-    lasting rise of the host's cost shows after `SMOOTH_PHASES` phases; a straggler's factor
-    changes `slowdown` itself. Noise on purpose is `jitter`: each keyed phase lasts a
-    log-normal factor (mean 1, coefficient of variation `jitter`) longer or shorter, drawn
-    from `seed`.
+    included. The host's step-to-step CPU noise would otherwise be multiplied by the slowdown,
+    making the emulated device noisy as well as slow, where a real accelerator repeats a step's
+    time within a few percent; interference only ever adds time, so the least recent time is
+    the estimate nearest the work itself (figures: docs/measurements.md, "Emulation"). A lasting
+    rise of the host's cost shows after `SMOOTH_PHASES` phases; a straggler's factor changes
+    `slowdown` itself. Noise on purpose is `jitter`: each keyed phase lasts a log-normal factor
+    (mean 1, coefficient of variation `jitter`) longer or shorter, drawn from `seed`.
     """
 
     def __init__(self, slowdown: float, link: Link, jitter: float = 0.0, seed: int = 0) -> None:

@@ -30,9 +30,9 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem for a URL and the path inside it (s3://, file://, memory://).
 
     One filesystem (one S3 client) per process, protocol and AWS_* environment (endpoint,
-    credentials, retry settings): a new s3fs client and one small read took 85-150 ms against
-    7 ms with the shared client (measured here against moto), and a changed endpoint or
-    credentials (tests, `local_s3_endpoint`, a proxy) gets a client of its own. Listings are
+    credentials, retry settings): a new client per read costs more than the read itself
+    (docs/measurements.md, "S3"), and a changed endpoint or credentials (tests,
+    `local_s3_endpoint`, a proxy) gets a client of its own. Listings are
     not cached, so an object another writer put or removed is seen at once.
     """
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))

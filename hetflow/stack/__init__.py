@@ -1,0 +1,168 @@
+"""A persistent local stack on 127.0.0.1: an S3 endpoint, a Prefect server, an MLflow server.
+
+    hetflow stack up       start what is not running, create the `hetflow-local` process work
+                           pool that prefect.yaml deploys to, and print the `export ...` lines
+                           that point a shell at the stack (`eval "$(hetflow stack up)"` works:
+                           progress goes to stderr)
+    hetflow stack status   one line per service: up or down, pid, URL, log file
+    hetflow stack down     stop the services (SIGTERM to each process group, then SIGKILL)
+
+All state lives in one directory, `$HETFLOW_HOME/stack` (`~/.hetflow/stack` by default):
+
+    env.sh                  the export lines that `up` prints (`. ~/.hetflow/stack/env.sh`)
+    stack.json              the ports the services were started on
+    <service>.pid           the pid of each service, the leader of its own process group
+    logs/<service>.log      each service's output
+    s3/recording.jsonl      the S3 endpoint's state (see below)
+    prefect/                PREFECT_HOME of the server, with its SQLite database
+    mlflow/mlflow.db        MLflow's backend store; artifacts go to s3://hetflow-mlflow/artifacts
+
+The S3 endpoint is moto's server, which keeps its state in memory. moto's recorder appends
+every request to `s3/recording.jsonl`; `up` replays that file into a fresh server before
+anything else can reach it. `down` first compacts the file into one PutObject per object that
+exists (so the file does not grow without bound, and objects uploaded in several parts, which
+a replay of the raw requests cannot rebuild, survive too). What a compaction keeps: buckets,
+objects with their content type and user metadata; not bucket settings such as versioning or
+policies, and not old versions. If the endpoint dies without `down`, objects uploaded in parts
+since the last `down` are lost; everything else is replayed. Between two `down`s the file holds
+every request (reads too), and a replay reads it whole: fine for a local stack of a few GB.
+
+Ports: `HETFLOW_STACK_S3_PORT`, `HETFLOW_STACK_PREFECT_PORT`, `HETFLOW_STACK_MLFLOW_PORT`,
+else the ports of the last `up`, else 5555 (S3), 4200 (Prefect), 5000 (MLflow). A port in use
+is an error that names the variable to set. `HETFLOW_STACK_TIMEOUT` (seconds,
+default 180) bounds the wait for each service to answer. Everything binds to 127.0.0.1 only;
+the only credentials printed are the fixed fake ones of the local endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.error
+
+from hetflow.stack.layout import (
+    HOST,
+    MLFLOW,
+    MLFLOW_BUCKET,
+    PREFECT,
+    S3,
+    SERVICES,
+    Service,
+    StackError,
+    chosen_port,
+    log_path,
+    pid_file,
+    recording_path,
+    saved_ports,
+    stack_dir,
+    url_of,
+)
+from hetflow.stack.processes import healthy, port_open, running_pid, stop, wait_healthy
+from hetflow.stack.services import (
+    _print_exports,
+    _save_ports,
+    compact_s3,
+    ensure_bucket,
+    ensure_work_pool,
+    start_mlflow,
+    start_prefect,
+    start_s3,
+)
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def up() -> int:
+    """Start every service that is not running; 0 when all answer, 1 otherwise."""
+    try:
+        return _up()
+    except StackError as e:
+        print(f"hetflow stack: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _up() -> int:
+    saved = saved_ports()
+    running = {svc: pid for svc in SERVICES if (pid := running_pid(svc)) is not None}
+    ports = {svc.name: (saved.get(svc.name) if svc in running and svc.name in saved else chosen_port(svc, saved))
+             for svc in SERVICES}
+    if len(running) == len(SERVICES):
+        print(f"# hetflow stack: already running ({', '.join(f'{s.name} pid {p}' for s, p in running.items())})")
+        _print_exports(ports)
+        return 0
+    to_start = [svc for svc in SERVICES if svc not in running]
+    for svc in to_start:
+        if port_open(ports[svc.name]):
+            raise StackError(
+                f"cannot start {svc.name}: {HOST}:{ports[svc.name]} is already in use "
+                f"(set {svc.port_env} to a free port)"
+            )
+    try:
+        timeout = float(os.environ.get("HETFLOW_STACK_TIMEOUT") or 180)
+    except ValueError:
+        raise StackError(f"HETFLOW_STACK_TIMEOUT: expected seconds (got {os.environ['HETFLOW_STACK_TIMEOUT']!r})") from None
+    _save_ports(ports)  # from here on, `status` and `down` find the services
+    started: list[tuple[Service, int]] = []
+    try:
+        if S3 in to_start:
+            _progress(f"starting s3 on {url_of(S3, ports['s3'])} ...")
+            started.append((S3, start_s3(ports["s3"], timeout).pid))
+        ensure_bucket(ports["s3"], MLFLOW_BUCKET)
+        procs = {}
+        if PREFECT in to_start:
+            _progress(f"starting prefect on {url_of(PREFECT, ports['prefect'])} ...")
+            procs[PREFECT] = (start_prefect(ports["prefect"]), ports["prefect"])
+        if MLFLOW in to_start:
+            _progress(f"starting mlflow on {url_of(MLFLOW, ports['mlflow'])} ...")
+            procs[MLFLOW] = (start_mlflow(ports["mlflow"], ports["s3"]), ports["mlflow"])
+        started += [(svc, proc.pid) for svc, (proc, _) in procs.items()]
+        wait_healthy(procs, timeout)
+        ensure_work_pool(ports["prefect"])
+    except BaseException:
+        for svc, pid in reversed(started):  # leave nothing half-started behind
+            stop(svc, pid, ports[svc.name], grace=5.0)
+        raise
+    print(f"# hetflow stack: up, state in {stack_dir()}")
+    _print_exports(ports)
+    return 0
+
+
+def status() -> int:
+    """One line per service (up, down, or no-answer: running but not answering yet);
+    0 when all three are up, 1 otherwise."""
+    saved = saved_ports()
+    all_up = True
+    for svc in SERVICES:
+        port = saved.get(svc.name) or chosen_port(svc, saved)
+        pid = running_pid(svc)
+        state = "up" if pid is not None and healthy(svc, port) else ("no-answer" if pid else "down")
+        all_up &= state == "up"
+        shown = f"pid {pid}" if pid else "-"
+        print(f"{svc.name:<8} {state:<8} {shown:<11} {url_of(svc, port):<24} log: {log_path(svc)}")
+    if all_up:
+        print(f"env: . {stack_dir() / 'env.sh'}")
+    return 0 if all_up else 1
+
+
+def down() -> int:
+    """Stop the services (MLflow and Prefect first, then S3 after compacting its state)."""
+    saved = saved_ports()
+    for svc in reversed(SERVICES):
+        pid = running_pid(svc)
+        port = saved.get(svc.name)
+        if pid is None:
+            pid_file(svc).unlink(missing_ok=True)
+            print(f"{svc.name}: not running")
+            continue
+        if svc is S3 and port is not None:
+            try:
+                kept = compact_s3(port)
+                print(f"s3: state saved ({kept} objects) in {recording_path()}")
+            except Exception as e:  # noqa: BLE001 - keep the raw recording: it still replays
+                print(f"s3: could not compact its state ({type(e).__name__}: {e}); "
+                      f"keeping the request log {recording_path()}", file=sys.stderr)
+        stop(svc, pid, port)
+        print(f"{svc.name}: stopped (pid {pid})")
+    return 0

@@ -1,0 +1,82 @@
+"""The shape of the code: layers import downward only, modules fit on a few screens, functions
+do one thing. These are the habits docs/architecture.md describes, checked on every run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# folder -> the hetflow subpackage it installs as (pyproject's package-dir)
+FOLDERS = {"hetflow": "hetflow", "flows": "hetflow.flows", "tasks": "hetflow.tasks",
+           "training": "hetflow.training", "infra": "hetflow.infra", "emulation": "hetflow.emulation"}
+# What each layer may import of hetflow (besides itself). The CLI, the stack and the simulator
+# (under hetflow/) sit on top and may import anything.
+ALLOWED = {
+    "hetflow.records": set(),
+    "hetflow.config": {"hetflow.records"},
+    "hetflow.emulation": set(),
+    "hetflow.infra": {"hetflow.records", "hetflow.config", "hetflow.emulation"},
+    "hetflow.training": {"hetflow.records", "hetflow.config", "hetflow.emulation", "hetflow.infra"},
+    "hetflow.tasks": {"hetflow.records", "hetflow.config", "hetflow.infra", "hetflow.training"},
+    "hetflow.flows": {"hetflow.records", "hetflow.config", "hetflow.infra", "hetflow.tasks"},
+}
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def sources() -> list[tuple[str, Path]]:
+    """(dotted module name, file) of every installed module."""
+    out = []
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out.append((".".join((package, *parts)), path))
+    return out
+
+
+def layer(module: str) -> str | None:
+    """The entry of ALLOWED that governs `module` (the longest matching prefix), if any."""
+    matches = [k for k in ALLOWED if module == k or module.startswith(k + ".")]
+    return max(matches, key=len) if matches else None
+
+
+def hetflow_imports(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return {n for n in names if n == "hetflow" or n.startswith("hetflow.")}
+
+
+@pytest.mark.parametrize("module, path", sources(), ids=[m for m, _ in sources()])
+def test_layers_import_downward_only(module, path):
+    own = layer(module)
+    if own is None:
+        return  # the top: CLI, stack, simulator
+    bad = sorted(name for name in hetflow_imports(ast.parse(path.read_text()))
+                 if layer(name) not in ALLOWED[own] | {own})
+    assert not bad, f"{module} ({own}) imports {bad}"
+
+
+def test_the_layer_rule_catches_an_upward_import():
+    tree = ast.parse("from hetflow.tasks.train import train_variant\nimport hetflow.records")
+    assert layer("hetflow.tasks.train") not in ALLOWED["hetflow.training"]
+    assert hetflow_imports(tree) == {"hetflow.tasks.train", "hetflow.records"}
+
+
+@pytest.mark.parametrize("module, path", sources(), ids=[m for m, _ in sources()])
+def test_modules_and_functions_stay_small(module, path):
+    text = path.read_text()
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{module}: {len(text.splitlines())} lines"
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{module}: {long}"
