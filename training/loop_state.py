@@ -1,0 +1,76 @@
+"""The training loop's state from step to step: the plan in force and its history, the step
+records and evaluations, and the rows of compute times the re-balancer is fed from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hetflow.records import EvalPoint, PlanChange, StepRecord
+
+# Steps of the plan in force kept for `Rebalancer.sudden_change` (it compares a rank's last
+# SUDDEN_STEPS with its median over the rest).
+SUDDEN_ROWS = 12
+# Steps that run new batch shapes, at the start and after each re-plan, pay one-off costs (the
+# allocator, kernel choice) well above the settled time (measured: docs/measurements.md). The
+# re-balancer does not see them, or it takes the first settled steps for a sudden speed-up.
+SETTLE_STEPS = 2
+
+
+@dataclass
+class LoopState:
+    """What the training loop carries from step to step.
+
+    `plan` is the local batches in force, `plans` every plan adopted with its first step.
+    `current` and `window` hold rows of compute times (rank by rank) of the steps run on the
+    plan in force, its first SETTLE_STEPS left out: since the plan came in or the last sudden
+    change (`current`, at most SUDDEN_ROWS), and since the last look at the plan (`window`).
+    A checkpoint keeps all but the rows (`saved`), which start empty on resume.
+    """
+
+    plan: list[int]
+    plans: list[PlanChange]
+    evals: list[EvalPoint] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list)
+    train_time_s: float = 0.0
+    start: int = 0
+    current: list[list[float]] = field(default_factory=list)
+    window: list[list[float]] = field(default_factory=list)
+    bookkeeping_s: float = 0.0  # what recording progress costs the training loop
+
+    @classmethod
+    def fresh(cls, plan: list[int]) -> LoopState:
+        return cls(plan=list(plan), plans=[PlanChange(step=0, plan=list(plan))])
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict, rank: int) -> LoopState:
+        """The state a checkpoint holds (`saved()` and the gathered records) for `rank`."""
+        return cls(
+            plan=saved["plan"],
+            start=saved["step"],
+            train_time_s=saved["train_time"],
+            plans=[PlanChange.model_validate(p) for p in saved["plans"]],
+            evals=[EvalPoint.model_validate(e) for e in saved["evals"]],
+            records=[StepRecord.model_validate(r) for r in saved["records"][rank]],
+        )
+
+    def saved(self) -> dict:
+        """What a checkpoint keeps of the state, records apart (every rank's, gathered)."""
+        return {
+            "plan": self.plan,
+            "plans": [p.model_dump() for p in self.plans],
+            "evals": [e.model_dump() for e in self.evals],
+            "train_time": self.train_time_s,
+        }
+
+    def add_row(self, tag: int, step: int, row: list[float]) -> None:
+        """Keep every rank's compute time of `step`, run under plan number `tag` (the length of
+        `plans` then), if it ran on the plan in force and after its first SETTLE_STEPS."""
+        if tag == len(self.plans) and step >= self.plans[-1].step + SETTLE_STEPS:
+            self.current = [*self.current[-SUDDEN_ROWS + 1 :], row]
+            self.window.append(row)
+
+    def adopt(self, plan: list[int], step: int) -> None:
+        """Run `plan` from `step` on; its rows start afresh."""
+        self.plan = plan
+        self.plans.append(PlanChange(step=step, plan=list(plan)))
+        self.current = []

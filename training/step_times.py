@@ -1,0 +1,68 @@
+"""Every rank's compute time of every step, shared in the background, so that no step waits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from hetflow.records import StepRecord
+
+
+class SharedStepTimes:
+    """Every rank's compute time of every step, shared in the background, so that no step waits.
+
+    A rank posts each step's compute time; every `every` posts they go out in one asynchronous
+    all-gather on a control group of its own (`new_control_group`: gloo runs it in the
+    background, apart from the gradients' collectives), collected at the next one, by when it has
+    long finished. `collect(flush=True)` sends and waits for the rest, where every step must be
+    accounted for (a checkpoint, the run's end). A collected row splits its step's wait into idle
+    (for the slowest rank) and communication, and feeds the re-balancer.
+
+    The dynamic schedule shares every step (`every=1`), so that a sudden change of speed is
+    acted on within a few steps (`Rebalancer.sudden_change`); the others every K steps, because
+    a collective per step slows short steps on a shared host (`benchmarks/step_sharing.py`;
+    measured: docs/measurements.md). torch has no per-step sharing of metrics.
+
+    Every rank must post and collect the same steps with the same `flush`, in the same order:
+    each send is a collective.
+    """
+
+    def __init__(self, world: int, group, every: int) -> None:
+        self.world, self.group, self.every = world, group, every
+        self.unsent: list[tuple[StepRecord, int]] = []
+        self.pending: list[tuple[list[tuple[StepRecord, int]], list[torch.Tensor], dist.Work]] = []
+
+    def post(self, rec: StepRecord, tag: int) -> None:
+        """Queue `rec`'s compute time, with a tag that comes back with its row."""
+        self.unsent.append((rec, tag))
+        if len(self.unsent) >= self.every:
+            self._send()
+
+    def _send(self) -> None:
+        mine = torch.tensor([rec.compute_s for rec, _ in self.unsent], dtype=torch.float64)
+        out = [torch.zeros_like(mine) for _ in range(self.world)]
+        work = dist.all_gather(out, mine, group=self.group, async_op=True)
+        self.pending.append((self.unsent, out, work))
+        self.unsent = []
+
+    def collect(self, flush: bool = False) -> list[tuple[StepRecord, int, list[float]]]:
+        """(record, tag, every rank's compute time) of the steps whose gather is in, oldest first;
+        the newest gather stays in flight unless `flush`. Sets each record's idle_s and comm_s."""
+        if flush and self.unsent:
+            self._send()
+        done = []
+        while len(self.pending) > (0 if flush else 1):
+            entries, out, work = self.pending.pop(0)
+            work.wait()
+            for (rec, tag), row in zip(entries, torch.stack(out, dim=1).tolist(), strict=True):
+                rec.idle_s = min(max(row) - rec.compute_s, rec.wait_s)
+                rec.comm_s = rec.wait_s - rec.idle_s
+                done.append((rec, tag, row))
+        return done
+
+
+def column_means(rows: Sequence[Sequence[float]]) -> list[float]:
+    """Per rank, the mean of its column over `rows[step][rank]`."""
+    return [sum(col) / len(col) for col in zip(*rows, strict=True)]
