@@ -29,7 +29,8 @@ _METHOD = re.compile(r"^(?P<name>[a-z0-9]+)(?::(?P<arg>.+))?$")
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and inf (a diverged loss) travel as JSON's NaN/Infinity, as json.dumps writes them.
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
 
 class CompressionMethod(_Record):
@@ -40,7 +41,7 @@ class CompressionMethod(_Record):
     'auto' is not a method: the planner resolves it into one.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
     name: MethodName = "none"
     rank: int | None = None
@@ -205,7 +206,7 @@ class StepRecord(_Record):
     """One rank's step, in seconds: data wait, compute, and the wait after it, which splits
     into idle (for the slowest rank) and communication once every rank's time is known."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     step: int
     batch: int
