@@ -34,11 +34,10 @@ import statistics
 import time
 
 from hetflow.config import (
-    ClusterSpec,
     ConfigError,
     TrainConfig,
-    WorkerSpec,
     check_job,
+    link_cluster,
     validated,
 )
 from hetflow.records import CompressionMethod, Plan
@@ -75,16 +74,6 @@ def parse_methods(text: str) -> list[str]:
     if len(set(methods)) != len(methods):
         raise ConfigError(f"--methods: a method appears twice ({text!r})")
     return methods
-
-
-def link_cluster(gbps: float, latency_ms: float) -> ClusterSpec:
-    """4 equal emulated workers, each behind a link of `gbps` (0: loopback) and `latency_ms`."""
-    workers = [
-        WorkerSpec(name=f"w{i}", speed=1.0, link_gbps=gbps or None, link_latency_ms=latency_ms)
-        for i in range(WORLD)
-    ]
-    name = f"comm-{gbps:g}gbps" if gbps else "comm-loopback"
-    return ClusterSpec(name=name, workers=workers)
 
 
 def _slug(method: str) -> str:

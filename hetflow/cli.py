@@ -198,6 +198,13 @@ def cmd_bench(args) -> int:
     return benchmark_module(args.name).main(args.rest)
 
 
+def cmd_simulate(args) -> int:
+    """The simulator parses its own flags: `hetflow simulate --help`."""
+    from hetflow.simulator.cli import main as simulate
+
+    return simulate(args.rest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hetflow", description="Heterogeneity-aware training pipeline")
     sub = p.add_subparsers(dest="command", required=True)
@@ -237,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="predict training at scale (1 to 1024 workers)", add_help=False)
     sim.add_argument("rest", nargs=argparse.REMAINDER, help="the simulator's own flags")
-    sim.set_defaults(func=lambda a: benchmark_module("simulate").main(a.rest))
+    sim.set_defaults(func=cmd_simulate)
 
     st = sub.add_parser("stack", help="a persistent local stack on 127.0.0.1")
     st.add_argument("action", choices=["up", "down", "status"])

@@ -319,3 +319,14 @@ DEFAULT_SPEEDS = [1.0, 1.0, 2.0, 4.0]
 def default_cluster() -> ClusterSpec:
     """The demo's 4 emulated workers, relative speeds 1, 1, 2, 4."""
     return ClusterSpec.from_speeds(DEFAULT_SPEEDS, name="demo-1-1-2-4")
+
+
+def link_cluster(gbps: float, latency_ms: float, world: int = 4) -> ClusterSpec:
+    """`world` equal emulated workers, each behind a link of `gbps` (0: loopback) and
+    `latency_ms`: where communication is what differs (`hetflow bench comm`, calibration)."""
+    workers = [
+        WorkerSpec(name=f"w{i}", speed=1.0, link_gbps=gbps or None, link_latency_ms=latency_ms)
+        for i in range(world)
+    ]
+    name = f"comm-{gbps:g}gbps" if gbps else "comm-loopback"
+    return ClusterSpec(name=name, workers=workers)

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hetflow import simulator as sim
 from hetflow.config import ConfigError
 from hetflow.infra.catalog import Catalog, InstanceInfo, PriceTable
-from hetflow.training import simulator as sim
+from hetflow.records import Profile
 from hetflow.training.scheduler import balance_batches
 
 RESNET = sim.MODELS["resnet50"]
@@ -122,8 +123,9 @@ def test_step_arithmetic_by_hand():
 def test_a_profiled_worker_computes_as_the_profile_fit_says():
     # The profile times the step through DDP, so nothing more is charged for DDP's bucket work,
     # whatever else the profile holds (its copy bandwidth among the raw probes).
-    profile = {"ranks": [{"rank": 0, "fit_latency_s": 0.01, "fit_s_per_sample": 0.001, "samples_per_s": 500.0,
-                          "memory_gbps": 2.0, "allreduce_gbps": 1.0}]}
+    profile = sim.as_profile({"cluster": "one", "model": "cnn", "ranks": [
+        {"rank": 0, "fit_latency_s": 0.01, "fit_s_per_sample": 0.001, "samples_per_s": 500.0,
+         "step_compute_s": 0.042, "memory_gbps": 2.0, "allreduce_gbps": 1.0}]})
     (w,) = sim.profile_workers(profile)
     assert w.compute_s(32) == pytest.approx(0.042)
     model = sim.ModelSpec("toy", params=250_000_000, per_sample_flops=1.0, sample_bytes=1.0, epoch_samples=1)
@@ -241,17 +243,28 @@ def test_1024_workers_answer_with_bounded_work():
 
 
 def test_profile_workers_read_the_fitted_model():
-    profile = {"model": "cnn", "ranks": [
-        {"rank": 1, "fit_latency_s": 0.02, "fit_s_per_sample": 0.001, "samples_per_s": 500, "allreduce_gbps": 5.0,
-         "allreduce_latency_s": 0.003},
-        {"rank": 0, "fit_latency_s": -0.01, "fit_s_per_sample": 0.0, "samples_per_s": 100, "allreduce_gbps": 4.0,
-         "allreduce_latency_s": 0.001},
-    ]}
+    profile = sim.as_profile({"cluster": "two", "model": "cnn", "ranks": [
+        {"rank": 1, "fit_latency_s": 0.02, "fit_s_per_sample": 0.001, "samples_per_s": 500,
+         "step_compute_s": 0.036, "allreduce_gbps": 5.0, "allreduce_latency_s": 0.003},
+        {"rank": 0, "fit_latency_s": -0.01, "fit_s_per_sample": 0.0, "samples_per_s": 100,
+         "step_compute_s": 0.16, "allreduce_gbps": 4.0, "allreduce_latency_s": 0.001},
+    ]})
     ws = sim.profile_workers(profile)
     assert [(w.latency_s, w.per_sample_s, w.link_gbps) for w in ws] == [(0.0, 0.01, 4.0), (0.02, 0.001, 5.0)]
     assert sim.profile_alpha_s(profile) == pytest.approx(0.003 / 2)
     big = sim.replicate(ws, 5)
     assert len(big) == 5 and len({w.node for w in big}) == 5 and big[3].per_sample_s == 0.001
+
+
+def test_a_profile_json_is_read_as_the_typed_profile():
+    # `hetflow profile --json` writes the Profile's fields with its report's beside them
+    data = {"cluster": "c", "model": "cnn", "workers": [{"name": "w0"}], "cluster_spec": {},
+            "ranks": [{"rank": 0, "node": "n0", "fit_latency_s": 0.01, "fit_s_per_sample": 0.002,
+                       "samples_per_s": 400.0, "step_compute_s": 0.07}]}
+    profile = sim.as_profile(data)
+    assert isinstance(profile, Profile) and profile.ranks[0].fit_s_per_sample == 0.002
+    (w,) = sim.profile_workers(profile)
+    assert (w.latency_s, w.per_sample_s, w.name, w.kind) == (0.01, 0.002, "rank0", "profiled")
 
 
 def test_local_model_figures_match_training_models():
@@ -330,4 +343,9 @@ def test_bad_figures_are_clear_errors():
     with pytest.raises(ConfigError, match="global_batch"):
         sim.simulate_step(homogeneous(4), sim.Job(RESNET, global_batch=2), sim.Network())
     with pytest.raises(ConfigError, match="profile"):
-        sim.profile_workers({"ranks": []})
+        sim.profile_workers(Profile(cluster="none", model="cnn", ranks=[]))
+    with pytest.raises(ConfigError, match="profile"):
+        sim.as_profile({"ranks": []})
+    with pytest.raises(ConfigError, match="fit_latency_s"):
+        sim.as_profile({"cluster": "c", "model": "cnn", "ranks": [
+            {"rank": 0, "fit_s_per_sample": 0.01, "samples_per_s": 100, "step_compute_s": 0.3}]})

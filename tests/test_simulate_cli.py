@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from hetflow.config import ConfigError
-
-from benchmarks.simulate import calibration_errors, main, predict_run
+from hetflow.records import Profile, RankProfile
+from hetflow.simulator.calibrate import calibration_errors, measured_run, predict_run
+from hetflow.simulator.cli import main
 
 ROW_KEYS = {"workers", "plan", "throughput_samples_per_s", "efficiency", "epoch_time_s", "cost_per_epoch"}
 
@@ -36,9 +38,10 @@ def test_mix_writes_rows_for_every_count_and_plan(s3, tmp_path):
 
 
 def test_profile_cluster_and_published_tables(tmp_path):
-    profile = {"model": "cnn", "ranks": [
+    profile = {"cluster": "c4", "model": "cnn", "ranks": [
         {"rank": i, "worker": f"w{i}", "fit_latency_s": 0.01 * s, "fit_s_per_sample": 0.003 / s,
-         "samples_per_s": 300 * s, "allreduce_gbps": 10.0, "allreduce_latency_s": 0.001}
+         "samples_per_s": 300 * s, "step_compute_s": 0.01 * s + 0.096 / s, "allreduce_gbps": 10.0,
+         "allreduce_latency_s": 0.001}
         for i, s in enumerate([1, 1, 2, 4])]}
     src = tmp_path / "profile.json"
     src.write_text(json.dumps(profile))
@@ -70,12 +73,15 @@ def test_bad_input_is_refused_with_a_clear_error(s3, tmp_path):
     bare.write_text("workers:\n  - {name: a, speed: 1}\n")
     with pytest.raises(ConfigError, match="instance_type"):
         main(["--cluster", str(bare)])
+    with pytest.raises(ConfigError, match="--calibrate-steps"):  # refused before any run
+        main(["--calibrate", "--calibrate-steps", "3"])
 
 
 def _profile(latency, per_sample):
-    return {"ranks": [{"rank": i, "fit_latency_s": a, "fit_s_per_sample": c, "samples_per_s": 1 / c,
-                       "allreduce_gbps": 100.0, "allreduce_latency_s": 0.0}
-                      for i, (a, c) in enumerate(zip(latency, per_sample, strict=True))]}
+    return Profile(cluster="test", model="cnn", ranks=[
+        RankProfile(rank=i, fit_latency_s=a, fit_s_per_sample=c, samples_per_s=1 / c,
+                    step_compute_s=a + 32 * c, allreduce_gbps=100.0, allreduce_latency_s=0.0)
+        for i, (a, c) in enumerate(zip(latency, per_sample, strict=True))])
 
 
 def _measured(prof, model, batches, plan, overhead_s):
@@ -104,6 +110,24 @@ def test_calibration_fits_the_overhead_leave_one_out():
             "comm": _measured(comm_prof, "wide_mlp", [32] * 4, "baseline", 0.015)}
     used = {k: r["overhead_used_s"] for k, r in calibration_errors(runs)["runs"].items()}
     assert used == pytest.approx({"baseline": 0.020, "optimized": 0.010, "comm": 0.015})
+
+
+def test_a_training_result_is_measured_after_its_first_step():
+    def rank(r, step_s, compute_s, comm_s):
+        records = [{"step": i, "batch": 64, "data_s": 0.0, "compute_s": c, "wait_s": 0.0,
+                    "step_s": t, "loss_sum": 1.0, "bytes_sent": 0.0, "comm_s": m}
+                   for i, (t, c, m) in enumerate(zip(step_s, compute_s, comm_s, strict=True))]
+        return {"rank": r, "records": records, "plans": [{"step": 0, "plan": [64, 64]}]}
+
+    result = {"mode": "train", "ranks": [rank(1, [1.0, 0.5, 0.5], [0.8, 0.2, 0.2], [0.0] * 3),
+                                         rank(0, [1.0, 0.5, 0.5], [0.9, 0.3, 0.5], [0.1, 0.1, 0.2])]}
+    m = measured_run(result, 128)
+    assert m["throughput_samples_per_s"] == pytest.approx(256.0)  # 2 x 128 samples in 1 s
+    assert m["step_time_s"] == pytest.approx(0.5)
+    assert m["compute_s"] == pytest.approx([0.4, 0.2])  # rank order
+    assert m["comm_s"] == pytest.approx(0.15)
+    with pytest.raises(ValidationError):
+        measured_run({"mode": "profile", "ranks": result["ranks"]}, 128)
 
 
 def test_the_cli_hands_simulate_its_own_flags(s3, tmp_path, capsys):
