@@ -80,3 +80,13 @@ def test_modules_and_functions_stay_small(module, path):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, f"{module}: {long}"
+
+
+def test_every_package_folder_is_installed():
+    """pyproject lists every package explicitly (package-dir maps folders onto `hetflow`): a
+    folder missing there would be absent from a wheel while an editable install still finds it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {module for module, path in sources() if path.name == "__init__.py"}
+    assert found == listed, f"not listed: {sorted(found - listed)}; listed, not found: {sorted(listed - found)}"
