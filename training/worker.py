@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None) -> None:
         data = load_rank_data(spec.dataset)
         work = train if spec.mode == "train" else profile
         mine = work(spec, data, rank, world, counter)
+        if spec.mode == "profile":  # a RankProfile
+            mine = mine.model_dump(mode="json")
         data.cache.close()
         state = mine.pop("state", None)
         gathered: list[dict] = [None] * world  # type: ignore[list-item]
