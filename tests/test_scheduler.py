@@ -235,3 +235,31 @@ def test_sudden_change_needs_two_steps_beyond_three_thresholds(factor):
     # 30% is the line: 1.29x twice is not a jump, 1.31x twice is
     assert not r.sudden_change([*steady, *[[0.08, 0.08, 0.04, 0.02 * 1.29]] * 2])
     assert r.sudden_change([*steady, *[[0.08, 0.08, 0.04, 0.02 * 1.31]] * 2])
+
+
+def test_make_plan_balances_the_profiles_step_models_and_compresses_from_its_comm_share():
+    from hetflow.config import ClusterSpec, TrainConfig
+    from hetflow.training.comm import choose_compression
+    from hetflow.training.planning import make_plan
+
+    from tests.profiles import profile_of, rank_profile
+
+    cluster = ClusterSpec.from_speeds([1, 1, 1])
+    profile = profile_of([  # rank 2 first: the profile puts its ranks in rank order
+        rank_profile(2, 400.0, fit_s_per_sample=0.0),  # no slope: the pace 1 / samples_per_s
+        rank_profile(0, 100.0, fit_latency_s=-0.01),  # a negative latency counts as none
+        rank_profile(1, 200.0, fit_latency_s=0.02, grad_allreduce_s=0.05, step_compute_s=0.05),
+    ])
+    latency, per_sample = [0.0, 0.02, 0.0], [0.01, 0.005, 0.0025]
+    assert profile.step_models() == (latency, pytest.approx(per_sample))
+    assert profile.comm_share() == pytest.approx(0.5)  # all-reduce 0.05 s, slowest compute 0.05 s
+    train = TrainConfig(global_batch=96, schedule="proportional", compression="auto")
+    plan = make_plan(profile, cluster, train)
+    assert plan.speeds == [100.0, 200.0, 400.0] and plan.latency_s == latency
+    caps = [w.memory_cap_batch for w in cluster.workers]
+    assert plan.local_batches == balance_batches(per_sample, latency, 96, caps)
+    assert str(plan.compression) == str(choose_compression(0.5)[0]) and plan.compression.compresses
+    quiet = profile_of([rank_profile(0, 100.0), rank_profile(1, 100.0)])  # no all-reduce time
+    assert make_plan(quiet, ClusterSpec.from_speeds([1, 1]), train).compression.name == "none"
+    equal = make_plan(profile, cluster, train.model_copy(update={"schedule": "equal"}))
+    assert equal.local_batches == [32, 32, 32]

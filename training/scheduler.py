@@ -125,14 +125,6 @@ def _greedy_fill(b: list[int], global_batch: int, hi_caps: list[float], cost) ->
     return b
 
 
-def fitted_step_model(ranks: list[dict]) -> tuple[list[float], list[float]]:
-    """Per rank (a_i, c_i) of compute time = a_i + c_i x batch, from the profile's fit."""
-    latency = [max(0.0, r["fit_latency_s"]) for r in ranks]
-    per_sample = [r["fit_s_per_sample"] if r["fit_s_per_sample"] > 0 else 1.0 / r["samples_per_s"]
-                  for r in ranks]
-    return latency, per_sample
-
-
 def equal_batches(n: int, global_batch: int) -> list[int]:
     """The baseline split: as equal as integers allow."""
     return plan_batches([1.0] * n, global_batch)
