@@ -95,7 +95,7 @@ def _apportion(
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if sum(clipped(mid)) < global_batch else (lo, mid)
     x = clipped(hi)
-    b = [max(1, min(int(math.floor(v + 1e-9)), int(min(hc, global_batch)))) for v, hc in zip(x, hi_caps, strict=True)]
+    b = [max(1, min(math.floor(v + 1e-9), int(min(hc, global_batch)))) for v, hc in zip(x, hi_caps, strict=True)]
     if cost is not None:
         return _greedy_fill(b, global_batch, hi_caps, cost)
     # Hand out (or take back) the rounding difference by largest (smallest) remainder.
