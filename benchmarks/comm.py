@@ -21,7 +21,7 @@ same seed on 4 equal emulated workers whose links have the given bandwidth and l
   and `accuracy_delta_pp` (percentage points against `none`).
 
 `chosen` is what the `optimized` variant picks on that link: a profile run (RunSpec
-mode="profile") measures compute and all-reduce time, `training.planning.comm_share` turns them
+mode="profile") measures compute and all-reduce time, `Profile.comm_share` turns them
 into the communication share of a step and `choose_compression` picks from it. If the chosen
 method is not among `--methods`, it is trained too.
 """
@@ -40,7 +40,7 @@ from hetflow.config import (
     link_cluster,
     validated,
 )
-from hetflow.records import CompressionMethod, Plan
+from hetflow.records import CompressionMethod, Plan, Profile
 from hetflow.training.comm import (
     WARMUP_STEPS,
     choose_compression,
@@ -49,7 +49,6 @@ from hetflow.training.comm import (
 )
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
-from hetflow.training.planning import comm_share
 from hetflow.training.scheduler import equal_batches
 
 from benchmarks import digits_workspace, wide_console, write_json
@@ -187,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     rounds: dict[str, list[dict]] = {}
     with digits_workspace("comm-digits", args.work_dir) as (tmp, dataset):
-        profile, _ = run_workers(RunSpec(run_name="comm-profile", variant="profile", mode="profile",
-                                         cluster=cluster, dataset=dataset, train=base,
-                                         run_dir=f"{tmp}/profile"))
-        share = comm_share(profile)
+        measured, wall = run_workers(RunSpec(run_name="comm-profile", variant="profile",
+                                             mode="profile", cluster=cluster, dataset=dataset,
+                                             train=base, run_dir=f"{tmp}/profile"))
+        profile = Profile.from_result(measured, cluster, base.model, profiling_time_s=wall)
+        share = profile.comm_share()
         chosen, reason = choose_compression(share)
         print(f"profile: communication is {share:.0%} of a step -> auto picks {chosen} ({reason})", flush=True)
         runs = methods + ([chosen] if chosen not in methods else [])

@@ -46,11 +46,11 @@ from hetflow.config import (
     check_job,
     parse_speeds,
 )
+from hetflow.records import Profile
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 from hetflow.training.metrics import WARMUP_STEPS, summarize
 from hetflow.training.planning import ideal_throughput, make_plan
-from hetflow.training.scheduler import fitted_step_model
 
 from benchmarks import digits_workspace, wide_console, write_json
 
@@ -71,12 +71,12 @@ def parse_straggler(text: str, world: int) -> tuple[int, int, float]:
     return out
 
 
-def run_ideal(profile: dict, global_batch: int, steps: int, stragglers: list) -> float:
+def run_ideal(profile: Profile, global_batch: int, steps: int, stragglers: list) -> float:
     """Ideal samples/s over the whole run, phase by phase when a worker's speed changes."""
-    latency, per_sample = fitted_step_model(sorted(profile["ranks"], key=lambda r: r["rank"]))
+    latency, per_sample = profile.step_models()
     bounds = sorted({0, steps, *[min(max(s, 0), steps) for _, s, _ in stragglers]})
     seconds = 0.0
-    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+    for start, stop in itertools.pairwise(bounds):
         a, c = list(latency), list(per_sample)
         for rank, at, factor in stragglers:
             if start >= at:
@@ -150,10 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
 
     with digits_workspace("digits") as (tmp, dataset):
-        profile, _ = run_workers(RunSpec(run_name="profile", variant="profile", mode="profile",
-                                         cluster=cluster, dataset=dataset, train=base, run_dir=f"{tmp}/profile"))
+        measured, wall = run_workers(RunSpec(run_name="profile", variant="profile", mode="profile",
+                                             cluster=cluster, dataset=dataset, train=base,
+                                             run_dir=f"{tmp}/profile"))
+        profile = Profile.from_result(measured, cluster, base.model, profiling_time_s=wall)
         ideal = run_ideal(profile, base.global_batch, base.steps, stragglers)
-        allreduce_s = statistics.median(r["grad_allreduce_s"] for r in profile["ranks"])
+        allreduce_s = statistics.median(r.grad_allreduce_s for r in profile.ranks)
         ideal_ar = base.global_batch / (base.global_batch / ideal + allreduce_s)
         runs: dict[str, list[dict]] = {name: [] for name in variants}
         for round_, name in itertools.product(range(args.repeat), variants):
@@ -196,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "speeds": parse_speeds(args.speeds), "steps": args.steps, "model": args.model,
         "global_batch": args.global_batch, "stragglers": stragglers,
         "time_scale": args.time_scale, "jitter": args.jitter, "repeat": args.repeat,
-        "measured_speeds": [round(r["samples_per_s"], 2) for r in sorted(profile["ranks"], key=lambda r: r["rank"])],
+        "measured_speeds": [round(r.samples_per_s, 2) for r in profile.ranks],
         "allreduce_s": allreduce_s,
         "ideal_with_allreduce_samples_per_s": ideal_ar,
         "variants": results,

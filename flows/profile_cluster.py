@@ -25,6 +25,7 @@ from hetflow.config import (
 )
 from hetflow.infra.catalog import cost_usd
 from hetflow.infra.s3 import local_s3_endpoint
+from hetflow.records import Profile
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.profile import (
     profile_history,
@@ -38,7 +39,7 @@ from hetflow.tasks.profile import (
 )
 
 
-def profile_report(profile: dict, cluster: ClusterSpec) -> dict:
+def profile_report(profile: Profile, cluster: ClusterSpec) -> dict:
     """Measured next to emulated, per worker; speeds relative to the fastest worker (= 1.0).
 
     `emulated_speed` and `link_gbps_emulated` are the cluster's settings (None when the cluster
@@ -46,10 +47,10 @@ def profile_report(profile: dict, cluster: ClusterSpec) -> dict:
     and `link_latency_ms` are the fit of the worker's own point-to-point sends (latency +
     bytes / bandwidth); `memory_cap_batch` the largest local batch that fits its memory.
     """
-    ranks = sorted(profile["ranks"], key=lambda r: r["rank"])
+    ranks = profile.ranks
     if len(ranks) != cluster.world_size:
         raise ValueError(f"profile has {len(ranks)} ranks, the cluster {cluster.world_size} workers")
-    fastest = max(r["samples_per_s"] for r in ranks)
+    fastest = max(r.samples_per_s for r in ranks)
     top = max(w.speed for w in cluster.workers)
     workers = []
     for r, w in zip(ranks, cluster.workers, strict=True):
@@ -57,15 +58,15 @@ def profile_report(profile: dict, cluster: ClusterSpec) -> dict:
             "name": w.name,
             "instance_type": w.instance_type,
             "emulated_speed": w.speed / top if cluster.emulate else None,
-            "measured_speed": r["samples_per_s"] / fastest,
+            "measured_speed": r.samples_per_s / fastest,
             "link_gbps_emulated": w.link_gbps if cluster.emulate else None,
-            "link_gbps_measured": r.get("link_gbps", r.get("allreduce_gbps")),
-            "link_latency_ms": (r["link_latency_s"] if r.get("link_latency_s") is not None
-                                else r["allreduce_latency_s"]) * 1e3,
-            "memory_cap_batch": r.get("memory_cap_batch"),
+            "link_gbps_measured": r.link_gbps,
+            "link_latency_ms": (r.link_latency_s if r.link_latency_s is not None
+                                else r.allreduce_latency_s) * 1e3,
+            "memory_cap_batch": r.memory_cap_batch,
         })
     return {"cluster": cluster.name, "workers": workers,
-            "profiling_time_s": profile.get("profiling_time_s")}
+            "profiling_time_s": profile.profiling_time_s}
 
 
 def _fmt(value, spec: str, none: str = "-") -> str:
@@ -109,7 +110,11 @@ def profile_cluster(
     drift_threshold: float = 0.15,
     record: bool = True,
 ) -> dict:
-    """Profile the cluster; store the profile and flag workers whose speed drifted."""
+    """Profile the cluster; store the profile and flag workers whose speed drifted.
+
+    Returns the Profile as JSON (`Profile.model_dump(mode="json")`) with its `report`
+    (`profile_report`) beside the fields.
+    """
     check_job(cluster, train)
     if not drift_threshold > 0:
         raise ConfigError(f"drift_threshold: must be > 0 (got {drift_threshold})")
@@ -117,24 +122,29 @@ def profile_cluster(
         cluster, catalog = resolve_instance_types(cluster)
         ingest_dataset(dataset)
         profile = profile_workers(cluster, dataset, train)
-        profile["created_at"] = profile_stamp()
-        profile["cluster_spec"] = cluster.model_dump()
-        profile["report"] = profile_report(profile, cluster)
+        profile.created_at = profile_stamp()
+        profile.cluster_spec = cluster.model_dump(mode="json")
+        report = profile_report(profile, cluster)
         if catalog.types:
-            profile["cost"] = cost_usd(cluster, profile["profiling_time_s"], catalog)
+            profile.cost = cost_usd(cluster, profile.profiling_time_s, catalog)
         prefix = (profiles_url or profiles_prefix(dataset, cluster, train.model)).rstrip("/")
         history = profile_history(prefix)
-        profile["previous_profiles"] = [h.get("created_at") for h in history]
-        profile["drift"] = speed_drift(history[-1] if history else None, profile, drift_threshold)
-        profile["stored_at"] = store_profile(profile, prefix)
+        profile.previous_profiles = [h.created_at for h in history]
+        profile.drift = speed_drift(history[-1] if history else None, profile, drift_threshold)
+        profile.stored_at = store_profile(profile, prefix)
         if record:
-            profile["mlflow_run_id"] = record_profile(profile, cluster, dataset, tracking)
-    for d in profile["drift"]:
-        print(f"worker {d['worker']}: relative speed {d['previous_speed']:.2f} -> {d['speed']:.2f} "
-              f"({d['change']:+.0%}) since profile {d['previous_profile']}")
-    drifted = {d["worker"] for d in profile["drift"]}
+            profile.mlflow_run_id = record_profile(profile, cluster, dataset, tracking)
+    _announce_drift(profile, report, cluster)
+    return {**profile.model_dump(mode="json"), "report": report}
+
+
+def _announce_drift(profile: Profile, report: dict, cluster: ClusterSpec) -> None:
+    """Print each drifted worker; the report as a Prefect table with a `drifted` column."""
+    for d in profile.drift:
+        print(f"worker {d.worker}: relative speed {d.previous_speed:.2f} -> {d.speed:.2f} "
+              f"({d.change:+.0%}) since profile {d.previous_profile}")
+    drifted = {d.worker for d in profile.drift}
     rows = [{**{k: (round(v, 3) if isinstance(v, float) else v) for k, v in w.items()},
-             "drifted": w["name"] in drifted} for w in profile["report"]["workers"]]
+             "drifted": w["name"] in drifted} for w in report["workers"]]
     create_table_artifact(rows, key="profile",
-                          description=f"Profile of {cluster.name} ({profile['stored_at']})")
-    return profile
+                          description=f"Profile of {cluster.name} ({profile.stored_at})")

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+if TYPE_CHECKING:
+    from hetflow.config import ClusterSpec
 
 METHOD_NAMES = ("none", "fp16", "bf16", "powersgd", "topk", "localsgd", "hierarchical")
 MethodName = Literal["none", "fp16", "bf16", "powersgd", "topk", "localsgd", "hierarchical"]
@@ -155,7 +158,7 @@ class Profile(_Record):
 
     cluster: str
     model: str
-    ranks: list[RankProfile] = Field(description="In rank order.")
+    ranks: list[RankProfile] = Field(description="In rank order (sorted on validation).")
     profiling_time_s: float = 0.0
     created_at: str | None = None
     stored_at: str | None = None
@@ -163,6 +166,32 @@ class Profile(_Record):
     previous_profiles: list[str | None] = []
     drift: list[SpeedDrift] = []
     cost: dict | None = None
+    cluster_spec: dict | None = Field(
+        None, description="The ClusterSpec as profiled (instance types resolved), as JSON."
+    )
+
+    @field_validator("ranks")
+    @classmethod
+    def _in_rank_order(cls, ranks: list[RankProfile]) -> list[RankProfile]:
+        return sorted(ranks, key=lambda r: r.rank)
+
+    @classmethod
+    def from_result(
+        cls, result: dict, cluster: ClusterSpec, model: str, profiling_time_s: float = 0.0
+    ) -> Profile:
+        """The profile of a profile-mode run's `result.json` (`{"mode": "profile", "ranks"}`):
+        ranks in rank order, each named after its worker in `cluster`, with its speed relative
+        to the fastest worker's."""
+        ranks = sorted(
+            (RankProfile.model_validate(r) for r in result["ranks"]), key=lambda r: r.rank
+        )
+        fastest = max(r.samples_per_s for r in ranks)
+        for r, w in zip(ranks, cluster.workers, strict=True):
+            r.worker = w.name
+            r.relative_speed = r.samples_per_s / fastest
+        return cls(
+            cluster=cluster.name, model=model, ranks=ranks, profiling_time_s=profiling_time_s
+        )
 
     def step_models(self) -> tuple[list[float], list[float]]:
         """Per rank (a_i, c_i) of compute time = a_i + c_i x batch."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from hetflow.config import ClusterSpec, ConfigError
+from hetflow.records import Profile, RankProfile
 
 PRICE_TABLE = Path(__file__).with_name("prices.json")
 DEFAULT_REGION = "us-east-1"
@@ -299,23 +300,25 @@ def resolve_cluster(cluster: ClusterSpec, catalog: Catalog, link_scale: float = 
     return ClusterSpec.model_validate(out.model_dump())
 
 
-def seed_profile(cluster: ClusterSpec, catalog: Catalog) -> dict:
+def seed_profile(cluster: ClusterSpec, catalog: Catalog) -> Profile:
     """A profile the planner can use before anything is measured: speeds = relative peak FLOP/s.
 
-    Same keys as a measured profile's ranks; the unit of time is arbitrary (only ratios count),
-    latencies are 0 and communication is unknown (0), so the plan is speed-proportional.
+    The fields of a measured profile's ranks that the planner reads; the unit of time is
+    arbitrary (only ratios count), latencies are 0 and communication is unknown (0), so the
+    plan is speed-proportional. Its `model` is '' (the seed holds for any model); the instance
+    types are the cluster's (`cluster.workers[i].instance_type`).
     """
     if not all(w.instance_type for w in cluster.workers):
         raise CatalogError("seed_profile: every worker must name an instance_type")
     speeds = catalog.relative_peak([w.instance_type for w in cluster.workers])
     ranks = [
-        {"rank": i, "worker": w.name, "instance_type": w.instance_type, "samples_per_s": s,
-         "relative_speed": s, "fit_latency_s": 0.0, "fit_s_per_sample": 1.0 / s,
-         "step_compute_s": 1.0 / s, "grad_allreduce_s": 0.0, "allreduce_latency_s": 0.0,
-         "allreduce_gbps": catalog.info(w.instance_type).worker_link_gbps}
+        RankProfile(rank=i, worker=w.name, samples_per_s=s, relative_speed=s, fit_latency_s=0.0,
+                    fit_s_per_sample=1.0 / s, step_compute_s=1.0 / s, grad_allreduce_s=0.0,
+                    allreduce_latency_s=0.0,
+                    allreduce_gbps=catalog.info(w.instance_type).worker_link_gbps)
         for i, (w, s) in enumerate(zip(cluster.workers, speeds, strict=True))
     ]
-    return {"cluster": cluster.name, "source": "catalog", "ranks": ranks, "profiling_time_s": 0.0}
+    return Profile(cluster=cluster.name, model="", ranks=ranks, profiling_time_s=0.0)
 
 
 def cost_usd(cluster: ClusterSpec, wall_time_s: float, catalog: Catalog,

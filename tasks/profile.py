@@ -9,7 +9,7 @@ one and flags the workers whose relative speed moved by more than a threshold.
 from __future__ import annotations
 
 import datetime as dt
-import json
+import math
 import time
 
 from prefect import task
@@ -18,6 +18,7 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog, resolve_cluster
 from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem
+from hetflow.records import Profile, SpeedDrift
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 
@@ -34,19 +35,14 @@ def profile_stamp(now: dt.datetime | None = None) -> str:
 
 
 @task(task_run_name="profile {cluster.name} ({cluster.world_size} workers)")
-def profile_workers(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> dict:
+def profile_workers(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
     """Measure every worker inside the cluster: fwd+bwd speed on the job's model, all-reduce."""
     run_dir = new_run_dir("profile")
     spec = RunSpec(run_name=run_dir.name, variant="profile", mode="profile", cluster=cluster,
                    dataset=dataset, train=train, run_dir=str(run_dir))
     result, wall = run_workers(spec)
-    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
-    fastest = max(r["samples_per_s"] for r in ranks)
-    for r, w in zip(ranks, cluster.workers, strict=True):
-        r["worker"] = w.name
-        r["relative_speed"] = r["samples_per_s"] / fastest
-    profile = {"cluster": cluster.name, "model": train.model, "ranks": ranks, "profiling_time_s": wall}
-    speeds = ", ".join(f"{r['worker']}={r['relative_speed']:.2f}" for r in ranks)
+    profile = Profile.from_result(result, cluster, train.model, profiling_time_s=wall)
+    speeds = ", ".join(f"{r.worker}={r.relative_speed:.2f}" for r in profile.ranks)
     print(f"profiled {cluster.world_size} workers in {wall:.1f}s; relative speeds {speeds}")
     return profile
 
@@ -64,18 +60,19 @@ def resolve_instance_types(cluster: ClusterSpec) -> tuple[ClusterSpec, Catalog]:
 
 
 @task(retries=2, retry_delay_seconds=[1, 5], task_run_name="store profile under {prefix}")
-def store_profile(profile: dict, prefix: str) -> str:
-    """Write the profile as `<prefix>/<created_at>.json`; returns its URL."""
+def store_profile(profile: Profile, prefix: str) -> str:
+    """Write the profile as `<prefix>/<created_at>.json` (the Profile's JSON); returns its URL."""
     ensure_bucket(prefix)
     fs, root = filesystem(prefix)
-    name = f"{profile['created_at']}.json"
-    fs.pipe_file(f"{root}/{name}", json.dumps(profile, indent=1, default=str).encode())
+    name = f"{profile.created_at}.json"
+    fs.pipe_file(f"{root}/{name}", profile.model_dump_json(indent=1).encode())
     return f"{prefix}/{name}"
 
 
 @task(retries=2, retry_delay_seconds=[1, 5], task_run_name="profile history under {prefix}")
-def profile_history(prefix: str, limit: int = 20) -> list[dict]:
-    """The latest `limit` stored profiles under the prefix, oldest first (unreadable ones skipped)."""
+def profile_history(prefix: str, limit: int = 20) -> list[Profile]:
+    """The latest `limit` stored profiles under the prefix, oldest first; a file that is not a
+    readable Profile is skipped."""
     fs, root = filesystem(prefix)
     try:
         names = sorted(p for p in fs.ls(root, detail=False) if p.endswith(".json"))
@@ -84,29 +81,29 @@ def profile_history(prefix: str, limit: int = 20) -> list[dict]:
     out = []
     for path in names[-limit:]:
         try:
-            out.append(json.loads(fs.cat_file(path)))
-        except (OSError, ValueError):
+            out.append(Profile.model_validate_json(fs.cat_file(path)))
+        except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
             print(f"skipping unreadable profile {path}")
     return out
 
 
-def speed_drift(previous: dict | None, current: dict, threshold: float) -> list[dict]:
+def speed_drift(previous: Profile | None, current: Profile, threshold: float) -> list[SpeedDrift]:
     """Workers whose relative speed moved by more than `threshold` (a fraction) since `previous`.
 
-    Workers are matched by name; one that is new or gone is not flagged.
+    Workers are matched by name; one that is new or gone (or had no speed) is not flagged.
     """
-    if not previous:
+    if previous is None:
         return []
-    before = {r.get("worker"): r.get("relative_speed") for r in previous.get("ranks", [])}
+    before = {r.worker: r.relative_speed for r in previous.ranks}
     flagged = []
-    for r in current["ranks"]:
-        old, new = before.get(r.get("worker")), r.get("relative_speed")
-        if not old or new is None:
+    for r in current.ranks:
+        old, new = before.get(r.worker), r.relative_speed
+        if not old:
             continue
         change = new / old - 1
         if abs(change) > threshold:
-            flagged.append({"worker": r["worker"], "previous_speed": old, "speed": new,
-                            "change": change, "previous_profile": previous.get("created_at")})
+            flagged.append(SpeedDrift(worker=r.worker, previous_speed=old, speed=new, change=change,
+                                      previous_profile=previous.created_at))
     return flagged
 
 
@@ -117,7 +114,7 @@ RANK_METRICS = (
 
 
 @task(retries=2, retry_delay_seconds=[2, 10], task_run_name="record profile in MLflow")
-def record_profile(profile: dict, cluster: ClusterSpec, dataset: DatasetSpec,
+def record_profile(profile: Profile, cluster: ClusterSpec, dataset: DatasetSpec,
                    tracking: TrackingConfig) -> str:
     """One MLflow run (variant `profile`): per-rank figures as metrics, the JSON as an artifact."""
     from mlflow.entities import Metric
@@ -129,13 +126,13 @@ def record_profile(profile: dict, cluster: ClusterSpec, dataset: DatasetSpec,
     run = client.create_run(experiment_id(client, tracking), run_name="profile", tags=tags)
     rid = run.info.run_id
     now_ms = int(time.time() * 1000)
-    metrics = [Metric("profiling_time_s", float(profile["profiling_time_s"]), now_ms, 0)]
-    for r in profile["ranks"]:
+    metrics = [Metric("profiling_time_s", float(profile.profiling_time_s), now_ms, 0)]
+    for r in profile.ranks:
         for key in RANK_METRICS:
-            value = r.get(key)
-            if isinstance(value, (int, float)) and value == value and abs(value) != float("inf"):
-                metrics.append(Metric(f"rank{r['rank']}/{key}", float(value), now_ms, 0))
+            value = getattr(r, key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                metrics.append(Metric(f"rank{r.rank}/{key}", float(value), now_ms, 0))
     client.log_batch(rid, metrics=metrics)
-    _log_json(client, rid, "profile.json", profile)
+    _log_json(client, rid, "profile.json", profile.model_dump(mode="json"))
     client.set_terminated(rid)
     return rid

@@ -10,7 +10,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog, cost_usd
 from hetflow.infra.paths import new_run_dir, runs_dir
-from hetflow.records import Plan
+from hetflow.records import Plan, Profile
 from hetflow.tasks.tracking import finish_training_run, open_training_run, system_metrics
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
@@ -34,7 +34,7 @@ def train_variant(
     cluster: ClusterSpec,
     dataset: DatasetSpec,
     train: TrainConfig,
-    profile: dict,
+    profile: Profile,
     tracking: TrackingConfig,
     parent_run_id: str | None = None,
     catalog: Catalog | None = None,
@@ -73,7 +73,8 @@ def train_variant(
         "replans": ranks[0]["replans"],
         "run_dir": str(run_dir),
     }
-    finish_training_run(tracking, run_id, outcome, profile, train, register_as=f"hetflow-{dataset.source}")
+    finish_training_run(tracking, run_id, outcome, profile.model_dump(mode="json"), train,
+                        register_as=f"hetflow-{dataset.source}")
     print(f"{variant}: {metrics['throughput_samples_per_s']:.0f} samples/s, "
           f"accuracy {metrics.get('final_accuracy', float('nan')):.3f}, {wall:.0f}s with launch")
     return outcome

@@ -1,4 +1,5 @@
-"""Probes: the fits and the memory count in process; a real profile of 4 emulated workers."""
+"""Probes: the memory count and the compute probe in process; a real profile of 4 emulated
+workers. The line fits are tested in test_fitting.py."""
 
 from __future__ import annotations
 
@@ -14,44 +15,17 @@ from hetflow.emulation.emulator import SMOOTH_PHASES, Emulator
 from hetflow.emulation.link import Link
 from hetflow.flows.profile_cluster import print_profile_report, profile_report
 from hetflow.infra.datasets import digits_source, write_dataset
+from hetflow.records import Profile, RankProfile
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 from hetflow.training.models import build_model
-from hetflow.training.probes import (
-    fit_affine,
-    fit_transfer,
-    probe_compute,
-    robust_affine,
-    saved_activation_bytes,
-)
+from hetflow.training.probes.compute import probe_compute
+from hetflow.training.probes.memory import saved_activation_bytes
+
+from tests.profiles import profile_of, rank_profile
 
 SPEEDS = [1.0, 2.0, 3.0, 4.0]
 SLOW_LINK = (1, 0.5)  # worker 1 has a 0.5 Gbit/s link; the others loopback
-
-
-def test_fit_affine_recovers_latency_and_slope():
-    a, b = fit_affine([8, 16, 32, 64], [0.01 + 0.002 * x for x in (8, 16, 32, 64)])
-    assert (a, b) == (pytest.approx(0.01), pytest.approx(0.002))
-    with pytest.raises(ValueError, match="two distinct"):
-        fit_affine([8, 8], [1, 2])
-
-
-def test_robust_fit_leaves_out_one_batch_size_spoiled_by_a_burst_of_load():
-    sizes = [8, 16, 32, 64]
-    clean = [0.1 + 0.003 * b for b in sizes]
-    spoiled = clean[:3] + [clean[3] * 2.2]  # most samples at batch 64 fell into a burst
-    a, b, dropped = robust_affine(sizes, spoiled)
-    assert dropped == 64 and (a, b) == (pytest.approx(0.1), pytest.approx(0.003))
-    noisy = [t * f for t, f in zip(clean, [1.05, 0.97, 1.04, 0.98])]
-    assert robust_affine(sizes, noisy)[2] is None  # ordinary noise keeps every point
-
-
-def test_transfer_fit_takes_latency_from_the_smallest_message():
-    nbytes = [65_536, 524_288, 2_097_152]
-    # 0.5 Gbit/s; the small messages woke up 3 ms late (a busy host), the large one did not
-    ts = [3e-3 + nbytes[0] * 8 / 0.5e9, 3e-3 + nbytes[1] * 8 / 0.5e9, nbytes[2] * 8 / 0.5e9]
-    latency, slope = fit_transfer(nbytes, ts)
-    assert 8 / slope / 1e9 == pytest.approx(0.5, rel=0.15) and latency >= 0
 
 
 def test_saved_activation_bytes_grow_linearly_with_the_batch():
@@ -68,7 +42,7 @@ def test_saved_activation_bytes_grow_linearly_with_the_batch():
 def test_compute_probe_sees_the_dilation_of_two_emulators(monkeypatch):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a rank runs (threads_per_rank); more would fight for the cores
-    monkeypatch.setattr("hetflow.training.probes.COMPUTE_PAUSE_S", 0.03)
+    monkeypatch.setattr("hetflow.training.probes.compute.COMPUTE_PAUSE_S", 0.03)
     model = build_model("cnn")
     x, y = torch.rand(64, 64), torch.randint(0, 10, (64,))
     fast = probe_compute(model, x, y, Emulator(3.0, Link(None)), [8, 16, 32], ref=16, budget_s=0.3)
@@ -106,9 +80,9 @@ def test_emulator_phase_ends_once_at_the_last_bucket():
 def test_profile_report_shape_and_table():
     cluster = ClusterSpec.from_speeds([1, 4])
     cluster.workers[0].link_gbps = 0.5
-    ranks = [{"rank": i, "samples_per_s": s, "allreduce_latency_s": 1e-3, "link_gbps": g,
-              "memory_cap_batch": 1000} for i, (s, g) in enumerate([(26.0, 0.48), (100.0, 9.0)])]
-    report = profile_report({"ranks": ranks, "profiling_time_s": 9.5}, cluster)
+    ranks = [rank_profile(i, s, allreduce_latency_s=1e-3, link_gbps=g, memory_cap_batch=1000)
+             for i, (s, g) in enumerate([(26.0, 0.48), (100.0, 9.0)])]
+    report = profile_report(profile_of(ranks, profiling_time_s=9.5), cluster)
     w0, w1 = report["workers"]
     assert set(w0) >= {"name", "emulated_speed", "measured_speed", "link_gbps_emulated",
                        "link_gbps_measured", "link_latency_ms", "memory_cap_batch"}
@@ -137,7 +111,8 @@ def test_profile_of_four_emulated_workers_rediscovers_speeds_and_the_slow_link(d
     spec = RunSpec(run_name="probe-test", variant="profile", mode="profile", cluster=cluster,
                    dataset=digits, train=TrainConfig(), run_dir=str(tmp_path / "run"))
     result, wall = run_workers(spec, timeout_s=150)
-    report = profile_report({**result, "profiling_time_s": wall}, cluster)
+    profile = Profile.from_result(result, cluster, spec.train.model, profiling_time_s=wall)
+    report = profile_report(profile, cluster)
     print_profile_report(report)
     for w in report["workers"]:  # goal 10%; 15% here because the machine is shared
         assert w["measured_speed"] == pytest.approx(w["emulated_speed"], rel=0.15), w
@@ -146,6 +121,7 @@ def test_profile_of_four_emulated_workers_rediscovers_speeds_and_the_slow_link(d
     others = [w["link_gbps_measured"] for i, w in enumerate(report["workers"]) if i != SLOW_LINK[0]]
     assert min(others) > 2 * SLOW_LINK[1]  # loopback is much faster than the emulated link
     for r in result["ranks"]:
+        RankProfile.model_validate(r)  # result.json: {"mode": "profile", "ranks": [RankProfile]}
         assert r["memory_cap_batch"] > 0 and r["memory_per_sample_bytes"] > 0
         assert r["matmul_gflops"] > 0 and r["memory_gbps"] > 0
         assert r["s3_first_byte_s"] > 0 and r["s3_read_mbps"] > 0
@@ -155,6 +131,7 @@ def test_profile_of_four_emulated_workers_rediscovers_speeds_and_the_slow_link(d
     # probe is a few ms long, so under a loaded CI machine only its direction is asserted.
     gflops = [r["matmul_gflops"] for r in sorted(result["ranks"], key=lambda r: r["rank"])]
     assert gflops[-1] / gflops[0] > 2
+    assert result["mode"] == "profile" and {r["node"] for r in result["ranks"]} != {""}
 
 
 def _burn(cpu_s: float) -> None:

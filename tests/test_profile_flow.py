@@ -14,36 +14,59 @@ import hetflow.flows.profile_cluster as profile_flow
 from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrainConfig
 from hetflow.infra.catalog import CatalogError
 from hetflow.infra.s3 import filesystem
+from hetflow.records import Profile
 from hetflow.tasks.profile import speed_drift
+
+from tests.profiles import profile_of, rank_profile
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def fake_profile_workers(measured: list[float]):
-    """A stand-in for tasks.cluster.profile_workers: ranks with the given samples/s."""
+    """A stand-in for tasks.profile.profile_workers: ranks with the given samples/s."""
 
-    def run(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> dict:
+    def run(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
         fastest = max(measured)
-        ranks = [{"rank": i, "worker": w.name, "samples_per_s": s, "relative_speed": s / fastest,
-                  "fit_latency_s": 0.01, "fit_s_per_sample": 1 / s, "grad_allreduce_s": 0.01,
-                  "step_compute_s": 0.1, "allreduce_latency_s": 0.001, "allreduce_gbps": 5.0,
-                  "link_gbps": 0.5 if w.link_gbps else 8.0, "link_latency_s": 0.0002,
-                  "memory_cap_batch": 4096}
+        ranks = [rank_profile(i, s, worker=w.name, relative_speed=s / fastest, fit_latency_s=0.01,
+                              grad_allreduce_s=0.01, step_compute_s=0.1, allreduce_latency_s=0.001,
+                              allreduce_gbps=5.0, link_gbps=0.5 if w.link_gbps else 8.0,
+                              link_latency_s=0.0002, memory_cap_batch=4096)
                  for i, (w, s) in enumerate(zip(cluster.workers, measured, strict=True))]
         run.seen = cluster
-        return {"cluster": cluster.name, "model": train.model, "ranks": ranks, "profiling_time_s": 9.0}
+        return profile_of(ranks, cluster=cluster.name, model=train.model, profiling_time_s=9.0)
 
     return run
 
 
+def speeds(relative: dict[str, float], created_at: str | None = None) -> Profile:
+    """A profile whose workers have these relative speeds."""
+    ranks = [rank_profile(i, 100 * v, worker=name, relative_speed=v)
+             for i, (name, v) in enumerate(relative.items())]
+    return profile_of(ranks, created_at=created_at)
+
+
 def test_speed_drift_flags_only_workers_that_moved_beyond_the_threshold():
-    before = {"created_at": "t0", "ranks": [{"worker": "a", "relative_speed": 0.5},
-                                            {"worker": "b", "relative_speed": 1.0}]}
-    after = {"ranks": [{"worker": "a", "relative_speed": 0.40}, {"worker": "b", "relative_speed": 1.0},
-                       {"worker": "c", "relative_speed": 0.1}]}
+    before = speeds({"a": 0.5, "b": 1.0}, created_at="t0")
+    after = speeds({"a": 0.40, "b": 1.0, "c": 0.1})
     flagged = speed_drift(before, after, 0.15)
-    assert [f["worker"] for f in flagged] == ["a"] and flagged[0]["change"] == pytest.approx(-0.2)
+    assert [f.worker for f in flagged] == ["a"] and flagged[0].change == pytest.approx(-0.2)
+    assert (flagged[0].previous_speed, flagged[0].speed, flagged[0].previous_profile) == (0.5, 0.4, "t0")
     assert speed_drift(None, after, 0.15) == [] and speed_drift(before, after, 0.25) == []
+
+
+def test_profile_from_a_profile_run_names_workers_and_relative_speeds_in_rank_order():
+    cluster = ClusterSpec.from_speeds([1, 2, 4])
+    result = {"mode": "profile", "ranks": [  # as gathered, but ranks are matched by number
+        rank_profile(2, 80.0, node="n").model_dump(mode="json"),
+        rank_profile(0, 20.0, node="n").model_dump(mode="json"),
+        rank_profile(1, 40.0, node="n").model_dump(mode="json")]}
+    profile = Profile.from_result(result, cluster, "mlp", profiling_time_s=3.0)
+    assert [r.rank for r in profile.ranks] == [0, 1, 2]
+    assert [r.worker for r in profile.ranks] == [w.name for w in cluster.workers]
+    assert [r.relative_speed for r in profile.ranks] == [0.25, 0.5, 1.0]
+    assert (profile.cluster, profile.model, profile.profiling_time_s) == (cluster.name, "mlp", 3.0)
+    again = Profile.model_validate_json(profile.model_dump_json())  # as stored in S3
+    assert again == profile
 
 
 def test_profile_flow_resolves_instance_types_stores_history_and_flags_drift(
@@ -56,12 +79,11 @@ def test_profile_flow_resolves_instance_types_stores_history_and_flags_drift(
     ]})
     train = TrainConfig(global_batch=32)
     prefix = "s3://hetflow-profiles/profiles/g4dn-g5/cnn"
-    previous = {"created_at": "20240101T000000000000Z", "ranks": [
-        {"worker": "t4", "relative_speed": 0.26}, {"worker": "a10g-1", "relative_speed": 1.0},
-        {"worker": "a10g-2", "relative_speed": 1.0}]}
+    previous = speeds({"t4": 0.26, "a10g-1": 1.0, "a10g-2": 1.0}, created_at="20240101T000000000000Z")
     fs, root = filesystem(prefix)
     fs.mkdir("hetflow-profiles")
-    fs.pipe_file(f"{root}/{previous['created_at']}.json", json.dumps(previous).encode())
+    fs.pipe_file(f"{root}/{previous.created_at}.json", previous.model_dump_json().encode())
+    fs.pipe_file(f"{root}/20230101T000000000000Z.json", b'{"not": "a profile"}')  # skipped
 
     fake = fake_profile_workers([26.0, 100.0, 70.0])  # a10g-2 is 30% slower than last time
     monkeypatch.setattr(profile_flow, "profile_workers", fake)
@@ -76,12 +98,13 @@ def test_profile_flow_resolves_instance_types_stores_history_and_flags_drift(
     assert [w["measured_speed"] for w in report["workers"]] == [0.26, 1.0, 0.7]
 
     # history: the previous profile was read, the new one stored next to it, drift flagged
-    assert out["previous_profiles"] == [previous["created_at"]]
+    assert out["previous_profiles"] == [previous.created_at]
     assert [d["worker"] for d in out["drift"]] == ["a10g-2"]
     assert out["drift"][0]["change"] == pytest.approx(-0.3)
     assert out["stored_at"].startswith(prefix + "/")
     stored = sorted(fs.ls(root, detail=False))
-    assert len(stored) == 2 and json.loads(fs.cat_file(stored[-1]))["drift"][0]["worker"] == "a10g-2"
+    assert len(stored) == 3 and json.loads(fs.cat_file(stored[-1]))["drift"][0]["worker"] == "a10g-2"
+    assert Profile.model_validate_json(fs.cat_file(stored[-1])).cluster_spec["name"] == "g4dn-g5"
 
     from mlflow.tracking import MlflowClient
 
@@ -125,6 +148,8 @@ def test_hetflow_profile_prints_measured_next_to_emulated_and_writes_the_issue_j
     assert main(["profile", "--speeds", "1,4", "--json", str(path)]) == 0
     out = json.loads(path.read_text())
     assert out["profiling_time_s"] == 9.0 and len(out["ranks"]) == 2
+    assert {"cluster", "model", "created_at", "cluster_spec", "previous_profiles", "drift",
+            "stored_at", "mlflow_run_id"} <= set(out)  # the report at the top, the profile beside
     assert [(w["name"], w["emulated_speed"], w["measured_speed"]) for w in out["workers"]] == [
         ("w0", 0.25, 0.26), ("w1", 1.0, 1.0)]
     assert set(out["workers"][0]) >= {"link_gbps_emulated", "link_gbps_measured", "link_latency_ms",

@@ -44,8 +44,7 @@ def test_plan_sums_to_global_batch_within_caps_and_at_least_one(inp):
 @given(speeds_st, st.integers(min_value=16, max_value=4096))
 @settings(max_examples=300, deadline=None)
 def test_uncapped_plan_is_proportional_within_rounding(speeds, batch):
-    if batch < len(speeds):
-        batch = len(speeds)
+    batch = max(batch, len(speeds))
     b = plan_batches(speeds, batch)
     # One common factor lam with |b_i - lam * s_i| < 1 for every rank above the floor of 1;
     # a rank at the floor would have had less than 2 samples.
@@ -159,7 +158,7 @@ def test_rebalancer_scales_the_profiled_step_when_a_device_slows_down_latency_in
     slowed_c = [f * c for f, c in zip(factor, per_sample)]
     slowed_a = [f * a for f, a in zip(factor, latency)]
     best = balance_batches(slowed_c, slowed_a, 128)
-    step = lambda b: max(a + c * x for a, c, x in zip(slowed_a, slowed_c, b))  # noqa: E731
+    step = lambda b: max(a + c * x for a, c, x in zip(slowed_a, slowed_c, b))
     assert step(plan) <= step(best) * 1.05 and 1 <= r.replans <= 2  # a step change: taken at once
     truth = [a + c * b for a, c, b in zip(slowed_a, slowed_c, plan)]
     assert r.step_times(plan) == pytest.approx(truth, rel=0.05)  # rank 3 4x, the others as profiled
@@ -176,7 +175,7 @@ def test_rebalancer_learns_a_worker_the_profile_mispredicts_at_small_batches_and
     rng = random.Random(seed)
     latency, per_sample = [0.0928, 0.0432, 0.0183, 0.0063], [0.0043, 0.0026, 0.0018, 0.00088]
     true_latency = [0.050, *latency[1:]]
-    real = lambda b: [a + c * x for a, c, x in zip(true_latency, per_sample, b)]  # noqa: E731
+    real = lambda b: [a + c * x for a, c, x in zip(true_latency, per_sample, b)]
     plan = balance_batches(per_sample, latency, 128)
     assert plan[0] == 1
     best = max(real(balance_batches(per_sample, true_latency, 128)))
@@ -194,7 +193,7 @@ def test_rebalancer_reverts_a_plan_that_measures_slower_than_the_model_promised(
     # the profile's affine model over-predicts worker 0 at batch 1 (50 ms measured, 97 predicted);
     # at batch 2 it holds: the re-plan it suggests is slower, is undone, and is not tried again
     latency, per_sample = [0.0928, 0.0432, 0.0183, 0.0063], [0.0043, 0.0026, 0.0018, 0.00088]
-    real = lambda b: [0.050 if b[0] == 1 else latency[0] + per_sample[0] * b[0]] + [  # noqa: E731
+    real = lambda b: [0.050 if b[0] == 1 else latency[0] + per_sample[0] * b[0]] + [
         a + c * x for a, c, x in zip(latency[1:], per_sample[1:], b[1:])]
     start = [1, 13, 33, 81]
     r = Rebalancer(128, [None] * 4, latency, per_sample, threshold=0.1)
@@ -235,3 +234,31 @@ def test_sudden_change_needs_two_steps_beyond_three_thresholds(factor):
     # 30% is the line: 1.29x twice is not a jump, 1.31x twice is
     assert not r.sudden_change([*steady, *[[0.08, 0.08, 0.04, 0.02 * 1.29]] * 2])
     assert r.sudden_change([*steady, *[[0.08, 0.08, 0.04, 0.02 * 1.31]] * 2])
+
+
+def test_make_plan_balances_the_profiles_step_models_and_compresses_from_its_comm_share():
+    from hetflow.config import ClusterSpec, TrainConfig
+    from hetflow.training.comm import choose_compression
+    from hetflow.training.planning import make_plan
+
+    from tests.profiles import profile_of, rank_profile
+
+    cluster = ClusterSpec.from_speeds([1, 1, 1])
+    profile = profile_of([  # rank 2 first: the profile puts its ranks in rank order
+        rank_profile(2, 400.0, fit_s_per_sample=0.0),  # no slope: the pace 1 / samples_per_s
+        rank_profile(0, 100.0, fit_latency_s=-0.01),  # a negative latency counts as none
+        rank_profile(1, 200.0, fit_latency_s=0.02, grad_allreduce_s=0.05, step_compute_s=0.05),
+    ])
+    latency, per_sample = [0.0, 0.02, 0.0], [0.01, 0.005, 0.0025]
+    assert profile.step_models() == (latency, pytest.approx(per_sample))
+    assert profile.comm_share() == pytest.approx(0.5)  # all-reduce 0.05 s, slowest compute 0.05 s
+    train = TrainConfig(global_batch=96, schedule="proportional", compression="auto")
+    plan = make_plan(profile, cluster, train)
+    assert plan.speeds == [100.0, 200.0, 400.0] and plan.latency_s == latency
+    caps = [w.memory_cap_batch for w in cluster.workers]
+    assert plan.local_batches == balance_batches(per_sample, latency, 96, caps)
+    assert str(plan.compression) == str(choose_compression(0.5)[0]) and plan.compression.compresses
+    quiet = profile_of([rank_profile(0, 100.0), rank_profile(1, 100.0)])  # no all-reduce time
+    assert make_plan(quiet, ClusterSpec.from_speeds([1, 1]), train).compression.name == "none"
+    equal = make_plan(profile, cluster, train.model_copy(update={"schedule": "equal"}))
+    assert equal.local_batches == [32, 32, 32]

@@ -3,30 +3,24 @@
 from __future__ import annotations
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.records import CompressionMethod, Plan
+from hetflow.records import CompressionMethod, Plan, Profile
 from hetflow.training.comm import choose_compression
-from hetflow.training.scheduler import balance_batches, equal_batches, fitted_step_model
+from hetflow.training.scheduler import balance_batches, equal_batches
 
 
-def comm_share(profile: dict) -> float:
-    """Measured all-reduce time of one gradient over (compute + all-reduce) of one step."""
-    ranks = profile["ranks"]
-    comm = max(r["grad_allreduce_s"] for r in ranks)
-    compute = max(r["step_compute_s"] for r in ranks)
-    return comm / (comm + compute) if comm + compute > 0 else 0.0
-
-
-def make_plan(profile: dict, cluster: ClusterSpec, train: TrainConfig) -> Plan:
-    ranks = sorted(profile["ranks"], key=lambda r: r["rank"])
-    speeds = [r["samples_per_s"] for r in ranks]
-    latency, per_sample = fitted_step_model(ranks)
+def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
+    """Local batches from the profile's step models (`Profile.step_models`) and the schedule;
+    the compression the train config sets, or for 'auto' the one the profile's communication
+    share (`Profile.comm_share`) calls for."""
+    speeds = [r.samples_per_s for r in profile.ranks]
+    latency, per_sample = profile.step_models()
     caps = [w.memory_cap_batch for w in cluster.workers]
     if train.schedule == "equal":
         batches = equal_batches(cluster.world_size, train.global_batch)
     else:
         batches = balance_batches(per_sample, latency, train.global_batch, caps)
     if train.compression == "auto":
-        method, reason = choose_compression(comm_share(profile))
+        method, reason = choose_compression(profile.comm_share())
     else:
         method, reason = train.compression, "set in the train config"
     return Plan(local_batches=batches, compression=CompressionMethod.parse(method), compression_reason=reason,

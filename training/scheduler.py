@@ -95,7 +95,7 @@ def _apportion(
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if sum(clipped(mid)) < global_batch else (lo, mid)
     x = clipped(hi)
-    b = [max(1, min(int(math.floor(v + 1e-9)), int(min(hc, global_batch)))) for v, hc in zip(x, hi_caps, strict=True)]
+    b = [max(1, min(math.floor(v + 1e-9), int(min(hc, global_batch)))) for v, hc in zip(x, hi_caps, strict=True)]
     if cost is not None:
         return _greedy_fill(b, global_batch, hi_caps, cost)
     # Hand out (or take back) the rounding difference by largest (smallest) remainder.
@@ -123,14 +123,6 @@ def _greedy_fill(b: list[int], global_batch: int, hi_caps: list[float], cost) ->
         i = max((j for j in range(n) if b[j] > 1), key=lambda j: cost(j, b[j]))
         b[i] -= 1
     return b
-
-
-def fitted_step_model(ranks: list[dict]) -> tuple[list[float], list[float]]:
-    """Per rank (a_i, c_i) of compute time = a_i + c_i x batch, from the profile's fit."""
-    latency = [max(0.0, r["fit_latency_s"]) for r in ranks]
-    per_sample = [r["fit_s_per_sample"] if r["fit_s_per_sample"] > 0 else 1.0 / r["samples_per_s"]
-                  for r in ranks]
-    return latency, per_sample
 
 
 def equal_batches(n: int, global_batch: int) -> list[int]:

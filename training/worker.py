@@ -328,8 +328,8 @@ def main(argv: list[str] | None = None) -> None:
         if spec.mode == "train":
             mine, weights = train(spec, data, rank, world, counter)
         else:
-            mine = profile(spec, data, rank, world, counter)
-            mine, weights = {"rank": rank, "node": os.uname().nodename, **mine}, None
+            mine = profile(spec, data, rank, world, counter).model_dump(mode="json")
+            weights = None
         data.cache.close()
         gathered: list = [None] * world
         dist.all_gather_object(gathered, mine)

@@ -11,7 +11,7 @@ One optimizer step of synchronous data parallelism, worker by worker::
   rank by rank; for an instance type never measured, c_i = per-sample FLOPs / (device peak
   FLOP/s x achieved fraction) and a_i = 0, with the peak from `infra.catalog`
   (`DEVICE_PEAK_TFLOPS`: FP32 datasheet figures) and the achieved fraction an input. The
-  profile times a step through DDP (`training.probes.solo_ddp`), so DDP's own work in backward
+  profile times a step through DDP (`hetflow.training.probes.compute.solo_ddp`), so DDP's own work in backward
   is in a_i and c_i already.
 - **Communication**, from the alpha-beta model of the collective DDP runs (buckets of
   `bucket_bytes`, each one all-reduce; gradient bytes divided by `compression_ratio`):

@@ -154,8 +154,7 @@ def _profile(label: str, cluster: ClusterSpec, cfg: TrainConfig, dataset, tmp: s
         run_name=f"{label}-profile", variant="profile", mode="profile", cluster=cluster,
         dataset=dataset, train=cfg, run_dir=f"{tmp}/{label}-profile"))
     print(f"{label}: profiled in {wall:.0f}s", flush=True)
-    return Profile(cluster=cluster.name, model=cfg.model, ranks=result["ranks"],
-                   profiling_time_s=wall)
+    return Profile.from_result(result, cluster, cfg.model, profiling_time_s=wall)
 
 
 def _train(name: str, cluster: ClusterSpec, cfg: TrainConfig, plan, dataset, tmp: str,
@@ -183,7 +182,7 @@ def _hetero_runs(cluster, cfg, dataset, tmp: str) -> tuple[Profile, dict[str, di
     runs = {}
     for name, schedule in (("baseline", "equal"), ("optimized", "proportional")):
         run_cfg = cfg.model_copy(update={"schedule": schedule, "compression": "none"})
-        plan = make_plan(profile.model_dump(), cluster, run_cfg)
+        plan = make_plan(profile, cluster, run_cfg)
         runs[name] = _train(name, cluster, run_cfg, plan, dataset, tmp, profile, name)
     return profile, runs
 

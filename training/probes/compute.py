@@ -1,0 +1,128 @@
+"""The compute probe: forward+backward of the job's model through DDP, fitted in the batch.
+
+Figures: `samples_per_s`, `fit_latency_s`, `fit_s_per_sample`, `step_compute_s` and the raw
+samples (`compute_rounds`, `compute_batches`, `compute_best_s`, `compute_outlier_batch`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from hetflow.emulation.emulator import SMOOTH_PHASES, Emulator, now
+from hetflow.training.fitting import robust_affine
+
+COMPUTE_BUDGET_S = 2.0  # wall time of the compute probe (every rank alike)
+# An emulated worker's step at a batch size is dilated from the least CPU time of its last
+# SMOOTH_PHASES steps at that size: as many rounds as that, and the probe's best round is the
+# same statistic as a settled training step (the least of SMOOTH_PHASES, not of fewer).
+# How far training's step still lies from the profile: `compute_model_error` of
+# `hetflow bench hetero` (measured: docs/measurements.md).
+COMPUTE_MIN_ROUNDS = SMOOTH_PHASES
+COMPUTE_MAX_ROUNDS = 15
+# Every timed step starts at least this long after the previous one finished computing (an
+# emulated worker's dilation pause counts). In training a worker computes after the all-reduce
+# and the wait for the others, and caches cool in that pause; without it the fastest worker
+# (short pauses) would look faster than it trains (measured: docs/measurements.md).
+COMPUTE_PAUSE_S = 0.08
+
+
+def solo_ddp(model: nn.Module, emu: Emulator) -> DDP:
+    """`model` wrapped as training wraps it (DDP, the compute phase ended by the comm hook at the
+    last bucket), reducing over a group of this rank alone, so that each rank may step on its own.
+
+    DDP's own work in a step (forward bookkeeping, the reducer's hooks in backward) is part of
+    a worker's compute and is dilated with it, so a probe of the bare model under-estimates a
+    slow worker's step. `hetflow bench hetero` reports the gap per rank
+    (`compute_model_error`: measured over planned compute at the first plan's batches).
+    """
+    solo, _ = dist.new_subgroups(group_size=1)  # every rank creates every group, in order
+    net = DDP(model, process_group=solo, gradient_as_bucket_view=True)  # as training.worker
+    net.register_comm_hook(solo, emu.dilating_hook(default_hooks.allreduce_hook))
+    return net
+
+
+def _step(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> None:
+    nn.functional.cross_entropy(model(xb), yb).backward()
+    model.zero_grad(set_to_none=True)
+
+
+def _step_timer(model: nn.Module, batches: dict, emu: Emulator):
+    """A function timing one dilated step at a batch size, after the pause training has."""
+    computed = now()
+
+    def timed_step(b: int) -> float:
+        nonlocal computed
+        rest = COMPUTE_PAUSE_S - (now() - computed)
+        if rest > 0:  # cool down as long as a step of training does (see COMPUTE_PAUSE_S)
+            time.sleep(rest)
+        t = now()
+        emu.start(key=b)
+        _step(model, *batches[b])
+        end = emu.finish()  # a no-op when the model's comm hook has ended the phase
+        computed = emu.computed_at
+        return end - t
+
+    return timed_step
+
+
+def _timed_rounds(
+    timed_step, sizes: list[int], budget_s: float
+) -> tuple[dict[int, list[float]], int]:
+    """Interleaved rounds (every size once, the order alternating) for `budget_s` of wall time,
+    at least COMPUTE_MIN_ROUNDS and at most COMPUTE_MAX_ROUNDS; (times per size, rounds)."""
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    start = now()
+    rounds = 0
+    while rounds < COMPUTE_MAX_ROUNDS and (rounds < COMPUTE_MIN_ROUNDS or now() - start < budget_s):
+        for b in sizes if rounds % 2 == 0 else sizes[::-1]:
+            times[b].append(timed_step(b))
+        rounds += 1
+    return times, rounds
+
+
+def probe_compute(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    emu: Emulator,
+    sizes: list[int],
+    ref: int,
+    budget_s: float = COMPUTE_BUDGET_S,
+) -> dict:
+    """The step's time at each batch size (best of the rounds), fitted as a + b x batch with one
+    outlying size left out (`robust_affine`); `samples_per_s` at the reference batch `ref`."""
+    sizes = sorted({max(1, min(int(b), len(x))) for b in sizes})
+    if len(sizes) < 2:
+        sizes = sorted({1, max(2, len(x) // 2)})
+    batches = {b: (x[:b], y[:b]) for b in sizes}
+    for b in sizes:  # warm-up: allocations, kernel selection (not dilated, not timed)
+        _step(model, *batches[b])
+    timed_step = _step_timer(model, batches, emu)
+    # One dilated step, untimed: every timed step then follows a pause, as in training
+    # (a step straight after the warm-up finds warm caches and runs faster).
+    timed_step(sizes[0])
+    times, rounds = _timed_rounds(timed_step, sizes, budget_s)
+    # Interference on a shared host only ever adds time (a core taken, caches thrashed), so the
+    # best of the rounds is the estimate nearest the worker's own speed; the median let one
+    # burst of load spoil a slow worker's few rounds (measured: docs/measurements.md).
+    best = [min(times[b]) for b in sizes]
+    intercept, slope, dropped = robust_affine(sizes, best)
+    if slope <= 0:  # a flat or noisy curve: fall back to the largest batch's throughput
+        slope, intercept = best[-1] / sizes[-1], 0.0
+    step_at_ref = max(intercept + slope * ref, 1e-9)
+    return {
+        "samples_per_s": ref / step_at_ref,
+        "fit_latency_s": float(intercept),
+        "fit_s_per_sample": float(slope),
+        "step_compute_s": float(step_at_ref),
+        "compute_rounds": rounds,
+        "compute_batches": sizes,
+        "compute_best_s": best,
+        "compute_outlier_batch": dropped,
+    }

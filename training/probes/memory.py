@@ -1,0 +1,75 @@
+"""The memory probe: bytes per sample of the activations, the fixed part, the largest batch.
+
+Figures: `memory_per_sample_bytes`, `memory_fixed_bytes`, `memory_available_bytes`,
+`memory_cap_batch`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from hetflow.training.models import parameter_count
+
+MEMORY_HEADROOM = 0.8  # the activations' share of the available memory the cap may fill
+
+
+def saved_activation_bytes(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> int:
+    """Bytes autograd keeps for backward in one forward pass (each storage once, no parameters)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in params:
+            seen[ptr] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = nn.functional.cross_entropy(model(xb), yb)
+    del loss
+    return sum(seen.values()) + xb.numel() * xb.element_size()
+
+
+def available_memory_bytes() -> int:
+    """Memory this rank may use: free device memory on CUDA, else its share of MemAvailable."""
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        return int(free)
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if avail is None:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(avail) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def probe_memory(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: str) -> dict:
+    """Activation bytes at two batch sizes give the bytes per sample; the fixed part is
+    parameters + gradients + optimizer state (+ what the activations do not scale with); the
+    cap is the largest batch whose activations fit in MEMORY_HEADROOM of the available memory."""
+    small, large = max(1, min(8, len(x) // 2)), max(2, min(64, len(x)))
+    if large <= small:
+        small, large = 1, 2
+    m_small = saved_activation_bytes(model, x[:small], y[:small])
+    m_large = saved_activation_bytes(model, x[:large], y[:large])
+    per_sample = max((m_large - m_small) / (large - small), 1.0)
+    state_copies = {"sgd": 1, "adam": 2}.get(optimizer, 2)  # momentum / Adam moments
+    fixed = parameter_count(model) * 4 * (2 + state_copies) + max(0.0, m_small - per_sample * small)
+    avail = available_memory_bytes()
+    cap = int((avail * MEMORY_HEADROOM - fixed) // per_sample)
+    return {
+        "memory_per_sample_bytes": float(per_sample),
+        "memory_fixed_bytes": float(fixed),
+        "memory_available_bytes": avail,
+        "memory_cap_batch": max(cap, 0),
+    }
