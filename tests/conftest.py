@@ -45,6 +45,19 @@ def s3(s3_server, monkeypatch):
     return s3_server
 
 
+@pytest.fixture
+def digits(s3, tmp_path, request):
+    """scikit-learn's digits written as shards to the S3 endpoint, in a bucket named after the
+    test module; returns the DatasetSpec, with a cache of the test's own."""
+    from hetflow.config import DatasetSpec
+    from hetflow.infra.datasets import digits_source, write_dataset
+
+    bucket = "hetflow-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
+    spec = DatasetSpec(url=f"s3://{bucket}/digits", cache_dir=str(tmp_path / "cache"))
+    write_dataset(spec.url, digits_source(spec.test_fraction, spec.seed), spec.shard_samples)
+    return spec
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness

@@ -10,11 +10,10 @@ import time
 import pytest
 import torch
 
-from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.emulation.emulator import SMOOTH_PHASES, Emulator
 from hetflow.emulation.link import Link
 from hetflow.flows.profile_cluster import print_profile_report, profile_report
-from hetflow.infra.datasets import digits_source, write_dataset
 from hetflow.records import Profile, RankProfile
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
@@ -94,13 +93,6 @@ def test_profile_report_shape_and_table():
     print_profile_report(report, Console(file=out, width=200))
     text = out.getvalue()
     assert "+4.0%" in text and "loopback" in text and "9.5s" in text
-
-
-@pytest.fixture
-def digits(s3, tmp_path):
-    spec = DatasetSpec(url="s3://hetflow-probes/digits", cache_dir=str(tmp_path / "cache"))
-    write_dataset(spec.url, digits_source(spec.test_fraction, spec.seed), spec.shard_samples)
-    return spec
 
 
 @pytest.mark.slow

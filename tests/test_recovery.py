@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from hetflow.infra.datasets import digits_source, write_dataset
+from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.records import Plan
 from hetflow.training.checkpoint import CheckpointStore
 from hetflow.training.job import RunSpec
@@ -26,13 +25,6 @@ from tests.procs import pids_with
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 STEPS, EVERY = 40, 10
-
-
-@pytest.fixture
-def digits(s3, tmp_path):
-    spec = DatasetSpec(url="s3://hetflow-recovery/digits", cache_dir=str(tmp_path / "cache"))
-    write_dataset(spec.url, digits_source(spec.test_fraction, spec.seed), spec.shard_samples)
-    return spec
 
 
 def _spec(dataset, run_dir: Path) -> RunSpec:

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from hetflow.infra.datasets import digits_source, write_dataset
+from hetflow.config import ClusterSpec, TrainConfig
+from hetflow.infra.datasets import digits_source
 from hetflow.infra.s3 import free_port
 from hetflow.records import Plan
 from hetflow.training.comm import allgather_bytes
@@ -21,13 +21,6 @@ from hetflow.training.models import build_model
 from hetflow.training.partition import Stream
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def digits(s3, tmp_path):
-    spec = DatasetSpec(url="s3://hetflow-test/digits", cache_dir=str(tmp_path / "cache"))
-    write_dataset(spec.url, digits_source(spec.test_fraction, spec.seed), spec.shard_samples)
-    return spec
 
 
 def _one_step_spec(dataset, tmp_path, plan, name, nodes=("node0",) * 4):
