@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.records import CompressionMethod, Plan
+from hetflow.records import Plan
 from hetflow.training.comm import choose_compression
 from hetflow.training.scheduler import balance_batches, equal_batches, fitted_step_model
 
@@ -28,8 +28,8 @@ def make_plan(profile: dict, cluster: ClusterSpec, train: TrainConfig) -> Plan:
     if train.compression == "auto":
         method, reason = choose_compression(comm_share(profile))
     else:
-        method, reason = train.compression, "set in the train config"
-    return Plan(local_batches=batches, compression=CompressionMethod.parse(method), compression_reason=reason,
+        method, reason = train.compression_method(), "set in the train config"
+    return Plan(local_batches=batches, compression=method, compression_reason=reason,
                 speeds=speeds, latency_s=latency, per_sample_s=per_sample)
 
 

@@ -195,13 +195,13 @@ def train(spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCou
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ddp = DDP(model, gradient_as_bucket_view=True)
-    hook_state = register_compression(ddp, str(spec.plan.compression), emu.dilating_hook)
+    hook_state = register_compression(ddp, spec.plan.compression, emu.dilating_hook)
     shared = SharedStepTimes(world, new_control_group(), 1 if cfg.schedule == "dynamic" else cfg.rebalance_every)
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     else:
         opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
-    opt = wrap_optimizer(opt, str(spec.plan.compression), hook_state)
+    opt = wrap_optimizer(opt, spec.plan.compression, hook_state)
     plan = list(spec.plan.local_batches)
     caps = [w.memory_cap_batch for w in spec.cluster.workers]
     latency = list(spec.plan.latency_s) or [0.0] * world
