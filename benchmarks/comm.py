@@ -8,8 +8,9 @@ same seed on 4 equal emulated workers whose links have the given bandwidth and l
 (`--link-gbps 0`: loopback, no emulated link). Then:
 
 - `bytes_per_step`: bytes one rank puts on the wire per step (WireCounter), after the methods'
-  warm-up (`training.comm.WARMUP_STEPS` steps of plain all-reduce; for top-k also its density
-  stages, `training.comm.topk_warmup_steps`), from the method's `timed_from_step` on;
+  warm-up (`hetflow.training.comm.DENSE_WARMUP_STEPS` steps of plain all-reduce; for top-k also
+  its density stages, `hetflow.training.comm.topk_warmup_steps`), from the method's
+  `timed_from_step` on;
   `run_bytes_per_step` includes the warm-up;
 - `compression_ratio`: bytes_per_step of `none` over the method's;
 - `step_time_s`, `compute_time_s`, `comm_time_s`: means over the same post-warm-up steps on
@@ -34,6 +35,7 @@ import statistics
 import time
 
 from hetflow.config import (
+    ClusterSpec,
     ConfigError,
     TrainConfig,
     check_job,
@@ -42,7 +44,7 @@ from hetflow.config import (
 )
 from hetflow.records import CompressionMethod, Plan, Profile
 from hetflow.training.comm import (
-    WARMUP_STEPS,
+    DENSE_WARMUP_STEPS,
     choose_compression,
     method_warmup_steps,
     ring_allreduce_bytes,
@@ -62,21 +64,26 @@ LITERATURE = [("top-1% sparsification", "100x", "0.3"), ("8-bit quantization", "
               ("1-bit quantization", "32x", "0.5")]
 
 
-def parse_methods(text: str) -> list[str]:
-    methods = [m.strip() for m in text.split(",") if m.strip()]
-    if not methods:
+def parse_methods(text: str) -> list[CompressionMethod]:
+    """The comma list of `--methods`, each parsed once; ConfigError naming `--methods`."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
         raise ConfigError("--methods: at least one method is needed")
-    for m in methods:
+    methods = []
+    for m in names:
         if m == "auto":
             raise ConfigError("--methods: 'auto' is reported as `chosen`; list concrete methods")
-        validated(TrainConfig, {"compression": m}, "--methods")
+        try:
+            methods.append(CompressionMethod.parse(m))
+        except ValueError as e:
+            raise ConfigError(f"--methods: {e}") from None
     if len(set(methods)) != len(methods):
         raise ConfigError(f"--methods: a method appears twice ({text!r})")
     return methods
 
 
-def _slug(method: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", method)
+def _slug(method: CompressionMethod) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", str(method))
 
 
 def method_metrics(result: dict, global_batch: int, skip: int) -> dict:
@@ -147,7 +154,7 @@ def finish(results: dict[str, dict], none_bytes: float) -> None:
             r["step_time_vs_none"] = None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hetflow bench comm", description=__doc__.splitlines()[0])
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list (default {DEFAULT_METHODS})")
     p.add_argument("--link-gbps", type=float, default=1.0, dest="link_gbps",
@@ -165,7 +172,32 @@ def main(argv: list[str] | None = None) -> int:
                         "the chosen method's cut against none is given per round (default 1)")
     p.add_argument("--json", dest="json_path")
     p.add_argument("--work-dir", dest="work_dir", help="keep run directories (logs, results) here")
-    args = p.parse_args(argv)
+    return p
+
+
+def _train_method(method: CompressionMethod, round_: int, base: TrainConfig, cluster: ClusterSpec,
+                  dataset, tmp: str, skip: int) -> dict:
+    """One training run of `method` (round `round_`) and its figures, timed from after its
+    warm-up."""
+    label = str(method)  # the method's key in the JSON and the table
+    cfg = base.model_copy(update={"compression": label})
+    spec = RunSpec(run_name=f"comm-{_slug(method)}", variant=label, cluster=cluster,
+                   dataset=dataset, train=cfg,
+                   plan=Plan(local_batches=equal_batches(WORLD, cfg.global_batch),
+                             compression=method, compression_reason="hetflow bench comm"),
+                   run_dir=f"{tmp}/{_slug(method)}-{round_}")
+    res, wall = run_workers(spec)
+    timed_from = min(max(skip, method_warmup_steps(method)), max(1, cfg.steps - 1))
+    r = {**method_metrics(res, cfg.global_batch, timed_from), "wall_s": wall,
+         "timed_from_step": timed_from}
+    print(f"{label}: {r['bytes_per_step'] / 1e6:.3f} MB/step, step {r['step_time_s'] * 1e3:.0f} ms "
+          f"(comm {r['comm_time_s'] * 1e3:.0f} ms), accuracy {r['final_accuracy']:.4f}, "
+          f"{wall:.0f}s", flush=True)
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     methods = parse_methods(args.methods)
     if args.link_gbps < 0 or args.link_gbps != args.link_gbps:
@@ -181,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     knobs["checkpoint_every"] = args.steps  # no checkpoint inside the timed run
     base = validated(TrainConfig, knobs, "train")
     check_job(cluster, base)
-    skip = min(WARMUP_STEPS, max(1, args.steps - 1))
+    skip = min(DENSE_WARMUP_STEPS, max(1, args.steps - 1))
 
     t_start = time.perf_counter()
     rounds: dict[str, list[dict]] = {}
@@ -196,32 +228,20 @@ def main(argv: list[str] | None = None) -> int:
         runs = methods + ([chosen] if chosen not in methods else [])
         for round_ in range(args.repeat):
             for method in runs:
-                cfg = base.model_copy(update={"compression": method})
-                spec = RunSpec(run_name=f"comm-{_slug(method)}", variant=method, cluster=cluster,
-                               dataset=dataset, train=cfg,
-                               plan=Plan(local_batches=equal_batches(WORLD, cfg.global_batch),
-                                         compression=CompressionMethod.parse(method),
-                                         compression_reason="hetflow bench comm"),
-                               run_dir=f"{tmp}/{_slug(method)}-{round_}")
-                res, wall = run_workers(spec)
-                timed_from = min(max(skip, method_warmup_steps(method)), max(1, args.steps - 1))
-                r = {**method_metrics(res, cfg.global_batch, timed_from), "wall_s": wall,
-                     "timed_from_step": timed_from}
-                rounds.setdefault(method, []).append(r)
-                print(f"{method}: {r['bytes_per_step'] / 1e6:.3f} MB/step, step {r['step_time_s'] * 1e3:.0f} ms "
-                      f"(comm {r['comm_time_s'] * 1e3:.0f} ms), accuracy {r['final_accuracy']:.4f}, "
-                      f"{wall:.0f}s", flush=True)
+                r = _train_method(method, round_, base, cluster, dataset, tmp, skip)
+                rounds.setdefault(str(method), []).append(r)
     results = {method: combine_repeats(rs) for method, rs in rounds.items()}
     params = next(iter(results.values()))["params"]
     finish(results, ring_allreduce_bytes(4 * params, WORLD))
+    picked = str(chosen)
     out = {
         "methods": results,
-        "chosen": chosen,
+        "chosen": picked,
         "chosen_reason": reason,
         "profile_comm_share": share,
-        "chosen_step_time_cut": (1 - results[chosen]["step_time_vs_none"]
-                                 if results[chosen].get("step_time_vs_none") is not None else None),
-        "chosen_step_time_cut_runs": paired_cuts(results, chosen),
+        "chosen_step_time_cut": (1 - results[picked]["step_time_vs_none"]
+                                 if results[picked].get("step_time_vs_none") is not None else None),
+        "chosen_step_time_cut_runs": paired_cuts(results, picked),
         "repeat": args.repeat,
         "link_gbps": args.link_gbps or None,
         "latency_ms": args.latency_ms,
@@ -230,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "world": WORLD,
         "steps": args.steps,
         "timed_from_step": skip,
-        "warmup_steps": WARMUP_STEPS,
+        "warmup_steps": DENSE_WARMUP_STEPS,
         "global_batch": args.global_batch,
         "seed": args.seed,
         "bench_wall_s": time.perf_counter() - t_start,

@@ -23,7 +23,7 @@ def test_bench_comm_smoke(s3, tmp_path, capsys):
     data = json.loads(out.read_text())
     assert set(data["methods"]) >= {"none", "fp16"}
     assert data["chosen"] in {"none", "fp16", "powersgd:4"}
-    assert data["chosen"] == choose_compression(data["profile_comm_share"])[0]  # from the profile
+    assert data["chosen"] == str(choose_compression(data["profile_comm_share"])[0])  # from the profile
     for name, m in data["methods"].items():
         assert KEYS <= set(m), name
     none, fp16 = data["methods"]["none"], data["methods"]["fp16"]

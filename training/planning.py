@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.records import CompressionMethod, Plan, Profile
+from hetflow.records import Plan, Profile
 from hetflow.training.comm import choose_compression
 from hetflow.training.scheduler import balance_batches, equal_batches
 
@@ -22,8 +22,8 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
     if train.compression == "auto":
         method, reason = choose_compression(profile.comm_share())
     else:
-        method, reason = train.compression, "set in the train config"
-    return Plan(local_batches=batches, compression=CompressionMethod.parse(method), compression_reason=reason,
+        method, reason = train.compression_method(), "set in the train config"
+    return Plan(local_batches=batches, compression=method, compression_reason=reason,
                 speeds=speeds, latency_s=latency, per_sample_s=per_sample)
 
 

@@ -84,12 +84,12 @@ def build_net(spec: RunSpec, data: RankData, emu: Emulator) -> Net:
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ddp = DDP(model, gradient_as_bucket_view=True)
-    hook_state = register_compression(ddp, str(spec.plan.compression), emu.dilating_hook)
+    hook_state = register_compression(ddp, spec.plan.compression, emu.dilating_hook)
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     else:
         opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
-    opt = wrap_optimizer(opt, str(spec.plan.compression), hook_state)
+    opt = wrap_optimizer(opt, spec.plan.compression, hook_state)
     return Net(model, ddp, opt, hook_state)
 
 

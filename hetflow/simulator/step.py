@@ -72,7 +72,7 @@ def ring_allreduce_time(nbytes: float, n: int, alpha_s: float, gbps: float,
     """Ring all-reduce of `nbytes` over n ranks:
     collectives x 2(n-1) x alpha + 2(n-1)/n x bytes x beta.
 
-    beta = 1 / bandwidth (bytes/s). Same wire bytes as `training.comm.ring_allreduce_bytes`.
+    beta = 1 / bandwidth (bytes/s). Same wire bytes as `hetflow.training.comm.ring_allreduce_bytes`.
     """
     if n < 1:
         raise SimulationError(f"workers: must be >= 1 (got {n})")

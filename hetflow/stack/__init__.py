@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import sys
-import urllib.error
 
 from hetflow.stack.layout import (
     HOST,

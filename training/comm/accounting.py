@@ -1,0 +1,121 @@
+"""Wire-byte accounting: what each collective puts on the wire from this rank, and which
+process groups stay off the emulated network link.
+
+torch offers no per-collective callback, so `WireCounter` wraps `torch.distributed.all_reduce`,
+`all_gather` and `all_gather_into_tensor` for the life of a worker; every hook and model
+averager calls them through the module, so every collective is charged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+# Process groups whose members share a node: their traffic does not use the emulated link.
+_INTRA_NODE_GROUPS: list = []
+# Process groups for the ranks' own control messages (step timings), apart from the gradients'.
+_CONTROL_GROUPS: list = []
+
+
+def new_control_group():
+    """A gloo group for small control collectives (the ranks' step timings), so that they never
+    queue with the gradients' collectives; `WireCounter` counts its bytes as `control_bytes`,
+    not as gradient traffic over the emulated link. Every rank must call it, in the same order."""
+    group = dist.new_group(backend="gloo")
+    _CONTROL_GROUPS.append(group)
+    return group
+
+
+def add_intra_node_group(group) -> None:
+    """Mark `group` as node-local: `WireCounter` counts its bytes as `intra_node_bytes`."""
+    _INTRA_NODE_GROUPS.append(group)
+
+
+def ring_allreduce_bytes(nbytes: int, world: int) -> float:
+    """Bytes one rank sends in a ring all-reduce of `nbytes` over `world` ranks: 2(n-1)/n x B."""
+    return 2 * (world - 1) / world * nbytes if world > 1 else 0.0
+
+
+def allgather_bytes(nbytes: int, world: int) -> float:
+    """Bytes one rank sends in an all-gather of its `nbytes` contribution: (n-1) x B."""
+    return (world - 1) * nbytes if world > 1 else 0.0
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _group_arg(args: tuple, kwargs: dict, position: int):
+    """The `group` argument of a collective, given by keyword or at `position`."""
+    if "group" in kwargs:
+        return kwargs["group"]
+    return args[position] if len(args) > position else None
+
+
+@dataclass
+class WireCounter:
+    """Bytes this rank sent and collectives it issued; `take()` returns and resets the window.
+
+    The window and `total_bytes` hold the gradients' traffic over the network link; collectives
+    inside a node-local group (hierarchical averaging) go to `intra_node_bytes` only, and those
+    of a control group (`new_control_group`) to `control_bytes` only.
+    """
+
+    world: int
+    bytes_sent: float = 0.0
+    collectives: int = 0
+    total_bytes: float = 0.0
+    intra_node_bytes: float = 0.0
+    control_bytes: float = 0.0
+    _restore: tuple = field(default=(), repr=False)
+
+    def install(self) -> None:
+        real = (dist.all_reduce, dist.all_gather, dist.all_gather_into_tensor)
+        real_all_reduce, real_all_gather, real_all_gather_into_tensor = real
+
+        def all_reduce(tensor, *args, **kwargs):
+            group = _group_arg(args, kwargs, 1)  # all_reduce(tensor, op, group, async_op)
+            self._charge(ring_allreduce_bytes(_nbytes(tensor), self._size(group)), group)
+            return real_all_reduce(tensor, *args, **kwargs)
+
+        def all_gather(tensor_list, tensor, *args, **kwargs):
+            group = _group_arg(args, kwargs, 0)  # all_gather(tensor_list, tensor, group, async_op)
+            self._charge(allgather_bytes(_nbytes(tensor), self._size(group)), group)
+            return real_all_gather(tensor_list, tensor, *args, **kwargs)
+
+        def all_gather_into_tensor(output_tensor, input_tensor, *args, **kwargs):
+            group = _group_arg(args, kwargs, 0)
+            self._charge(allgather_bytes(_nbytes(input_tensor), self._size(group)), group)
+            return real_all_gather_into_tensor(output_tensor, input_tensor, *args, **kwargs)
+
+        dist.all_reduce, dist.all_gather = all_reduce, all_gather
+        dist.all_gather_into_tensor = all_gather_into_tensor
+        self._restore = real
+
+    def uninstall(self) -> None:
+        if self._restore:
+            dist.all_reduce, dist.all_gather, dist.all_gather_into_tensor = self._restore
+            self._restore = ()
+
+    def _size(self, group) -> int:
+        return dist.get_world_size(group) if group is not None else self.world
+
+    def _charge(self, nbytes: float, group=None) -> None:
+        if group is not None and self._size(group) == 1:
+            return  # a group of one rank (the profile's compute probe) puts nothing on a link
+        if group is not None and any(group is g for g in _INTRA_NODE_GROUPS):
+            self.intra_node_bytes += nbytes
+            return
+        if group is not None and any(group is g for g in _CONTROL_GROUPS):
+            self.control_bytes += nbytes
+            return
+        self.bytes_sent += nbytes
+        self.total_bytes += nbytes
+        self.collectives += 1
+
+    def take(self) -> tuple[float, int]:
+        out = (self.bytes_sent, self.collectives)
+        self.bytes_sent, self.collectives = 0.0, 0
+        return out
