@@ -18,19 +18,12 @@ compute per step lies from what the plan's fitted model (a_i + c_i x b_i) predic
 
 The workers are emulated (see `hetflow.emulation`): `--time-scale` (default 16, where
 `hetflow train` uses 8) makes the fastest worker that many times slower than a core of this
-machine, and `--jitter` adds step-to-step noise to every worker's compute. The bench's default
-is 16 because the 4 ranks' gloo all-reduce on a 2-vCPU host takes 2-13 ms whatever the
-gradient's size (the processes outnumber the cores; 2 ranks take 0.3 ms): communication was
-8-9% of the ranks' time at time scale 8, 4% at 16 (`comm_fraction`, 1,1,2,4). That cost belongs
-to the host, not to the plan, and no emulated link asks for it.
-
-One run's efficiencies move by about 5% from run to run: two variants that ran the same plan
-with no re-plan scored 0.902 and 0.977 in one run. Compare variants within one run, or take
-`--repeat 3`, which runs the variants round by round and reports each one's median run, with
-every run's efficiency beside it. Training has computed up to 16% faster per step than the
-profile predicted (negative `compute_model_error`, the baseline's included), so
-`ideal_samples_per_s` reads a few percent low and `efficiency` as much high; the cause is not
-found.
+machine, and `--jitter` adds step-to-step noise to every worker's compute. The default is 16
+because the host's own all-reduce cost among processes that outnumber its cores belongs to the
+host, not to the plan. One run's efficiencies move from run to run: compare variants within one
+run, or take `--repeat 3`, which runs the variants round by round and reports each one's median
+run, with every run's efficiency beside it. Figures, and why `ideal_samples_per_s` reads a few
+percent low: docs/measurements.md, "Heterogeneity scheduler".
 """
 
 from __future__ import annotations

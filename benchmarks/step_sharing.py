@@ -6,8 +6,8 @@ Each of 4 processes steps a fixed CPU load (40 matmuls of 256 x 256, one thread)
 all-reduce of a 0.6 MB gradient, 30 steps per round, in 8 rounds that alternate the order of the
 variants; rank 0 prints the median step time of each and the ratio against no sharing. The
 sharing is `hetflow.training.step_times.SharedStepTimes`'s: an asynchronous gloo all-gather on
-a group of its own, waited for one gather later. On this 2-vCPU host, 3 runs: per step +9.5% to +12%, every 10
-steps -1%.
+a group of its own, waited for one gather later. Figures: docs/measurements.md, "Step-time
+sharing".
 """
 
 from __future__ import annotations
