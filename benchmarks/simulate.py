@@ -378,9 +378,10 @@ def published_gap(pub: dict) -> str:
 
 
 def _measured(result: dict, global_batch: int) -> dict:
+    from hetflow.records import RunResult
     from hetflow.training.metrics import summarize
 
-    m = summarize(result, global_batch, None)
+    m = summarize(RunResult.model_validate(result), global_batch, None)
     ranks = sorted(result["ranks"], key=lambda r: r["rank"])
     steady = [r["records"][1:] or r["records"] for r in ranks]
     return {

@@ -36,4 +36,4 @@ def train(
         profile = profile_workers(cluster, dataset, cfg)
         outcome = train_variant(variant, cluster, dataset, cfg, profile, tracking,
                                 catalog=catalog, epoch_samples=epoch_samples)
-    return {"run_id": outcome["run_id"], "metrics": outcome["metrics"]}
+    return {"run_id": outcome.run_id, "metrics": outcome.metrics}

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 RUN_METRICS = [
-    "throughput_samples_per_s", "wall_time_s", "final_accuracy", "comm_bytes_total",
+    "throughput_samples_per_s", "train_loop_s", "final_accuracy", "comm_bytes_total",
     "comm_bytes_per_step", "data_wait_fraction", "s3_bytes_read", "cache_hit_ratio",
     "straggler_idle_fraction",
 ]
@@ -46,7 +46,7 @@ def test_demo_json_has_both_variants_with_design_metric_names(demo):
     _, table, _ = demo
     assert set(table) == {"baseline", "optimized"}
     for variant in table.values():
-        for name in ["throughput_samples_per_s", "wall_time_s", "final_accuracy", "comm_bytes_total",
+        for name in ["throughput_samples_per_s", "train_loop_s", "final_accuracy", "comm_bytes_total",
                      "rank0/busy_fraction", "rank3/busy_fraction"]:
             assert variant[name] is not None and variant[name] >= 0, name
 
@@ -54,7 +54,7 @@ def test_demo_json_has_both_variants_with_design_metric_names(demo):
 def test_where_the_ranks_time_went_adds_up(demo):
     _, table, _ = demo
     for name, variant in table.items():
-        shares = [variant[k] for k in ("compute_fraction", "comm_fraction", "straggler_idle_fraction",
+        shares = [variant[k] for k in ("busy_fraction", "comm_fraction", "straggler_idle_fraction",
                                        "data_wait_fraction")]
         assert all(0 <= f <= 1 for f in shares), name
         assert sum(shares) == pytest.approx(1.0, abs=0.02), name  # each rank's step, split four ways

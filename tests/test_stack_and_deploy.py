@@ -225,7 +225,7 @@ def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack):
     assert sum(s["samples"] for s in manifest["splits"].values()) == 1797  # scikit-learn's digits
 
 
-RUN_METRICS = ["throughput_samples_per_s", "wall_time_s", "final_accuracy", "comm_bytes_total",
+RUN_METRICS = ["throughput_samples_per_s", "train_loop_s", "final_accuracy", "comm_bytes_total",
                "comm_bytes_per_step", "data_wait_fraction", "s3_bytes_read", "cache_hit_ratio",
                "straggler_idle_fraction", "tracking_overhead_fraction"]
 FRACTIONS = ["data_wait_fraction", "cache_hit_ratio", "straggler_idle_fraction", "final_accuracy",
@@ -256,7 +256,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(stack,
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    from hetflow.tasks.report import fmt
+    from hetflow.infra.tracking.report import fmt
 
     ex = stack["exports"]
     env = {**stack["env"], **ex, "PREFECT_WORKER_QUERY_SECONDS": "2"}
