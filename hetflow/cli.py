@@ -118,7 +118,9 @@ def cmd_demo(args) -> int:
 def cmd_train(args) -> int:
     from hetflow.flows.train import train as train_flow
 
-    cluster, cfg = _cluster(args), _train(args)
+    # the preset's batch schedule and gradient communication; the flow trains what it is given
+    knobs = _train(args).model_dump(exclude={"schedule", "compression"})
+    cluster, cfg = _cluster(args), TrainConfig.variant(args.variant, **knobs)
     check_job(cluster, cfg)
     out = train_flow(cluster=cluster, dataset=_dataset(args), train=cfg, variant=args.variant)
     print(json.dumps(out, indent=1))

@@ -63,7 +63,8 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
     types = ["g4dn.xlarge", "g4dn.xlarge", "p3dn.24xlarge", "g5.xlarge"]  # T4, T4, V100, A10G
     cluster = ClusterSpec.model_validate({"name": "ec2-mix", "time_scale": 2.0, "workers": [
         {"name": f"w{i}", "instance_type": t} for i, t in enumerate(types)]})
-    cfg = TrainConfig(model="mlp", global_batch=64, steps=STEPS, checkpoint_every=EVERY, eval_every=10)
+    cfg = TrainConfig.variant("optimized", model="mlp", global_batch=64, steps=STEPS,
+                              checkpoint_every=EVERY, eval_every=10)
     killed: list = []
     stop = threading.Event()
     watcher = threading.Thread(target=_kill_job_when_it_reaches, args=(KILL_AT, hetflow_home, killed, stop),

@@ -231,6 +231,7 @@ RUN_METRICS = ["throughput_samples_per_s", "train_loop_s", "final_accuracy", "co
 FRACTIONS = ["data_wait_fraction", "cache_hit_ratio", "straggler_idle_fraction", "final_accuracy",
              "tracking_overhead_fraction"]
 SMALL = {"model": "mlp", "steps": 20, "eval_every": 10, "global_batch": 64}
+SMALL_OPTIMIZED = {**SMALL, "schedule": "dynamic", "compression": "auto"}  # the optimized preset
 
 
 def _wait_final(client, run_ids, deadline_s: float) -> dict:
@@ -266,7 +267,8 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(stack,
         compare = client.create_flow_run_from_deployment(
             deps["compare"].id, parameters={"dataset": dataset, "train": SMALL})
         trains = [client.create_flow_run_from_deployment(
-            deps["train"].id, parameters={"dataset": dataset, "train": SMALL, "variant": "optimized"})
+            deps["train"].id, parameters={"dataset": dataset, "train": SMALL_OPTIMIZED,
+                                          "variant": "optimized"})
             for _ in range(2)]
         log = (tmp_path / "worker.log").open("w")
         worker = subprocess.Popen(
