@@ -29,7 +29,7 @@ def demo(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_API"))}
     env.update(HETFLOW_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "demo", "--speeds", "1,1,2,4", "--steps", "30", "--json", str(out)],
+        [sys.executable, "-m", "hetflow.cli", "demo", "--speeds", "1,1,2,4", "--steps", "30", "--json", str(out)],
         env=env, capture_output=True, text=True, timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

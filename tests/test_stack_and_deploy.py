@@ -32,7 +32,7 @@ S3_PROBE = ("hetflow-stack-test", "probe/hello.txt", b"hello from the stack test
 
 
 def _cli(env: dict, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "hetflow.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
