@@ -39,10 +39,10 @@ from hetflow.config import (
     check_job,
     parse_speeds,
 )
-from hetflow.records import Profile
+from hetflow.records import Profile, RunResult
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
-from hetflow.training.metrics import WARMUP_STEPS, summarize
+from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS, summarize
 from hetflow.training.planning import ideal_throughput, make_plan
 
 from benchmarks import digits_workspace, wide_console, write_json
@@ -89,7 +89,7 @@ def compute_model_error(result: dict, plan: list[int], latency_s: list[float], p
     for r in sorted(result["ranks"], key=lambda r: r["rank"]):
         k = r["rank"]
         times = [x["compute_s"] for x in r["records"]
-                 if WARMUP_STEPS <= x["step"] < until_step and x["batch"] == plan[k]]
+                 if THROUGHPUT_SKIP_STEPS <= x["step"] < until_step and x["batch"] == plan[k]]
         predicted = latency_s[k] + per_sample_s[k] * plan[k]
         out.append(sum(times) / len(times) / predicted - 1 if times and predicted > 0 else None)
     return out
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                            plan=plan,
                            stragglers=stragglers, run_dir=f"{tmp}/{name}-{round_}")
             res, _ = run_workers(spec)
-            m = summarize(res, cfg.global_batch, cfg.target_accuracy)
+            m = summarize(RunResult.model_validate(res), cfg.global_batch, cfg.target_accuracy)
             until = min([base.steps, *[at for _, at, _ in stragglers]])
             figures = {
                 "throughput_samples_per_s": m["throughput_samples_per_s"],
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 "plans": res["ranks"][0]["plans"],  # every plan in force, from the step it came in
                 "replan_log": res["ranks"][0]["replans"],  # why: imbalance, predicted speedup, reverts
                 "straggler_idle_fraction": m["straggler_idle_fraction"],
-                "compute_fraction": m["compute_fraction"],
+                "busy_fraction": m["busy_fraction"],
                 "comm_fraction": m["comm_fraction"],
                 "data_wait_fraction": m["data_wait_fraction"],
                 "compute_model_error": compute_model_error(res, plan.local_batches, plan.latency_s,
@@ -208,7 +208,7 @@ def _print(out: dict) -> None:
                     f"all-reduce {out['allreduce_s'] * 1e3:.1f} ms")
     rows = ["throughput_samples_per_s", "ideal_samples_per_s", "efficiency", "efficiency_vs_ideal_with_allreduce",
             *(["efficiency_runs"] if out.get("repeat", 1) > 1 else []),
-            "speedup_vs_baseline", "time_to_target_s", "final_accuracy", "compute_fraction", "comm_fraction",
+            "speedup_vs_baseline", "time_to_target_s", "final_accuracy", "busy_fraction", "comm_fraction",
             "straggler_idle_fraction", "data_wait_fraction", "compute_model_error", "replans", "final_plan"]
     t.add_column("metric")
     for name in out["variants"]:

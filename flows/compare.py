@@ -18,10 +18,10 @@ from hetflow.config import (
     default_cluster,
 )
 from hetflow.infra.s3 import local_s3_endpoint
+from hetflow.infra.tracking.report import comparison, markdown
+from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
-from hetflow.tasks.report import comparison, markdown
-from hetflow.tasks.tracking import finish_parent_run, start_parent_run
 from hetflow.tasks.train import train_variant
 
 VARIANTS = ("baseline", "optimized")
@@ -41,19 +41,20 @@ def compare(
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         epoch_samples = ingest_dataset(dataset).splits["train"].samples
         profile = profile_workers(cluster, dataset, train)
-        parent = start_parent_run(tracking, cluster, dataset)
+        tracker = MLflowTracker(tracking)
+        parent = tracker.start_comparison(cluster, dataset)
         for variant in VARIANTS:
             cfg = TrainConfig.variant(variant, **knobs)
             outcomes[variant] = train_variant(variant, cluster, dataset, cfg, profile, tracking, parent,
                                               catalog=catalog, epoch_samples=epoch_samples)
-    table = comparison(outcomes["baseline"]["metrics"], outcomes["optimized"]["metrics"])
+    baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
+    table = comparison(baseline, optimized)
     md = markdown(table, f"{cluster.name}: baseline vs optimized")
     create_markdown_artifact(md, key="comparison", description="baseline vs optimized")
-    finish_parent_run(tracking, parent, table, md, outcomes["baseline"]["metrics"],
-                      outcomes["optimized"]["metrics"])
+    tracker.finish_comparison(parent, table, md, baseline, optimized)
     return {
         "table": table,
         "parent_run_id": parent,
-        "run_ids": {v: outcomes[v]["run_id"] for v in VARIANTS},
-        "plans": {v: outcomes[v]["plan"] for v in VARIANTS},
+        "run_ids": {v: outcomes[v].run_id for v in VARIANTS},
+        "plans": {v: outcomes[v].plan.model_dump(mode="json") for v in VARIANTS},
     }

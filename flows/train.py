@@ -1,8 +1,6 @@
-"""Flow: profile, plan and train one variant on the cluster; record it in MLflow."""
+"""Flow: profile, plan and train one configuration on the cluster; record it in MLflow."""
 
 from __future__ import annotations
-
-from typing import Literal
 
 from prefect import flow
 
@@ -19,6 +17,18 @@ from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
 from hetflow.tasks.train import train_variant
 
+PRESETS = ("baseline", "optimized")
+
+
+def run_label(train: TrainConfig) -> str:
+    """'baseline' or 'optimized' when the schedule and compression are that preset's
+    (`TrainConfig.variant`), else '<schedule>+<compression>', e.g. 'equal+fp16'."""
+    knobs = train.model_dump(exclude={"schedule", "compression"})
+    for name in PRESETS:
+        if TrainConfig.variant(name, **knobs) == train:
+            return name
+    return f"{train.schedule}+{train.compression}"
+
 
 @flow(name="train", log_prints=True, retries=1, retry_delay_seconds=10)
 def train(
@@ -26,14 +36,19 @@ def train(
     dataset: DatasetSpec = DatasetSpec(),
     train: TrainConfig = TrainConfig(),
     tracking: TrackingConfig = TrackingConfig(),
-    variant: Literal["baseline", "optimized"] = "optimized",
+    variant: str | None = None,
 ) -> dict:
+    """Train with `train` as given (its batch schedule and gradient communication included).
+
+    `variant` only labels the run (MLflow run name and `variant` tag); empty: `run_label`.
+    Returns {"run_id": the MLflow run, "metrics": the run's figures}.
+    """
     check_job(cluster, train)
-    cfg = TrainConfig.variant(variant, **train.model_dump(exclude={"schedule", "compression"}))
+    label = variant or run_label(train)
     with local_s3_endpoint():
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         epoch_samples = ingest_dataset(dataset).splits["train"].samples
-        profile = profile_workers(cluster, dataset, cfg)
-        outcome = train_variant(variant, cluster, dataset, cfg, profile, tracking,
+        profile = profile_workers(cluster, dataset, train)
+        outcome = train_variant(label, cluster, dataset, train, profile, tracking,
                                 catalog=catalog, epoch_samples=epoch_samples)
-    return {"run_id": outcome["run_id"], "metrics": outcome["metrics"]}
+    return {"run_id": outcome.run_id, "metrics": outcome.metrics}

@@ -65,7 +65,7 @@ def _print_table(table: dict, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from hetflow.tasks.report import rows
+    from hetflow.infra.tracking.report import rows
 
     t = Table(title=title)
     for col, justify in (("metric", "left"), ("baseline", "right"), ("optimized", "right"), ("change", "right")):
@@ -83,9 +83,9 @@ def _write_json(path: str | None, data: dict) -> None:
 
 
 def _where_to_look(tracking: TrackingConfig) -> None:
-    from hetflow.tasks.tracking import tracking_uri
+    from hetflow.infra.tracking.tracker import MLflowTracker
 
-    uri = tracking_uri(tracking)
+    uri = MLflowTracker(tracking).tracking_uri
     print("\nWhere to look:")
     if uri.startswith(("http://", "https://")):
         print(f"  MLflow UI:  {uri}  (experiment '{tracking.experiment}')")
@@ -118,7 +118,9 @@ def cmd_demo(args) -> int:
 def cmd_train(args) -> int:
     from hetflow.flows.train import train as train_flow
 
-    cluster, cfg = _cluster(args), _train(args)
+    # the preset's batch schedule and gradient communication; the flow trains what it is given
+    knobs = _train(args).model_dump(exclude={"schedule", "compression"})
+    cluster, cfg = _cluster(args), TrainConfig.variant(args.variant, **knobs)
     check_job(cluster, cfg)
     out = train_flow(cluster=cluster, dataset=_dataset(args), train=cfg, variant=args.variant)
     print(json.dumps(out, indent=1))
@@ -140,12 +142,12 @@ def cmd_profile(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from hetflow.tasks.report import comparison
-    from hetflow.tasks.tracking import read_run_metrics
+    from hetflow.infra.tracking.report import comparison
+    from hetflow.infra.tracking.tracker import MLflowTracker
 
-    tracking = TrackingConfig()
-    name_a, a = read_run_metrics(tracking, args.run_a)
-    name_b, b = read_run_metrics(tracking, args.run_b)
+    tracker = MLflowTracker(TrackingConfig())
+    name_a, a = tracker.read_metrics(args.run_a)
+    name_b, b = tracker.read_metrics(args.run_b)
     table = comparison(a, b)
     _print_table(table, f"{name_a} ({args.run_a[:8]}) vs {name_b} ({args.run_b[:8]})")
     _write_json(args.json_path, table)

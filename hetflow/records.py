@@ -304,3 +304,25 @@ class RunResult(_Record):
     def lead(self) -> RankResult:
         """Rank 0, which holds the evaluations and the plan history."""
         return self.ranks[0]
+
+
+# -- train outcome ----------------------------------------------------------------------------
+
+Figures = dict[str, int | float]  # metric name -> value (counts stay int, as summarize made them)
+
+
+class TrainOutcome(_Record):
+    """One trained variant, as the train task hands it to the tracker and the flows.
+
+    `metrics` are the run's figures under their MLflow names (`summarize`, then cost and
+    launch time); `series` one row per step (`step` and the per-step metrics, `step_series`).
+    Flows return JSON: `model_dump(mode="json")` of it, or of fields of it.
+    """
+
+    variant: str = Field(description="The run's label: MLflow run name and `variant` tag.")
+    run_id: str = Field(description="The MLflow run.")
+    run_dir: str
+    plan: Plan = Field(description="The plan the run started with.")
+    metrics: Figures
+    series: list[Figures] = []
+    result: RunResult

@@ -1,4 +1,5 @@
-"""The outside world: S3 through fsspec/s3fs, the EC2 catalog, the shard cache.
+"""The outside world: S3 through fsspec/s3fs, the EC2 catalog, the shard cache, MLflow
+tracking (`hetflow.infra.tracking`).
 
 Installed as `hetflow.infra`; the folder is not a package of its own.
 """

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import time
 
 from prefect import task
 
@@ -18,6 +17,7 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog, resolve_cluster
 from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem
+from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Profile, SpeedDrift
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
@@ -117,22 +117,15 @@ RANK_METRICS = (
 def record_profile(profile: Profile, cluster: ClusterSpec, dataset: DatasetSpec,
                    tracking: TrackingConfig) -> str:
     """One MLflow run (variant `profile`): per-rank figures as metrics, the JSON as an artifact."""
-    from mlflow.entities import Metric
-
-    from hetflow.tasks.tracking import _flow_run_tags, _log_json, client_for, experiment_id
-
-    client = client_for(tracking)
-    tags = {"variant": "profile", "cluster": cluster.name, "dataset": dataset.url, **_flow_run_tags()}
-    run = client.create_run(experiment_id(client, tracking), run_name="profile", tags=tags)
-    rid = run.info.run_id
-    now_ms = int(time.time() * 1000)
-    metrics = [Metric("profiling_time_s", float(profile.profiling_time_s), now_ms, 0)]
+    tracker = MLflowTracker(tracking)
+    rid = tracker.start_run("profile", cluster, dataset)
+    metrics = {"profiling_time_s": float(profile.profiling_time_s)}
     for r in profile.ranks:
         for key in RANK_METRICS:
             value = getattr(r, key)
             if isinstance(value, (int, float)) and math.isfinite(value):
-                metrics.append(Metric(f"rank{r.rank}/{key}", float(value), now_ms, 0))
-    client.log_batch(rid, metrics=metrics)
-    _log_json(client, rid, "profile.json", profile.model_dump(mode="json"))
-    client.set_terminated(rid)
+                metrics[f"rank{r.rank}/{key}"] = float(value)
+    tracker.log_metrics(rid, metrics)
+    tracker.log_json(rid, "profile.json", profile)
+    tracker.finish(rid)
     return rid

@@ -10,8 +10,8 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog, cost_usd
 from hetflow.infra.paths import new_run_dir, runs_dir
-from hetflow.records import Plan, Profile
-from hetflow.tasks.tracking import finish_training_run, open_training_run, system_metrics
+from hetflow.infra.tracking.tracker import MLflowTracker
+from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 from hetflow.training.metrics import step_series, summarize
@@ -39,9 +39,10 @@ def train_variant(
     parent_run_id: str | None = None,
     catalog: Catalog | None = None,
     epoch_samples: int | None = None,
-) -> dict:
+) -> TrainOutcome:
     """Plan, run torchrun with MLflow system metrics on, then record the run in MLflow.
 
+    `variant` labels the run (MLflow run name and tag, run directory); `train` is what runs.
     Idempotent: a retry (or a re-run of the same flow run) reuses the run directory, so the
     workers resume from the last checkpoint and the same MLflow run is completed.
     """
@@ -51,44 +52,68 @@ def train_variant(
                    train=train, plan=plan, run_dir=str(run_dir))
     print(f"{variant}: local batches {plan.local_batches}, compression {plan.compression} "
           f"({plan.compression_reason}); training {train.steps} steps")
-    run_id = open_training_run(tracking, variant, cluster, dataset, train, plan.model_dump(mode="json"), run_dir,
-                               parent_run_id)
+    tracker = MLflowTracker(tracking)
+    run_id = tracker.open_variant_run(variant, cluster, dataset, train, plan, run_dir,
+                                      parent_run_id)
     progress = _progress_reporter(variant, train.steps)
-    with system_metrics(run_id):
-        result, wall = run_workers(spec, on_progress=progress)
+    with tracker.system_metrics(run_id):
+        raw, wall = run_workers(spec, on_progress=progress)
     progress(train.steps)
+    result = RunResult.model_validate(raw)
     metrics = summarize(result, train.global_batch, train.target_accuracy)
     metrics["run_time_s"] = wall
     metrics.update(cost_metrics(cluster, metrics, train, catalog, epoch_samples))
-    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
-    outcome = {
-        "variant": variant,
-        "run_id": run_id,
-        "plan": plan.model_dump(mode="json"),
-        "metrics": metrics,
-        "series": step_series(result, train.global_batch),
-        "rank_records": [r["records"] for r in ranks],
-        "evals": ranks[0]["evals"],
-        "plans": ranks[0]["plans"],
-        "replans": ranks[0]["replans"],
-        "run_dir": str(run_dir),
-    }
-    finish_training_run(tracking, run_id, outcome, profile.model_dump(mode="json"), train,
-                        register_as=f"hetflow-{dataset.source}")
+    outcome = TrainOutcome(variant=variant, run_id=run_id, run_dir=str(run_dir), plan=plan,
+                           metrics=metrics, series=step_series(result, train.global_batch),
+                           result=result)
+    record_outcome(tracker, outcome, profile, train, register_as=f"hetflow-{dataset.source}")
     print(f"{variant}: {metrics['throughput_samples_per_s']:.0f} samples/s, "
           f"accuracy {metrics.get('final_accuracy', float('nan')):.3f}, {wall:.0f}s with launch")
     return outcome
 
 
+def record_outcome(tracker: MLflowTracker, outcome: TrainOutcome, profile: Profile,
+                   train: TrainConfig, register_as: str) -> None:
+    """Figures, series, profile, plan and plots; the trained model (registered as `register_as`
+    when the variant is `optimized` and met the target accuracy); then the run is FINISHED."""
+    import numpy as np
+
+    tracker.record_training(outcome, profile)
+    model = _trained_model(Path(outcome.run_dir), train)
+    if model is not None:
+        accuracy = outcome.metrics.get("final_accuracy", 0.0)
+        register = (outcome.variant == "optimized" and train.target_accuracy is not None
+                    and accuracy >= train.target_accuracy)
+        example = np.zeros((1, 64), dtype=np.float32)  # a digits image, flattened
+        tracker.log_model(outcome.run_id, model, example, register_as if register else None)
+    tracker.finish(outcome.run_id)
+
+
+def _trained_model(run_dir: Path, train: TrainConfig):
+    """The model the workers saved in `run_dir/model.pt`, in eval mode; None if there is none."""
+    import torch
+
+    from hetflow.training.models import build_model
+
+    state = run_dir / "model.pt"
+    if not state.exists():
+        return None
+    model = build_model(train.model)
+    model.load_state_dict(torch.load(state))
+    model.eval()
+    return model
+
+
 def cost_metrics(cluster: ClusterSpec, metrics: dict, train: TrainConfig, catalog: Catalog | None,
                  epoch_samples: int | None) -> dict[str, float]:
-    """`cost_usd`, `cost_per_epoch_usd` and `rank{i}/cost_usd` of the training loop's wall time
-    (price x instance-hours, a GPU instance's price shared by its GPUs), when the workers name
-    EC2 instance types; nothing for workers that name none (a local emulation has no price)."""
+    """`cost_usd`, `cost_per_epoch_usd` and `rank{i}/cost_usd` of the training loop's time
+    (`train_loop_s`; price x instance-hours, a GPU instance's price shared by its GPUs), when
+    the workers name EC2 instance types; nothing for workers that name none (a local emulation
+    has no price)."""
     if catalog is None or not catalog.types:
         return {}
     epochs = metrics["steps"] * train.global_batch / epoch_samples if epoch_samples else None
-    cost = cost_usd(cluster, metrics["wall_time_s"], catalog, epochs=epochs)
+    cost = cost_usd(cluster, metrics["train_loop_s"], catalog, epochs=epochs)
     out = {"cost_usd": cost["total_usd"]}
     if cost.get("per_epoch_usd") is not None:
         out["cost_per_epoch_usd"] = cost["per_epoch_usd"]
@@ -112,7 +137,7 @@ def _progress_reporter(variant: str, steps: int):
             else:
                 update_progress_artifact(state["id"], pct)
             state["last"] = pct
-        except Exception as e:  # progress is a courtesy: never fail training over it
+        except Exception as e:  # noqa: BLE001 -- a courtesy: never fail training over it
             print(f"progress artifact not updated: {type(e).__name__}")
 
     return report

@@ -57,13 +57,14 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
     from mlflow import MlflowClient
 
     from hetflow.flows.train import train
-    from hetflow.tasks.tracking import client_for
+    from hetflow.infra.tracking.tracker import MLflowTracker
 
     dataset = DatasetSpec(url="s3://hetflow-flow-retry/digits", cache_dir=str(tmp_path / "cache"))
     types = ["g4dn.xlarge", "g4dn.xlarge", "p3dn.24xlarge", "g5.xlarge"]  # T4, T4, V100, A10G
     cluster = ClusterSpec.model_validate({"name": "ec2-mix", "time_scale": 2.0, "workers": [
         {"name": f"w{i}", "instance_type": t} for i, t in enumerate(types)]})
-    cfg = TrainConfig(model="mlp", global_batch=64, steps=STEPS, checkpoint_every=EVERY, eval_every=10)
+    cfg = TrainConfig.variant("optimized", model="mlp", global_batch=64, steps=STEPS,
+                              checkpoint_every=EVERY, eval_every=10)
     killed: list = []
     stop = threading.Event()
     watcher = threading.Thread(target=_kill_job_when_it_reaches, args=(KILL_AT, hetflow_home, killed, stop),
@@ -82,7 +83,7 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
     # killed at step >= KILL_AT: a start from zero would redo more than EVERY steps
     assert 0 <= m["steps_redone"] <= EVERY  # bounded by the checkpoint interval
 
-    client: MlflowClient = client_for(TrackingConfig())
+    client: MlflowClient = MLflowTracker(TrackingConfig()).client
     runs = client.search_runs([client.get_experiment_by_name("hetflow").experiment_id],
                               filter_string="tags.variant = 'optimized'")
     assert [r.info.run_id for r in runs] == [out["run_id"]]  # the retry completed the same run
@@ -94,7 +95,7 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
     assert batches[3] == max(batches) and batches[0] == min(batches), batches
     # cost: price x the training loop's hours, a p3dn's price shared by its 8 GPUs
     catalog = Catalog.for_cluster(cluster)
-    hours = run.data.metrics["wall_time_s"] / 3600
+    hours = run.data.metrics["train_loop_s"] / 3600
     for i, t in enumerate(types):
         share = catalog.price(t) / catalog.info(t).devices
         assert run.data.metrics[f"rank{i}/cost_usd"] == pytest.approx(share * hours, rel=1e-6)

@@ -109,9 +109,9 @@ def test_profile_flow_resolves_instance_types_stores_history_and_flags_drift(
     from mlflow.tracking import MlflowClient
 
     from hetflow.config import TrackingConfig
-    from hetflow.tasks.tracking import tracking_uri
+    from hetflow.infra.tracking.tracker import MLflowTracker
 
-    client = MlflowClient(tracking_uri(TrackingConfig()))
+    client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
     run = client.get_run(out["mlflow_run_id"])
     assert run.data.tags["variant"] == "profile" and run.data.tags["cluster"] == "g4dn-g5"
     assert run.data.metrics["rank2/relative_speed"] == pytest.approx(0.7)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.records import Plan
+from hetflow.records import Plan, RunResult
 from hetflow.training.checkpoint import CheckpointStore
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
@@ -63,7 +63,7 @@ def test_sigkilled_worker_resumes_from_checkpoint_and_finishes(digits, tmp_path,
     os.kill(victim, signal.SIGKILL)
     thread.join(timeout=240)
 
-    m = summarize(outcome["result"], 64, None)
+    m = summarize(RunResult.model_validate(outcome["result"]), 64, None)
     assert m["steps"] == STEPS
     assert m["restarts"] >= 1
     assert 1 <= m["steps_redone"] <= EVERY

@@ -43,7 +43,7 @@ def test_fake_credentials_appear_in_no_record(s3, monkeypatch, tmp_path, hetflow
     state = train(
         cluster=ClusterSpec.from_speeds([1, 2], time_scale=2.0),
         dataset=DatasetSpec(url="s3://hetflow-secrets/digits", cache_dir=str(tmp_path / "cache")),
-        train=TrainConfig(model="mlp", steps=12, global_batch=32, eval_every=4),
+        train=TrainConfig.variant("optimized", model="mlp", steps=12, global_batch=32, eval_every=4),
         tracking=TrackingConfig(experiment="secrets"),
         return_state=True,
     )

@@ -225,12 +225,13 @@ def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack):
     assert sum(s["samples"] for s in manifest["splits"].values()) == 1797  # scikit-learn's digits
 
 
-RUN_METRICS = ["throughput_samples_per_s", "wall_time_s", "final_accuracy", "comm_bytes_total",
+RUN_METRICS = ["throughput_samples_per_s", "train_loop_s", "final_accuracy", "comm_bytes_total",
                "comm_bytes_per_step", "data_wait_fraction", "s3_bytes_read", "cache_hit_ratio",
                "straggler_idle_fraction", "tracking_overhead_fraction"]
 FRACTIONS = ["data_wait_fraction", "cache_hit_ratio", "straggler_idle_fraction", "final_accuracy",
              "tracking_overhead_fraction"]
 SMALL = {"model": "mlp", "steps": 20, "eval_every": 10, "global_batch": 64}
+SMALL_OPTIMIZED = {**SMALL, "schedule": "dynamic", "compression": "auto"}  # the optimized preset
 
 
 def _wait_final(client, run_ids, deadline_s: float) -> dict:
@@ -256,7 +257,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(stack,
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    from hetflow.tasks.report import fmt
+    from hetflow.infra.tracking.report import fmt
 
     ex = stack["exports"]
     env = {**stack["env"], **ex, "PREFECT_WORKER_QUERY_SECONDS": "2"}
@@ -266,7 +267,8 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(stack,
         compare = client.create_flow_run_from_deployment(
             deps["compare"].id, parameters={"dataset": dataset, "train": SMALL})
         trains = [client.create_flow_run_from_deployment(
-            deps["train"].id, parameters={"dataset": dataset, "train": SMALL, "variant": "optimized"})
+            deps["train"].id, parameters={"dataset": dataset, "train": SMALL_OPTIMIZED,
+                                          "variant": "optimized"})
             for _ in range(2)]
         log = (tmp_path / "worker.log").open("w")
         worker = subprocess.Popen(

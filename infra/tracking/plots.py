@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
+
+from hetflow.records import StepRecord
 
 PARTS = (("data_s", "data wait", "#9e9e9e"), ("compute_s", "compute", "#2e7d32"),
          ("comm_s", "communication", "#1565c0"), ("idle_s", "idle", "#ef6c00"))
 
 
-def timeline(rank_records: list[list[dict]], path: Path, last_steps: int = 12, title: str = "") -> Path:
+def timeline(rank_records: Sequence[Sequence[StepRecord]], path: Path, last_steps: int = 12,
+             title: str = "") -> Path:
     """One row per rank: what each of the last steps was spent on, in wall-clock order."""
     fig, ax = plt.subplots(figsize=(10, 0.6 * len(rank_records) + 1.5))
     for r, records in enumerate(rank_records):
         t = 0.0
         for rec in records[-last_steps:]:
             for key, _, color in PARTS:
-                width = max(rec.get(key, 0.0), 0.0)
+                width = max(getattr(rec, key), 0.0)
                 ax.broken_barh([(t, width)], (r - 0.4, 0.8), facecolors=color)
                 t += width
     ax.set_yticks(range(len(rank_records)), [f"rank {r}" for r in range(len(rank_records))])
@@ -33,7 +37,7 @@ def timeline(rank_records: list[list[dict]], path: Path, last_steps: int = 12, t
     return _save(fig, path)
 
 
-def step_series(series: list[dict], path: Path, title: str = "") -> Path:
+def step_series(series: Sequence[Mapping[str, float]], path: Path, title: str = "") -> Path:
     """Step time and per-rank local batch over the run: how the plan evolved."""
     steps = [row["step"] for row in series]
     fig, (a, b) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
@@ -48,16 +52,18 @@ def step_series(series: list[dict], path: Path, title: str = "") -> Path:
     return _save(fig, path)
 
 
-def busy_comparison(baseline: dict, optimized: dict, path: Path) -> Path:
+def busy_comparison(baseline: Mapping[str, float], optimized: Mapping[str, float],
+                    path: Path) -> Path:
     """Per-rank busy fraction, baseline vs optimized."""
     ranks = sorted({int(k[4:].split("/")[0]) for k in baseline if k.endswith("/busy_fraction")})
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.38
-    ax.bar([r - width / 2 for r in ranks], [baseline[f"rank{r}/busy_fraction"] for r in ranks], width, label="baseline")
-    ax.bar([r + width / 2 for r in ranks], [optimized[f"rank{r}/busy_fraction"] for r in ranks], width, label="optimized")
+    for sign, label, metrics in ((-1, "baseline", baseline), (1, "optimized", optimized)):
+        busy = [metrics[f"rank{r}/busy_fraction"] for r in ranks]
+        ax.bar([r + sign * width / 2 for r in ranks], busy, width, label=label)
     ax.set_xticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylim(0, 1)
-    ax.set_ylabel("busy fraction (compute / wall)")
+    ax.set_ylabel("busy fraction (compute / training time)")
     ax.legend()
     ax.set_title("per-rank busy fraction")
     return _save(fig, path)

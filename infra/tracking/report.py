@@ -1,4 +1,4 @@
-"""The side-by-side table of two runs: the same rows in the terminal, Prefect and MLflow."""
+"""The side-by-side table of two runs (pure): the same rows in the terminal, Prefect and MLflow."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import math
 
 HEADLINE = [
     "throughput_samples_per_s",
-    "wall_time_s",
+    "train_loop_s",
     "time_to_target_s",
     "final_accuracy",
     "comm_bytes_total",
     "comm_bytes_per_step",
-    "compute_fraction",
+    "busy_fraction",
     "comm_fraction",
     "straggler_idle_fraction",
     "data_wait_fraction",
@@ -37,12 +37,14 @@ def comparison(baseline: dict[str, float], optimized: dict[str, float]) -> dict:
 
 
 def change_pct(a: float | None, b: float | None) -> float | None:
+    """b's change from a in percent; None where a is missing, zero or not finite."""
     if a is None or b is None or a == 0 or not math.isfinite(a):
         return None
     return (b - a) / abs(a) * 100
 
 
 def fmt(v: float | None) -> str:
+    """A cell: '-' if missing; 3 decimals below 100, whole from 100, scientific from 1e6."""
     if v is None:
         return "-"
     if abs(v) >= 1e6:
@@ -53,6 +55,7 @@ def fmt(v: float | None) -> str:
 
 
 def rows(table: dict) -> list[tuple[str, str, str, str]]:
+    """(metric, baseline, optimized, change) as text, in the table's order."""
     out = []
     for k in table["baseline"]:
         a, b = table["baseline"][k], table["optimized"][k]
@@ -62,6 +65,7 @@ def rows(table: dict) -> list[tuple[str, str, str, str]]:
 
 
 def markdown(table: dict, title: str = "baseline vs optimized") -> str:
-    lines = [f"### {title}", "", "| metric | baseline | optimized | change |", "|---|---:|---:|---:|"]
+    lines = [f"### {title}", "", "| metric | baseline | optimized | change |",
+             "|---|---:|---:|---:|"]
     lines += [f"| {m} | {a} | {b} | {c} |" for m, a, b, c in rows(table)]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,243 @@
+"""MLflow: one run per training run, a parent run per comparison, one per profile.
+
+`MLflowTracker` is the only writer and reader of MLflow in hetflow, used by the driver (tasks,
+flows, CLI). The ranks return their figures to the flow, which has them written after
+training, so that writing never stalls a training step. The tracking URI: the config's, else
+`MLFLOW_TRACKING_URI`, else a SQLite file under HETFLOW_HOME (its artifacts beside it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import contextmanager
+from functools import cached_property
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+from prefect import runtime
+from pydantic import BaseModel
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
+from hetflow.infra.paths import home
+from hetflow.infra.tracking import plots
+from hetflow.records import Plan, TrainOutcome
+
+METRICS_PER_BATCH = 500  # MLflow accepts up to 1000 metrics per log_batch call
+PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch call
+PARAM_CHARS = 6000  # MLflow's limit on a param value's length
+
+Draw = Callable[[Path], object]  # draws a figure into the file it is given
+
+
+def flatten(prefix: str, value) -> dict[str, str]:
+    """A nested config as MLflow params: `cluster.workers.0.speed` -> '1.0' (lists as JSON)."""
+    if isinstance(value, dict):
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            out.update(flatten(f"{prefix}.{k}" if prefix else str(k), v))
+        return out
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return {f"{prefix}.{i}.{k}": v for i, item in enumerate(value)
+                for k, v in flatten("", item).items()}
+    return {prefix: json.dumps(value) if isinstance(value, list) else str(value)}
+
+
+class MLflowTracker:
+    """Runs in one MLflow experiment (`TrackingConfig.experiment`), created on first use.
+
+    Every run is tagged `variant` (also its name), `cluster`, `dataset` and, inside a Prefect
+    flow run, `prefect_flow_run_id` (and `prefect_flow_run_url` when a Prefect API is set).
+    """
+
+    def __init__(self, config: TrackingConfig):
+        self.config = config
+        self.tracking_uri = (config.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+                             or f"sqlite:///{home() / 'mlflow.db'}")
+
+    @cached_property
+    def client(self) -> MlflowClient:
+        """The MLflow client (made on first use; also sets mlflow's global tracking URI, which
+        `log_model` and system metrics write through)."""
+        mlflow.set_tracking_uri(self.tracking_uri)
+        return MlflowClient(self.tracking_uri)
+
+    def experiment_id(self) -> str:
+        exp = self.client.get_experiment_by_name(self.config.experiment)
+        if exp is not None:
+            return exp.experiment_id
+        location = None
+        if self.tracking_uri.startswith("sqlite:"):
+            location = (home() / "mlartifacts").as_uri()
+        return self.client.create_experiment(self.config.experiment, artifact_location=location)
+
+    @staticmethod
+    def flow_run_tags() -> dict[str, str]:
+        """The Prefect flow run this code runs in, as MLflow tags; none outside a flow run."""
+        tags = {}
+        run_id = runtime.flow_run.id
+        if run_id:
+            tags["prefect_flow_run_id"] = str(run_id)
+            url = runtime.flow_run.ui_url
+            if url and os.environ.get("PREFECT_API_URL"):
+                tags["prefect_flow_run_url"] = url
+        return tags
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    def start_run(self, variant: str, cluster: ClusterSpec, dataset: DatasetSpec,
+                  parent_run_id: str | None = None) -> str:
+        """A new run named `variant`, with the tags above (and a parent, if given); its id."""
+        tags = {"variant": variant, "cluster": cluster.name, "dataset": dataset.url,
+                **self.flow_run_tags()}
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id(), run_name=variant, tags=tags)
+        return run.info.run_id
+
+    def open_variant_run(self, variant: str, cluster: ClusterSpec, dataset: DatasetSpec,
+                         train: TrainConfig, plan: Plan, run_dir: Path,
+                         parent_run_id: str | None = None) -> str:
+        """The variant's run, created before training (so that system metrics land in it) with
+        the job as params, or the one a previous attempt of the same flow run created: its id
+        is kept in `run_dir/mlflow_run_id`."""
+        marker = run_dir / "mlflow_run_id"
+        if marker.exists():
+            return marker.read_text().strip()
+        rid = self.start_run(variant, cluster, dataset, parent_run_id)
+        self.log_params(rid, {
+            **flatten("cluster", cluster.model_dump()),
+            **flatten("dataset", dataset.model_dump()),
+            **flatten("train", train.model_dump()),
+            **flatten("plan", plan.model_dump(mode="json")),
+        })
+        marker.write_text(rid)
+        return rid
+
+    def start_comparison(self, cluster: ClusterSpec, dataset: DatasetSpec) -> str:
+        """The parent run of a comparison (variant `compare`); the variants are its children."""
+        return self.start_run("compare", cluster, dataset)
+
+    def finish(self, run_id: str) -> None:
+        """Mark the run FINISHED."""
+        self.client.set_terminated(run_id)
+
+    def read_metrics(self, run_id: str) -> tuple[str, dict[str, float]]:
+        """(the run's `variant` tag, or its id's first 8 characters; its latest metrics)."""
+        run = self.client.get_run(run_id)
+        return run.data.tags.get("variant", run_id[:8]), dict(run.data.metrics)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
+        """Params in batches, each value cut to MLflow's limit."""
+        items = [Param(k, v[:PARAM_CHARS]) for k, v in params.items()]
+        for i in range(0, len(items), PARAMS_PER_BATCH):
+            self.client.log_batch(run_id, params=items[i : i + PARAMS_PER_BATCH])
+
+    def log_metrics(self, run_id: str, values: Mapping[str, float], step: int = 0) -> None:
+        """Metrics, all at one step, in batches."""
+        now_ms = int(time.time() * 1000)
+        self._log_points(run_id, [Metric(k, float(v), now_ms, step) for k, v in values.items()])
+
+    def log_series(self, run_id: str, rows: Iterable[Mapping[str, float]]) -> None:
+        """Per-step metrics: each row holds `step` and the metrics at that step."""
+        now_ms = int(time.time() * 1000)
+        points = [Metric(k, float(v), now_ms, int(row["step"]))
+                  for row in rows for k, v in row.items() if k != "step"]
+        self._log_points(run_id, points)
+
+    def _log_points(self, run_id: str, points: list[Metric]) -> None:
+        for i in range(0, len(points), METRICS_PER_BATCH):
+            self.client.log_batch(run_id, metrics=points[i : i + METRICS_PER_BATCH])
+
+    def log_json(self, run_id: str, name: str, data) -> None:
+        """`data` (pydantic models as their JSON) as the artifact `name`."""
+        if isinstance(data, BaseModel):
+            data = data.model_dump(mode="json")
+        self.log_text(run_id, name, json.dumps(data, indent=1, default=str))
+
+    def log_text(self, run_id: str, name: str, text: str) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / name
+            path.write_text(text)
+            self.client.log_artifact(run_id, str(path))
+
+    def log_plots(self, run_id: str, figures: Mapping[str, Draw],
+                  artifact_path: str = "plots") -> None:
+        """Each figure drawn into a file of its name, logged under `artifact_path`."""
+        with tempfile.TemporaryDirectory() as d:
+            for name, draw in figures.items():
+                draw(Path(d) / name)
+                self.client.log_artifact(run_id, str(Path(d) / name), artifact_path=artifact_path)
+
+    def log_model(self, run_id: str, model, input_example,
+                  registered_name: str | None = None) -> None:
+        """A torch model as the run's logged model `model` (registered under `registered_name`
+        if given), pinned to this torch release."""
+        import mlflow.pytorch
+        import torch
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+        with mlflow.start_run(run_id=run_id):
+            mlflow.pytorch.log_model(
+                model, name="model", input_example=input_example,
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                registered_model_name=registered_name,
+            )
+
+    @contextmanager
+    def system_metrics(self, run_id: str, interval_s: float = 2.0):
+        """MLflow's own CPU/memory (and GPU where present) sampling into the run, tagged by node."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        mlflow.set_tracking_uri(self.tracking_uri)  # the monitor logs through mlflow's global URI
+        mlflow.system_metrics.set_system_metrics_node_id(socket.gethostname())
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s,
+                                       samples_before_logging=1)
+        monitor.start()
+        try:
+            yield
+        finally:
+            monitor.finish()
+
+    # -- what hetflow's runs hold -------------------------------------------------------------
+
+    def record_training(self, outcome: TrainOutcome, profile) -> None:
+        """A trained variant's figures (at the final step: per-rank names double as per-step
+        series, and MLflow shows a metric's value at its highest step), per-step series, test
+        accuracy, the profile and plan history as JSON, and its plots. Leaves the run open."""
+        rid, lead = outcome.run_id, outcome.result.lead
+        self.log_metrics(rid, outcome.metrics, step=int(outcome.metrics["steps"]))
+        self.log_series(rid, [*outcome.series,
+                              *({"step": e.step, "test_accuracy": e.accuracy} for e in lead.evals)])
+        self.client.set_tag(rid, "compression_reason", outcome.plan.compression_reason)
+        self.log_json(rid, "profile.json", profile)
+        self.log_json(rid, "plan.json", {
+            "initial": outcome.plan.model_dump(mode="json"),
+            "plans": [p.model_dump(mode="json") for p in lead.plans],
+            "replans": lead.replans,
+        })
+        ranks = sorted(outcome.result.ranks, key=lambda r: r.rank)
+        title = outcome.variant
+        self.log_plots(rid, {
+            "timeline.png": lambda p: plots.timeline([r.records for r in ranks], p,
+                                                     title=f"{title}: per-rank timeline"),
+            "steps.png": lambda p: plots.step_series(outcome.series, p,
+                                                     title=f"{title}: step time and plan"),
+        })
+
+    def finish_comparison(self, run_id: str, table: dict, markdown: str,
+                          baseline: Mapping[str, float], optimized: Mapping[str, float]) -> None:
+        """The comparison's table (JSON and markdown) and busy-fraction plot; then FINISHED."""
+        self.log_json(run_id, "comparison.json", table)
+        self.log_plots(run_id, {"busy_fraction.png":
+                                lambda p: plots.busy_comparison(baseline, optimized, p)})
+        self.log_text(run_id, "comparison.md", markdown)
+        self.finish(run_id)

@@ -1,0 +1,63 @@
+"""The train flow trains with the TrainConfig it is given (the Prefect form's "Batch schedule"
+and "Gradient communication" included); `hetflow train --variant` applies the preset first."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
+from hetflow.flows.train import run_label
+
+
+def test_run_label_names_a_preset_or_the_schedule_and_compression():
+    assert run_label(TrainConfig.variant("baseline", steps=7)) == "baseline"
+    assert run_label(TrainConfig.variant("optimized", model="mlp")) == "optimized"
+    assert run_label(TrainConfig(schedule="equal", compression="fp16")) == "equal+fp16"
+    assert run_label(TrainConfig()) == "dynamic+none"  # the form's defaults are no preset
+
+
+@pytest.mark.parametrize("variant", ["baseline", "optimized"])
+def test_cli_train_applies_the_variant_preset(variant, monkeypatch):
+    import hetflow.flows.train
+    from hetflow.cli import main
+
+    seen = {}
+
+    def fake_flow(**kw):
+        seen.update(kw)
+        return {"run_id": "r", "metrics": {}}
+
+    monkeypatch.setattr(hetflow.flows.train, "train", fake_flow)
+    assert main(["train", "--variant", variant, "--steps", "7", "--model", "mlp"]) == 0
+    assert seen["train"] == TrainConfig.variant(variant, steps=7, model="mlp")
+    assert seen["variant"] == variant
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_schedule_and_compression_from_the_train_parameter_are_what_runs(
+    s3, prefect_harness, tmp_path
+):
+    from mlflow.tracking import MlflowClient
+
+    from hetflow.flows.train import train
+    from hetflow.infra.tracking.tracker import MLflowTracker
+
+    cfg = TrainConfig(model="mlp", steps=4, global_batch=32, eval_every=2, schedule="equal",
+                      compression="fp16")
+    out = train(
+        cluster=ClusterSpec.from_speeds([1, 4], time_scale=2.0),
+        dataset=DatasetSpec(url="s3://hetflow-train-form/digits", cache_dir=str(tmp_path / "cache")),
+        train=cfg,
+        tracking=TrackingConfig(),
+    )
+    # speeds 1 and 4: any schedule but 'equal' would give rank 1 the larger share
+    assert out["metrics"]["rank0/local_batch"] == out["metrics"]["rank1/local_batch"] == 16
+
+    run = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri).get_run(out["run_id"])
+    params, tags = run.data.params, run.data.tags
+    assert params["train.schedule"] == "equal" and params["train.compression"] == "fp16"
+    assert params["plan.local_batches"] == "[16, 16]"
+    assert params["plan.compression.name"] == "fp16"
+    assert tags["compression_reason"] == "set in the train config"
+    assert tags["variant"] == "equal+fp16" and run.info.run_name == "equal+fp16"
