@@ -321,16 +321,16 @@ def seed_profile(cluster: ClusterSpec, catalog: Catalog) -> Profile:
     return Profile(cluster=cluster.name, model="", ranks=ranks, profiling_time_s=0.0)
 
 
-def cost_usd(cluster: ClusterSpec, wall_time_s: float, catalog: Catalog,
+def cost_usd(cluster: ClusterSpec, duration_s: float, catalog: Catalog,
              epochs: float | None = None) -> dict:
-    """What a run of `wall_time_s` costs: by worker, in total, per hour and per epoch.
+    """What a run of `duration_s` costs: by worker, in total, per hour and per epoch.
 
     A worker that names no instance type (local emulation) costs nothing and is listed under
     `unpriced`. `per_epoch_usd` is total / epochs when the number of epochs is given (> 0).
     """
-    if not (math.isfinite(wall_time_s) and wall_time_s >= 0):
-        raise CatalogError(f"wall_time_s: must be a finite number >= 0 (got {wall_time_s})")
-    hours = wall_time_s / 3600
+    if not (math.isfinite(duration_s) and duration_s >= 0):
+        raise CatalogError(f"duration_s: must be a finite number >= 0 (got {duration_s})")
+    hours = duration_s / 3600
     by_worker: dict[str, float] = {}
     unpriced: list[str] = []
     per_hour = 0.0
@@ -347,7 +347,7 @@ def cost_usd(cluster: ClusterSpec, wall_time_s: float, catalog: Catalog,
         "by_worker": by_worker,
         "total_usd": total,
         "usd_per_hour": per_hour,
-        "wall_time_s": wall_time_s,
+        "duration_s": duration_s,
         "unpriced": unpriced,
         "price_source": f"{catalog.prices.source} (as of {catalog.prices.as_of})",
     }

@@ -138,5 +138,5 @@ def test_cost_by_worker_total_and_per_epoch(catalog):
     assert "as of" in cost["price_source"]
     local = cost_usd(ClusterSpec.from_speeds([1, 2]), 60, catalog)
     assert local["total_usd"] == 0 and local["unpriced"] == ["w0", "w1"]
-    with pytest.raises(CatalogError, match="wall_time_s"):
+    with pytest.raises(CatalogError, match="duration_s"):
         cost_usd(cluster, -1, catalog)
