@@ -60,8 +60,11 @@ WORLD = 4
 
 # The survey table the issue quotes (Xu et al., "Compressed communication for distributed deep
 # learning: survey and quantitative evaluation"), for reference next to ours.
-LITERATURE = [("top-1% sparsification", "100x", "0.3"), ("8-bit quantization", "4x", "0.1"),
-              ("1-bit quantization", "32x", "0.5")]
+LITERATURE = [
+    ("top-1% sparsification", "100x", "0.3"),
+    ("8-bit quantization", "4x", "0.1"),
+    ("1-bit quantization", "32x", "0.5"),
+]
 
 
 def parse_methods(text: str) -> list[CompressionMethod]:
@@ -97,7 +100,9 @@ def method_metrics(result: dict, global_batch: int, skip: int) -> dict:
         return sum(r[key] for r in recs) / len(recs)
 
     per_rank_steady = [sum(r["bytes_sent"] for r in rk["records"][skip:]) / n for rk in ranks]
-    per_rank_run = [sum(r["bytes_sent"] for r in rk["records"]) / len(rk["records"]) for rk in ranks]
+    per_rank_run = [
+        sum(r["bytes_sent"] for r in rk["records"]) / len(rk["records"]) for rk in ranks
+    ]
     last = len(lead) - 1
     final_loss = sum(rk["records"][last]["loss_sum"] for rk in ranks) / global_batch
     evals = ranks[0]["evals"]
@@ -136,8 +141,12 @@ def paired_cuts(results: dict[str, dict], method: str) -> list[float]:
     method back to back, so a slow spell of the host weighs on both sides of a pair."""
     if "none" not in results or method not in results:
         return []
-    return [1 - m / n for m, n in zip(results[method]["step_time_s_runs"],
-                                      results["none"]["step_time_s_runs"], strict=True)]
+    return [
+        1 - m / n
+        for m, n in zip(
+            results[method]["step_time_s_runs"], results["none"]["step_time_s_runs"], strict=True
+        )
+    ]
 
 
 def finish(results: dict[str, dict], none_bytes: float) -> None:
@@ -145,7 +154,9 @@ def finish(results: dict[str, dict], none_bytes: float) -> None:
     base = results.get("none")
     base_bytes = base["bytes_per_step"] if base else none_bytes
     for r in results.values():
-        r["compression_ratio"] = base_bytes / r["bytes_per_step"] if r["bytes_per_step"] else float("inf")
+        r["compression_ratio"] = (
+            base_bytes / r["bytes_per_step"] if r["bytes_per_step"] else float("inf")
+        )
         if base and r["final_accuracy"] is not None and base["final_accuracy"] is not None:
             r["accuracy_delta_pp"] = 100 * (r["final_accuracy"] - base["final_accuracy"])
             r["step_time_vs_none"] = r["step_time_s"] / base["step_time_s"]
@@ -156,43 +167,86 @@ def finish(results: dict[str, dict], none_bytes: float) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hetflow bench comm", description=__doc__.splitlines()[0])
-    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list (default {DEFAULT_METHODS})")
-    p.add_argument("--link-gbps", type=float, default=1.0, dest="link_gbps",
-                   help="emulated link bandwidth per worker, Gbit/s; 0 = loopback (default 1)")
-    p.add_argument("--latency-ms", type=float, default=0.0, dest="latency_ms",
-                   help="emulated latency per collective, ms (default 0)")
-    p.add_argument("--steps", type=int, default=59,
-                   help="optimizer steps per method (default 59: local SGD with H=4 and 10 warm-up "
-                        "steps then ends on an averaging step)")
-    p.add_argument("--model", default="wide_mlp", help="mlp | cnn | wide_mlp (default wide_mlp, 4.3M params)")
+    p.add_argument(
+        "--methods", default=DEFAULT_METHODS, help=f"comma list (default {DEFAULT_METHODS})"
+    )
+    p.add_argument(
+        "--link-gbps",
+        type=float,
+        default=1.0,
+        dest="link_gbps",
+        help="emulated link bandwidth per worker, Gbit/s; 0 = loopback (default 1)",
+    )
+    p.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        dest="latency_ms",
+        help="emulated latency per collective, ms (default 0)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=59,
+        help="optimizer steps per method (default 59: local SGD with H=4 and 10 warm-up "
+        "steps then ends on an averaging step)",
+    )
+    p.add_argument(
+        "--model", default="wide_mlp", help="mlp | cnn | wide_mlp (default wide_mlp, 4.3M params)"
+    )
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeat", type=int, default=1,
-                   help="rounds of runs (every method once per round); times are the medians and "
-                        "the chosen method's cut against none is given per round (default 1)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of runs (every method once per round); times are the medians and "
+        "the chosen method's cut against none is given per round (default 1)",
+    )
     p.add_argument("--json", dest="json_path")
     p.add_argument("--work-dir", dest="work_dir", help="keep run directories (logs, results) here")
     return p
 
 
-def _train_method(method: CompressionMethod, round_: int, base: TrainConfig, cluster: ClusterSpec,
-                  dataset, tmp: str, skip: int) -> dict:
+def _train_method(
+    method: CompressionMethod,
+    round_: int,
+    base: TrainConfig,
+    cluster: ClusterSpec,
+    dataset,
+    tmp: str,
+    skip: int,
+) -> dict:
     """One training run of `method` (round `round_`) and its figures, timed from after its
     warm-up."""
     label = str(method)  # the method's key in the JSON and the table
     cfg = base.model_copy(update={"compression": label})
-    spec = RunSpec(run_name=f"comm-{_slug(method)}", variant=label, cluster=cluster,
-                   dataset=dataset, train=cfg,
-                   plan=Plan(local_batches=equal_batches(WORLD, cfg.global_batch),
-                             compression=method, compression_reason="hetflow bench comm"),
-                   run_dir=f"{tmp}/{_slug(method)}-{round_}")
+    spec = RunSpec(
+        run_name=f"comm-{_slug(method)}",
+        variant=label,
+        cluster=cluster,
+        dataset=dataset,
+        train=cfg,
+        plan=Plan(
+            local_batches=equal_batches(WORLD, cfg.global_batch),
+            compression=method,
+            compression_reason="hetflow bench comm",
+        ),
+        run_dir=f"{tmp}/{_slug(method)}-{round_}",
+    )
     res, wall = run_workers(spec)
     timed_from = min(max(skip, method_warmup_steps(method)), max(1, cfg.steps - 1))
-    r = {**method_metrics(res, cfg.global_batch, timed_from), "wall_s": wall,
-         "timed_from_step": timed_from}
-    print(f"{label}: {r['bytes_per_step'] / 1e6:.3f} MB/step, step {r['step_time_s'] * 1e3:.0f} ms "
-          f"(comm {r['comm_time_s'] * 1e3:.0f} ms), accuracy {r['final_accuracy']:.4f}, "
-          f"{wall:.0f}s", flush=True)
+    r = {
+        **method_metrics(res, cfg.global_batch, timed_from),
+        "wall_s": wall,
+        "timed_from_step": timed_from,
+    }
+    print(
+        f"{label}: {r['bytes_per_step'] / 1e6:.3f} MB/step, step {r['step_time_s'] * 1e3:.0f} ms "
+        f"(comm {r['comm_time_s'] * 1e3:.0f} ms), accuracy {r['final_accuracy']:.4f}, "
+        f"{wall:.0f}s",
+        flush=True,
+    )
     return r
 
 
@@ -207,9 +261,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         raise ConfigError(f"--repeat: must be >= 1 (got {args.repeat})")
     cluster = link_cluster(args.link_gbps, args.latency_ms)
-    knobs = {"model": args.model, "steps": args.steps, "global_batch": args.global_batch, "seed": args.seed,
-             "schedule": "equal", "compression": "none", "rebalance_every": args.steps,
-             "eval_every": args.steps, "target_accuracy": None}
+    knobs = {
+        "model": args.model,
+        "steps": args.steps,
+        "global_batch": args.global_batch,
+        "seed": args.seed,
+        "schedule": "equal",
+        "compression": "none",
+        "rebalance_every": args.steps,
+        "eval_every": args.steps,
+        "target_accuracy": None,
+    }
     knobs["checkpoint_every"] = args.steps  # no checkpoint inside the timed run
     base = validated(TrainConfig, knobs, "train")
     check_job(cluster, base)
@@ -218,13 +280,24 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     rounds: dict[str, list[dict]] = {}
     with digits_workspace("comm-digits", args.work_dir) as (tmp, dataset):
-        measured, wall = run_workers(RunSpec(run_name="comm-profile", variant="profile",
-                                             mode="profile", cluster=cluster, dataset=dataset,
-                                             train=base, run_dir=f"{tmp}/profile"))
+        measured, wall = run_workers(
+            RunSpec(
+                run_name="comm-profile",
+                variant="profile",
+                mode="profile",
+                cluster=cluster,
+                dataset=dataset,
+                train=base,
+                run_dir=f"{tmp}/profile",
+            )
+        )
         profile = Profile.from_result(measured, cluster, base.model, profiling_time_s=wall)
         share = profile.comm_share()
         chosen, reason = choose_compression(share)
-        print(f"profile: communication is {share:.0%} of a step -> auto picks {chosen} ({reason})", flush=True)
+        print(
+            f"profile: communication is {share:.0%} of a step -> auto picks {chosen} ({reason})",
+            flush=True,
+        )
         runs = methods + ([chosen] if chosen not in methods else [])
         for round_ in range(args.repeat):
             for method in runs:
@@ -239,8 +312,11 @@ def main(argv: list[str] | None = None) -> int:
         "chosen": picked,
         "chosen_reason": reason,
         "profile_comm_share": share,
-        "chosen_step_time_cut": (1 - results[picked]["step_time_vs_none"]
-                                 if results[picked].get("step_time_vs_none") is not None else None),
+        "chosen_step_time_cut": (
+            1 - results[picked]["step_time_vs_none"]
+            if results[picked].get("step_time_vs_none") is not None
+            else None
+        ),
         "chosen_step_time_cut_runs": paired_cuts(results, picked),
         "repeat": args.repeat,
         "link_gbps": args.link_gbps or None,
@@ -269,24 +345,45 @@ def _print(out: dict) -> None:
 
     link = f"{out['link_gbps']:g} Gbit/s" if out["link_gbps"] else "loopback"
     console = wide_console(150)
-    t = Table(title=f"{out['model']} ({out['params'] / 1e6:.2f}M params), {out['world']} ranks, {link}, "
-                    f"latency {out['latency_ms']:g} ms, {out['steps']} steps "
-                    f"(times and bytes from step {out['timed_from_step']}, top-k after its density stages)")
-    cols = ["method", "MB/step/rank", "ratio", "step ms", "compute ms", "comm ms", "vs none",
-            "final loss", "accuracy", "Δ pp"]
+    t = Table(
+        title=f"{out['model']} ({out['params'] / 1e6:.2f}M params), {out['world']} ranks, {link}, "
+        f"latency {out['latency_ms']:g} ms, {out['steps']} steps "
+        f"(times and bytes from step {out['timed_from_step']}, top-k after its density stages)"
+    )
+    cols = [
+        "method",
+        "MB/step/rank",
+        "ratio",
+        "step ms",
+        "compute ms",
+        "comm ms",
+        "vs none",
+        "final loss",
+        "accuracy",
+        "Δ pp",
+    ]
     for c in cols:
         t.add_column(c, justify="left" if c == "method" else "right")
     for name, r in out["methods"].items():
         mark = " (chosen)" if name == out["chosen"] else ""
-        t.add_row(name + mark, f"{r['bytes_per_step'] / 1e6:.3f}", f"{r['compression_ratio']:.1f}x",
-                  f"{r['step_time_s'] * 1e3:.0f}", f"{r['compute_time_s'] * 1e3:.0f}",
-                  f"{r['comm_time_s'] * 1e3:.0f}", _fmt(r["step_time_vs_none"], ".2f"),
-                  f"{r['final_loss']:.4f}", _fmt(r["final_accuracy"], ".4f"),
-                  _fmt(r["accuracy_delta_pp"], "+.2f"))
+        t.add_row(
+            name + mark,
+            f"{r['bytes_per_step'] / 1e6:.3f}",
+            f"{r['compression_ratio']:.1f}x",
+            f"{r['step_time_s'] * 1e3:.0f}",
+            f"{r['compute_time_s'] * 1e3:.0f}",
+            f"{r['comm_time_s'] * 1e3:.0f}",
+            _fmt(r["step_time_vs_none"], ".2f"),
+            f"{r['final_loss']:.4f}",
+            _fmt(r["final_accuracy"], ".4f"),
+            _fmt(r["accuracy_delta_pp"], "+.2f"),
+        )
     console.print(t)
     s = Table(title="In the survey's shape: compression ratio and accuracy loss (ours, measured)")
     for c in ("method", "compression ratio", "accuracy loss (pp)", "source"):
-        s.add_column(c, justify="right" if c in ("compression ratio", "accuracy loss (pp)") else "left")
+        s.add_column(
+            c, justify="right" if c in ("compression ratio", "accuracy loss (pp)") else "left"
+        )
     for name, r in out["methods"].items():
         loss = None if r["accuracy_delta_pp"] is None else 0.0 - r["accuracy_delta_pp"]
         s.add_row(name, f"{r['compression_ratio']:.1f}x", _fmt(loss, "+.2f"), "measured here")
@@ -298,6 +395,12 @@ def _print(out: dict) -> None:
     if cut is not None and out["chosen"] != "none":
         tail = f", {abs(cut):.0%} {'less' if cut >= 0 else 'more'} step time than none"
         if len(out["chosen_step_time_cut_runs"]) > 1:
-            tail += " (median step times; per round: " + ", ".join(
-                f"{c:.0%}" for c in out["chosen_step_time_cut_runs"]) + ")"
-    print(f"auto on this link: {out['chosen']} (profiled communication share {out['profile_comm_share']:.0%}){tail}")
+            tail += (
+                " (median step times; per round: "
+                + ", ".join(f"{c:.0%}" for c in out["chosen_step_time_cut_runs"])
+                + ")"
+            )
+    print(
+        f"auto on this link: {out['chosen']} "
+        f"(profiled communication share {out['profile_comm_share']:.0%}){tail}"
+    )

@@ -56,7 +56,9 @@ def parse_straggler(text: str, world: int) -> tuple[int, int, float]:
         rank, step, factor = text.split(":")
         out = (int(rank), int(step), float(factor))
     except ValueError:
-        raise ConfigError(f"--straggler: expected RANK:STEP:FACTOR, e.g. 3:60:4 (got {text!r})") from None
+        raise ConfigError(
+            f"--straggler: expected RANK:STEP:FACTOR, e.g. 3:60:4 (got {text!r})"
+        ) from None
     if not 0 <= out[0] < world:
         raise ConfigError(f"--straggler: rank {out[0]} is not in 0..{world - 1}")
     if not out[2] > 0:
@@ -78,8 +80,13 @@ def run_ideal(profile: Profile, global_batch: int, steps: int, stragglers: list)
     return steps * global_batch / seconds
 
 
-def compute_model_error(result: dict, plan: list[int], latency_s: list[float], per_sample_s: list[float],
-                        until_step: int) -> list[float | None]:
+def compute_model_error(
+    result: dict,
+    plan: list[int],
+    latency_s: list[float],
+    per_sample_s: list[float],
+    until_step: int,
+) -> list[float | None]:
     """Per rank, measured compute per step over the plan's model a_i + c_i x b_i, minus 1 (pure).
 
     Over the steps that ran the first plan's batch, leaving out step 0 (DDP's set-up) and every
@@ -88,8 +95,11 @@ def compute_model_error(result: dict, plan: list[int], latency_s: list[float], p
     out: list[float | None] = []
     for r in sorted(result["ranks"], key=lambda r: r["rank"]):
         k = r["rank"]
-        times = [x["compute_s"] for x in r["records"]
-                 if THROUGHPUT_SKIP_STEPS <= x["step"] < until_step and x["batch"] == plan[k]]
+        times = [
+            x["compute_s"]
+            for x in r["records"]
+            if THROUGHPUT_SKIP_STEPS <= x["step"] < until_step and x["batch"] == plan[k]
+        ]
         predicted = latency_s[k] + per_sample_s[k] * plan[k]
         out.append(sum(times) / len(times) / predicted - 1 if times and predicted > 0 else None)
     return out
@@ -113,28 +123,58 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument("--straggler", action="append", default=[], help="RANK:STEP:FACTOR (repeatable)")
     p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--rebalance-every", type=int, default=TrainConfig.model_fields["rebalance_every"].default,
-                   dest="rebalance_every", help="dynamic: check the balance every K steps")
-    p.add_argument("--rebalance-threshold", type=float, dest="rebalance_threshold",
-                   default=TrainConfig.model_fields["rebalance_threshold"].default,
-                   help="dynamic: imbalance (max/mean - 1) that triggers a re-plan")
-    p.add_argument("--time-scale", type=float, dest="time_scale",
-                   default=TIME_SCALE,
-                   help="emulation: the fastest worker runs this many times slower than a core "
-                   f"(default {TIME_SCALE:g})")
-    p.add_argument("--jitter", type=float, default=ClusterSpec.model_fields["jitter"].default,
-                   help="emulation: coefficient of variation of every compute step's time")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="run every variant N times, round by round, and report each one's median run")
+    p.add_argument(
+        "--rebalance-every",
+        type=int,
+        default=TrainConfig.model_fields["rebalance_every"].default,
+        dest="rebalance_every",
+        help="dynamic: check the balance every K steps",
+    )
+    p.add_argument(
+        "--rebalance-threshold",
+        type=float,
+        dest="rebalance_threshold",
+        default=TrainConfig.model_fields["rebalance_threshold"].default,
+        help="dynamic: imbalance (max/mean - 1) that triggers a re-plan",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        dest="time_scale",
+        default=TIME_SCALE,
+        help="emulation: the fastest worker runs this many times slower than a core "
+        f"(default {TIME_SCALE:g})",
+    )
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=ClusterSpec.model_fields["jitter"].default,
+        help="emulation: coefficient of variation of every compute step's time",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every variant N times, round by round, and report each one's median run",
+    )
     p.add_argument("--json", dest="json_path")
     args = p.parse_args(argv)
     if args.repeat < 1:
         raise ConfigError(f"--repeat: must be >= 1 (got {args.repeat})")
 
-    cluster = ClusterSpec.from_speeds(parse_speeds(args.speeds), name=f"bench-{args.speeds}",
-                                      time_scale=args.time_scale, jitter=args.jitter)
-    base = TrainConfig(model=args.model, steps=args.steps, global_batch=args.global_batch,
-                       rebalance_every=args.rebalance_every, rebalance_threshold=args.rebalance_threshold)
+    cluster = ClusterSpec.from_speeds(
+        parse_speeds(args.speeds),
+        name=f"bench-{args.speeds}",
+        time_scale=args.time_scale,
+        jitter=args.jitter,
+    )
+    base = TrainConfig(
+        model=args.model,
+        steps=args.steps,
+        global_batch=args.global_batch,
+        rebalance_every=args.rebalance_every,
+        rebalance_threshold=args.rebalance_threshold,
+    )
     check_job(cluster, base)
     stragglers = [parse_straggler(s, cluster.world_size) for s in args.straggler]
     variants = [v for v in args.variants.split(",") if v]
@@ -143,9 +183,17 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
 
     with digits_workspace("digits") as (tmp, dataset):
-        measured, wall = run_workers(RunSpec(run_name="profile", variant="profile", mode="profile",
-                                             cluster=cluster, dataset=dataset, train=base,
-                                             run_dir=f"{tmp}/profile"))
+        measured, wall = run_workers(
+            RunSpec(
+                run_name="profile",
+                variant="profile",
+                mode="profile",
+                cluster=cluster,
+                dataset=dataset,
+                train=base,
+                run_dir=f"{tmp}/profile",
+            )
+        )
         profile = Profile.from_result(measured, cluster, base.model, profiling_time_s=wall)
         ideal = run_ideal(profile, base.global_batch, base.steps, stragglers)
         allreduce_s = statistics.median(r.grad_allreduce_s for r in profile.ranks)
@@ -154,9 +202,16 @@ def main(argv: list[str] | None = None) -> int:
         for round_, name in itertools.product(range(args.repeat), variants):
             cfg = base.model_copy(update={"schedule": VARIANTS[name], "compression": "none"})
             plan = make_plan(profile, cluster, cfg)
-            spec = RunSpec(run_name=name, variant=name, cluster=cluster, dataset=dataset, train=cfg,
-                           plan=plan,
-                           stragglers=stragglers, run_dir=f"{tmp}/{name}-{round_}")
+            spec = RunSpec(
+                run_name=name,
+                variant=name,
+                cluster=cluster,
+                dataset=dataset,
+                train=cfg,
+                plan=plan,
+                stragglers=stragglers,
+                run_dir=f"{tmp}/{name}-{round_}",
+            )
             res, _ = run_workers(spec)
             m = summarize(RunResult.model_validate(res), cfg.global_batch, cfg.target_accuracy)
             until = min([base.steps, *[at for _, at, _ in stragglers]])
@@ -171,26 +226,37 @@ def main(argv: list[str] | None = None) -> int:
                 "final_plan": res["ranks"][0]["plans"][-1]["plan"],
                 "replans": len(res["ranks"][0]["replans"]),
                 "plans": res["ranks"][0]["plans"],  # every plan in force, from the step it came in
-                "replan_log": res["ranks"][0]["replans"],  # why: imbalance, predicted speedup, reverts
+                "replan_log": res["ranks"][0][
+                    "replans"
+                ],  # why: imbalance, predicted speedup, reverts
                 "straggler_idle_fraction": m["straggler_idle_fraction"],
                 "busy_fraction": m["busy_fraction"],
                 "comm_fraction": m["comm_fraction"],
                 "data_wait_fraction": m["data_wait_fraction"],
-                "compute_model_error": compute_model_error(res, plan.local_batches, plan.latency_s,
-                                                           plan.per_sample_s, until),
+                "compute_model_error": compute_model_error(
+                    res, plan.local_batches, plan.latency_s, plan.per_sample_s, until
+                ),
             }
             runs[name].append(figures)
-            print(f"{name}: {m['throughput_samples_per_s']:.0f} samples/s "
-                  f"(efficiency {figures['efficiency']:.2f}), plan {plan.local_batches}"
-                  f" -> {figures['final_plan']}", flush=True)
+            print(
+                f"{name}: {m['throughput_samples_per_s']:.0f} samples/s "
+                f"(efficiency {figures['efficiency']:.2f}), plan {plan.local_batches}"
+                f" -> {figures['final_plan']}",
+                flush=True,
+            )
     results = {name: median_run(rs) for name, rs in runs.items()}
     base_tp = results.get("baseline", {}).get("throughput_samples_per_s")
     for r in results.values():
         r["speedup_vs_baseline"] = r["throughput_samples_per_s"] / base_tp if base_tp else None
     out = {
-        "speeds": parse_speeds(args.speeds), "steps": args.steps, "model": args.model,
-        "global_batch": args.global_batch, "stragglers": stragglers,
-        "time_scale": args.time_scale, "jitter": args.jitter, "repeat": args.repeat,
+        "speeds": parse_speeds(args.speeds),
+        "steps": args.steps,
+        "model": args.model,
+        "global_batch": args.global_batch,
+        "stragglers": stragglers,
+        "time_scale": args.time_scale,
+        "jitter": args.jitter,
+        "repeat": args.repeat,
         "measured_speeds": [round(r.samples_per_s, 2) for r in profile.ranks],
         "allreduce_s": allreduce_s,
         "ideal_with_allreduce_samples_per_s": ideal_ar,
@@ -204,12 +270,28 @@ def main(argv: list[str] | None = None) -> int:
 def _print(out: dict) -> None:
     from rich.table import Table
 
-    t = Table(title=f"speeds {out['speeds']}, {out['steps']} steps, stragglers {out['stragglers'] or 'none'}, "
-                    f"all-reduce {out['allreduce_s'] * 1e3:.1f} ms")
-    rows = ["throughput_samples_per_s", "ideal_samples_per_s", "efficiency", "efficiency_vs_ideal_with_allreduce",
-            *(["efficiency_runs"] if out.get("repeat", 1) > 1 else []),
-            "speedup_vs_baseline", "time_to_target_s", "final_accuracy", "busy_fraction", "comm_fraction",
-            "straggler_idle_fraction", "data_wait_fraction", "compute_model_error", "replans", "final_plan"]
+    t = Table(
+        title=f"speeds {out['speeds']}, {out['steps']} steps, "
+        f"stragglers {out['stragglers'] or 'none'}, "
+        f"all-reduce {out['allreduce_s'] * 1e3:.1f} ms"
+    )
+    rows = [
+        "throughput_samples_per_s",
+        "ideal_samples_per_s",
+        "efficiency",
+        "efficiency_vs_ideal_with_allreduce",
+        *(["efficiency_runs"] if out.get("repeat", 1) > 1 else []),
+        "speedup_vs_baseline",
+        "time_to_target_s",
+        "final_accuracy",
+        "busy_fraction",
+        "comm_fraction",
+        "straggler_idle_fraction",
+        "data_wait_fraction",
+        "compute_model_error",
+        "replans",
+        "final_plan",
+    ]
     t.add_column("metric")
     for name in out["variants"]:
         t.add_column(name, justify="right")

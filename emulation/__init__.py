@@ -7,4 +7,6 @@ Installed as `hetflow.emulation`; it imports nothing of hetflow's, so every laye
 """
 
 if __name__ != "hetflow.emulation":  # e.g. `import emulation` from the repository root
-    raise ImportError(f"import hetflow.emulation, not {__name__}: only the hetflow namespace is installed")
+    raise ImportError(
+        f"import hetflow.emulation, not {__name__}: only the hetflow namespace is installed"
+    )

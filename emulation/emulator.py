@@ -40,7 +40,9 @@ class Emulator:
         self._wall = self._cpu = 0.0
         self._open = False
         self._key: object = None
-        self._cpu_times: dict[object, deque[float]] = defaultdict(lambda: deque(maxlen=SMOOTH_PHASES))
+        self._cpu_times: dict[object, deque[float]] = defaultdict(
+            lambda: deque(maxlen=SMOOTH_PHASES)
+        )
         self._sigma = math.sqrt(math.log1p(jitter**2))
         self._rng = random.Random(seed)
         self.computed_at = self.finished_at = 0.0  # when the last phase's own work / its pad ended
@@ -57,7 +59,9 @@ class Emulator:
             return self.slowdown * cpu
         recent = self._cpu_times[key]
         recent.append(cpu)
-        factor = self._rng.lognormvariate(-self._sigma**2 / 2, self._sigma) if self._sigma else 1.0
+        factor = (
+            self._rng.lognormvariate(-(self._sigma**2) / 2, self._sigma) if self._sigma else 1.0
+        )
         return self.slowdown * min(recent) * factor
 
     def finish(self) -> float:
@@ -65,7 +69,9 @@ class Emulator:
         no-op. Returns when the phase ended, pad included."""
         if self._open:
             self.computed_at = now()
-            pad = self.dilated(time.thread_time() - self._cpu, self._key) - (self.computed_at - self._wall)
+            pad = self.dilated(time.thread_time() - self._cpu, self._key) - (
+                self.computed_at - self._wall
+            )
             if pad > 0:
                 time.sleep(pad)
             self.finished_at = now()

@@ -15,7 +15,9 @@ class EmulatedStore:
 
     def __init__(self, latency_s: float = 0.0, mbps: float | None = None) -> None:
         if latency_s < 0 or (mbps is not None and mbps <= 0):
-            raise ValueError(f"emulated S3: latency must be >= 0 and mbps > 0 (got {latency_s}, {mbps})")
+            raise ValueError(
+                f"emulated S3: latency must be >= 0 and mbps > 0 (got {latency_s}, {mbps})"
+            )
         self.latency_s = latency_s
         self.mbps = mbps
         self._free_at = 0.0

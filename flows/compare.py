@@ -45,8 +45,17 @@ def compare(
         parent = tracker.start_comparison(cluster, dataset)
         for variant in VARIANTS:
             cfg = TrainConfig.variant(variant, **knobs)
-            outcomes[variant] = train_variant(variant, cluster, dataset, cfg, profile, tracking, parent,
-                                              catalog=catalog, epoch_samples=epoch_samples)
+            outcomes[variant] = train_variant(
+                variant,
+                cluster,
+                dataset,
+                cfg,
+                profile,
+                tracking,
+                parent,
+                catalog=catalog,
+                epoch_samples=epoch_samples,
+            )
     baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
     table = comparison(baseline, optimized)
     md = markdown(table, f"{cluster.name}: baseline vs optimized")

@@ -49,24 +49,33 @@ def profile_report(profile: Profile, cluster: ClusterSpec) -> dict:
     """
     ranks = profile.ranks
     if len(ranks) != cluster.world_size:
-        raise ValueError(f"profile has {len(ranks)} ranks, the cluster {cluster.world_size} workers")
+        raise ValueError(
+            f"profile has {len(ranks)} ranks, the cluster {cluster.world_size} workers"
+        )
     fastest = max(r.samples_per_s for r in ranks)
     top = max(w.speed for w in cluster.workers)
     workers = []
     for r, w in zip(ranks, cluster.workers, strict=True):
-        workers.append({
-            "name": w.name,
-            "instance_type": w.instance_type,
-            "emulated_speed": w.speed / top if cluster.emulate else None,
-            "measured_speed": r.samples_per_s / fastest,
-            "link_gbps_emulated": w.link_gbps if cluster.emulate else None,
-            "link_gbps_measured": r.link_gbps,
-            "link_latency_ms": (r.link_latency_s if r.link_latency_s is not None
-                                else r.allreduce_latency_s) * 1e3,
-            "memory_cap_batch": r.memory_cap_batch,
-        })
-    return {"cluster": cluster.name, "workers": workers,
-            "profiling_time_s": profile.profiling_time_s}
+        workers.append(
+            {
+                "name": w.name,
+                "instance_type": w.instance_type,
+                "emulated_speed": w.speed / top if cluster.emulate else None,
+                "measured_speed": r.samples_per_s / fastest,
+                "link_gbps_emulated": w.link_gbps if cluster.emulate else None,
+                "link_gbps_measured": r.link_gbps,
+                "link_latency_ms": (
+                    r.link_latency_s if r.link_latency_s is not None else r.allreduce_latency_s
+                )
+                * 1e3,
+                "memory_cap_batch": r.memory_cap_batch,
+            }
+        )
+    return {
+        "cluster": cluster.name,
+        "workers": workers,
+        "profiling_time_s": profile.profiling_time_s,
+    }
 
 
 def _fmt(value, spec: str, none: str = "-") -> str:
@@ -79,21 +88,40 @@ def print_profile_report(report: dict, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    table = Table(title=f"profile of {report.get('cluster', 'cluster')} "
-                        "(speeds relative to the fastest worker)")
-    for name in ("worker", "speed emulated", "speed measured", "error", "link Gbit/s emulated",
-                 "link Gbit/s measured", "link error", "latency ms", "max local batch"):
+    table = Table(
+        title=f"profile of {report.get('cluster', 'cluster')} "
+        "(speeds relative to the fastest worker)"
+    )
+    for name in (
+        "worker",
+        "speed emulated",
+        "speed measured",
+        "error",
+        "link Gbit/s emulated",
+        "link Gbit/s measured",
+        "link error",
+        "latency ms",
+        "max local batch",
+    ):
         table.add_column(name, justify="left" if name == "worker" else "right", overflow="fold")
     for w in report["workers"]:
         err = (w["measured_speed"] / w["emulated_speed"] - 1) if w["emulated_speed"] else None
-        link_err = (w["link_gbps_measured"] / w["link_gbps_emulated"] - 1
-                    if w["link_gbps_emulated"] and w["link_gbps_measured"] else None)
+        link_err = (
+            w["link_gbps_measured"] / w["link_gbps_emulated"] - 1
+            if w["link_gbps_emulated"] and w["link_gbps_measured"]
+            else None
+        )
         name = w["name"] + (f" ({w['instance_type']})" if w.get("instance_type") else "")
         table.add_row(
-            name, _fmt(w["emulated_speed"], ".3f"), _fmt(w["measured_speed"], ".3f"),
-            _fmt(err, "+.1%"), _fmt(w["link_gbps_emulated"], ".3g", "loopback"),
-            _fmt(w["link_gbps_measured"], ".3g"), _fmt(link_err, "+.1%"),
-            _fmt(w["link_latency_ms"], ".2f"), _fmt(w["memory_cap_batch"], ","),
+            name,
+            _fmt(w["emulated_speed"], ".3f"),
+            _fmt(w["measured_speed"], ".3f"),
+            _fmt(err, "+.1%"),
+            _fmt(w["link_gbps_emulated"], ".3g", "loopback"),
+            _fmt(w["link_gbps_measured"], ".3g"),
+            _fmt(link_err, "+.1%"),
+            _fmt(w["link_latency_ms"], ".2f"),
+            _fmt(w["memory_cap_batch"], ","),
         )
     console.print(table)
     if report.get("profiling_time_s") is not None:
@@ -141,10 +169,18 @@ def profile_cluster(
 def _announce_drift(profile: Profile, report: dict, cluster: ClusterSpec) -> None:
     """Print each drifted worker; the report as a Prefect table with a `drifted` column."""
     for d in profile.drift:
-        print(f"worker {d.worker}: relative speed {d.previous_speed:.2f} -> {d.speed:.2f} "
-              f"({d.change:+.0%}) since profile {d.previous_profile}")
+        print(
+            f"worker {d.worker}: relative speed {d.previous_speed:.2f} -> {d.speed:.2f} "
+            f"({d.change:+.0%}) since profile {d.previous_profile}"
+        )
     drifted = {d.worker for d in profile.drift}
-    rows = [{**{k: (round(v, 3) if isinstance(v, float) else v) for k, v in w.items()},
-             "drifted": w["name"] in drifted} for w in report["workers"]]
-    create_table_artifact(rows, key="profile",
-                          description=f"Profile of {cluster.name} ({profile.stored_at})")
+    rows = [
+        {
+            **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in w.items()},
+            "drifted": w["name"] in drifted,
+        }
+        for w in report["workers"]
+    ]
+    create_table_artifact(
+        rows, key="profile", description=f"Profile of {cluster.name} ({profile.stored_at})"
+    )

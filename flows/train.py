@@ -49,6 +49,14 @@ def train(
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         epoch_samples = ingest_dataset(dataset).splits["train"].samples
         profile = profile_workers(cluster, dataset, train)
-        outcome = train_variant(label, cluster, dataset, train, profile, tracking,
-                                catalog=catalog, epoch_samples=epoch_samples)
+        outcome = train_variant(
+            label,
+            cluster,
+            dataset,
+            train,
+            profile,
+            tracking,
+            catalog=catalog,
+            epoch_samples=epoch_samples,
+        )
     return {"run_id": outcome.run_id, "metrics": outcome.metrics}

@@ -1,7 +1,7 @@
 """The `hetflow` command line.
 
-    hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH]
-    hetflow train | profile | compare RUN_ID RUN_ID | data ingest | stack up|down|status
+hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH]
+hetflow train | profile | compare RUN_ID RUN_ID | data ingest | stack up|down|status
 """
 
 from __future__ import annotations
@@ -36,13 +36,23 @@ def _cluster(args) -> ClusterSpec:
     if getattr(args, "cluster", None):
         return ClusterSpec.from_file(args.cluster)
     if getattr(args, "speeds", None):
-        return ClusterSpec.from_speeds(parse_speeds(args.speeds), name=f"speeds-{args.speeds.replace(',', '-')}")
+        return ClusterSpec.from_speeds(
+            parse_speeds(args.speeds), name=f"speeds-{args.speeds.replace(',', '-')}"
+        )
     return default_cluster()
 
 
 def _train(args, **extra) -> TrainConfig:
-    kw = {k: v for k, v in {"steps": args.steps, "model": args.model,
-                             "global_batch": args.global_batch, "seed": args.seed}.items() if v is not None}
+    kw = {
+        k: v
+        for k, v in {
+            "steps": args.steps,
+            "model": args.model,
+            "global_batch": args.global_batch,
+            "seed": args.seed,
+        }.items()
+        if v is not None
+    }
     return TrainConfig(**kw, **extra)
 
 
@@ -58,7 +68,9 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
 
 
 def _dataset(args) -> DatasetSpec:
-    return DatasetSpec(url=args.dataset_url) if getattr(args, "dataset_url", None) else DatasetSpec()
+    return (
+        DatasetSpec(url=args.dataset_url) if getattr(args, "dataset_url", None) else DatasetSpec()
+    )
 
 
 def _print_table(table: dict, title: str) -> None:
@@ -68,7 +80,12 @@ def _print_table(table: dict, title: str) -> None:
     from hetflow.infra.tracking.report import rows
 
     t = Table(title=title)
-    for col, justify in (("metric", "left"), ("baseline", "right"), ("optimized", "right"), ("change", "right")):
+    for col, justify in (
+        ("metric", "left"),
+        ("baseline", "right"),
+        ("optimized", "right"),
+        ("change", "right"),
+    ):
         t.add_column(col, justify=justify)
     for row in rows(table):
         t.add_row(*row)
@@ -90,26 +107,41 @@ def _where_to_look(tracking: TrackingConfig) -> None:
     if uri.startswith(("http://", "https://")):
         print(f"  MLflow UI:  {uri}  (experiment '{tracking.experiment}')")
     else:
-        print(f"  MLflow UI:  mlflow ui --backend-store-uri {uri} --port 5000   then open http://127.0.0.1:5000")
+        print(
+            f"  MLflow UI:  mlflow ui --backend-store-uri {uri} --port 5000   then open http://127.0.0.1:5000"
+        )
     api = os.environ.get("PREFECT_API_URL")
     if api:
         print(f"  Prefect UI: {api.removesuffix('/api')}/runs")
     else:
-        print("  Prefect UI: `hetflow stack up`, export the variables it prints, and re-run to see flows there")
+        print(
+            "  Prefect UI: `hetflow stack up`, export the variables it prints, "
+            "and re-run to see flows there"
+        )
 
 
 def cmd_demo(args) -> int:
     from hetflow.flows.compare import compare
 
-    cluster, train, dataset, tracking = _cluster(args), _train(args), _dataset(args), TrackingConfig()
+    cluster, train, dataset, tracking = (
+        _cluster(args),
+        _train(args),
+        _dataset(args),
+        TrackingConfig(),
+    )
     check_job(cluster, train)
     speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
-    print(f"hetflow demo: {cluster.world_size} emulated workers (speeds {speeds}), "
-          f"{train.model} on {dataset.source}, {train.steps} steps per variant")
+    print(
+        f"hetflow demo: {cluster.world_size} emulated workers (speeds {speeds}), "
+        f"{train.model} on {dataset.source}, {train.steps} steps per variant"
+    )
     t = time.perf_counter()
     out = compare(cluster=cluster, dataset=dataset, train=train, tracking=tracking)
     _print_table(out["table"], f"{cluster.name}: baseline vs optimized")
-    print(f"demo finished in {time.perf_counter() - t:.0f}s; MLflow runs: {out['run_ids']} (parent {out['parent_run_id']})")
+    print(
+        f"demo finished in {time.perf_counter() - t:.0f}s; "
+        f"MLflow runs: {out['run_ids']} (parent {out['parent_run_id']})"
+    )
     _write_json(args.json_path, out["table"])
     _where_to_look(tracking)
     return 0
@@ -157,8 +189,12 @@ def cmd_compare(args) -> int:
 def cmd_data_ingest(args) -> int:
     from hetflow.flows.prepare_dataset import prepare_dataset
 
-    spec = DatasetSpec(source=args.source, url=args.url, shard_samples=args.shard_samples,
-                       synthetic_samples=args.samples)
+    spec = DatasetSpec(
+        source=args.source,
+        url=args.url,
+        shard_samples=args.shard_samples,
+        synthetic_samples=args.samples,
+    )
     manifest = prepare_dataset(dataset=spec, overwrite=True)
     print(json.dumps({k: v["samples"] for k, v in manifest["splits"].items()}))
     return 0
@@ -185,10 +221,13 @@ def benchmark_module(name: str):
     if "benchmarks" not in sys.modules:
         root = Path(__file__).resolve().parent.parent / "benchmarks"
         if not (root / "__init__.py").exists():
-            raise ConfigError("hetflow bench: benchmarks/ ships with the source checkout; "
-                              "install a clone with `pip install -e .` to run them")
+            raise ConfigError(
+                "hetflow bench: benchmarks/ ships with the source checkout; "
+                "install a clone with `pip install -e .` to run them"
+            )
         spec = importlib.util.spec_from_file_location(
-            "benchmarks", root / "__init__.py", submodule_search_locations=[str(root)])
+            "benchmarks", root / "__init__.py", submodule_search_locations=[str(root)]
+        )
         package = importlib.util.module_from_spec(spec)
         sys.modules["benchmarks"] = package
         spec.loader.exec_module(package)
@@ -244,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags")
     bench.set_defaults(func=cmd_bench)
 
-    sim = sub.add_parser("simulate", help="predict training at scale (1 to 1024 workers)", add_help=False)
+    sim = sub.add_parser(
+        "simulate", help="predict training at scale (1 to 1024 workers)", add_help=False
+    )
     sim.add_argument("rest", nargs=argparse.REMAINDER, help="the simulator's own flags")
     sim.set_defaults(func=cmd_simulate)
 

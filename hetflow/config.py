@@ -149,7 +149,9 @@ def parse_speeds(text: str) -> list[float]:
     try:
         speeds = [float(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise ConfigError(f"--speeds: expected numbers separated by commas (got {text!r})") from None
+        raise ConfigError(
+            f"--speeds: expected numbers separated by commas (got {text!r})"
+        ) from None
     if not speeds:
         raise ConfigError("--speeds: at least one speed is needed")
     for i, s in enumerate(speeds):
@@ -246,7 +248,9 @@ class TrainConfig(_Model):
         "hierarchical:H. 'auto' compresses only when communication is a large share of the step.",
     )
     rebalance_every: int = Field(
-        10, ge=1, title="Re-balance check every K steps",
+        10,
+        ge=1,
+        title="Re-balance check every K steps",
         description="Also at once when a rank's step time jumps by more than 3 x the threshold "
         "for two steps in a row (a straggler).",
     )
@@ -255,8 +259,11 @@ class TrainConfig(_Model):
     )
     threads_per_rank: int = Field(1, ge=1, title="Torch threads per rank")
     checkpoint_every: int = Field(
-        25, ge=1, title="Checkpoint every N steps",
-        description="A restarted worker resumes from the last checkpoint: at most N steps are redone.",
+        25,
+        ge=1,
+        title="Checkpoint every N steps",
+        description="A restarted worker resumes from the last checkpoint: "
+        "at most N steps are redone.",
     )
 
     @field_validator("compression")

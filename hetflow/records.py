@@ -25,9 +25,7 @@ if TYPE_CHECKING:
 
 METHOD_NAMES = ("none", "fp16", "bf16", "powersgd", "topk", "localsgd", "hierarchical")
 MethodName = Literal["none", "fp16", "bf16", "powersgd", "topk", "localsgd", "hierarchical"]
-METHOD_SYNTAX = (
-    "none, fp16, bf16, powersgd:RANK, topk:RATIO, localsgd:H or hierarchical:H"
-)
+METHOD_SYNTAX = "none, fp16, bf16, powersgd:RANK, topk:RATIO, localsgd:H or hierarchical:H"
 _METHOD = re.compile(r"^(?P<name>[a-z0-9]+)(?::(?P<arg>.+))?$")
 
 
@@ -59,7 +57,12 @@ class CompressionMethod(_Record):
         name, arg = (m["name"], m["arg"]) if m else (text, None)
         if name not in METHOD_NAMES:
             raise ValueError(f"unknown method {text!r}; use {METHOD_SYNTAX}")
-        takes = {"powersgd": "rank", "topk": "ratio", "localsgd": "period", "hierarchical": "period"}
+        takes = {
+            "powersgd": "rank",
+            "topk": "ratio",
+            "localsgd": "period",
+            "hierarchical": "period",
+        }
         field = takes.get(name)
         if field is None:
             if arg is not None:
@@ -139,7 +142,9 @@ class RankProfile(_Record):
     def step_model(self) -> tuple[float, float]:
         """(a, c) of this worker's compute time a + c x batch; c falls back to the measured
         pace where the fit's slope is not positive."""
-        per_sample = self.fit_s_per_sample if self.fit_s_per_sample > 0 else 1.0 / self.samples_per_s
+        per_sample = (
+            self.fit_s_per_sample if self.fit_s_per_sample > 0 else 1.0 / self.samples_per_s
+        )
         return max(0.0, self.fit_latency_s), per_sample
 
 

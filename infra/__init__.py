@@ -5,4 +5,6 @@ Installed as `hetflow.infra`; the folder is not a package of its own.
 """
 
 if __name__ != "hetflow.infra":  # e.g. `import infra` from the repository root
-    raise ImportError(f"import hetflow.infra, not {__name__}: only the hetflow namespace is installed")
+    raise ImportError(
+        f"import hetflow.infra, not {__name__}: only the hetflow namespace is installed"
+    )

@@ -84,8 +84,17 @@ class CacheStats:
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            return {k: getattr(self, k) for k in
-                    ("hits", "misses", "bytes_read", "prefetched", "corrupt_replaced", "evictions")}
+            return {
+                k: getattr(self, k)
+                for k in (
+                    "hits",
+                    "misses",
+                    "bytes_read",
+                    "prefetched",
+                    "corrupt_replaced",
+                    "evictions",
+                )
+            }
 
 
 class ShardCache:
@@ -200,8 +209,10 @@ class ShardCache:
         if self.store.active:
             self.store.delay(len(data), started)
         if sha256_of(data) != sha256:
-            raise ChecksumError(f"{url}: checksum mismatch at the source ({len(data)} bytes, "
-                                f"expected SHA-256 {sha256[:12]}...)")
+            raise ChecksumError(
+                f"{url}: checksum mismatch at the source ({len(data)} bytes, "
+                f"expected SHA-256 {sha256[:12]}...)"
+            )
         return data
 
     def _evict(self, keep: Path) -> None:
@@ -238,7 +249,6 @@ class ShardCache:
             except FileNotFoundError:
                 pass
         return total
-
 
 
 def _touch(path: Path) -> None:

@@ -3,9 +3,9 @@
 - Instance types come from the EC2 API through boto3 (`describe_instance_types`: vCPUs,
   memory, GPUs and their memory, network performance). `AWS_ENDPOINT_URL` points boto3 at a
   local endpoint (moto serves the EC2 API next to S3), real credentials at AWS.
-- Hourly prices come from a table shipped with the project (`infra/prices.json`), which must
-  say where and when its figures come from; `pricing_api_prices` reads the AWS Price List API
-  instead where it is reachable (opt-in: it needs credentials and the network).
+- Hourly prices come from `hetflow.infra.pricing`: a table shipped with the project
+  (`infra/prices.json`) that says where and when its figures come from, or the AWS Price List
+  API where it is reachable (opt-in).
 - Peak FLOP/s per device seed a plan before anything is measured: the devices' FP32 peak from
   NVIDIA's datasheets (`DEVICE_PEAK_TFLOPS`), or for CPU-only instances an estimate from the
   cores and clock that EC2 reports. Measurement (the profile) then replaces the seed.
@@ -24,20 +24,17 @@ a measurement exists, `cost_usd` prices a run.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
 from pydantic import BaseModel
 
-from hetflow.config import ClusterSpec, ConfigError
+from hetflow.config import ClusterSpec
+from hetflow.infra.pricing import DEFAULT_REGION, CatalogError, PriceTable, load_prices
 from hetflow.records import Profile, RankProfile
 
-PRICE_TABLE = Path(__file__).with_name("prices.json")
-DEFAULT_REGION = "us-east-1"
 DESCRIBE_CHUNK = 100  # describe_instance_types takes at most 100 names per call
 
 # FP32 (non-tensor) peak TFLOP/s at boost clock, per device, from NVIDIA's product datasheets
@@ -55,12 +52,13 @@ DEVICE_PEAK_TFLOPS: dict[str, float] = {
     "H200": 67.0,
 }
 CPU_FLOP_PER_CYCLE = 32  # FP32 per core and cycle: two 256-bit FMA units (AVX2 / SVE-256)
-NAMED_NETWORK_GBPS = {"very low": 0.05, "low": 0.3, "low to moderate": 0.5, "moderate": 0.75,
-                      "high": 1.0}
-
-
-class CatalogError(ConfigError):
-    """An instance type the catalog does not know, a bad price table: one line, names the input."""
+NAMED_NETWORK_GBPS = {
+    "very low": 0.05,
+    "low": 0.3,
+    "low to moderate": 0.5,
+    "moderate": 0.75,
+    "high": 1.0,
+}
 
 
 class InstanceInfo(BaseModel):
@@ -105,56 +103,6 @@ class InstanceInfo(BaseModel):
         return self.network_gbps / self.devices
 
 
-class PriceTable(BaseModel):
-    """Hourly On-Demand prices and where and when they come from."""
-
-    source: str
-    as_of: str
-    region: str = DEFAULT_REGION
-    currency: str = "USD"
-    prices: dict[str, float]
-
-    def price(self, instance_type: str) -> float:
-        if instance_type not in self.prices:
-            raise CatalogError(
-                f"{instance_type}: no hourly price in the price table ({self.source}, "
-                f"as of {self.as_of}); add it there"
-            )
-        return self.prices[instance_type]
-
-
-def load_prices(path: str | Path = PRICE_TABLE) -> PriceTable:
-    """Read a price table; it must name its source and date, and hold positive prices."""
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as e:
-        raise CatalogError(f"{p}: cannot read the price table ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise CatalogError(f"{p}: the price table is not valid JSON ({e.msg}, line {e.lineno})") from None
-    return price_table(data, str(p))
-
-
-def price_table(data: dict, where: str = "price table") -> PriceTable:
-    if not isinstance(data, dict):
-        raise CatalogError(f"{where}: expected a mapping with source, as_of and prices")
-    for key in ("source", "as_of"):
-        value = data.get(key)
-        if not isinstance(value, str) or not value.strip():
-            raise CatalogError(
-                f"{where}: a price table must say where its figures come from and when "
-                f"('source' and 'as_of'); {key!r} is missing or empty"
-            )
-    prices = data.get("prices")
-    if not isinstance(prices, dict) or not prices:
-        raise CatalogError(f"{where}: 'prices' must map instance types to hourly prices")
-    for name, value in prices.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise CatalogError(f"{where}: prices.{name} must be a finite number >= 0 (got {value!r})")
-    extra = {k: v for k, v in data.items() if k in ("region", "currency")}
-    return PriceTable(source=data["source"], as_of=data["as_of"], prices=prices, **extra)
-
-
 def network_gbps(text: str) -> float:
     """EC2's network performance wording in Gbit/s ('Up to' gives the burst figure)."""
     t = text.strip().lower()
@@ -193,7 +141,12 @@ def ec2_client(region: str | None = None):
     """boto3's EC2 client; the endpoint and credentials come from the standard AWS variables."""
     import boto3
 
-    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION
+    region = (
+        region
+        or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or DEFAULT_REGION
+    )
     return boto3.client("ec2", region_name=region)
 
 
@@ -235,11 +188,15 @@ class Catalog(BaseModel):
     prices: PriceTable
 
     @classmethod
-    def from_ec2(cls, names: Iterable[str], prices: PriceTable | None = None, client=None) -> Catalog:
+    def from_ec2(
+        cls, names: Iterable[str], prices: PriceTable | None = None, client=None
+    ) -> Catalog:
         return cls(types=describe_instance_types(names, client), prices=prices or load_prices())
 
     @classmethod
-    def for_cluster(cls, cluster: ClusterSpec, prices: PriceTable | None = None, client=None) -> Catalog:
+    def for_cluster(
+        cls, cluster: ClusterSpec, prices: PriceTable | None = None, client=None
+    ) -> Catalog:
         """The catalog of the instance types a cluster names (an empty one if it names none)."""
         names = [w.instance_type for w in cluster.workers if w.instance_type]
         types = describe_instance_types(names, client) if names else {}
@@ -282,7 +239,8 @@ def resolve_cluster(cluster: ClusterSpec, catalog: Catalog, link_scale: float = 
     if len(named) != len(cluster.workers):
         bare = ", ".join(w.name for w in cluster.workers if not w.instance_type)
         raise CatalogError(
-            f"cluster.workers: name an instance_type for every worker or for none ({bare} names none)"
+            "cluster.workers: name an instance_type for every worker or for none "
+            f"({bare} names none)"
         )
     if not (math.isfinite(link_scale) and link_scale > 0):
         raise CatalogError(f"link_scale: must be a finite number > 0 (got {link_scale})")
@@ -312,17 +270,26 @@ def seed_profile(cluster: ClusterSpec, catalog: Catalog) -> Profile:
         raise CatalogError("seed_profile: every worker must name an instance_type")
     speeds = catalog.relative_peak([w.instance_type for w in cluster.workers])
     ranks = [
-        RankProfile(rank=i, worker=w.name, samples_per_s=s, relative_speed=s, fit_latency_s=0.0,
-                    fit_s_per_sample=1.0 / s, step_compute_s=1.0 / s, grad_allreduce_s=0.0,
-                    allreduce_latency_s=0.0,
-                    allreduce_gbps=catalog.info(w.instance_type).worker_link_gbps)
+        RankProfile(
+            rank=i,
+            worker=w.name,
+            samples_per_s=s,
+            relative_speed=s,
+            fit_latency_s=0.0,
+            fit_s_per_sample=1.0 / s,
+            step_compute_s=1.0 / s,
+            grad_allreduce_s=0.0,
+            allreduce_latency_s=0.0,
+            allreduce_gbps=catalog.info(w.instance_type).worker_link_gbps,
+        )
         for i, (w, s) in enumerate(zip(cluster.workers, speeds, strict=True))
     ]
     return Profile(cluster=cluster.name, model="", ranks=ranks, profiling_time_s=0.0)
 
 
-def cost_usd(cluster: ClusterSpec, duration_s: float, catalog: Catalog,
-             epochs: float | None = None) -> dict:
+def cost_usd(
+    cluster: ClusterSpec, duration_s: float, catalog: Catalog, epochs: float | None = None
+) -> dict:
     """What a run of `duration_s` costs: by worker, in total, per hour and per epoch.
 
     A worker that names no instance type (local emulation) costs nothing and is listed under
@@ -357,42 +324,3 @@ def cost_usd(cluster: ClusterSpec, duration_s: float, catalog: Catalog,
         out["epochs"] = epochs
         out["per_epoch_usd"] = total / epochs
     return out
-
-
-def pricing_api_prices(instance_types: Iterable[str], region: str = DEFAULT_REGION,
-                       location: str = "US East (N. Virginia)") -> PriceTable:
-    """On-Demand Linux prices from the AWS Price List API (needs credentials and the network).
-
-    Raises CatalogError when the API cannot be reached or has no price for a type; callers fall
-    back to the shipped table.
-    """
-    import datetime as dt
-
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    config = Config(connect_timeout=3, read_timeout=10, retries={"total_max_attempts": 1})
-    client = boto3.client("pricing", region_name="us-east-1", config=config)
-    prices: dict[str, float] = {}
-    for name in dict.fromkeys(instance_types):
-        filters = [
-            {"Type": "TERM_MATCH", "Field": k, "Value": v}
-            for k, v in {"instanceType": name, "location": location, "operatingSystem": "Linux",
-                         "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": "Used"}.items()
-        ]
-        try:
-            resp = client.get_products(ServiceCode="AmazonEC2", Filters=filters, MaxResults=10)
-        except (BotoCoreError, ClientError) as e:
-            raise CatalogError(f"AWS Price List API unreachable ({type(e).__name__})") from None
-        for item in resp.get("PriceList", []):
-            product = json.loads(item) if isinstance(item, str) else item
-            for term in product.get("terms", {}).get("OnDemand", {}).values():
-                for dim in term.get("priceDimensions", {}).values():
-                    usd = float(dim.get("pricePerUnit", {}).get("USD", 0) or 0)
-                    if usd > 0:
-                        prices[name] = usd
-        if name not in prices:
-            raise CatalogError(f"{name}: the AWS Price List API has no On-Demand price in {location}")
-    return PriceTable(source=f"AWS Price List API (AmazonEC2, {location}, Linux, shared, On-Demand)",
-                      as_of=dt.date.today().isoformat(), region=region, prices=prices)

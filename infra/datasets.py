@@ -64,8 +64,10 @@ class ShardInfo(BaseModel):
         if self.samples < 1 or self.bytes < 1:
             raise ValueError(f"{self.key}: a shard needs at least one sample and one byte")
         if sum(self.labels.values()) != self.samples:
-            raise ValueError(f"{self.key}: label histogram sums to {sum(self.labels.values())}, "
-                             f"not to its {self.samples} samples")
+            raise ValueError(
+                f"{self.key}: label histogram sums to {sum(self.labels.values())}, "
+                f"not to its {self.samples} samples"
+            )
         return self
 
 
@@ -103,7 +105,9 @@ class Manifest(BaseModel):
         for name, split in self.splits.items():
             bad = [c for c in split.labels if not 0 <= c < self.classes]
             if bad:
-                raise ValueError(f"split {name!r} has label {bad[0]}, outside 0..{self.classes - 1}")
+                raise ValueError(
+                    f"split {name!r} has label {bad[0]}, outside 0..{self.classes - 1}"
+                )
         return self
 
     def shard_url(self, shard: ShardInfo) -> str:
@@ -164,7 +168,9 @@ def synthetic_source(
     return {"train": (x[n_test:], y[n_test:]), "test": (x[:n_test], y[:n_test])}
 
 
-def _check_source(url: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], shard_samples: int) -> None:
+def _check_source(
+    url: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], shard_samples: int
+) -> None:
     if not splits:
         raise DatasetError(f"{url}: the dataset has no splits")
     if shard_samples < 1:
@@ -174,8 +180,10 @@ def _check_source(url: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], sh
         if len(x) == 0:
             raise DatasetError(f"{url}: split {name!r} is empty")
         if x.ndim != 2 or len(x) != len(y):
-            raise DatasetError(f"{url}: split {name!r} has x {x.shape} and y {y.shape}; "
-                               "expected N x features and N labels")
+            raise DatasetError(
+                f"{url}: split {name!r} has x {x.shape} and y {y.shape}; "
+                "expected N x features and N labels"
+            )
         if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
             raise DatasetError(f"{url}: split {name!r} labels must be integers >= 0")
         features.add(x.shape[1])
@@ -200,7 +208,9 @@ def write_dataset(
     try:
         ensure_bucket(url)
     except OSError as e:
-        raise DatasetError(f"s3://{root.split('/', 1)[0]}: cannot create or reach the bucket ({e})") from None
+        raise DatasetError(
+            f"s3://{root.split('/', 1)[0]}: cannot create or reach the bucket ({e})"
+        ) from None
     with contextlib.suppress(FileNotFoundError):  # S3 deletes a missing key without a word
         fs.rm_file(f"{root}/{MANIFEST}")
     classes = int(max(int(y.max()) for _, y in splits.values()) + 1)
@@ -212,12 +222,20 @@ def write_dataset(
             data = encode_shard(xs, ys)
             key = f"{name}/shard-{i:05d}.npz"
             fs.pipe_file(f"{root}/{key}", data)
-            shards.append(ShardInfo(key=key, samples=len(xs), bytes=len(data),
-                                    sha256=sha256(data), labels=_histogram(ys)))
+            shards.append(
+                ShardInfo(
+                    key=key,
+                    samples=len(xs),
+                    bytes=len(data),
+                    sha256=sha256(data),
+                    labels=_histogram(ys),
+                )
+            )
         infos[name] = SplitInfo(samples=len(x), labels=_histogram(y), shards=shards)
     features = int(next(iter(splits.values()))[0].shape[1])
-    manifest = Manifest(url=url, features=features, classes=classes, splits=infos,
-                        ingest=dict(ingest or {}))
+    manifest = Manifest(
+        url=url, features=features, classes=classes, splits=infos, ingest=dict(ingest or {})
+    )
     fs.pipe_file(f"{root}/{MANIFEST}", manifest.model_dump_json(indent=1).encode())
     _remove_stale_shards(fs, root, manifest)
     return manifest
@@ -225,8 +243,11 @@ def write_dataset(
 
 def _remove_stale_shards(fs, root: str, manifest: Manifest) -> None:
     keep = {s.key for split in manifest.splits.values() for s in split.shards}
-    stale = [p for p in fs.find(root) if _SHARD_KEY.match(p[len(root) + 1 :])
-             and p[len(root) + 1 :] not in keep]
+    stale = [
+        p
+        for p in fs.find(root)
+        if _SHARD_KEY.match(p[len(root) + 1 :]) and p[len(root) + 1 :] not in keep
+    ]
     if stale:
         fs.rm(stale)
 
@@ -256,7 +277,9 @@ def read_manifest(url: str) -> Manifest:
     except ValidationError as e:
         from hetflow.config import describe_validation_error
 
-        raise DatasetError(f"{where}: malformed manifest ({describe_validation_error(e)})") from None
+        raise DatasetError(
+            f"{where}: malformed manifest ({describe_validation_error(e)})"
+        ) from None
     except ValueError as e:
         raise DatasetError(f"{where}: malformed manifest ({str(e).splitlines()[0]})") from None
 
@@ -275,9 +298,13 @@ def _why_missing(fs, url: str, root: str) -> str:
     except (FileNotFoundError, OSError):
         present = []
     if present:
-        return (f"{url}/{MANIFEST}: missing although {len(present)} objects are under the prefix "
-                "(an ingest that did not finish?); ingest again")
-    return f"{url}: no dataset here (no {MANIFEST}); ingest it first (hetflow data ingest --url {url})"
+        return (
+            f"{url}/{MANIFEST}: missing although {len(present)} objects are under the prefix "
+            "(an ingest that did not finish?); ingest again"
+        )
+    return (
+        f"{url}: no dataset here (no {MANIFEST}); ingest it first (hetflow data ingest --url {url})"
+    )
 
 
 def check_shards(manifest: Manifest) -> None:
@@ -292,19 +319,25 @@ def check_shards(manifest: Manifest) -> None:
         for shard in split.shards:
             size = sizes.get(shard.key)
             if size is None:
-                raise DatasetError(f"{manifest.shard_url(shard)}: named in the manifest "
-                                   f"(split {name!r}) but missing")
+                raise DatasetError(
+                    f"{manifest.shard_url(shard)}: named in the manifest "
+                    f"(split {name!r}) but missing"
+                )
             if size != shard.bytes:
-                raise ChecksumError(f"{manifest.shard_url(shard)}: {size} bytes at the source, "
-                                    f"the manifest says {shard.bytes}")
+                raise ChecksumError(
+                    f"{manifest.shard_url(shard)}: {size} bytes at the source, "
+                    f"the manifest says {shard.bytes}"
+                )
 
 
 def verify_bytes(manifest_url: str, shard: ShardInfo, data: bytes) -> None:
     """Bytes fetched for `shard` are what the manifest promises, else ChecksumError."""
     if len(data) != shard.bytes or sha256(data) != shard.sha256:
-        raise ChecksumError(f"{manifest_url}/{shard.key}: checksum mismatch at the source "
-                            f"({len(data)} bytes; expected {shard.bytes} with SHA-256 "
-                            f"{shard.sha256[:12]}...)")
+        raise ChecksumError(
+            f"{manifest_url}/{shard.key}: checksum mismatch at the source "
+            f"({len(data)} bytes; expected {shard.bytes} with SHA-256 "
+            f"{shard.sha256[:12]}...)"
+        )
 
 
 def verify_dataset(manifest: Manifest, deep: bool = False) -> None:

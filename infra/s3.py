@@ -45,10 +45,15 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
             if protocol == "s3":
                 # botocore's own retries (exponential backoff) absorb throttling, 5xx and resets;
                 # AWS_RETRY_MODE / AWS_MAX_ATTEMPTS, when set, win.
-                retries = {"mode": os.environ.get("AWS_RETRY_MODE", "standard"),
-                           "max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", "6"))}
-                opts = {"config_kwargs": {"retries": retries}, "skip_instance_cache": True,
-                        "use_listings_cache": False}
+                retries = {
+                    "mode": os.environ.get("AWS_RETRY_MODE", "standard"),
+                    "max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", "6")),
+                }
+                opts = {
+                    "config_kwargs": {"retries": retries},
+                    "skip_instance_cache": True,
+                    "use_listings_cache": False,
+                }
             fs, path = fsspec.core.url_to_fs(url, **opts)
             _filesystems[key] = fs
             return fs, path

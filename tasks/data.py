@@ -26,8 +26,12 @@ def build_source(spec: DatasetSpec) -> dict:
 
 def ingest_params(spec: DatasetSpec) -> dict:
     """What decides the dataset's content; recorded in the manifest, compared on reuse."""
-    params = {"source": spec.source, "shard_samples": spec.shard_samples,
-              "test_fraction": spec.test_fraction, "seed": spec.seed}
+    params = {
+        "source": spec.source,
+        "shard_samples": spec.shard_samples,
+        "test_fraction": spec.test_fraction,
+        "seed": spec.seed,
+    }
     if spec.source == "synthetic":
         params["samples"] = spec.synthetic_samples
     return params
@@ -37,7 +41,7 @@ def _retry_unless_bad_data(task, task_run, state) -> bool:
     """A DatasetError is deterministic (bad input, a mismatch): retrying cannot fix it."""
     try:
         exc = state.result(raise_on_failure=False)
-    except Exception:  # noqa: BLE001 - result not readable: let the retry policy decide
+    except Exception:
         return True
     return not isinstance(exc, DatasetError)
 
@@ -61,8 +65,12 @@ def _existing(spec: DatasetSpec) -> Manifest | None:
     return manifest
 
 
-@task(retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=_retry_unless_bad_data,
-      task_run_name="ingest {spec.source} -> {spec.url}")
+@task(
+    retries=2,
+    retry_delay_seconds=[2, 10],
+    retry_condition_fn=_retry_unless_bad_data,
+    task_run_name="ingest {spec.source} -> {spec.url}",
+)
 def ingest_dataset(spec: DatasetSpec, overwrite: bool = False) -> Manifest:
     """Write the dataset as shards + manifest, unless the same dataset is already there.
 
@@ -73,11 +81,14 @@ def ingest_dataset(spec: DatasetSpec, overwrite: bool = False) -> Manifest:
     if not overwrite:
         manifest = _existing(spec)
         if manifest is not None:
-            print(f"dataset already at {spec.url}: {manifest.splits['train'].samples} train samples")
+            print(
+                f"dataset already at {spec.url}: {manifest.splits['train'].samples} train samples"
+            )
             return manifest
     manifest = write_dataset(spec.url, build_source(spec), spec.shard_samples, ingest_params(spec))
-    splits = ", ".join(f"{k}: {v.samples} samples in {len(v.shards)} shards"
-                       for k, v in manifest.splits.items())
+    splits = ", ".join(
+        f"{k}: {v.samples} samples in {len(v.shards)} shards" for k, v in manifest.splits.items()
+    )
     print(f"ingested {spec.source} to {spec.url} ({splits})")
     return manifest
 

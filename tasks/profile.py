@@ -38,8 +38,15 @@ def profile_stamp(now: dt.datetime | None = None) -> str:
 def profile_workers(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
     """Measure every worker inside the cluster: fwd+bwd speed on the job's model, all-reduce."""
     run_dir = new_run_dir("profile")
-    spec = RunSpec(run_name=run_dir.name, variant="profile", mode="profile", cluster=cluster,
-                   dataset=dataset, train=train, run_dir=str(run_dir))
+    spec = RunSpec(
+        run_name=run_dir.name,
+        variant="profile",
+        mode="profile",
+        cluster=cluster,
+        dataset=dataset,
+        train=train,
+        run_dir=str(run_dir),
+    )
     result, wall = run_workers(spec)
     profile = Profile.from_result(result, cluster, train.model, profiling_time_s=wall)
     speeds = ", ".join(f"{r.worker}={r.relative_speed:.2f}" for r in profile.ranks)
@@ -53,8 +60,10 @@ def resolve_instance_types(cluster: ClusterSpec) -> tuple[ClusterSpec, Catalog]:
     catalog = Catalog.for_cluster(cluster)
     resolved = resolve_cluster(cluster, catalog)
     if catalog.types:
-        named = ", ".join(f"{w.name}={w.instance_type} (speed {w.speed:.2f}, link {w.link_gbps} Gbit/s)"
-                          for w in resolved.workers)
+        named = ", ".join(
+            f"{w.name}={w.instance_type} (speed {w.speed:.2f}, link {w.link_gbps} Gbit/s)"
+            for w in resolved.workers
+        )
         print(f"instance types from the EC2 catalog: {named}")
     return resolved, catalog
 
@@ -102,20 +111,36 @@ def speed_drift(previous: Profile | None, current: Profile, threshold: float) ->
             continue
         change = new / old - 1
         if abs(change) > threshold:
-            flagged.append(SpeedDrift(worker=r.worker, previous_speed=old, speed=new, change=change,
-                                      previous_profile=previous.created_at))
+            flagged.append(
+                SpeedDrift(
+                    worker=r.worker,
+                    previous_speed=old,
+                    speed=new,
+                    change=change,
+                    previous_profile=previous.created_at,
+                )
+            )
     return flagged
 
 
 RANK_METRICS = (
-    "samples_per_s", "relative_speed", "link_gbps", "allreduce_latency_s", "matmul_gflops",
-    "memory_gbps", "memory_per_sample_bytes", "memory_cap_batch", "s3_first_byte_s", "s3_read_mbps",
+    "samples_per_s",
+    "relative_speed",
+    "link_gbps",
+    "allreduce_latency_s",
+    "matmul_gflops",
+    "memory_gbps",
+    "memory_per_sample_bytes",
+    "memory_cap_batch",
+    "s3_first_byte_s",
+    "s3_read_mbps",
 )
 
 
 @task(retries=2, retry_delay_seconds=[2, 10], task_run_name="record profile in MLflow")
-def record_profile(profile: Profile, cluster: ClusterSpec, dataset: DatasetSpec,
-                   tracking: TrackingConfig) -> str:
+def record_profile(
+    profile: Profile, cluster: ClusterSpec, dataset: DatasetSpec, tracking: TrackingConfig
+) -> str:
     """One MLflow run (variant `profile`): per-rank figures as metrics, the JSON as an artifact."""
     tracker = MLflowTracker(tracking)
     rid = tracker.start_run("profile", cluster, dataset)

@@ -48,13 +48,23 @@ def train_variant(
     """
     plan: Plan = make_plan(profile, cluster, train)
     run_dir = stable_run_dir(variant)
-    spec = RunSpec(run_name=run_dir.name, variant=variant, cluster=cluster, dataset=dataset,
-                   train=train, plan=plan, run_dir=str(run_dir))
-    print(f"{variant}: local batches {plan.local_batches}, compression {plan.compression} "
-          f"({plan.compression_reason}); training {train.steps} steps")
+    spec = RunSpec(
+        run_name=run_dir.name,
+        variant=variant,
+        cluster=cluster,
+        dataset=dataset,
+        train=train,
+        plan=plan,
+        run_dir=str(run_dir),
+    )
+    print(
+        f"{variant}: local batches {plan.local_batches}, compression {plan.compression} "
+        f"({plan.compression_reason}); training {train.steps} steps"
+    )
     tracker = MLflowTracker(tracking)
-    run_id = tracker.open_variant_run(variant, cluster, dataset, train, plan, run_dir,
-                                      parent_run_id)
+    run_id = tracker.open_variant_run(
+        variant, cluster, dataset, train, plan, run_dir, parent_run_id
+    )
     progress = _progress_reporter(variant, train.steps)
     with tracker.system_metrics(run_id):
         raw, wall = run_workers(spec, on_progress=progress)
@@ -63,17 +73,30 @@ def train_variant(
     metrics = summarize(result, train.global_batch, train.target_accuracy)
     metrics["run_time_s"] = wall
     metrics.update(cost_metrics(cluster, metrics, train, catalog, epoch_samples))
-    outcome = TrainOutcome(variant=variant, run_id=run_id, run_dir=str(run_dir), plan=plan,
-                           metrics=metrics, series=step_series(result, train.global_batch),
-                           result=result)
+    outcome = TrainOutcome(
+        variant=variant,
+        run_id=run_id,
+        run_dir=str(run_dir),
+        plan=plan,
+        metrics=metrics,
+        series=step_series(result, train.global_batch),
+        result=result,
+    )
     record_outcome(tracker, outcome, profile, train, register_as=f"hetflow-{dataset.source}")
-    print(f"{variant}: {metrics['throughput_samples_per_s']:.0f} samples/s, "
-          f"accuracy {metrics.get('final_accuracy', float('nan')):.3f}, {wall:.0f}s with launch")
+    print(
+        f"{variant}: {metrics['throughput_samples_per_s']:.0f} samples/s, "
+        f"accuracy {metrics.get('final_accuracy', float('nan')):.3f}, {wall:.0f}s with launch"
+    )
     return outcome
 
 
-def record_outcome(tracker: MLflowTracker, outcome: TrainOutcome, profile: Profile,
-                   train: TrainConfig, register_as: str) -> None:
+def record_outcome(
+    tracker: MLflowTracker,
+    outcome: TrainOutcome,
+    profile: Profile,
+    train: TrainConfig,
+    register_as: str,
+) -> None:
     """Figures, series, profile, plan and plots; the trained model (registered as `register_as`
     when the variant is `optimized` and met the target accuracy); then the run is FINISHED."""
     import numpy as np
@@ -82,8 +105,11 @@ def record_outcome(tracker: MLflowTracker, outcome: TrainOutcome, profile: Profi
     model = _trained_model(Path(outcome.run_dir), train)
     if model is not None:
         accuracy = outcome.metrics.get("final_accuracy", 0.0)
-        register = (outcome.variant == "optimized" and train.target_accuracy is not None
-                    and accuracy >= train.target_accuracy)
+        register = (
+            outcome.variant == "optimized"
+            and train.target_accuracy is not None
+            and accuracy >= train.target_accuracy
+        )
         example = np.zeros((1, 64), dtype=np.float32)  # a digits image, flattened
         tracker.log_model(outcome.run_id, model, example, register_as if register else None)
     tracker.finish(outcome.run_id)
@@ -104,8 +130,13 @@ def _trained_model(run_dir: Path, train: TrainConfig):
     return model
 
 
-def cost_metrics(cluster: ClusterSpec, metrics: dict, train: TrainConfig, catalog: Catalog | None,
-                 epoch_samples: int | None) -> dict[str, float]:
+def cost_metrics(
+    cluster: ClusterSpec,
+    metrics: dict,
+    train: TrainConfig,
+    catalog: Catalog | None,
+    epoch_samples: int | None,
+) -> dict[str, float]:
     """`cost_usd`, `cost_per_epoch_usd` and `rank{i}/cost_usd` of the training loop's time
     (`train_loop_s`; price x instance-hours, a GPU instance's price shared by its GPUs), when
     the workers name EC2 instance types; nothing for workers that name none (a local emulation
@@ -132,12 +163,13 @@ def _progress_reporter(variant: str, steps: int):
             return
         try:
             if state["id"] is None:
-                state["id"] = create_progress_artifact(pct, key=f"train-{variant}",
-                                                       description=f"{variant}: steps completed")
+                state["id"] = create_progress_artifact(
+                    pct, key=f"train-{variant}", description=f"{variant}: steps completed"
+                )
             else:
                 update_progress_artifact(state["id"], pct)
             state["last"] = pct
-        except Exception as e:  # noqa: BLE001 -- a courtesy: never fail training over it
+        except Exception as e:
             print(f"progress artifact not updated: {type(e).__name__}")
 
     return report

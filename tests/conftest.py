@@ -52,7 +52,9 @@ def digits(s3, tmp_path, request):
     from hetflow.config import DatasetSpec
     from hetflow.infra.datasets import digits_source, write_dataset
 
-    bucket = "hetflow-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
+    bucket = "hetflow-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace(
+        "_", "-"
+    )
     spec = DatasetSpec(url=f"s3://{bucket}/digits", cache_dir=str(tmp_path / "cache"))
     write_dataset(spec.url, digits_source(spec.test_fraction, spec.seed), spec.shard_samples)
     return spec

@@ -133,7 +133,7 @@ def _rank_main(function, rank: int, world: int, arg: str, work_dir: str) -> None
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
         result = function(rank, world, json.loads(arg))
         (out / f"rank{rank}.json").write_text(json.dumps(result))
-    except BaseException:  # noqa: BLE001 - reported to the parent, then exit 1
+    except BaseException:
         # written before the group is torn down, which makes the other ranks fail too
         (out / f"rank{rank}.err").write_text(traceback.format_exc())
         raise SystemExit(1) from None

@@ -13,6 +13,7 @@ def rank_profile(rank: int, samples_per_s: float, **figures) -> RankProfile:
     return RankProfile(rank=rank, samples_per_s=samples_per_s, **{**base, **figures})
 
 
-def profile_of(ranks: list[RankProfile], cluster: str = "test", model: str = "cnn",
-               **fields) -> Profile:
+def profile_of(
+    ranks: list[RankProfile], cluster: str = "test", model: str = "cnn", **fields
+) -> Profile:
     return Profile(cluster=cluster, model=model, ranks=ranks, **fields)

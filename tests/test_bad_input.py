@@ -12,7 +12,10 @@ CASES = {
     "zero speed": (["--speeds", "0,1"], "--speeds: worker 0 speed"),
     "non-finite speed": (["--speeds", "1,nan"], "--speeds: worker 1 speed"),
     "not a number": (["--speeds", "1,fast"], "--speeds"),
-    "batch below world size": (["--speeds", "1,1,2,4", "--global-batch", "3"], "train.global_batch"),
+    "batch below world size": (
+        ["--speeds", "1,1,2,4", "--global-batch", "3"],
+        "train.global_batch",
+    ),
     "unknown model": (["--model", "resnet9000"], "model"),
     "dataset url without scheme": (["--dataset-url", "bucket/digits"], "url"),
 }
@@ -38,10 +41,19 @@ def test_demo_refuses_bad_input_before_launch(argv, expected, capsys, hetflow_ho
         ("workers:\n  - {name: a, spede: 3}\n", ".yaml", "workers.0.spede"),
         ("workers:\n  - {name: a, speed: 1}\njitter: 1.5\n", ".yaml", "jitter"),
     ],
-    ids=["bad-yaml", "bad-json", "not-a-mapping", "duplicate-worker", "negative-speed", "unknown-field",
-         "jitter-above-1"],
+    ids=[
+        "bad-yaml",
+        "bad-json",
+        "not-a-mapping",
+        "duplicate-worker",
+        "negative-speed",
+        "unknown-field",
+        "jitter-above-1",
+    ],
 )
-def test_bad_cluster_file_is_refused_with_one_line(tmp_path, capsys, text, suffix, expected, hetflow_home):
+def test_bad_cluster_file_is_refused_with_one_line(
+    tmp_path, capsys, text, suffix, expected, hetflow_home
+):
     path = tmp_path / f"cluster{suffix}"
     path.write_text(text)
     assert main(["demo", "--cluster", str(path)]) == 2
@@ -70,6 +82,8 @@ def test_train_config_names_the_bad_field(field, value, expected):
 
 def test_cluster_file_that_is_fine_loads(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("name: mix\nworkers:\n  - {name: a, speed: 1}\n  - {name: b, speed: 3, link_gbps: 1}\n")
+    path.write_text(
+        "name: mix\nworkers:\n  - {name: a, speed: 1}\n  - {name: b, speed: 3, link_gbps: 1}\n"
+    )
     assert load_mapping(path)["name"] == "mix"
     assert DatasetSpec(url="s3://b/p/").url == "s3://b/p"

@@ -12,18 +12,38 @@ from hetflow.training.comm import choose_compression, ring_allreduce_bytes
 
 from benchmarks.comm import combine_repeats, main, method_metrics, paired_cuts, parse_methods
 
-KEYS = {"bytes_per_step", "compression_ratio", "step_time_s", "comm_time_s", "final_accuracy", "accuracy_delta_pp"}
+KEYS = {
+    "bytes_per_step",
+    "compression_ratio",
+    "step_time_s",
+    "comm_time_s",
+    "final_accuracy",
+    "accuracy_delta_pp",
+}
 
 
 @pytest.mark.slow
 def test_bench_comm_smoke(s3, tmp_path, capsys):
     out = tmp_path / "comm.json"
-    argv = ["--methods", "none,fp16", "--steps", "3", "--model", "mlp", "--link-gbps", "1", "--json", str(out)]
+    argv = [
+        "--methods",
+        "none,fp16",
+        "--steps",
+        "3",
+        "--model",
+        "mlp",
+        "--link-gbps",
+        "1",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     data = json.loads(out.read_text())
     assert set(data["methods"]) >= {"none", "fp16"}
     assert data["chosen"] in {"none", "fp16", "powersgd:4"}
-    assert data["chosen"] == str(choose_compression(data["profile_comm_share"])[0])  # from the profile
+    assert data["chosen"] == str(
+        choose_compression(data["profile_comm_share"])[0]
+    )  # from the profile
     for name, m in data["methods"].items():
         assert KEYS <= set(m), name
     none, fp16 = data["methods"]["none"], data["methods"]["fp16"]
@@ -44,8 +64,13 @@ def test_bench_comm_is_reachable_from_the_cli(capsys):
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("none,gzip", "unknown method"), ("topk:2", "topk ratio"), ("", "at least one"), ("none,none", "twice"),
-     ("auto", "chosen")],
+    [
+        ("none,gzip", "unknown method"),
+        ("topk:2", "topk ratio"),
+        ("", "at least one"),
+        ("none,none", "twice"),
+        ("auto", "chosen"),
+    ],
 )
 def test_bench_comm_refuses_bad_methods(text, expected):
     with pytest.raises(ConfigError) as e:
@@ -53,7 +78,9 @@ def test_bench_comm_refuses_bad_methods(text, expected):
     assert str(e.value).startswith("--methods") and expected in str(e.value)
 
 
-@pytest.mark.parametrize("argv, field", [(["--link-gbps", "-1"], "--link-gbps"), (["--repeat", "0"], "--repeat")])
+@pytest.mark.parametrize(
+    "argv, field", [(["--link-gbps", "-1"], "--link-gbps"), (["--repeat", "0"], "--repeat")]
+)
 def test_bench_comm_refuses_bad_numbers_before_launching(tmp_path, argv, field):
     with pytest.raises(ConfigError, match=field):
         main([*argv, "--json", str(tmp_path / "x.json")])
@@ -62,12 +89,21 @@ def test_bench_comm_refuses_bad_numbers_before_launching(tmp_path, argv, field):
 
 def test_repeats_take_median_times_and_pair_cuts_by_round():
     def run(step, acc):
-        return {"step_time_s": step, "compute_time_s": step / 2, "comm_time_s": step / 4, "idle_time_s": 0.0,
-                "bytes_per_step": 8.0, "final_accuracy": acc, "wall_s": 10.0}
+        return {
+            "step_time_s": step,
+            "compute_time_s": step / 2,
+            "comm_time_s": step / 4,
+            "idle_time_s": 0.0,
+            "bytes_per_step": 8.0,
+            "final_accuracy": acc,
+            "wall_s": 10.0,
+        }
 
     none = combine_repeats([run(0.40, 0.9), run(0.50, 0.8), run(0.44, 0.7)])
     fast = combine_repeats([run(0.20, 0.9), run(0.40, 0.9), run(0.33, 0.9)])
-    assert none["step_time_s"] == 0.44 and none["compute_time_s"] == 0.22  # medians, not the first run
+    assert (
+        none["step_time_s"] == 0.44 and none["compute_time_s"] == 0.22
+    )  # medians, not the first run
     assert none["step_time_s_runs"] == [0.40, 0.50, 0.44] and none["wall_s"] == 30.0
     assert none["final_accuracy"] == 0.9  # the first run's training figures
     cuts = paired_cuts({"none": none, "powersgd:4": fast}, "powersgd:4")
@@ -77,11 +113,26 @@ def test_repeats_take_median_times_and_pair_cuts_by_round():
 
 def test_method_metrics_skip_warmup_and_average_over_ranks():
     def rec(step, nbytes, step_s=1.0):
-        return {"step": step, "bytes_sent": nbytes, "step_s": step_s, "compute_s": 0.25, "comm_s": 0.5,
-                "idle_s": 0.0, "loss_sum": 64.0, "batch": 64}
+        return {
+            "step": step,
+            "bytes_sent": nbytes,
+            "step_s": step_s,
+            "compute_s": 0.25,
+            "comm_s": 0.5,
+            "idle_s": 0.0,
+            "loss_sum": 64.0,
+            "batch": 64,
+        }
 
-    ranks = [{"rank": r, "params": 10, "evals": [{"accuracy": 0.9}],
-              "records": [rec(0, 100.0, 9.0), rec(1, 100.0), rec(2, 10.0), rec(3, 10.0)]} for r in range(2)]
+    ranks = [
+        {
+            "rank": r,
+            "params": 10,
+            "evals": [{"accuracy": 0.9}],
+            "records": [rec(0, 100.0, 9.0), rec(1, 100.0), rec(2, 10.0), rec(3, 10.0)],
+        }
+        for r in range(2)
+    ]
     m = method_metrics({"ranks": ranks}, global_batch=128, skip=2)
     assert m["bytes_per_step"] == 10.0 and m["run_bytes_per_step"] == 55.0
     assert m["step_time_s"] == 1.0 and m["comm_time_s"] == 0.5

@@ -10,9 +10,26 @@ from hetflow.cli import main as cli_main
 
 from benchmarks.data import main, simulate_lru
 
-SMALL = ["--s3-latency-ms", "20", "--s3-mbps", "0", "--epochs", "2", "--steps-per-epoch", "16",
-         "--shard-samples", "32", "--plan", "8,8", "--compute-ms", "5", "--prefetch", "3",
-         "--cache-mb", "1"]
+SMALL = [
+    "--s3-latency-ms",
+    "20",
+    "--s3-mbps",
+    "0",
+    "--epochs",
+    "2",
+    "--steps-per-epoch",
+    "16",
+    "--shard-samples",
+    "32",
+    "--plan",
+    "8,8",
+    "--compute-ms",
+    "5",
+    "--prefetch",
+    "3",
+    "--cache-mb",
+    "1",
+]
 
 
 def test_bench_data_smoke(s3, tmp_path):
@@ -49,13 +66,16 @@ def test_bench_data_smoke(s3, tmp_path):
     assert wait["no_cache"] > 3 * wait["cache_prefetch"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--plan", "8,x"], "--plan"),
-    (["--rank", "2", "--plan", "8,8"], "--rank"),
-    (["--variants", "cache,bogus"], "--variants"),
-    (["--epochs", "0"], "--epochs"),
-    (["--plan", "8,8", "--steps-per-epoch", "1", "--shard-samples", "0"], "--shard-samples"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--plan", "8,x"], "--plan"),
+        (["--rank", "2", "--plan", "8,8"], "--rank"),
+        (["--variants", "cache,bogus"], "--variants"),
+        (["--epochs", "0"], "--epochs"),
+        (["--plan", "8,8", "--steps-per-epoch", "1", "--shard-samples", "0"], "--shard-samples"),
+    ],
+)
 def test_bench_data_refuses_bad_arguments(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().out

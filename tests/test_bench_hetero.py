@@ -15,11 +15,19 @@ def test_compute_model_error_compares_measured_compute_with_the_plans_model():
     def rec(step, batch, compute_s):
         return {"step": step, "batch": batch, "compute_s": compute_s}
 
-    result = {"ranks": [
-        # rank 1 first: ranks are matched by number, not by position
-        {"rank": 1, "records": [rec(0, 4, 9.0), rec(1, 4, 0.12), rec(2, 4, 0.14), rec(3, 6, 0.5)]},
-        {"rank": 0, "records": [rec(0, 2, 9.0), rec(1, 2, 0.05), rec(2, 2, 0.05), rec(3, 2, 5.0)]},
-    ]}
+    result = {
+        "ranks": [
+            # rank 1 first: ranks are matched by number, not by position
+            {
+                "rank": 1,
+                "records": [rec(0, 4, 9.0), rec(1, 4, 0.12), rec(2, 4, 0.14), rec(3, 6, 0.5)],
+            },
+            {
+                "rank": 0,
+                "records": [rec(0, 2, 9.0), rec(1, 2, 0.05), rec(2, 2, 0.05), rec(3, 2, 5.0)],
+            },
+        ]
+    }
     # planned: rank 0 0.01 + 0.02 x 2 = 0.05; rank 1 0.02 + 0.02 x 4 = 0.10
     errors = compute_model_error(result, [2, 4], [0.01, 0.02], [0.02, 0.02], until_step=3)
     # step 0 (set-up) and steps from until_step on (a straggler) are left out; so is a step
@@ -40,8 +48,14 @@ def test_median_run_keeps_the_median_runs_figures_together_and_lists_every_effic
     assert "efficiency_runs" not in runs[2]  # the runs themselves are left as they were
 
 
-@pytest.mark.parametrize("argv, field", [(["--repeat", "0"], "--repeat"), (["--jitter", "1.5"], "jitter"),
-                                         (["--time-scale", "0"], "time_scale")])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--repeat", "0"], "--repeat"),
+        (["--jitter", "1.5"], "jitter"),
+        (["--time-scale", "0"], "time_scale"),
+    ],
+)
 def test_bench_hetero_refuses_bad_numbers_before_launching(tmp_path, argv, field):
     # the CLI turns either into one line naming the field (tests/test_bad_input.py)
     with pytest.raises((ConfigError, ValidationError), match=field):

@@ -107,7 +107,9 @@ def test_budget_zero_reads_through_to_s3_every_time(shards, tmp_path):
     cache = ShardCache(url, tmp_path / "c", budget_bytes=0, prefetch_depth=3)
     for _ in range(3):
         cache.read(key, sha)
-    assert _cached(cache) == [] and cache.stats.misses == 3 and cache.stats.s3_bytes_read == 3 * size
+    assert (
+        _cached(cache) == [] and cache.stats.misses == 3 and cache.stats.s3_bytes_read == 3 * size
+    )
     cache.prefetch([(key, sha)])  # nowhere to put it: a no-op
     assert cache.stats.prefetched == 0
 
@@ -153,7 +155,9 @@ def test_a_key_cannot_name_a_path_outside_the_cache(shards, tmp_path):
     with pytest.raises(FileNotFoundError):
         cache.read("../../escaped", keys[0][1])
     assert not (tmp_path / "deep" / "escaped").exists()
-    outside = [p for p in tmp_path.rglob("*") if p.is_file() and cache_dir.resolve() not in p.parents]
+    outside = [
+        p for p in tmp_path.rglob("*") if p.is_file() and cache_dir.resolve() not in p.parents
+    ]
     assert outside == []
 
 
@@ -209,7 +213,9 @@ def test_processes_that_miss_the_same_shard_fetch_it_once(shards, tmp_path):
     budget = 100 * keys[0][2]  # every shard fits: after one fetch each, all reads are hits
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(4) as pool:
-        results = pool.map(_read_all, [(url, str(tmp_path / "shared"), budget, keys, s) for s in range(4)])
+        results = pool.map(
+            _read_all, [(url, str(tmp_path / "shared"), budget, keys, s) for s in range(4)]
+        )
     assert all(ok for ok, _, _ in results)
     assert sum(m for _, _, m in results) == len(keys)  # the entry lock: one fetch per shard
 

@@ -12,12 +12,11 @@ from hetflow.infra.catalog import (
     CatalogError,
     cost_usd,
     describe_instance_types,
-    load_prices,
     network_gbps,
-    price_table,
     resolve_cluster,
     seed_profile,
 )
+from hetflow.infra.pricing import load_prices, price_table
 
 # one instance type per GPU family a user would name (moto 5.2 knows p3dn, not p3.2xlarge)
 FAMILIES = {
@@ -93,11 +92,16 @@ def test_network_wording():
 
 
 def test_resolve_cluster_derives_speeds_and_links_from_instance_types(catalog):
-    cluster = ClusterSpec.model_validate({"name": "rehearsal", "workers": [
-        {"name": "t4", "instance_type": "g4dn.xlarge"},
-        {"name": "a10g", "instance_type": "g5.xlarge"},
-        {"name": "v100", "instance_type": "p3dn.24xlarge", "link_gbps": 2.0},
-    ]})
+    cluster = ClusterSpec.model_validate(
+        {
+            "name": "rehearsal",
+            "workers": [
+                {"name": "t4", "instance_type": "g4dn.xlarge"},
+                {"name": "a10g", "instance_type": "g5.xlarge"},
+                {"name": "v100", "instance_type": "p3dn.24xlarge", "link_gbps": 2.0},
+            ],
+        }
+    )
     resolved = resolve_cluster(cluster, catalog)
     speeds = [w.speed for w in resolved.workers]
     assert speeds == pytest.approx([8.1 / 31.2, 1.0, 15.7 / 31.2], rel=1e-4)
@@ -105,12 +109,19 @@ def test_resolve_cluster_derives_speeds_and_links_from_instance_types(catalog):
     assert resolved.slowdowns()[1] == resolved.time_scale
     assert resolve_cluster(resolved, catalog) == resolved  # idempotent
     assert resolve_cluster(ClusterSpec.from_speeds([1, 2]), catalog).workers[1].speed == 2
-    mixed = ClusterSpec.model_validate({"workers": [{"name": "a", "instance_type": "g5.xlarge"},
-                                                    {"name": "b", "speed": 2}]})
+    mixed = ClusterSpec.model_validate(
+        {"workers": [{"name": "a", "instance_type": "g5.xlarge"}, {"name": "b", "speed": 2}]}
+    )
     with pytest.raises(CatalogError, match="every worker or for none"):
         resolve_cluster(mixed, catalog)
-    unknown = ClusterSpec.model_validate({"workers": [{"name": "a", "instance_type": "g5.xlarge"},
-                                                      {"name": "b", "instance_type": "zz.top"}]})
+    unknown = ClusterSpec.model_validate(
+        {
+            "workers": [
+                {"name": "a", "instance_type": "g5.xlarge"},
+                {"name": "b", "instance_type": "zz.top"},
+            ]
+        }
+    )
     with pytest.raises(CatalogError, match="zz.top"):
         Catalog.for_cluster(unknown)
 
@@ -119,17 +130,34 @@ def test_seed_profile_feeds_the_planner(catalog):
     from hetflow.config import TrainConfig
     from hetflow.training.planning import make_plan
 
-    cluster = resolve_cluster(ClusterSpec.model_validate({"workers": [
-        {"name": "t4", "instance_type": "g4dn.xlarge"}, {"name": "h100", "instance_type": "p5.48xlarge"},
-    ]}), catalog)
-    plan = make_plan(seed_profile(cluster, catalog), cluster, TrainConfig(global_batch=100, schedule="proportional"))
+    cluster = resolve_cluster(
+        ClusterSpec.model_validate(
+            {
+                "workers": [
+                    {"name": "t4", "instance_type": "g4dn.xlarge"},
+                    {"name": "h100", "instance_type": "p5.48xlarge"},
+                ]
+            }
+        ),
+        catalog,
+    )
+    plan = make_plan(
+        seed_profile(cluster, catalog),
+        cluster,
+        TrainConfig(global_batch=100, schedule="proportional"),
+    )
     assert sum(plan.local_batches) == 100 and plan.local_batches[1] > 7 * plan.local_batches[0]
 
 
 def test_cost_by_worker_total_and_per_epoch(catalog):
-    cluster = ClusterSpec.model_validate({"workers": [
-        {"name": "a", "instance_type": "g5.xlarge"}, {"name": "b", "instance_type": "p4d.24xlarge"},
-    ]})
+    cluster = ClusterSpec.model_validate(
+        {
+            "workers": [
+                {"name": "a", "instance_type": "g5.xlarge"},
+                {"name": "b", "instance_type": "p4d.24xlarge"},
+            ]
+        }
+    )
     cost = cost_usd(cluster, 1800, catalog, epochs=3)
     g5, p4d_share = catalog.price("g5.xlarge"), catalog.price("p4d.24xlarge") / 8
     assert cost["by_worker"] == pytest.approx({"a": g5 / 2, "b": p4d_share / 2})

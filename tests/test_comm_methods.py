@@ -45,9 +45,7 @@ NONE_BYTES = ring_allreduce_bytes(GRAD_BYTES, WORLD)  # 2(n-1)/n x gradient byte
 
 def tiny_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
-    )
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,8 +67,14 @@ def _train_one(counter, rank: int, method: str, bucket_mb, stage_steps: int, mom
     model = tiny_model()
     ddp = DDP(model) if bucket_mb is None else DDP(model, bucket_cap_mb=bucket_mb)
     buckets: set[int] = set()
-    state = register_compression(ddp, parsed, lambda hook: _seen(hook, buckets), nodes=NODES,
-                                 warmup_steps=WARMUP, density_stage_steps=stage_steps)
+    state = register_compression(
+        ddp,
+        parsed,
+        lambda hook: _seen(hook, buckets),
+        nodes=NODES,
+        warmup_steps=WARMUP,
+        density_stage_steps=stage_steps,
+    )
     sgd = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=momentum)
     opt = wrap_optimizer(sgd, parsed, state)
     gen = torch.Generator().manual_seed(100 + rank)
@@ -129,11 +133,15 @@ def _launch(tmp_path_factory, name: str, runs: list) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def none_ranks(tmp_path_factory):
-    return _launch(tmp_path_factory, "none", [
-        _run("none"),
-        _run("none", "none@multi", bucket_mb=BUCKET_MB),  # small buckets: several per step
-        _run("none", "none@momentum", momentum=0.9),
-    ])
+    return _launch(
+        tmp_path_factory,
+        "none",
+        [
+            _run("none"),
+            _run("none", "none@multi", bucket_mb=BUCKET_MB),  # small buckets: several per step
+            _run("none", "none@momentum", momentum=0.9),
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -148,21 +156,29 @@ def bf16_ranks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def powersgd_ranks(tmp_path_factory):
-    return _launch(tmp_path_factory, "powersgd", [
-        _run("powersgd:2"),
-        _run("powersgd:2", "powersgd:2@multi", bucket_mb=BUCKET_MB),
-    ])
+    return _launch(
+        tmp_path_factory,
+        "powersgd",
+        [
+            _run("powersgd:2"),
+            _run("powersgd:2", "powersgd:2@multi", bucket_mb=BUCKET_MB),
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
 def topk_ranks(tmp_path_factory):
-    return _launch(tmp_path_factory, "topk", [
-        _run("topk:0.01"),
-        _run("topk:0.01", "topk:0.01@multi", bucket_mb=BUCKET_MB),
-        _run("topk:0.01", "topk:0.01@staged", stage_steps=1),
-        _run("topk:1"),
-        _run(ALL_BUT_NAMED, f"{ALL_BUT_NAMED}@momentum", momentum=0.9),
-    ])
+    return _launch(
+        tmp_path_factory,
+        "topk",
+        [
+            _run("topk:0.01"),
+            _run("topk:0.01", "topk:0.01@multi", bucket_mb=BUCKET_MB),
+            _run("topk:0.01", "topk:0.01@staged", stage_steps=1),
+            _run("topk:1"),
+            _run(ALL_BUT_NAMED, f"{ALL_BUT_NAMED}@momentum", momentum=0.9),
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -175,9 +191,16 @@ def hierarchical_ranks(tmp_path_factory):
     return _launch(tmp_path_factory, "hierarchical", [_run("hierarchical:2")])
 
 
-FIXTURE = {"none": "none_ranks", "fp16": "fp16_ranks", "bf16": "bf16_ranks",
-           "powersgd:2": "powersgd_ranks", "topk:0.01": "topk_ranks", "topk:1": "topk_ranks",
-           "localsgd:2": "localsgd_ranks", "hierarchical:2": "hierarchical_ranks"}
+FIXTURE = {
+    "none": "none_ranks",
+    "fp16": "fp16_ranks",
+    "bf16": "bf16_ranks",
+    "powersgd:2": "powersgd_ranks",
+    "topk:0.01": "topk_ranks",
+    "topk:1": "topk_ranks",
+    "localsgd:2": "localsgd_ranks",
+    "hierarchical:2": "hierarchical_ranks",
+}
 
 
 def _ranks(request, method: str) -> list[dict]:
@@ -225,8 +248,9 @@ def test_powersgd_sends_its_low_rank_factors(powersgd_ranks):
             compressed += (n + m) * r  # P (n x r) and Q (m x r)
         else:
             uncompressed += n * m
-    expected = (ring_allreduce_bytes(4 * uncompressed, WORLD)
-                + ring_allreduce_bytes(4 * compressed, WORLD))
+    expected = ring_allreduce_bytes(4 * uncompressed, WORLD) + ring_allreduce_bytes(
+        4 * compressed, WORLD
+    )
     bytes_ = powersgd_ranks[0]["powersgd:2"]["bytes"]
     assert bytes_[:WARMUP] == [NONE_BYTES] * WARMUP  # warm-up: plain all-reduce
     assert bytes_[WARMUP:] == [expected] * (STEPS - WARMUP)
@@ -271,7 +295,9 @@ def test_none_sends_the_same_bytes_in_one_bucket_or_several(none_ranks):
 
 @pytest.mark.slow
 def test_powersgd_bytes_do_not_depend_on_bucketing(powersgd_ranks):
-    assert powersgd_ranks[0]["powersgd:2@multi"]["bytes"] == powersgd_ranks[0]["powersgd:2"]["bytes"]
+    assert (
+        powersgd_ranks[0]["powersgd:2@multi"]["bytes"] == powersgd_ranks[0]["powersgd:2"]["bytes"]
+    )
 
 
 @pytest.mark.slow
@@ -287,10 +313,13 @@ def test_topk_keeps_its_ratio_per_bucket(topk_ranks):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label,method,stage_steps", [
-    *[(m, m, 0) for m in ("none", "fp16", "bf16", "powersgd:2", "topk:0.01")],
-    ("topk:0.01@staged", "topk:0.01", 1),
-])
+@pytest.mark.parametrize(
+    "label,method,stage_steps",
+    [
+        *[(m, m, 0) for m in ("none", "fp16", "bf16", "powersgd:2", "topk:0.01")],
+        ("topk:0.01@staged", "topk:0.01", 1),
+    ],
+)
 def test_method_warmup_steps_is_where_the_bytes_settle(request, label, method, stage_steps):
     # what bench comm times and counts from: every step after it sends what the last one does
     sent = _ranks(request, method)[0][label]["bytes"]

@@ -21,8 +21,9 @@ from hetflow.training.comm import (
 from tests.test_comm_methods import tiny_model
 
 
-def _one_rank_run(method: str, steps: int, resume_from: dict | None = None,
-                  save_at: int | None = None):
+def _one_rank_run(
+    method: str, steps: int, resume_from: dict | None = None, save_at: int | None = None
+):
     """SGD, momentum 0.9, under DDP on one gloo rank; (parameters, checkpoint taken at save_at)."""
     parsed = CompressionMethod.parse(method)
     model = tiny_model()
@@ -36,23 +37,30 @@ def _one_rank_run(method: str, steps: int, resume_from: dict | None = None,
         load_comm_state(state, resume_from["comm"])
         start = resume_from["step"]
     gen = torch.Generator().manual_seed(7)
-    batches = [(torch.randn(16, 64, generator=gen), torch.randint(0, 10, (16,), generator=gen))
-               for _ in range(steps)]
+    batches = [
+        (torch.randn(16, 64, generator=gen), torch.randint(0, 10, (16,), generator=gen))
+        for _ in range(steps)
+    ]
     for step in range(start, steps):
         x, y = batches[step]
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step + 1 == save_at:
-            saved = copy.deepcopy({"step": step + 1, "model": model.state_dict(),
-                                   "optimizer": opt.state_dict(), "comm": comm_state_dict(state)})
+            saved = copy.deepcopy(
+                {
+                    "step": step + 1,
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "comm": comm_state_dict(state),
+                }
+            )
     return [p.detach().clone() for p in model.parameters()], saved
 
 
 @pytest.fixture
 def one_rank(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
-                            world_size=1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

@@ -50,12 +50,18 @@ def test_ingest_writes_shards_and_manifest_and_reads_back(s3, tmp_path):
     spec = _spec(tmp_path)
     manifest = ingest_dataset.fn(spec)
     assert read_manifest(spec.url) == manifest
-    assert manifest.ingest == {"source": "synthetic", "shard_samples": 32, "test_fraction": 0.2,
-                               "seed": 0, "samples": 100}
+    assert manifest.ingest == {
+        "source": "synthetic",
+        "shard_samples": 32,
+        "test_fraction": 0.2,
+        "seed": 0,
+        "samples": 100,
+    }
     train = manifest.splits["train"]
     assert train.samples == 80 and len(train.shards) == 3 and manifest.classes == 10
-    assert _objects(spec.url) == sorted(["manifest.json", *(s.key for split in manifest.splits.values()
-                                                            for s in split.shards)])
+    assert _objects(spec.url) == sorted(
+        ["manifest.json", *(s.key for split in manifest.splits.values() for s in split.shards)]
+    )
     verify_dataset(manifest, deep=True)
 
     source = synthetic_source(100, 0.2, 0)
@@ -63,8 +69,9 @@ def test_ingest_writes_shards_and_manifest_and_reads_back(s3, tmp_path):
     assert np.array_equal(data.train.x, source["train"][0])
     assert np.array_equal(data.test.y, source["test"][1])
     assert data.cache.stats.misses == 4 and data.cache.stats.hits == 0
-    assert data.cache.stats.s3_bytes_read == sum(s.bytes for sp in manifest.splits.values()
-                                                 for s in sp.shards)
+    assert data.cache.stats.s3_bytes_read == sum(
+        s.bytes for sp in manifest.splits.values() for s in sp.shards
+    )
     again = load_rank_data(spec)  # the same host's cache: nothing from S3
     assert again.cache.stats.hits == 4 and again.cache.stats.s3_bytes_read == 0
 
@@ -75,11 +82,20 @@ def test_an_existing_dataset_is_reused_only_if_it_is_the_same(s3, tmp_path, monk
     with monkeypatch.context() as mp:
         mp.setattr("hetflow.tasks.data.write_dataset", lambda *a, **k: pytest.fail("rewritten"))
         assert ingest_dataset.fn(spec).splits["train"].samples == 80
-        with pytest.raises(DatasetError, match=r"^s3://hetflow-test-ds/syn: already holds a dataset "
-                                               r"written with shard_samples=32, not 64"):
+        with pytest.raises(
+            DatasetError,
+            match=r"^s3://hetflow-test-ds/syn: already holds a dataset "
+            r"written with shard_samples=32, not 64",
+        ):
             ingest_dataset.fn(_spec(tmp_path, shard_samples=64))
-    assert len(ingest_dataset.fn(_spec(tmp_path, shard_samples=64), overwrite=True)
-               .splits["train"].shards) == 2
+    assert (
+        len(
+            ingest_dataset.fn(_spec(tmp_path, shard_samples=64), overwrite=True)
+            .splits["train"]
+            .shards
+        )
+        == 2
+    )
     # The 3 old train shards are gone, not left beside the 2 new ones.
     assert len([k for k in _objects(spec.url) if k.startswith("train/")]) == 2
 
@@ -118,11 +134,24 @@ def _manifest_json(url: str) -> dict:
     [
         (lambda m: "{not json", "malformed manifest"),
         (lambda m: [1, 2], "expected a JSON object"),
-        (lambda m: {**m, "splits": {"train": {**m["splits"]["train"], "samples": 999}}},
-         "shards hold 32 samples, the split says 999"),
-        (lambda m: {**m, "splits": {"train": {**m["splits"]["train"], "shards": [
-            {**m["splits"]["train"]["shards"][0], "key": "../../other/shard.npz"}]}}},
-         "must be a relative path inside the dataset"),
+        (
+            lambda m: {**m, "splits": {"train": {**m["splits"]["train"], "samples": 999}}},
+            "shards hold 32 samples, the split says 999",
+        ),
+        (
+            lambda m: {
+                **m,
+                "splits": {
+                    "train": {
+                        **m["splits"]["train"],
+                        "shards": [
+                            {**m["splits"]["train"]["shards"][0], "key": "../../other/shard.npz"}
+                        ],
+                    }
+                },
+            },
+            "must be a relative path inside the dataset",
+        ),
         (lambda m: {**m, "classes": 1}, "outside 0..0"),
     ],
 )
@@ -149,7 +178,9 @@ def test_shards_that_do_not_match_the_manifest_are_named(s3, tmp_path):
     check_shards(manifest)
     with pytest.raises(ChecksumError, match=rf"^{spec.url}/{first.key}: checksum mismatch"):
         verify_dataset(manifest, deep=True)
-    with pytest.raises(ChecksumError, match=rf"^{spec.url}/{first.key}: checksum mismatch at the source"):
+    with pytest.raises(
+        ChecksumError, match=rf"^{spec.url}/{first.key}: checksum mismatch at the source"
+    ):
         load_rank_data(spec)
 
     _put(spec.url, first.key, original + b"tail")  # other size: the listing catches it
@@ -157,8 +188,11 @@ def test_shards_that_do_not_match_the_manifest_are_named(s3, tmp_path):
         check_shards(manifest)
     fs.rm_file(f"{root}/{second.key}")
     _put(spec.url, first.key, original)
-    with pytest.raises(DatasetError, match=rf"^{spec.url}/{second.key}: named in the manifest "
-                                           r"\(split 'train'\) but missing"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"^{spec.url}/{second.key}: named in the manifest "
+        r"\(split 'train'\) but missing",
+    ):
         load_rank_data(spec)
     with pytest.raises(DatasetError, match=rf"{second.key}: named in the manifest"):
         ingest_dataset.fn(spec)
@@ -177,8 +211,11 @@ def test_a_shard_holding_other_samples_than_its_manifest_says_is_named(s3, tmp_p
     _put(url, "manifest.json", json.dumps(m).encode())
     manifest = read_manifest(url)
     check_shards(manifest)
-    with pytest.raises(DatasetError, match=rf"^{url}/train/shard-00000.npz: holds 31 samples, "
-                                           r"the manifest says 32$"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"^{url}/train/shard-00000.npz: holds 31 samples, "
+        r"the manifest says 32$",
+    ):
         load_rank_data(DatasetSpec(url=url, cache_dir=str(tmp_path / "c")))
 
 
@@ -202,8 +239,12 @@ KILLER = textwrap.dedent("""
 
 
 def _killed_ingest(url: str, after: int, shard_samples: int) -> None:
-    proc = subprocess.run([sys.executable, "-c", KILLER, url, str(after), str(shard_samples)],
-                          capture_output=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLER, url, str(after), str(shard_samples)],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
 
 
@@ -267,8 +308,9 @@ def ids_dataset(s3_server):
 
 
 @pytest.mark.parametrize("prefetch, budget_shards", [(0, 100), (3, 100), (2, 3)])
-def test_rank_readers_hand_out_each_sample_once_per_epoch(s3, ids_dataset, tmp_path, prefetch,
-                                                          budget_shards):
+def test_rank_readers_hand_out_each_sample_once_per_epoch(
+    s3, ids_dataset, tmp_path, prefetch, budget_shards
+):
     """All ranks' batches over an epoch, with the plan changing mid-epoch: every sample once,
     with its own features and label, whatever the cache budget and prefetch depth. The ranks
     share one host's cache."""

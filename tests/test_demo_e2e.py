@@ -14,11 +14,24 @@ from mlflow.tracking import MlflowClient
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 RUN_METRICS = [
-    "throughput_samples_per_s", "train_loop_s", "final_accuracy", "comm_bytes_total",
-    "comm_bytes_per_step", "data_wait_fraction", "s3_bytes_read", "cache_hit_ratio",
+    "throughput_samples_per_s",
+    "train_loop_s",
+    "final_accuracy",
+    "comm_bytes_total",
+    "comm_bytes_per_step",
+    "data_wait_fraction",
+    "s3_bytes_read",
+    "cache_hit_ratio",
     "straggler_idle_fraction",
 ]
-RANK_METRICS = ["busy_fraction", "compute_s", "comm_s", "data_wait_s", "local_batch", "samples_per_s"]
+RANK_METRICS = [
+    "busy_fraction",
+    "compute_s",
+    "comm_s",
+    "data_wait_s",
+    "local_batch",
+    "samples_per_s",
+]
 FRACTIONS = ["data_wait_fraction", "cache_hit_ratio", "straggler_idle_fraction", "final_accuracy"]
 
 
@@ -26,11 +39,32 @@ FRACTIONS = ["data_wait_fraction", "cache_hit_ratio", "straggler_idle_fraction",
 def demo(tmp_path_factory):
     home = tmp_path_factory.mktemp("demo-home")
     out = home / "demo.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_API"))}
-    env.update(HETFLOW_HOME=str(home), PREFECT_HOME=str(home / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_API"))
+    }
+    env.update(
+        HETFLOW_HOME=str(home),
+        PREFECT_HOME=str(home / "prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "hetflow.cli", "demo", "--speeds", "1,1,2,4", "--steps", "30", "--json", str(out)],
-        env=env, capture_output=True, text=True, timeout=400, check=False,
+        [
+            sys.executable,
+            "-m",
+            "hetflow.cli",
+            "demo",
+            "--speeds",
+            "1,1,2,4",
+            "--steps",
+            "30",
+            "--json",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return home, json.loads(out.read_text()), proc.stdout
@@ -46,18 +80,33 @@ def test_demo_json_has_both_variants_with_design_metric_names(demo):
     _, table, _ = demo
     assert set(table) == {"baseline", "optimized"}
     for variant in table.values():
-        for name in ["throughput_samples_per_s", "train_loop_s", "final_accuracy", "comm_bytes_total",
-                     "rank0/busy_fraction", "rank3/busy_fraction"]:
+        for name in [
+            "throughput_samples_per_s",
+            "train_loop_s",
+            "final_accuracy",
+            "comm_bytes_total",
+            "rank0/busy_fraction",
+            "rank3/busy_fraction",
+        ]:
             assert variant[name] is not None and variant[name] >= 0, name
 
 
 def test_where_the_ranks_time_went_adds_up(demo):
     _, table, _ = demo
     for name, variant in table.items():
-        shares = [variant[k] for k in ("busy_fraction", "comm_fraction", "straggler_idle_fraction",
-                                       "data_wait_fraction")]
+        shares = [
+            variant[k]
+            for k in (
+                "busy_fraction",
+                "comm_fraction",
+                "straggler_idle_fraction",
+                "data_wait_fraction",
+            )
+        ]
         assert all(0 <= f <= 1 for f in shares), name
-        assert sum(shares) == pytest.approx(1.0, abs=0.02), name  # each rank's step, split four ways
+        assert sum(shares) == pytest.approx(1.0, abs=0.02), (
+            name
+        )  # each rank's step, split four ways
 
 
 def test_mlflow_holds_both_runs_under_one_parent_with_sane_metrics(demo):
@@ -77,7 +126,9 @@ def test_mlflow_holds_both_runs_under_one_parent_with_sane_metrics(demo):
         for name in FRACTIONS + [f"rank{r}/busy_fraction" for r in range(4)]:
             assert 0.0 <= m[name] <= 1.0, (name, m[name])
         assert m["throughput_samples_per_s"] > 0 and m["comm_bytes_total"] > 0
-        assert m["throughput_samples_per_s"] == pytest.approx(table[variant]["throughput_samples_per_s"])
+        assert m["throughput_samples_per_s"] == pytest.approx(
+            table[variant]["throughput_samples_per_s"]
+        )
         loss = client.get_metric_history(run.info.run_id, "loss")
         assert len(loss) == 30 and loss[-1].value < loss[0].value
         assert sum(m[f"rank{r}/local_batch"] for r in range(4)) == 128
@@ -99,10 +150,16 @@ def test_each_run_has_plots_model_profile_plan_and_system_metrics(demo):
         top = {a.path for a in client.list_artifacts(rid)}
         assert {"profile.json", "plan.json", "plots"} <= top
         plots = {a.path: a.file_size for a in client.list_artifacts(rid, "plots")}
-        assert set(plots) == {"plots/timeline.png", "plots/steps.png"} and min(plots.values()) > 1000
-        node = socket.gethostname()  # system metrics carry the node id of the host that sampled them
+        assert (
+            set(plots) == {"plots/timeline.png", "plots/steps.png"} and min(plots.values()) > 1000
+        )
+        node = (
+            socket.gethostname()
+        )  # system metrics carry the node id of the host that sampled them
         assert f"system/{node}/cpu_utilization_percentage" in run.data.metrics
         # a fraction; the goal (< 2% of step time) is a measured figure (demo table), not asserted
         assert 0 <= run.data.metrics["tracking_overhead_fraction"] < 1
-        models = client.search_logged_models([exp.experiment_id], filter_string=f"source_run_id = '{rid}'")
+        models = client.search_logged_models(
+            [exp.experiment_id], filter_string=f"source_run_id = '{rid}'"
+        )
         assert models, f"no model logged for {run.data.tags['variant']}"

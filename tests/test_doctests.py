@@ -16,7 +16,9 @@ LAYERS = ("flows", "tasks", "training", "infra", "emulation")
 
 def module_names() -> list[str]:
     """Every module of the hetflow namespace: hetflow's own folder, then each layer's tree."""
-    names = [f"hetflow.{m.name}" for m in pkgutil.iter_modules([str(Path(hetflow.__file__).parent)])]
+    names = [
+        f"hetflow.{m.name}" for m in pkgutil.iter_modules([str(Path(hetflow.__file__).parent)])
+    ]
     for layer in LAYERS:
         package = importlib.import_module(f"hetflow.{layer}")
         names += [m.name for m in pkgutil.walk_packages(package.__path__, f"hetflow.{layer}.")]

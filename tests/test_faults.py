@@ -45,19 +45,35 @@ def test_ingest_survives_transient_s3_faults(via_proxy, fault, every, tmp_path, 
         ok = _same_dataset(url)
     assert proxy.injected > 0, "no fault was injected: the test proves nothing"
     assert ok
-    fault_table.append((f"S3 {fault} every {every}th request", "ingest", "finished", 0, "none", proxy.injected))
+    fault_table.append(
+        (f"S3 {fault} every {every}th request", "ingest", "finished", 0, "none", proxy.injected)
+    )
 
 
 @pytest.mark.parametrize("fault, every", FAULTS, ids=[f[0] for f in FAULTS])
-def test_cache_reads_survive_transient_s3_faults(s3, via_proxy, fault, every, tmp_path, fault_table):
+def test_cache_reads_survive_transient_s3_faults(
+    s3, via_proxy, fault, every, tmp_path, fault_table
+):
     url = f"s3://faults-cache-{fault}/digits"
     manifest = write_dataset(url, digits_source(0.2, 0), shard_samples=128)  # no faults here
     with via_proxy(fault, every) as proxy:
         cache = ShardCache(url, tmp_path / "cache", budget_bytes=10**8)
-        xs = [decode_shard(cache.read(s.key, s.sha256), s.key)[0] for s in manifest.splits["train"].shards]
+        xs = [
+            decode_shard(cache.read(s.key, s.sha256), s.key)[0]
+            for s in manifest.splits["train"].shards
+        ]
     assert proxy.injected > 0
     assert sum(len(x) for x in xs) == 1437
-    fault_table.append((f"S3 {fault} every {every}th request", "shard cache", "finished", 0, "none", proxy.injected))
+    fault_table.append(
+        (
+            f"S3 {fault} every {every}th request",
+            "shard cache",
+            "finished",
+            0,
+            "none",
+            proxy.injected,
+        )
+    )
 
 
 @pytest.mark.parametrize("fault, every", FAULTS[:2], ids=[f[0] for f in FAULTS[:2]])
@@ -71,7 +87,16 @@ def test_checkpoints_survive_transient_s3_faults(s3, via_proxy, fault, every, fa
         loaded = CheckpointStore(f"s3://{bucket}/run").load()
     assert proxy.injected > 0
     assert loaded["step"] == 30 and torch.equal(loaded["w"], torch.full((256,), 30.0))
-    fault_table.append((f"S3 {fault} every {every}th request", "checkpoints", "finished", 0, "none", proxy.injected))
+    fault_table.append(
+        (
+            f"S3 {fault} every {every}th request",
+            "checkpoints",
+            "finished",
+            0,
+            "none",
+            proxy.injected,
+        )
+    )
 
 
 def test_missing_bucket_fails_fast_naming_it(s3, fault_table):

@@ -17,7 +17,7 @@ def test_fit_affine_recovers_latency_and_slope():
 def test_robust_fit_leaves_out_one_batch_size_spoiled_by_a_burst_of_load():
     sizes = [8, 16, 32, 64]
     clean = [0.1 + 0.003 * b for b in sizes]
-    spoiled = clean[:3] + [clean[3] * 2.2]  # most samples at batch 64 fell into a burst
+    spoiled = [*clean[:3], clean[3] * 2.2]  # most samples at batch 64 fell into a burst
     a, b, dropped = robust_affine(sizes, spoiled)
     assert dropped == 64 and (a, b) == (pytest.approx(0.1), pytest.approx(0.003))
     noisy = [t * f for t, f in zip(clean, [1.05, 0.97, 1.04, 0.98], strict=True)]

@@ -61,17 +61,35 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
 
     dataset = DatasetSpec(url="s3://hetflow-flow-retry/digits", cache_dir=str(tmp_path / "cache"))
     types = ["g4dn.xlarge", "g4dn.xlarge", "p3dn.24xlarge", "g5.xlarge"]  # T4, T4, V100, A10G
-    cluster = ClusterSpec.model_validate({"name": "ec2-mix", "time_scale": 2.0, "workers": [
-        {"name": f"w{i}", "instance_type": t} for i, t in enumerate(types)]})
-    cfg = TrainConfig.variant("optimized", model="mlp", global_batch=64, steps=STEPS,
-                              checkpoint_every=EVERY, eval_every=10)
+    cluster = ClusterSpec.model_validate(
+        {
+            "name": "ec2-mix",
+            "time_scale": 2.0,
+            "workers": [{"name": f"w{i}", "instance_type": t} for i, t in enumerate(types)],
+        }
+    )
+    cfg = TrainConfig.variant(
+        "optimized",
+        model="mlp",
+        global_batch=64,
+        steps=STEPS,
+        checkpoint_every=EVERY,
+        eval_every=10,
+    )
     killed: list = []
     stop = threading.Event()
-    watcher = threading.Thread(target=_kill_job_when_it_reaches, args=(KILL_AT, hetflow_home, killed, stop),
-                               daemon=True)
+    watcher = threading.Thread(
+        target=_kill_job_when_it_reaches, args=(KILL_AT, hetflow_home, killed, stop), daemon=True
+    )
     watcher.start()
     try:
-        out = train(cluster=cluster, dataset=dataset, train=cfg, tracking=TrackingConfig(), variant="optimized")
+        out = train(
+            cluster=cluster,
+            dataset=dataset,
+            train=cfg,
+            tracking=TrackingConfig(),
+            variant="optimized",
+        )
     finally:
         stop.set()
         watcher.join(timeout=5)
@@ -84,12 +102,16 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
     assert 0 <= m["steps_redone"] <= EVERY  # bounded by the checkpoint interval
 
     client: MlflowClient = MLflowTracker(TrackingConfig()).client
-    runs = client.search_runs([client.get_experiment_by_name("hetflow").experiment_id],
-                              filter_string="tags.variant = 'optimized'")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("hetflow").experiment_id],
+        filter_string="tags.variant = 'optimized'",
+    )
     assert [r.info.run_id for r in runs] == [out["run_id"]]  # the retry completed the same run
     run = runs[0]
     assert run.info.status == "FINISHED"
-    assert run.data.metrics["restarts"] == 1 and run.data.metrics["steps_redone"] == m["steps_redone"]
+    assert (
+        run.data.metrics["restarts"] == 1 and run.data.metrics["steps_redone"] == m["steps_redone"]
+    )
     # speeds from the catalog: the A10G (rank 3) gets the largest share, the T4s the smallest
     batches = [run.data.metrics[f"rank{i}/local_batch"] for i in range(4)]
     assert batches[3] == max(batches) and batches[0] == min(batches), batches
@@ -100,8 +122,19 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
         share = catalog.price(t) / catalog.info(t).devices
         assert run.data.metrics[f"rank{i}/cost_usd"] == pytest.approx(share * hours, rel=1e-6)
     assert run.data.metrics["cost_usd"] == pytest.approx(
-        sum(run.data.metrics[f"rank{i}/cost_usd"] for i in range(4)), rel=1e-6)
+        sum(run.data.metrics[f"rank{i}/cost_usd"] for i in range(4)), rel=1e-6
+    )
     epochs = STEPS * cfg.global_batch / read_manifest(dataset.url).splits["train"].samples
-    assert run.data.metrics["cost_per_epoch_usd"] == pytest.approx(run.data.metrics["cost_usd"] / epochs, rel=1e-3)
-    fault_table.append(("SIGKILL of torchrun and all workers", "train flow", "finished, task retried",
-                        int(m["steps_redone"]), "none", 1))
+    assert run.data.metrics["cost_per_epoch_usd"] == pytest.approx(
+        run.data.metrics["cost_usd"] / epochs, rel=1e-3
+    )
+    fault_table.append(
+        (
+            "SIGKILL of torchrun and all workers",
+            "train flow",
+            "finished, task retried",
+            int(m["steps_redone"]),
+            "none",
+            1,
+        )
+    )

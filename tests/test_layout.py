@@ -10,8 +10,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # folder -> the hetflow subpackage it installs as (pyproject's package-dir)
-FOLDERS = {"hetflow": "hetflow", "flows": "hetflow.flows", "tasks": "hetflow.tasks",
-           "training": "hetflow.training", "infra": "hetflow.infra", "emulation": "hetflow.emulation"}
+FOLDERS = {
+    "hetflow": "hetflow",
+    "flows": "hetflow.flows",
+    "tasks": "hetflow.tasks",
+    "training": "hetflow.training",
+    "infra": "hetflow.infra",
+    "emulation": "hetflow.emulation",
+}
 # What each layer may import of hetflow (besides itself). The CLI, the stack and the simulator
 # (under hetflow/) sit on top and may import anything.
 ALLOWED = {
@@ -65,14 +71,19 @@ def test_layers_import_downward_only(module, path):
     own = layer(module)
     if own is None:
         return  # the top: CLI, stack, simulator
-    bad = sorted(name for name in hetflow_imports(ast.parse(path.read_text()))
-                 if layer(name) not in ALLOWED[own] | {own})
+    bad = sorted(
+        name
+        for name in hetflow_imports(ast.parse(path.read_text()))
+        if layer(name) not in ALLOWED[own] | {own}
+    )
     assert not bad, f"{module} ({own}) imports {bad}"
 
 
 def test_the_layer_rule_catches_an_upward_import():
-    tree = ast.parse("from hetflow.tasks.train import train_variant\nimport hetflow.records\n"
-                     "if TYPE_CHECKING:\n    from hetflow.flows.train import train")
+    tree = ast.parse(
+        "from hetflow.tasks.train import train_variant\nimport hetflow.records\n"
+        "if TYPE_CHECKING:\n    from hetflow.flows.train import train"
+    )
     assert layer("hetflow.tasks.train") not in ALLOWED["hetflow.training"]
     assert hetflow_imports(tree) == {"hetflow.tasks.train", "hetflow.records"}
 
@@ -81,10 +92,12 @@ def test_the_layer_rule_catches_an_upward_import():
 def test_modules_and_functions_stay_small(module, path):
     text = path.read_text()
     assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{module}: {len(text.splitlines())} lines"
-    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for node in ast.walk(ast.parse(text))
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
     assert not long, f"{module}: {long}"
 
 
@@ -93,6 +106,10 @@ def test_every_package_folder_is_installed():
     folder missing there would be absent from a wheel while an editable install still finds it."""
     import tomllib
 
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
     found = {module for module, path in sources() if path.name == "__init__.py"}
-    assert found == listed, f"not listed: {sorted(found - listed)}; listed, not found: {sorted(listed - found)}"
+    assert found == listed, (
+        f"not listed: {sorted(found - listed)}; listed, not found: {sorted(listed - found)}"
+    )

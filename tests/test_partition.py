@@ -97,8 +97,20 @@ def runs(draw):
     plans = []
     for _ in range(steps):
         world = draw(st.integers(1, min(5, batch)))
-        cuts = sorted(draw(st.lists(st.integers(1, batch - 1), min_size=world - 1,
-                                    max_size=world - 1, unique=True))) if world > 1 else []
+        cuts = (
+            sorted(
+                draw(
+                    st.lists(
+                        st.integers(1, batch - 1),
+                        min_size=world - 1,
+                        max_size=world - 1,
+                        unique=True,
+                    )
+                )
+            )
+            if world > 1
+            else []
+        )
         plans.append(list(np.diff([0, *cuts, batch])))
     return labels, shards, block, batch, plans
 

@@ -30,9 +30,13 @@ SLOW_LINK = (1, 0.5)  # worker 1 has a 0.5 Gbit/s link; the others loopback
 def test_saved_activation_bytes_grow_linearly_with_the_batch():
     model = build_model("mlp")
     x, y = torch.rand(64, 64), torch.randint(0, 10, (64,))
-    m8, m32 = saved_activation_bytes(model, x[:8], y[:8]), saved_activation_bytes(model, x[:32], y[:32])
+    m8, m32 = (
+        saved_activation_bytes(model, x[:8], y[:8]),
+        saved_activation_bytes(model, x[:32], y[:32]),
+    )
     per_sample = (m32 - m8) / 24
-    # input + two 256-wide hidden layers (pre/post ReLU) + logits, float32: at least 4 x 64 + 4 x 512
+    # input + two 256-wide hidden layers (pre/post ReLU) + logits, float32:
+    # at least 4 x 64 + 4 x 512
     assert 4 * (64 + 512) <= per_sample <= 4 * (64 + 4 * 256 + 3 * 10)
     params = sum(p.numel() * 4 for p in model.parameters())
     assert m8 - 8 * per_sample < params / 4  # parameters are not counted as activations
@@ -79,14 +83,27 @@ def test_emulator_phase_ends_once_at_the_last_bucket():
 def test_profile_report_shape_and_table():
     cluster = ClusterSpec.from_speeds([1, 4])
     cluster.workers[0].link_gbps = 0.5
-    ranks = [rank_profile(i, s, allreduce_latency_s=1e-3, link_gbps=g, memory_cap_batch=1000)
-             for i, (s, g) in enumerate([(26.0, 0.48), (100.0, 9.0)])]
+    ranks = [
+        rank_profile(i, s, allreduce_latency_s=1e-3, link_gbps=g, memory_cap_batch=1000)
+        for i, (s, g) in enumerate([(26.0, 0.48), (100.0, 9.0)])
+    ]
     report = profile_report(profile_of(ranks, profiling_time_s=9.5), cluster)
     w0, w1 = report["workers"]
-    assert set(w0) >= {"name", "emulated_speed", "measured_speed", "link_gbps_emulated",
-                       "link_gbps_measured", "link_latency_ms", "memory_cap_batch"}
+    assert set(w0) >= {
+        "name",
+        "emulated_speed",
+        "measured_speed",
+        "link_gbps_emulated",
+        "link_gbps_measured",
+        "link_latency_ms",
+        "memory_cap_batch",
+    }
     assert (w0["emulated_speed"], w0["measured_speed"], w1["measured_speed"]) == (0.25, 0.26, 1.0)
-    assert (w0["link_gbps_emulated"], w1["link_gbps_emulated"], w0["link_latency_ms"]) == (0.5, None, 1.0)
+    assert (w0["link_gbps_emulated"], w1["link_gbps_emulated"], w0["link_latency_ms"]) == (
+        0.5,
+        None,
+        1.0,
+    )
     from rich.console import Console
 
     out = io.StringIO()
@@ -100,8 +117,15 @@ def test_profile_report_shape_and_table():
 def test_profile_of_four_emulated_workers_rediscovers_speeds_and_the_slow_link(digits, tmp_path):
     cluster = ClusterSpec.from_speeds(SPEEDS, name="probe-test")
     cluster.workers[SLOW_LINK[0]].link_gbps = SLOW_LINK[1]
-    spec = RunSpec(run_name="probe-test", variant="profile", mode="profile", cluster=cluster,
-                   dataset=digits, train=TrainConfig(), run_dir=str(tmp_path / "run"))
+    spec = RunSpec(
+        run_name="probe-test",
+        variant="profile",
+        mode="profile",
+        cluster=cluster,
+        dataset=digits,
+        train=TrainConfig(),
+        run_dir=str(tmp_path / "run"),
+    )
     result, wall = run_workers(spec, timeout_s=150)
     profile = Profile.from_result(result, cluster, spec.train.model, profiling_time_s=wall)
     report = profile_report(profile, cluster)
@@ -117,8 +141,15 @@ def test_profile_of_four_emulated_workers_rediscovers_speeds_and_the_slow_link(d
         assert r["memory_cap_batch"] > 0 and r["memory_per_sample_bytes"] > 0
         assert r["matmul_gflops"] > 0 and r["memory_gbps"] > 0
         assert r["s3_first_byte_s"] > 0 and r["s3_read_mbps"] > 0
-        assert set(r) >= {"samples_per_s", "fit_latency_s", "fit_s_per_sample", "grad_allreduce_s",
-                          "step_compute_s", "allreduce_latency_s", "allreduce_gbps"}
+        assert set(r) >= {
+            "samples_per_s",
+            "fit_latency_s",
+            "fit_s_per_sample",
+            "grad_allreduce_s",
+            "step_compute_s",
+            "allreduce_latency_s",
+            "allreduce_gbps",
+        }
     # dilated raw figures follow the emulated speeds too (fastest / slowest = 4). The matmul
     # probe is a few ms long, so under a loaded CI machine only its direction is asserted.
     gflops = [r["matmul_gflops"] for r in sorted(result["ranks"], key=lambda r: r["rank"])]
@@ -168,7 +199,10 @@ def test_finish_pads_a_keyed_phase_and_records_its_cpu_time_under_the_key():
 
 @pytest.mark.parametrize("jitter", [0.0, 0.3])
 def test_jitter_varies_each_keyed_phase_by_the_coefficient_asked_for(jitter):
-    emu, again = Emulator(8.0, Link(None), jitter=jitter, seed=3), Emulator(8.0, Link(None), jitter=jitter, seed=3)
+    emu, again = (
+        Emulator(8.0, Link(None), jitter=jitter, seed=3),
+        Emulator(8.0, Link(None), jitter=jitter, seed=3),
+    )
     took = [emu.dilated(0.002, key=4) for _ in range(40)]
     cv = statistics.stdev(took) / statistics.mean(took)
     if jitter:

@@ -27,11 +27,23 @@ def fake_profile_workers(measured: list[float]):
 
     def run(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
         fastest = max(measured)
-        ranks = [rank_profile(i, s, worker=w.name, relative_speed=s / fastest, fit_latency_s=0.01,
-                              grad_allreduce_s=0.01, step_compute_s=0.1, allreduce_latency_s=0.001,
-                              allreduce_gbps=5.0, link_gbps=0.5 if w.link_gbps else 8.0,
-                              link_latency_s=0.0002, memory_cap_batch=4096)
-                 for i, (w, s) in enumerate(zip(cluster.workers, measured, strict=True))]
+        ranks = [
+            rank_profile(
+                i,
+                s,
+                worker=w.name,
+                relative_speed=s / fastest,
+                fit_latency_s=0.01,
+                grad_allreduce_s=0.01,
+                step_compute_s=0.1,
+                allreduce_latency_s=0.001,
+                allreduce_gbps=5.0,
+                link_gbps=0.5 if w.link_gbps else 8.0,
+                link_latency_s=0.0002,
+                memory_cap_batch=4096,
+            )
+            for i, (w, s) in enumerate(zip(cluster.workers, measured, strict=True))
+        ]
         run.seen = cluster
         return profile_of(ranks, cluster=cluster.name, model=train.model, profiling_time_s=9.0)
 
@@ -40,8 +52,10 @@ def fake_profile_workers(measured: list[float]):
 
 def speeds(relative: dict[str, float], created_at: str | None = None) -> Profile:
     """A profile whose workers have these relative speeds."""
-    ranks = [rank_profile(i, 100 * v, worker=name, relative_speed=v)
-             for i, (name, v) in enumerate(relative.items())]
+    ranks = [
+        rank_profile(i, 100 * v, worker=name, relative_speed=v)
+        for i, (name, v) in enumerate(relative.items())
+    ]
     return profile_of(ranks, created_at=created_at)
 
 
@@ -50,16 +64,24 @@ def test_speed_drift_flags_only_workers_that_moved_beyond_the_threshold():
     after = speeds({"a": 0.40, "b": 1.0, "c": 0.1})
     flagged = speed_drift(before, after, 0.15)
     assert [f.worker for f in flagged] == ["a"] and flagged[0].change == pytest.approx(-0.2)
-    assert (flagged[0].previous_speed, flagged[0].speed, flagged[0].previous_profile) == (0.5, 0.4, "t0")
+    assert (flagged[0].previous_speed, flagged[0].speed, flagged[0].previous_profile) == (
+        0.5,
+        0.4,
+        "t0",
+    )
     assert speed_drift(None, after, 0.15) == [] and speed_drift(before, after, 0.25) == []
 
 
 def test_profile_from_a_profile_run_names_workers_and_relative_speeds_in_rank_order():
     cluster = ClusterSpec.from_speeds([1, 2, 4])
-    result = {"mode": "profile", "ranks": [  # as gathered, but ranks are matched by number
-        rank_profile(2, 80.0, node="n").model_dump(mode="json"),
-        rank_profile(0, 20.0, node="n").model_dump(mode="json"),
-        rank_profile(1, 40.0, node="n").model_dump(mode="json")]}
+    result = {
+        "mode": "profile",
+        "ranks": [  # as gathered, but ranks are matched by number
+            rank_profile(2, 80.0, node="n").model_dump(mode="json"),
+            rank_profile(0, 20.0, node="n").model_dump(mode="json"),
+            rank_profile(1, 40.0, node="n").model_dump(mode="json"),
+        ],
+    }
     profile = Profile.from_result(result, cluster, "mlp", profiling_time_s=3.0)
     assert [r.rank for r in profile.ranks] == [0, 1, 2]
     assert [r.worker for r in profile.ranks] == [w.name for w in cluster.workers]
@@ -70,16 +92,24 @@ def test_profile_from_a_profile_run_names_workers_and_relative_speeds_in_rank_or
 
 
 def test_profile_flow_resolves_instance_types_stores_history_and_flags_drift(
-        s3, prefect_harness, monkeypatch, hetflow_home):
+    s3, prefect_harness, monkeypatch, hetflow_home
+):
     dataset = DatasetSpec(url="s3://hetflow-profiles/digits", cache_dir=str(hetflow_home / "cache"))
-    cluster = ClusterSpec.model_validate({"name": "g4dn-g5", "workers": [
-        {"name": "t4", "instance_type": "g4dn.xlarge"},
-        {"name": "a10g-1", "instance_type": "g5.xlarge"},
-        {"name": "a10g-2", "instance_type": "g5.xlarge", "link_gbps": 0.5},
-    ]})
+    cluster = ClusterSpec.model_validate(
+        {
+            "name": "g4dn-g5",
+            "workers": [
+                {"name": "t4", "instance_type": "g4dn.xlarge"},
+                {"name": "a10g-1", "instance_type": "g5.xlarge"},
+                {"name": "a10g-2", "instance_type": "g5.xlarge", "link_gbps": 0.5},
+            ],
+        }
+    )
     train = TrainConfig(global_batch=32)
     prefix = "s3://hetflow-profiles/profiles/g4dn-g5/cnn"
-    previous = speeds({"t4": 0.26, "a10g-1": 1.0, "a10g-2": 1.0}, created_at="20240101T000000000000Z")
+    previous = speeds(
+        {"t4": 0.26, "a10g-1": 1.0, "a10g-2": 1.0}, created_at="20240101T000000000000Z"
+    )
     fs, root = filesystem(prefix)
     fs.mkdir("hetflow-profiles")
     fs.pipe_file(f"{root}/{previous.created_at}.json", previous.model_dump_json().encode())
@@ -92,7 +122,11 @@ def test_profile_flow_resolves_instance_types_stores_history_and_flags_drift(
     # the emulated cluster was derived from the EC2 catalog before launch
     assert [w.speed for w in fake.seen.workers] == pytest.approx([8.1 / 31.2, 1.0, 1.0], rel=1e-4)
     assert [w.link_gbps for w in fake.seen.workers] == [5.0, 2.5, 0.5]  # a set link stays
-    assert out["cost"]["total_usd"] > 0 and set(out["cost"]["by_worker"]) == {"t4", "a10g-1", "a10g-2"}
+    assert out["cost"]["total_usd"] > 0 and set(out["cost"]["by_worker"]) == {
+        "t4",
+        "a10g-1",
+        "a10g-2",
+    }
     report = out["report"]
     assert report["workers"][0]["instance_type"] == "g4dn.xlarge"
     assert [w["measured_speed"] for w in report["workers"]] == [0.26, 1.0, 0.7]
@@ -103,7 +137,9 @@ def test_profile_flow_resolves_instance_types_stores_history_and_flags_drift(
     assert out["drift"][0]["change"] == pytest.approx(-0.3)
     assert out["stored_at"].startswith(prefix + "/")
     stored = sorted(fs.ls(root, detail=False))
-    assert len(stored) == 3 and json.loads(fs.cat_file(stored[-1]))["drift"][0]["worker"] == "a10g-2"
+    assert (
+        len(stored) == 3 and json.loads(fs.cat_file(stored[-1]))["drift"][0]["worker"] == "a10g-2"
+    )
     assert Profile.model_validate_json(fs.cat_file(stored[-1])).cluster_spec["name"] == "g4dn-g5"
 
     from mlflow.tracking import MlflowClient
@@ -121,25 +157,38 @@ def test_profile_flow_resolves_instance_types_stores_history_and_flags_drift(
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     with get_client(sync_client=True) as prefect:
-        arts = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["profile"])))
+        arts = prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["profile"]))
+        )
     rows = json.loads(arts[0].data) if isinstance(arts[0].data, str) else arts[0].data
     assert [r["drifted"] for r in rows] == [False, False, True]
 
 
-def test_bad_profile_inputs_are_refused_before_launch(s3, prefect_harness, monkeypatch, hetflow_home):
+def test_bad_profile_inputs_are_refused_before_launch(
+    s3, prefect_harness, monkeypatch, hetflow_home
+):
     launched = []
     monkeypatch.setattr(profile_flow, "profile_workers", lambda *a: launched.append(a))
-    unknown = ClusterSpec.model_validate({"workers": [{"name": "a", "instance_type": "g5.xlarge"},
-                                                      {"name": "b", "instance_type": "g5.gigantic"}]})
+    unknown = ClusterSpec.model_validate(
+        {
+            "workers": [
+                {"name": "a", "instance_type": "g5.xlarge"},
+                {"name": "b", "instance_type": "g5.gigantic"},
+            ]
+        }
+    )
     with pytest.raises(CatalogError, match="g5.gigantic"):
-        profile_flow.profile_cluster(cluster=unknown, train=TrainConfig(global_batch=32), record=False)
+        profile_flow.profile_cluster(
+            cluster=unknown, train=TrainConfig(global_batch=32), record=False
+        )
     with pytest.raises(ConfigError, match="drift_threshold"):
         profile_flow.profile_cluster(drift_threshold=0, record=False)
     assert launched == []
 
 
 def test_hetflow_profile_prints_measured_next_to_emulated_and_writes_the_issue_json(
-        s3, prefect_harness, monkeypatch, hetflow_home, tmp_path, capsys):
+    s3, prefect_harness, monkeypatch, hetflow_home, tmp_path, capsys
+):
     from hetflow.cli import main
 
     monkeypatch.setattr(profile_flow, "profile_workers", fake_profile_workers([26.0, 100.0]))
@@ -148,11 +197,25 @@ def test_hetflow_profile_prints_measured_next_to_emulated_and_writes_the_issue_j
     assert main(["profile", "--speeds", "1,4", "--json", str(path)]) == 0
     out = json.loads(path.read_text())
     assert out["profiling_time_s"] == 9.0 and len(out["ranks"]) == 2
-    assert {"cluster", "model", "created_at", "cluster_spec", "previous_profiles", "drift",
-            "stored_at", "mlflow_run_id"} <= set(out)  # the report at the top, the profile beside
+    assert {
+        "cluster",
+        "model",
+        "created_at",
+        "cluster_spec",
+        "previous_profiles",
+        "drift",
+        "stored_at",
+        "mlflow_run_id",
+    } <= set(out)  # the report at the top, the profile beside
     assert [(w["name"], w["emulated_speed"], w["measured_speed"]) for w in out["workers"]] == [
-        ("w0", 0.25, 0.26), ("w1", 1.0, 1.0)]
-    assert set(out["workers"][0]) >= {"link_gbps_emulated", "link_gbps_measured", "link_latency_ms",
-                                      "memory_cap_batch"}
+        ("w0", 0.25, 0.26),
+        ("w1", 1.0, 1.0),
+    ]
+    assert set(out["workers"][0]) >= {
+        "link_gbps_emulated",
+        "link_gbps_measured",
+        "link_latency_ms",
+        "memory_cap_batch",
+    }
     printed = capsys.readouterr().out
     assert "speed measured" in printed and "+4.0%" in printed and "9.0s" in printed

@@ -30,10 +30,24 @@ STEPS, EVERY = 40, 10
 def _spec(dataset, run_dir: Path) -> RunSpec:
     run_dir.mkdir(parents=True)
     cluster = ClusterSpec.from_speeds([1, 1, 2, 4], time_scale=2.0)
-    train = TrainConfig(model="mlp", global_batch=64, steps=STEPS, schedule="proportional",
-                        checkpoint_every=EVERY, eval_every=10, lr=0.05)
-    return RunSpec(run_name=run_dir.name, variant="t", cluster=cluster, dataset=dataset, train=train,
-                   plan=Plan.equal([8, 8, 16, 32]), run_dir=str(run_dir))
+    train = TrainConfig(
+        model="mlp",
+        global_batch=64,
+        steps=STEPS,
+        schedule="proportional",
+        checkpoint_every=EVERY,
+        eval_every=10,
+        lr=0.05,
+    )
+    return RunSpec(
+        run_name=run_dir.name,
+        variant="t",
+        cluster=cluster,
+        dataset=dataset,
+        train=train,
+        plan=Plan.equal([8, 8, 16, 32]),
+        run_dir=str(run_dir),
+    )
 
 
 def _worker_pids(job: Path) -> list[int]:
@@ -53,7 +67,9 @@ def test_sigkilled_worker_resumes_from_checkpoint_and_finishes(digits, tmp_path,
 
     spec = _spec(digits, tmp_path / "killed")
     outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(result=run_workers(spec, timeout_s=240)[0]))
+    thread = threading.Thread(
+        target=lambda: outcome.update(result=run_workers(spec, timeout_s=240)[0])
+    )
     thread.start()
     deadline = time.monotonic() + 180
     while _progress(Path(spec.run_dir)) < EVERY + 3:  # past the first checkpoint
@@ -71,8 +87,16 @@ def test_sigkilled_worker_resumes_from_checkpoint_and_finishes(digits, tmp_path,
     want = torch.load(Path(reference.run_dir) / "model.pt")
     for k in want:
         torch.testing.assert_close(got[k], want[k], atol=1e-5, rtol=0)
-    fault_table.append(("SIGKILL of a worker mid-run", "training (4 ranks)", f"finished, {m['restarts']} restart(s)",
-                        m["steps_redone"], "none (same final weights)", 1))
+    fault_table.append(
+        (
+            "SIGKILL of a worker mid-run",
+            "training (4 ranks)",
+            f"finished, {m['restarts']} restart(s)",
+            m["steps_redone"],
+            "none (same final weights)",
+            1,
+        )
+    )
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
@@ -83,7 +107,10 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     assert store.load()["step"] == 10
     store.save(30, {"step": 30, "w": torch.zeros(3)})
     assert store.load()["step"] == 30
-    assert sorted(p.name for p in (tmp_path / "ck").glob("ckpt-*")) == ["ckpt-000020.pt", "ckpt-000030.pt"]
+    assert sorted(p.name for p in (tmp_path / "ck").glob("ckpt-*")) == [
+        "ckpt-000020.pt",
+        "ckpt-000030.pt",
+    ]
 
 
 def test_checkpoints_round_trip_through_s3(s3):

@@ -17,7 +17,9 @@ from hetflow.training.scheduler import (
     plan_batches,
 )
 
-speeds_st = st.lists(st.floats(min_value=0.05, max_value=50, allow_nan=False), min_size=1, max_size=16)
+speeds_st = st.lists(
+    st.floats(min_value=0.05, max_value=50, allow_nan=False), min_size=1, max_size=16
+)
 
 
 @st.composite
@@ -62,7 +64,12 @@ def test_faster_worker_never_gets_less():
 
 
 def test_equal_batches_split_evenly():
-    assert equal_batches(4, 130) in ([33, 33, 32, 32], [32, 32, 33, 33], [33, 32, 33, 32], [32, 33, 32, 33])
+    assert equal_batches(4, 130) in (
+        [33, 33, 32, 32],
+        [32, 32, 33, 33],
+        [33, 32, 33, 32],
+        [32, 33, 32, 33],
+    )
     assert max(equal_batches(4, 130)) - min(equal_batches(4, 130)) <= 1
 
 
@@ -109,7 +116,10 @@ def test_bad_plan_inputs_name_the_field(speeds, batch, caps, field):
 
 def _window(per_sample, latency, plan, noise=0.0, k=0):
     """Compute time per step each rank would report, with deterministic +-noise."""
-    return [(a + c * b) * (1 + noise * (-1) ** (i + k)) for i, (a, c, b) in enumerate(zip(latency, per_sample, plan))]
+    return [
+        (a + c * b) * (1 + noise * (-1) ** (i + k))
+        for i, (a, c, b) in enumerate(zip(latency, per_sample, plan))
+    ]
 
 
 def test_rebalancer_keeps_a_balanced_plan_under_noise():
@@ -193,8 +203,10 @@ def test_rebalancer_reverts_a_plan_that_measures_slower_than_the_model_promised(
     # the profile's affine model over-predicts worker 0 at batch 1 (50 ms measured, 97 predicted);
     # at batch 2 it holds: the re-plan it suggests is slower, is undone, and is not tried again
     latency, per_sample = [0.0928, 0.0432, 0.0183, 0.0063], [0.0043, 0.0026, 0.0018, 0.00088]
-    real = lambda b: [0.050 if b[0] == 1 else latency[0] + per_sample[0] * b[0]] + [
-        a + c * x for a, c, x in zip(latency[1:], per_sample[1:], b[1:])]
+    real = lambda b: (
+        [0.050 if b[0] == 1 else latency[0] + per_sample[0] * b[0]]
+        + [a + c * x for a, c, x in zip(latency[1:], per_sample[1:], b[1:])]
+    )
     start = [1, 13, 33, 81]
     r = Rebalancer(128, [None] * 4, latency, per_sample, threshold=0.1)
     r.observe(start, real(start))
@@ -212,8 +224,14 @@ def test_rebalancer_reverts_a_plan_that_measures_slower_than_the_model_promised(
     assert restored.step_times(start) == r.step_times(start)  # what it learned survives a restart
 
 
-@given(st.lists(st.lists(st.floats(min_value=0.9, max_value=1.1), min_size=4, max_size=4), min_size=0, max_size=30),
-       st.floats(min_value=0.01, max_value=1.0))
+@given(
+    st.lists(
+        st.lists(st.floats(min_value=0.9, max_value=1.1), min_size=4, max_size=4),
+        min_size=0,
+        max_size=30,
+    ),
+    st.floats(min_value=0.01, max_value=1.0),
+)
 @settings(max_examples=200, deadline=None)
 def test_sudden_change_ignores_noise_within_threshold(noise, base):
     # step times that wander +-10% around one speed (threshold 0.1: a jump is > 30%)
@@ -244,11 +262,13 @@ def test_make_plan_balances_the_profiles_step_models_and_compresses_from_its_com
     from tests.profiles import profile_of, rank_profile
 
     cluster = ClusterSpec.from_speeds([1, 1, 1])
-    profile = profile_of([  # rank 2 first: the profile puts its ranks in rank order
-        rank_profile(2, 400.0, fit_s_per_sample=0.0),  # no slope: the pace 1 / samples_per_s
-        rank_profile(0, 100.0, fit_latency_s=-0.01),  # a negative latency counts as none
-        rank_profile(1, 200.0, fit_latency_s=0.02, grad_allreduce_s=0.05, step_compute_s=0.05),
-    ])
+    profile = profile_of(
+        [  # rank 2 first: the profile puts its ranks in rank order
+            rank_profile(2, 400.0, fit_s_per_sample=0.0),  # no slope: the pace 1 / samples_per_s
+            rank_profile(0, 100.0, fit_latency_s=-0.01),  # a negative latency counts as none
+            rank_profile(1, 200.0, fit_latency_s=0.02, grad_allreduce_s=0.05, step_compute_s=0.05),
+        ]
+    )
     latency, per_sample = [0.0, 0.02, 0.0], [0.01, 0.005, 0.0025]
     assert profile.step_models() == (latency, pytest.approx(per_sample))
     assert profile.comm_share() == pytest.approx(0.5)  # all-reduce 0.05 s, slowest compute 0.05 s

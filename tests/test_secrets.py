@@ -30,11 +30,19 @@ async def _prefect_records(flow_run_id) -> str:
         run = await client.read_flow_run(flow_run_id)
         logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
         artifacts = await client.read_artifacts()
-    return "\n".join([repr(run.parameters), repr(run.state), *(log.message for log in logs),
-                      *(repr(a.data) for a in artifacts)])
+    return "\n".join(
+        [
+            repr(run.parameters),
+            repr(run.state),
+            *(log.message for log in logs),
+            *(repr(a.data) for a in artifacts),
+        ]
+    )
 
 
-def test_fake_credentials_appear_in_no_record(s3, monkeypatch, tmp_path, hetflow_home, prefect_harness):
+def test_fake_credentials_appear_in_no_record(
+    s3, monkeypatch, tmp_path, hetflow_home, prefect_harness
+):
     for k, v in SECRETS.items():
         monkeypatch.setenv(k, v)
     from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
@@ -43,7 +51,9 @@ def test_fake_credentials_appear_in_no_record(s3, monkeypatch, tmp_path, hetflow
     state = train(
         cluster=ClusterSpec.from_speeds([1, 2], time_scale=2.0),
         dataset=DatasetSpec(url="s3://hetflow-secrets/digits", cache_dir=str(tmp_path / "cache")),
-        train=TrainConfig.variant("optimized", model="mlp", steps=12, global_batch=32, eval_every=4),
+        train=TrainConfig.variant(
+            "optimized", model="mlp", steps=12, global_batch=32, eval_every=4
+        ),
         tracking=TrackingConfig(experiment="secrets"),
         return_state=True,
     )

@@ -12,19 +12,39 @@ from hetflow.records import Profile, RankProfile
 from hetflow.simulator.calibrate import calibration_errors, measured_run, predict_run
 from hetflow.simulator.cli import main
 
-ROW_KEYS = {"workers", "plan", "throughput_samples_per_s", "efficiency", "epoch_time_s", "cost_per_epoch"}
+ROW_KEYS = {
+    "workers",
+    "plan",
+    "throughput_samples_per_s",
+    "efficiency",
+    "epoch_time_s",
+    "cost_per_epoch",
+}
 
 
 def test_mix_writes_rows_for_every_count_and_plan(s3, tmp_path):
     path = tmp_path / "sim.json"
     png = tmp_path / "sim.png"
-    rc = main(["--mix", "g4dn.xlarge:2,g5.xlarge:1,p3dn.24xlarge:1", "--model", "resnet50",
-               "--workers", "1,4,16,1024", "--json", str(path), "--plot", str(png)])
+    rc = main(
+        [
+            "--mix",
+            "g4dn.xlarge:2,g5.xlarge:1,p3dn.24xlarge:1",
+            "--model",
+            "resnet50",
+            "--workers",
+            "1,4,16,1024",
+            "--json",
+            str(path),
+            "--plot",
+            str(png),
+        ]
+    )
     assert rc == 0
     out = json.loads(path.read_text())
     rows = out["rows"]
     assert [(r["workers"], r["plan"]) for r in rows] == [
-        (n, p) for n in (1, 4, 16, 1024) for p in ("baseline", "optimized")]
+        (n, p) for n in (1, 4, 16, 1024) for p in ("baseline", "optimized")
+    ]
     for r in rows:
         assert ROW_KEYS <= set(r)
         assert r["throughput_samples_per_s"] > 0 and 0 < r["efficiency"] <= 1 + 1e-9
@@ -32,24 +52,42 @@ def test_mix_writes_rows_for_every_count_and_plan(s3, tmp_path):
     by = {(r["workers"], r["plan"]): r for r in rows}
     assert by[(1, "baseline")]["efficiency"] == pytest.approx(1.0)
     for n in (4, 16, 1024):
-        assert by[(n, "optimized")]["throughput_samples_per_s"] >= by[(n, "baseline")]["throughput_samples_per_s"]
+        assert (
+            by[(n, "optimized")]["throughput_samples_per_s"]
+            >= by[(n, "baseline")]["throughput_samples_per_s"]
+        )
     assert out["cluster"]["workers_at_1024"] and out["model"]["params"] == 25_600_000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_profile_cluster_and_published_tables(tmp_path):
-    profile = {"cluster": "c4", "model": "cnn", "ranks": [
-        {"rank": i, "worker": f"w{i}", "fit_latency_s": 0.01 * s, "fit_s_per_sample": 0.003 / s,
-         "samples_per_s": 300 * s, "step_compute_s": 0.01 * s + 0.096 / s, "allreduce_gbps": 10.0,
-         "allreduce_latency_s": 0.001}
-        for i, s in enumerate([1, 1, 2, 4])]}
+    profile = {
+        "cluster": "c4",
+        "model": "cnn",
+        "ranks": [
+            {
+                "rank": i,
+                "worker": f"w{i}",
+                "fit_latency_s": 0.01 * s,
+                "fit_s_per_sample": 0.003 / s,
+                "samples_per_s": 300 * s,
+                "step_compute_s": 0.01 * s + 0.096 / s,
+                "allreduce_gbps": 10.0,
+                "allreduce_latency_s": 0.001,
+            }
+            for i, s in enumerate([1, 1, 2, 4])
+        ],
+    }
     src = tmp_path / "profile.json"
     src.write_text(json.dumps(profile))
     path = tmp_path / "out.json"
-    assert main(["--cluster", str(src), "--workers", "4,64", "--published", "--json", str(path)]) == 0
+    assert (
+        main(["--cluster", str(src), "--workers", "4,64", "--published", "--json", str(path)]) == 0
+    )
     out = json.loads(path.read_text())
-    assert {(r["workers"], r["plan"]) for r in out["rows"]} == {(n, p) for n in (4, 64)
-                                                                for p in ("baseline", "optimized")}
+    assert {(r["workers"], r["plan"]) for r in out["rows"]} == {
+        (n, p) for n in (4, 64) for p in ("baseline", "optimized")
+    }
     assert out["model"]["name"] == "cnn"
     four = {r["plan"]: r for r in out["rows"] if r["workers"] == 4}
     assert four["optimized"]["speedup_vs_baseline"] > 1.2
@@ -57,7 +95,9 @@ def test_profile_cluster_and_published_tables(tmp_path):
     assert len(pub["resnet50_v100_epoch"]) == 4 and len(pub["scaling_efficiency"]) == 8
     assert all(abs(r["rel_error"]) <= 0.10 for r in pub["scaling_efficiency"])
     worst = max(pub["scaling_efficiency"], key=lambda r: abs(r["rel_error"]))
-    assert f"{worst['model']} at {worst['nodes']} nodes, {worst['rel_error']:+.1%}" in pub["gap"]  # not stale
+    assert (
+        f"{worst['model']} at {worst['nodes']} nodes, {worst['rel_error']:+.1%}" in pub["gap"]
+    )  # not stale
 
 
 def test_bad_input_is_refused_with_a_clear_error(s3, tmp_path):
@@ -78,25 +118,49 @@ def test_bad_input_is_refused_with_a_clear_error(s3, tmp_path):
 
 
 def _profile(latency, per_sample):
-    return Profile(cluster="test", model="cnn", ranks=[
-        RankProfile(rank=i, fit_latency_s=a, fit_s_per_sample=c, samples_per_s=1 / c,
-                    step_compute_s=a + 32 * c, allreduce_gbps=100.0, allreduce_latency_s=0.0)
-        for i, (a, c) in enumerate(zip(latency, per_sample, strict=True))])
+    return Profile(
+        cluster="test",
+        model="cnn",
+        ranks=[
+            RankProfile(
+                rank=i,
+                fit_latency_s=a,
+                fit_s_per_sample=c,
+                samples_per_s=1 / c,
+                step_compute_s=a + 32 * c,
+                allreduce_gbps=100.0,
+                allreduce_latency_s=0.0,
+            )
+            for i, (a, c) in enumerate(zip(latency, per_sample, strict=True))
+        ],
+    )
 
 
 def _measured(prof, model, batches, plan, overhead_s):
     true = predict_run(prof, model, 128, batches, plan, overhead_s=overhead_s)
-    return {"profile": prof, "model": model, "global_batch": 128, "batches": batches, "plan": plan,
-            "measured": {"throughput_samples_per_s": true.throughput_samples_per_s,
-                         "step_time_s": true.step_time_s, "compute_s": [], "comm_s": 0.0}}
+    return {
+        "profile": prof,
+        "model": model,
+        "global_batch": 128,
+        "batches": batches,
+        "plan": plan,
+        "measured": {
+            "throughput_samples_per_s": true.throughput_samples_per_s,
+            "step_time_s": true.step_time_s,
+            "compute_s": [],
+            "comm_s": 0.0,
+        },
+    }
 
 
 def test_calibration_fits_the_overhead_leave_one_out():
     prof = _profile([0.02, 0.02, 0.01, 0.005], [0.004, 0.004, 0.002, 0.001])
     comm_prof = _profile([0.0] * 4, [0.003] * 4)
     # one overhead for every run: leave-one-out recovers it and predicts every run exactly
-    runs = {name: _measured(prof, "cnn", batches, name, 0.015)
-            for name, batches in (("baseline", [32] * 4), ("optimized", [16, 16, 32, 64]))}
+    runs = {
+        name: _measured(prof, "cnn", batches, name, 0.015)
+        for name, batches in (("baseline", [32] * 4), ("optimized", [16, 16, 32, 64]))
+    }
     runs["comm"] = _measured(comm_prof, "wide_mlp", [32] * 4, "baseline", 0.015)
     cal = calibration_errors(runs)
     assert cal["step_overhead_s"] == pytest.approx(0.015)
@@ -105,22 +169,40 @@ def test_calibration_fits_the_overhead_leave_one_out():
     assert cal["hetero_error_profile_only"] > 0.05
     assert set(cal["runs"]) == {"baseline", "optimized", "comm"}
     # different overheads: each hetero run is predicted with the other's, comm with their mean
-    runs = {"baseline": _measured(prof, "cnn", [32] * 4, "baseline", 0.010),
-            "optimized": _measured(prof, "cnn", [16, 16, 32, 64], "optimized", 0.020),
-            "comm": _measured(comm_prof, "wide_mlp", [32] * 4, "baseline", 0.015)}
+    runs = {
+        "baseline": _measured(prof, "cnn", [32] * 4, "baseline", 0.010),
+        "optimized": _measured(prof, "cnn", [16, 16, 32, 64], "optimized", 0.020),
+        "comm": _measured(comm_prof, "wide_mlp", [32] * 4, "baseline", 0.015),
+    }
     used = {k: r["overhead_used_s"] for k, r in calibration_errors(runs)["runs"].items()}
     assert used == pytest.approx({"baseline": 0.020, "optimized": 0.010, "comm": 0.015})
 
 
 def test_a_training_result_is_measured_after_its_first_step():
     def rank(r, step_s, compute_s, comm_s):
-        records = [{"step": i, "batch": 64, "data_s": 0.0, "compute_s": c, "wait_s": 0.0,
-                    "step_s": t, "loss_sum": 1.0, "bytes_sent": 0.0, "comm_s": m}
-                   for i, (t, c, m) in enumerate(zip(step_s, compute_s, comm_s, strict=True))]
+        records = [
+            {
+                "step": i,
+                "batch": 64,
+                "data_s": 0.0,
+                "compute_s": c,
+                "wait_s": 0.0,
+                "step_s": t,
+                "loss_sum": 1.0,
+                "bytes_sent": 0.0,
+                "comm_s": m,
+            }
+            for i, (t, c, m) in enumerate(zip(step_s, compute_s, comm_s, strict=True))
+        ]
         return {"rank": r, "records": records, "plans": [{"step": 0, "plan": [64, 64]}]}
 
-    result = {"mode": "train", "ranks": [rank(1, [1.0, 0.5, 0.5], [0.8, 0.2, 0.2], [0.0] * 3),
-                                         rank(0, [1.0, 0.5, 0.5], [0.9, 0.3, 0.5], [0.1, 0.1, 0.2])]}
+    result = {
+        "mode": "train",
+        "ranks": [
+            rank(1, [1.0, 0.5, 0.5], [0.8, 0.2, 0.2], [0.0] * 3),
+            rank(0, [1.0, 0.5, 0.5], [0.9, 0.3, 0.5], [0.1, 0.1, 0.2]),
+        ],
+    }
     m = measured_run(result, 128)
     assert m["throughput_samples_per_s"] == pytest.approx(256.0)  # 2 x 128 samples in 1 s
     assert m["step_time_s"] == pytest.approx(0.5)
@@ -134,7 +216,10 @@ def test_the_cli_hands_simulate_its_own_flags(s3, tmp_path, capsys):
     from hetflow.cli import main as hetflow
 
     path = tmp_path / "cli.json"
-    assert hetflow(["simulate", "--mix", "g4dn.xlarge:2", "--workers", "1,2", "--json", str(path)]) == 0
+    assert (
+        hetflow(["simulate", "--mix", "g4dn.xlarge:2", "--workers", "1,2", "--json", str(path)])
+        == 0
+    )
     assert {r["workers"] for r in json.loads(path.read_text())["rows"]} == {1, 2}
     with pytest.raises(SystemExit):
         hetflow(["simulate", "--help"])

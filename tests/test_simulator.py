@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from hetflow import simulator as sim
 from hetflow.config import ConfigError
-from hetflow.infra.catalog import Catalog, InstanceInfo, PriceTable
+from hetflow.infra.catalog import Catalog, InstanceInfo
+from hetflow.infra.pricing import PriceTable
 from hetflow.records import Profile
 from hetflow.training.scheduler import balance_batches
 
@@ -22,22 +23,51 @@ RESNET = sim.MODELS["resnet50"]
 def catalog() -> Catalog:
     """A catalog as describe_instance_types reports these types (no endpoint needed)."""
     types = {
-        "g4dn.xlarge": InstanceInfo(instance_type="g4dn.xlarge", vcpus=4, cores=2, memory_mib=16384, gpus=1,
-                                    gpu_name="T4", gpu_memory_mib=15360, network="Up to 25 Gigabit",
-                                    network_gbps=5.0),
-        "g5.xlarge": InstanceInfo(instance_type="g5.xlarge", vcpus=4, cores=2, memory_mib=16384, gpus=1,
-                                  gpu_name="A10G", gpu_memory_mib=22888, network="Up to 10 Gigabit",
-                                  network_gbps=2.5),
-        "p3dn.24xlarge": InstanceInfo(instance_type="p3dn.24xlarge", vcpus=96, cores=48, memory_mib=786432,
-                                      gpus=8, gpu_name="V100", gpu_memory_mib=32768, network="100 Gigabit",
-                                      network_gbps=100.0),
+        "g4dn.xlarge": InstanceInfo(
+            instance_type="g4dn.xlarge",
+            vcpus=4,
+            cores=2,
+            memory_mib=16384,
+            gpus=1,
+            gpu_name="T4",
+            gpu_memory_mib=15360,
+            network="Up to 25 Gigabit",
+            network_gbps=5.0,
+        ),
+        "g5.xlarge": InstanceInfo(
+            instance_type="g5.xlarge",
+            vcpus=4,
+            cores=2,
+            memory_mib=16384,
+            gpus=1,
+            gpu_name="A10G",
+            gpu_memory_mib=22888,
+            network="Up to 10 Gigabit",
+            network_gbps=2.5,
+        ),
+        "p3dn.24xlarge": InstanceInfo(
+            instance_type="p3dn.24xlarge",
+            vcpus=96,
+            cores=48,
+            memory_mib=786432,
+            gpus=8,
+            gpu_name="V100",
+            gpu_memory_mib=32768,
+            network="100 Gigabit",
+            network_gbps=100.0,
+        ),
     }
-    prices = PriceTable(source="test", as_of="2024-06-01",
-                        prices={"g4dn.xlarge": 0.526, "g5.xlarge": 1.006, "p3dn.24xlarge": 31.212})
+    prices = PriceTable(
+        source="test",
+        as_of="2024-06-01",
+        prices={"g4dn.xlarge": 0.526, "g5.xlarge": 1.006, "p3dn.24xlarge": 31.212},
+    )
     return Catalog(types=types, prices=prices)
 
 
-def homogeneous(n: int, link_gbps: float = 10.0, a: float = 0.0, c: float = 0.01) -> list[sim.WorkerModel]:
+def homogeneous(
+    n: int, link_gbps: float = 10.0, a: float = 0.0, c: float = 0.01
+) -> list[sim.WorkerModel]:
     return [sim.WorkerModel(f"w{i}", a, c, link_gbps=link_gbps, node=f"n{i}") for i in range(n)]
 
 
@@ -49,7 +79,9 @@ def test_ring_formula_by_hand():
     t = sim.ring_allreduce_time(100e6, 4, 50e-6, 10.0)
     assert t == pytest.approx(6 * 50e-6 + 1.5 * 100e6 * 8 / 10e9)
     assert sim.ring_allreduce_time(100e6, 1, 50e-6, 10.0) == 0.0
-    assert sim.ring_allreduce_time(100e6, 4, 50e-6, 10.0, collectives=3) == pytest.approx(t + 2 * 6 * 50e-6)
+    assert sim.ring_allreduce_time(100e6, 4, 50e-6, 10.0, collectives=3) == pytest.approx(
+        t + 2 * 6 * 50e-6
+    )
 
 
 def test_ring_bytes_agree_with_the_byte_accounting():
@@ -66,12 +98,17 @@ def test_allreduce_uses_buckets_slowest_link_and_compression():
     k = net.buckets(grad)
     assert k == 1 + math.ceil((grad - sim.MIB) / (25 * sim.MIB))  # DDP: 1 MiB first, then 25 MiB
     workers = homogeneous(8, link_gbps=25.0)
-    assert sim.allreduce_time(workers, grad, net) == pytest.approx(sim.ring_allreduce_time(grad, 8, 10e-6, 25.0, k))
-    slow = workers[:-1] + [replace(workers[-1], link_gbps=5.0)]
-    assert sim.allreduce_time(slow, grad, net) == pytest.approx(sim.ring_allreduce_time(grad, 8, 10e-6, 5.0, k))
+    assert sim.allreduce_time(workers, grad, net) == pytest.approx(
+        sim.ring_allreduce_time(grad, 8, 10e-6, 25.0, k)
+    )
+    slow = [*workers[:-1], replace(workers[-1], link_gbps=5.0)]
+    assert sim.allreduce_time(slow, grad, net) == pytest.approx(
+        sim.ring_allreduce_time(grad, 8, 10e-6, 5.0, k)
+    )
     half = replace(net, compression_ratio=2.0)
     assert sim.allreduce_time(workers, grad, half) == pytest.approx(
-        sim.ring_allreduce_time(grad / 2, 8, 10e-6, 25.0, half.buckets(grad / 2)))
+        sim.ring_allreduce_time(grad / 2, 8, 10e-6, 25.0, half.buckets(grad / 2))
+    )
 
 
 def test_hierarchical_beats_a_flat_ring_across_nvlink_nodes():
@@ -81,7 +118,8 @@ def test_hierarchical_beats_a_flat_ring_across_nvlink_nodes():
     ring = sim.allreduce_time(ws, RESNET.grad_bytes, sim.Network(collective="ring"))
     hier = sim.allreduce_time(ws, RESNET.grad_bytes, sim.Network(collective="hierarchical"))
     assert 0 < hier < ring
-    # by hand: intra 2(g-1) x alpha_intra x k + 2(g-1)/g x M / NVLink; inter ring of 8 nodes on 100 Gbit/s
+    # by hand: intra 2(g-1) x alpha_intra x k + 2(g-1)/g x M / NVLink;
+    # inter ring of 8 nodes on 100 Gbit/s
     net, k, m = sim.Network(), sim.Network().buckets(RESNET.grad_bytes), RESNET.grad_bytes
     intra = k * 14 * net.intra_alpha_s + 14 / 8 * m * 8 / (sim.INTRA_NODE_GBPS["V100"] * 1e9)
     inter = k * 14 * net.alpha_s + 14 / 8 * m * 8 / 100e9
@@ -94,15 +132,26 @@ def test_hierarchical_beats_a_flat_ring_across_nvlink_nodes():
 
 
 def test_one_worker_is_fully_efficient():
-    for workers in (homogeneous(1), sim.catalog_cluster([("g5.xlarge", 1)], catalog(), RESNET, 0.3)):
-        for job in (sim.Job(RESNET, local_batch=64), sim.Job(RESNET, global_batch=256, step_overhead_s=0.01)):
+    for workers in (
+        homogeneous(1),
+        sim.catalog_cluster([("g5.xlarge", 1)], catalog(), RESNET, 0.3),
+    ):
+        for job in (
+            sim.Job(RESNET, local_batch=64),
+            sim.Job(RESNET, global_batch=256, step_overhead_s=0.01),
+        ):
             p = sim.simulate_step(workers, job, sim.Network(), "baseline")
             assert p.efficiency == pytest.approx(1.0) and p.comm_s == 0.0
 
 
 def test_step_arithmetic_by_hand():
-    ws = [sim.WorkerModel("a", 0.01, 0.002, link_gbps=8.0), sim.WorkerModel("b", 0.02, 0.001, link_gbps=8.0)]
-    model = sim.ModelSpec("toy", params=1_000_000, per_sample_flops=1.0, sample_bytes=1.0, epoch_samples=1000)
+    ws = [
+        sim.WorkerModel("a", 0.01, 0.002, link_gbps=8.0),
+        sim.WorkerModel("b", 0.02, 0.001, link_gbps=8.0),
+    ]
+    model = sim.ModelSpec(
+        "toy", params=1_000_000, per_sample_flops=1.0, sample_bytes=1.0, epoch_samples=1000
+    )
     job = sim.Job(model, global_batch=100, step_overhead_s=0.005)
     net = sim.Network(alpha_s=1e-4)
     p = sim.simulate_step(ws, job, net, "baseline")
@@ -123,12 +172,28 @@ def test_step_arithmetic_by_hand():
 def test_a_profiled_worker_computes_as_the_profile_fit_says():
     # The profile times the step through DDP, so nothing more is charged for DDP's bucket work,
     # whatever else the profile holds (its copy bandwidth among the raw probes).
-    profile = sim.as_profile({"cluster": "one", "model": "cnn", "ranks": [
-        {"rank": 0, "fit_latency_s": 0.01, "fit_s_per_sample": 0.001, "samples_per_s": 500.0,
-         "step_compute_s": 0.042, "memory_gbps": 2.0, "allreduce_gbps": 1.0}]})
+    profile = sim.as_profile(
+        {
+            "cluster": "one",
+            "model": "cnn",
+            "ranks": [
+                {
+                    "rank": 0,
+                    "fit_latency_s": 0.01,
+                    "fit_s_per_sample": 0.001,
+                    "samples_per_s": 500.0,
+                    "step_compute_s": 0.042,
+                    "memory_gbps": 2.0,
+                    "allreduce_gbps": 1.0,
+                }
+            ],
+        }
+    )
     (w,) = sim.profile_workers(profile)
     assert w.compute_s(32) == pytest.approx(0.042)
-    model = sim.ModelSpec("toy", params=250_000_000, per_sample_flops=1.0, sample_bytes=1.0, epoch_samples=1)
+    model = sim.ModelSpec(
+        "toy", params=250_000_000, per_sample_flops=1.0, sample_bytes=1.0, epoch_samples=1
+    )
     p = sim.simulate_step([w], sim.Job(model, global_batch=32), sim.Network())
     assert p.compute_s == pytest.approx(0.042) and p.efficiency == pytest.approx(1.0)
 
@@ -168,8 +233,10 @@ def test_efficiency_degrades_monotonically_with_latency(n, alpha, extra):
 
 def test_efficiency_falls_with_workers_on_a_fixed_link():
     job = sim.Job(RESNET, local_batch=32)
-    effs = [sim.simulate_step(homogeneous(n), job, sim.Network(alpha_s=20e-6), "baseline").efficiency
-            for n in (1, 2, 4, 16, 64, 256, 1024)]
+    effs = [
+        sim.simulate_step(homogeneous(n), job, sim.Network(alpha_s=20e-6), "baseline").efficiency
+        for n in (1, 2, 4, 16, 64, 256, 1024)
+    ]
     assert effs[0] == pytest.approx(1.0)
     assert all(b < a for a, b in itertools.pairwise(effs))
 
@@ -218,14 +285,21 @@ def test_mixed_cluster_at_scale_gains_from_the_plan():
 def test_scaled_mix_keeps_proportions():
     assert sim.scale_counts([32, 16, 16], 1024) == [512, 256, 256]
     assert sum(sim.scale_counts([32, 16, 16], 7)) == 7
-    ws = sim.catalog_cluster([("g4dn.xlarge", 32), ("p3dn.24xlarge", 2)], catalog(), RESNET, 0.3, n=1024)
+    ws = sim.catalog_cluster(
+        [("g4dn.xlarge", 32), ("p3dn.24xlarge", 2)], catalog(), RESNET, 0.3, n=1024
+    )
     assert len(ws) == 1024
 
 
 def test_1024_workers_answer_with_bounded_work():
     """No wall-clock assertion: the sweep touches each worker a bounded number of times."""
-    ws = sim.catalog_cluster([("g4dn.xlarge", 32), ("g5.xlarge", 16), ("p3dn.24xlarge", 2)], catalog(), RESNET,
-                             0.3, n=1024)
+    ws = sim.catalog_cluster(
+        [("g4dn.xlarge", 32), ("g5.xlarge", 16), ("p3dn.24xlarge", 2)],
+        catalog(),
+        RESNET,
+        0.3,
+        n=1024,
+    )
     calls = {"n": 0}
     original = sim.WorkerModel.compute_s
 
@@ -243,14 +317,37 @@ def test_1024_workers_answer_with_bounded_work():
 
 
 def test_profile_workers_read_the_fitted_model():
-    profile = sim.as_profile({"cluster": "two", "model": "cnn", "ranks": [
-        {"rank": 1, "fit_latency_s": 0.02, "fit_s_per_sample": 0.001, "samples_per_s": 500,
-         "step_compute_s": 0.036, "allreduce_gbps": 5.0, "allreduce_latency_s": 0.003},
-        {"rank": 0, "fit_latency_s": -0.01, "fit_s_per_sample": 0.0, "samples_per_s": 100,
-         "step_compute_s": 0.16, "allreduce_gbps": 4.0, "allreduce_latency_s": 0.001},
-    ]})
+    profile = sim.as_profile(
+        {
+            "cluster": "two",
+            "model": "cnn",
+            "ranks": [
+                {
+                    "rank": 1,
+                    "fit_latency_s": 0.02,
+                    "fit_s_per_sample": 0.001,
+                    "samples_per_s": 500,
+                    "step_compute_s": 0.036,
+                    "allreduce_gbps": 5.0,
+                    "allreduce_latency_s": 0.003,
+                },
+                {
+                    "rank": 0,
+                    "fit_latency_s": -0.01,
+                    "fit_s_per_sample": 0.0,
+                    "samples_per_s": 100,
+                    "step_compute_s": 0.16,
+                    "allreduce_gbps": 4.0,
+                    "allreduce_latency_s": 0.001,
+                },
+            ],
+        }
+    )
     ws = sim.profile_workers(profile)
-    assert [(w.latency_s, w.per_sample_s, w.link_gbps) for w in ws] == [(0.0, 0.01, 4.0), (0.02, 0.001, 5.0)]
+    assert [(w.latency_s, w.per_sample_s, w.link_gbps) for w in ws] == [
+        (0.0, 0.01, 4.0),
+        (0.02, 0.001, 5.0),
+    ]
     assert sim.profile_alpha_s(profile) == pytest.approx(0.003 / 2)
     big = sim.replicate(ws, 5)
     assert len(big) == 5 and len({w.node for w in big}) == 5 and big[3].per_sample_s == 0.001
@@ -258,9 +355,22 @@ def test_profile_workers_read_the_fitted_model():
 
 def test_a_profile_json_is_read_as_the_typed_profile():
     # `hetflow profile --json` writes the Profile's fields with its report's beside them
-    data = {"cluster": "c", "model": "cnn", "workers": [{"name": "w0"}], "cluster_spec": {},
-            "ranks": [{"rank": 0, "node": "n0", "fit_latency_s": 0.01, "fit_s_per_sample": 0.002,
-                       "samples_per_s": 400.0, "step_compute_s": 0.07}]}
+    data = {
+        "cluster": "c",
+        "model": "cnn",
+        "workers": [{"name": "w0"}],
+        "cluster_spec": {},
+        "ranks": [
+            {
+                "rank": 0,
+                "node": "n0",
+                "fit_latency_s": 0.01,
+                "fit_s_per_sample": 0.002,
+                "samples_per_s": 400.0,
+                "step_compute_s": 0.07,
+            }
+        ],
+    }
     profile = sim.as_profile(data)
     assert isinstance(profile, Profile) and profile.ranks[0].fit_s_per_sample == 0.002
     (w,) = sim.profile_workers(profile)
@@ -283,8 +393,9 @@ def test_published_tables_reproduced_within_ten_percent():
     for r in pub["resnet50_v100_epoch"]:
         assert abs(r["rel_error"]) <= 0.10, r
     rows = pub["scaling_efficiency"]
-    assert {(r["model"], r["nodes"]) for r in rows} == {(m, n) for m in ("resnet50", "bert-large")
-                                                         for n in (16, 64, 256, 1024)}
+    assert {(r["model"], r["nodes"]) for r in rows} == {
+        (m, n) for m in ("resnet50", "bert-large") for n in (16, 64, 256, 1024)
+    }
     for r in rows:
         assert abs(r["rel_error"]) <= 0.10, r
     for model in ("resnet50", "bert-large"):
@@ -347,5 +458,17 @@ def test_bad_figures_are_clear_errors():
     with pytest.raises(ConfigError, match="profile"):
         sim.as_profile({"ranks": []})
     with pytest.raises(ConfigError, match="fit_latency_s"):
-        sim.as_profile({"cluster": "c", "model": "cnn", "ranks": [
-            {"rank": 0, "fit_s_per_sample": 0.01, "samples_per_s": 100, "step_compute_s": 0.3}]})
+        sim.as_profile(
+            {
+                "cluster": "c",
+                "model": "cnn",
+                "ranks": [
+                    {
+                        "rank": 0,
+                        "fit_s_per_sample": 0.01,
+                        "samples_per_s": 100,
+                        "step_compute_s": 0.3,
+                    }
+                ],
+            }
+        )

@@ -26,14 +26,29 @@ from hetflow.infra.s3 import free_port
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[1]
-CLIENT_VARS = ("PREFECT_API_URL", "PREFECT_API_KEY", "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL",
-               "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+CLIENT_VARS = (
+    "PREFECT_API_URL",
+    "PREFECT_API_KEY",
+    "MLFLOW_TRACKING_URI",
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+)
 S3_PROBE = ("hetflow-stack-test", "probe/hello.txt", b"hello from the stack test")
 
 
 def _cli(env: dict, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hetflow.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "hetflow.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _exports(stdout: str) -> dict[str, str]:
@@ -78,10 +93,13 @@ def _listen_addresses(port: int) -> set[str]:
 def _s3(exports: dict):
     import boto3
 
-    return boto3.client("s3", endpoint_url=exports["AWS_ENDPOINT_URL"],
-                        aws_access_key_id=exports["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=exports["AWS_SECRET_ACCESS_KEY"],
-                        region_name=exports["AWS_DEFAULT_REGION"])
+    return boto3.client(
+        "s3",
+        endpoint_url=exports["AWS_ENDPOINT_URL"],
+        aws_access_key_id=exports["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=exports["AWS_SECRET_ACCESS_KEY"],
+        region_name=exports["AWS_DEFAULT_REGION"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +124,14 @@ def stack(tmp_path_factory):
 
 def test_up_serves_s3_mlflow_and_prefect_on_loopback(stack):
     ex, ports = stack["exports"], stack["ports"]
-    assert set(ex) == {"PREFECT_API_URL", "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL",
-                       "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"}
+    assert set(ex) == {
+        "PREFECT_API_URL",
+        "MLFLOW_TRACKING_URI",
+        "AWS_ENDPOINT_URL",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_DEFAULT_REGION",
+    }
     assert ex["PREFECT_API_URL"] == f"http://127.0.0.1:{ports['prefect']}/api"
     assert ex["MLFLOW_TRACKING_URI"] == f"http://127.0.0.1:{ports['mlflow']}"
     assert ex["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{ports['s3']}"
@@ -130,7 +154,9 @@ def test_up_serves_s3_mlflow_and_prefect_on_loopback(stack):
 
     status = _cli(stack["env"], "stack", "status", timeout=60)
     assert status.returncode == 0, status.stdout + status.stderr
-    lines = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines() if line.strip()}
+    lines = {
+        line.split()[0]: line.split()[1] for line in status.stdout.splitlines() if line.strip()
+    }
     assert {lines["s3"], lines["prefect"], lines["mlflow"]} == {"up"}
 
     again = _cli(stack["env"], "stack", "up", timeout=60)
@@ -168,21 +194,32 @@ def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack):
     pool = json.loads(urllib.request.urlopen(f"{api}/work_pools/hetflow-local", timeout=10).read())
     assert pool["type"] == "process"  # `stack up` created the pool that prefect.yaml names
 
-    deploy = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False)
+    deploy = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     hint = ""
     if "422 Unprocessable Entity" in deploy.stdout + deploy.stderr:
-        hint = ("\nThe server rejected a null that Prefect's client sends for an optional body "
-                "field: fastapi >= 0.151 no longer reads null as 'use the default'; Prefect "
-                "3.8.8 needs fastapi < 0.151 (pyproject.toml).")
+        hint = (
+            "\nThe server rejected a null that Prefect's client sends for an optional body "
+            "field: fastapi >= 0.151 no longer reads null as 'use the default'; Prefect "
+            "3.8.8 needs fastapi < 0.151 (pyproject.toml)."
+        )
     assert deploy.returncode == 0, (
         f"prefect deploy --all failed:\n{deploy.stdout[-4000:]}\n{deploy.stderr[-4000:]}{hint}"
     )
 
     dataset_url = f"s3://hetflow-deploy-test/digits-{uuid.uuid4().hex[:6]}"
     with SyncPrefectClient(api) as client:
-        deps = {name: client.read_deployment_by_name(f"{name}/{name}")
-                for name in ("profile-cluster", "prepare-dataset", "train", "compare")}
+        deps = {
+            name: client.read_deployment_by_name(f"{name}/{name}")
+            for name in ("profile-cluster", "prepare-dataset", "train", "compare")
+        }
         for name in ("train", "compare"):
             assert deps[name].global_concurrency_limit.limit == 1
         assert deps["prepare-dataset"].global_concurrency_limit is None
@@ -191,7 +228,9 @@ def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack):
         assert not deps["prepare-dataset"].schedules and not deps["train"].schedules
         schema = deps["compare"].parameter_openapi_schema  # forms: the pydantic config models
         assert {"cluster", "dataset", "train", "tracking"} <= set(schema["properties"])
-        assert {"ClusterSpec", "DatasetSpec", "TrainConfig", "TrackingConfig"} <= set(schema["definitions"])
+        assert {"ClusterSpec", "DatasetSpec", "TrainConfig", "TrackingConfig"} <= set(
+            schema["definitions"]
+        )
         assert deps["prepare-dataset"].pull_steps == [
             {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
         ]
@@ -201,9 +240,23 @@ def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack):
             parameters={"dataset": {"url": dataset_url, "shard_samples": 512}, "overwrite": True},
         )
         worker = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "hetflow-local",
-             "--run-once", "--limit", "1"],
-            cwd=stack["home"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "worker",
+                "start",
+                "--pool",
+                "hetflow-local",
+                "--run-once",
+                "--limit",
+                "1",
+            ],
+            cwd=stack["home"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         try:
             deadline = time.monotonic() + 180
@@ -217,19 +270,36 @@ def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack):
                 worker.kill()
                 worker_out = worker.communicate()[0]
         assert state is not None and state.is_completed(), (
-            f"flow run ended {state and state.type}: {state and state.message}\n{worker_out[-6000:]}"
+            f"flow run ended {state and state.type}: {state and state.message}\n"
+            f"{worker_out[-6000:]}"
         )
 
     bucket, prefix = dataset_url.removeprefix("s3://").split("/", 1)
-    manifest = json.loads(_s3(ex).get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read())
+    manifest = json.loads(
+        _s3(ex).get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read()
+    )
     assert sum(s["samples"] for s in manifest["splits"].values()) == 1797  # scikit-learn's digits
 
 
-RUN_METRICS = ["throughput_samples_per_s", "train_loop_s", "final_accuracy", "comm_bytes_total",
-               "comm_bytes_per_step", "data_wait_fraction", "s3_bytes_read", "cache_hit_ratio",
-               "straggler_idle_fraction", "tracking_overhead_fraction"]
-FRACTIONS = ["data_wait_fraction", "cache_hit_ratio", "straggler_idle_fraction", "final_accuracy",
-             "tracking_overhead_fraction"]
+RUN_METRICS = [
+    "throughput_samples_per_s",
+    "train_loop_s",
+    "final_accuracy",
+    "comm_bytes_total",
+    "comm_bytes_per_step",
+    "data_wait_fraction",
+    "s3_bytes_read",
+    "cache_hit_ratio",
+    "straggler_idle_fraction",
+    "tracking_overhead_fraction",
+]
+FRACTIONS = [
+    "data_wait_fraction",
+    "cache_hit_ratio",
+    "straggler_idle_fraction",
+    "final_accuracy",
+    "tracking_overhead_fraction",
+]
 SMALL = {"model": "mlp", "steps": 20, "eval_every": 10, "global_batch": 64}
 SMALL_OPTIMIZED = {**SMALL, "schedule": "dynamic", "compression": "auto"}  # the optimized preset
 
@@ -265,15 +335,34 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(stack,
     with SyncPrefectClient(ex["PREFECT_API_URL"]) as client:
         deps = {n: client.read_deployment_by_name(f"{n}/{n}") for n in ("compare", "train")}
         compare = client.create_flow_run_from_deployment(
-            deps["compare"].id, parameters={"dataset": dataset, "train": SMALL})
-        trains = [client.create_flow_run_from_deployment(
-            deps["train"].id, parameters={"dataset": dataset, "train": SMALL_OPTIMIZED,
-                                          "variant": "optimized"})
-            for _ in range(2)]
+            deps["compare"].id, parameters={"dataset": dataset, "train": SMALL}
+        )
+        trains = [
+            client.create_flow_run_from_deployment(
+                deps["train"].id,
+                parameters={"dataset": dataset, "train": SMALL_OPTIMIZED, "variant": "optimized"},
+            )
+            for _ in range(2)
+        ]
         log = (tmp_path / "worker.log").open("w")
         worker = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "hetflow-local", "--limit", "3"],
-            cwd=stack["home"], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "worker",
+                "start",
+                "--pool",
+                "hetflow-local",
+                "--limit",
+                "3",
+            ],
+            cwd=stack["home"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             runs = _wait_final(client, [compare.id, *[t.id for t in trains]], 480)
         finally:
@@ -285,11 +374,14 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(stack,
             log.close()
         tail = (tmp_path / "worker.log").read_text()[-6000:]
         for r in runs.values():
-            assert r.state.is_completed(), f"{r.name} ended {r.state.type}: {r.state.message}\n{tail}"
+            assert r.state.is_completed(), (
+                f"{r.name} ended {r.state.type}: {r.state.message}\n{tail}"
+            )
         spans = sorted((runs[t.id].start_time, runs[t.id].end_time) for t in trains)
         assert spans[0][1] <= spans[1][0], f"train runs overlapped despite the limit: {spans}"
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[compare.id])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[compare.id]))
+        )
         md = next(a for a in artifacts if a.key == "comparison").data
 
     mlflow = MlflowClient(ex["MLFLOW_TRACKING_URI"])
@@ -298,8 +390,11 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(stack,
     by = {r.data.tags["variant"]: r for r in found}
     assert set(by) == {"compare", "baseline", "optimized"}
     parent = by["compare"].info.run_id
-    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
-             for line in md.splitlines() if line.startswith("| ") and not line.startswith("| metric")}
+    cells = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
+        for line in md.splitlines()
+        if line.startswith("| ") and not line.startswith("| metric")
+    }
     for variant, col in (("baseline", 0), ("optimized", 1)):
         run = by[variant]
         m = run.data.metrics
@@ -309,16 +404,24 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(stack,
             assert name in m, f"{variant} lacks {name}"
         for name in FRACTIONS + [f"rank{r}/busy_fraction" for r in range(4)]:
             assert 0.0 <= m[name] <= 1.0, (variant, name, m[name])
-        assert m["throughput_samples_per_s"] > 0 and m["comm_bytes_total"] > 0 and m["s3_bytes_read"] >= 0
+        assert (
+            m["throughput_samples_per_s"] > 0
+            and m["comm_bytes_total"] > 0
+            and m["s3_bytes_read"] >= 0
+        )
         for name, values in cells.items():  # the Prefect artifact says what MLflow holds
             assert values[col] == fmt(m.get(name)), (variant, name, values[col], m.get(name))
         plots = {a.path: a.file_size for a in mlflow.list_artifacts(run.info.run_id, "plots")}
-        assert set(plots) == {"plots/timeline.png", "plots/steps.png"} and min(plots.values()) > 1000
+        assert (
+            set(plots) == {"plots/timeline.png", "plots/steps.png"} and min(plots.values()) > 1000
+        )
     assert "throughput_samples_per_s" in cells and "rank3/busy_fraction" in cells
     parent_files = {a.path for a in mlflow.list_artifacts(parent)}
     assert {"comparison.json", "comparison.md", "plots"} <= parent_files
     trained = mlflow.search_runs([exp.experiment_id], "tags.variant = 'optimized'")
-    mine = [r for r in trained if r.data.tags.get("prefect_flow_run_id") in {str(t.id) for t in trains}]
+    mine = [
+        r for r in trained if r.data.tags.get("prefect_flow_run_id") in {str(t.id) for t in trains}
+    ]
     assert len(mine) == 2 and all(r.info.status == "FINISHED" for r in mine)
 
 
@@ -331,7 +434,9 @@ def test_down_stops_everything_and_s3_state_survives_a_restart(stack):
         assert not (stack["home"] / "stack" / f"{name}.pid").exists()
     status = _cli(env, "stack", "status", timeout=60)
     assert status.returncode == 1
-    lines = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines() if line.strip()}
+    lines = {
+        line.split()[0]: line.split()[1] for line in status.stdout.splitlines() if line.strip()
+    }
     assert {lines["s3"], lines["prefect"], lines["mlflow"]} == {"down"}
 
     up = _cli(env, "stack", "up")
@@ -339,4 +444,7 @@ def test_down_stops_everything_and_s3_state_survives_a_restart(stack):
     bucket, key, body = S3_PROBE
     assert _s3(ex).get_object(Bucket=bucket, Key=key)["Body"].read() == body
     # the MLflow artifacts written earlier are still in the bucket MLflow uses
-    assert _s3(ex).list_objects_v2(Bucket="hetflow-mlflow", Prefix="artifacts/").get("KeyCount", 0) >= 1
+    assert (
+        _s3(ex).list_objects_v2(Bucket="hetflow-mlflow", Prefix="artifacts/").get("KeyCount", 0)
+        >= 1
+    )

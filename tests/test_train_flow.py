@@ -43,11 +43,14 @@ def test_schedule_and_compression_from_the_train_parameter_are_what_runs(
     from hetflow.flows.train import train
     from hetflow.infra.tracking.tracker import MLflowTracker
 
-    cfg = TrainConfig(model="mlp", steps=4, global_batch=32, eval_every=2, schedule="equal",
-                      compression="fp16")
+    cfg = TrainConfig(
+        model="mlp", steps=4, global_batch=32, eval_every=2, schedule="equal", compression="fp16"
+    )
     out = train(
         cluster=ClusterSpec.from_speeds([1, 4], time_scale=2.0),
-        dataset=DatasetSpec(url="s3://hetflow-train-form/digits", cache_dir=str(tmp_path / "cache")),
+        dataset=DatasetSpec(
+            url="s3://hetflow-train-form/digits", cache_dir=str(tmp_path / "cache")
+        ),
         train=cfg,
         tracking=TrackingConfig(),
     )

@@ -27,22 +27,43 @@ def _one_step_spec(dataset, tmp_path, plan, name, nodes=("node0",) * 4):
     cluster = ClusterSpec.from_speeds([1.0] * len(plan), emulate=False)
     for w, node in zip(cluster.workers, nodes):
         w.node = node
-    train = TrainConfig(model="mlp", global_batch=sum(plan), steps=1, optimizer="sgd", lr=0.5,
-                        momentum=0.0, schedule="proportional", target_accuracy=None)
+    train = TrainConfig(
+        model="mlp",
+        global_batch=sum(plan),
+        steps=1,
+        optimizer="sgd",
+        lr=0.5,
+        momentum=0.0,
+        schedule="proportional",
+        target_accuracy=None,
+    )
     run_dir = tmp_path / name
     run_dir.mkdir()
-    return RunSpec(run_name=name, variant=name, cluster=cluster, dataset=dataset, train=train,
-                   plan=Plan.equal(plan), run_dir=str(run_dir))
+    return RunSpec(
+        run_name=name,
+        variant=name,
+        cluster=cluster,
+        dataset=dataset,
+        train=train,
+        plan=Plan.equal(plan),
+        run_dir=str(run_dir),
+    )
 
 
 def _single_process_step(spec: RunSpec) -> dict[str, torch.Tensor]:
     """The reference: one SGD step on the concatenated global batch, mean loss."""
     x, y = digits_source(spec.dataset.test_fraction, spec.dataset.seed)["train"]
-    idx = np.concatenate([Stream(y, spec.train.seed).step_indices(0, spec.plan.local_batches, r)
-                          for r in range(spec.cluster.world_size)])
+    idx = np.concatenate(
+        [
+            Stream(y, spec.train.seed).step_indices(0, spec.plan.local_batches, r)
+            for r in range(spec.cluster.world_size)
+        ]
+    )
     model = build_model(spec.train.model, seed=spec.train.seed)
     opt = torch.optim.SGD(model.parameters(), lr=spec.train.lr)
-    nn.functional.cross_entropy(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])).backward()
+    nn.functional.cross_entropy(
+        model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])
+    ).backward()
     opt.step()
     return model.state_dict()
 
@@ -71,8 +92,12 @@ def test_two_nodes_of_two_processes_rendezvous_and_train_the_same_step(digits, t
     job = spec.write(Path(spec.run_dir) / "job.json")
     endpoint = f"127.0.0.1:{free_port()}"
     cmd = torchrun_command(job, nproc=2, endpoint=endpoint, nnodes=2, rdzv_id="two-nodes")
-    nodes = [subprocess.Popen(cmd, env=worker_env(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for _ in range(2)]
+    nodes = [
+        subprocess.Popen(
+            cmd, env=worker_env(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        for _ in range(2)
+    ]
     outputs = [n.communicate(timeout=200)[0].decode(errors="replace") for n in nodes]
     assert [n.returncode for n in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
     _assert_same_params(torch.load(Path(spec.run_dir) / "model.pt"), _single_process_step(spec))
@@ -82,10 +107,26 @@ def test_dynamic_plan_moves_work_off_a_straggler_within_a_few_steps(digits, tmp_
     # K is longer than the run, so no window ever closes: only the step-by-step shared timings
     # (SharedStepTimes, Rebalancer.sudden_change) can re-plan, a few steps after rank 3 slows 4x.
     cluster = ClusterSpec.from_speeds([1.0, 1.0, 2.0, 4.0])
-    train = TrainConfig(model="cnn", global_batch=64, steps=24, schedule="dynamic", rebalance_every=100,
-                        eval_every=100, checkpoint_every=100, target_accuracy=None)
-    spec = RunSpec(run_name="straggler", variant="dynamic", cluster=cluster, dataset=digits, train=train,
-                   plan=Plan.equal([8, 8, 16, 32]), stragglers=[(3, 12, 4.0)], run_dir=str(tmp_path))
+    train = TrainConfig(
+        model="cnn",
+        global_batch=64,
+        steps=24,
+        schedule="dynamic",
+        rebalance_every=100,
+        eval_every=100,
+        checkpoint_every=100,
+        target_accuracy=None,
+    )
+    spec = RunSpec(
+        run_name="straggler",
+        variant="dynamic",
+        cluster=cluster,
+        dataset=digits,
+        train=train,
+        plan=Plan.equal([8, 8, 16, 32]),
+        stragglers=[(3, 12, 4.0)],
+        run_dir=str(tmp_path),
+    )
     result, _ = run_workers(spec, timeout_s=200)
     plans = result["ranks"][0]["plans"]
     assert [p["step"] for p in plans[:1]] == [0] and len(plans) >= 2, plans
@@ -93,8 +134,14 @@ def test_dynamic_plan_moves_work_off_a_straggler_within_a_few_steps(digits, tmp_
     assert plans[1]["plan"][3] < 32 and sum(plans[1]["plan"]) == 64, plans
     assert all(r["plans"] == plans for r in result["ranks"])  # every rank reached the same plan
     ranks = result["ranks"]
-    assert all(rec["idle_s"] + rec["comm_s"] == pytest.approx(rec["wait_s"]) for r in ranks for rec in r["records"])
-    assert max(rec["idle_s"] for rec in ranks[0]["records"]) > 0  # the shared timings split the wait
+    assert all(
+        rec["idle_s"] + rec["comm_s"] == pytest.approx(rec["wait_s"])
+        for r in ranks
+        for rec in r["records"]
+    )
+    assert (
+        max(rec["idle_s"] for rec in ranks[0]["records"]) > 0
+    )  # the shared timings split the wait
     # one float per rank and step, counted apart from the gradients' bytes
     assert all(r["control_bytes"] == train.steps * allgather_bytes(8, 4) for r in ranks)
 
@@ -103,14 +150,33 @@ def test_static_run_shares_step_times_every_k_steps_and_splits_every_wait(digits
     # Not dynamic: the timings go out K at a time (a collective per step costs ~12% of a short
     # step on this host); the last, partial batch is flushed, so every step's wait is still split.
     cluster = ClusterSpec.from_speeds([1.0, 1.0, 2.0, 4.0])
-    train = TrainConfig(model="cnn", global_batch=64, steps=13, schedule="equal", rebalance_every=5,
-                        eval_every=100, checkpoint_every=100, target_accuracy=None)
-    spec = RunSpec(run_name="static", variant="baseline", cluster=cluster, dataset=digits, train=train,
-                   plan=Plan.equal([16, 16, 16, 16]), run_dir=str(tmp_path))
+    train = TrainConfig(
+        model="cnn",
+        global_batch=64,
+        steps=13,
+        schedule="equal",
+        rebalance_every=5,
+        eval_every=100,
+        checkpoint_every=100,
+        target_accuracy=None,
+    )
+    spec = RunSpec(
+        run_name="static",
+        variant="baseline",
+        cluster=cluster,
+        dataset=digits,
+        train=train,
+        plan=Plan.equal([16, 16, 16, 16]),
+        run_dir=str(tmp_path),
+    )
     result, _ = run_workers(spec, timeout_s=200)
     ranks = result["ranks"]
     assert all(len(r["records"]) == train.steps for r in ranks)
-    assert all(rec["idle_s"] + rec["comm_s"] == pytest.approx(rec["wait_s"]) for r in ranks for rec in r["records"])
+    assert all(
+        rec["idle_s"] + rec["comm_s"] == pytest.approx(rec["wait_s"])
+        for r in ranks
+        for rec in r["records"]
+    )
     fastest = ranks[3]["records"][1:]  # rank 3 waits for ranks 0 and 1, 4x slower, every step
     assert min(rec["idle_s"] for rec in fastest) > 0
     assert all(r["control_bytes"] == train.steps * allgather_bytes(8, 4) for r in ranks)

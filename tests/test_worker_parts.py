@@ -17,8 +17,16 @@ from hetflow.training.worker import straggler_factor
 
 
 def _rec(step: int, compute_s: float = 0.02, wait_s: float = 0.005) -> StepRecord:
-    return StepRecord(step=step, batch=8, data_s=0.001, compute_s=compute_s, wait_s=wait_s,
-                      step_s=0.001 + compute_s + wait_s, loss_sum=1.5, bytes_sent=100.0)
+    return StepRecord(
+        step=step,
+        batch=8,
+        data_s=0.001,
+        compute_s=compute_s,
+        wait_s=wait_s,
+        step_s=0.001 + compute_s + wait_s,
+        loss_sum=1.5,
+        bytes_sent=100.0,
+    )
 
 
 def test_straggler_factor_is_the_last_listed_onset_reached_for_that_rank():
@@ -62,7 +70,11 @@ def test_loop_state_comes_back_from_a_checkpoint_as_it_was_saved():
     state.records.extend(_rec(s) for s in range(6))
     state.train_time_s = 1.5
     other_rank = [_rec(s, compute_s=0.04).model_dump() for s in range(6)]
-    saved = {"step": 6, **state.saved(), "records": [[r.model_dump() for r in state.records], other_rank]}
+    saved = {
+        "step": 6,
+        **state.saved(),
+        "records": [[r.model_dump() for r in state.records], other_rank],
+    }
     buf = io.BytesIO()
     torch.save(saved, buf)  # as CheckpointStore does: plain dicts and lists inside
     loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
@@ -112,9 +124,13 @@ def test_recovery_note_counts_restarts_and_the_steps_past_the_checkpoint(tmp_pat
     assert note_recovery(tmp_path, resumed_at=0) == Recovery()  # a first start
     assert not (tmp_path / "recovery.json").exists()
     (tmp_path / "progress.json").write_text(json.dumps({"step": 27}))
-    assert note_recovery(tmp_path, resumed_at=20) == Recovery(restarts=1, steps_redone=7, resumed_at=20)
+    assert note_recovery(tmp_path, resumed_at=20) == Recovery(
+        restarts=1, steps_redone=7, resumed_at=20
+    )
     (tmp_path / "progress.json").write_text(json.dumps({"step": 23}))
-    assert note_recovery(tmp_path, resumed_at=20) == Recovery(restarts=2, steps_redone=10, resumed_at=20)
+    assert note_recovery(tmp_path, resumed_at=20) == Recovery(
+        restarts=2, steps_redone=10, resumed_at=20
+    )
     # a checkpoint newer than the progress seen (progress lost its last writes): none redone
     (tmp_path / "progress.json").write_text(json.dumps({"step": 30}))
     assert note_recovery(tmp_path, resumed_at=40).steps_redone == 10
@@ -126,4 +142,7 @@ def test_recovery_note_names_the_torchrun_restart(tmp_path, monkeypatch, capsys)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart)
     (tmp_path / "progress.json").write_text(json.dumps({"step": 12}))
     note_recovery(tmp_path, resumed_at=10)
-    assert f"torchrun restart {restart}, resuming at step 10 (2 steps redone)" in capsys.readouterr().out
+    assert (
+        f"torchrun restart {restart}, resuming at step 10 (2 steps redone)"
+        in capsys.readouterr().out
+    )

@@ -56,8 +56,12 @@ class CheckpointStore:
         key = f"ckpt-{step:06d}.pt"
         self._put(key, data)
         old = self._pointer()
-        pointer = {"step": step, "key": key, "sha256": hashlib.sha256(data).hexdigest(),
-                   "previous": {k: old[k] for k in ("step", "key", "sha256")} if old else None}
+        pointer = {
+            "step": step,
+            "key": key,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "previous": {k: old[k] for k in ("step", "key", "sha256")} if old else None,
+        }
         self._put(POINTER, json.dumps(pointer).encode())
         stale = old.get("previous") if old else None
         if stale and stale["key"] != key:

@@ -66,7 +66,9 @@ def open_cache(spec: DatasetSpec, **overrides) -> ShardCache:
     return ShardCache(spec.url, spec.cache_dir or default_cache_dir(), **kw)
 
 
-def read_shard(manifest: Manifest, shard: ShardInfo, cache: ShardCache) -> tuple[np.ndarray, np.ndarray]:
+def read_shard(
+    manifest: Manifest, shard: ShardInfo, cache: ShardCache
+) -> tuple[np.ndarray, np.ndarray]:
     """One shard, through the cache, decoded and checked against the manifest."""
     name = manifest.shard_url(shard)
     x, y = decode_shard(cache.read(shard.key, shard.sha256), name)
@@ -127,8 +129,16 @@ class RankReader:
     `shard_reads`).
     """
 
-    def __init__(self, manifest: Manifest, split: str, cache: ShardCache | None, rank: int,
-                 seed: int, block: int = 1, prefetch: int = 0) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        split: str,
+        cache: ShardCache | None,
+        rank: int,
+        seed: int,
+        block: int = 1,
+        prefetch: int = 0,
+    ) -> None:
         self.manifest, self.cache, self.rank = manifest, cache, rank
         self.shards = manifest.splits[split].shards
         labels, self.shard_of, self.offsets = shard_layout(manifest, split)

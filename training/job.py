@@ -23,19 +23,26 @@ class RunSpec(BaseModel):
     plan: Plan | None = Field(None, description="What a training run starts with; none to profile.")
     stragglers: list[tuple[int, int, float]] = Field(
         default_factory=list,
-        description="(rank, step, factor): from `step` on, that rank's slowdown is multiplied by factor.",
+        description="(rank, step, factor): from `step` on, that rank's slowdown is multiplied "
+        "by factor.",
     )
     run_dir: str
-    checkpoint_url: str | None = Field(None, description="Where checkpoints go; default RUN_DIR/checkpoints.")
+    checkpoint_url: str | None = Field(
+        None, description="Where checkpoints go; default RUN_DIR/checkpoints."
+    )
     profile_batches: list[int] = Field(default_factory=lambda: [8, 16, 32, 64])
 
     @model_validator(mode="after")
     def _plan_fits(self) -> RunSpec:
         if self.mode == "train" and self.plan is None:
-            raise ValueError("plan: a training run needs a plan (hetflow.training.planning.make_plan)")
+            raise ValueError(
+                "plan: a training run needs a plan (hetflow.training.planning.make_plan)"
+            )
         if self.plan is not None and len(self.plan.local_batches) != self.cluster.world_size:
-            raise ValueError(f"plan.local_batches: {len(self.plan.local_batches)} batches for "
-                             f"{self.cluster.world_size} workers")
+            raise ValueError(
+                f"plan.local_batches: {len(self.plan.local_batches)} batches for "
+                f"{self.cluster.world_size} workers"
+            )
         return self
 
     def write(self, path: Path) -> Path:
@@ -52,5 +59,9 @@ def emulator_for(spec: RunSpec, rank: int) -> Emulator:
     if not spec.cluster.emulate:
         return Emulator(1.0, Link(None, 0.0))
     w = spec.cluster.workers[rank]
-    return Emulator(spec.cluster.slowdowns()[rank], Link(w.link_gbps, w.link_latency_ms / 1e3),
-                    jitter=spec.cluster.jitter, seed=spec.train.seed * 1009 + rank)
+    return Emulator(
+        spec.cluster.slowdowns()[rank],
+        Link(w.link_gbps, w.link_latency_ms / 1e3),
+        jitter=spec.cluster.jitter,
+        seed=spec.train.seed * 1009 + rank,
+    )

@@ -18,7 +18,12 @@ class LaunchError(RuntimeError):
 
 
 def torchrun_command(
-    job: Path, nproc: int, endpoint: str, nnodes: int = 1, rdzv_id: str = "hetflow", max_restarts: int = 0
+    job: Path,
+    nproc: int,
+    endpoint: str,
+    nnodes: int = 1,
+    rdzv_id: str = "hetflow",
+    max_restarts: int = 0,
 ) -> list[str]:
     """torchrun: c10d rendezvous across nodes (run the same command on each of them).
 
@@ -32,10 +37,20 @@ def torchrun_command(
     else:
         rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), *rdzv,
-        "--max-restarts", str(max_restarts),
-        "-m", "hetflow.training.worker", "--job", str(job),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc),
+        *rdzv,
+        "--max-restarts",
+        str(max_restarts),
+        "-m",
+        "hetflow.training.worker",
+        "--job",
+        str(job),
     ]
 
 
@@ -55,8 +70,13 @@ def run_workers(
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     job = spec.write(run_dir / "job.json")
-    cmd = torchrun_command(job, spec.cluster.world_size, f"127.0.0.1:{free_port()}",
-                           rdzv_id=spec.run_name, max_restarts=max_restarts)
+    cmd = torchrun_command(
+        job,
+        spec.cluster.world_size,
+        f"127.0.0.1:{free_port()}",
+        rdzv_id=spec.run_name,
+        max_restarts=max_restarts,
+    )
     env = worker_env(spec)
     log = run_dir / "workers.log"
     t = time.perf_counter()

@@ -20,6 +20,7 @@ the few shards around its position instead of all of them; `needed_shards` and
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -35,13 +36,18 @@ def check_plan(n_samples: int, plan: Sequence[int], name: str = "dataset") -> No
     if not plan:
         raise PartitionError(f"{name}: the plan has no ranks")
     if any(int(b) < 0 for b in plan) or sum(plan) < 1:
-        raise PartitionError(f"{name}: local batches must be >= 0 and sum to >= 1 (got {list(plan)})")
+        raise PartitionError(
+            f"{name}: local batches must be >= 0 and sum to >= 1 (got {list(plan)})"
+        )
     if len(plan) > n_samples:
-        raise PartitionError(f"{name}: {len(plan)} ranks but only {n_samples} samples; "
-                             "every rank needs at least one")
+        raise PartitionError(
+            f"{name}: {len(plan)} ranks but only {n_samples} samples; every rank needs at least one"
+        )
     if sum(plan) > n_samples:
-        raise PartitionError(f"{name}: global batch {sum(plan)} is larger than its {n_samples} "
-                             "samples; a step would repeat samples")
+        raise PartitionError(
+            f"{name}: global batch {sum(plan)} is larger than its {n_samples} "
+            "samples; a step would repeat samples"
+        )
 
 
 def shard_of_samples(shard_samples: Sequence[int]) -> np.ndarray:
@@ -85,7 +91,7 @@ def epoch_order(
 
 def rank_slices(plan: Sequence[int]) -> list[tuple[int, int]]:
     bounds = np.concatenate([[0], np.cumsum(plan)]).astype(int)
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
 
 class Stream:
@@ -158,7 +164,9 @@ def shard_schedule(
     b = rank_slices(plan)[rank][1] - rank_slices(plan)[rank][0]
     if b == 0:
         return [[] for _ in range(n_steps)]
-    rows = np.asarray(shard_of)[window_indices(stream, step, n_steps, plan, rank)].reshape(n_steps, b)
+    rows = np.asarray(shard_of)[window_indices(stream, step, n_steps, plan, rank)].reshape(
+        n_steps, b
+    )
     return [_unique_in_order(row) for row in rows]
 
 
@@ -172,15 +180,23 @@ def needed_shards(
 class ShardSchedule:
     """`shard_schedule` of one rank under one plan, computed block by block and remembered."""
 
-    def __init__(self, stream: Stream, shard_of: np.ndarray, plan: Sequence[int], rank: int,
-                 block: int = 32) -> None:
-        self.stream, self.shard_of, self.plan, self.rank = stream, np.asarray(shard_of), list(plan), rank
+    def __init__(
+        self, stream: Stream, shard_of: np.ndarray, plan: Sequence[int], rank: int, block: int = 32
+    ) -> None:
+        self.stream, self.shard_of, self.plan, self.rank = (
+            stream,
+            np.asarray(shard_of),
+            list(plan),
+            rank,
+        )
         self.block = block
         self._rows: dict[int, list[int]] = {}
 
     def __call__(self, step: int) -> list[int]:
         if step not in self._rows:
-            rows = shard_schedule(self.stream, self.shard_of, step, self.block, self.plan, self.rank)
+            rows = shard_schedule(
+                self.stream, self.shard_of, step, self.block, self.plan, self.rank
+            )
             self._rows.update(zip(range(step, step + self.block), rows, strict=True))
         return self._rows[step]
 

@@ -23,14 +23,22 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
         method, reason = choose_compression(profile.comm_share())
     else:
         method, reason = train.compression_method(), "set in the train config"
-    return Plan(local_batches=batches, compression=method, compression_reason=reason,
-                speeds=speeds, latency_s=latency, per_sample_s=per_sample)
+    return Plan(
+        local_batches=batches,
+        compression=method,
+        compression_reason=reason,
+        speeds=speeds,
+        latency_s=latency,
+        per_sample_s=per_sample,
+    )
 
 
 def ideal_throughput(latency: list[float], per_sample: list[float], global_batch: int) -> float:
     """Samples/s if every rank computed its balanced share with no wait and no communication."""
     lo, hi = 0.0, 1.0
-    while sum(max(0.0, (hi - a) / c) for a, c in zip(latency, per_sample, strict=True)) < global_batch:
+    while (
+        sum(max(0.0, (hi - a) / c) for a, c in zip(latency, per_sample, strict=True)) < global_batch
+    ):
         hi *= 2
     for _ in range(100):
         mid = (lo + hi) / 2

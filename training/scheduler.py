@@ -1,11 +1,11 @@
 """The heterogeneity scheduler: local batch sizes in proportion to measured speed (pure).
 
-    >>> plan_batches([1, 1, 2, 4], 128)
-    [16, 16, 32, 64]
-    >>> plan_batches([1, 1, 2, 4], 128, caps=[None, None, None, 40])
-    [22, 22, 44, 40]
-    >>> balance_batches([0.04, 0.04, 0.02, 0.01], [0.4, 0.4, 0.2, 0.1], 128)
-    [11, 11, 32, 74]
+>>> plan_batches([1, 1, 2, 4], 128)
+[16, 16, 32, 64]
+>>> plan_batches([1, 1, 2, 4], 128, caps=[None, None, None, 40])
+[22, 22, 44, 40]
+>>> balance_batches([0.04, 0.04, 0.02, 0.01], [0.4, 0.4, 0.2, 0.1], 128)
+[11, 11, 32, 74]
 """
 
 from __future__ import annotations
@@ -69,7 +69,9 @@ def balance_batches(
     lat = [max(0.0, a) for a in latency_s]
     return _apportion(
         lambda t: [(t - a) / c for a, c in zip(lat, per_sample_s, strict=True)],
-        speeds, global_batch, caps,
+        speeds,
+        global_batch,
+        caps,
         cost=lambda i, b: lat[i] + per_sample_s[i] * b,
     )
 
@@ -95,7 +97,10 @@ def _apportion(
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if sum(clipped(mid)) < global_batch else (lo, mid)
     x = clipped(hi)
-    b = [max(1, min(math.floor(v + 1e-9), int(min(hc, global_batch)))) for v, hc in zip(x, hi_caps, strict=True)]
+    b = [
+        max(1, min(math.floor(v + 1e-9), int(min(hc, global_batch))))
+        for v, hc in zip(x, hi_caps, strict=True)
+    ]
     if cost is not None:
         return _greedy_fill(b, global_batch, hi_caps, cost)
     # Hand out (or take back) the rounding difference by largest (smallest) remainder.
@@ -190,7 +195,9 @@ class Rebalancer:
         """(a_i, c_i) per rank: each rank's compute time per step is a_i + c_i x batch."""
         assert self.per_sample_s is not None and self.points is not None and self.latest is not None
         latency, per_sample = [], []
-        for a0, c0, pts, b in zip(self.latency_s, self.per_sample_s, self.points, self.latest, strict=True):
+        for a0, c0, pts, b in zip(
+            self.latency_s, self.per_sample_s, self.points, self.latest, strict=True
+        ):
             times = list(pts.values())
             if len(pts) >= 2 and max(times) > min(times) * self.jump:
                 c, a = statistics.linear_regression(list(pts), times)
@@ -221,19 +228,25 @@ class Rebalancer:
                 self.revert_to = before["plan"]
                 failed = True
         if self.per_sample_s is None:
-            self.per_sample_s = [max(t - a, 0.05 * t) / b
-                                 for t, a, b in zip(compute_s_per_step, self.latency_s, plan, strict=True)]
+            self.per_sample_s = [
+                max(t - a, 0.05 * t) / b
+                for t, a, b in zip(compute_s_per_step, self.latency_s, plan, strict=True)
+            ]
         if self.points is None:
             self.points = [{} for _ in plan]
         w = self.smoothing
         for pts, b, t in zip(self.points, plan, compute_s_per_step, strict=True):
-            if b in pts and not failed and not 1 / self.jump <= t / pts[b] <= self.jump:  # speed changed
+            if (
+                b in pts and not failed and not 1 / self.jump <= t / pts[b] <= self.jump
+            ):  # speed changed
                 pts.clear()
                 self.rejected = []  # what failed before may work now
             pts[b] = w * t + (1 - w) * pts[b] if b in pts else t
         self.latest = list(plan)
 
-    def sudden_change(self, rows: Sequence[Sequence[float]], recent: int = SUDDEN_STEPS, reference: int = 3) -> bool:
+    def sudden_change(
+        self, rows: Sequence[Sequence[float]], recent: int = SUDDEN_STEPS, reference: int = 3
+    ) -> bool:
         """Whether a rank's speed has jumped: its compute time in each of the last `recent` rows
         lies more than `jump` times above, or each more than `jump` times below, its median over
         the `reference` or more rows before them.
@@ -275,22 +288,34 @@ class Rebalancer:
             return None
         self.trial = {"plan": list(plan), "step_s": self.last_step_s}
         self.history.append(
-            {"step": step, "plan": new, "imbalance_before": round(current, 4),
-             "predicted_speedup": round(before / after, 4)}
+            {
+                "step": step,
+                "plan": new,
+                "imbalance_before": round(current, 4),
+                "predicted_speedup": round(before / after, 4),
+            }
         )
         return new
 
     def state(self) -> dict:
         """What a checkpoint keeps so that a resumed run re-plans as the lost one would have."""
-        return {"per_sample_s": self.per_sample_s, "replans": self.history,
-                "points": None if self.points is None else [sorted(p.items()) for p in self.points],
-                "latest": self.latest, "rejected": self.rejected, "trial": self.trial,
-                "revert_to": self.revert_to}
+        return {
+            "per_sample_s": self.per_sample_s,
+            "replans": self.history,
+            "points": None if self.points is None else [sorted(p.items()) for p in self.points],
+            "latest": self.latest,
+            "rejected": self.rejected,
+            "trial": self.trial,
+            "revert_to": self.revert_to,
+        }
 
     def restore(self, state: dict) -> None:
         self.per_sample_s, self.latest = state["per_sample_s"], state.get("latest")
         points = state.get("points")
-        self.points = None if points is None or self.latest is None else [
-            {int(b): float(t) for b, t in p} for p in points]
+        self.points = (
+            None
+            if points is None or self.latest is None
+            else [{int(b): float(t) for b, t in p} for p in points]
+        )
         self.history, self.rejected = state["replans"], state["rejected"]
         self.trial, self.revert_to = state["trial"], state["revert_to"]

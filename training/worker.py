@@ -98,8 +98,13 @@ def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:
     cfg, plan = spec.train, spec.plan
     caps = [w.memory_cap_batch for w in spec.cluster.workers]
     latency = list(plan.latency_s) or [0.0] * world
-    return Rebalancer(cfg.global_batch, caps, latency, list(plan.per_sample_s) or None,
-                      threshold=cfg.rebalance_threshold)
+    return Rebalancer(
+        cfg.global_batch,
+        caps,
+        latency,
+        list(plan.per_sample_s) or None,
+        threshold=cfg.rebalance_threshold,
+    )
 
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -120,8 +125,9 @@ class TrainingLoop:
     step. Rank 0 alone evaluates, saves checkpoints, and writes progress.json and recovery.json.
     """
 
-    def __init__(self, spec: RunSpec, data: RankData, rank: int, world: int,
-                 counter: WireCounter) -> None:
+    def __init__(
+        self, spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCounter
+    ) -> None:
         cfg = self.cfg = spec.train
         self.spec, self.data, self.rank, self.world, self.counter = spec, data, rank, world, counter
         self.emu = emulator_for(spec, rank)
@@ -188,9 +194,16 @@ class TrainingLoop:
         emu.link.delay(nbytes, ncoll)
         t3 = now()
         computed = emu.finish()  # when the comm hook ended the phase at the last bucket
-        return StepRecord(step=step, batch=len(idx), data_s=t1 - t0, compute_s=computed - t1,
-                          wait_s=t3 - computed, step_s=t3 - t0, loss_sum=float(loss_sum.detach()),
-                          bytes_sent=nbytes)
+        return StepRecord(
+            step=step,
+            batch=len(idx),
+            data_s=t1 - t0,
+            compute_s=computed - t1,
+            wait_s=t3 - computed,
+            step_s=t3 - t0,
+            loss_sum=float(loss_sum.detach()),
+            bytes_sent=nbytes,
+        )
 
     def record(self, rec: StepRecord) -> None:
         state = self.state
@@ -217,8 +230,9 @@ class TrainingLoop:
         if not (sudden or (window and (len(window) >= cfg.rebalance_every or flush))):
             return
         # After a sudden change only the steps since it tell the new speeds.
-        self.rebalancer.observe(state.plan,
-                                column_means(state.current[-SUDDEN_STEPS:] if sudden else window))
+        self.rebalancer.observe(
+            state.plan, column_means(state.current[-SUDDEN_STEPS:] if sudden else window)
+        )
         state.window = []
         if sudden:
             state.current = []
@@ -232,7 +246,8 @@ class TrainingLoop:
         if self.rank == 0:
             accuracy = evaluate(self.net.model, self.xte, self.yte)
             self.state.evals.append(
-                EvalPoint(step=step, train_time_s=self.state.train_time_s, accuracy=accuracy))
+                EvalPoint(step=step, train_time_s=self.state.train_time_s, accuracy=accuracy)
+            )
         dist.barrier()  # the others wait here, outside the timed step
 
     def checkpoint(self, step: int) -> None:
@@ -242,11 +257,18 @@ class TrainingLoop:
         dist.all_gather_object(everyone, [r.model_dump() for r in self.state.records])
         if self.rank == 0:
             net = self.net
-            self.store.save(step, {
-                "step": step, "model": net.model.state_dict(), "optimizer": net.opt.state_dict(),
-                **self.state.saved(), "rebalancer": self.rebalancer.state(),
-                "comm": comm_state_dict(net.hook_state), "records": everyone,
-            })
+            self.store.save(
+                step,
+                {
+                    "step": step,
+                    "model": net.model.state_dict(),
+                    "optimizer": net.opt.state_dict(),
+                    **self.state.saved(),
+                    "rebalancer": self.rebalancer.state(),
+                    "comm": comm_state_dict(net.hook_state),
+                    "records": everyone,
+                },
+            )
 
     def write_progress(self, step: int) -> None:
         if self.progress is not None:
@@ -257,10 +279,18 @@ class TrainingLoop:
     def result(self) -> RankResult:
         state, stats = self.state, self.data.cache.stats
         return RankResult(
-            rank=self.rank, node=os.uname().nodename, records=state.records, plans=state.plans,
-            evals=state.evals, replans=self.rebalancer.history, bytes_total=self.counter.total_bytes,
-            control_bytes=self.counter.control_bytes, params=parameter_count(self.net.model),
-            load_s=self.data.load_s, recovery=self.recovery, bookkeeping_s=state.bookkeeping_s,
+            rank=self.rank,
+            node=os.uname().nodename,
+            records=state.records,
+            plans=state.plans,
+            evals=state.evals,
+            replans=self.rebalancer.history,
+            bytes_total=self.counter.total_bytes,
+            control_bytes=self.counter.control_bytes,
+            params=parameter_count(self.net.model),
+            load_s=self.data.load_s,
+            recovery=self.recovery,
+            bookkeeping_s=state.bookkeeping_s,
             cache=CacheCounts(hits=stats.hits, misses=stats.misses, bytes_read=stats.bytes_read),
         )
 
@@ -271,8 +301,9 @@ class TrainingLoop:
         return {k: v.detach().clone() for k, v in self.net.model.state_dict().items()}
 
 
-def train(spec: RunSpec, data: RankData, rank: int, world: int,
-          counter: WireCounter) -> tuple[RankResult, dict[str, torch.Tensor] | None]:
+def train(
+    spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCounter
+) -> tuple[RankResult, dict[str, torch.Tensor] | None]:
     """Train to `spec.train.steps` steps; this rank's result, and rank 0's trained weights."""
     loop = TrainingLoop(spec, data, rank, world, counter)
     loop.run()
@@ -289,11 +320,16 @@ def init_process_group() -> None:
         dist.init_process_group("gloo")
         return
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=timedelta(minutes=5))
+    base = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(minutes=5),
+    )
     store = dist.PrefixStore(f"hetflow/attempt_{attempt}/", base)
-    dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
-                            world_size=int(os.environ["WORLD_SIZE"]))
+    dist.init_process_group(
+        "gloo", store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
+    )
 
 
 def write_result(run_dir: Path, mode: str, ranks: list, weights: dict | None) -> None:

@@ -11,7 +11,8 @@ One optimizer step of synchronous data parallelism, worker by worker::
   rank by rank; for an instance type never measured, c_i = per-sample FLOPs / (device peak
   FLOP/s x achieved fraction) and a_i = 0, with the peak from `infra.catalog`
   (`DEVICE_PEAK_TFLOPS`: FP32 datasheet figures) and the achieved fraction an input. The
-  profile times a step through DDP (`hetflow.training.probes.compute.solo_ddp`), so DDP's own work in backward
+  profile times a step through DDP (`hetflow.training.probes.compute.solo_ddp`), so DDP's own
+  work in backward
   is in a_i and c_i already.
 - **Communication**, from the alpha-beta model of the collective DDP runs (buckets of
   `bucket_bytes`, each one all-reduce; gradient bytes divided by `compression_ratio`):
@@ -99,12 +100,45 @@ from hetflow.simulator.step import (
 )
 
 __all__ = [
-    "BERT_SETUP", "DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "DEFAULT_INTRA_GBPS",
-    "INTRA_NODE_GBPS", "MAX_WORKERS", "MIB", "MODELS", "PLANS", "PUBLISHED_EFFICIENCY",
-    "PUBLISHED_V100_EPOCH_MIN", "RESNET_SETUP", "Job", "ModelSpec", "Network", "PublishedSetup",
-    "SimulationError", "StepPrediction", "WorkerModel", "allreduce_time", "as_profile",
-    "catalog_cluster", "check_workers", "expected_max_normal", "flops_worker", "fraction_for",
-    "parse_mix", "plan_batches_for", "profile_alpha_s", "profile_workers", "published_comparison",
-    "published_gap", "replicate", "resized", "ring_allreduce_time", "scale_counts",
-    "simulate_step", "spec_cluster", "spec_instance_types", "sweep", "v100_fraction_from_epoch",
+    "BERT_SETUP",
+    "DDP_BUCKET_BYTES",
+    "DDP_FIRST_BUCKET_BYTES",
+    "DEFAULT_INTRA_GBPS",
+    "INTRA_NODE_GBPS",
+    "MAX_WORKERS",
+    "MIB",
+    "MODELS",
+    "PLANS",
+    "PUBLISHED_EFFICIENCY",
+    "PUBLISHED_V100_EPOCH_MIN",
+    "RESNET_SETUP",
+    "Job",
+    "ModelSpec",
+    "Network",
+    "PublishedSetup",
+    "SimulationError",
+    "StepPrediction",
+    "WorkerModel",
+    "allreduce_time",
+    "as_profile",
+    "catalog_cluster",
+    "check_workers",
+    "expected_max_normal",
+    "flops_worker",
+    "fraction_for",
+    "parse_mix",
+    "plan_batches_for",
+    "profile_alpha_s",
+    "profile_workers",
+    "published_comparison",
+    "published_gap",
+    "replicate",
+    "resized",
+    "ring_allreduce_time",
+    "scale_counts",
+    "simulate_step",
+    "spec_cluster",
+    "spec_instance_types",
+    "sweep",
+    "v100_fraction_from_epoch",
 ]

@@ -23,11 +23,21 @@ from hetflow.simulator.model import MODELS, Job, Network
 from hetflow.simulator.step import StepPrediction, simulate_step
 
 HETERO_RUNS = ("baseline", "optimized")
-PROFILE_KEYS = ("rank", "fit_latency_s", "fit_s_per_sample", "samples_per_s",
-                "allreduce_latency_s", "allreduce_gbps", "grad_allreduce_s", "grad_bytes")
-FITTED = ("step_overhead_s only: measured step minus predicted step; each hetero run is "
-          "predicted with the other's, the comm run with their mean. a_i, c_i, alpha and link "
-          "bandwidth are the profiles' own measurements.")
+PROFILE_KEYS = (
+    "rank",
+    "fit_latency_s",
+    "fit_s_per_sample",
+    "samples_per_s",
+    "allreduce_latency_s",
+    "allreduce_gbps",
+    "grad_allreduce_s",
+    "grad_bytes",
+)
+FITTED = (
+    "step_overhead_s only: measured step minus predicted step; each hetero run is "
+    "predicted with the other's, the comm run with their mean. a_i, c_i, alpha and link "
+    "bandwidth are the profiles' own measurements."
+)
 
 
 # -- pure -------------------------------------------------------------------------------------
@@ -51,8 +61,14 @@ def measured_run(result: dict, global_batch: int) -> dict:
     }
 
 
-def predict_run(profile: Profile, model: str, global_batch: int, batches: list[int] | None,
-                plan: str, overhead_s: float = 0.0) -> StepPrediction:
+def predict_run(
+    profile: Profile,
+    model: str,
+    global_batch: int,
+    batches: list[int] | None,
+    plan: str,
+    overhead_s: float = 0.0,
+) -> StepPrediction:
     """A local run as the simulator predicts it from the run's own profile (pure)."""
     workers = profile_workers(profile)
     job = Job(MODELS[model], global_batch=global_batch, step_overhead_s=overhead_s)
@@ -61,8 +77,9 @@ def predict_run(profile: Profile, model: str, global_batch: int, batches: list[i
 
 
 def _predict(run: dict, overhead_s: float = 0.0) -> StepPrediction:
-    return predict_run(run["profile"], run["model"], run["global_batch"], run["batches"],
-                       run["plan"], overhead_s)
+    return predict_run(
+        run["profile"], run["model"], run["global_batch"], run["batches"], run["plan"], overhead_s
+    )
 
 
 def _overheads_used(overhead: dict[str, float]) -> tuple[dict[str, float], float]:
@@ -78,8 +95,9 @@ def _overheads_used(overhead: dict[str, float]) -> tuple[dict[str, float], float
     return used, pooled
 
 
-def _run_row(run: dict, pred: StepPrediction, zero: StepPrediction, used_s: float,
-             own_s: float) -> dict:
+def _run_row(
+    run: dict, pred: StepPrediction, zero: StepPrediction, used_s: float, own_s: float
+) -> dict:
     meas = run["measured"]["throughput_samples_per_s"]
     return {
         "measured_samples_per_s": meas,
@@ -106,19 +124,20 @@ def calibration_errors(runs: dict[str, dict]) -> dict:
     (as `measured_run` gives it)}; names `baseline` and `optimized` (hetero) and `comm`.
     """
     zero = {k: _predict(r) for k, r in runs.items()}
-    overhead = {k: max(0.0, runs[k]["measured"]["step_time_s"] - zero[k].step_time_s)
-                for k in runs}
+    overhead = {k: max(0.0, runs[k]["measured"]["step_time_s"] - zero[k].step_time_s) for k in runs}
     used, pooled = _overheads_used(overhead)
-    rows = {k: _run_row(r, _predict(r, used[k]), zero[k], used[k], overhead[k])
-            for k, r in runs.items()}
+    rows = {
+        k: _run_row(r, _predict(r, used[k]), zero[k], used[k], overhead[k]) for k, r in runs.items()
+    }
     hetero = [k for k in HETERO_RUNS if k in runs]
     comm = rows.get("comm")
     return {
         "runs": rows,
         "hetero_error": max((abs(rows[k]["error"]) for k in hetero), default=None),
         "comm_error": abs(comm["error"]) if comm else None,
-        "hetero_error_profile_only": max((abs(rows[k]["error_profile_only"]) for k in hetero),
-                                         default=None),
+        "hetero_error_profile_only": max(
+            (abs(rows[k]["error_profile_only"]) for k in hetero), default=None
+        ),
         "comm_error_profile_only": abs(comm["error_profile_only"]) if comm else None,
         "step_overhead_s": pooled,
         "fitted": FITTED,
@@ -132,13 +151,23 @@ def _jobs(steps: int) -> dict[str, tuple[ClusterSpec, TrainConfig]]:
     """The two jobs calibrated: heterogeneous speeds (cnn), and a slow link (wide_mlp)."""
     if steps < 5:
         raise ConfigError(f"--calibrate-steps: at least 5 (got {steps})")
-    quiet = {"steps": steps, "eval_every": steps, "rebalance_every": steps,
-             "checkpoint_every": steps, "target_accuracy": None, "global_batch": 128}
+    quiet = {
+        "steps": steps,
+        "eval_every": steps,
+        "rebalance_every": steps,
+        "checkpoint_every": steps,
+        "target_accuracy": None,
+        "global_batch": 128,
+    }
     jobs = {
-        "hetero": (ClusterSpec.from_speeds([1, 1, 2, 4], name="calibrate-1-1-2-4"),
-                   TrainConfig(model="cnn", **quiet)),
-        "comm": (link_cluster(1.0, 0.0),
-                 TrainConfig(model="wide_mlp", schedule="equal", compression="none", **quiet)),
+        "hetero": (
+            ClusterSpec.from_speeds([1, 1, 2, 4], name="calibrate-1-1-2-4"),
+            TrainConfig(model="cnn", **quiet),
+        ),
+        "comm": (
+            link_cluster(1.0, 0.0),
+            TrainConfig(model="wide_mlp", schedule="equal", compression="none", **quiet),
+        ),
     }
     for cluster, cfg in jobs.values():
         check_job(cluster, cfg)
@@ -150,27 +179,59 @@ def _profile(label: str, cluster: ClusterSpec, cfg: TrainConfig, dataset, tmp: s
     from hetflow.training.job import RunSpec
     from hetflow.training.launch import run_workers
 
-    result, wall = run_workers(RunSpec(
-        run_name=f"{label}-profile", variant="profile", mode="profile", cluster=cluster,
-        dataset=dataset, train=cfg, run_dir=f"{tmp}/{label}-profile"))
+    result, wall = run_workers(
+        RunSpec(
+            run_name=f"{label}-profile",
+            variant="profile",
+            mode="profile",
+            cluster=cluster,
+            dataset=dataset,
+            train=cfg,
+            run_dir=f"{tmp}/{label}-profile",
+        )
+    )
     print(f"{label}: profiled in {wall:.0f}s", flush=True)
     return Profile.from_result(result, cluster, cfg.model, profiling_time_s=wall)
 
 
-def _train(name: str, cluster: ClusterSpec, cfg: TrainConfig, plan, dataset, tmp: str,
-           profile: Profile, sim_plan: str) -> dict:
+def _train(
+    name: str,
+    cluster: ClusterSpec,
+    cfg: TrainConfig,
+    plan,
+    dataset,
+    tmp: str,
+    profile: Profile,
+    sim_plan: str,
+) -> dict:
     """One training run with this plan, as `calibration_errors` takes it."""
     from hetflow.training.job import RunSpec
     from hetflow.training.launch import run_workers
 
-    result, wall = run_workers(RunSpec(run_name=name, variant=name, cluster=cluster,
-                                       dataset=dataset, train=cfg, plan=plan,
-                                       run_dir=f"{tmp}/{name}"))
-    run = {"profile": profile, "model": cfg.model, "global_batch": cfg.global_batch,
-           "batches": plan.local_batches, "plan": sim_plan,
-           "measured": measured_run(result, cfg.global_batch)}
-    print(f"{name}: plan {plan.local_batches}, "
-          f"{run['measured']['throughput_samples_per_s']:.0f} samples/s ({wall:.0f}s)", flush=True)
+    result, wall = run_workers(
+        RunSpec(
+            run_name=name,
+            variant=name,
+            cluster=cluster,
+            dataset=dataset,
+            train=cfg,
+            plan=plan,
+            run_dir=f"{tmp}/{name}",
+        )
+    )
+    run = {
+        "profile": profile,
+        "model": cfg.model,
+        "global_batch": cfg.global_batch,
+        "batches": plan.local_batches,
+        "plan": sim_plan,
+        "measured": measured_run(result, cfg.global_batch),
+    }
+    print(
+        f"{name}: plan {plan.local_batches}, "
+        f"{run['measured']['throughput_samples_per_s']:.0f} samples/s ({wall:.0f}s)",
+        flush=True,
+    )
     return run
 
 
@@ -207,11 +268,14 @@ def calibrate(steps: int) -> dict:
         equal = Plan.equal([cfg.global_batch // 4] * 4)
         runs["comm"] = _train("comm", cluster, cfg, equal, dataset, tmp, comm_profile, "baseline")
     out = calibration_errors(runs)
-    out["profiles"] = {name: _profile_rows(p) for name, p in (("hetero", hetero_profile),
-                                                              ("comm", comm_profile))}
+    out["profiles"] = {
+        name: _profile_rows(p) for name, p in (("hetero", hetero_profile), ("comm", comm_profile))
+    }
     out["setup"] = {
         "hetero": "speeds 1,1,2,4, cnn, global batch 128, equal split vs hetflow's static plan",
         "comm": "4 x speed 1, wide_mlp, link 1 Gbit/s per worker, equal split, no compression",
-        "steps": steps, "throughput_from_step": 1}
+        "steps": steps,
+        "throughput_from_step": 1,
+    }
     out["wall_s"] = time.perf_counter() - t0
     return out

@@ -49,7 +49,8 @@ def parse_workers(text: str) -> list[int]:
             n = int(part)
         except ValueError:
             raise ConfigError(
-                f"--workers: expected whole numbers separated by commas (got {part!r})") from None
+                f"--workers: expected whole numbers separated by commas (got {part!r})"
+            ) from None
         if n < 1:
             raise ConfigError(f"--workers: every count must be >= 1 (got {n})")
         if n > MAX_WORKERS:
@@ -62,6 +63,7 @@ def parse_workers(text: str) -> list[int]:
 
 def parse_fraction(text: str) -> float | dict[str, float]:
     """`0.3` or `T4=0.15,A10G=0.2,*=0.3` (achieved share of FP32 peak, per GPU family)."""
+
     def number(v: str) -> float:
         try:
             f = float(v)
@@ -78,60 +80,100 @@ def parse_fraction(text: str) -> float | dict[str, float]:
         key, sep, value = part.partition("=")
         if not sep or not key:
             raise ConfigError(
-                f"--fraction: expected DEVICE=F pairs, e.g. T4=0.15,*=0.3 (got {part!r})")
+                f"--fraction: expected DEVICE=F pairs, e.g. T4=0.15,*=0.3 (got {part!r})"
+            )
         out[key.strip()] = number(value)
     return out
 
 
 def _add_network_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--collective", choices=["ring", "hierarchical"], default="ring")
-    p.add_argument("--alpha-us", type=float, dest="alpha_us",
-                   help="latency per ring hop between nodes, µs (default 25; a profile's own)")
+    p.add_argument(
+        "--alpha-us",
+        type=float,
+        dest="alpha_us",
+        help="latency per ring hop between nodes, µs (default 25; a profile's own)",
+    )
     p.add_argument("--intra-alpha-us", type=float, default=5.0, dest="intra_alpha_us")
-    p.add_argument("--link-gbps", type=float, dest="link_gbps",
-                   help="every worker's network share, Gbit/s (default: the catalog's or the "
-                        "profile's)")
-    p.add_argument("--intra-gbps", type=float, dest="intra_gbps",
-                   help="intra-node bus bandwidth, Gbit/s (default by GPU family)")
-    p.add_argument("--compression-ratio", type=float, default=1.0, dest="compression_ratio",
-                   help="gradient bytes / bytes sent (e.g. 2 for fp16; `hetflow bench comm` "
-                        "measures it)")
-    p.add_argument("--average-every", type=int, default=1, dest="average_every",
-                   help="hierarchical: cross nodes every H steps (hetflow's hierarchical:H)")
-    p.add_argument("--overlap", type=float, default=0.0,
-                   help="share of the slowest compute that communication hides behind (0..1, "
-                        "default 0)")
+    p.add_argument(
+        "--link-gbps",
+        type=float,
+        dest="link_gbps",
+        help="every worker's network share, Gbit/s (default: the catalog's or the profile's)",
+    )
+    p.add_argument(
+        "--intra-gbps",
+        type=float,
+        dest="intra_gbps",
+        help="intra-node bus bandwidth, Gbit/s (default by GPU family)",
+    )
+    p.add_argument(
+        "--compression-ratio",
+        type=float,
+        default=1.0,
+        dest="compression_ratio",
+        help="gradient bytes / bytes sent (e.g. 2 for fp16; `hetflow bench comm` measures it)",
+    )
+    p.add_argument(
+        "--average-every",
+        type=int,
+        default=1,
+        dest="average_every",
+        help="hierarchical: cross nodes every H steps (hetflow's hierarchical:H)",
+    )
+    p.add_argument(
+        "--overlap",
+        type=float,
+        default=0.0,
+        help="share of the slowest compute that communication hides behind (0..1, default 0)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hetflow simulate", description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--mix",
-                     help=f"TYPE:COUNT,... EC2 instance types and counts (default {DEFAULT_MIX})")
-    src.add_argument("--cluster",
-                     help="cluster file (workers name instance types) or profile JSON")
-    p.add_argument("--model",
-                   help=f"{' | '.join(MODELS)} (default resnet50; a profile's own model)")
-    p.add_argument("--workers",
-                   help="worker counts, e.g. 1,2,4,...,1024 (default: the cluster's size)")
+    src.add_argument(
+        "--mix", help=f"TYPE:COUNT,... EC2 instance types and counts (default {DEFAULT_MIX})"
+    )
+    src.add_argument("--cluster", help="cluster file (workers name instance types) or profile JSON")
+    p.add_argument(
+        "--model", help=f"{' | '.join(MODELS)} (default resnet50; a profile's own model)"
+    )
+    p.add_argument(
+        "--workers", help="worker counts, e.g. 1,2,4,...,1024 (default: the cluster's size)"
+    )
     batch = p.add_mutually_exclusive_group()
-    batch.add_argument("--local-batch", type=int, dest="local_batch",
-                       help="samples per worker per step (weak scaling; default per model)")
-    batch.add_argument("--global-batch", type=int, dest="global_batch",
-                       help="samples per step (strong scaling)")
+    batch.add_argument(
+        "--local-batch",
+        type=int,
+        dest="local_batch",
+        help="samples per worker per step (weak scaling; default per model)",
+    )
+    batch.add_argument(
+        "--global-batch", type=int, dest="global_batch", help="samples per step (strong scaling)"
+    )
     _add_network_args(p)
-    p.add_argument("--fraction", default=str(DEFAULT_FRACTION),
-                   help="achieved share of FP32 peak: 0.3, or per GPU family "
-                        "T4=0.15,A10G=0.2,*=0.3")
+    p.add_argument(
+        "--fraction",
+        default=str(DEFAULT_FRACTION),
+        help="achieved share of FP32 peak: 0.3, or per GPU family T4=0.15,A10G=0.2,*=0.3",
+    )
     p.add_argument("--step-overhead-ms", type=float, default=0.0, dest="overhead_ms")
-    p.add_argument("--jitter", type=float, default=0.0,
-                   help="coefficient of variation of step compute")
-    p.add_argument("--storage-mbps", type=float, dest="storage_mbps",
-                   help="each worker's read throughput from storage, Mbit/s (default: data local)")
-    p.add_argument("--published", action="store_true",
-                   help="compare with the published scaling tables")
-    p.add_argument("--calibrate", action="store_true",
-                   help="run small real trainings here and predict them")
+    p.add_argument(
+        "--jitter", type=float, default=0.0, help="coefficient of variation of step compute"
+    )
+    p.add_argument(
+        "--storage-mbps",
+        type=float,
+        dest="storage_mbps",
+        help="each worker's read throughput from storage, Mbit/s (default: data local)",
+    )
+    p.add_argument(
+        "--published", action="store_true", help="compare with the published scaling tables"
+    )
+    p.add_argument(
+        "--calibrate", action="store_true", help="run small real trainings here and predict them"
+    )
     p.add_argument("--calibrate-steps", type=int, default=30, dest="calibrate_steps")
     p.add_argument("--json", dest="json_path")
     p.add_argument("--plot", dest="plot_path", help="PNG: efficiency against workers")
@@ -177,8 +219,11 @@ def _file_source(args, data: dict, fraction):
     catalog = _catalog(clusters.spec_instance_types(cluster))
     base = clusters.spec_cluster(cluster, catalog, model, fraction, args.storage_mbps)
     kinds = Counter(w.instance_type for w in cluster.workers)
-    source = {"cluster": cluster.name, "workers": dict(kinds),
-              "price_source": _price_source(catalog)}
+    source = {
+        "cluster": cluster.name,
+        "workers": dict(kinds),
+        "price_source": _price_source(catalog),
+    }
     return model, partial(clusters.resized, base), source
 
 
@@ -189,8 +234,9 @@ def _mix_source(args, fraction):
     catalog = _catalog([t for t, _ in mix])
 
     def cluster_at(n: int | None = None):
-        return clusters.catalog_cluster(mix, catalog, model, fraction, n,
-                                        storage_mbps=args.storage_mbps)
+        return clusters.catalog_cluster(
+            mix, catalog, model, fraction, n, storage_mbps=args.storage_mbps
+        )
 
     return model, cluster_at, {"mix": dict(mix), "price_source": _price_source(catalog)}
 
@@ -224,14 +270,26 @@ def setup(args) -> dict:
     else:
         model, cluster_at, source = _mix_source(args, fraction)
     network = Network(
-        collective=args.collective, alpha_s=25e-6 if alpha_s is None else alpha_s,
-        intra_alpha_s=args.intra_alpha_us * 1e-6, intra_gbps=args.intra_gbps,
-        link_gbps=args.link_gbps, compression_ratio=args.compression_ratio,
-        overlap=args.overlap, average_every=args.average_every)
+        collective=args.collective,
+        alpha_s=25e-6 if alpha_s is None else alpha_s,
+        intra_alpha_s=args.intra_alpha_us * 1e-6,
+        intra_gbps=args.intra_gbps,
+        link_gbps=args.link_gbps,
+        compression_ratio=args.compression_ratio,
+        overlap=args.overlap,
+        average_every=args.average_every,
+    )
     own = len(cluster_at(None))
     counts = parse_workers(args.workers) if args.workers else [own]
-    return {"cluster_at": cluster_at, "job": _job(args, model), "network": network,
-            "counts": counts, "source": source, "fraction": fraction, "model": model}
+    return {
+        "cluster_at": cluster_at,
+        "job": _job(args, model),
+        "network": network,
+        "counts": counts,
+        "source": source,
+        "fraction": fraction,
+        "model": model,
+    }
 
 
 # -- running it -------------------------------------------------------------------------------
@@ -268,17 +326,30 @@ def run_simulation(s: dict) -> dict:
     job, net, model = s["job"], s["network"], s["model"]
     return {
         "rows": _rows(preds),
-        "model": {"name": model.name, "params": model.params,
-                  "per_sample_gflop": model.per_sample_flops / 1e9,
-                  "epoch_samples": model.epoch_samples, "gradient_mb": model.grad_bytes / 1e6},
+        "model": {
+            "name": model.name,
+            "params": model.params,
+            "per_sample_gflop": model.per_sample_flops / 1e9,
+            "epoch_samples": model.epoch_samples,
+            "gradient_mb": model.grad_bytes / 1e6,
+        },
         "cluster": {**s["source"], f"workers_at_{biggest}": kinds},
-        "job": {"global_batch": job.global_batch, "local_batch": job.local_batch,
-                "step_overhead_s": job.step_overhead_s, "jitter": job.jitter},
-        "network": {"collective": net.collective, "alpha_us": net.alpha_s * 1e6,
-                    "intra_alpha_us": net.intra_alpha_s * 1e6, "link_gbps": net.link_gbps,
-                    "intra_gbps": net.intra_gbps, "compression_ratio": net.compression_ratio,
-                    "overlap": net.overlap,
-                    "buckets_per_step": net.buckets(model.grad_bytes / net.compression_ratio)},
+        "job": {
+            "global_batch": job.global_batch,
+            "local_batch": job.local_batch,
+            "step_overhead_s": job.step_overhead_s,
+            "jitter": job.jitter,
+        },
+        "network": {
+            "collective": net.collective,
+            "alpha_us": net.alpha_s * 1e6,
+            "intra_alpha_us": net.intra_alpha_s * 1e6,
+            "link_gbps": net.link_gbps,
+            "intra_gbps": net.intra_gbps,
+            "compression_ratio": net.compression_ratio,
+            "overlap": net.overlap,
+            "buckets_per_step": net.buckets(model.grad_bytes / net.compression_ratio),
+        },
         "achieved_fraction": s["fraction"],
         "simulate_s": sum(per_count.values()),
         "simulate_s_by_workers": per_count,

@@ -20,8 +20,9 @@ from hetflow.records import Profile
 from hetflow.simulator.model import ModelSpec, SimulationError, WorkerModel, check_workers
 
 
-def flops_worker(name: str, model: ModelSpec, peak_tflops: float, fraction: float,
-                 **kw) -> WorkerModel:
+def flops_worker(
+    name: str, model: ModelSpec, peak_tflops: float, fraction: float, **kw
+) -> WorkerModel:
     """A worker whose compute comes from device figures: c = FLOPs / (peak x achieved fraction)."""
     if not (math.isfinite(fraction) and 0 < fraction <= 1):
         raise SimulationError(f"achieved fraction: must be in (0, 1] (got {fraction!r})")
@@ -39,7 +40,8 @@ def fraction_for(fraction: float | Mapping[str, float], device: str) -> float:
         if "*" in fraction:
             return fraction["*"]
         raise SimulationError(
-            f"achieved fraction: none given for device {device} (give DEVICE=F or *=F)")
+            f"achieved fraction: none given for device {device} (give DEVICE=F or *=F)"
+        )
     return fraction
 
 
@@ -56,7 +58,8 @@ def parse_mix(text: str) -> list[tuple[str, int]]:
             k = -1
         if not sep or not name or k < 1:
             raise SimulationError(
-                f"--mix: expected TYPE:COUNT with COUNT >= 1, e.g. g5.xlarge:16 (got {part!r})")
+                f"--mix: expected TYPE:COUNT with COUNT >= 1, e.g. g5.xlarge:16 (got {part!r})"
+            )
         out.append((name, k))
     if not out:
         raise SimulationError("--mix: at least one TYPE:COUNT is needed")
@@ -77,9 +80,14 @@ def scale_counts(counts: Sequence[int], n: int) -> list[int]:
     return out
 
 
-def catalog_cluster(mix: Sequence[tuple[str, int]], catalog: Catalog, model: ModelSpec,
-                    fraction: float | Mapping[str, float], n: int | None = None,
-                    storage_mbps: float | None = None) -> list[WorkerModel]:
+def catalog_cluster(
+    mix: Sequence[tuple[str, int]],
+    catalog: Catalog,
+    model: ModelSpec,
+    fraction: float | Mapping[str, float],
+    n: int | None = None,
+    storage_mbps: float | None = None,
+) -> list[WorkerModel]:
     """Workers of EC2 instance types (`mix`: type and instance count), compute from FLOPs.
 
     With n: n workers in the mix's proportions (by workers), packed into whole instances; an
@@ -100,10 +108,20 @@ def catalog_cluster(mix: Sequence[tuple[str, int]], catalog: Catalog, model: Mod
         for inst in range(math.ceil(count / d)):
             on_node = min(d, count - inst * d)
             for j in range(on_node):
-                workers.append(flops_worker(
-                    f"{name}#{inst}/{j}", model, peak, f, link_gbps=info.network_gbps / on_node,
-                    node=f"{name}#{inst}", storage_mbps=storage_mbps,
-                    usd_per_hour=price / on_node, kind=name, device=info.device))
+                workers.append(
+                    flops_worker(
+                        f"{name}#{inst}/{j}",
+                        model,
+                        peak,
+                        f,
+                        link_gbps=info.network_gbps / on_node,
+                        node=f"{name}#{inst}",
+                        storage_mbps=storage_mbps,
+                        usd_per_hour=price / on_node,
+                        kind=name,
+                        device=info.device,
+                    )
+                )
     return workers
 
 
@@ -113,13 +131,18 @@ def spec_instance_types(cluster: ClusterSpec) -> list[str]:
     if bare:
         raise SimulationError(
             f"--cluster: worker {bare[0]} names no instance_type; the simulator needs instance "
-            "types (or pass a profile JSON from `hetflow profile --json`)")
+            "types (or pass a profile JSON from `hetflow profile --json`)"
+        )
     return [w.instance_type for w in cluster.workers]
 
 
-def spec_cluster(cluster: ClusterSpec, catalog: Catalog, model: ModelSpec,
-                 fraction: float | Mapping[str, float],
-                 storage_mbps: float | None = None) -> list[WorkerModel]:
+def spec_cluster(
+    cluster: ClusterSpec,
+    catalog: Catalog,
+    model: ModelSpec,
+    fraction: float | Mapping[str, float],
+    storage_mbps: float | None = None,
+) -> list[WorkerModel]:
     """The workers of a cluster file whose workers name instance types, compute from FLOPs.
 
     A worker's own link and memory cap win over the catalog's; a worker costs its device's
@@ -131,10 +154,21 @@ def spec_cluster(cluster: ClusterSpec, catalog: Catalog, model: ModelSpec,
         info = catalog.info(w.instance_type)  # a CatalogError names an unknown type
         price, peak = catalog.worker_price(w.instance_type), info.peak_tflops
         node = w.node if "node" in w.model_fields_set else w.name
-        base.append(flops_worker(
-            w.name, model, peak, fraction_for(fraction, info.device),
-            link_gbps=w.link_gbps or info.worker_link_gbps, node=node, storage_mbps=storage_mbps,
-            cap=w.memory_cap_batch, usd_per_hour=price, kind=w.instance_type, device=info.device))
+        base.append(
+            flops_worker(
+                w.name,
+                model,
+                peak,
+                fraction_for(fraction, info.device),
+                link_gbps=w.link_gbps or info.worker_link_gbps,
+                node=node,
+                storage_mbps=storage_mbps,
+                cap=w.memory_cap_batch,
+                usd_per_hour=price,
+                kind=w.instance_type,
+                device=info.device,
+            )
+        )
     return base
 
 
@@ -172,9 +206,17 @@ def profile_workers(profile: Profile) -> list[WorkerModel]:
             raise SimulationError(
                 f"profile: rank {r.rank} has neither fit_s_per_sample nor samples_per_s > 0"
             ) from None
-        out.append(WorkerModel(name=r.worker or f"rank{r.rank}", latency_s=a, per_sample_s=c,
-                               link_gbps=r.allreduce_gbps or None, node=f"rank{r.rank}",
-                               cap=r.memory_cap_batch or None, kind=r.worker or "profiled"))
+        out.append(
+            WorkerModel(
+                name=r.worker or f"rank{r.rank}",
+                latency_s=a,
+                per_sample_s=c,
+                link_gbps=r.allreduce_gbps or None,
+                node=f"rank{r.rank}",
+                cap=r.memory_cap_batch or None,
+                kind=r.worker or "profiled",
+            )
+        )
     return out
 
 
@@ -194,9 +236,14 @@ def replicate(workers: Sequence[WorkerModel], n: int) -> list[WorkerModel]:
     check_workers(n)
     base = list(workers)
     k = len(base)
-    return [replace(base[i % k], name=f"{base[i % k].name}.{i // k}",
-                    node=f"{base[i % k].node or base[i % k].name}.{i // k}")
-            for i in range(n)]
+    return [
+        replace(
+            base[i % k],
+            name=f"{base[i % k].name}.{i // k}",
+            node=f"{base[i % k].node or base[i % k].name}.{i // k}",
+        )
+        for i in range(n)
+    ]
 
 
 def resized(base: Sequence[WorkerModel], n: int | None = None) -> list[WorkerModel]:

@@ -87,19 +87,25 @@ def _linear(i: int, o: int) -> tuple[int, int]:
 def _local_models() -> dict[str, ModelSpec]:
     # training.models on 8x8 digits, counted by hand (importing torch here would make the
     # simulator slow to import; tests check the counts against training.models).
-    digits = {"sample_bytes": 64 * 4 + 8, "epoch_samples": 1437, "default_global_batch": 128,
-              "source": "training.models on scikit-learn digits (1437 training samples)"}
+    digits = {
+        "sample_bytes": 64 * 4 + 8,
+        "epoch_samples": 1437,
+        "default_global_batch": 128,
+        "source": "training.models on scikit-learn digits (1437 training samples)",
+    }
     out = {}
     for name, widths in {"mlp": (64, 256, 256, 10), "wide_mlp": (64, 2048, 2048, 10)}.items():
         layers = [_linear(i, o) for i, o in itertools.pairwise(widths)]
-        out[name] = ModelSpec(name, sum(p for p, _ in layers), 3.0 * sum(f for _, f in layers),
-                              **digits)
+        out[name] = ModelSpec(
+            name, sum(p for p, _ in layers), 3.0 * sum(f for _, f in layers), **digits
+        )
     conv1 = (1 * 32 * 9 + 32, 2 * 8 * 8 * 32 * 9)
     conv2 = (32 * 64 * 9 + 64, 2 * 8 * 8 * 64 * 32 * 9)
     fc1, fc2 = _linear(64 * 16, 128), _linear(128, 10)
     layers = [conv1, conv2, fc1, fc2]
-    out["cnn"] = ModelSpec("cnn", sum(p for p, _ in layers), 3.0 * sum(f for _, f in layers),
-                           **digits)
+    out["cnn"] = ModelSpec(
+        "cnn", sum(p for p, _ in layers), 3.0 * sum(f for _, f in layers), **digits
+    )
     return out
 
 
@@ -107,14 +113,28 @@ MODELS: dict[str, ModelSpec] = {
     # ResNet-50: 25.6M parameters, 4.1 GFLOP forward per 224x224 image (He et al. 2016 count
     # 3.8-4.1 G multiply-adds; 4.1 GFLOP is the figure the field quotes), training ~ 3 x forward.
     # ImageNet-1k: 1,281,167 training images, ~110 KB each as JPEG.
-    "resnet50": ModelSpec("resnet50", 25_600_000, 3 * 4.1e9, 110e3, 1_281_167,
-                          default_local_batch=64, source="He et al. 2016; ImageNet-1k train split"),
+    "resnet50": ModelSpec(
+        "resnet50",
+        25_600_000,
+        3 * 4.1e9,
+        110e3,
+        1_281_167,
+        default_local_batch=64,
+        source="He et al. 2016; ImageNet-1k train split",
+    ),
     # BERT-Large: 340M parameters; forward ~ 2 FLOPs per parameter per token at sequence length
     # 128 -> 2 x 340e6 x 128 = 87 GFLOP, training ~ 3 x forward. An epoch: ~3.3B words of
     # BooksCorpus + English Wikipedia at ~1.3 tokens per word in 128-token sequences ~ 33.5M
     # sequences; a sample is 128 token ids + masks (~1.5 KB).
-    "bert-large": ModelSpec("bert-large", 340_000_000, 3 * 2 * 340e6 * 128, 1.5e3, 33_500_000,
-                            default_local_batch=32, source="Devlin et al. 2019"),
+    "bert-large": ModelSpec(
+        "bert-large",
+        340_000_000,
+        3 * 2 * 340e6 * 128,
+        1.5e3,
+        33_500_000,
+        default_local_batch=32,
+        source="Devlin et al. 2019",
+    ),
     **_local_models(),
 }
 
@@ -226,14 +246,16 @@ class Job:
     def __post_init__(self) -> None:
         if (self.global_batch is None) == (self.local_batch is None):
             raise SimulationError(
-                "job: give exactly one of global_batch (strong scaling) or local_batch (weak)")
+                "job: give exactly one of global_batch (strong scaling) or local_batch (weak)"
+            )
         for name in ("global_batch", "local_batch"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise SimulationError(f"job.{name}: must be >= 1 (got {v})")
         if not (math.isfinite(self.step_overhead_s) and self.step_overhead_s >= 0):
             raise SimulationError(
-                f"job.step_overhead_s: must be >= 0 (got {self.step_overhead_s!r})")
+                f"job.step_overhead_s: must be >= 0 (got {self.step_overhead_s!r})"
+            )
         if not (math.isfinite(self.jitter) and self.jitter >= 0):
             raise SimulationError(f"job.jitter: must be >= 0 (got {self.jitter!r})")
 

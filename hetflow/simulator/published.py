@@ -45,8 +45,9 @@ class PublishedSetup:
         """n identical workers, one per node."""
         model = MODELS[self.model]
         peak = DEVICE_PEAK_TFLOPS[self.device]
-        one = flops_worker("w", model, peak, self.fraction, link_gbps=self.link_gbps,
-                           device=self.device)
+        one = flops_worker(
+            "w", model, peak, self.fraction, link_gbps=self.link_gbps, device=self.device
+        )
         return [replace(one, name=f"w{i}", node=f"n{i}") for i in range(n)]
 
     def job(self) -> Job:
@@ -62,19 +63,30 @@ class PublishedSetup:
         nbytes = m.grad_bytes / self.compression_ratio
         peak = DEVICE_PEAK_TFLOPS[self.device]
         figures = {
-            "link_gbps": self.link_gbps, "alpha_us": self.alpha_s * 1e6, "fraction": self.fraction,
+            "link_gbps": self.link_gbps,
+            "alpha_us": self.alpha_s * 1e6,
+            "fraction": self.fraction,
             "samples_per_s": self.fraction * peak * 1e12 / m.per_sample_flops,
-            "gradient_gb": nbytes / 1e9, "buckets": net.buckets(nbytes),
+            "gradient_gb": nbytes / 1e9,
+            "buckets": net.buckets(nbytes),
             "bucket_mb": net.bucket_bytes / MIB,
             "one_gpu_epoch_min": PUBLISHED_V100_EPOCH_MIN[1],
         }
         return {
-            "model": self.model, "params": m.params, "per_sample_gflop": m.per_sample_flops / 1e9,
-            "epoch_samples": m.epoch_samples, "device": self.device,
-            "device_peak_tflops_fp32": peak, "achieved_fraction": self.fraction,
-            "local_batch": self.local_batch, "gradient_mb": nbytes / 1e6,
-            "buckets_per_step": net.buckets(nbytes), "collective": "ring, one worker per node",
-            "link_gbps": self.link_gbps, "alpha_us_per_hop": self.alpha_s * 1e6, "overlap": 0.0,
+            "model": self.model,
+            "params": m.params,
+            "per_sample_gflop": m.per_sample_flops / 1e9,
+            "epoch_samples": m.epoch_samples,
+            "device": self.device,
+            "device_peak_tflops_fp32": peak,
+            "achieved_fraction": self.fraction,
+            "local_batch": self.local_batch,
+            "gradient_mb": nbytes / 1e6,
+            "buckets_per_step": net.buckets(nbytes),
+            "collective": "ring, one worker per node",
+            "link_gbps": self.link_gbps,
+            "alpha_us_per_hop": self.alpha_s * 1e6,
+            "overlap": 0.0,
             "note": self.note.format(**figures),
         }
 
@@ -87,23 +99,31 @@ def v100_fraction_from_epoch(minutes: float = PUBLISHED_V100_EPOCH_MIN[1]) -> fl
 
 
 RESNET_SETUP = PublishedSetup(
-    model="resnet50", device="V100", local_batch=64, link_gbps=25.0, alpha_s=40e-6,
+    model="resnet50",
+    device="V100",
+    local_batch=64,
+    link_gbps=25.0,
+    alpha_s=40e-6,
     fraction=round(v100_fraction_from_epoch(), 4),
     note="achieved fraction taken from their 1-GPU row ({one_gpu_epoch_min:.0f} min/epoch = "
-         "{samples_per_s:.0f} img/s = {fraction:.1%} of FP32 peak); one V100 per node on "
-         "{link_gbps:g} Gbit/s Ethernet; FP32 gradients in DDP's {bucket_mb:.0f} MB buckets; "
-         "alpha = {alpha_us:.0f} us per hop per bucket (TCP, software all-reduce) is the one "
-         "figure not from a datasheet or their table: a round value that puts the 16- and "
-         "1024-node ends near theirs",
+    "{samples_per_s:.0f} img/s = {fraction:.1%} of FP32 peak); one V100 per node on "
+    "{link_gbps:g} Gbit/s Ethernet; FP32 gradients in DDP's {bucket_mb:.0f} MB buckets; "
+    "alpha = {alpha_us:.0f} us per hop per bucket (TCP, software all-reduce) is the one "
+    "figure not from a datasheet or their table: a round value that puts the 16- and "
+    "1024-node ends near theirs",
 )
 BERT_SETUP = PublishedSetup(
-    model="bert-large", device="V100", local_batch=32, link_gbps=100.0, alpha_s=12e-6,
+    model="bert-large",
+    device="V100",
+    local_batch=32,
+    link_gbps=100.0,
+    alpha_s=12e-6,
     fraction=0.3,
     note="one V100 per node on {link_gbps:g} Gbit/s; FP32 gradients ({gradient_gb:.2f} GB, "
-         "{buckets} buckets); {fraction:.0%} of V100 FP32 peak ({samples_per_s:.0f} sequences/s "
-         "per GPU at sequence 128) and alpha = {alpha_us:.0f} us per hop per bucket (RDMA-class "
-         "fabric) are not from a datasheet: round values that put the 16- and 1024-node ends "
-         "near theirs; the middle rows are predictions",
+    "{buckets} buckets); {fraction:.0%} of V100 FP32 peak ({samples_per_s:.0f} sequences/s "
+    "per GPU at sequence 128) and alpha = {alpha_us:.0f} us per hop per bucket (RDMA-class "
+    "fabric) are not from a datasheet: round values that put the 16- and 1024-node ends "
+    "near theirs; the middle rows are predictions",
 )
 
 
@@ -113,8 +133,15 @@ def _epoch_rows(setup: PublishedSetup) -> list[dict]:
     for n, theirs in PUBLISHED_V100_EPOCH_MIN.items():
         p = simulate_step(setup.workers(n), job, net, "baseline")
         ours = p.epoch_time_s / 60
-        rows.append({"gpus": n, "theirs_min": theirs, "ours_min": ours,
-                     "rel_error": ours / theirs - 1, "ours_efficiency": p.efficiency})
+        rows.append(
+            {
+                "gpus": n,
+                "theirs_min": theirs,
+                "ours_min": ours,
+                "rel_error": ours / theirs - 1,
+                "ours_efficiency": p.efficiency,
+            }
+        )
     return rows
 
 
@@ -123,14 +150,22 @@ def _efficiency_rows(setup: PublishedSetup) -> list[dict]:
     job, net = setup.job(), setup.network()
     for n, theirs in PUBLISHED_EFFICIENCY[setup.model].items():
         p = simulate_step(setup.workers(n), job, net, "baseline")
-        rows.append({"model": setup.model, "nodes": n, "theirs": theirs, "ours": p.efficiency,
-                     "rel_error": p.efficiency / theirs - 1,
-                     "comm_share": p.exposed_comm_s / p.step_time_s})
+        rows.append(
+            {
+                "model": setup.model,
+                "nodes": n,
+                "theirs": theirs,
+                "ours": p.efficiency,
+                "rel_error": p.efficiency / theirs - 1,
+                "comm_share": p.exposed_comm_s / p.step_time_s,
+            }
+        )
     return rows
 
 
-def published_comparison(resnet: PublishedSetup = RESNET_SETUP,
-                         bert: PublishedSetup = BERT_SETUP) -> dict:
+def published_comparison(
+    resnet: PublishedSetup = RESNET_SETUP, bert: PublishedSetup = BERT_SETUP
+) -> dict:
     """Ours beside theirs: ResNet-50 minutes per epoch on 1-8 V100s, efficiency at 16-1024 nodes."""
     return {
         "resnet50_v100_epoch": _epoch_rows(resnet),

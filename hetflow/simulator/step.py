@@ -52,14 +52,19 @@ class StepPrediction:
     def row(self) -> dict:
         """The prediction as one row of `hetflow simulate --json` (local batches left out)."""
         return {
-            "workers": self.workers, "plan": self.plan,
+            "workers": self.workers,
+            "plan": self.plan,
             "throughput_samples_per_s": self.throughput_samples_per_s,
             "efficiency": self.efficiency,
-            "epoch_time_s": self.epoch_time_s, "cost_per_epoch": self.cost_per_epoch,
-            "global_batch": self.global_batch, "step_time_s": self.step_time_s,
-            "compute_s": self.compute_s, "comm_s": self.comm_s,
+            "epoch_time_s": self.epoch_time_s,
+            "cost_per_epoch": self.cost_per_epoch,
+            "global_batch": self.global_batch,
+            "step_time_s": self.step_time_s,
+            "compute_s": self.compute_s,
+            "comm_s": self.comm_s,
             "exposed_comm_s": self.exposed_comm_s,
-            "data_wait_s": self.data_wait_s, "idle_fraction": self.idle_fraction,
+            "data_wait_s": self.data_wait_s,
+            "idle_fraction": self.idle_fraction,
             "usd_per_hour": self.usd_per_hour,
         }
 
@@ -67,8 +72,9 @@ class StepPrediction:
 # -- communication ----------------------------------------------------------------------------
 
 
-def ring_allreduce_time(nbytes: float, n: int, alpha_s: float, gbps: float,
-                        collectives: int = 1) -> float:
+def ring_allreduce_time(
+    nbytes: float, n: int, alpha_s: float, gbps: float, collectives: int = 1
+) -> float:
     """Ring all-reduce of `nbytes` over n ranks:
     collectives x 2(n-1) x alpha + 2(n-1)/n x bytes x beta.
 
@@ -126,9 +132,10 @@ def allreduce_time(workers: Sequence[WorkerModel], grad_bytes: float, network: N
             t /= network.average_every
         return t
     # hierarchical: reduce-scatter in each node, ring across nodes, all-gather in each node
-    intra = max(ring_allreduce_time(nbytes, len(grp), network.intra_alpha_s,
-                                    _intra_gbps(grp, network), k)
-                for grp in groups)
+    intra = max(
+        ring_allreduce_time(nbytes, len(grp), network.intra_alpha_s, _intra_gbps(grp, network), k)
+        for grp in groups
+    )
     nic = min(_nic_gbps(grp, network) for grp in groups)
     inter = ring_allreduce_time(nbytes, n_nodes, network.alpha_s, nic, k)
     return intra + inter / network.average_every
@@ -153,8 +160,12 @@ def plan_batches_for(workers: Sequence[WorkerModel], global_batch: int, plan: st
     if plan == "baseline":
         return equal_batches(n, global_batch)
     if plan == "optimized":
-        return balance_batches([w.per_sample_s for w in workers], [w.latency_s for w in workers],
-                               global_batch, [w.cap for w in workers])
+        return balance_batches(
+            [w.per_sample_s for w in workers],
+            [w.latency_s for w in workers],
+            global_batch,
+            [w.cap for w in workers],
+        )
     raise SimulationError(f"plan: {plan!r} is not one of {', '.join(PLANS)}")
 
 
@@ -174,8 +185,13 @@ def _ideal_samples_per_s(workers: Sequence[WorkerModel], job: Job, ref: float) -
     return ideal
 
 
-def simulate_step(workers: Sequence[WorkerModel], job: Job, network: Network,
-                  plan: str = "baseline", batches: Sequence[int] | None = None) -> StepPrediction:
+def simulate_step(
+    workers: Sequence[WorkerModel],
+    job: Job,
+    network: Network,
+    plan: str = "baseline",
+    batches: Sequence[int] | None = None,
+) -> StepPrediction:
     """Predict one synchronous step (and its epoch and cost) for a plan on these workers.
 
     `batches` replaces the plan's local batches (a run whose plan is known).
@@ -206,16 +222,32 @@ def simulate_step(workers: Sequence[WorkerModel], job: Job, network: Network,
     usd = sum(w.usd_per_hour for w in workers)
     epoch = model.epoch_samples / throughput
     return StepPrediction(
-        workers=n, plan=plan, local_batches=b, global_batch=gb, step_time_s=step,
-        compute_s=slowest, comm_s=comm, exposed_comm_s=exposed, data_wait_s=max(waits),
-        idle_fraction=idle, throughput_samples_per_s=throughput, ideal_samples_per_s=ideal,
-        efficiency=throughput / ideal, epoch_time_s=epoch, usd_per_hour=usd,
+        workers=n,
+        plan=plan,
+        local_batches=b,
+        global_batch=gb,
+        step_time_s=step,
+        compute_s=slowest,
+        comm_s=comm,
+        exposed_comm_s=exposed,
+        data_wait_s=max(waits),
+        idle_fraction=idle,
+        throughput_samples_per_s=throughput,
+        ideal_samples_per_s=ideal,
+        efficiency=throughput / ideal,
+        epoch_time_s=epoch,
+        usd_per_hour=usd,
         cost_per_epoch=usd * epoch / 3600,
     )
 
 
-def sweep(cluster_at: Callable[[int], Sequence[WorkerModel]], counts: Sequence[int], job: Job,
-          network: Network, plans: Sequence[str] = PLANS) -> list[StepPrediction]:
+def sweep(
+    cluster_at: Callable[[int], Sequence[WorkerModel]],
+    counts: Sequence[int],
+    job: Job,
+    network: Network,
+    plans: Sequence[str] = PLANS,
+) -> list[StepPrediction]:
     """simulate_step for each worker count (cluster_at(n) -> workers) and plan."""
     out = []
     for n in counts:

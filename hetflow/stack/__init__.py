@@ -85,10 +85,17 @@ def up() -> int:
 def _up() -> int:
     saved = saved_ports()
     running = {svc: pid for svc in SERVICES if (pid := running_pid(svc)) is not None}
-    ports = {svc.name: (saved.get(svc.name) if svc in running and svc.name in saved else chosen_port(svc, saved))
-             for svc in SERVICES}
+    ports = {
+        svc.name: (
+            saved.get(svc.name) if svc in running and svc.name in saved else chosen_port(svc, saved)
+        )
+        for svc in SERVICES
+    }
     if len(running) == len(SERVICES):
-        print(f"# hetflow stack: already running ({', '.join(f'{s.name} pid {p}' for s, p in running.items())})")
+        print(
+            "# hetflow stack: already running "
+            f"({', '.join(f'{s.name} pid {p}' for s, p in running.items())})"
+        )
         _print_exports(ports)
         return 0
     to_start = [svc for svc in SERVICES if svc not in running]
@@ -101,7 +108,9 @@ def _up() -> int:
     try:
         timeout = float(os.environ.get("HETFLOW_STACK_TIMEOUT") or 180)
     except ValueError:
-        raise StackError(f"HETFLOW_STACK_TIMEOUT: expected seconds (got {os.environ['HETFLOW_STACK_TIMEOUT']!r})") from None
+        raise StackError(
+            f"HETFLOW_STACK_TIMEOUT: expected seconds (got {os.environ['HETFLOW_STACK_TIMEOUT']!r})"
+        ) from None
     _save_ports(ports)  # from here on, `status` and `down` find the services
     started: list[tuple[Service, int]] = []
     try:
@@ -159,9 +168,12 @@ def down() -> int:
             try:
                 kept = compact_s3(port)
                 print(f"s3: state saved ({kept} objects) in {recording_path()}")
-            except Exception as e:  # noqa: BLE001 - keep the raw recording: it still replays
-                print(f"s3: could not compact its state ({type(e).__name__}: {e}); "
-                      f"keeping the request log {recording_path()}", file=sys.stderr)
+            except Exception as e:
+                print(
+                    f"s3: could not compact its state ({type(e).__name__}: {e}); "
+                    f"keeping the request log {recording_path()}",
+                    file=sys.stderr,
+                )
         stop(svc, pid, port)
         print(f"{svc.name}: stopped (pid {pid})")
     return 0

@@ -58,7 +58,10 @@ def recording_path() -> Path:
 
 def saved_ports() -> dict[str, int]:
     try:
-        return {k: int(v) for k, v in json.loads((stack_dir() / "stack.json").read_text())["ports"].items()}
+        return {
+            k: int(v)
+            for k, v in json.loads((stack_dir() / "stack.json").read_text())["ports"].items()
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
 
@@ -89,5 +92,3 @@ def exports(ports: dict[str, int]) -> dict[str, str]:
         "AWS_ENDPOINT_URL": url_of(S3, ports["s3"]),
         **LOCAL_CREDENTIALS,
     }
-
-

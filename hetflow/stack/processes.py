@@ -42,7 +42,9 @@ def alive(pid: int, marker: str | None = None) -> bool:
         if proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
             return False
         if marker is not None:
-            return marker in proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            return marker in proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(
+                errors="replace"
+            )
     except (OSError, IndexError):
         pass  # no /proc (macOS): trust kill(pid, 0)
     return True
@@ -61,7 +63,9 @@ def port_open(port: int) -> bool:
         return s.connect_ex((HOST, port)) == 0
 
 
-def http_get(url: str, timeout: float = 2.0, method: str = "GET", data: bytes | None = None) -> bytes:
+def http_get(
+    url: str, timeout: float = 2.0, method: str = "GET", data: bytes | None = None
+) -> bytes:
     req = urllib.request.Request(url, method=method, data=data)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return resp.read()
@@ -105,7 +109,8 @@ def wait_healthy(procs: dict[Service, tuple[subprocess.Popen, int]], timeout: fl
                 del pending[svc]
             elif proc.poll() is not None:
                 raise StackError(
-                    f"{svc.name} exited with code {proc.returncode} while starting; see {log_path(svc)}"
+                    f"{svc.name} exited with code {proc.returncode} while starting; "
+                    f"see {log_path(svc)}"
                 )
         if pending and time.monotonic() > deadline:
             svc, (_, port) = next(iter(pending.items()))
@@ -139,5 +144,3 @@ def stop(svc: Service, pid: int, port: int | None, grace: float = 15.0) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     pid_file(svc).unlink(missing_ok=True)
-
-

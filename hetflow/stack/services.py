@@ -1,4 +1,4 @@
-"""Starting each service of the stack: the S3 endpoint (with its recording compacted), Prefect, MLflow."""
+"""Starting the stack's services: the S3 endpoint (its recording compacted), Prefect, MLflow."""
 
 from __future__ import annotations
 
@@ -34,11 +34,22 @@ from hetflow.stack.processes import http_get, spawn, wait_healthy
 def base_env() -> dict[str, str]:
     env = dict(os.environ)
     # A client configuration in the caller's shell (e.g. an older env.sh) must not leak in.
-    for k in ("PREFECT_API_URL", "PREFECT_API_KEY", "MLFLOW_TRACKING_URI", "AWS_PROFILE",
-              "AWS_SESSION_TOKEN", "MOTO_ENABLE_RECORDING"):
+    for k in (
+        "PREFECT_API_URL",
+        "PREFECT_API_KEY",
+        "MLFLOW_TRACKING_URI",
+        "AWS_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "MOTO_ENABLE_RECORDING",
+    ):
         env.pop(k, None)
-    env.update(LOCAL_CREDENTIALS, DO_NOT_TRACK="true", MLFLOW_DISABLE_TELEMETRY="true",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONUNBUFFERED="1")
+    env.update(
+        LOCAL_CREDENTIALS,
+        DO_NOT_TRACK="true",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PYTHONUNBUFFERED="1",
+    )
     return env
 
 
@@ -56,7 +67,9 @@ def start_s3(port: int, timeout: float) -> subprocess.Popen:
             http_get(f"{api}/replay-recording", timeout=max(timeout, 600), method="POST", data=b"")
         http_get(f"{api}/start-recording", method="POST", data=b"")
     except (OSError, urllib.error.URLError) as e:
-        raise StackError(f"s3: could not restore its state from {rec} ({e}); see {log_path(S3)}") from None
+        raise StackError(
+            f"s3: could not restore its state from {rec} ({e}); see {log_path(S3)}"
+        ) from None
     return proc
 
 
@@ -93,7 +106,8 @@ def compact_s3(port: int) -> int:
     s3 = s3_client(port)
     auth = (  # moto routes a request to S3 by the signing scope; it does not check signatures
         f"AWS4-HMAC-SHA256 Credential={LOCAL_CREDENTIALS['AWS_ACCESS_KEY_ID']}/20240101/"
-        f"{LOCAL_CREDENTIALS['AWS_DEFAULT_REGION']}/s3/aws4_request, SignedHeaders=host, Signature=0"
+        f"{LOCAL_CREDENTIALS['AWS_DEFAULT_REGION']}/s3/aws4_request, "
+        "SignedHeaders=host, Signature=0"
     )
     rec = recording_path()
     tmp = rec.with_suffix(".compact.tmp")
@@ -118,7 +132,9 @@ def compact_s3(port: int) -> int:
                     for obj in page.get("Contents", []):
                         got = s3.get_object(Bucket=name, Key=obj["Key"])
                         headers = {"Content-Type": got.get("ContentType") or "binary/octet-stream"}
-                        headers.update({f"x-amz-meta-{k}": v for k, v in got.get("Metadata", {}).items()})
+                        headers.update(
+                            {f"x-amz-meta-{k}": v for k, v in got.get("Metadata", {}).items()}
+                        )
                         put(f"{name}/{obj['Key']}", got["Body"].read(), headers)
                         kept += 1
         os.replace(tmp, rec)
@@ -138,8 +154,19 @@ def start_prefect(port: int) -> subprocess.Popen:
         PREFECT_SERVER_API_HOST=HOST,
         PREFECT_SERVER_API_PORT=str(port),
     )
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port),
-           "--analytics-off", "--no-background"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "prefect",
+        "server",
+        "start",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--analytics-off",
+        "--no-background",
+    ]
     return spawn(PREFECT, cmd, env)
 
 
@@ -153,9 +180,22 @@ def start_mlflow(port: int, s3_port: int) -> subprocess.Popen:
         # The job runner (GenAI scoring, trace archival) starts a dozen processes; not needed here.
         MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
     )
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", HOST, "--port", str(port),
-           "--workers", "1", "--backend-store-uri", f"sqlite:///{d / 'mlflow.db'}",
-           "--artifacts-destination", MLFLOW_ARTIFACTS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{d / 'mlflow.db'}",
+        "--artifacts-destination",
+        MLFLOW_ARTIFACTS,
+    ]
     return spawn(MLFLOW, cmd, env)
 
 
@@ -167,12 +207,18 @@ def ensure_work_pool(port: int) -> None:
         return
     except urllib.error.HTTPError as e:
         if e.code != 404:
-            raise StackError(f"prefect: reading work pool {WORK_POOL!r} failed (HTTP {e.code})") from None
+            raise StackError(
+                f"prefect: reading work pool {WORK_POOL!r} failed (HTTP {e.code})"
+            ) from None
     env = base_env()
     env["PREFECT_API_URL"] = api
     done = subprocess.run(
         [sys.executable, "-m", "prefect", "work-pool", "create", WORK_POOL, "--type", "process"],
-        check=False, env=env, capture_output=True, text=True, timeout=120,
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     if done.returncode != 0:
         last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -197,6 +243,7 @@ def _print_exports(ports: dict[str, int]) -> None:
     print(f"# use the stack from this shell (also in {env_sh}):")
     for line in lines:
         print(line)
-    print(f"# Prefect UI: {url_of(PREFECT, ports['prefect'])}   MLflow UI: {url_of(MLFLOW, ports['mlflow'])}")
-
-
+    print(
+        f"# Prefect UI: {url_of(PREFECT, ports['prefect'])}   "
+        f"MLflow UI: {url_of(MLFLOW, ports['mlflow'])}"
+    )

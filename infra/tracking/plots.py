@@ -12,12 +12,17 @@ import matplotlib.pyplot as plt
 
 from hetflow.records import StepRecord
 
-PARTS = (("data_s", "data wait", "#9e9e9e"), ("compute_s", "compute", "#2e7d32"),
-         ("comm_s", "communication", "#1565c0"), ("idle_s", "idle", "#ef6c00"))
+PARTS = (
+    ("data_s", "data wait", "#9e9e9e"),
+    ("compute_s", "compute", "#2e7d32"),
+    ("comm_s", "communication", "#1565c0"),
+    ("idle_s", "idle", "#ef6c00"),
+)
 
 
-def timeline(rank_records: Sequence[Sequence[StepRecord]], path: Path, last_steps: int = 12,
-             title: str = "") -> Path:
+def timeline(
+    rank_records: Sequence[Sequence[StepRecord]], path: Path, last_steps: int = 12, title: str = ""
+) -> Path:
     """One row per rank: what each of the last steps was spent on, in wall-clock order."""
     fig, ax = plt.subplots(figsize=(10, 0.6 * len(rank_records) + 1.5))
     for r, records in enumerate(rank_records):
@@ -30,9 +35,13 @@ def timeline(rank_records: Sequence[Sequence[StepRecord]], path: Path, last_step
     ax.set_yticks(range(len(rank_records)), [f"rank {r}" for r in range(len(rank_records))])
     ax.invert_yaxis()
     ax.set_xlabel("seconds (last steps of the run)")
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in PARTS],
-              labels=[label for _, label, _ in PARTS], loc="upper center", ncol=4,
-              bbox_to_anchor=(0.5, -0.25))
+    ax.legend(
+        handles=[plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in PARTS],
+        labels=[label for _, label, _ in PARTS],
+        loc="upper center",
+        ncol=4,
+        bbox_to_anchor=(0.5, -0.25),
+    )
     ax.set_title(title or "per-rank timeline")
     return _save(fig, path)
 
@@ -52,8 +61,9 @@ def step_series(series: Sequence[Mapping[str, float]], path: Path, title: str = 
     return _save(fig, path)
 
 
-def busy_comparison(baseline: Mapping[str, float], optimized: Mapping[str, float],
-                    path: Path) -> Path:
+def busy_comparison(
+    baseline: Mapping[str, float], optimized: Mapping[str, float], path: Path
+) -> Path:
     """Per-rank busy fraction, baseline vs optimized."""
     ranks = sorted({int(k[4:].split("/")[0]) for k in baseline if k.endswith("/busy_fraction")})
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -65,7 +65,11 @@ def rows(table: dict) -> list[tuple[str, str, str, str]]:
 
 
 def markdown(table: dict, title: str = "baseline vs optimized") -> str:
-    lines = [f"### {title}", "", "| metric | baseline | optimized | change |",
-             "|---|---:|---:|---:|"]
+    lines = [
+        f"### {title}",
+        "",
+        "| metric | baseline | optimized | change |",
+        "|---|---:|---:|---:|",
+    ]
     lines += [f"| {m} | {a} | {b} | {c} |" for m, a, b, c in rows(table)]
     return "\n".join(lines) + "\n"

@@ -44,8 +44,11 @@ def flatten(prefix: str, value) -> dict[str, str]:
             out.update(flatten(f"{prefix}.{k}" if prefix else str(k), v))
         return out
     if isinstance(value, list) and value and isinstance(value[0], dict):
-        return {f"{prefix}.{i}.{k}": v for i, item in enumerate(value)
-                for k, v in flatten("", item).items()}
+        return {
+            f"{prefix}.{i}.{k}": v
+            for i, item in enumerate(value)
+            for k, v in flatten("", item).items()
+        }
     return {prefix: json.dumps(value) if isinstance(value, list) else str(value)}
 
 
@@ -58,8 +61,11 @@ class MLflowTracker:
 
     def __init__(self, config: TrackingConfig):
         self.config = config
-        self.tracking_uri = (config.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-                             or f"sqlite:///{home() / 'mlflow.db'}")
+        self.tracking_uri = (
+            config.tracking_uri
+            or os.environ.get("MLFLOW_TRACKING_URI")
+            or f"sqlite:///{home() / 'mlflow.db'}"
+        )
 
     @cached_property
     def client(self) -> MlflowClient:
@@ -91,19 +97,35 @@ class MLflowTracker:
 
     # -- runs ---------------------------------------------------------------------------------
 
-    def start_run(self, variant: str, cluster: ClusterSpec, dataset: DatasetSpec,
-                  parent_run_id: str | None = None) -> str:
+    def start_run(
+        self,
+        variant: str,
+        cluster: ClusterSpec,
+        dataset: DatasetSpec,
+        parent_run_id: str | None = None,
+    ) -> str:
         """A new run named `variant`, with the tags above (and a parent, if given); its id."""
-        tags = {"variant": variant, "cluster": cluster.name, "dataset": dataset.url,
-                **self.flow_run_tags()}
+        tags = {
+            "variant": variant,
+            "cluster": cluster.name,
+            "dataset": dataset.url,
+            **self.flow_run_tags(),
+        }
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id(), run_name=variant, tags=tags)
         return run.info.run_id
 
-    def open_variant_run(self, variant: str, cluster: ClusterSpec, dataset: DatasetSpec,
-                         train: TrainConfig, plan: Plan, run_dir: Path,
-                         parent_run_id: str | None = None) -> str:
+    def open_variant_run(
+        self,
+        variant: str,
+        cluster: ClusterSpec,
+        dataset: DatasetSpec,
+        train: TrainConfig,
+        plan: Plan,
+        run_dir: Path,
+        parent_run_id: str | None = None,
+    ) -> str:
         """The variant's run, created before training (so that system metrics land in it) with
         the job as params, or the one a previous attempt of the same flow run created: its id
         is kept in `run_dir/mlflow_run_id`."""
@@ -111,12 +133,15 @@ class MLflowTracker:
         if marker.exists():
             return marker.read_text().strip()
         rid = self.start_run(variant, cluster, dataset, parent_run_id)
-        self.log_params(rid, {
-            **flatten("cluster", cluster.model_dump()),
-            **flatten("dataset", dataset.model_dump()),
-            **flatten("train", train.model_dump()),
-            **flatten("plan", plan.model_dump(mode="json")),
-        })
+        self.log_params(
+            rid,
+            {
+                **flatten("cluster", cluster.model_dump()),
+                **flatten("dataset", dataset.model_dump()),
+                **flatten("train", train.model_dump()),
+                **flatten("plan", plan.model_dump(mode="json")),
+            },
+        )
         marker.write_text(rid)
         return rid
 
@@ -149,8 +174,12 @@ class MLflowTracker:
     def log_series(self, run_id: str, rows: Iterable[Mapping[str, float]]) -> None:
         """Per-step metrics: each row holds `step` and the metrics at that step."""
         now_ms = int(time.time() * 1000)
-        points = [Metric(k, float(v), now_ms, int(row["step"]))
-                  for row in rows for k, v in row.items() if k != "step"]
+        points = [
+            Metric(k, float(v), now_ms, int(row["step"]))
+            for row in rows
+            for k, v in row.items()
+            if k != "step"
+        ]
         self._log_points(run_id, points)
 
     def _log_points(self, run_id: str, points: list[Metric]) -> None:
@@ -169,16 +198,18 @@ class MLflowTracker:
             path.write_text(text)
             self.client.log_artifact(run_id, str(path))
 
-    def log_plots(self, run_id: str, figures: Mapping[str, Draw],
-                  artifact_path: str = "plots") -> None:
+    def log_plots(
+        self, run_id: str, figures: Mapping[str, Draw], artifact_path: str = "plots"
+    ) -> None:
         """Each figure drawn into a file of its name, logged under `artifact_path`."""
         with tempfile.TemporaryDirectory() as d:
             for name, draw in figures.items():
                 draw(Path(d) / name)
                 self.client.log_artifact(run_id, str(Path(d) / name), artifact_path=artifact_path)
 
-    def log_model(self, run_id: str, model, input_example,
-                  registered_name: str | None = None) -> None:
+    def log_model(
+        self, run_id: str, model, input_example, registered_name: str | None = None
+    ) -> None:
         """A torch model as the run's logged model `model` (registered under `registered_name`
         if given), pinned to this torch release."""
         import mlflow.pytorch
@@ -187,7 +218,9 @@ class MLflowTracker:
         mlflow.set_tracking_uri(self.tracking_uri)
         with mlflow.start_run(run_id=run_id):
             mlflow.pytorch.log_model(
-                model, name="model", input_example=input_example,
+                model,
+                name="model",
+                input_example=input_example,
                 pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
                 registered_model_name=registered_name,
             )
@@ -199,8 +232,9 @@ class MLflowTracker:
 
         mlflow.set_tracking_uri(self.tracking_uri)  # the monitor logs through mlflow's global URI
         mlflow.system_metrics.set_system_metrics_node_id(socket.gethostname())
-        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s,
-                                       samples_before_logging=1)
+        monitor = SystemMetricsMonitor(
+            run_id, sampling_interval=interval_s, samples_before_logging=1
+        )
         monitor.start()
         try:
             yield
@@ -215,29 +249,47 @@ class MLflowTracker:
         accuracy, the profile and plan history as JSON, and its plots. Leaves the run open."""
         rid, lead = outcome.run_id, outcome.result.lead
         self.log_metrics(rid, outcome.metrics, step=int(outcome.metrics["steps"]))
-        self.log_series(rid, [*outcome.series,
-                              *({"step": e.step, "test_accuracy": e.accuracy} for e in lead.evals)])
+        self.log_series(
+            rid,
+            [*outcome.series, *({"step": e.step, "test_accuracy": e.accuracy} for e in lead.evals)],
+        )
         self.client.set_tag(rid, "compression_reason", outcome.plan.compression_reason)
         self.log_json(rid, "profile.json", profile)
-        self.log_json(rid, "plan.json", {
-            "initial": outcome.plan.model_dump(mode="json"),
-            "plans": [p.model_dump(mode="json") for p in lead.plans],
-            "replans": lead.replans,
-        })
+        self.log_json(
+            rid,
+            "plan.json",
+            {
+                "initial": outcome.plan.model_dump(mode="json"),
+                "plans": [p.model_dump(mode="json") for p in lead.plans],
+                "replans": lead.replans,
+            },
+        )
         ranks = sorted(outcome.result.ranks, key=lambda r: r.rank)
         title = outcome.variant
-        self.log_plots(rid, {
-            "timeline.png": lambda p: plots.timeline([r.records for r in ranks], p,
-                                                     title=f"{title}: per-rank timeline"),
-            "steps.png": lambda p: plots.step_series(outcome.series, p,
-                                                     title=f"{title}: step time and plan"),
-        })
+        self.log_plots(
+            rid,
+            {
+                "timeline.png": lambda p: plots.timeline(
+                    [r.records for r in ranks], p, title=f"{title}: per-rank timeline"
+                ),
+                "steps.png": lambda p: plots.step_series(
+                    outcome.series, p, title=f"{title}: step time and plan"
+                ),
+            },
+        )
 
-    def finish_comparison(self, run_id: str, table: dict, markdown: str,
-                          baseline: Mapping[str, float], optimized: Mapping[str, float]) -> None:
+    def finish_comparison(
+        self,
+        run_id: str,
+        table: dict,
+        markdown: str,
+        baseline: Mapping[str, float],
+        optimized: Mapping[str, float],
+    ) -> None:
         """The comparison's table (JSON and markdown) and busy-fraction plot; then FINISHED."""
         self.log_json(run_id, "comparison.json", table)
-        self.log_plots(run_id, {"busy_fraction.png":
-                                lambda p: plots.busy_comparison(baseline, optimized, p)})
+        self.log_plots(
+            run_id, {"busy_fraction.png": lambda p: plots.busy_comparison(baseline, optimized, p)}
+        )
         self.log_text(run_id, "comparison.md", markdown)
         self.finish(run_id)

@@ -1,0 +1,134 @@
+"""EC2 prices: a table shipped with the project (`infra/prices.json`), which must say where and
+when its figures come from, or the AWS Price List API where it is reachable (opt-in: it needs
+credentials and the network)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from hetflow.config import ConfigError
+
+PRICE_TABLE = Path(__file__).with_name("prices.json")
+DEFAULT_REGION = "us-east-1"
+
+
+class CatalogError(ConfigError):
+    """An instance type the catalog does not know, a bad price table: one line, names the input."""
+
+
+class PriceTable(BaseModel):
+    """Hourly On-Demand prices and where and when they come from."""
+
+    source: str
+    as_of: str
+    region: str = DEFAULT_REGION
+    currency: str = "USD"
+    prices: dict[str, float]
+
+    def price(self, instance_type: str) -> float:
+        if instance_type not in self.prices:
+            raise CatalogError(
+                f"{instance_type}: no hourly price in the price table ({self.source}, "
+                f"as of {self.as_of}); add it there"
+            )
+        return self.prices[instance_type]
+
+
+def load_prices(path: str | Path = PRICE_TABLE) -> PriceTable:
+    """Read a price table; it must name its source and date, and hold positive prices."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise CatalogError(f"{p}: cannot read the price table ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise CatalogError(
+            f"{p}: the price table is not valid JSON ({e.msg}, line {e.lineno})"
+        ) from None
+    return price_table(data, str(p))
+
+
+def price_table(data: dict, where: str = "price table") -> PriceTable:
+    if not isinstance(data, dict):
+        raise CatalogError(f"{where}: expected a mapping with source, as_of and prices")
+    for key in ("source", "as_of"):
+        value = data.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise CatalogError(
+                f"{where}: a price table must say where its figures come from and when "
+                f"('source' and 'as_of'); {key!r} is missing or empty"
+            )
+    prices = data.get("prices")
+    if not isinstance(prices, dict) or not prices:
+        raise CatalogError(f"{where}: 'prices' must map instance types to hourly prices")
+    for name, value in prices.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise CatalogError(
+                f"{where}: prices.{name} must be a finite number >= 0 (got {value!r})"
+            )
+    extra = {k: v for k, v in data.items() if k in ("region", "currency")}
+    return PriceTable(source=data["source"], as_of=data["as_of"], prices=prices, **extra)
+
+
+def pricing_api_prices(
+    instance_types: Iterable[str],
+    region: str = DEFAULT_REGION,
+    location: str = "US East (N. Virginia)",
+) -> PriceTable:
+    """On-Demand Linux prices from the AWS Price List API (needs credentials and the network).
+
+    Raises CatalogError when the API cannot be reached or has no price for a type; callers fall
+    back to the shipped table.
+    """
+    import datetime as dt
+
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    config = Config(connect_timeout=3, read_timeout=10, retries={"total_max_attempts": 1})
+    client = boto3.client("pricing", region_name="us-east-1", config=config)
+    prices: dict[str, float] = {}
+    for name in dict.fromkeys(instance_types):
+        filters = [
+            {"Type": "TERM_MATCH", "Field": k, "Value": v}
+            for k, v in {
+                "instanceType": name,
+                "location": location,
+                "operatingSystem": "Linux",
+                "tenancy": "Shared",
+                "preInstalledSw": "NA",
+                "capacitystatus": "Used",
+            }.items()
+        ]
+        try:
+            resp = client.get_products(ServiceCode="AmazonEC2", Filters=filters, MaxResults=10)
+        except (BotoCoreError, ClientError) as e:
+            raise CatalogError(f"AWS Price List API unreachable ({type(e).__name__})") from None
+        for item in resp.get("PriceList", []):
+            product = json.loads(item) if isinstance(item, str) else item
+            for term in product.get("terms", {}).get("OnDemand", {}).values():
+                for dim in term.get("priceDimensions", {}).values():
+                    usd = float(dim.get("pricePerUnit", {}).get("USD", 0) or 0)
+                    if usd > 0:
+                        prices[name] = usd
+        if name not in prices:
+            raise CatalogError(
+                f"{name}: the AWS Price List API has no On-Demand price in {location}"
+            )
+    return PriceTable(
+        source=f"AWS Price List API (AmazonEC2, {location}, Linux, shared, On-Demand)",
+        as_of=dt.date.today().isoformat(),
+        region=region,
+        prices=prices,
+    )
