@@ -24,6 +24,7 @@ from hetflow.config import (
     describe_validation_error,
     parse_speeds,
 )
+from hetflow.output import write_json
 
 
 class UsageError(Exception):
@@ -92,13 +93,6 @@ def _print_table(table: dict, title: str) -> None:
     Console().print(t)
 
 
-def _write_json(path: str | None, data: dict) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(data, indent=1))
-        print(f"wrote {path}")
-
-
 def _where_to_look(tracking: TrackingConfig) -> None:
     from hetflow.infra.tracking.tracker import MLflowTracker
 
@@ -142,7 +136,7 @@ def cmd_demo(args) -> int:
         f"demo finished in {time.perf_counter() - t:.0f}s; "
         f"MLflow runs: {out['run_ids']} (parent {out['parent_run_id']})"
     )
-    _write_json(args.json_path, out["table"])
+    write_json(args.json_path, out["table"])
     _where_to_look(tracking)
     return 0
 
@@ -156,7 +150,7 @@ def cmd_train(args) -> int:
     check_job(cluster, cfg)
     out = train_flow(cluster=cluster, dataset=_dataset(args), train=cfg, variant=args.variant)
     print(json.dumps(out, indent=1))
-    _write_json(args.json_path, out)
+    write_json(args.json_path, out)
     return 0
 
 
@@ -169,7 +163,7 @@ def cmd_profile(args) -> int:
     report = profile.pop("report")
     print_profile_report(report)
     # the shape at the top ({"workers": [...], "profiling_time_s"}), the raw probes beside
-    _write_json(args.json_path, {**report, **{k: v for k, v in profile.items() if k != "cluster"}})
+    write_json(args.json_path, {**report, **{k: v for k, v in profile.items() if k != "cluster"}})
     return 0
 
 
@@ -182,7 +176,7 @@ def cmd_compare(args) -> int:
     name_b, b = tracker.read_metrics(args.run_b)
     table = comparison(a, b)
     _print_table(table, f"{name_a} ({args.run_a[:8]}) vs {name_b} ({args.run_b[:8]})")
-    _write_json(args.json_path, table)
+    write_json(args.json_path, table)
     return 0
 
 
