@@ -19,8 +19,7 @@ from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Profile, SpeedDrift
-from hetflow.training.job import RunSpec
-from hetflow.training.launch import run_workers
+from hetflow.training.launch import measure_profile
 
 
 def profiles_prefix(dataset: DatasetSpec, cluster: ClusterSpec, model: str) -> str:
@@ -37,20 +36,12 @@ def profile_stamp(now: dt.datetime | None = None) -> str:
 @task(task_run_name="profile {cluster.name} ({cluster.world_size} workers)")
 def profile_workers(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
     """Measure every worker inside the cluster: fwd+bwd speed on the job's model, all-reduce."""
-    run_dir = new_run_dir("profile")
-    spec = RunSpec(
-        run_name=run_dir.name,
-        variant="profile",
-        mode="profile",
-        cluster=cluster,
-        dataset=dataset,
-        train=train,
-        run_dir=str(run_dir),
-    )
-    result, wall = run_workers(spec)
-    profile = Profile.from_result(result, cluster, train.model, profiling_time_s=wall)
+    profile = measure_profile(cluster, dataset, train, new_run_dir("profile"))
     speeds = ", ".join(f"{r.worker}={r.relative_speed:.2f}" for r in profile.ranks)
-    print(f"profiled {cluster.world_size} workers in {wall:.1f}s; relative speeds {speeds}")
+    print(
+        f"profiled {cluster.world_size} workers in {profile.profiling_time_s:.1f}s; "
+        f"relative speeds {speeds}"
+    )
     return profile
 
 

@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.infra.s3 import free_port
+from hetflow.records import Profile
 from hetflow.training.job import RunSpec
 
 
@@ -105,3 +107,22 @@ def run_workers(
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
         raise LaunchError(f"torchrun exited {proc.returncode} (log: {log}):\n" + "\n".join(tail))
     return json.loads((run_dir / "result.json").read_text()), wall
+
+
+def measure_profile(
+    cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig, run_dir: str | Path
+) -> Profile:
+    """Every worker of `cluster` measured inside it (a torchrun job with mode="profile", its
+    files under `run_dir`): the `Profile` the planner and the simulator read."""
+    run_dir = Path(run_dir)
+    spec = RunSpec(
+        run_name=run_dir.name,
+        variant="profile",
+        mode="profile",
+        cluster=cluster,
+        dataset=dataset,
+        train=train,
+        run_dir=str(run_dir),
+    )
+    result, wall = run_workers(spec)
+    return Profile.from_result(result, cluster, train.model, profiling_time_s=wall)

@@ -176,22 +176,11 @@ def _jobs(steps: int) -> dict[str, tuple[ClusterSpec, TrainConfig]]:
 
 def _profile(label: str, cluster: ClusterSpec, cfg: TrainConfig, dataset, tmp: str) -> Profile:
     """The cluster profiled by its own workers (a profile-mode run)."""
-    from hetflow.training.job import RunSpec
-    from hetflow.training.launch import run_workers
+    from hetflow.training.launch import measure_profile
 
-    result, wall = run_workers(
-        RunSpec(
-            run_name=f"{label}-profile",
-            variant="profile",
-            mode="profile",
-            cluster=cluster,
-            dataset=dataset,
-            train=cfg,
-            run_dir=f"{tmp}/{label}-profile",
-        )
-    )
-    print(f"{label}: profiled in {wall:.0f}s", flush=True)
-    return Profile.from_result(result, cluster, cfg.model, profiling_time_s=wall)
+    profile = measure_profile(cluster, dataset, cfg, f"{tmp}/{label}-profile")
+    print(f"{label}: profiled in {profile.profiling_time_s:.0f}s", flush=True)
+    return profile
 
 
 def _train(
