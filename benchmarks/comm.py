@@ -31,29 +31,30 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 from hetflow.config import (
     ClusterSpec,
     ConfigError,
+    DatasetSpec,
     TrainConfig,
     check_job,
     link_cluster,
     validated,
 )
-from hetflow.records import CompressionMethod, Plan, Profile
-from hetflow.training.comm import (
-    DENSE_WARMUP_STEPS,
-    choose_compression,
-    method_warmup_steps,
-    ring_allreduce_bytes,
-)
+from hetflow.records import CompressionMethod, Plan
+from hetflow.training.comm import DENSE_WARMUP_STEPS, choose_compression, method_warmup_steps
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 from hetflow.training.scheduler import equal_batches
 
-from benchmarks import digits_workspace, wide_console, write_json
+from benchmarks import digits_workspace, profile_cluster, wide_console, write_json
+from benchmarks.comm_figures import method_metrics, method_results, paired_cuts
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 DEFAULT_METHODS = "none,fp16,bf16,powersgd:4,topk:0.01,localsgd:4"
 WORLD = 4
@@ -87,82 +88,6 @@ def parse_methods(text: str) -> list[CompressionMethod]:
 
 def _slug(method: CompressionMethod) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", str(method))
-
-
-def method_metrics(result: dict, global_batch: int, skip: int) -> dict:
-    """The per-method figures from one run's result.json (pure)."""
-    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
-    lead = ranks[0]["records"]
-    steady = lead[skip:] or lead[1:] or lead
-    n = len(steady)
-
-    def mean(key: str, recs=steady) -> float:
-        return sum(r[key] for r in recs) / len(recs)
-
-    per_rank_steady = [sum(r["bytes_sent"] for r in rk["records"][skip:]) / n for rk in ranks]
-    per_rank_run = [
-        sum(r["bytes_sent"] for r in rk["records"]) / len(rk["records"]) for rk in ranks
-    ]
-    last = len(lead) - 1
-    final_loss = sum(rk["records"][last]["loss_sum"] for rk in ranks) / global_batch
-    evals = ranks[0]["evals"]
-    return {
-        "bytes_per_step": sum(per_rank_steady) / len(ranks),
-        "run_bytes_per_step": sum(per_rank_run) / len(ranks),
-        "step_time_s": mean("step_s"),
-        "compute_time_s": mean("compute_s"),
-        "comm_time_s": mean("comm_s"),
-        "idle_time_s": mean("idle_s"),
-        "final_loss": final_loss,
-        "final_accuracy": evals[-1]["accuracy"] if evals else None,
-        "params": ranks[0]["params"],
-        "steps": len(lead),
-        "timed_steps": n,
-    }
-
-
-TIMES = ("step_time_s", "compute_time_s", "comm_time_s", "idle_time_s")
-
-
-def combine_repeats(runs: list[dict]) -> dict:
-    """One method's figures over `--repeat` runs (pure): the times are the medians, and
-    `step_time_s_runs` keeps every run's step time. Bytes, loss and accuracy come from the first
-    run; the same seed gives the same training in every run."""
-    out = dict(runs[0])
-    for key in TIMES:
-        out[key] = statistics.median(r[key] for r in runs)
-    out["step_time_s_runs"] = [r["step_time_s"] for r in runs]
-    out["wall_s"] = sum(r.get("wall_s", 0.0) for r in runs)
-    return out
-
-
-def paired_cuts(results: dict[str, dict], method: str) -> list[float]:
-    """Step time saved by `method` against `none` in each round of runs (pure): rounds run every
-    method back to back, so a slow spell of the host weighs on both sides of a pair."""
-    if "none" not in results or method not in results:
-        return []
-    return [
-        1 - m / n
-        for m, n in zip(
-            results[method]["step_time_s_runs"], results["none"]["step_time_s_runs"], strict=True
-        )
-    ]
-
-
-def finish(results: dict[str, dict], none_bytes: float) -> None:
-    """Ratios and accuracy deltas against `none` (measured if it ran, else its formula)."""
-    base = results.get("none")
-    base_bytes = base["bytes_per_step"] if base else none_bytes
-    for r in results.values():
-        r["compression_ratio"] = (
-            base_bytes / r["bytes_per_step"] if r["bytes_per_step"] else float("inf")
-        )
-        if base and r["final_accuracy"] is not None and base["final_accuracy"] is not None:
-            r["accuracy_delta_pp"] = 100 * (r["final_accuracy"] - base["final_accuracy"])
-            r["step_time_vs_none"] = r["step_time_s"] / base["step_time_s"]
-        else:
-            r["accuracy_delta_pp"] = None
-            r["step_time_vs_none"] = None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -208,51 +133,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _train_method(
-    method: CompressionMethod,
-    round_: int,
-    base: TrainConfig,
-    cluster: ClusterSpec,
-    dataset,
-    tmp: str,
-    skip: int,
-) -> dict:
-    """One training run of `method` (round `round_`) and its figures, timed from after its
-    warm-up."""
-    label = str(method)  # the method's key in the JSON and the table
-    cfg = base.model_copy(update={"compression": label})
-    spec = RunSpec(
-        run_name=f"comm-{_slug(method)}",
-        variant=label,
-        cluster=cluster,
-        dataset=dataset,
-        train=cfg,
-        plan=Plan(
-            local_batches=equal_batches(WORLD, cfg.global_batch),
-            compression=method,
-            compression_reason="hetflow bench comm",
-        ),
-        run_dir=f"{tmp}/{_slug(method)}-{round_}",
-    )
-    res, wall = run_workers(spec)
-    timed_from = min(max(skip, method_warmup_steps(method)), max(1, cfg.steps - 1))
-    r = {
-        **method_metrics(res, cfg.global_batch, timed_from),
-        "wall_s": wall,
-        "timed_from_step": timed_from,
-    }
-    print(
-        f"{label}: {r['bytes_per_step'] / 1e6:.3f} MB/step, step {r['step_time_s'] * 1e3:.0f} ms "
-        f"(comm {r['comm_time_s'] * 1e3:.0f} ms), accuracy {r['final_accuracy']:.4f}, "
-        f"{wall:.0f}s",
-        flush=True,
-    )
-    return r
+@dataclass(frozen=True)
+class Bench:
+    """One invocation's checked inputs: the methods in the order given, the emulated cluster,
+    the training every method shares, the dense warm-up left out of the times (`skip`), and the
+    rounds."""
+
+    methods: list[CompressionMethod]
+    cluster: ClusterSpec
+    base: TrainConfig
+    skip: int
+    repeat: int
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
+    """The flags and what they describe, refused before anything runs: a one-line ConfigError
+    naming the flag or field, checked in the order --methods, --link-gbps, --latency-ms,
+    --repeat, the training."""
     args = _parser().parse_args(argv)
-
     methods = parse_methods(args.methods)
     if args.link_gbps < 0 or args.link_gbps != args.link_gbps:
         raise ConfigError(f"--link-gbps: must be >= 0 (0 = loopback) (got {args.link_gbps})")
@@ -276,61 +174,120 @@ def main(argv: list[str] | None = None) -> int:
     base = validated(TrainConfig, knobs, "train")
     check_job(cluster, base)
     skip = min(DENSE_WARMUP_STEPS, max(1, args.steps - 1))
+    return args, Bench(methods, cluster, base, skip, args.repeat)
 
-    t_start = time.perf_counter()
+
+class Auto(NamedTuple):
+    """What `auto` picks on this link, and why: the profiled communication share of a step."""
+
+    comm_share: float
+    method: CompressionMethod
+    reason: str
+
+
+def profile_and_choose(bench: Bench, dataset: DatasetSpec, tmp: str) -> Auto:
+    """Profile the cluster and pick as `auto` would (`choose_compression`)."""
+    profile = profile_cluster("comm-profile", bench.cluster, bench.base, dataset, f"{tmp}/profile")
+    share = profile.comm_share()
+    chosen, reason = choose_compression(share)
+    print(
+        f"profile: communication is {share:.0%} of a step -> auto picks {chosen} ({reason})",
+        flush=True,
+    )
+    return Auto(share, chosen, reason)
+
+
+def _train_method(
+    method: CompressionMethod, round_: int, bench: Bench, dataset: DatasetSpec, tmp: str
+) -> dict:
+    """One training run of `method` (round `round_`) and its figures, timed from after its
+    warm-up."""
+    label = str(method)  # the method's key in the JSON and the table
+    cfg = bench.base.model_copy(update={"compression": label})
+    spec = RunSpec(
+        run_name=f"comm-{_slug(method)}",
+        variant=label,
+        cluster=bench.cluster,
+        dataset=dataset,
+        train=cfg,
+        plan=Plan(
+            local_batches=equal_batches(WORLD, cfg.global_batch),
+            compression=method,
+            compression_reason="hetflow bench comm",
+        ),
+        run_dir=f"{tmp}/{_slug(method)}-{round_}",
+    )
+    res, wall = run_workers(spec)
+    timed_from = min(max(bench.skip, method_warmup_steps(method)), max(1, cfg.steps - 1))
+    r = {
+        **method_metrics(res, cfg.global_batch, timed_from),
+        "wall_s": wall,
+        "timed_from_step": timed_from,
+    }
+    print(
+        f"{label}: {r['bytes_per_step'] / 1e6:.3f} MB/step, step {r['step_time_s'] * 1e3:.0f} ms "
+        f"(comm {r['comm_time_s'] * 1e3:.0f} ms), accuracy {r['final_accuracy']:.4f}, "
+        f"{wall:.0f}s",
+        flush=True,
+    )
+    return r
+
+
+def run_rounds(
+    methods: list[CompressionMethod], bench: Bench, dataset: DatasetSpec, tmp: str
+) -> dict[str, list[dict]]:
+    """Every method `bench.repeat` times, round by round (every method once per round): per
+    method, each run's figures in the order they ran."""
     rounds: dict[str, list[dict]] = {}
-    with digits_workspace("comm-digits", args.work_dir) as (tmp, dataset):
-        measured, wall = run_workers(
-            RunSpec(
-                run_name="comm-profile",
-                variant="profile",
-                mode="profile",
-                cluster=cluster,
-                dataset=dataset,
-                train=base,
-                run_dir=f"{tmp}/profile",
-            )
-        )
-        profile = Profile.from_result(measured, cluster, base.model, profiling_time_s=wall)
-        share = profile.comm_share()
-        chosen, reason = choose_compression(share)
-        print(
-            f"profile: communication is {share:.0%} of a step -> auto picks {chosen} ({reason})",
-            flush=True,
-        )
-        runs = methods + ([chosen] if chosen not in methods else [])
-        for round_ in range(args.repeat):
-            for method in runs:
-                r = _train_method(method, round_, base, cluster, dataset, tmp, skip)
-                rounds.setdefault(str(method), []).append(r)
-    results = {method: combine_repeats(rs) for method, rs in rounds.items()}
-    params = next(iter(results.values()))["params"]
-    finish(results, ring_allreduce_bytes(4 * params, WORLD))
-    picked = str(chosen)
-    out = {
+    for round_ in range(bench.repeat):
+        for method in methods:
+            r = _train_method(method, round_, bench, dataset, tmp)
+            rounds.setdefault(str(method), []).append(r)
+    return rounds
+
+
+def summary(
+    args: argparse.Namespace,
+    bench: Bench,
+    results: dict[str, dict],
+    auto: Auto,
+    wall_s: float,
+) -> dict:
+    """The benchmark's JSON (pure): every method's figures, what `auto` picked and what that
+    saved, and the flags."""
+    picked = str(auto.method)
+    vs_none = results[picked].get("step_time_vs_none")
+    return {
         "methods": results,
         "chosen": picked,
-        "chosen_reason": reason,
-        "profile_comm_share": share,
-        "chosen_step_time_cut": (
-            1 - results[picked]["step_time_vs_none"]
-            if results[picked].get("step_time_vs_none") is not None
-            else None
-        ),
+        "chosen_reason": auto.reason,
+        "profile_comm_share": auto.comm_share,
+        "chosen_step_time_cut": 1 - vs_none if vs_none is not None else None,
         "chosen_step_time_cut_runs": paired_cuts(results, picked),
         "repeat": args.repeat,
         "link_gbps": args.link_gbps or None,
         "latency_ms": args.latency_ms,
         "model": args.model,
-        "params": params,
+        "params": results[picked]["params"],  # the same model for every method
         "world": WORLD,
         "steps": args.steps,
-        "timed_from_step": skip,
+        "timed_from_step": bench.skip,
         "warmup_steps": DENSE_WARMUP_STEPS,
         "global_batch": args.global_batch,
         "seed": args.seed,
-        "bench_wall_s": time.perf_counter() - t_start,
+        "bench_wall_s": wall_s,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, bench = parse_args(argv)
+    t_start = time.perf_counter()
+    with digits_workspace("comm-digits", args.work_dir) as (tmp, dataset):
+        auto = profile_and_choose(bench, dataset, tmp)
+        extra = [auto.method] if auto.method not in bench.methods else []
+        rounds = run_rounds(bench.methods + extra, bench, dataset, tmp)
+    results = method_results(rounds, WORLD)
+    out = summary(args, bench, results, auto, time.perf_counter() - t_start)
     _print(out)
     write_json(args.json_path, out)
     return 0
@@ -340,11 +297,11 @@ def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _print(out: dict) -> None:
+def _methods_table(out: dict) -> Table:
+    """Every method's figures, the chosen one marked."""
     from rich.table import Table
 
     link = f"{out['link_gbps']:g} Gbit/s" if out["link_gbps"] else "loopback"
-    console = wide_console(150)
     t = Table(
         title=f"{out['model']} ({out['params'] / 1e6:.2f}M params), {out['world']} ranks, {link}, "
         f"latency {out['latency_ms']:g} ms, {out['steps']} steps "
@@ -378,7 +335,13 @@ def _print(out: dict) -> None:
             _fmt(r["final_accuracy"], ".4f"),
             _fmt(r["accuracy_delta_pp"], "+.2f"),
         )
-    console.print(t)
+    return t
+
+
+def _survey_table(out: dict) -> Table:
+    """Our methods in the survey's shape, with the survey's rows (LITERATURE) beside them."""
+    from rich.table import Table
+
     s = Table(title="In the survey's shape: compression ratio and accuracy loss (ours, measured)")
     for c in ("method", "compression ratio", "accuracy loss (pp)", "source"):
         s.add_column(
@@ -389,7 +352,11 @@ def _print(out: dict) -> None:
         s.add_row(name, f"{r['compression_ratio']:.1f}x", _fmt(loss, "+.2f"), "measured here")
     for name, ratio, loss in LITERATURE:
         s.add_row(name, ratio, loss, "survey (reference)", style="dim")
-    console.print(s)
+    return s
+
+
+def _auto_line(out: dict) -> str:
+    """What `auto` picked on this link and, unless that is `none`, the step time it saved."""
     cut = out["chosen_step_time_cut"]
     tail = ""
     if cut is not None and out["chosen"] != "none":
@@ -400,7 +367,14 @@ def _print(out: dict) -> None:
                 + ", ".join(f"{c:.0%}" for c in out["chosen_step_time_cut_runs"])
                 + ")"
             )
-    print(
+    return (
         f"auto on this link: {out['chosen']} "
         f"(profiled communication share {out['profile_comm_share']:.0%}){tail}"
     )
+
+
+def _print(out: dict) -> None:
+    console = wide_console(150)
+    console.print(_methods_table(out))
+    console.print(_survey_table(out))
+    print(_auto_line(out))

@@ -31,21 +31,24 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from hetflow.config import (
     ClusterSpec,
     ConfigError,
+    DatasetSpec,
     TrainConfig,
     check_job,
     parse_speeds,
 )
-from hetflow.records import Profile, RunResult
+from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS, summarize
 from hetflow.training.planning import ideal_throughput, make_plan
 
-from benchmarks import digits_workspace, wide_console, write_json
+from benchmarks import digits_workspace, profile_cluster, wide_console, write_json
 
 TIME_SCALE = 16.0  # see the module docstring
 VARIANTS = {"baseline": "equal", "static": "proportional", "dynamic": "dynamic"}
@@ -115,7 +118,7 @@ def median_run(runs: list[dict]) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hetflow bench hetero", description=__doc__.splitlines()[0])
     p.add_argument("--speeds", default="1,1,2,4")
     p.add_argument("--steps", type=int, default=150)
@@ -158,10 +161,28 @@ def main(argv: list[str] | None = None) -> int:
         help="run every variant N times, round by round, and report each one's median run",
     )
     p.add_argument("--json", dest="json_path")
-    args = p.parse_args(argv)
+    return p
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One invocation's checked inputs: the emulated cluster, the training every variant shares,
+    the stragglers (RANK, STEP, FACTOR), the variants in the order given, and the rounds."""
+
+    cluster: ClusterSpec
+    base: TrainConfig
+    stragglers: list[tuple[int, int, float]]
+    variants: list[str]
+    repeat: int
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
+    """The flags and what they describe, refused before anything runs: a ConfigError (or the
+    config's ValidationError) naming the flag or field, checked in the order --repeat, the
+    cluster, the training, --straggler, --variants."""
+    args = _parser().parse_args(argv)
     if args.repeat < 1:
         raise ConfigError(f"--repeat: must be >= 1 (got {args.repeat})")
-
     cluster = ClusterSpec.from_speeds(
         parse_speeds(args.speeds),
         name=f"bench-{args.speeds}",
@@ -181,87 +202,135 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    return args, Bench(cluster, base, stragglers, variants, args.repeat)
 
-    with digits_workspace("digits") as (tmp, dataset):
-        measured, wall = run_workers(
-            RunSpec(
-                run_name="profile",
-                variant="profile",
-                mode="profile",
-                cluster=cluster,
-                dataset=dataset,
-                train=base,
-                run_dir=f"{tmp}/profile",
-            )
+
+class Ideals(NamedTuple):
+    """The bounds every variant is measured against, from the profile (see the module
+    docstring): ideal samples/s, the median all-reduce of one gradient, and the ideal that
+    also pays that all-reduce every step."""
+
+    samples_per_s: float
+    allreduce_s: float
+    with_allreduce_samples_per_s: float
+
+
+def ideals(profile: Profile, bench: Bench) -> Ideals:
+    """The run's Ideals (pure)."""
+    batch = bench.base.global_batch
+    ideal = run_ideal(profile, batch, bench.base.steps, bench.stragglers)
+    allreduce_s = statistics.median(r.grad_allreduce_s for r in profile.ranks)
+    return Ideals(ideal, allreduce_s, batch / (batch / ideal + allreduce_s))
+
+
+def run_variant(
+    name: str, round_: int, bench: Bench, profile: Profile, dataset: DatasetSpec, tmp: str
+) -> tuple[dict, Plan, TrainConfig]:
+    """One training run of variant `name` in round `round_`, planned from the profile with no
+    gradient compression: (its result.json, its first plan, its config)."""
+    cfg = bench.base.model_copy(update={"schedule": VARIANTS[name], "compression": "none"})
+    plan = make_plan(profile, bench.cluster, cfg)
+    spec = RunSpec(
+        run_name=name,
+        variant=name,
+        cluster=bench.cluster,
+        dataset=dataset,
+        train=cfg,
+        plan=plan,
+        stragglers=bench.stragglers,
+        run_dir=f"{tmp}/{name}-{round_}",
+    )
+    res, _ = run_workers(spec)
+    return res, plan, cfg
+
+
+def variant_figures(
+    res: dict, plan: Plan, cfg: TrainConfig, ideal: Ideals, until_step: int
+) -> dict:
+    """One run's figures (pure): throughput and efficiency against the ideals, where the ranks'
+    time went, the plans and re-plans, and the compute model's error before `until_step`."""
+    m = summarize(RunResult.model_validate(res), cfg.global_batch, cfg.target_accuracy)
+    lead = res["ranks"][0]
+    return {
+        "throughput_samples_per_s": m["throughput_samples_per_s"],
+        "ideal_samples_per_s": ideal.samples_per_s,
+        "efficiency": m["throughput_samples_per_s"] / ideal.samples_per_s,
+        "efficiency_vs_ideal_with_allreduce": m["throughput_samples_per_s"]
+        / ideal.with_allreduce_samples_per_s,
+        "time_to_target_s": m.get("time_to_target_s"),
+        "final_accuracy": m.get("final_accuracy"),
+        "initial_plan": plan.local_batches,
+        "final_plan": lead["plans"][-1]["plan"],
+        "replans": len(lead["replans"]),
+        "plans": lead["plans"],  # every plan in force, from the step it came in
+        "replan_log": lead["replans"],  # why: imbalance, predicted speedup, reverts
+        "straggler_idle_fraction": m["straggler_idle_fraction"],
+        "busy_fraction": m["busy_fraction"],
+        "comm_fraction": m["comm_fraction"],
+        "data_wait_fraction": m["data_wait_fraction"],
+        "compute_model_error": compute_model_error(
+            res, plan.local_batches, plan.latency_s, plan.per_sample_s, until_step
+        ),
+    }
+
+
+def run_rounds(
+    bench: Bench, profile: Profile, ideal: Ideals, dataset: DatasetSpec, tmp: str
+) -> dict[str, list[dict]]:
+    """Every variant `bench.repeat` times, round by round (a slow spell of the host weighs on
+    every variant alike): per variant, each run's figures in the order they ran."""
+    until = min([bench.base.steps, *[at for _, at, _ in bench.stragglers]])
+    runs: dict[str, list[dict]] = {name: [] for name in bench.variants}
+    for round_, name in itertools.product(range(bench.repeat), bench.variants):
+        res, plan, cfg = run_variant(name, round_, bench, profile, dataset, tmp)
+        figures = variant_figures(res, plan, cfg, ideal, until)
+        runs[name].append(figures)
+        print(
+            f"{name}: {figures['throughput_samples_per_s']:.0f} samples/s "
+            f"(efficiency {figures['efficiency']:.2f}), plan {plan.local_batches}"
+            f" -> {figures['final_plan']}",
+            flush=True,
         )
-        profile = Profile.from_result(measured, cluster, base.model, profiling_time_s=wall)
-        ideal = run_ideal(profile, base.global_batch, base.steps, stragglers)
-        allreduce_s = statistics.median(r.grad_allreduce_s for r in profile.ranks)
-        ideal_ar = base.global_batch / (base.global_batch / ideal + allreduce_s)
-        runs: dict[str, list[dict]] = {name: [] for name in variants}
-        for round_, name in itertools.product(range(args.repeat), variants):
-            cfg = base.model_copy(update={"schedule": VARIANTS[name], "compression": "none"})
-            plan = make_plan(profile, cluster, cfg)
-            spec = RunSpec(
-                run_name=name,
-                variant=name,
-                cluster=cluster,
-                dataset=dataset,
-                train=cfg,
-                plan=plan,
-                stragglers=stragglers,
-                run_dir=f"{tmp}/{name}-{round_}",
-            )
-            res, _ = run_workers(spec)
-            m = summarize(RunResult.model_validate(res), cfg.global_batch, cfg.target_accuracy)
-            until = min([base.steps, *[at for _, at, _ in stragglers]])
-            figures = {
-                "throughput_samples_per_s": m["throughput_samples_per_s"],
-                "ideal_samples_per_s": ideal,
-                "efficiency": m["throughput_samples_per_s"] / ideal,
-                "efficiency_vs_ideal_with_allreduce": m["throughput_samples_per_s"] / ideal_ar,
-                "time_to_target_s": m.get("time_to_target_s"),
-                "final_accuracy": m.get("final_accuracy"),
-                "initial_plan": plan.local_batches,
-                "final_plan": res["ranks"][0]["plans"][-1]["plan"],
-                "replans": len(res["ranks"][0]["replans"]),
-                "plans": res["ranks"][0]["plans"],  # every plan in force, from the step it came in
-                "replan_log": res["ranks"][0][
-                    "replans"
-                ],  # why: imbalance, predicted speedup, reverts
-                "straggler_idle_fraction": m["straggler_idle_fraction"],
-                "busy_fraction": m["busy_fraction"],
-                "comm_fraction": m["comm_fraction"],
-                "data_wait_fraction": m["data_wait_fraction"],
-                "compute_model_error": compute_model_error(
-                    res, plan.local_batches, plan.latency_s, plan.per_sample_s, until
-                ),
-            }
-            runs[name].append(figures)
-            print(
-                f"{name}: {m['throughput_samples_per_s']:.0f} samples/s "
-                f"(efficiency {figures['efficiency']:.2f}), plan {plan.local_batches}"
-                f" -> {figures['final_plan']}",
-                flush=True,
-            )
+    return runs
+
+
+def with_speedups(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Each variant's median run (`median_run`) with its throughput over the baseline's
+    (`speedup_vs_baseline`, None without a baseline) (pure)."""
     results = {name: median_run(rs) for name, rs in runs.items()}
     base_tp = results.get("baseline", {}).get("throughput_samples_per_s")
     for r in results.values():
         r["speedup_vs_baseline"] = r["throughput_samples_per_s"] / base_tp if base_tp else None
-    out = {
+    return results
+
+
+def summary(
+    args: argparse.Namespace, bench: Bench, profile: Profile, ideal: Ideals, results: dict
+) -> dict:
+    """The benchmark's JSON: the flags, what the profile measured, and every variant's figures."""
+    return {
         "speeds": parse_speeds(args.speeds),
         "steps": args.steps,
         "model": args.model,
         "global_batch": args.global_batch,
-        "stragglers": stragglers,
+        "stragglers": bench.stragglers,
         "time_scale": args.time_scale,
         "jitter": args.jitter,
         "repeat": args.repeat,
         "measured_speeds": [round(r.samples_per_s, 2) for r in profile.ranks],
-        "allreduce_s": allreduce_s,
-        "ideal_with_allreduce_samples_per_s": ideal_ar,
+        "allreduce_s": ideal.allreduce_s,
+        "ideal_with_allreduce_samples_per_s": ideal.with_allreduce_samples_per_s,
         "variants": results,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, bench = parse_args(argv)
+    with digits_workspace("digits") as (tmp, dataset):
+        profile = profile_cluster("profile", bench.cluster, bench.base, dataset, f"{tmp}/profile")
+        ideal = ideals(profile, bench)
+        runs = run_rounds(bench, profile, ideal, dataset, tmp)
+    out = summary(args, bench, profile, ideal, with_speedups(runs))
     _print(out)
     write_json(args.json_path, out)
     return 0

@@ -10,7 +10,8 @@ from hetflow.cli import main as cli_main
 from hetflow.config import ConfigError
 from hetflow.training.comm import choose_compression, ring_allreduce_bytes
 
-from benchmarks.comm import combine_repeats, main, method_metrics, paired_cuts, parse_methods
+from benchmarks.comm import main, parse_methods
+from benchmarks.comm_figures import combine_repeats, method_metrics, paired_cuts
 
 KEYS = {
     "bytes_per_step",

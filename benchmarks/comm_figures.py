@@ -1,0 +1,95 @@
+"""`hetflow bench comm`'s figures (pure): what one run measured, one method over `--repeat`
+runs, and every method against `none`. The keys are those of the benchmark's JSON (the module
+docstring of `benchmarks.comm` says what each one means)."""
+
+from __future__ import annotations
+
+import statistics
+
+from hetflow.training.comm import ring_allreduce_bytes
+
+
+def method_metrics(result: dict, global_batch: int, skip: int) -> dict:
+    """The per-method figures from one run's result.json (pure)."""
+    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
+    lead = ranks[0]["records"]
+    steady = lead[skip:] or lead[1:] or lead
+    n = len(steady)
+
+    def mean(key: str, recs=steady) -> float:
+        return sum(r[key] for r in recs) / len(recs)
+
+    per_rank_steady = [sum(r["bytes_sent"] for r in rk["records"][skip:]) / n for rk in ranks]
+    per_rank_run = [
+        sum(r["bytes_sent"] for r in rk["records"]) / len(rk["records"]) for rk in ranks
+    ]
+    last = len(lead) - 1
+    final_loss = sum(rk["records"][last]["loss_sum"] for rk in ranks) / global_batch
+    evals = ranks[0]["evals"]
+    return {
+        "bytes_per_step": sum(per_rank_steady) / len(ranks),
+        "run_bytes_per_step": sum(per_rank_run) / len(ranks),
+        "step_time_s": mean("step_s"),
+        "compute_time_s": mean("compute_s"),
+        "comm_time_s": mean("comm_s"),
+        "idle_time_s": mean("idle_s"),
+        "final_loss": final_loss,
+        "final_accuracy": evals[-1]["accuracy"] if evals else None,
+        "params": ranks[0]["params"],
+        "steps": len(lead),
+        "timed_steps": n,
+    }
+
+
+TIMES = ("step_time_s", "compute_time_s", "comm_time_s", "idle_time_s")
+
+
+def combine_repeats(runs: list[dict]) -> dict:
+    """One method's figures over `--repeat` runs (pure): the times are the medians, and
+    `step_time_s_runs` keeps every run's step time. Bytes, loss and accuracy come from the first
+    run; the same seed gives the same training in every run."""
+    out = dict(runs[0])
+    for key in TIMES:
+        out[key] = statistics.median(r[key] for r in runs)
+    out["step_time_s_runs"] = [r["step_time_s"] for r in runs]
+    out["wall_s"] = sum(r.get("wall_s", 0.0) for r in runs)
+    return out
+
+
+def paired_cuts(results: dict[str, dict], method: str) -> list[float]:
+    """Step time saved by `method` against `none` in each round of runs (pure): rounds run every
+    method back to back, so a slow spell of the host weighs on both sides of a pair."""
+    if "none" not in results or method not in results:
+        return []
+    return [
+        1 - m / n
+        for m, n in zip(
+            results[method]["step_time_s_runs"], results["none"]["step_time_s_runs"], strict=True
+        )
+    ]
+
+
+def finish(results: dict[str, dict], none_bytes: float) -> None:
+    """Ratios and accuracy deltas against `none` (measured if it ran, else its formula)."""
+    base = results.get("none")
+    base_bytes = base["bytes_per_step"] if base else none_bytes
+    for r in results.values():
+        r["compression_ratio"] = (
+            base_bytes / r["bytes_per_step"] if r["bytes_per_step"] else float("inf")
+        )
+        if base and r["final_accuracy"] is not None and base["final_accuracy"] is not None:
+            r["accuracy_delta_pp"] = 100 * (r["final_accuracy"] - base["final_accuracy"])
+            r["step_time_vs_none"] = r["step_time_s"] / base["step_time_s"]
+        else:
+            r["accuracy_delta_pp"] = None
+            r["step_time_vs_none"] = None
+
+
+def method_results(rounds: dict[str, list[dict]], world: int) -> dict[str, dict]:
+    """Every method's figures over its runs (`combine_repeats`), then against `none` (`finish`;
+    without a `none` run, against the dense all-reduce of the model's float32 gradient among
+    `world` ranks)."""
+    results = {method: combine_repeats(rs) for method, rs in rounds.items()}
+    params = next(iter(results.values()))["params"]
+    finish(results, ring_allreduce_bytes(4 * params, world))
+    return results
