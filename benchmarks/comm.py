@@ -47,10 +47,10 @@ from hetflow.config import (
 from hetflow.records import CompressionMethod, Plan
 from hetflow.training.comm import DENSE_WARMUP_STEPS, choose_compression, method_warmup_steps
 from hetflow.training.job import RunSpec
-from hetflow.training.launch import run_workers
+from hetflow.training.launch import measure_profile, run_workers
 from hetflow.training.scheduler import equal_batches
 
-from benchmarks import digits_workspace, profile_cluster, wide_console, write_json
+from benchmarks import digits_workspace, wide_console, write_json
 from benchmarks.comm_figures import method_metrics, method_results, paired_cuts
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class Auto(NamedTuple):
 
 def profile_and_choose(bench: Bench, dataset: DatasetSpec, tmp: str) -> Auto:
     """Profile the cluster and pick as `auto` would (`choose_compression`)."""
-    profile = profile_cluster("comm-profile", bench.cluster, bench.base, dataset, f"{tmp}/profile")
+    profile = measure_profile(bench.cluster, dataset, bench.base, f"{tmp}/profile")
     share = profile.comm_share()
     chosen, reason = choose_compression(share)
     print(

@@ -44,11 +44,11 @@ from hetflow.config import (
 )
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.job import RunSpec
-from hetflow.training.launch import run_workers
+from hetflow.training.launch import measure_profile, run_workers
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS, summarize
 from hetflow.training.planning import ideal_throughput, make_plan
 
-from benchmarks import digits_workspace, profile_cluster, wide_console, write_json
+from benchmarks import digits_workspace, wide_console, write_json
 
 TIME_SCALE = 16.0  # see the module docstring
 VARIANTS = {"baseline": "equal", "static": "proportional", "dynamic": "dynamic"}
@@ -327,7 +327,7 @@ def summary(
 def main(argv: list[str] | None = None) -> int:
     args, bench = parse_args(argv)
     with digits_workspace("digits") as (tmp, dataset):
-        profile = profile_cluster("profile", bench.cluster, bench.base, dataset, f"{tmp}/profile")
+        profile = measure_profile(bench.cluster, dataset, bench.base, f"{tmp}/profile")
         ideal = ideals(profile, bench)
         runs = run_rounds(bench, profile, ideal, dataset, tmp)
     out = summary(args, bench, profile, ideal, with_speedups(runs))
