@@ -3,14 +3,16 @@
 `hetflow stack up` (a subprocess, as a user runs it) in a private HETFLOW_HOME on free ports;
 S3, MLflow (artifacts in the stack's S3) and Prefect answer; `prefect deploy --all` succeeds;
 a run of `prepare-dataset`, created through the API as the UI does, is executed by a process
-worker and writes its manifest to the stack's S3; `down` closes the ports and the S3 state
-survives a restart. About a minute on 2 cores.
+worker and writes its manifest to the stack's S3; the server's scheduler creates runs of the
+scheduled deployments; `down` closes the ports and the S3 state survives a restart; and the
+Prefect and MLflow servers' logs hold no errors at the end. A few minutes on 2 cores.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hetflow.infra.s3 import free_port
 
@@ -102,8 +105,47 @@ def _s3(exports: dict):
     )
 
 
+# What marks an exception in the servers' logs: a traceback, a record at ERROR or above
+# (Prefect writes `HH:MM:SS.mmm | ERROR   | logger - message`, uvicorn `ERROR:    ...`), or a
+# request answered 5xx in MLflow's access log. Warnings and 4xx answers are not problems.
+LOG_PROBLEM = re.compile(
+    r"Traceback \(most recent call last\)|\b(ERROR|CRITICAL)\b|HTTP/[\d.]+\" 5\d\d "
+)
+
+
+def _log(home: Path, service: str) -> Path:
+    return home / "stack" / "logs" / f"{service}.log"
+
+
+def _tail(path: Path, chars: int = 6000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError as e:
+        return f"({path}: {e})"
+
+
+def _assert_clean_logs(home: Path, services=("prefect", "mlflow")) -> None:
+    """The servers logged no exception while the module's tests used them."""
+    found = []
+    for service in services:
+        path = _log(home, service)
+        assert path.exists(), f"no log of the {service} server at {path}"
+        lines = path.read_text(errors="replace").splitlines()
+        hits = {i for i, line in enumerate(lines) if LOG_PROBLEM.search(line)}
+        for i in [i for i in hits if lines[i].startswith("Traceback")]:
+            # and the exception itself: the first unindented line after the traceback
+            end = next((j for j in range(i + 1, len(lines)) if lines[j][:1] != " "), None)
+            if end is not None:
+                hits.add(end)
+        if hits:
+            shown = "\n".join(f"  {i + 1}: {lines[i]}" for i in sorted(hits)[:24])
+            found.append(f"{path} ({len(hits)} lines):\n{shown}")
+    assert not found, "the stack's servers logged errors:\n" + "\n".join(found)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
+    """The stack for the module; on teardown, `down`, then the servers' logs hold no errors."""
     home = tmp_path_factory.mktemp("stack-home")
     env = {k: v for k, v in os.environ.items() if k not in CLIENT_VARS}
     ports = {"s3": free_port(), "prefect": free_port(), "mlflow": free_port()}
@@ -111,6 +153,9 @@ def stack(tmp_path_factory):
         HETFLOW_HOME=str(home),
         PREFECT_HOME=str(home / "prefect-client"),  # the CLI's profile, not the user's ~/.prefect
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        # `stack up` passes its environment on to the server: the scheduler's main loop every
+        # 2 s instead of 60 s
+        PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2",
         **{f"HETFLOW_STACK_{k.upper()}_PORT": str(v) for k, v in ports.items()},
     )
     up = _cli(env, "stack", "up")
@@ -119,7 +164,37 @@ def stack(tmp_path_factory):
         yield {"env": env, "home": home, "ports": ports, "up": up, "exports": _exports(up.stdout)}
     finally:
         down = _cli(env, "stack", "down", timeout=120)
-        assert down.returncode == 0, down.stderr
+    assert down.returncode == 0, down.stderr
+    _assert_clean_logs(home)
+
+
+@pytest.fixture(scope="module")
+def deployed(stack) -> dict[str, str]:
+    """`prefect deploy --all` from the repo root against the stack; deployment name -> id."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    ex = stack["exports"]
+    deploy = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
+        cwd=REPO,
+        env={**stack["env"], **ex},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    hint = ""
+    if "422 Unprocessable Entity" in deploy.stdout + deploy.stderr:
+        hint = (
+            "\nThe server rejected a null that Prefect's client sends for an optional body "
+            "field: fastapi >= 0.151 no longer reads null as 'use the default'; Prefect "
+            "3.8.8 needs fastapi < 0.151 (pyproject.toml)."
+        )
+    assert deploy.returncode == 0, (
+        f"prefect deploy --all failed:\n{deploy.stdout[-4000:]}\n{deploy.stderr[-4000:]}{hint}"
+    )
+    with SyncPrefectClient(ex["PREFECT_API_URL"]) as client:
+        return {d.name: d.id for d in client.read_deployments()}
 
 
 def test_up_serves_s3_mlflow_and_prefect_on_loopback(stack):
@@ -185,7 +260,7 @@ def test_mlflow_stores_artifacts_in_the_stack_s3(stack, tmp_path):
     assert got == note.read_bytes()
 
 
-def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack):
+def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack, deployed):
     from prefect.client.orchestration import SyncPrefectClient
 
     ex = stack["exports"]
@@ -193,26 +268,6 @@ def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack):
     api = ex["PREFECT_API_URL"]
     pool = json.loads(urllib.request.urlopen(f"{api}/work_pools/hetflow-local", timeout=10).read())
     assert pool["type"] == "process"  # `stack up` created the pool that prefect.yaml names
-
-    deploy = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    hint = ""
-    if "422 Unprocessable Entity" in deploy.stdout + deploy.stderr:
-        hint = (
-            "\nThe server rejected a null that Prefect's client sends for an optional body "
-            "field: fastapi >= 0.151 no longer reads null as 'use the default'; Prefect "
-            "3.8.8 needs fastapi < 0.151 (pyproject.toml)."
-        )
-    assert deploy.returncode == 0, (
-        f"prefect deploy --all failed:\n{deploy.stdout[-4000:]}\n{deploy.stderr[-4000:]}{hint}"
-    )
 
     dataset_url = f"s3://hetflow-deploy-test/digits-{uuid.uuid4().hex[:6]}"
     with SyncPrefectClient(api) as client:
@@ -281,6 +336,55 @@ def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack):
     assert sum(s["samples"] for s in manifest["splits"].values()) == 1797  # scikit-learn's digits
 
 
+def _scheduled_in_prefect_yaml() -> set[str]:
+    """Deployments of prefect.yaml with at least one active schedule."""
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    return {
+        d["name"]
+        for d in spec["deployments"]
+        if any(s.get("active", True) for s in d.get("schedules") or [])
+    }
+
+
+def test_the_scheduler_creates_runs_of_every_scheduled_deployment(stack, deployed):
+    """The server's scheduler turns each schedule of prefect.yaml into SCHEDULED flow runs.
+
+    A schedule that shows as active but never yields a run (the server's scheduler failing on
+    every loop, as with SQLAlchemy 2.1) fails here; the deployments without a schedule get none.
+    """
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    wanted = _scheduled_in_prefect_yaml()
+    assert wanted and wanted <= set(deployed), (wanted, deployed)
+    names = {v: k for k, v in deployed.items()}
+    only_scheduled = FlowRunFilter(
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))
+    )
+    got: dict[str, list] = {}
+    deadline = time.monotonic() + 120
+    with SyncPrefectClient(stack["exports"]["PREFECT_API_URL"]) as client:
+        while set(got) != wanted and time.monotonic() < deadline:
+            time.sleep(1.0)
+            got = {}
+            for run in client.read_flow_runs(flow_run_filter=only_scheduled):
+                if run.auto_scheduled and run.deployment_id in names:
+                    got.setdefault(names[run.deployment_id], []).append(run)
+    log = _log(stack["home"], "prefect")
+    assert set(got) == wanted, (
+        f"the scheduler made runs of {sorted(got)} within 120 s; expected {sorted(wanted)}; "
+        f"tail of {log}:\n{_tail(log)}"
+    )
+    for name, runs in got.items():  # the next occurrences of the cron, none in the past
+        starts = [r.expected_start_time for r in runs]
+        assert min(starts) > runs[0].created, (name, starts)
+
+
 RUN_METRICS = [
     "throughput_samples_per_s",
     "train_loop_s",
@@ -315,7 +419,9 @@ def _wait_final(client, run_ids, deadline_s: float) -> dict:
 
 
 @pytest.mark.timeout(600)
-def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(stack, tmp_path):
+def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
+    stack, deployed, tmp_path
+):
     """A compare run and two train runs submitted at once, as from the UI, to a process worker.
 
     compare: both variants are children of one parent run in the MLflow server, with the
