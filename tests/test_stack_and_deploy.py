@@ -425,7 +425,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
     """A compare run and two train runs submitted at once, as from the UI, to a process worker.
 
     compare: both variants are children of one parent run in the MLflow server, with the
-    DESIGN.md metrics (fractions in [0, 1]), the plots, and the Prefect markdown artifact's
+    run metrics (fractions in [0, 1]), the plots, and the Prefect markdown artifact's
     numbers equal to the runs' metrics. train: the deployment's concurrency limit of 1 makes
     the two runs take turns instead of sharing the cores, and both finish.
     """
