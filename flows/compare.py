@@ -1,7 +1,9 @@
 """Flow: baseline and optimized on the same cluster, data and seed, side by side.
 
-Both variants are children of one MLflow parent run, which holds the comparison table; the
-same table is the flow run's Prefect markdown artifact.
+Both variants are children of one MLflow parent run, which holds the job as params, both
+variants' headline figures and their ratios as metrics, the comparison table as its
+description, and the plots of both on one time axis. The same table, with links to the three
+MLflow runs, is the flow run's Prefect markdown artifact.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from hetflow.config import (
     default_cluster,
 )
 from hetflow.infra.s3 import local_s3_endpoint
-from hetflow.infra.tracking.report import comparison, markdown
+from hetflow.infra.tracking.plots import rank_labels
+from hetflow.infra.tracking.report import comparison, headline, markdown, summary
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
@@ -36,20 +39,20 @@ def compare(
 ) -> dict:
     check_job(cluster, train)
     knobs = train.model_dump(exclude={"schedule", "compression"})
+    configs = {v: TrainConfig.variant(v, **knobs) for v in VARIANTS}
     outcomes = {}
     with local_s3_endpoint():
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         epoch_samples = ingest_dataset(dataset).splits["train"].samples
         profile = profile_workers(cluster, dataset, train)
         tracker = MLflowTracker(tracking)
-        parent = tracker.start_comparison(cluster, dataset)
+        parent = tracker.start_comparison(cluster, dataset, configs)
         for variant in VARIANTS:
-            cfg = TrainConfig.variant(variant, **knobs)
             outcomes[variant] = train_variant(
                 variant,
                 cluster,
                 dataset,
-                cfg,
+                configs[variant],
                 profile,
                 tracking,
                 parent,
@@ -58,12 +61,19 @@ def compare(
             )
     baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
     table = comparison(baseline, optimized)
-    md = markdown(table, f"{cluster.name}: baseline vs optimized")
+    runs = {"compare": parent, **{v: outcomes[v].run_id for v in VARIANTS}}
+    md = markdown(
+        table,
+        f"{cluster.name}: baseline vs optimized",
+        before=summary(headline(baseline, optimized)),
+        after=tracker.links_markdown(runs),
+    )
     create_markdown_artifact(md, key="comparison", description="baseline vs optimized")
-    tracker.finish_comparison(parent, table, md, baseline, optimized)
+    tracker.finish_comparison(parent, outcomes, table, md, rank_labels(cluster, profile))
     return {
         "table": table,
         "parent_run_id": parent,
         "run_ids": {v: outcomes[v].run_id for v in VARIANTS},
+        "mlflow_urls": {label: tracker.run_url(rid) for label, rid in runs.items()},
         "plans": {v: outcomes[v].plan.model_dump(mode="json") for v in VARIANTS},
     }

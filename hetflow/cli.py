@@ -75,12 +75,12 @@ def _dataset(args) -> DatasetSpec:
 
 
 def _print_table(table: dict, title: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    from hetflow.infra.tracking.report import rows
+    from hetflow.infra.tracking.report import LEGEND, rows
+    from hetflow.output import wide_console
 
-    t = Table(title=title)
+    t = Table(title=title, caption=LEGEND)
     for col, justify in (
         ("metric", "left"),
         ("baseline", "right"),
@@ -90,20 +90,22 @@ def _print_table(table: dict, title: str) -> None:
         t.add_column(col, justify=justify)
     for row in rows(table):
         t.add_row(*row)
-    Console().print(t)
+    wide_console(100).print(t)
 
 
-def _where_to_look(tracking: TrackingConfig) -> None:
+def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None) -> None:
+    """Where the runs can be seen: the MLflow UI (with each run's page, from `urls`), Prefect."""
+    from hetflow.infra.tracking import links
     from hetflow.infra.tracking.tracker import MLflowTracker
 
     uri = MLflowTracker(tracking).tracking_uri
     print("\nWhere to look:")
-    if uri.startswith(("http://", "https://")):
+    if links.served(uri):
         print(f"  MLflow UI:  {uri}  (experiment '{tracking.experiment}')")
     else:
-        print(
-            f"  MLflow UI:  mlflow ui --backend-store-uri {uri} --port 5000   then open http://127.0.0.1:5000"
-        )
+        print(f"  MLflow UI:  {links.ui_hint(uri)}   then open {links.ui_base(uri)}")
+    for label, url in (urls or {}).items():
+        print(f"    {label}: {url}")
     api = os.environ.get("PREFECT_API_URL")
     if api:
         print(f"  Prefect UI: {api.removesuffix('/api')}/runs")
@@ -137,7 +139,7 @@ def cmd_demo(args) -> int:
         f"MLflow runs: {out['run_ids']} (parent {out['parent_run_id']})"
     )
     write_json(args.json_path, out["table"])
-    _where_to_look(tracking)
+    _where_to_look(tracking, out["mlflow_urls"])
     return 0
 
 

@@ -82,7 +82,7 @@ def train_variant(
         series=step_series(result, train.global_batch),
         result=result,
     )
-    record_outcome(tracker, outcome, profile, train, register_as=f"hetflow-{dataset.source}")
+    record_outcome(tracker, outcome, profile, train, f"hetflow-{dataset.source}", cluster)
     print(
         f"{variant}: {metrics['throughput_samples_per_s']:.0f} samples/s, "
         f"accuracy {metrics.get('final_accuracy', float('nan')):.3f}, {wall:.0f}s with launch"
@@ -96,12 +96,14 @@ def record_outcome(
     profile: Profile,
     train: TrainConfig,
     register_as: str,
+    cluster: ClusterSpec | None = None,
 ) -> None:
-    """Figures, series, profile, plan and plots; the trained model (registered as `register_as`
-    when the variant is `optimized` and met the target accuracy); then the run is FINISHED."""
+    """Figures, series, profile, plan and plots (ranks labelled by `cluster`'s workers, if
+    given); the trained model (registered as `register_as` when the variant is `optimized` and
+    met the target accuracy); then the run is FINISHED."""
     import numpy as np
 
-    tracker.record_training(outcome, profile)
+    tracker.record_training(outcome, profile, cluster)
     model = _trained_model(Path(outcome.run_dir), train)
     if model is not None:
         accuracy = outcome.metrics.get("final_accuracy", 0.0)

@@ -32,6 +32,15 @@ RANK_METRICS = [
     "local_batch",
     "samples_per_s",
 ]
+PARENT_FIGURES = [
+    "throughput_samples_per_s",
+    "train_loop_s",
+    "final_accuracy",
+    "comm_bytes_total",
+    "busy_fraction",
+    "straggler_idle_fraction",
+    "data_wait_fraction",
+]
 FRACTIONS = ["data_wait_fraction", "cache_hit_ratio", "straggler_idle_fraction", "final_accuracy"]
 
 
@@ -74,6 +83,22 @@ def test_demo_prints_the_table_and_where_to_look(demo):
     home, _, stdout = demo
     assert "throughput_samples_per_s" in stdout and "rank3/busy_fraction" in stdout
     assert f"mlflow ui --backend-store-uri sqlite:///{home}/mlflow.db" in stdout
+    assert "?workflowType=machine_learning" in stdout  # each run's page, in the training view
+
+
+def test_the_printed_table_has_units(demo):
+    _, _, stdout = demo
+    rows = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:5]]
+        for line in stdout.splitlines()
+        if line.count("│") == 5
+    }
+    assert rows["rank0/local_batch"][0] == "32"  # a count, not 32.000
+    assert rows["comm_bytes_total"][0].endswith(("MB", "GB"))
+    assert rows["train_loop_s"][0].endswith(" s")
+    assert rows["throughput_samples_per_s"][1].endswith("samples/s")
+    assert rows["busy_fraction"][0].endswith("%") and rows["busy_fraction"][2].endswith(" pp")
+    assert rows["train_loop_s"][2].endswith("%") and not rows["train_loop_s"][2].endswith("pp")
 
 
 def test_demo_json_has_both_variants_with_design_metric_names(demo):
@@ -138,7 +163,50 @@ def test_mlflow_holds_both_runs_under_one_parent_with_sane_metrics(demo):
     assert opt[3] == max(opt) and opt[0] < 32
     artifacts = {a.path for a in client.list_artifacts(parent)}
     assert {"comparison.json", "comparison.md"} <= artifacts
-    assert next(a.file_size for a in client.list_artifacts(parent, "plots")) > 1000
+
+
+def test_the_experiment_is_marked_as_model_training(demo):
+    home, _, _ = demo
+    exp = MlflowClient(f"sqlite:///{home}/mlflow.db").get_experiment_by_name("hetflow")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_the_parent_run_answers_how_much_faster(demo):
+    """The parent run holds the job, both variants' headline figures and their ratios, the
+    table as its description, and both variants' plots on one time axis."""
+    home, table, _ = demo
+    client = MlflowClient(f"sqlite:///{home}/mlflow.db")
+    exp = client.get_experiment_by_name("hetflow")
+    runs = {r.data.tags["variant"]: r for r in client.search_runs([exp.experiment_id])}
+    parent = runs["compare"]
+    m, p = parent.data.metrics, parent.data.params
+    for variant in ("baseline", "optimized"):
+        child = runs[variant].data.metrics
+        for name in PARENT_FIGURES:
+            assert m[f"{variant}/{name}"] == pytest.approx(child[name]), (variant, name)
+    assert m["speedup"] == pytest.approx(
+        table["optimized"]["throughput_samples_per_s"]
+        / table["baseline"]["throughput_samples_per_s"]
+    )
+    assert m["comm_bytes_ratio"] > 0
+    if "baseline/time_to_target_s" in m and "optimized/time_to_target_s" in m:
+        assert m["time_to_target_ratio"] == pytest.approx(
+            m["optimized/time_to_target_s"] / m["baseline/time_to_target_s"]
+        )
+    assert (p["cluster"], p["world_size"], p["steps"]) == ("speeds-1-1-2-4", "4", "30")
+    assert p["workers"] == "w0 · 1x, w1 · 1x, w2 · 2x, w3 · 4x"
+    assert p["model"] and p["global_batch"] == "128" and p["dataset"].startswith("s3://")
+    note = parent.data.tags["mlflow.note.content"]
+    assert (
+        "| metric | baseline | optimized | change |" in note and "| rank3/busy_fraction |" in note
+    )
+    for run in runs.values():  # the description links each run
+        assert f"/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}?" in note
+    md = client.download_artifacts(parent.info.run_id, "comparison.md", str(home))
+    assert open(md).read() == note  # the Prefect artifact is this markdown too
+    plots = {a.path: a.file_size for a in client.list_artifacts(parent.info.run_id, "plots")}
+    assert set(plots) == {"plots/side_by_side.png", "plots/busy_fraction.png"}
+    assert min(plots.values()) > 1000
 
 
 def test_each_run_has_plots_model_profile_plan_and_system_metrics(demo):

@@ -496,6 +496,9 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
     by = {r.data.tags["variant"]: r for r in found}
     assert set(by) == {"compare", "baseline", "optimized"}
     parent = by["compare"].info.run_id
+    server = ex["MLFLOW_TRACKING_URI"].rstrip("/")
+    for run in by.values():  # the Prefect artifact links each run on the MLflow server
+        assert f"{server}/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}?" in md
     cells = {
         line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
         for line in md.splitlines()
@@ -516,7 +519,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
             and m["s3_bytes_read"] >= 0
         )
         for name, values in cells.items():  # the Prefect artifact says what MLflow holds
-            assert values[col] == fmt(m.get(name)), (variant, name, values[col], m.get(name))
+            assert values[col] == fmt(m.get(name), name), (variant, name, values[col], m.get(name))
         plots = {a.path: a.file_size for a in mlflow.list_artifacts(run.info.run_id, "plots")}
         assert (
             set(plots) == {"plots/timeline.png", "plots/steps.png"} and min(plots.values()) > 1000

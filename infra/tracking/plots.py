@@ -1,4 +1,8 @@
-"""Plots a person would rather look at than read (PNG, matplotlib's Agg backend)."""
+"""Plots a person would rather look at than read (PNG, matplotlib's Agg backend).
+
+Ranks are labelled by worker (`rank_labels`): its name, its emulated speed and, where a profile
+is given, its measured speed relative to the fastest worker.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hetflow.records import StepRecord
+from hetflow.config import ClusterSpec
+from hetflow.records import Profile, StepRecord
 
 PARTS = (
     ("data_s", "data wait", "#9e9e9e"),
@@ -18,60 +23,180 @@ PARTS = (
     ("comm_s", "communication", "#1565c0"),
     ("idle_s", "idle", "#ef6c00"),
 )
+VARIANT_COLORS = {"baseline": "#757575", "optimized": "#c62828"}
+LABEL_NOTE = "worker (emulated speed; measured speed / fastest's)"
 
 
-def timeline(
-    rank_records: Sequence[Sequence[StepRecord]], path: Path, last_steps: int = 12, title: str = ""
-) -> Path:
-    """One row per rank: what each of the last steps was spent on, in wall-clock order."""
-    fig, ax = plt.subplots(figsize=(10, 0.6 * len(rank_records) + 1.5))
-    for r, records in enumerate(rank_records):
-        t = 0.0
-        for rec in records[-last_steps:]:
-            for key, _, color in PARTS:
-                width = max(getattr(rec, key), 0.0)
-                ax.broken_barh([(t, width)], (r - 0.4, 0.8), facecolors=color)
-                t += width
-    ax.set_yticks(range(len(rank_records)), [f"rank {r}" for r in range(len(rank_records))])
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds (last steps of the run)")
+def rank_labels(cluster: ClusterSpec, profile: Profile | None = None) -> list[str]:
+    """One label per rank: 'w3 · 4x (measured 0.98)' for an emulated worker (its speed as
+    the cluster states it; the profile's `relative_speed`), 'g5-a · g5.xlarge (...)' for one
+    that names an instance type, else its name.
+
+    >>> from hetflow.config import ClusterSpec
+    >>> rank_labels(ClusterSpec.from_speeds([1, 2]))
+    ['w0 · 1x', 'w1 · 2x']
+    """
+    labels = []
+    for i, w in enumerate(cluster.workers):
+        label = w.name
+        if w.instance_type:
+            label += f" · {w.instance_type}"
+        elif cluster.emulate:
+            label += f" · {w.speed:g}x"
+        if profile is not None and i < len(profile.ranks) and profile.ranks[i].relative_speed:
+            label += f" (measured {profile.ranks[i].relative_speed:.2f})"
+        labels.append(label)
+    return labels
+
+
+def _labels(labels: Sequence[str] | None, n: int) -> list[str]:
+    return list(labels) if labels and len(labels) == n else [f"rank {r}" for r in range(n)]
+
+
+def _legend_parts(ax) -> None:
     ax.legend(
         handles=[plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in PARTS],
         labels=[label for _, label, _ in PARTS],
         loc="upper center",
         ncol=4,
-        bbox_to_anchor=(0.5, -0.25),
+        bbox_to_anchor=(0.5, -0.2),
     )
+
+
+def _bars(ax, rank_records: Sequence[Sequence[StepRecord]], last_steps: int, y0: int) -> None:
+    """Each rank's last steps as stacked bars, rank r on row y0 + r."""
+    for r, records in enumerate(rank_records):
+        t = 0.0
+        for rec in records[-last_steps:]:
+            for key, _, color in PARTS:
+                width = max(getattr(rec, key), 0.0)
+                ax.broken_barh([(t, width)], (y0 + r - 0.4, 0.8), facecolors=color)
+                t += width
+
+
+def timeline(
+    rank_records: Sequence[Sequence[StepRecord]],
+    path: Path,
+    last_steps: int = 12,
+    title: str = "",
+    labels: Sequence[str] | None = None,
+) -> Path:
+    """One row per rank (labelled `labels`): what each of the last steps was spent on, in
+    wall-clock order."""
+    n = len(rank_records)
+    fig, ax = plt.subplots(figsize=(10, 0.6 * n + 1.8))
+    _bars(ax, rank_records, last_steps, 0)
+    ax.set_yticks(range(n), _labels(labels, n))
+    ax.invert_yaxis()
+    ax.set_xlabel(f"seconds (the last {last_steps} steps of the run)")
+    _legend_parts(ax)
     ax.set_title(title or "per-rank timeline")
     return _save(fig, path)
 
 
-def step_series(series: Sequence[Mapping[str, float]], path: Path, title: str = "") -> Path:
-    """Step time and per-rank local batch over the run: how the plan evolved."""
+def same_lines(series: Mapping[str, Sequence[float]]) -> list[tuple[list[str], Sequence[float]]]:
+    """Lines grouped by their values: ([labels], values) once per distinct line, in first-seen
+    order, so that equal lines are drawn once and named together.
+
+    >>> same_lines({"w0": [32, 32], "w1": [32, 32], "w2": [64, 48]})
+    [(['w0', 'w1'], [32, 32]), (['w2'], [64, 48])]
+    """
+    groups: dict[tuple, tuple[list[str], Sequence[float]]] = {}
+    for label, values in series.items():
+        groups.setdefault(tuple(values), ([], values))[0].append(label)
+    return list(groups.values())
+
+
+def step_series(
+    series: Sequence[Mapping[str, float]],
+    path: Path,
+    title: str = "",
+    labels: Sequence[str] | None = None,
+) -> Path:
+    """Step time and per-rank local batch over the run: how the plan evolved. Ranks whose
+    batches are equal throughout share one line, named after all of them."""
     steps = [row["step"] for row in series]
     fig, (a, b) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     a.plot(steps, [row["step_time_s"] for row in series], color="#1565c0")
     a.set_ylabel("step time (s)")
-    for key in sorted(k for k in series[0] if k.endswith("/local_batch")):
-        b.plot(steps, [row[key] for row in series], label=key.split("/")[0])
+    ranks = sorted(int(k[4:].split("/")[0]) for k in series[0] if k.endswith("/local_batch"))
+    names = _labels(labels, len(ranks))
+    lines = {names[r]: [row[f"rank{r}/local_batch"] for row in series] for r in ranks}
+    for group, values in same_lines(lines):
+        names_only = ", ".join(g.split(" · ")[0] for g in group)
+        label = group[0] if len(group) == 1 else f"{names_only}: equal, one line for all"
+        b.plot(steps, values, label=label)
     b.set_ylabel("local batch")
     b.set_xlabel("step")
-    b.legend(ncol=4, fontsize="small")
+    b.legend(fontsize="small", title=LABEL_NOTE, title_fontsize="small")
     a.set_title(title or "step time and plan")
     return _save(fig, path)
 
 
-def busy_comparison(
-    baseline: Mapping[str, float], optimized: Mapping[str, float], path: Path
+def side_by_side(
+    runs: Mapping[str, Sequence[Sequence[StepRecord]]],
+    path: Path,
+    labels: Sequence[str] | None = None,
+    last_steps: int = 12,
 ) -> Path:
-    """Per-rank busy fraction, baseline vs optimized."""
+    """The variants on one time axis. Top: each variant's last steps per rank (baseline's ranks,
+    then optimized's), so that the same number of steps shows how long each took. Bottom:
+    rank 0's step time against training time, one line per variant."""
+    n = max(len(r) for r in runs.values())
+    names = _labels(labels, n)
+    last_steps = min(last_steps, *(len(r[0]) for r in runs.values()))
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(11, 0.55 * n * len(runs) + 5), height_ratios=[n * len(runs) * 0.6 + 1, 2.5]
+    )
+    ticks, ticklabels = [], []
+    for i, (variant, rank_records) in enumerate(runs.items()):
+        y0 = i * (n + 1)
+        _bars(top, rank_records, last_steps, y0)
+        ticks += [y0 + r for r in range(len(rank_records))]
+        ticklabels += [f"{variant} · {names[r]}" for r in range(len(rank_records))]
+        lead = rank_records[0]
+        clock = [sum(x.step_s for x in lead[: j + 1]) for j in range(len(lead))]
+        bottom.plot(
+            clock,
+            [x.step_s for x in lead],
+            label=variant,
+            color=VARIANT_COLORS.get(variant),
+            marker=".",
+        )
+    top.set_yticks(ticks, ticklabels)
+    top.invert_yaxis()
+    top.set_xlabel(f"seconds (the last {last_steps} steps of each run, on one axis)")
+    top.set_title(f"per-rank timeline; rows: variant · {LABEL_NOTE}")
+    _legend_parts(top)
+    bottom.set_xlabel("training time (s)")
+    bottom.set_ylabel("step time (s)")
+    bottom.set_ylim(bottom=0)
+    bottom.legend()
+    bottom.set_title("step time over the run")
+    return _save(fig, path)
+
+
+def busy_comparison(
+    baseline: Mapping[str, float],
+    optimized: Mapping[str, float],
+    path: Path,
+    labels: Sequence[str] | None = None,
+) -> Path:
+    """Per-rank busy fraction, baseline vs optimized, ranks labelled `labels`."""
     ranks = sorted({int(k[4:].split("/")[0]) for k in baseline if k.endswith("/busy_fraction")})
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     width = 0.38
     for sign, label, metrics in ((-1, "baseline", baseline), (1, "optimized", optimized)):
         busy = [metrics[f"rank{r}/busy_fraction"] for r in ranks]
-        ax.bar([r + sign * width / 2 for r in ranks], busy, width, label=label)
-    ax.set_xticks(ranks, [f"rank {r}" for r in ranks])
+        ax.bar(
+            [r + sign * width / 2 for r in ranks],
+            busy,
+            width,
+            label=label,
+            color=VARIANT_COLORS[label],
+        )
+    ax.set_xticks(ranks, _labels(labels, len(ranks)), fontsize="small")
+    ax.set_xlabel(LABEL_NOTE)
     ax.set_ylim(0, 1)
     ax.set_ylabel("busy fraction (compute / training time)")
     ax.legend()

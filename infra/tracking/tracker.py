@@ -26,12 +26,20 @@ from pydantic import BaseModel
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.paths import home
-from hetflow.infra.tracking import plots
-from hetflow.records import Plan, TrainOutcome
+from hetflow.infra.tracking import links, plots, report
+from hetflow.records import Plan, Profile, TrainOutcome
 
 METRICS_PER_BATCH = 500  # MLflow accepts up to 1000 metrics per log_batch call
 PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch call
 PARAM_CHARS = 6000  # MLflow's limit on a param value's length
+# MLflow 3's experiment kind: its UI opens a model-training experiment on the runs table, a
+# GenAI one on an overview of traces (3.17's UI decides by its own view switch instead; the
+# links in `links` select that view)
+EXPERIMENT_KIND = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
+NOTE = "mlflow.note.content"  # a run's description in the MLflow UI (markdown)
+# what the variants of a comparison share, as the parent run's params
+COMPARISON_KNOBS = ("model", "steps", "global_batch", "seed", "target_accuracy", "optimizer", "lr")
 
 Draw = Callable[[Path], object]  # draws a figure into the file it is given
 
@@ -75,13 +83,21 @@ class MLflowTracker:
         return MlflowClient(self.tracking_uri)
 
     def experiment_id(self) -> str:
+        """The experiment's id; created, marked as model training, on first use. An
+        experiment without a kind (made before hetflow marked them) is marked too."""
         exp = self.client.get_experiment_by_name(self.config.experiment)
         if exp is not None:
+            if EXPERIMENT_KIND not in exp.tags:
+                self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
             return exp.experiment_id
         location = None
         if self.tracking_uri.startswith("sqlite:"):
             location = (home() / "mlartifacts").as_uri()
-        return self.client.create_experiment(self.config.experiment, artifact_location=location)
+        return self.client.create_experiment(
+            self.config.experiment,
+            artifact_location=location,
+            tags={EXPERIMENT_KIND: MODEL_TRAINING},
+        )
 
     @staticmethod
     def flow_run_tags() -> dict[str, str]:
@@ -145,9 +161,28 @@ class MLflowTracker:
         marker.write_text(rid)
         return rid
 
-    def start_comparison(self, cluster: ClusterSpec, dataset: DatasetSpec) -> str:
-        """The parent run of a comparison (variant `compare`); the variants are its children."""
-        return self.start_run("compare", cluster, dataset)
+    def start_comparison(
+        self, cluster: ClusterSpec, dataset: DatasetSpec, configs: Mapping[str, TrainConfig]
+    ) -> str:
+        """The parent run of a comparison (variant `compare`; the variants, trained as
+        `configs`, are its children), with the job as params: `cluster`, `workers`,
+        `world_size`, `dataset`, `model`, `steps`, `global_batch`, ..., and each variant's
+        `{variant}.schedule` and `{variant}.compression`."""
+        rid = self.start_run("compare", cluster, dataset)
+        first = next(iter(configs.values()))
+        params = {
+            "cluster": cluster.name,
+            "workers": ", ".join(plots.rank_labels(cluster)),
+            "world_size": str(cluster.world_size),
+            "dataset": dataset.url,
+            "dataset_source": dataset.source,
+            **{k: str(getattr(first, k)) for k in COMPARISON_KNOBS},
+        }
+        for variant, cfg in configs.items():
+            params[f"{variant}.schedule"] = cfg.schedule
+            params[f"{variant}.compression"] = cfg.compression
+        self.log_params(rid, params)
+        return rid
 
     def finish(self, run_id: str) -> None:
         """Mark the run FINISHED."""
@@ -243,10 +278,13 @@ class MLflowTracker:
 
     # -- what hetflow's runs hold -------------------------------------------------------------
 
-    def record_training(self, outcome: TrainOutcome, profile) -> None:
+    def record_training(
+        self, outcome: TrainOutcome, profile: Profile, cluster: ClusterSpec | None = None
+    ) -> None:
         """A trained variant's figures (at the final step: per-rank names double as per-step
         series, and MLflow shows a metric's value at its highest step), per-step series, test
-        accuracy, the profile and plan history as JSON, and its plots. Leaves the run open."""
+        accuracy, the profile and plan history as JSON, and its plots (ranks labelled by the
+        cluster's workers, if given). Leaves the run open."""
         rid, lead = outcome.run_id, outcome.result.lead
         self.log_metrics(rid, outcome.metrics, step=int(outcome.metrics["steps"]))
         self.log_series(
@@ -266,14 +304,18 @@ class MLflowTracker:
         )
         ranks = sorted(outcome.result.ranks, key=lambda r: r.rank)
         title = outcome.variant
+        labels = plots.rank_labels(cluster, profile) if cluster else None
         self.log_plots(
             rid,
             {
                 "timeline.png": lambda p: plots.timeline(
-                    [r.records for r in ranks], p, title=f"{title}: per-rank timeline"
+                    [r.records for r in ranks],
+                    p,
+                    title=f"{title}: per-rank timeline",
+                    labels=labels,
                 ),
                 "steps.png": lambda p: plots.step_series(
-                    outcome.series, p, title=f"{title}: step time and plan"
+                    outcome.series, p, title=f"{title}: step time and plan", labels=labels
                 ),
             },
         )
@@ -281,15 +323,45 @@ class MLflowTracker:
     def finish_comparison(
         self,
         run_id: str,
+        outcomes: Mapping[str, TrainOutcome],
         table: dict,
         markdown: str,
-        baseline: Mapping[str, float],
-        optimized: Mapping[str, float],
+        labels: list[str] | None = None,
     ) -> None:
-        """The comparison's table (JSON and markdown) and busy-fraction plot; then FINISHED."""
+        """The comparison's figures (`report.headline`: `baseline/NAME`, `optimized/NAME`,
+        `speedup`, ...), `markdown` as the run's description and `comparison.md`, the table as
+        `comparison.json`, and the plots of both variants (`side_by_side.png`,
+        `busy_fraction.png`, ranks labelled `labels`); then FINISHED."""
+        baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
+        self.log_metrics(run_id, report.headline(baseline, optimized))
+        self.client.set_tag(run_id, NOTE, markdown)
         self.log_json(run_id, "comparison.json", table)
-        self.log_plots(
-            run_id, {"busy_fraction.png": lambda p: plots.busy_comparison(baseline, optimized, p)}
-        )
         self.log_text(run_id, "comparison.md", markdown)
+        records = {
+            v: [r.records for r in sorted(o.result.ranks, key=lambda r: r.rank)]
+            for v, o in outcomes.items()
+        }
+        self.log_plots(
+            run_id,
+            {
+                "side_by_side.png": lambda p: plots.side_by_side(records, p, labels),
+                "busy_fraction.png": lambda p: plots.busy_comparison(
+                    baseline, optimized, p, labels
+                ),
+            },
+        )
         self.finish(run_id)
+
+    def links_markdown(self, runs: Mapping[str, str]) -> str:
+        """`links.links_markdown` for runs of this experiment (label -> run id), with the
+        Prefect flow run this code runs in, if any."""
+        return links.links_markdown(
+            self.tracking_uri,
+            self.experiment_id(),
+            runs,
+            self.flow_run_tags().get("prefect_flow_run_url"),
+        )
+
+    def run_url(self, run_id: str) -> str:
+        """The run's page in the MLflow UI (`links.run_url`)."""
+        return links.run_url(self.tracking_uri, self.experiment_id(), run_id)

@@ -1,0 +1,108 @@
+"""The tracker against a real MLflow store (SQLite in the test's home): the experiment's kind,
+and a comparison's parent run (params, headline metrics, description, plots)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
+from hetflow.infra.tracking.tracker import EXPERIMENT_KIND, MODEL_TRAINING, NOTE, MLflowTracker
+from hetflow.records import Plan, RankResult, RunResult, StepRecord, TrainOutcome
+from hetflow.training.metrics import step_series, summarize
+
+
+@pytest.fixture
+def tracker(tmp_path):
+    return MLflowTracker(TrackingConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db"))
+
+
+def outcome(variant: str, run_id: str, batches: list[int], step_s: float) -> TrainOutcome:
+    """Five steps of a run whose ranks compute in proportion to their batch and idle the rest."""
+    ranks = []
+    for r, batch in enumerate(batches):
+        compute = step_s * 0.8 * batch / max(batches)
+        records = [
+            StepRecord(
+                step=i,
+                batch=batch,
+                data_s=0.001,
+                compute_s=compute,
+                wait_s=step_s - compute - 0.001,
+                step_s=step_s,
+                loss_sum=2.0 * batch / (i + 1),
+                bytes_sent=1e6,
+                idle_s=step_s * 0.8 - compute,
+                comm_s=step_s * 0.2 - 0.001,
+            )
+            for i in range(5)
+        ]
+        ranks.append(RankResult(rank=r, records=records, plans=[]))
+    result = RunResult(ranks=ranks)
+    return TrainOutcome(
+        variant=variant,
+        run_id=run_id,
+        run_dir="unused",
+        plan=Plan.equal(batches),
+        metrics=summarize(result, sum(batches), None),
+        series=step_series(result, sum(batches)),
+        result=result,
+    )
+
+
+def test_the_experiment_is_created_as_model_training(tracker):
+    exp = tracker.client.get_experiment(tracker.experiment_id())
+    assert exp.tags[EXPERIMENT_KIND] == MODEL_TRAINING == "custom_model_development"
+
+
+def test_an_unmarked_experiment_is_marked_and_a_chosen_kind_is_kept(tracker):
+    old = tracker.client.create_experiment("hetflow")  # as hetflow made it before
+    assert tracker.experiment_id() == old
+    assert tracker.client.get_experiment(old).tags[EXPERIMENT_KIND] == MODEL_TRAINING
+    other = MLflowTracker(TrackingConfig(tracking_uri=tracker.tracking_uri, experiment="mine"))
+    mine = other.client.create_experiment("mine", tags={EXPERIMENT_KIND: "genai_development"})
+    assert other.experiment_id() == mine
+    assert other.client.get_experiment(mine).tags[EXPERIMENT_KIND] == "genai_development"
+
+
+def test_the_parent_run_holds_the_job_the_headline_figures_the_table_and_the_plots(tracker):
+    cluster, dataset = ClusterSpec.from_speeds([1, 3], name="mix"), DatasetSpec()
+    configs = {
+        v: TrainConfig.variant(v, steps=5, global_batch=64) for v in ("baseline", "optimized")
+    }
+    parent = tracker.start_comparison(cluster, dataset, configs)
+    children = {v: tracker.start_run(v, cluster, dataset, parent) for v in configs}
+    outcomes = {
+        "baseline": outcome("baseline", children["baseline"], [32, 32], 0.2),
+        "optimized": outcome("optimized", children["optimized"], [16, 48], 0.1),
+    }
+    tracker.finish_comparison(
+        parent, outcomes, {"baseline": {}, "optimized": {}}, "| md |", ["a", "b"]
+    )
+
+    run = tracker.client.get_run(parent)
+    m, p = run.data.metrics, run.data.params
+    assert m["speedup"] == pytest.approx(2.0)
+    assert m["baseline/throughput_samples_per_s"] == pytest.approx(
+        outcomes["baseline"].metrics["throughput_samples_per_s"]
+    )
+    for name in ("train_loop_s", "comm_bytes_total", "straggler_idle_fraction", "busy_fraction"):
+        assert f"baseline/{name}" in m and f"optimized/{name}" in m, name
+    assert m["comm_bytes_ratio"] == pytest.approx(1.0)
+    assert p["cluster"] == "mix" and p["workers"] == "w0 · 1x, w1 · 3x" and p["world_size"] == "2"
+    assert (p["model"], p["steps"], p["global_batch"]) == ("cnn", "5", "64")
+    assert (p["baseline.schedule"], p["optimized.schedule"]) == ("equal", "dynamic")
+    assert (p["baseline.compression"], p["optimized.compression"]) == ("none", "auto")
+    assert run.data.tags[NOTE] == "| md |" and run.info.status == "FINISHED"
+    files = {a.path: a.file_size for a in tracker.client.list_artifacts(parent, "plots")}
+    assert set(files) == {"plots/side_by_side.png", "plots/busy_fraction.png"}
+    assert min(files.values()) > 1000
+    top = {a.path for a in tracker.client.list_artifacts(parent)}
+    assert {"comparison.json", "comparison.md"} <= top
+
+
+def test_run_url_names_the_experiment_and_the_model_training_view(tracker):
+    url = tracker.run_url("abc")
+    assert url == (
+        f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id()}/runs/abc"
+        "?workflowType=machine_learning"
+    )
