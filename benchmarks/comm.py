@@ -34,6 +34,7 @@ import re
 import statistics
 import time
 
+from hetflow.cli.parser import Parser
 from hetflow.config import (
     ClusterSpec,
     ConfigError,
@@ -166,7 +167,11 @@ def finish(results: dict[str, dict], none_bytes: float) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hetflow bench comm", description=__doc__.splitlines()[0])
+    p = Parser(
+        prog="hetflow bench comm",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.HelpFormatter,  # its help states the defaults itself
+    )
     p.add_argument(
         "--methods", default=DEFAULT_METHODS, help=f"comma list (default {DEFAULT_METHODS})"
     )
