@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from hetflow.cli.parser import Parser
 from hetflow.config import (
     ClusterSpec,
     ConfigError,
@@ -91,7 +92,11 @@ def _slug(method: CompressionMethod) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hetflow bench comm", description=__doc__.splitlines()[0])
+    p = Parser(
+        prog="hetflow bench comm",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.HelpFormatter,  # its help states the defaults itself
+    )
     p.add_argument(
         "--methods", default=DEFAULT_METHODS, help=f"comma list (default {DEFAULT_METHODS})"
     )

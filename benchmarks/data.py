@@ -34,6 +34,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from hetflow.cli.parser import Parser
 from hetflow.config import ConfigError
 from hetflow.infra.cache import ShardCache
 from hetflow.infra.datasets import Manifest, synthetic_source, write_dataset
@@ -47,7 +48,11 @@ VARIANTS = ("no_cache", "cache", "cache_prefetch", "cache_half")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="hetflow bench data", description=__doc__.splitlines()[0])
+    p = Parser(
+        prog="hetflow bench data",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.HelpFormatter,  # its help states the defaults itself
+    )
     p.add_argument("--s3-latency-ms", type=float, default=50.0, help="emulated latency per GET")
     p.add_argument("--s3-mbps", type=float, default=400.0, help="emulated bandwidth; 0: unlimited")
     p.add_argument("--epochs", type=int, default=3)

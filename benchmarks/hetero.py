@@ -34,6 +34,7 @@ import statistics
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from hetflow.cli.parser import Parser
 from hetflow.config import (
     ClusterSpec,
     ConfigError,
@@ -119,7 +120,11 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hetflow bench hetero", description=__doc__.splitlines()[0])
+    p = Parser(
+        prog="hetflow bench hetero",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.HelpFormatter,  # its help states the defaults itself
+    )
     p.add_argument("--speeds", default="1,1,2,4")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--model", default="cnn")

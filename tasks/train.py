@@ -101,8 +101,6 @@ def record_outcome(
     """Figures, series, profile, plan and plots (ranks labelled by `cluster`'s workers, if
     given); the trained model (registered as `register_as` when the variant is `optimized` and
     met the target accuracy); then the run is FINISHED."""
-    import numpy as np
-
     tracker.record_training(outcome, profile, cluster)
     model = _trained_model(Path(outcome.run_dir), train)
     if model is not None:
@@ -112,9 +110,19 @@ def record_outcome(
             and train.target_accuracy is not None
             and accuracy >= train.target_accuracy
         )
-        example = np.zeros((1, 64), dtype=np.float32)  # a digits image, flattened
-        tracker.log_model(outcome.run_id, model, example, register_as if register else None)
+        tracker.log_model(
+            outcome.run_id, model, model_input_example(), register_as if register else None
+        )
     tracker.finish(outcome.run_id)
+
+
+def model_input_example():
+    """The input example a trained model is logged with: two digits images, flattened. Two,
+    not one: torch.export fixes a batch dimension of size 1, and the logged model would then
+    take one image at a time (see MLflowTracker.log_model)."""
+    import numpy as np
+
+    return np.zeros((2, 64), dtype=np.float32)
 
 
 def _trained_model(run_dir: Path, train: TrainConfig):

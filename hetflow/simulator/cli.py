@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from functools import partial
 
+from hetflow.cli.parser import Parser
 from hetflow.config import ClusterSpec, ConfigError, load_mapping
 from hetflow.output import write_json
 from hetflow.simulator import clusters, report
@@ -130,7 +131,11 @@ def _add_network_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hetflow simulate", description=__doc__.splitlines()[0])
+    p = Parser(
+        prog="hetflow simulate",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.HelpFormatter,  # its help states the defaults itself
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--mix", help=f"TYPE:COUNT,... EC2 instance types and counts (default {DEFAULT_MIX})"

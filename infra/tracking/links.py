@@ -23,20 +23,29 @@ def served(tracking_uri: str) -> bool:
     return tracking_uri.startswith(("http://", "https://"))
 
 
-def ui_base(tracking_uri: str) -> str:
-    """The UI's address: the server itself, or where `mlflow ui` listens by default.
+def ui_base(tracking_uri: str, port: int = UI_PORT) -> str:
+    """The UI's address: the server itself, or where `mlflow ui --port PORT` listens.
 
     >>> ui_base("http://127.0.0.1:5050/"), ui_base("sqlite:///tmp/mlflow.db")
     ('http://127.0.0.1:5050', 'http://127.0.0.1:5000')
     """
-    return tracking_uri.rstrip("/") if served(tracking_uri) else f"http://127.0.0.1:{UI_PORT}"
+    return tracking_uri.rstrip("/") if served(tracking_uri) else f"http://127.0.0.1:{port}"
 
 
-def ui_hint(tracking_uri: str) -> str | None:
+def ui_hint(tracking_uri: str, port: int = UI_PORT) -> str | None:
     """The command that serves a store that is not a server; None for a server."""
     if served(tracking_uri):
         return None
-    return f"mlflow ui --backend-store-uri {tracking_uri} --port {UI_PORT}"
+    return f"mlflow ui --backend-store-uri {tracking_uri} --port {port}"
+
+
+def on_port(url: str, port: int) -> str:
+    """A link made for `mlflow ui`'s default port, moved to `port`.
+
+    >>> on_port("http://127.0.0.1:5000/#/experiments/1?workflowType=machine_learning", 5123)
+    'http://127.0.0.1:5123/#/experiments/1?workflowType=machine_learning'
+    """
+    return url.replace(f"http://127.0.0.1:{UI_PORT}", f"http://127.0.0.1:{port}", 1)
 
 
 def experiment_url(tracking_uri: str, experiment_id: str) -> str:

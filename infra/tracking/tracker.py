@@ -20,6 +20,8 @@ from pathlib import Path
 
 import mlflow
 from mlflow.entities import Metric, Param
+from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from prefect import runtime
 from pydantic import BaseModel
@@ -42,6 +44,10 @@ NOTE = "mlflow.note.content"  # a run's description in the MLflow UI (markdown)
 COMPARISON_KNOBS = ("model", "steps", "global_batch", "seed", "target_accuracy", "optimizer", "lr")
 
 Draw = Callable[[Path], object]  # draws a figure into the file it is given
+
+
+class RunNotFound(LookupError):
+    """A run id the tracking store does not hold; the message names the id and the store."""
 
 
 def flatten(prefix: str, value) -> dict[str, str]:
@@ -189,8 +195,22 @@ class MLflowTracker:
         self.client.set_terminated(run_id)
 
     def read_metrics(self, run_id: str) -> tuple[str, dict[str, float]]:
-        """(the run's `variant` tag, or its id's first 8 characters; its latest metrics)."""
-        run = self.client.get_run(run_id)
+        """(the run's `variant` tag, or its id's first 8 characters; its latest metrics).
+
+        Raises RunNotFound if the store holds no run `run_id`; a SQLite store that does not
+        exist yet holds none, and is not created by asking.
+        """
+        missing = RunNotFound(f"no run {run_id!r} in MLflow at {self.tracking_uri}")
+        if self.tracking_uri.startswith("sqlite:///"):
+            path = self.tracking_uri.removeprefix("sqlite:///")
+            if path != ":memory:" and not Path(path).exists():
+                raise missing
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException as e:
+            if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise missing from None
+            raise
         return run.data.tags.get("variant", run_id[:8]), dict(run.data.metrics)
 
     # -- writing ------------------------------------------------------------------------------
@@ -246,12 +266,21 @@ class MLflowTracker:
         self, run_id: str, model, input_example, registered_name: str | None = None
     ) -> None:
         """A torch model as the run's logged model `model` (registered under `registered_name`
-        if given), pinned to this torch release."""
+        if given), pinned to this torch release. Leaves the run FINISHED.
+
+        `input_example` is a batch of more than one sample: torch.export fixes a dimension of
+        size 1 to that size (and warns), so the logged model would take one sample at a time.
+        """
         import mlflow.pytorch
         import torch
 
         mlflow.set_tracking_uri(self.tracking_uri)
-        with mlflow.start_run(run_id=run_id):
+        # Ending the run (leaving `start_run`) prints MLflow's "View run" lines, as `finish`
+        # does after this: printed by `finish` alone, each line appears once.
+        with (
+            _env(MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name, "true"),
+            mlflow.start_run(run_id=run_id),
+        ):
             mlflow.pytorch.log_model(
                 model,
                 name="model",
@@ -365,3 +394,17 @@ class MLflowTracker:
     def run_url(self, run_id: str) -> str:
         """The run's page in the MLflow UI (`links.run_url`)."""
         return links.run_url(self.tracking_uri, self.experiment_id(), run_id)
+
+
+@contextmanager
+def _env(name: str, value: str):
+    """os.environ[name] = value for the context; what was there before is put back."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved

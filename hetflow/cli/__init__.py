@@ -1,0 +1,134 @@
+"""The `hetflow` command line.
+
+    hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH]
+    hetflow train | profile | compare RUN_ID RUN_ID | data ingest | stack up|down|status
+    hetflow bench NAME ... | simulate ...
+
+`hetflow COMMAND --help` lists a command's options with their defaults. Bad input, from a
+mistyped option to a run id MLflow does not hold, is refused in one line on stderr,
+`hetflow: error: ...`, with exit status 2. Importing this package and parsing loads neither
+Prefect, MLflow nor torch: a command imports them once its input is valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from hetflow.cli import commands
+from hetflow.cli.job import add_ingest_args, add_job_args
+from hetflow.cli.parser import Parser, UsageError
+from hetflow.config import ConfigError, describe_validation_error
+
+__all__ = ["UsageError", "build_parser", "main"]
+
+# Errors of bad input raised past validation (a plan the cluster cannot run, a dataset that is
+# not there), by module: a module not yet imported cannot have raised its error.
+LATER_ERRORS = (
+    ("hetflow.training.scheduler", "PlanError"),
+    ("hetflow.infra.datasets", "DatasetError"),
+    ("hetflow.stack.layout", "StackError"),
+)
+
+
+def _command(sub, name: str, summary: str, **kwargs) -> argparse.ArgumentParser:
+    """A subcommand whose summary is both its line in the list and its help's description."""
+    return sub.add_parser(name, help=summary, description=summary, **kwargs)
+
+
+def _add_job_commands(sub) -> None:
+    demo = _command(sub, "demo", "the whole job once, small: baseline vs optimized")
+    add_job_args(demo)
+    demo.set_defaults(func=commands.cmd_demo)
+
+    tr = _command(sub, "train", "profile, plan and train one variant")
+    add_job_args(tr)
+    tr.add_argument(
+        "--variant",
+        choices=["baseline", "optimized"],
+        default="optimized",
+        help="baseline: equal split, no compression; optimized: planned, re-balanced",
+    )
+    tr.set_defaults(func=commands.cmd_train)
+
+    pr = _command(sub, "profile", "measure the workers of a cluster")
+    add_job_args(pr)
+    pr.set_defaults(func=commands.cmd_profile)
+
+
+def _add_other_commands(sub) -> None:
+    cmp_ = _command(sub, "compare", "side-by-side table of two MLflow runs")
+    cmp_.add_argument("run_a", metavar="RUN_ID", help="the first MLflow run (its full id)")
+    cmp_.add_argument("run_b", metavar="RUN_ID", help="the second MLflow run")
+    cmp_.add_argument("--json", dest="json_path", metavar="PATH", help="also write the table here")
+    cmp_.set_defaults(func=commands.cmd_compare)
+
+    data = _command(sub, "data", "datasets in S3")
+    dsub = data.add_subparsers(
+        dest="data_command", required=True, metavar="COMMAND", help="what to do with a dataset"
+    )
+    ing = _command(dsub, "ingest", "write a dataset as shards + manifest")
+    add_ingest_args(ing)
+    ing.set_defaults(func=commands.cmd_data_ingest)
+
+    bench = _command(sub, "bench", "benchmarks that compare variants in one run")
+    bench.add_argument("name", choices=commands.BENCHMARKS, help="the benchmark")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags")
+    bench.set_defaults(func=commands.cmd_bench)
+
+    sim = _command(sub, "simulate", "predict training at scale (1 to 1024 workers)", add_help=False)
+    sim.add_argument("rest", nargs=argparse.REMAINDER, help="the simulator's own flags")
+    sim.set_defaults(func=commands.cmd_simulate)
+
+    st = _command(sub, "stack", "a persistent local stack on 127.0.0.1")
+    st.add_argument("action", choices=["up", "down", "status"], help="what to do with it")
+    st.set_defaults(func=commands.cmd_stack)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="hetflow", description="Heterogeneity-aware training pipeline")
+    sub = p.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help="`hetflow COMMAND --help` for its own",
+    )
+    _add_job_commands(sub)
+    _add_other_commands(sub)
+    return p
+
+
+def one_line(e: Exception) -> str | None:
+    """The one-line message of an error of bad input; None for any other error (a bug)."""
+    from pydantic import ValidationError
+
+    if isinstance(e, ConfigError):
+        return str(e)
+    if isinstance(e, ValidationError):
+        return describe_validation_error(e)
+    later = tuple(
+        cls
+        for module, name in LATER_ERRORS
+        if (cls := getattr(sys.modules.get(module), name, None))
+    )
+    return str(e) if later and isinstance(e, later) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect makes PREFECT_HOME but not its parents; its SQLite database then cannot open
+    if os.environ.get("PREFECT_HOME"):
+        os.makedirs(os.path.expanduser(os.environ["PREFECT_HOME"]), exist_ok=True)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["simulate"]:  # its flags are its own; argparse's REMAINDER would not take them
+        argv = ["simulate", "--", *argv[1:]]
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except Exception as e:
+        message = one_line(e)
+        if message is None:
+            raise
+        print(f"hetflow: error: {message}", file=sys.stderr)
+        return 2

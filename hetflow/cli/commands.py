@@ -1,0 +1,186 @@
+"""What each `hetflow` command does, once its flags are parsed.
+
+Every command validates its input first (`hetflow.cli.job`) and imports Prefect, MLflow and
+torch only after that: bad input is refused before anything slow is loaded or started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from hetflow.cli.job import ingest_of, job_of
+from hetflow.config import ConfigError, TrackingConfig
+from hetflow.output import write_json
+
+BENCHMARKS = ("hetero", "comm", "data")
+
+
+def _print_table(table: dict, title: str) -> None:
+    from rich.table import Table
+
+    from hetflow.infra.tracking.report import LEGEND, rows
+    from hetflow.output import wide_console
+
+    t = Table(title=title, caption=LEGEND)
+    for col, justify in (
+        ("metric", "left"),
+        ("baseline", "right"),
+        ("optimized", "right"),
+        ("change", "right"),
+    ):
+        t.add_column(col, justify=justify)
+    for row in rows(table):
+        t.add_row(*row)
+    wide_console(100).print(t)
+
+
+def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None) -> None:
+    """Where the runs can be seen: the MLflow UI (with each run's page, from `urls`), Prefect.
+
+    A store that is no server gets the `mlflow ui` command on a port free now (5000, MLflow's
+    default, is the local stack's when it is up), and the run links follow it there."""
+    from hetflow.infra.s3 import free_port
+    from hetflow.infra.tracking import links
+    from hetflow.infra.tracking.tracker import MLflowTracker
+
+    uri = MLflowTracker(tracking).tracking_uri
+    print("\nWhere to look:")
+    port = None
+    if links.served(uri):
+        print(f"  MLflow UI:  {uri}  (experiment '{tracking.experiment}')")
+    else:
+        port = free_port()
+        print(f"  MLflow UI:  {links.ui_hint(uri, port)}   then open {links.ui_base(uri, port)}")
+    for label, url in (urls or {}).items():
+        print(f"    {label}: {links.on_port(url, port) if port else url}")
+    api = os.environ.get("PREFECT_API_URL")
+    if api:
+        print(f"  Prefect UI: {api.removesuffix('/api')}/runs")
+    else:
+        print(
+            "  Prefect UI: `hetflow stack up`, export the variables it prints, "
+            "and re-run to see flows there"
+        )
+
+
+def cmd_demo(args) -> int:
+    cluster, train, dataset = job_of(args)
+    tracking = TrackingConfig()
+    speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
+    print(
+        f"hetflow demo: {cluster.world_size} emulated workers (speeds {speeds}), "
+        f"{train.model} on {dataset.source}, {train.steps} steps per variant"
+    )
+    from hetflow.flows.compare import compare
+
+    t = time.perf_counter()
+    out = compare(cluster=cluster, dataset=dataset, train=train, tracking=tracking)
+    _print_table(out["table"], f"{cluster.name}: baseline vs optimized")
+    print(
+        f"demo finished in {time.perf_counter() - t:.0f}s; "
+        f"MLflow runs: {out['run_ids']} (parent {out['parent_run_id']})"
+    )
+    write_json(args.json_path, out["table"])
+    _where_to_look(tracking, out["mlflow_urls"])
+    return 0
+
+
+def cmd_train(args) -> int:
+    # the variant's preset batch schedule and gradient communication, the flags' other knobs;
+    # the flow trains what it is given
+    cluster, cfg, dataset = job_of(args, variant=args.variant)
+    from hetflow.flows.train import train as train_flow
+
+    out = train_flow(cluster=cluster, dataset=dataset, train=cfg, variant=args.variant)
+    print(json.dumps(out, indent=1))
+    write_json(args.json_path, out)
+    return 0
+
+
+def cmd_profile(args) -> int:
+    cluster, cfg, dataset = job_of(args)
+    from hetflow.flows.profile_cluster import print_profile_report, profile_cluster
+
+    profile = profile_cluster(cluster=cluster, dataset=dataset, train=cfg)
+    report = profile.pop("report")
+    print_profile_report(report)
+    # the issue's shape at the top ({"workers": [...], "profiling_time_s"}), the raw probes beside
+    write_json(args.json_path, {**report, **{k: v for k, v in profile.items() if k != "cluster"}})
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from hetflow.infra.tracking.report import comparison
+    from hetflow.infra.tracking.tracker import MLflowTracker, RunNotFound
+
+    tracker = MLflowTracker(TrackingConfig())
+    found, missing = {}, []
+    for run_id in dict.fromkeys((args.run_a, args.run_b)):
+        try:
+            found[run_id] = tracker.read_metrics(run_id)
+        except RunNotFound:
+            missing.append(repr(run_id))
+    if missing:
+        runs = f"run {missing[0]}" if len(missing) == 1 else f"runs {' and '.join(missing)}"
+        raise ConfigError(f"compare: no {runs} in MLflow at {tracker.tracking_uri}")
+    (name_a, a), (name_b, b) = found[args.run_a], found[args.run_b]
+    table = comparison(a, b)
+    _print_table(table, f"{name_a} ({args.run_a[:8]}) vs {name_b} ({args.run_b[:8]})")
+    write_json(args.json_path, table)
+    return 0
+
+
+def cmd_data_ingest(args) -> int:
+    spec = ingest_of(args)
+    from hetflow.flows.prepare_dataset import prepare_dataset
+
+    manifest = prepare_dataset(dataset=spec, overwrite=True)
+    print(json.dumps({k: v["samples"] for k, v in manifest["splits"].items()}))
+    return 0
+
+
+def cmd_stack(args) -> int:
+    from hetflow import stack
+
+    return {"up": stack.up, "down": stack.down, "status": stack.status}[args.action]()
+
+
+def benchmark_module(name: str):
+    """`benchmarks.NAME` from the source checkout this package is installed from.
+
+    benchmarks/ is not installed (it is measurement, not product): an editable install from a
+    clone finds it beside `hetflow/`, without any edit of `sys.path`.
+    """
+    import importlib
+    import importlib.util
+
+    if "benchmarks" not in sys.modules:
+        root = Path(__file__).resolve().parents[2] / "benchmarks"
+        if not (root / "__init__.py").exists():
+            raise ConfigError(
+                "hetflow bench: benchmarks/ ships with the source checkout; "
+                "install a clone with `pip install -e .` to run them"
+            )
+        spec = importlib.util.spec_from_file_location(
+            "benchmarks", root / "__init__.py", submodule_search_locations=[str(root)]
+        )
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["benchmarks"] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+def cmd_bench(args) -> int:
+    """Each benchmark module parses its own flags: `hetflow bench NAME --help`."""
+    return benchmark_module(args.name).main(args.rest)
+
+
+def cmd_simulate(args) -> int:
+    """The simulator parses its own flags: `hetflow simulate --help`."""
+    from hetflow.simulator.cli import main as simulate
+
+    return simulate(args.rest)

@@ -1,0 +1,174 @@
+"""The flags of a job (`demo`, `train`, `profile`) and the validated configs they make.
+
+Defaults are the config models' own (`TrainConfig()`, `DatasetSpec()`, `DEFAULT_SPEEDS`). Every
+value is checked here, with the rules across models (`check_job`), before a command imports
+anything heavy (Prefect, MLflow, torch): a bad value is refused at once, in one line that
+names its flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import get_args
+
+from pydantic import ValidationError
+
+from hetflow.config import (
+    DEFAULT_SPEEDS,
+    ClusterSpec,
+    ConfigError,
+    DatasetSpec,
+    TrainConfig,
+    check_job,
+    default_cluster,
+    parse_speeds,
+)
+
+TRAIN = TrainConfig()
+DATASET = DatasetSpec()
+# the flag of each model field that has one: a validation error names the flag
+FLAGS = {
+    "steps": "--steps",
+    "model": "--model",
+    "global_batch": "--global-batch",
+    "seed": "--seed",
+    "url": "--dataset-url",
+}
+
+
+def choices(model: type, field: str) -> tuple[str, ...]:
+    """The values of a model's Literal field, e.g. ('mlp', 'cnn', 'wide_mlp')."""
+    return get_args(model.model_fields[field].annotation)
+
+
+def add_job_args(p: argparse.ArgumentParser) -> None:
+    speeds = ",".join(f"{s:g}" for s in DEFAULT_SPEEDS)
+    p.add_argument(
+        "--speeds",
+        help="relative speeds of the emulated workers, one per worker, comma-separated "
+        f"(default: {speeds}, unless --cluster is given)",
+    )
+    p.add_argument(
+        "--cluster",
+        metavar="FILE",
+        help="a cluster file (YAML or JSON, a ClusterSpec) instead of --speeds",
+    )
+    p.add_argument("--steps", type=int, default=TRAIN.steps, help="optimizer steps per variant")
+    p.add_argument(
+        "--model", choices=choices(TrainConfig, "model"), default=TRAIN.model, help="the network"
+    )
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        dest="global_batch",
+        default=TRAIN.global_batch,
+        help="samples per optimizer step, shared among the workers",
+    )
+    p.add_argument(
+        "--seed", type=int, default=TRAIN.seed, help="seed of the initial weights and data order"
+    )
+    p.add_argument(
+        "--dataset-url",
+        dest="dataset_url",
+        default=DATASET.url,
+        help="where the dataset's manifest and shards are (s3://, file:// or memory://)",
+    )
+    p.add_argument(
+        "--json", dest="json_path", metavar="PATH", help="also write the results as JSON here"
+    )
+
+
+def flag_error(err: ValidationError, flags: dict[str, str] = FLAGS) -> ConfigError:
+    """A model's validation error as one line naming the flags (`--global-batch: ...`)."""
+    parts = []
+    for e in err.errors():
+        field = str(e["loc"][0]) if e["loc"] else ""
+        got = e.get("input")
+        shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+        message = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{flags.get(field, field or 'config')}: {message}{shown}")
+    return ConfigError("; ".join(parts))
+
+
+def cluster_of(args) -> ClusterSpec:
+    """--cluster's file, --speeds' workers, or the default cluster."""
+    if args.cluster and args.speeds:
+        raise ConfigError("--speeds and --cluster: give one of them, not both")
+    if args.cluster:
+        return ClusterSpec.from_file(args.cluster)
+    if args.speeds:
+        name = f"speeds-{args.speeds.replace(',', '-')}"
+        return ClusterSpec.from_speeds(parse_speeds(args.speeds), name=name)
+    return default_cluster()
+
+
+def train_of(args, variant: str | None = None) -> TrainConfig:
+    """TrainConfig of the flags; `variant` ('baseline' | 'optimized') sets its preset knobs."""
+    knobs = {
+        "steps": args.steps,
+        "model": args.model,
+        "global_batch": args.global_batch,
+        "seed": args.seed,
+    }
+    try:
+        return TrainConfig.variant(variant, **knobs) if variant else TrainConfig(**knobs)
+    except ValidationError as e:
+        raise flag_error(e) from None
+
+
+def dataset_of(args) -> DatasetSpec:
+    try:
+        return DatasetSpec(url=args.dataset_url)
+    except ValidationError as e:
+        raise flag_error(e) from None
+
+
+def job_of(args, variant: str | None = None) -> tuple[ClusterSpec, TrainConfig, DatasetSpec]:
+    """The cluster, training config and dataset of a job's flags, checked together."""
+    cluster, train, dataset = cluster_of(args), train_of(args, variant), dataset_of(args)
+    check_job(cluster, train)
+    return cluster, train, dataset
+
+
+INGEST_FLAGS = {
+    "source": "--source",
+    "url": "--url",
+    "shard_samples": "--shard-samples",
+    "synthetic_samples": "--samples",
+}
+
+
+def add_ingest_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--source",
+        choices=choices(DatasetSpec, "source"),
+        default=DATASET.source,
+        help="scikit-learn's digits, or random digits-shaped samples",
+    )
+    p.add_argument("--url", default=DATASET.url, help="where to write the manifest and shards")
+    p.add_argument(
+        "--shard-samples",
+        type=int,
+        dest="shard_samples",
+        default=DATASET.shard_samples,
+        help="samples per shard",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=DATASET.synthetic_samples,
+        help="how many samples the synthetic source makes",
+    )
+
+
+def ingest_of(args) -> DatasetSpec:
+    """The DatasetSpec of `hetflow data ingest`'s flags."""
+    try:
+        return DatasetSpec(
+            source=args.source,
+            url=args.url,
+            shard_samples=args.shard_samples,
+            synthetic_samples=args.samples,
+        )
+    except ValidationError as e:
+        raise flag_error(e, INGEST_FLAGS) from None
