@@ -20,6 +20,7 @@ from hetflow.config import (
     default_cluster,
 )
 from hetflow.infra.s3 import local_s3_endpoint
+from hetflow.infra.tracking.content import finish_comparison
 from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.report import comparison, headline, markdown, summary
 from hetflow.infra.tracking.tracker import MLflowTracker
@@ -69,7 +70,7 @@ def compare(
         after=tracker.links_markdown(runs),
     )
     create_markdown_artifact(md, key="comparison", description="baseline vs optimized")
-    tracker.finish_comparison(parent, outcomes, table, md, rank_labels(cluster, profile))
+    finish_comparison(tracker, parent, outcomes, table, md, rank_labels(cluster, profile))
     return {
         "table": table,
         "parent_run_id": parent,

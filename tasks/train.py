@@ -10,6 +10,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog, cost_usd
 from hetflow.infra.paths import new_run_dir, runs_dir
+from hetflow.infra.tracking.content import record_training
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.training.job import RunSpec
@@ -101,7 +102,7 @@ def record_outcome(
     """Figures, series, profile, plan and plots (ranks labelled by `cluster`'s workers, if
     given); the trained model (registered as `register_as` when the variant is `optimized` and
     met the target accuracy); then the run is FINISHED."""
-    tracker.record_training(outcome, profile, cluster)
+    record_training(tracker, outcome, profile, cluster)
     model = _trained_model(Path(outcome.run_dir), train)
     if model is not None:
         accuracy = outcome.metrics.get("final_accuracy", 0.0)

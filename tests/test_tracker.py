@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
+from hetflow.infra.tracking.content import finish_comparison
 from hetflow.infra.tracking.tracker import EXPERIMENT_KIND, MODEL_TRAINING, NOTE, MLflowTracker
 from hetflow.records import Plan, RankResult, RunResult, StepRecord, TrainOutcome
 from hetflow.training.metrics import step_series, summarize
@@ -75,8 +76,8 @@ def test_the_parent_run_holds_the_job_the_headline_figures_the_table_and_the_plo
         "baseline": outcome("baseline", children["baseline"], [32, 32], 0.2),
         "optimized": outcome("optimized", children["optimized"], [16, 48], 0.1),
     }
-    tracker.finish_comparison(
-        parent, outcomes, {"baseline": {}, "optimized": {}}, "| md |", ["a", "b"]
+    finish_comparison(
+        tracker, parent, outcomes, {"baseline": {}, "optimized": {}}, "| md |", ["a", "b"]
     )
 
     run = tracker.client.get_run(parent)

@@ -28,8 +28,8 @@ from pydantic import BaseModel
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.paths import home
-from hetflow.infra.tracking import links, plots, report
-from hetflow.records import Plan, Profile, TrainOutcome
+from hetflow.infra.tracking import links, plots
+from hetflow.records import Plan
 
 METRICS_PER_BATCH = 500  # MLflow accepts up to 1000 metrics per log_batch call
 PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch call
@@ -304,82 +304,6 @@ class MLflowTracker:
             yield
         finally:
             monitor.finish()
-
-    # -- what hetflow's runs hold -------------------------------------------------------------
-
-    def record_training(
-        self, outcome: TrainOutcome, profile: Profile, cluster: ClusterSpec | None = None
-    ) -> None:
-        """A trained variant's figures (at the final step: per-rank names double as per-step
-        series, and MLflow shows a metric's value at its highest step), per-step series, test
-        accuracy, the profile and plan history as JSON, and its plots (ranks labelled by the
-        cluster's workers, if given). Leaves the run open."""
-        rid, lead = outcome.run_id, outcome.result.lead
-        self.log_metrics(rid, outcome.metrics, step=int(outcome.metrics["steps"]))
-        self.log_series(
-            rid,
-            [*outcome.series, *({"step": e.step, "test_accuracy": e.accuracy} for e in lead.evals)],
-        )
-        self.client.set_tag(rid, "compression_reason", outcome.plan.compression_reason)
-        self.log_json(rid, "profile.json", profile)
-        self.log_json(
-            rid,
-            "plan.json",
-            {
-                "initial": outcome.plan.model_dump(mode="json"),
-                "plans": [p.model_dump(mode="json") for p in lead.plans],
-                "replans": lead.replans,
-            },
-        )
-        ranks = sorted(outcome.result.ranks, key=lambda r: r.rank)
-        title = outcome.variant
-        labels = plots.rank_labels(cluster, profile) if cluster else None
-        self.log_plots(
-            rid,
-            {
-                "timeline.png": lambda p: plots.timeline(
-                    [r.records for r in ranks],
-                    p,
-                    title=f"{title}: per-rank timeline",
-                    labels=labels,
-                ),
-                "steps.png": lambda p: plots.step_series(
-                    outcome.series, p, title=f"{title}: step time and plan", labels=labels
-                ),
-            },
-        )
-
-    def finish_comparison(
-        self,
-        run_id: str,
-        outcomes: Mapping[str, TrainOutcome],
-        table: dict,
-        markdown: str,
-        labels: list[str] | None = None,
-    ) -> None:
-        """The comparison's figures (`report.headline`: `baseline/NAME`, `optimized/NAME`,
-        `speedup`, ...), `markdown` as the run's description and `comparison.md`, the table as
-        `comparison.json`, and the plots of both variants (`side_by_side.png`,
-        `busy_fraction.png`, ranks labelled `labels`); then FINISHED."""
-        baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
-        self.log_metrics(run_id, report.headline(baseline, optimized))
-        self.client.set_tag(run_id, NOTE, markdown)
-        self.log_json(run_id, "comparison.json", table)
-        self.log_text(run_id, "comparison.md", markdown)
-        records = {
-            v: [r.records for r in sorted(o.result.ranks, key=lambda r: r.rank)]
-            for v, o in outcomes.items()
-        }
-        self.log_plots(
-            run_id,
-            {
-                "side_by_side.png": lambda p: plots.side_by_side(records, p, labels),
-                "busy_fraction.png": lambda p: plots.busy_comparison(
-                    baseline, optimized, p, labels
-                ),
-            },
-        )
-        self.finish(run_id)
 
     def links_markdown(self, runs: Mapping[str, str]) -> str:
         """`links.links_markdown` for runs of this experiment (label -> run id), with the

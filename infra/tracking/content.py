@@ -1,0 +1,88 @@
+"""What hetflow's MLflow runs hold: a trained variant's figures, series, JSON and plots, and a
+comparison's parent run. Written through a `MLflowTracker`, by the driver, after training."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hetflow.config import ClusterSpec
+from hetflow.infra.tracking import plots, report
+from hetflow.infra.tracking.tracker import NOTE, MLflowTracker
+from hetflow.records import Profile, TrainOutcome
+
+
+def record_training(
+    tracker: MLflowTracker,
+    outcome: TrainOutcome,
+    profile: Profile,
+    cluster: ClusterSpec | None = None,
+) -> None:
+    """A trained variant's figures (at the final step: per-rank names double as per-step
+    series, and MLflow shows a metric's value at its highest step), per-step series, test
+    accuracy, the profile and plan history as JSON, and its plots (ranks labelled by the
+    cluster's workers, if given). Leaves the run open."""
+    rid, lead = outcome.run_id, outcome.result.lead
+    tracker.log_metrics(rid, outcome.metrics, step=int(outcome.metrics["steps"]))
+    tracker.log_series(
+        rid,
+        [*outcome.series, *({"step": e.step, "test_accuracy": e.accuracy} for e in lead.evals)],
+    )
+    tracker.client.set_tag(rid, "compression_reason", outcome.plan.compression_reason)
+    tracker.log_json(rid, "profile.json", profile)
+    tracker.log_json(
+        rid,
+        "plan.json",
+        {
+            "initial": outcome.plan.model_dump(mode="json"),
+            "plans": [p.model_dump(mode="json") for p in lead.plans],
+            "replans": lead.replans,
+        },
+    )
+    ranks = sorted(outcome.result.ranks, key=lambda r: r.rank)
+    title = outcome.variant
+    labels = plots.rank_labels(cluster, profile) if cluster else None
+    tracker.log_plots(
+        rid,
+        {
+            "timeline.png": lambda p: plots.timeline(
+                [r.records for r in ranks],
+                p,
+                title=f"{title}: per-rank timeline",
+                labels=labels,
+            ),
+            "steps.png": lambda p: plots.step_series(
+                outcome.series, p, title=f"{title}: step time and plan", labels=labels
+            ),
+        },
+    )
+
+
+def finish_comparison(
+    tracker: MLflowTracker,
+    run_id: str,
+    outcomes: Mapping[str, TrainOutcome],
+    table: dict,
+    markdown: str,
+    labels: list[str] | None = None,
+) -> None:
+    """The comparison's figures (`report.headline`: `baseline/NAME`, `optimized/NAME`,
+    `speedup`, ...), `markdown` as the run's description and `comparison.md`, the table as
+    `comparison.json`, and the plots of both variants (`side_by_side.png`,
+    `busy_fraction.png`, ranks labelled `labels`); then FINISHED."""
+    baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
+    tracker.log_metrics(run_id, report.headline(baseline, optimized))
+    tracker.client.set_tag(run_id, NOTE, markdown)
+    tracker.log_json(run_id, "comparison.json", table)
+    tracker.log_text(run_id, "comparison.md", markdown)
+    records = {
+        v: [r.records for r in sorted(o.result.ranks, key=lambda r: r.rank)]
+        for v, o in outcomes.items()
+    }
+    tracker.log_plots(
+        run_id,
+        {
+            "side_by_side.png": lambda p: plots.side_by_side(records, p, labels),
+            "busy_fraction.png": lambda p: plots.busy_comparison(baseline, optimized, p, labels),
+        },
+    )
+    tracker.finish(run_id)
