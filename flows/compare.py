@@ -42,7 +42,7 @@ def compare(
     knobs = train.model_dump(exclude={"schedule", "compression"})
     configs = {v: TrainConfig.variant(v, **knobs) for v in VARIANTS}
     outcomes = {}
-    with local_s3_endpoint():
+    with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         epoch_samples = ingest_dataset(dataset).splits["train"].samples
         profile = profile_workers(cluster, dataset, train)

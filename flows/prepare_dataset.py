@@ -17,7 +17,7 @@ def prepare_dataset(
 
     `deep_verify` reads every shard back and checks its SHA-256 (costs one full read).
     """
-    with local_s3_endpoint():
+    with local_s3_endpoint(dataset.url):
         manifest = ingest_dataset(dataset, overwrite=overwrite)
         verify(dataset.url, deep=deep_verify)
     return manifest.model_dump()

@@ -146,7 +146,7 @@ def profile_cluster(
     check_job(cluster, train)
     if not drift_threshold > 0:
         raise ConfigError(f"drift_threshold: must be > 0 (got {drift_threshold})")
-    with local_s3_endpoint():
+    with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)
         ingest_dataset(dataset)
         profile = profile_workers(cluster, dataset, train)

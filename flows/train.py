@@ -45,7 +45,7 @@ def train(
     """
     check_job(cluster, train)
     label = variant or run_label(train)
-    with local_s3_endpoint():
+    with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         epoch_samples = ingest_dataset(dataset).splits["train"].samples
         profile = profile_workers(cluster, dataset, train)

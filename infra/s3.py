@@ -15,6 +15,9 @@ from collections.abc import Iterator
 
 import fsspec
 
+from hetflow.config import DatasetSpec
+
+DEFAULT_DATASET_URL = DatasetSpec.model_fields["url"].default
 LOCAL_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "hetflow-local",
     "AWS_SECRET_ACCESS_KEY": "hetflow-local-secret",
@@ -94,14 +97,28 @@ def local_endpoint_environ(endpoint: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def local_s3_endpoint() -> Iterator[str]:
-    """Use `AWS_ENDPOINT_URL` or real AWS when configured; else serve S3 from moto on loopback.
+def local_s3_endpoint(dataset_url: str | None = None) -> Iterator[str]:
+    """The S3 a run uses, announced in one line before anything is written.
 
-    The moto server lives as long as the context; its endpoint and local credentials are put in
-    `os.environ` so that child processes (torchrun ranks) reach the same endpoint.
+    `AWS_ENDPOINT_URL` when it is set; real AWS only when the user named a dataset URL of their
+    own (`dataset_url` other than `DatasetSpec`'s default), whose bucket is theirs, and the
+    environment holds AWS credentials; otherwise an S3 endpoint served by moto on loopback for
+    the context. Credentials alone never send a run to AWS: a bucket name is global there, so
+    the default bucket may belong to anyone. The local endpoint and its fake credentials are put
+    in `os.environ` so that child processes (torchrun ranks) reach the same endpoint; what was
+    there is put back after.
     """
-    if os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ACCESS_KEY_ID"):
-        yield os.environ.get("AWS_ENDPOINT_URL", "aws")
+    bucket = (dataset_url or DEFAULT_DATASET_URL).split("://", 1)[-1].split("/", 1)[0]
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        print(f"S3: {os.environ['AWS_ENDPOINT_URL']} (AWS_ENDPOINT_URL), bucket {bucket}")
+        yield os.environ["AWS_ENDPOINT_URL"]
+        return
+    own_url = (
+        bool(dataset_url) and dataset_url.startswith("s3://") and dataset_url != DEFAULT_DATASET_URL
+    )
+    if own_url and (os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE")):
+        print(f"S3: AWS with the environment's credentials, bucket {bucket} (the dataset's URL)")
+        yield "aws"
         return
     import logging
 
@@ -114,6 +131,7 @@ def local_s3_endpoint() -> Iterator[str]:
     endpoint = f"http://{host}:{port}"
     try:
         with local_endpoint_environ(endpoint):
+            print(f"S3: a local endpoint at {endpoint} (moto, for this run), bucket {bucket}")
             yield endpoint
     finally:
         server.stop()

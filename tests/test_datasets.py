@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -344,3 +345,35 @@ def test_an_object_another_writer_puts_is_seen_at_once(s3):
     assert not fs.exists(f"{root}/manifest.json") and fs.find(root)  # a listing is made
     boto3.client("s3").put_object(Bucket="hetflow-test-other", Key="ds/manifest.json", Body=b"{}")
     assert filesystem(url)[0].exists(f"{root}/manifest.json")
+
+
+def test_aws_credentials_alone_keep_a_run_on_the_local_endpoint(monkeypatch):
+    """A user with AWS credentials in the environment who names no dataset URL of their own
+    gets the local endpoint (the default bucket name is global on AWS); naming their own
+    bucket sends the run to AWS; `AWS_ENDPOINT_URL` wins over both."""
+    from hetflow.infra.s3 import DEFAULT_DATASET_URL, local_s3_endpoint
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAREALLOOKINGKEY01")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "real-looking-secret")
+    for url in (None, DEFAULT_DATASET_URL):
+        with local_s3_endpoint(url) as endpoint:
+            assert endpoint.startswith("http://127.0.0.1:")
+            assert os.environ["AWS_ENDPOINT_URL"] == endpoint
+            assert os.environ["AWS_ACCESS_KEY_ID"] != "AKIAREALLOOKINGKEY01"  # the local ones
+        assert "AWS_ENDPOINT_URL" not in os.environ
+        assert os.environ["AWS_ACCESS_KEY_ID"] == "AKIAREALLOOKINGKEY01"  # put back
+    with local_s3_endpoint("s3://my-own-bucket/data") as endpoint:
+        assert endpoint == "aws"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    with local_s3_endpoint("s3://my-own-bucket/data") as endpoint:
+        assert endpoint == "http://127.0.0.1:9"
+
+
+def test_without_credentials_a_named_bucket_is_served_locally(monkeypatch):
+    from hetflow.infra.s3 import local_s3_endpoint
+
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    with local_s3_endpoint("s3://my-own-bucket/data") as endpoint:
+        assert endpoint.startswith("http://127.0.0.1:")
