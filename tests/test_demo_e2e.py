@@ -11,19 +11,10 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.run_metrics import FRACTIONS, RUN_METRICS
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-RUN_METRICS = [
-    "throughput_samples_per_s",
-    "train_loop_s",
-    "final_accuracy",
-    "comm_bytes_total",
-    "comm_bytes_per_step",
-    "data_wait_fraction",
-    "s3_bytes_read",
-    "cache_hit_ratio",
-    "straggler_idle_fraction",
-]
 RANK_METRICS = [
     "busy_fraction",
     "compute_s",
@@ -41,7 +32,6 @@ PARENT_FIGURES = [
     "straggler_idle_fraction",
     "data_wait_fraction",
 ]
-FRACTIONS = ["data_wait_fraction", "cache_hit_ratio", "straggler_idle_fraction", "final_accuracy"]
 
 
 @pytest.fixture(scope="module")

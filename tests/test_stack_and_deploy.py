@@ -26,6 +26,8 @@ import yaml
 
 from hetflow.infra.s3 import free_port
 
+from tests.run_metrics import FRACTIONS, RUN_METRICS
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -385,25 +387,6 @@ def test_the_scheduler_creates_runs_of_every_scheduled_deployment(stack, deploye
         assert min(starts) > runs[0].created, (name, starts)
 
 
-RUN_METRICS = [
-    "throughput_samples_per_s",
-    "train_loop_s",
-    "final_accuracy",
-    "comm_bytes_total",
-    "comm_bytes_per_step",
-    "data_wait_fraction",
-    "s3_bytes_read",
-    "cache_hit_ratio",
-    "straggler_idle_fraction",
-    "tracking_overhead_fraction",
-]
-FRACTIONS = [
-    "data_wait_fraction",
-    "cache_hit_ratio",
-    "straggler_idle_fraction",
-    "final_accuracy",
-    "tracking_overhead_fraction",
-]
 SMALL = {"model": "mlp", "steps": 20, "eval_every": 10, "global_batch": 64}
 SMALL_OPTIMIZED = {**SMALL, "schedule": "dynamic", "compression": "auto"}  # the optimized preset
 

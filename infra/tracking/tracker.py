@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -23,7 +24,6 @@ from mlflow.entities import Metric, Param
 from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from prefect import runtime
 from pydantic import BaseModel
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
@@ -107,7 +107,14 @@ class MLflowTracker:
 
     @staticmethod
     def flow_run_tags() -> dict[str, str]:
-        """The Prefect flow run this code runs in, as MLflow tags; none outside a flow run."""
+        """The Prefect flow run this code runs in, as MLflow tags; none outside a flow run.
+
+        Code inside a flow run has imported Prefect; elsewhere (`hetflow compare`) there is no
+        run to tag, and importing Prefect only to learn that costs most of a second."""
+        if "prefect" not in sys.modules:
+            return {}
+        from prefect import runtime
+
         tags = {}
         run_id = runtime.flow_run.id
         if run_id:
