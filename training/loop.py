@@ -1,0 +1,218 @@
+"""One rank's training loop (`TrainingLoop`), resumed from the newest checkpoint."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetflow.emulation.emulator import now
+from hetflow.records import CacheCounts, EvalPoint, RankResult, Recovery, StepRecord
+from hetflow.training.checkpoint import CheckpointStore
+from hetflow.training.comm import WireCounter, comm_state_dict, load_comm_state, new_control_group
+from hetflow.training.data import RankData
+from hetflow.training.job import RunSpec, emulator_for
+from hetflow.training.loop_state import LoopState
+from hetflow.training.models import parameter_count
+from hetflow.training.net import build_net, evaluate, new_rebalancer, straggler_factor
+from hetflow.training.partition import Stream
+from hetflow.training.progress import ProgressFile, note_recovery
+from hetflow.training.scheduler import SUDDEN_STEPS
+from hetflow.training.step_times import SharedStepTimes, column_means
+
+
+class TrainingLoop:
+    """One rank's training run, resumed from the newest checkpoint if there is one.
+
+    Every rank runs the same loop and so issues the same collectives in the same order (DDP's,
+    the shared step times, the evaluation barrier, the checkpoint's gather), which gloo needs.
+    Every rank re-plans from the same shared figures, so all reach the same plan at the same
+    step. Rank 0 alone evaluates, saves checkpoints, and writes progress.json and recovery.json.
+    """
+
+    def __init__(
+        self, spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCounter
+    ) -> None:
+        cfg = self.cfg = spec.train
+        self.spec, self.data, self.rank, self.world, self.counter = spec, data, rank, world, counter
+        self.emu = emulator_for(spec, rank)
+        self.net = build_net(spec, data, self.emu)
+        every = 1 if cfg.schedule == "dynamic" else cfg.rebalance_every
+        self.shared = SharedStepTimes(world, new_control_group(), every)
+        self.rebalancer = new_rebalancer(spec, world)
+        self.base_slowdown = self.emu.slowdown
+        self.stream = Stream(data.train.y, seed=cfg.seed)
+        self.xtr, self.ytr = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
+        self.xte, self.yte = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
+        self.store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
+        self.state = self.resume()
+        run_dir, start = Path(spec.run_dir), self.state.start
+        self.recovery = note_recovery(run_dir, start) if rank == 0 else Recovery()
+        self.progress = ProgressFile(run_dir / "progress.json", start) if rank == 0 else None
+
+    def resume(self) -> LoopState:
+        """The newest checkpoint loaded into the model, optimizer, comm hook and re-balancer,
+        and the loop's state from it; a fresh state on the spec's plan when there is none."""
+        saved = self.store.load()
+        if saved is None:
+            return LoopState.fresh(self.spec.plan.local_batches)
+        self.net.model.load_state_dict(saved["model"])
+        self.net.opt.load_state_dict(saved["optimizer"])
+        load_comm_state(self.net.hook_state, saved["comm"])
+        self.rebalancer.restore(saved["rebalancer"])
+        return LoopState.from_checkpoint(saved, self.rank)
+
+    def run(self) -> None:
+        cfg = self.cfg
+        self.counter.take()
+        for step in range(self.state.start, cfg.steps):
+            rec = self.timed_step(step)
+            self.record(rec)
+            last = step == cfg.steps - 1
+            checkpoint_now = (step + 1) % cfg.checkpoint_every == 0 and not last
+            self.share(rec, flush=last or checkpoint_now)
+            self.rebalance(step, flush=last or checkpoint_now, last=last)
+            if (step + 1) % cfg.eval_every == 0 or last:
+                self.record_eval(step + 1)
+            if checkpoint_now:
+                self.checkpoint(step + 1)
+            self.write_progress(step + 1)
+
+    def timed_step(self, step: int) -> StepRecord:
+        """One step on the plan in force: picking its data (`data_s`); forward, backward and the
+        comm hook up to its last bucket (`compute_s`, dilated by the emulator); then the
+        communication, waiting for the other ranks, the optimizer and the emulated link's delay
+        (`wait_s`)."""
+        emu, net, world = self.emu, self.net, self.world
+        emu.slowdown = self.base_slowdown * straggler_factor(self.spec.stragglers, self.rank, step)
+        t0 = now()
+        idx = torch.from_numpy(self.stream.step_indices(step, self.state.plan, self.rank))
+        x, y = self.xtr[idx], self.ytr[idx]
+        t1 = now()
+        emu.start(key=len(idx))
+        loss_sum = nn.functional.cross_entropy(net.ddp(x), y, reduction="sum")
+        # DDP averages over ranks; scale so the result is the mean over the global batch.
+        (loss_sum * world / self.cfg.global_batch).backward()
+        net.opt.step()
+        net.opt.zero_grad(set_to_none=True)
+        nbytes, ncoll = self.counter.take()
+        emu.link.delay(nbytes, ncoll)
+        t3 = now()
+        computed = emu.finish()  # when the comm hook ended the phase at the last bucket
+        return StepRecord(
+            step=step,
+            batch=len(idx),
+            data_s=t1 - t0,
+            compute_s=computed - t1,
+            wait_s=t3 - computed,
+            step_s=t3 - t0,
+            loss_sum=float(loss_sum.detach()),
+            bytes_sent=nbytes,
+        )
+
+    def record(self, rec: StepRecord) -> None:
+        state = self.state
+        tb = now()
+        state.records.append(rec)
+        state.bookkeeping_s += now() - tb
+        state.train_time_s += rec.step_s
+
+    def share(self, rec: StepRecord, flush: bool) -> None:
+        """Post this step's compute time, tagged with the plan it ran, and keep the rows that
+        have come in (all of them when `flush`)."""
+        self.shared.post(rec, len(self.state.plans))
+        for done, tag, row in self.shared.collect(flush=flush):
+            self.state.add_row(tag, done.step, row)
+
+    def rebalance(self, step: int, flush: bool, last: bool) -> None:
+        """Feed the re-balancer after a sudden change (dynamic schedule), a full window, or a
+        flush; the dynamic schedule then adopts its proposal from the next step (not after
+        the last)."""
+        state, cfg = self.state, self.cfg
+        dynamic = cfg.schedule == "dynamic"
+        sudden = dynamic and self.rebalancer.sudden_change(state.current)
+        window = state.window
+        if not (sudden or (window and (len(window) >= cfg.rebalance_every or flush))):
+            return
+        # After a sudden change only the steps since it tell the new speeds.
+        self.rebalancer.observe(
+            state.plan, column_means(state.current[-SUDDEN_STEPS:] if sudden else window)
+        )
+        state.window = []
+        if sudden:
+            state.current = []
+        if dynamic and not last:
+            new = self.rebalancer.propose(state.plan, step + 1)
+            if new is not None:
+                state.adopt(new, step + 1)
+
+    def record_eval(self, step: int) -> None:
+        """Rank 0 evaluates on the test split; every rank waits for it, outside the timed step."""
+        if self.rank == 0:
+            accuracy = evaluate(self.net.model, self.xte, self.yte)
+            self.state.evals.append(
+                EvalPoint(step=step, train_time_s=self.state.train_time_s, accuracy=accuracy)
+            )
+        dist.barrier()  # the others wait here, outside the timed step
+
+    def checkpoint(self, step: int) -> None:
+        """Gather every rank's step records; rank 0 saves them with the model, optimizer, comm
+        hook, re-balancer and loop state, as the checkpoint of `step` steps done."""
+        everyone: list = [None] * self.world
+        dist.all_gather_object(everyone, [r.model_dump() for r in self.state.records])
+        if self.rank == 0:
+            net = self.net
+            self.store.save(
+                step,
+                {
+                    "step": step,
+                    "model": net.model.state_dict(),
+                    "optimizer": net.opt.state_dict(),
+                    **self.state.saved(),
+                    "rebalancer": self.rebalancer.state(),
+                    "comm": comm_state_dict(net.hook_state),
+                    "records": everyone,
+                },
+            )
+
+    def write_progress(self, step: int) -> None:
+        if self.progress is not None:
+            tb = now()
+            self.progress.write(step)
+            self.state.bookkeeping_s += now() - tb
+
+    def result(self) -> RankResult:
+        state, stats = self.state, self.data.cache.stats
+        return RankResult(
+            rank=self.rank,
+            node=os.uname().nodename,
+            records=state.records,
+            plans=state.plans,
+            evals=state.evals,
+            replans=self.rebalancer.history,
+            bytes_total=self.counter.total_bytes,
+            control_bytes=self.counter.control_bytes,
+            params=parameter_count(self.net.model),
+            load_s=self.data.load_s,
+            recovery=self.recovery,
+            bookkeeping_s=state.bookkeeping_s,
+            cache=CacheCounts(hits=stats.hits, misses=stats.misses, bytes_read=stats.bytes_read),
+        )
+
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        """A copy of the trained weights on rank 0; None elsewhere."""
+        if self.rank != 0:
+            return None
+        return {k: v.detach().clone() for k, v in self.net.model.state_dict().items()}
+
+
+def train(
+    spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCounter
+) -> tuple[RankResult, dict[str, torch.Tensor] | None]:
+    """Train to `spec.train.steps` steps; this rank's result, and rank 0's trained weights."""
+    loop = TrainingLoop(spec, data, rank, world, counter)
+    loop.run()
+    return loop.result(), loop.weights()
