@@ -3,7 +3,7 @@
     hetflow bench comm --link-gbps 1 --json comm.json
     hetflow bench comm --methods none,fp16,topk:0.01 --link-gbps 0 --steps 30   # loopback
 
-Every method trains the same model (default `wide_mlp`, 4.3M parameters, on digits) from the
+Every method trains the same recipe (default `digits-wide-mlp`, 4.3M parameters, on digits) from the
 same seed on 4 equal emulated workers whose links have the given bandwidth and latency
 (`--link-gbps 0`: loopback, no emulated link). Then:
 
@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from hetflow.cli.job import add_recipe_arg, recipe_flag
 from hetflow.cli.parser import Parser
 from hetflow.config import (
     ClusterSpec,
@@ -51,7 +52,7 @@ from hetflow.training.job import RunSpec
 from hetflow.training.launch import measure_profile, run_workers
 from hetflow.training.scheduler import equal_batches
 
-from benchmarks import digits_workspace, wide_console, write_json
+from benchmarks import check_bench_recipe, digits_workspace, wide_console, write_json
 from benchmarks.comm_figures import method_metrics, method_results, paired_cuts
 
 if TYPE_CHECKING:
@@ -121,9 +122,7 @@ def _parser() -> argparse.ArgumentParser:
         help="optimizer steps per method (default 59: local SGD with H=4 and 10 warm-up "
         "steps then ends on an averaging step)",
     )
-    p.add_argument(
-        "--model", default="wide_mlp", help="mlp | cnn | wide_mlp (default wide_mlp, 4.3M params)"
-    )
+    add_recipe_arg(p, "digits-wide-mlp")
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -165,7 +164,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         raise ConfigError(f"--repeat: must be >= 1 (got {args.repeat})")
     cluster = link_cluster(args.link_gbps, args.latency_ms)
     knobs = {
-        "model": args.model,
+        "recipe": recipe_flag(args),
         "steps": args.steps,
         "global_batch": args.global_batch,
         "seed": args.seed,
@@ -178,6 +177,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
     knobs["checkpoint_every"] = args.steps  # no checkpoint inside the timed run
     base = validated(TrainConfig, knobs, "train")
     check_job(cluster, base)
+    check_bench_recipe(base)
     skip = min(DENSE_WARMUP_STEPS, max(1, args.steps - 1))
     return args, Bench(methods, cluster, base, skip, args.repeat)
 
@@ -272,7 +272,7 @@ def summary(
         "repeat": args.repeat,
         "link_gbps": args.link_gbps or None,
         "latency_ms": args.latency_ms,
-        "model": args.model,
+        "recipe": args.recipe,
         "params": results[picked]["params"],  # the same model for every method
         "world": WORLD,
         "steps": args.steps,

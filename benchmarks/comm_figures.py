@@ -24,7 +24,9 @@ def method_metrics(result: dict, global_batch: int, skip: int) -> dict:
         sum(r["bytes_sent"] for r in rk["records"]) / len(rk["records"]) for rk in ranks
     ]
     last = len(lead) - 1
-    final_loss = sum(rk["records"][last]["loss_sum"] for rk in ranks) / global_batch
+    counts = [rk["records"][last].get("count") for rk in ranks]
+    over = global_batch if None in counts else max(sum(counts), 1)
+    final_loss = sum(rk["records"][last]["loss_sum"] for rk in ranks) / over
     evals = ranks[0]["evals"]
     return {
         "bytes_per_step": sum(per_rank_steady) / len(ranks),
@@ -34,7 +36,8 @@ def method_metrics(result: dict, global_batch: int, skip: int) -> dict:
         "comm_time_s": mean("comm_s"),
         "idle_time_s": mean("idle_s"),
         "final_loss": final_loss,
-        "final_accuracy": evals[-1]["accuracy"] if evals else None,
+        "final_accuracy": evals[-1].get("accuracy") if evals else None,
+        "final_val_loss": evals[-1].get("val_loss") if evals else None,
         "params": ranks[0]["params"],
         "steps": len(lead),
         "timed_steps": n,

@@ -34,6 +34,7 @@ import statistics
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from hetflow.cli.job import add_recipe_arg, recipe_flag
 from hetflow.cli.parser import Parser
 from hetflow.config import (
     ClusterSpec,
@@ -42,6 +43,7 @@ from hetflow.config import (
     TrainConfig,
     check_job,
     parse_speeds,
+    validated,
 )
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.job import RunSpec
@@ -49,7 +51,7 @@ from hetflow.training.launch import measure_profile, run_workers
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS, summarize
 from hetflow.training.planning import ideal_throughput, make_plan
 
-from benchmarks import digits_workspace, wide_console, write_json
+from benchmarks import check_bench_recipe, digits_workspace, wide_console, write_json
 
 TIME_SCALE = 16.0  # see the module docstring
 VARIANTS = {"baseline": "equal", "static": "proportional", "dynamic": "dynamic"}
@@ -127,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--speeds", default="1,1,2,4")
     p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--model", default="cnn")
+    add_recipe_arg(p, "digits-cnn")
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument("--straggler", action="append", default=[], help="RANK:STEP:FACTOR (repeatable)")
     p.add_argument("--variants", default=",".join(VARIANTS))
@@ -194,14 +196,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         time_scale=args.time_scale,
         jitter=args.jitter,
     )
-    base = TrainConfig(
-        model=args.model,
-        steps=args.steps,
-        global_batch=args.global_batch,
-        rebalance_every=args.rebalance_every,
-        rebalance_threshold=args.rebalance_threshold,
-    )
+    knobs = {
+        "recipe": recipe_flag(args),
+        "steps": args.steps,
+        "global_batch": args.global_batch,
+        "rebalance_every": args.rebalance_every,
+        "rebalance_threshold": args.rebalance_threshold,
+    }
+    base = validated(TrainConfig, knobs, "train")
     check_job(cluster, base)
+    check_bench_recipe(base)
     stragglers = [parse_straggler(s, cluster.world_size) for s in args.straggler]
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -254,7 +258,9 @@ def variant_figures(
 ) -> dict:
     """One run's figures (pure): throughput and efficiency against the ideals, where the ranks'
     time went, the plans and re-plans, and the compute model's error before `until_step`."""
-    m = summarize(RunResult.model_validate(res), cfg.global_batch, cfg.target_accuracy)
+    m = summarize(
+        RunResult.model_validate(res), cfg.global_batch, cfg.target_accuracy, cfg.target_val_loss
+    )
     lead = res["ranks"][0]
     return {
         "throughput_samples_per_s": m["throughput_samples_per_s"],
@@ -264,6 +270,7 @@ def variant_figures(
         / ideal.with_allreduce_samples_per_s,
         "time_to_target_s": m.get("time_to_target_s"),
         "final_accuracy": m.get("final_accuracy"),
+        "final_val_loss": m.get("final_val_loss"),
         "initial_plan": plan.local_batches,
         "final_plan": lead["plans"][-1]["plan"],
         "replans": len(lead["replans"]),
@@ -316,7 +323,7 @@ def summary(
     return {
         "speeds": parse_speeds(args.speeds),
         "steps": args.steps,
-        "model": args.model,
+        "recipe": args.recipe,
         "global_batch": args.global_batch,
         "stragglers": bench.stragglers,
         "time_scale": args.time_scale,
@@ -358,6 +365,7 @@ def _print(out: dict) -> None:
         "speedup_vs_baseline",
         "time_to_target_s",
         "final_accuracy",
+        "final_val_loss",
         "busy_fraction",
         "comm_fraction",
         "straggler_idle_fraction",

@@ -26,6 +26,7 @@ from hetflow.infra.tracking.report import comparison, headline, markdown, summar
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
+from hetflow.tasks.recipe import check_train_recipe
 from hetflow.tasks.train import train_variant
 
 VARIANTS = ("baseline", "optimized")
@@ -39,12 +40,15 @@ def compare(
     tracking: TrackingConfig = TrackingConfig(),
 ) -> dict:
     check_job(cluster, train)
+    check_train_recipe(train)
     knobs = train.model_dump(exclude={"schedule", "compression"})
     configs = {v: TrainConfig.variant(v, **knobs) for v in VARIANTS}
     outcomes = {}
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
-        epoch_samples = ingest_dataset(dataset).splits["train"].samples
+        manifest = ingest_dataset(dataset)
+        check_train_recipe(train, manifest)
+        epoch_samples = manifest.splits["train"].samples
         profile = profile_workers(cluster, dataset, train)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_comparison(cluster, dataset, configs)

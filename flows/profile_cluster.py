@@ -37,6 +37,7 @@ from hetflow.tasks.profile import (
     speed_drift,
     store_profile,
 )
+from hetflow.tasks.recipe import check_train_recipe
 
 
 def profile_report(profile: Profile, cluster: ClusterSpec) -> dict:
@@ -144,18 +145,19 @@ def profile_cluster(
     (`profile_report`) beside the fields.
     """
     check_job(cluster, train)
+    check_train_recipe(train)
     if not drift_threshold > 0:
         raise ConfigError(f"drift_threshold: must be > 0 (got {drift_threshold})")
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)
-        ingest_dataset(dataset)
+        check_train_recipe(train, ingest_dataset(dataset))
         profile = profile_workers(cluster, dataset, train)
         profile.created_at = profile_stamp()
         profile.cluster_spec = cluster.model_dump(mode="json")
         report = profile_report(profile, cluster)
         if catalog.types:
             profile.cost = cost_usd(cluster, profile.profiling_time_s, catalog)
-        prefix = (profiles_url or profiles_prefix(dataset, cluster, train.model)).rstrip("/")
+        prefix = (profiles_url or profiles_prefix(dataset, cluster, train.recipe)).rstrip("/")
         history = profile_history(prefix)
         profile.previous_profiles = [h.created_at for h in history]
         profile.drift = speed_drift(history[-1] if history else None, profile, drift_threshold)

@@ -15,6 +15,7 @@ from hetflow.config import (
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
+from hetflow.tasks.recipe import check_train_recipe
 from hetflow.tasks.train import train_variant
 
 PRESETS = ("baseline", "optimized")
@@ -44,10 +45,13 @@ def train(
     Returns {"run_id": the MLflow run, "metrics": the run's figures}.
     """
     check_job(cluster, train)
+    check_train_recipe(train)
     label = variant or run_label(train)
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
-        epoch_samples = ingest_dataset(dataset).splits["train"].samples
+        manifest = ingest_dataset(dataset)
+        check_train_recipe(train, manifest)
+        epoch_samples = manifest.splits["train"].samples
         profile = profile_workers(cluster, dataset, train)
         outcome = train_variant(
             label,

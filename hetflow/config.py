@@ -11,6 +11,7 @@ that JSON Schema cannot express (a global batch smaller than the cluster) live i
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -212,14 +213,42 @@ class DatasetSpec(_Model):
         return v.rstrip("/")
 
 
+# The built-in recipes (hetflow.training.recipes) by name: where each lives, and what it is.
+BUILTIN_RECIPES = {
+    "digits-mlp": "hetflow.training.recipes.digits:DigitsMLP",
+    "digits-cnn": "hetflow.training.recipes.digits:DigitsCNN",
+    "digits-wide-mlp": "hetflow.training.recipes.digits:DigitsWideMLP",
+    "gpt": "hetflow.training.recipes.gpt:GPT",
+    "resnet": "hetflow.training.recipes.resnet:ResNet",
+}
+RECIPE_NOTES = {
+    "digits-cnn": "small conv net on tabular digits, 151k params",
+    "digits-mlp": "85k params",
+    "digits-wide-mlp": "4.3M params, for communication studies",
+    "gpt": "byte-level transformer language model on token shards, 3.2M params",
+    "resnet": "residual image classifier on uint8 image shards",
+}
+RECIPE_PATTERN = r"^[\w.-]+$|^[\w.]+:\w+$"
+
+
 class TrainConfig(_Model):
     """What to train and how the batch is shared: the same for every variant but the knobs."""
 
-    model: Literal["mlp", "cnn", "wide_mlp"] = Field(
-        "cnn",
-        title="Model",
-        description="'cnn': small conv net (151k params); 'mlp': 85k params; 'wide_mlp': 4.3M "
-        "params, for communication studies.",
+    recipe: str = Field(
+        "digits-cnn",
+        title="Recipe",
+        description="The model and loss: a built-in ("
+        + "; ".join(f"'{k}': {v}" for k, v in RECIPE_NOTES.items())
+        + ") or the import path 'package.module:Name' of your own Recipe class (README, "
+        "'Your own recipe').",
+        pattern=RECIPE_PATTERN,
+        json_schema_extra={"examples": list(BUILTIN_RECIPES)},
+    )
+    recipe_options: dict[str, int | float | str] = Field(
+        {},
+        title="Recipe options",
+        description="Keyword arguments of the recipe, e.g. {'n_layer': 6, 'context': 256} for "
+        "'gpt'.",
     )
     global_batch: int = Field(128, ge=1, title="Global batch", description="Samples per step.")
     steps: int = Field(200, ge=1, title="Optimizer steps")
@@ -232,7 +261,15 @@ class TrainConfig(_Model):
         gt=0,
         le=1,
         title="Target test accuracy",
-        description="time_to_target_s is the training time until this accuracy is first met.",
+        description="time_to_target_s is the training time until this accuracy is first met "
+        "(recipes that evaluate accuracy).",
+    )
+    target_val_loss: float | None = Field(
+        None,
+        gt=0,
+        title="Target validation loss",
+        description="time_to_target_s is the training time until the validation loss first "
+        "falls to this (recipes that evaluate val_loss, e.g. 'gpt').",
     )
     eval_every: int = Field(10, ge=1, title="Evaluate every N steps")
     schedule: Literal["equal", "proportional", "dynamic"] = Field(
@@ -265,6 +302,18 @@ class TrainConfig(_Model):
         description="A restarted worker resumes from the last checkpoint: "
         "at most N steps are redone.",
     )
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe(cls, v: str) -> str:
+        if ":" not in v and v not in BUILTIN_RECIPES:
+            close = difflib.get_close_matches(v, BUILTIN_RECIPES, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ValueError(
+                f"unknown recipe {v!r}; {hint}choose one of {', '.join(BUILTIN_RECIPES)}, or "
+                "give an import path package.module:Name"
+            )
+        return v
 
     @field_validator("compression")
     @classmethod

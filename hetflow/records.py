@@ -18,7 +18,7 @@ import math
 import re
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 if TYPE_CHECKING:
     from hetflow.config import ClusterSpec
@@ -250,6 +250,9 @@ class StepRecord(_Record):
     step_s: float
     loss_sum: float
     bytes_sent: float
+    count: int | None = Field(
+        None, description="What loss_sum sums over (samples, or tokens); None: the batch."
+    )
     idle_s: float = 0.0
     comm_s: float = 0.0
 
@@ -262,9 +265,37 @@ class PlanChange(_Record):
 
 
 class EvalPoint(_Record):
+    """What the recipe's `evaluate` returned after `step` steps: accuracy (classifiers) or
+    val_loss and perplexity (language models); other figures it returns are in `more`."""
+
     step: int
     train_time_s: float
-    accuracy: float
+    accuracy: float | None = None
+    val_loss: float | None = None
+    perplexity: float | None = None
+    more: dict[str, float] = {}
+
+    @model_validator(mode="after")
+    def _headline(self) -> EvalPoint:
+        if self.accuracy is None and self.val_loss is None:
+            raise ValueError("a recipe's evaluate must return 'accuracy' or 'val_loss'")
+        return self
+
+    @classmethod
+    def of(cls, step: int, train_time_s: float, figures: dict[str, float]) -> EvalPoint:
+        """The point of `figures` (a recipe's `evaluate`), its named figures as fields."""
+        named = {k: v for k, v in figures.items() if k in ("accuracy", "val_loss", "perplexity")}
+        more = {k: v for k, v in figures.items() if k not in named}
+        return cls(step=step, train_time_s=train_time_s, **named, more=more)
+
+    def figures(self) -> dict[str, float]:
+        """Every figure of the point by name, e.g. {'accuracy': 0.9}."""
+        named = {
+            "accuracy": self.accuracy,
+            "val_loss": self.val_loss,
+            "perplexity": self.perplexity,
+        }
+        return {**{k: v for k, v in named.items() if v is not None}, **self.more}
 
 
 class CacheCounts(_Record):

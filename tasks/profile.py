@@ -22,11 +22,12 @@ from hetflow.records import Profile, SpeedDrift
 from hetflow.training.launch import measure_profile
 
 
-def profiles_prefix(dataset: DatasetSpec, cluster: ClusterSpec, model: str) -> str:
-    """Where a cluster's profiles live: next to the dataset, in the same bucket."""
+def profiles_prefix(dataset: DatasetSpec, cluster: ClusterSpec, recipe: str) -> str:
+    """Where a cluster's profiles of a recipe live: next to the dataset, in the same bucket
+    (an import path's ':' as '.')."""
     scheme, rest = dataset.url.split("://", 1)
     bucket = rest.split("/", 1)[0]
-    return f"{scheme}://{bucket}/profiles/{cluster.name}/{model}"
+    return f"{scheme}://{bucket}/profiles/{cluster.name}/{recipe.replace(':', '.')}"
 
 
 def profile_stamp(now: dt.datetime | None = None) -> str:

@@ -9,6 +9,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog, cost_usd
+from hetflow.infra.datasets import read_manifest
 from hetflow.infra.paths import new_run_dir, runs_dir
 from hetflow.infra.tracking.content import record_training
 from hetflow.infra.tracking.tracker import MLflowTracker
@@ -17,6 +18,7 @@ from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 from hetflow.training.metrics import step_series, summarize
 from hetflow.training.planning import make_plan
+from hetflow.training.recipes import DataInfo, Recipe, check_recipe, seeded_model
 
 
 def stable_run_dir(label: str) -> Path:
@@ -47,6 +49,8 @@ def train_variant(
     Idempotent: a retry (or a re-run of the same flow run) reuses the run directory, so the
     workers resume from the last checkpoint and the same MLflow run is completed.
     """
+    manifest = read_manifest(dataset.url)
+    recipe = check_recipe(train, manifest)
     plan: Plan = make_plan(profile, cluster, train)
     run_dir = stable_run_dir(variant)
     spec = RunSpec(
@@ -71,7 +75,7 @@ def train_variant(
         raw, wall = run_workers(spec, on_progress=progress)
     progress(train.steps)
     result = RunResult.model_validate(raw)
-    metrics = summarize(result, train.global_batch, train.target_accuracy)
+    metrics = summarize(result, train.global_batch, train.target_accuracy, train.target_val_loss)
     metrics["run_time_s"] = wall
     metrics.update(cost_metrics(cluster, metrics, train, catalog, epoch_samples))
     outcome = TrainOutcome(
@@ -83,12 +87,21 @@ def train_variant(
         series=step_series(result, train.global_batch),
         result=result,
     )
-    record_outcome(tracker, outcome, profile, train, f"hetflow-{dataset.source}", cluster)
-    print(
-        f"{variant}: {metrics['throughput_samples_per_s']:.0f} samples/s, "
-        f"accuracy {metrics.get('final_accuracy', float('nan')):.3f}, {wall:.0f}s with launch"
-    )
+    info = DataInfo.from_manifest(manifest)
+    name = f"hetflow-{dataset.source}"
+    record_outcome(tracker, outcome, profile, train, name, cluster, (recipe, info))
+    print(f"{variant}: {_headline(metrics)}, {wall:.0f}s with launch")
     return outcome
+
+
+def _headline(metrics: dict) -> str:
+    """'N samples/s, accuracy A' (or 'val_loss L')."""
+    quality = (
+        f"accuracy {metrics['final_accuracy']:.3f}"
+        if "final_accuracy" in metrics
+        else f"val_loss {metrics.get('final_val_loss', float('nan')):.3f}"
+    )
+    return f"{metrics['throughput_samples_per_s']:.0f} samples/s, {quality}"
 
 
 def record_outcome(
@@ -98,44 +111,62 @@ def record_outcome(
     train: TrainConfig,
     register_as: str,
     cluster: ClusterSpec | None = None,
+    recipe: tuple[Recipe, DataInfo] | None = None,
 ) -> None:
     """Figures, series, profile, plan and plots (ranks labelled by `cluster`'s workers, if
-    given); the trained model (registered as `register_as` when the variant is `optimized` and
-    met the target accuracy); then the run is FINISHED."""
+    given); the trained model of `recipe` (recipe, the data it read; default: `train`'s on
+    digits), registered as `register_as` when the variant is `optimized` and met its target
+    at its end; then the run is FINISHED."""
     record_training(tracker, outcome, profile, cluster)
-    model = _trained_model(Path(outcome.run_dir), train)
+    recipe, info = recipe or (check_recipe(train), DataInfo())
+    model = _trained_model(Path(outcome.run_dir), recipe, info)
     if model is not None:
-        accuracy = outcome.metrics.get("final_accuracy", 0.0)
-        register = (
-            outcome.variant == "optimized"
-            and train.target_accuracy is not None
-            and accuracy >= train.target_accuracy
-        )
+        register = outcome.variant == "optimized" and _met_target(outcome.metrics, train)
         tracker.log_model(
-            outcome.run_id, model, model_input_example(), register_as if register else None
+            outcome.run_id,
+            model,
+            model_input_example(recipe, info),
+            register_as if register else None,
         )
     tracker.finish(outcome.run_id)
 
 
-def model_input_example():
-    """The input example a trained model is logged with: two digits images, flattened. Two,
-    not one: torch.export fixes a batch dimension of size 1, and the logged model would then
-    take one image at a time (see MLflowTracker.log_model)."""
+def _met_target(metrics: dict, train: TrainConfig) -> bool:
+    """The run's final evaluation met the target of the figure the recipe evaluates."""
+    if "final_accuracy" in metrics and train.target_accuracy is not None:
+        return metrics["final_accuracy"] >= train.target_accuracy
+    if "final_val_loss" in metrics and train.target_val_loss is not None:
+        return metrics["final_val_loss"] <= train.target_val_loss
+    return False
+
+
+def model_input_example(recipe: Recipe | None = None, info: DataInfo | None = None):
+    """The input example a trained model is logged with: two zero samples of the dataset's
+    kind through `recipe.batch` (its first tensor; default: two digits images, flattened).
+    Two, not one: torch.export fixes a batch dimension of size 1, and the logged model would
+    then take one sample at a time (see MLflowTracker.log_model)."""
     import numpy as np
 
-    return np.zeros((2, 64), dtype=np.float32)
+    info = info or DataInfo()
+    if info.kind == "tokens":
+        x = np.zeros((2, (recipe.context if recipe else 8) + 1), dtype=np.int64)
+    elif info.kind == "images":
+        x = np.zeros((2, *info.shape), dtype=np.uint8)
+    else:
+        x = np.zeros((2, info.features or 64), dtype=np.float32)
+    if recipe is None:
+        return x
+    return recipe.batch(x, np.zeros(2, dtype=np.int64))[0].numpy()
 
 
-def _trained_model(run_dir: Path, train: TrainConfig):
+def _trained_model(run_dir: Path, recipe: Recipe, info: DataInfo):
     """The model the workers saved in `run_dir/model.pt`, in eval mode; None if there is none."""
     import torch
-
-    from hetflow.training.models import build_model
 
     state = run_dir / "model.pt"
     if not state.exists():
         return None
-    model = build_model(train.model)
+    model = seeded_model(recipe, info, 0)
     model.load_state_dict(torch.load(state))
     model.eval()
     return model

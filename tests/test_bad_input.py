@@ -16,7 +16,9 @@ CASES = {
         ["--speeds", "1,1,2,4", "--global-batch", "3"],
         "train.global_batch",
     ),
-    "unknown model": (["--model", "resnet9000"], "model"),
+    "unknown recipe": (["--recipe", "resnet9000"], "--recipe"),
+    "recipe that does not import": (["--recipe", "no_such_pkg.mod:Recipe"], "train.recipe"),
+    "--model, replaced by --recipe": (["--model", "cnn"], "--recipe"),
     "dataset url without scheme": (["--dataset-url", "bucket/digits"], "url"),
 }
 

@@ -93,7 +93,7 @@ def test_compare_before_anything_was_recorded_creates_no_store(capsys, hetflow_h
         (["dmeo"], "demo"),
         (["data", "ingset"], "ingest"),
         (["stack", "stauts"], "status"),
-        (["demo", "--model", "cn"], "cnn"),
+        (["demo", "--recipe", "digits-cn"], "digits-cnn"),
         (["bench", "hetero", "--speed", "1,2"], "--speeds"),
         (["simulate", "--mi", "g5.xlarge:2"], "--mix"),
     ],
@@ -150,7 +150,7 @@ def test_help_shows_the_defaults_of_the_config_models(command, capsys, monkeypat
     speeds = ",".join(f"{s:g}" for s in DEFAULT_SPEEDS)
     assert f"(default: {speeds}" in lines["--speeds"]
     assert f"(default: {train.steps})" in lines["--steps"]
-    assert f"(default: {train.model})" in lines["--model"]
+    assert f"(default: {train.recipe})" in lines["--recipe"]
     assert f"(default: {train.global_batch})" in lines["--global-batch"]
     assert f"(default: {train.seed})" in lines["--seed"]
 
@@ -160,7 +160,8 @@ def test_help_shows_the_defaults_of_the_config_models(command, capsys, monkeypat
 BAD_INPUT = [
     ["demo", "--speeds", "1,0"],
     ["demo", "--speed", "1,2"],
-    ["demo", "--model", "resnet9000"],
+    ["demo", "--recipe", "resnet9000"],
+    ["demo", "--model", "cnn"],
     ["demo", "--speeds", "1,1,1", "--global-batch", "2"],
     ["train", "--steps", "0"],
     ["profile", "--cluster", "/nonexistent/cluster.yaml"],

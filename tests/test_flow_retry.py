@@ -70,7 +70,7 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
     )
     cfg = TrainConfig.variant(
         "optimized",
-        model="mlp",
+        recipe="digits-mlp",
         global_batch=64,
         steps=STEPS,
         checkpoint_every=EVERY,

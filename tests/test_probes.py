@@ -17,9 +17,9 @@ from hetflow.flows.profile_cluster import print_profile_report, profile_report
 from hetflow.records import Profile, RankProfile
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
-from hetflow.training.models import build_model
 from hetflow.training.probes.compute import probe_compute
 from hetflow.training.probes.memory import saved_activation_bytes
+from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
 from tests.profiles import profile_of, rank_profile
 
@@ -28,7 +28,7 @@ SLOW_LINK = (1, 0.5)  # worker 1 has a 0.5 Gbit/s link; the others loopback
 
 
 def test_saved_activation_bytes_grow_linearly_with_the_batch():
-    model = build_model("mlp")
+    model = seeded_model(get_recipe("digits-mlp"), DataInfo(), 0)
     x, y = torch.rand(64, 64), torch.randint(0, 10, (64,))
     m8, m32 = (
         saved_activation_bytes(model, x[:8], y[:8]),
@@ -46,7 +46,7 @@ def test_compute_probe_sees_the_dilation_of_two_emulators(monkeypatch):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a rank runs (threads_per_rank); more would fight for the cores
     monkeypatch.setattr("hetflow.training.probes.compute.COMPUTE_PAUSE_S", 0.03)
-    model = build_model("cnn")
+    model = seeded_model(get_recipe("digits-cnn"), DataInfo(), 0)
     x, y = torch.rand(64, 64), torch.randint(0, 10, (64,))
     fast = probe_compute(model, x, y, Emulator(3.0, Link(None)), [8, 16, 32], ref=16, budget_s=0.3)
     slow = probe_compute(model, x, y, Emulator(9.0, Link(None)), [8, 16, 32], ref=16, budget_s=0.3)
@@ -127,7 +127,7 @@ def test_profile_of_four_emulated_workers_rediscovers_speeds_and_the_slow_link(d
         run_dir=str(tmp_path / "run"),
     )
     result, wall = run_workers(spec, timeout_s=150)
-    profile = Profile.from_result(result, cluster, spec.train.model, profiling_time_s=wall)
+    profile = Profile.from_result(result, cluster, spec.train.recipe, profiling_time_s=wall)
     report = profile_report(profile, cluster)
     print_profile_report(report)
     for w in report["workers"]:  # goal 10%; 15% here because the machine is shared

@@ -31,7 +31,7 @@ def _spec(dataset, run_dir: Path) -> RunSpec:
     run_dir.mkdir(parents=True)
     cluster = ClusterSpec.from_speeds([1, 1, 2, 4], time_scale=2.0)
     train = TrainConfig(
-        model="mlp",
+        recipe="digits-mlp",
         global_batch=64,
         steps=STEPS,
         schedule="proportional",

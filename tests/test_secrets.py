@@ -52,7 +52,7 @@ def test_fake_credentials_appear_in_no_record(
         cluster=ClusterSpec.from_speeds([1, 2], time_scale=2.0),
         dataset=DatasetSpec(url="s3://hetflow-secrets/digits", cache_dir=str(tmp_path / "cache")),
         train=TrainConfig.variant(
-            "optimized", model="mlp", steps=12, global_batch=32, eval_every=4
+            "optimized", recipe="digits-mlp", steps=12, global_batch=32, eval_every=4
         ),
         tracking=TrackingConfig(experiment="secrets"),
         return_state=True,

@@ -387,7 +387,7 @@ def test_the_scheduler_creates_runs_of_every_scheduled_deployment(stack, deploye
         assert min(starts) > runs[0].created, (name, starts)
 
 
-SMALL = {"model": "mlp", "steps": 20, "eval_every": 10, "global_batch": 64}
+SMALL = {"recipe": "digits-mlp", "steps": 20, "eval_every": 10, "global_batch": 64}
 SMALL_OPTIMIZED = {**SMALL, "schedule": "dynamic", "compression": "auto"}  # the optimized preset
 
 

@@ -90,7 +90,8 @@ def test_the_parent_run_holds_the_job_the_headline_figures_the_table_and_the_plo
         assert f"baseline/{name}" in m and f"optimized/{name}" in m, name
     assert m["comm_bytes_ratio"] == pytest.approx(1.0)
     assert p["cluster"] == "mix" and p["workers"] == "w0 · 1x, w1 · 3x" and p["world_size"] == "2"
-    assert (p["model"], p["steps"], p["global_batch"]) == ("cnn", "5", "64")
+    assert (p["recipe"], p["steps"], p["global_batch"]) == ("digits-cnn", "5", "64")
+    assert run.data.tags["recipe"] == "digits-cnn"
     assert (p["baseline.schedule"], p["optimized.schedule"]) == ("equal", "dynamic")
     assert (p["baseline.compression"], p["optimized.compression"]) == ("none", "auto")
     assert run.data.tags[NOTE] == "| md |" and run.info.status == "FINISHED"

@@ -19,13 +19,14 @@ from hetflow.config import TrackingConfig
 from hetflow.infra.s3 import free_port
 from hetflow.infra.tracking.tracker import MLflowTracker, RunNotFound
 from hetflow.tasks.train import model_input_example
-from hetflow.training.models import build_model
+from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
 
 def _logged_run(tracker: MLflowTracker) -> str:
     """A new run holding an MLP logged as the training task logs it, then finished; its id."""
     run_id = tracker.client.create_run(tracker.experiment_id()).info.run_id
-    tracker.log_model(run_id, build_model("mlp").eval(), model_input_example())
+    model = seeded_model(get_recipe("digits-mlp"), DataInfo(), 0).eval()
+    tracker.log_model(run_id, model, model_input_example())
     tracker.finish(run_id)
     return run_id
 

@@ -11,7 +11,7 @@ from hetflow.flows.train import run_label
 
 def test_run_label_names_a_preset_or_the_schedule_and_compression():
     assert run_label(TrainConfig.variant("baseline", steps=7)) == "baseline"
-    assert run_label(TrainConfig.variant("optimized", model="mlp")) == "optimized"
+    assert run_label(TrainConfig.variant("optimized", recipe="digits-mlp")) == "optimized"
     assert run_label(TrainConfig(schedule="equal", compression="fp16")) == "equal+fp16"
     assert run_label(TrainConfig()) == "dynamic+none"  # the form's defaults are no preset
 
@@ -28,8 +28,8 @@ def test_cli_train_applies_the_variant_preset(variant, monkeypatch):
         return {"run_id": "r", "metrics": {}}
 
     monkeypatch.setattr(hetflow.flows.train, "train", fake_flow)
-    assert main(["train", "--variant", variant, "--steps", "7", "--model", "mlp"]) == 0
-    assert seen["train"] == TrainConfig.variant(variant, steps=7, model="mlp")
+    assert main(["train", "--variant", variant, "--steps", "7", "--recipe", "digits-mlp"]) == 0
+    assert seen["train"] == TrainConfig.variant(variant, steps=7, recipe="digits-mlp")
     assert seen["variant"] == variant
 
 
@@ -44,7 +44,12 @@ def test_schedule_and_compression_from_the_train_parameter_are_what_runs(
     from hetflow.infra.tracking.tracker import MLflowTracker
 
     cfg = TrainConfig(
-        model="mlp", steps=4, global_batch=32, eval_every=2, schedule="equal", compression="fp16"
+        recipe="digits-mlp",
+        steps=4,
+        global_batch=32,
+        eval_every=2,
+        schedule="equal",
+        compression="fp16",
     )
     out = train(
         cluster=ClusterSpec.from_speeds([1, 4], time_scale=2.0),

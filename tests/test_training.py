@@ -17,8 +17,8 @@ from hetflow.records import Plan
 from hetflow.training.comm import allgather_bytes
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers, torchrun_command, worker_env
-from hetflow.training.models import build_model
 from hetflow.training.partition import Stream
+from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -28,7 +28,7 @@ def _one_step_spec(dataset, tmp_path, plan, name, nodes=("node0",) * 4):
     for w, node in zip(cluster.workers, nodes):
         w.node = node
     train = TrainConfig(
-        model="mlp",
+        recipe="digits-mlp",
         global_batch=sum(plan),
         steps=1,
         optimizer="sgd",
@@ -59,7 +59,7 @@ def _single_process_step(spec: RunSpec) -> dict[str, torch.Tensor]:
             for r in range(spec.cluster.world_size)
         ]
     )
-    model = build_model(spec.train.model, seed=spec.train.seed)
+    model = seeded_model(get_recipe(spec.train.recipe), DataInfo(), spec.train.seed)
     opt = torch.optim.SGD(model.parameters(), lr=spec.train.lr)
     nn.functional.cross_entropy(
         model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])
@@ -82,7 +82,8 @@ def test_one_ddp_step_equals_single_process_step_on_the_global_batch(digits, tmp
     reference = _single_process_step(spec)
     _assert_same_params(trained, reference)
     # and the step did move the weights: the comparison is not between two initial models
-    initial = build_model(spec.train.model, seed=spec.train.seed).state_dict()
+    initial = seeded_model(get_recipe(spec.train.recipe), DataInfo(), spec.train.seed)
+    initial = initial.state_dict()
     assert not torch.allclose(trained["0.weight"], initial["0.weight"])
 
 
@@ -108,7 +109,7 @@ def test_dynamic_plan_moves_work_off_a_straggler_within_a_few_steps(digits, tmp_
     # (SharedStepTimes, Rebalancer.sudden_change) can re-plan, a few steps after rank 3 slows 4x.
     cluster = ClusterSpec.from_speeds([1.0, 1.0, 2.0, 4.0])
     train = TrainConfig(
-        model="cnn",
+        recipe="digits-cnn",
         global_batch=64,
         steps=24,
         schedule="dynamic",
@@ -151,7 +152,7 @@ def test_static_run_shares_step_times_every_k_steps_and_splits_every_wait(digits
     # step on this host); the last, partial batch is flushed, so every step's wait is still split.
     cluster = ClusterSpec.from_speeds([1.0, 1.0, 2.0, 4.0])
     train = TrainConfig(
-        model="cnn",
+        recipe="digits-cnn",
         global_batch=64,
         steps=13,
         schedule="equal",

@@ -125,4 +125,4 @@ def measure_profile(
         run_dir=str(run_dir),
     )
     result, wall = run_workers(spec)
-    return Profile.from_result(result, cluster, train.model, profiling_time_s=wall)
+    return Profile.from_result(result, cluster, train.recipe, profiling_time_s=wall)

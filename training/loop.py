@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from hetflow.emulation.emulator import now
 from hetflow.records import CacheCounts, EvalPoint, RankResult, Recovery, StepRecord
@@ -17,9 +16,10 @@ from hetflow.training.data import RankData
 from hetflow.training.job import RunSpec, emulator_for
 from hetflow.training.loop_state import LoopState
 from hetflow.training.models import parameter_count
-from hetflow.training.net import build_net, evaluate, new_rebalancer, straggler_factor
+from hetflow.training.net import MeanOverCounts, build_net, new_rebalancer, straggler_factor
 from hetflow.training.partition import Stream
 from hetflow.training.progress import ProgressFile, note_recovery
+from hetflow.training.recipes import eval_batches, evaluate, recipe_of
 from hetflow.training.scheduler import SUDDEN_STEPS
 from hetflow.training.step_times import SharedStepTimes, column_means
 
@@ -39,14 +39,16 @@ class TrainingLoop:
         cfg = self.cfg = spec.train
         self.spec, self.data, self.rank, self.world, self.counter = spec, data, rank, world, counter
         self.emu = emulator_for(spec, rank)
-        self.net = build_net(spec, data, self.emu)
+        self.recipe = recipe_of(cfg)
+        self.net = build_net(spec, data, self.emu, self.recipe)
         every = 1 if cfg.schedule == "dynamic" else cfg.rebalance_every
         self.shared = SharedStepTimes(world, new_control_group(), every)
+        self.mean = MeanOverCounts(world, new_control_group())
         self.rebalancer = new_rebalancer(spec, world)
         self.base_slowdown = self.emu.slowdown
         self.stream = Stream(data.train.y, seed=cfg.seed)
-        self.xtr, self.ytr = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
-        self.xte, self.yte = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
+        self.xtr, self.ytr = data.train.x, data.train.y
+        self.test_batches = eval_batches(self.recipe, data.test.x, data.test.y)
         self.store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
         self.state = self.resume()
         run_dir, start = Path(spec.run_dir), self.state.start
@@ -86,16 +88,18 @@ class TrainingLoop:
         comm hook up to its last bucket (`compute_s`, dilated by the emulator); then the
         communication, waiting for the other ranks, the optimizer and the emulated link's delay
         (`wait_s`)."""
-        emu, net, world = self.emu, self.net, self.world
+        emu, net = self.emu, self.net
         emu.slowdown = self.base_slowdown * straggler_factor(self.spec.stragglers, self.rank, step)
         t0 = now()
-        idx = torch.from_numpy(self.stream.step_indices(step, self.state.plan, self.rank))
-        x, y = self.xtr[idx], self.ytr[idx]
+        idx = self.stream.step_indices(step, self.state.plan, self.rank)
+        batch = self.recipe.batch(self.xtr[idx], self.ytr[idx])
         t1 = now()
         emu.start(key=len(idx))
-        loss_sum = nn.functional.cross_entropy(net.ddp(x), y, reduction="sum")
-        # DDP averages over ranks; scale so the result is the mean over the global batch.
-        (loss_sum * world / self.cfg.global_batch).backward()
+        loss_sum, count = self.recipe.loss(net.ddp, batch)
+        # DDP averages over ranks: weighted so that the result is the mean over the global
+        # batch's counts (samples, or tokens)
+        self.mean.backward(loss_sum, count)
+        self.mean.correct(net.model)
         net.opt.step()
         net.opt.zero_grad(set_to_none=True)
         nbytes, ncoll = self.counter.take()
@@ -110,6 +114,7 @@ class TrainingLoop:
             wait_s=t3 - computed,
             step_s=t3 - t0,
             loss_sum=float(loss_sum.detach()),
+            count=count,
             bytes_sent=nbytes,
         )
 
@@ -152,10 +157,8 @@ class TrainingLoop:
     def record_eval(self, step: int) -> None:
         """Rank 0 evaluates on the test split; every rank waits for it, outside the timed step."""
         if self.rank == 0:
-            accuracy = evaluate(self.net.model, self.xte, self.yte)
-            self.state.evals.append(
-                EvalPoint(step=step, train_time_s=self.state.train_time_s, accuracy=accuracy)
-            )
+            figures = evaluate(self.recipe, self.net.model, self.test_batches)
+            self.state.evals.append(EvalPoint.of(step, self.state.train_time_s, figures))
         dist.barrier()  # the others wait here, outside the timed step
 
     def checkpoint(self, step: int) -> None:

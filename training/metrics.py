@@ -8,13 +8,21 @@ waiting for data. `train_loop_s` is the training loop's time: the sum of rank 0'
 
 from __future__ import annotations
 
-from hetflow.records import RankResult, RunResult
+from hetflow.records import EvalPoint, RankResult, RunResult
 
 THROUGHPUT_SKIP_STEPS = 1  # the first step includes DDP's bucket rebuild; throughput skips it
 
 
-def summarize(result: RunResult, global_batch: int, target_accuracy: float | None) -> dict:
-    """The run's figures: throughput, time, bytes, where the ranks' time went, accuracy, cache."""
+def summarize(
+    result: RunResult,
+    global_batch: int,
+    target_accuracy: float | None = None,
+    target_val_loss: float | None = None,
+) -> dict:
+    """The run's figures: throughput, time, bytes, where the ranks' time went, the recipe's
+    evaluation (`final_accuracy` or `final_val_loss`, and `time_to_target_s`: the training
+    time until the first evaluation that met the target of the figure the recipe evaluates),
+    cache."""
     ranks = sorted(result.ranks, key=lambda r: r.rank)
     world = len(ranks)
     lead = ranks[0]
@@ -43,18 +51,46 @@ def summarize(result: RunResult, global_batch: int, target_accuracy: float | Non
     # share of the training loop spent recording figures (rank 0 writes progress each step)
     m["tracking_overhead_fraction"] = max(r.bookkeeping_s for r in ranks) / loop
     m["data_wait_fraction"] = sum(m[f"rank{r.rank}/data_wait_s"] for r in ranks) / (world * loop)
-    evals = lead.evals
-    if evals:
-        m["final_accuracy"] = evals[-1].accuracy
-    if target_accuracy is not None:
-        hit = next((e for e in evals if e.accuracy >= target_accuracy), None)
-        if hit is not None:
-            m["time_to_target_s"] = hit.train_time_s
+    m.update(eval_figures(lead.evals, target_accuracy, target_val_loss))
     hits = sum(r.cache.hits for r in ranks)
     misses = sum(r.cache.misses for r in ranks)
     m["s3_bytes_read"] = sum(r.cache.bytes_read for r in ranks)
     m["cache_hit_ratio"] = hits / (hits + misses) if hits + misses else 0.0
     return m
+
+
+def eval_figures(
+    evals: list[EvalPoint], target_accuracy: float | None, target_val_loss: float | None
+) -> dict[str, float]:
+    """`final_accuracy` or `final_val_loss` (and `final_perplexity`) of the last evaluation;
+    `time_to_target_s` of the first that met the target of the figure it has.
+
+    >>> e = [EvalPoint(step=10, train_time_s=1.0, val_loss=3.0),
+    ...      EvalPoint(step=20, train_time_s=2.0, val_loss=2.0)]
+    >>> eval_figures(e, target_accuracy=0.9, target_val_loss=2.5)
+    {'final_val_loss': 2.0, 'time_to_target_s': 2.0}
+    """
+    if not evals:
+        return {}
+    last, m = evals[-1], {}
+    if last.accuracy is not None:
+        m["final_accuracy"] = last.accuracy
+    if last.val_loss is not None:
+        m["final_val_loss"] = last.val_loss
+    if last.perplexity is not None:
+        m["final_perplexity"] = last.perplexity
+    hit = next((e for e in evals if _met(e, target_accuracy, target_val_loss)), None)
+    if hit is not None:
+        m["time_to_target_s"] = hit.train_time_s
+    return m
+
+
+def _met(e: EvalPoint, target_accuracy: float | None, target_val_loss: float | None) -> bool:
+    if e.accuracy is not None and target_accuracy is not None:
+        return e.accuracy >= target_accuracy
+    if e.val_loss is not None and target_val_loss is not None:
+        return e.val_loss <= target_val_loss
+    return False
 
 
 def _rank_figures(r: RankResult) -> dict[str, float]:
@@ -77,13 +113,16 @@ def _rank_figures(r: RankResult) -> dict[str, float]:
 
 
 def step_series(result: RunResult, global_batch: int) -> list[dict]:
-    """Per step: global mean loss, step time (rank 0), and per-rank busy fraction and batch."""
+    """Per step: global mean loss (over the counts the recipe's loss sums over), step time
+    (rank 0), and per-rank busy fraction and batch."""
     ranks = sorted(result.ranks, key=lambda r: r.rank)
     series = []
     for i, lead in enumerate(ranks[0].records):
+        counts = [r.records[i].count for r in ranks]
+        over = global_batch if None in counts else max(sum(counts), 1)
         row = {
             "step": lead.step,
-            "loss": sum(r.records[i].loss_sum for r in ranks) / global_batch,
+            "loss": sum(r.records[i].loss_sum for r in ranks) / over,
             "step_time_s": lead.step_s,
         }
         for r in ranks:

@@ -1,5 +1,6 @@
-"""What one rank trains: the model under DDP with the plan's comm hook, the optimizer, the
-re-balancer it starts from, and the emulated stragglers' slowdown."""
+"""What one rank trains: the recipe's model under DDP with the plan's comm hook, the optimizer,
+the weighting of each rank's summed loss (`MeanOverCounts`), the re-balancer it starts from,
+and the emulated stragglers' slowdown."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -14,7 +16,7 @@ from hetflow.emulation.emulator import Emulator
 from hetflow.training.comm import register_compression, wrap_optimizer
 from hetflow.training.data import RankData
 from hetflow.training.job import RunSpec
-from hetflow.training.models import build_model
+from hetflow.training.recipes import DataInfo, Recipe, seeded_model
 from hetflow.training.scheduler import Rebalancer
 
 
@@ -38,11 +40,11 @@ class Net:
     hook_state: Any
 
 
-def build_net(spec: RunSpec, data: RankData, emu: Emulator) -> Net:
-    """The model at the run's seed, DDP with the plan's comm hook (its compute phase dilated by
-    `emu`), and the configured optimizer wrapped as the hook needs."""
+def build_net(spec: RunSpec, data: RankData, emu: Emulator, recipe: Recipe) -> Net:
+    """The recipe's model at the run's seed, DDP with the plan's comm hook (its compute phase
+    dilated by `emu`), and the configured optimizer wrapped as the hook needs."""
     cfg = spec.train
-    model = build_model(cfg.model, data.manifest.features, data.manifest.classes, cfg.seed)
+    model = seeded_model(recipe, DataInfo.from_manifest(data.manifest), cfg.seed)
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ddp = DDP(model, gradient_as_bucket_view=True)
@@ -69,10 +71,47 @@ def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:
     )
 
 
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Accuracy of `model` on (x, y), in eval mode; the model is left in train mode."""
-    model.eval()
-    with torch.no_grad():
-        acc = (model(x).argmax(1) == y).float().mean().item()
-    model.train()
-    return acc
+class MeanOverCounts:
+    """Weights each rank's summed loss so that DDP's all-reduced gradient is the gradient of
+    the MEAN over the global batch's counts (samples, or tokens), whatever each rank counts.
+
+    DDP averages the ranks' gradients, so rank r backpropagates S_r x world / N, with S_r its
+    summed loss and N the count summed over every rank. N is all-reduced on a control group
+    of its own (`new_control_group`) in the background, issued as soon as the forward pass
+    knows the rank's count; backward runs with the previous step's N, the same on every rank,
+    and `correct` rescales the averaged gradient by (that N) / (this step's N) where they
+    differ, before the optimizer step. Waiting for N before backward would stall every rank's
+    compute phase until the slowest rank's forward pass ended. The first step (no previous N)
+    waits for it. Exact for all-reduce and fp16/bf16; with compression that keeps state
+    (PowerSGD's and top-k's error feedback) the state is in units of the previous N, a
+    difference of (N_prev / N - 1) on one step's residual.
+    """
+
+    def __init__(self, world: int, group) -> None:
+        self.world, self.group = world, group
+        self.expected: int | None = None  # N of the previous step: what backward scales by
+        self._pending: tuple[dist.Work, torch.Tensor] | None = None
+
+    def backward(self, loss_sum: torch.Tensor, count: int) -> None:
+        """Start the count's all-reduce, then backward of loss_sum x world / N."""
+        total = torch.tensor([int(count)], dtype=torch.int64)
+        work = dist.all_reduce(total, group=self.group, async_op=True)
+        if self.expected is None:
+            work.wait()
+            self.expected = int(total)
+        self._pending = (work, total)
+        (loss_sum * (self.world / max(self.expected, 1))).backward()
+
+    def correct(self, model: nn.Module) -> int:
+        """Rescale the gradients to this step's N (a no-op when it equals the previous one);
+        returns N."""
+        work, total = self._pending
+        work.wait()
+        n = int(total)
+        if n != self.expected and n > 0:
+            factor = self.expected / n
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+        self.expected = max(n, 1)
+        return n

@@ -73,7 +73,7 @@ def cmd_demo(args) -> int:
     speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
     print(
         f"hetflow demo: {cluster.world_size} emulated workers (speeds {speeds}), "
-        f"{train.model} on {dataset.source}, {train.steps} steps per variant"
+        f"{train.recipe} on {dataset.source}, {train.steps} steps per variant"
     )
     from hetflow.flows.compare import compare
 

@@ -14,6 +14,7 @@ from typing import get_args
 from pydantic import ValidationError
 
 from hetflow.config import (
+    BUILTIN_RECIPES,
     DEFAULT_SPEEDS,
     ClusterSpec,
     ConfigError,
@@ -29,7 +30,7 @@ DATASET = DatasetSpec()
 # the flag of each model field that has one: a validation error names the flag
 FLAGS = {
     "steps": "--steps",
-    "model": "--model",
+    "recipe": "--recipe",
     "global_batch": "--global-batch",
     "seed": "--seed",
     "url": "--dataset-url",
@@ -39,6 +40,36 @@ FLAGS = {
 def choices(model: type, field: str) -> tuple[str, ...]:
     """The values of a model's Literal field, e.g. ('mlp', 'cnn', 'wide_mlp')."""
     return get_args(model.model_fields[field].annotation)
+
+
+def add_recipe_arg(p: argparse.ArgumentParser, default: str) -> None:
+    """--recipe (a built-in name or package.module:Name), and --model refused in one line."""
+    p.add_argument(
+        "--recipe",
+        default=default,
+        help=f"the model and loss: {', '.join(BUILTIN_RECIPES)}, or the import path "
+        "package.module:Name of your own Recipe class",
+    )
+    p.add_argument("--model", help=argparse.SUPPRESS)
+
+
+def recipe_flag(args) -> str:
+    """--recipe's value; a one-line error for --model, which it replaced."""
+    if getattr(args, "model", None) is not None:
+        raise ConfigError(
+            f"--model: replaced by --recipe (one of {', '.join(BUILTIN_RECIPES)}, "
+            "or package.module:Name)"
+        )
+    return args.recipe
+
+
+def check_recipe_import(train: TrainConfig) -> None:
+    """Import a custom recipe (`package.module:Name`) and check its interface, before anything
+    launches; built-in names are checked by TrainConfig itself, without importing torch."""
+    if ":" in train.recipe or train.recipe_options:
+        from hetflow.training.recipes import check_recipe
+
+        check_recipe(train)
 
 
 def add_job_args(p: argparse.ArgumentParser) -> None:
@@ -54,9 +85,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
         help="a cluster file (YAML or JSON, a ClusterSpec) instead of --speeds",
     )
     p.add_argument("--steps", type=int, default=TRAIN.steps, help="optimizer steps per variant")
-    p.add_argument(
-        "--model", choices=choices(TrainConfig, "model"), default=TRAIN.model, help="the network"
-    )
+    add_recipe_arg(p, TRAIN.recipe)
     p.add_argument(
         "--global-batch",
         type=int,
@@ -106,7 +135,7 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
     """TrainConfig of the flags; `variant` ('baseline' | 'optimized') sets its preset knobs."""
     knobs = {
         "steps": args.steps,
-        "model": args.model,
+        "recipe": recipe_flag(args),
         "global_batch": args.global_batch,
         "seed": args.seed,
     }
@@ -127,6 +156,7 @@ def job_of(args, variant: str | None = None) -> tuple[ClusterSpec, TrainConfig, 
     """The cluster, training config and dataset of a job's flags, checked together."""
     cluster, train, dataset = cluster_of(args), train_of(args, variant), dataset_of(args)
     check_job(cluster, train)
+    check_recipe_import(train)
     return cluster, train, dataset
 
 

@@ -2,7 +2,7 @@
 
 With torchrun (`hetflow.training.launch.run_workers`): a profile, then the equal split and
 hetflow's plan on emulated speeds 1,1,2,4 (cnn), and one run on 4 workers behind emulated
-1 Gbit/s links (wide_mlp); each run is predicted from its own profile. The per-step overhead
+1 Gbit/s links (digits-wide-mlp); each run is predicted from its own profile. The per-step overhead
 (optimizer, DDP, Python: what a profile does not measure) is the one fitted figure, estimated
 leave-one-out: each hetero run is predicted with the overhead measured on the other, the comm
 run with their mean. Errors are relative errors of throughput (samples/s),
@@ -148,7 +148,8 @@ def calibration_errors(runs: dict[str, dict]) -> dict:
 
 
 def _jobs(steps: int) -> dict[str, tuple[ClusterSpec, TrainConfig]]:
-    """The two jobs calibrated: heterogeneous speeds (cnn), and a slow link (wide_mlp)."""
+    """The two jobs calibrated: heterogeneous speeds (digits-cnn), and a slow link
+    (digits-wide-mlp)."""
     if steps < 5:
         raise ConfigError(f"--calibrate-steps: at least 5 (got {steps})")
     quiet = {
@@ -162,11 +163,11 @@ def _jobs(steps: int) -> dict[str, tuple[ClusterSpec, TrainConfig]]:
     jobs = {
         "hetero": (
             ClusterSpec.from_speeds([1, 1, 2, 4], name="calibrate-1-1-2-4"),
-            TrainConfig(model="cnn", **quiet),
+            TrainConfig(recipe="digits-cnn", **quiet),
         ),
         "comm": (
             link_cluster(1.0, 0.0),
-            TrainConfig(model="wide_mlp", schedule="equal", compression="none", **quiet),
+            TrainConfig(recipe="digits-wide-mlp", schedule="equal", compression="none", **quiet),
         ),
     }
     for cluster, cfg in jobs.values():
@@ -210,7 +211,7 @@ def _train(
     )
     run = {
         "profile": profile,
-        "model": cfg.model,
+        "model": cfg.recipe,
         "global_batch": cfg.global_batch,
         "batches": plan.local_batches,
         "plan": sim_plan,
@@ -261,8 +262,10 @@ def calibrate(steps: int) -> dict:
         name: _profile_rows(p) for name, p in (("hetero", hetero_profile), ("comm", comm_profile))
     }
     out["setup"] = {
-        "hetero": "speeds 1,1,2,4, cnn, global batch 128, equal split vs hetflow's static plan",
-        "comm": "4 x speed 1, wide_mlp, link 1 Gbit/s per worker, equal split, no compression",
+        "hetero": "speeds 1,1,2,4, digits-cnn, global batch 128, equal split vs hetflow's "
+        "static plan",
+        "comm": "4 x speed 1, digits-wide-mlp, link 1 Gbit/s per worker, equal split, "
+        "no compression",
         "steps": steps,
         "throughput_from_step": 1,
     }

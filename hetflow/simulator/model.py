@@ -7,6 +7,7 @@ figures are counted by hand (tests check them against `hetflow.training.models`)
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -106,6 +107,10 @@ def _local_models() -> dict[str, ModelSpec]:
     out["cnn"] = ModelSpec(
         "cnn", sum(p for p, _ in layers), 3.0 * sum(f for _, f in layers), **digits
     )
+    # the recipes' names (TrainConfig.recipe, a profile's `model` since recipes); the short
+    # names are those of profiles stored before
+    for old, new in (("mlp", "digits-mlp"), ("cnn", "digits-cnn"), ("wide_mlp", "digits-wide-mlp")):
+        out[new] = dataclasses.replace(out[old], name=new)
     return out
 
 

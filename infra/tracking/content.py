@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from hetflow.config import ClusterSpec
 from hetflow.infra.tracking import plots, report
 from hetflow.infra.tracking.tracker import NOTE, MLflowTracker
-from hetflow.records import Profile, TrainOutcome
+from hetflow.records import EvalPoint, Profile, TrainOutcome
 
 
 def record_training(
@@ -18,14 +18,15 @@ def record_training(
     cluster: ClusterSpec | None = None,
 ) -> None:
     """A trained variant's figures (at the final step: per-rank names double as per-step
-    series, and MLflow shows a metric's value at its highest step), per-step series, test
-    accuracy, the profile and plan history as JSON, and its plots (ranks labelled by the
-    cluster's workers, if given). Leaves the run open."""
+    series, and MLflow shows a metric's value at its highest step), per-step series, the
+    evaluations (`test_accuracy`, or `val_loss` and `perplexity`), the profile and plan
+    history as JSON, and its plots (ranks labelled by the cluster's workers, if given). Leaves
+    the run open."""
     rid, lead = outcome.run_id, outcome.result.lead
     tracker.log_metrics(rid, outcome.metrics, step=int(outcome.metrics["steps"]))
     tracker.log_series(
         rid,
-        [*outcome.series, *({"step": e.step, "test_accuracy": e.accuracy} for e in lead.evals)],
+        [*outcome.series, *({"step": e.step, **_eval_series(e)} for e in lead.evals)],
     )
     tracker.client.set_tag(rid, "compression_reason", outcome.plan.compression_reason)
     tracker.log_json(rid, "profile.json", profile)
@@ -86,3 +87,8 @@ def finish_comparison(
         },
     )
     tracker.finish(run_id)
+
+
+def _eval_series(e: EvalPoint) -> dict[str, float]:
+    """An evaluation's figures as per-step series: accuracy as `test_accuracy`."""
+    return {("test_accuracy" if k == "accuracy" else k): v for k, v in e.figures().items()}

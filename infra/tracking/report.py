@@ -16,6 +16,8 @@ HEADLINE = [
     "train_loop_s",
     "time_to_target_s",
     "final_accuracy",
+    "final_val_loss",
+    "final_perplexity",
     "comm_bytes_total",
     "comm_bytes_per_step",
     "busy_fraction",

@@ -41,7 +41,16 @@ EXPERIMENT_KIND = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
 NOTE = "mlflow.note.content"  # a run's description in the MLflow UI (markdown)
 # what the variants of a comparison share, as the parent run's params
-COMPARISON_KNOBS = ("model", "steps", "global_batch", "seed", "target_accuracy", "optimizer", "lr")
+COMPARISON_KNOBS = (
+    "recipe",
+    "steps",
+    "global_batch",
+    "seed",
+    "target_accuracy",
+    "target_val_loss",
+    "optimizer",
+    "lr",
+)
 
 Draw = Callable[[Path], object]  # draws a figure into the file it is given
 
@@ -69,8 +78,8 @@ def flatten(prefix: str, value) -> dict[str, str]:
 class MLflowTracker:
     """Runs in one MLflow experiment (`TrackingConfig.experiment`), created on first use.
 
-    Every run is tagged `variant` (also its name), `cluster`, `dataset` and, inside a Prefect
-    flow run, `prefect_flow_run_id` (and `prefect_flow_run_url` when a Prefect API is set).
+    Every run is tagged `variant` (also its name), `cluster`, `dataset`, `recipe` and, inside a
+    Prefect flow run, `prefect_flow_run_id` (and `prefect_flow_run_url` when a Prefect API is set).
     """
 
     def __init__(self, config: TrackingConfig):
@@ -132,12 +141,15 @@ class MLflowTracker:
         cluster: ClusterSpec,
         dataset: DatasetSpec,
         parent_run_id: str | None = None,
+        recipe: str | None = None,
     ) -> str:
-        """A new run named `variant`, with the tags above (and a parent, if given); its id."""
+        """A new run named `variant`, with the tags above (and `recipe` and a parent, if
+        given); its id."""
         tags = {
             "variant": variant,
             "cluster": cluster.name,
             "dataset": dataset.url,
+            **({"recipe": recipe} if recipe else {}),
             **self.flow_run_tags(),
         }
         if parent_run_id:
@@ -161,7 +173,7 @@ class MLflowTracker:
         marker = run_dir / "mlflow_run_id"
         if marker.exists():
             return marker.read_text().strip()
-        rid = self.start_run(variant, cluster, dataset, parent_run_id)
+        rid = self.start_run(variant, cluster, dataset, parent_run_id, train.recipe)
         self.log_params(
             rid,
             {
@@ -179,10 +191,10 @@ class MLflowTracker:
     ) -> str:
         """The parent run of a comparison (variant `compare`; the variants, trained as
         `configs`, are its children), with the job as params: `cluster`, `workers`,
-        `world_size`, `dataset`, `model`, `steps`, `global_batch`, ..., and each variant's
+        `world_size`, `dataset`, `recipe`, `steps`, `global_batch`, ..., and each variant's
         `{variant}.schedule` and `{variant}.compression`."""
-        rid = self.start_run("compare", cluster, dataset)
         first = next(iter(configs.values()))
+        rid = self.start_run("compare", cluster, dataset, recipe=first.recipe)
         params = {
             "cluster": cluster.name,
             "workers": ", ".join(plots.rank_labels(cluster)),

@@ -51,7 +51,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-import torch
 import torch.distributed as dist
 
 from hetflow.emulation.emulator import now
@@ -59,12 +58,13 @@ from hetflow.records import RankProfile
 from hetflow.training.comm import WireCounter
 from hetflow.training.data import RankData
 from hetflow.training.job import RunSpec, emulator_for
-from hetflow.training.models import build_model, parameter_count
-from hetflow.training.probes.compute import probe_compute, solo_ddp
+from hetflow.training.models import parameter_count
+from hetflow.training.probes.compute import COMPUTE_BUDGET_S, probe_compute, solo_ddp
 from hetflow.training.probes.device import probe_matmul, probe_memory_bandwidth
 from hetflow.training.probes.memory import probe_memory
 from hetflow.training.probes.network import probe_allreduce, probe_link
 from hetflow.training.probes.s3 import probe_s3
+from hetflow.training.recipes import DataInfo, recipe_of, seeded_model
 
 __all__ = ["profile"]
 
@@ -79,10 +79,9 @@ def profile(
     are the flow's to set, once every rank is known.
     """
     emu = emulator_for(spec, rank)
-    model = build_model(
-        spec.train.model, data.manifest.features, data.manifest.classes, spec.train.seed
-    )
-    x, y = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
+    recipe = recipe_of(spec.train)
+    model = seeded_model(recipe, DataInfo.from_manifest(data.manifest), spec.train.seed)
+    x, y = data.train.x, data.train.y
     took: dict[str, float] = {}
 
     def timed(name: str, fn: Callable, *args):
@@ -94,8 +93,9 @@ def profile(
     net = solo_ddp(model, emu)
     dist.barrier()  # start together: every rank's compute probe sees the same host load
     ref = max(1, spec.train.global_batch // world)
-    comp = timed("compute", probe_compute, net, x, y, emu, list(spec.profile_batches), ref)
-    mem = timed("memory", probe_memory, model, x, y, spec.train.optimizer)
+    sizes = list(spec.profile_batches)
+    comp = timed("compute", probe_compute, net, x, y, emu, sizes, ref, COMPUTE_BUDGET_S, recipe)
+    mem = timed("memory", probe_memory, model, x, y, spec.train.optimizer, recipe)
     mm = timed("matmul", probe_matmul, emu)
     bw = timed("memory_bandwidth", probe_memory_bandwidth, emu)
     s3 = timed("s3", probe_s3, data)  # fast workers read while the slowest still computes

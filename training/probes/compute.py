@@ -16,6 +16,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hetflow.emulation.emulator import SMOOTH_PHASES, Emulator, now
 from hetflow.training.fitting import robust_affine
+from hetflow.training.recipes import Recipe
+from hetflow.training.recipes.digits import Classifier
 
 COMPUTE_BUDGET_S = 2.0  # wall time of the compute probe (every rank alike)
 # An emulated worker's step at a batch size is dilated from the least CPU time of its last
@@ -47,12 +49,13 @@ def solo_ddp(model: nn.Module, emu: Emulator) -> DDP:
     return net
 
 
-def _step(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> None:
-    nn.functional.cross_entropy(model(xb), yb).backward()
+def _step(model: nn.Module, recipe: Recipe, batch: tuple[torch.Tensor, ...]) -> None:
+    loss, count = recipe.loss(model, batch)
+    (loss / max(count, 1)).backward()
     model.zero_grad(set_to_none=True)
 
 
-def _step_timer(model: nn.Module, batches: dict, emu: Emulator):
+def _step_timer(model: nn.Module, recipe: Recipe, batches: dict, emu: Emulator):
     """A function timing one dilated step at a batch size, after the pause training has."""
     computed = now()
 
@@ -63,7 +66,7 @@ def _step_timer(model: nn.Module, batches: dict, emu: Emulator):
             time.sleep(rest)
         t = now()
         emu.start(key=b)
-        _step(model, *batches[b])
+        _step(model, recipe, batches[b])
         end = emu.finish()  # a no-op when the model's comm hook has ended the phase
         computed = emu.computed_at
         return end - t
@@ -94,16 +97,20 @@ def probe_compute(
     sizes: list[int],
     ref: int,
     budget_s: float = COMPUTE_BUDGET_S,
+    recipe: Recipe | None = None,
 ) -> dict:
     """The step's time at each batch size (best of the rounds), fitted as a + b x batch with one
-    outlying size left out (`robust_affine`); `samples_per_s` at the reference batch `ref`."""
+    outlying size left out (`robust_affine`); `samples_per_s` at the reference batch `ref`.
+    A step is `recipe.loss` (default: a classifier's cross-entropy) on `recipe.batch` of the
+    first b samples of (x, y)."""
+    recipe = recipe or Classifier()
     sizes = sorted({max(1, min(int(b), len(x))) for b in sizes})
     if len(sizes) < 2:
         sizes = sorted({1, max(2, len(x) // 2)})
-    batches = {b: (x[:b], y[:b]) for b in sizes}
+    batches = {b: recipe.batch(x[:b], y[:b]) for b in sizes}
     for b in sizes:  # warm-up: allocations, kernel selection (not dilated, not timed)
-        _step(model, *batches[b])
-    timed_step = _step_timer(model, batches, emu)
+        _step(model, recipe, batches[b])
+    timed_step = _step_timer(model, recipe, batches, emu)
     # One dilated step, untimed: every timed step then follows a pause, as in training
     # (a step straight after the warm-up finds warm caches and runs faster).
     timed_step(sizes[0])

@@ -12,12 +12,17 @@ import torch
 from torch import nn
 
 from hetflow.training.models import parameter_count
+from hetflow.training.recipes import Recipe
+from hetflow.training.recipes.digits import Classifier
 
 MEMORY_HEADROOM = 0.8  # the activations' share of the available memory the cap may fill
 
 
-def saved_activation_bytes(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> int:
-    """Bytes autograd keeps for backward in one forward pass (each storage once, no parameters)."""
+def saved_activation_bytes(model: nn.Module, xb, yb, recipe: Recipe | None = None) -> int:
+    """Bytes autograd keeps for backward in one forward pass of `recipe.loss` (default: a
+    classifier's cross-entropy) on (xb, yb) (each storage once, no parameters)."""
+    recipe = recipe or Classifier()
+    batch = recipe.batch(xb, yb)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -29,9 +34,9 @@ def saved_activation_bytes(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = nn.functional.cross_entropy(model(xb), yb)
+        loss, _ = recipe.loss(model, batch)
     del loss
-    return sum(seen.values()) + xb.numel() * xb.element_size()
+    return sum(seen.values()) + sum(t.numel() * t.element_size() for t in batch)
 
 
 def available_memory_bytes() -> int:
@@ -53,15 +58,15 @@ def available_memory_bytes() -> int:
     return int(avail) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def probe_memory(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: str) -> dict:
+def probe_memory(model: nn.Module, x, y, optimizer: str, recipe: Recipe | None = None) -> dict:
     """Activation bytes at two batch sizes give the bytes per sample; the fixed part is
     parameters + gradients + optimizer state (+ what the activations do not scale with); the
     cap is the largest batch whose activations fit in MEMORY_HEADROOM of the available memory."""
     small, large = max(1, min(8, len(x) // 2)), max(2, min(64, len(x)))
     if large <= small:
         small, large = 1, 2
-    m_small = saved_activation_bytes(model, x[:small], y[:small])
-    m_large = saved_activation_bytes(model, x[:large], y[:large])
+    m_small = saved_activation_bytes(model, x[:small], y[:small], recipe)
+    m_large = saved_activation_bytes(model, x[:large], y[:large], recipe)
     per_sample = max((m_large - m_small) / (large - small), 1.0)
     state_copies = {"sgd": 1, "adam": 2}.get(optimizer, 2)  # momentum / Adam moments
     fixed = parameter_count(model) * 4 * (2 + state_copies) + max(0.0, m_small - per_sample * small)

@@ -1,0 +1,179 @@
+"""The recipe interface: what a user writes to train their own model with hetflow.
+
+A recipe is one class in one file: how to build the model from what the dataset holds, how to
+turn a batch of decoded samples into tensors, its SUMMED loss and the count that sum is over
+(samples, or tokens for a language model), and how to evaluate. It knows nothing of ranks, DDP
+or MLflow: the training loop weights each rank's sum so that the all-reduced gradient is the
+gradient of the mean over the global batch's counts, and puts the model in eval mode under
+`torch.no_grad()` around `evaluate`.
+
+    >>> from hetflow.training.recipes import get_recipe
+    >>> r = get_recipe("digits-mlp")
+    >>> (r.name, r.kind)
+    ('digits-mlp', 'tabular')
+    >>> try:
+    ...     get_recipe("no_such_module:Thing")
+    ... except ConfigError as e:
+    ...     print(e)
+    train.recipe: 'no_such_module:Thing' does not import (No module named 'no_such_module')
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from hetflow.config import BUILTIN_RECIPES, ConfigError
+
+KINDS = ("tabular", "tokens", "images")
+REQUIRED = ("build_model", "loss", "evaluate")  # what a recipe must define itself
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What the dataset's manifest says about its samples, for `Recipe.build_model`.
+
+    `features` (tabular: floats per sample), `classes` (labels 0..classes-1), `shape`
+    ([C, H, W] of an image), `vocab` (token ids 0..vocab-1); a field the kind lacks is None.
+    """
+
+    kind: str = "tabular"
+    features: int | None = 64
+    classes: int | None = 10
+    shape: tuple[int, int, int] | None = None
+    vocab: int | None = None
+
+    @classmethod
+    def from_manifest(cls, manifest) -> DataInfo:
+        """The manifest's kind and sizes (`kind`, `shape` and `vocab` where the manifest
+        has them; an older manifest is tabular)."""
+        shape = getattr(manifest, "shape", None)
+        return cls(
+            kind=getattr(manifest, "kind", "tabular") or "tabular",
+            features=getattr(manifest, "features", None),
+            classes=getattr(manifest, "classes", None),
+            shape=tuple(shape) if shape else None,
+            vocab=getattr(manifest, "vocab", None),
+        )
+
+
+class Recipe:
+    """Subclass it; define `kind`, `build_model`, `loss` and `evaluate` (and `batch` when the
+    default, `torch.from_numpy` of x and y, does not fit). Options are `__init__` keyword
+    arguments (`TrainConfig.recipe_options`), e.g. `def __init__(self, width: int = 64)`.
+
+    A step's samples arrive as numpy: tabular x (B, F) float32; images x (B, C, H, W) uint8;
+    tokens x (B, context + 1) int64 windows (targets x[:, 1:]); y int64 labels (zeros for
+    tokens). `loss` returns (the loss SUMMED over what it counts, that count as an int).
+    """
+
+    name: str = ""
+    kind: str = "tabular"  # the manifest kind it reads: "tabular" | "tokens" | "images"
+    context: int | None = None  # tokens per training window (token recipes only)
+
+    def build_model(self, info: DataInfo) -> nn.Module:
+        raise NotImplementedError
+
+    def batch(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, ...]:
+        return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.asarray(y))
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, int]:
+        raise NotImplementedError
+
+    def evaluate(
+        self, model: nn.Module, batches: Iterable[tuple[torch.Tensor, ...]]
+    ) -> dict[str, float]:
+        raise NotImplementedError
+
+
+def get_recipe(name_or_path: str, **options) -> Recipe:
+    """The recipe a built-in name (`BUILTIN_RECIPES`) or an import path `package.module:Name`
+    names, made with `options`; a one-line ConfigError naming `train.recipe` (or
+    `train.recipe_options`) when it does not import, lacks what the interface needs, or
+    does not take an option."""
+    path = BUILTIN_RECIPES.get(name_or_path, name_or_path)
+    cls = _import(name_or_path, path)
+    _check_interface(name_or_path, cls)
+    try:
+        recipe = cls(**options)
+    except TypeError as e:
+        raise ConfigError(f"train.recipe_options: {name_or_path}: {e}") from None
+    recipe.name = name_or_path
+    if recipe.kind == "tokens" and not (isinstance(recipe.context, int) and recipe.context > 0):
+        raise ConfigError(f"train.recipe: {name_or_path} reads tokens but has no context > 0")
+    return recipe
+
+
+def _import(name: str, path: str) -> type:
+    module, sep, attr = path.partition(":")
+    if not sep or not module or not attr:
+        builtins = ", ".join(BUILTIN_RECIPES)
+        raise ConfigError(
+            f"train.recipe: unknown recipe {name!r}; choose one of {builtins}, "
+            "or give an import path package.module:Name"
+        )
+    try:
+        found = getattr(importlib.import_module(module), attr)
+    except ImportError as e:
+        raise ConfigError(f"train.recipe: {name!r} does not import ({e})") from None
+    except AttributeError:
+        raise ConfigError(f"train.recipe: module {module!r} has no {attr!r}") from None
+    if not inspect.isclass(found):
+        raise ConfigError(f"train.recipe: {name!r} is not a class")
+    return found
+
+
+def _check_interface(name: str, cls: type) -> None:
+    missing = [
+        m
+        for m in REQUIRED
+        if not callable(getattr(cls, m, None)) or getattr(cls, m) is getattr(Recipe, m)
+    ]
+    if not callable(getattr(cls, "batch", None)):
+        missing.append("batch")
+    if missing:
+        raise ConfigError(f"train.recipe: {name!r} does not define {', '.join(missing)}")
+    if getattr(cls, "kind", None) not in KINDS:
+        raise ConfigError(
+            f"train.recipe: {name!r} has kind {getattr(cls, 'kind', None)!r}; "
+            f"expected one of {', '.join(KINDS)}"
+        )
+
+
+def check_fits(recipe: Recipe, info: DataInfo, where: str = "the dataset") -> None:
+    """A one-line ConfigError when `info`'s samples are not what `recipe` reads."""
+    if recipe.kind != info.kind:
+        raise ConfigError(
+            f"train.recipe: {recipe.name} reads {recipe.kind} samples, but {where} holds "
+            f"{info.kind} samples"
+        )
+
+
+def seeded_model(recipe: Recipe, info: DataInfo, seed: int) -> nn.Module:
+    """`recipe.build_model(info)` with torch seeded first: the same initial weights on every
+    rank and in every variant for a given seed."""
+    torch.manual_seed(seed)
+    return recipe.build_model(info)
+
+
+def evaluate(
+    recipe: Recipe, model: nn.Module, batches: Iterable[tuple[torch.Tensor, ...]]
+) -> dict[str, float]:
+    """`recipe.evaluate` in eval mode, without gradients; the model is left in train mode."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            return {k: float(v) for k, v in recipe.evaluate(model, batches).items()}
+    finally:
+        model.train()
+
+
+def eval_batches(recipe: Recipe, x: np.ndarray, y: np.ndarray, size: int = 512) -> list[tuple]:
+    """A split's samples as `recipe.batch` tensors, `size` samples at a time."""
+    return [recipe.batch(x[i : i + size], y[i : i + size]) for i in range(0, len(x), size)]
