@@ -377,11 +377,17 @@ def test_a_profile_json_is_read_as_the_typed_profile():
     assert (w.latency_s, w.per_sample_s, w.name, w.kind) == (0.01, 0.002, "rank0", "profiled")
 
 
-def test_local_model_figures_match_training_models():
-    from hetflow.training.models import build_model, parameter_count
+def test_local_model_figures_match_the_digits_recipes():
+    from hetflow.training.models import parameter_count
+    from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
-    for name in ("mlp", "cnn", "wide_mlp"):
-        assert sim.MODELS[name].params == parameter_count(build_model(name))
+    for old, name in (
+        ("mlp", "digits-mlp"),
+        ("cnn", "digits-cnn"),
+        ("wide_mlp", "digits-wide-mlp"),
+    ):
+        params = parameter_count(seeded_model(get_recipe(name), DataInfo(), 0))
+        assert sim.MODELS[name].params == sim.MODELS[old].params == params
 
 
 # -- the published tables ---------------------------------------------------------------------

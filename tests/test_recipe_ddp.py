@@ -1,0 +1,78 @@
+"""The all-reduced gradient is the gradient of the MEAN over the global batch's counts, for a
+token-weighted loss whose counts differ between ranks and between steps (4 real gloo ranks,
+`MeanOverCounts` as the training loop uses it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
+
+from tests.dist import run_ranks
+
+WORLD = 4
+STEPS = 2  # the first step waits for the count; the second backpropagates with the first's
+OPTIONS = {"n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
+TOKENS = DataInfo(kind="tokens", vocab=256)
+
+
+def windows(rank: int, step: int) -> np.ndarray:
+    """Rank r's windows at a step: r + 1 of them, the last few targets padding (-1), so that
+    the ranks count different numbers of tokens, and differently at every step."""
+    rng = np.random.default_rng(100 * step + rank)
+    w = rng.integers(0, 256, size=(rank + 1, OPTIONS["context"] + 1), dtype=np.int64)
+    pad = (rank + 3 * step) % 6
+    if pad:
+        w[:, -pad:] = -1
+    return w
+
+
+def _flat_grad(model: torch.nn.Module) -> list[float]:
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).tolist()
+
+
+def ddp_gradients(rank: int, world: int, arg: dict) -> dict:
+    """One rank: DDP over the gpt recipe, each step's loss weighted by `MeanOverCounts`."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hetflow.training.comm import new_control_group
+    from hetflow.training.net import MeanOverCounts
+
+    recipe = get_recipe("gpt", **arg)
+    model = seeded_model(recipe, TOKENS, 0)
+    ddp = DDP(model, gradient_as_bucket_view=True)
+    mean = MeanOverCounts(world, new_control_group())
+    grads, counts = [], []
+    for step in range(STEPS):
+        w = windows(rank, step)
+        loss_sum, count = recipe.loss(ddp, recipe.batch(w, np.zeros(len(w), dtype=np.int64)))
+        mean.backward(loss_sum, count)
+        mean.correct(model)
+        counts.append(count)
+        grads.append(_flat_grad(model) if rank == 0 else [])
+        model.zero_grad(set_to_none=True)
+    return {"grads": grads, "counts": counts}
+
+
+def one_process_gradients(step: int) -> torch.Tensor:
+    """The reference: one process, the ranks' windows concatenated, mean over the tokens."""
+    recipe = get_recipe("gpt", **OPTIONS)
+    model = seeded_model(recipe, TOKENS, 0)
+    w = np.concatenate([windows(r, step) for r in range(WORLD)])
+    loss_sum, count = recipe.loss(model, recipe.batch(w, np.zeros(len(w), dtype=np.int64)))
+    (loss_sum / count).backward()
+    return torch.tensor(_flat_grad(model))
+
+
+@pytest.mark.timeout(120)
+def test_ddp_gradient_is_the_mean_over_tokens_with_unequal_counts_per_rank(tmp_path):
+    results = run_ranks(ddp_gradients, WORLD, OPTIONS, tmp_path, timeout_s=100)
+    for step in range(STEPS):
+        counts = [r["counts"][step] for r in results]
+        assert len(set(counts)) == WORLD, counts  # every rank counts a different number
+        ddp = torch.tensor(results[0]["grads"][step])
+        torch.testing.assert_close(ddp, one_process_gradients(step), atol=1e-5, rtol=0)
+    totals = [sum(r["counts"][step] for r in results) for step in range(STEPS)]
+    assert totals[0] != totals[1]  # the second step corrects the first's count
