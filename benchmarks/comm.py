@@ -308,7 +308,7 @@ def _methods_table(out: dict) -> Table:
 
     link = f"{out['link_gbps']:g} Gbit/s" if out["link_gbps"] else "loopback"
     t = Table(
-        title=f"{out['model']} ({out['params'] / 1e6:.2f}M params), {out['world']} ranks, {link}, "
+        title=f"{out['recipe']} ({out['params'] / 1e6:.2f}M params), {out['world']} ranks, {link}, "
         f"latency {out['latency_ms']:g} ms, {out['steps']} steps "
         f"(times and bytes from step {out['timed_from_step']}, top-k after its density stages)"
     )

@@ -146,7 +146,7 @@ def test_rank_labels_name_the_worker_its_speed_and_the_measured_speed():
     cluster = ClusterSpec.from_speeds([1, 4])
     profile = Profile(
         cluster="c",
-        recipe="digits-mlp",
+        model="digits-mlp",
         ranks=[
             RankProfile(
                 rank=r,
