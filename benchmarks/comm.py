@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from hetflow.cli.job import add_recipe_arg, recipe_flag
+from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
 from hetflow.cli.parser import Parser
 from hetflow.config import (
     ClusterSpec,
@@ -165,6 +165,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
     cluster = link_cluster(args.link_gbps, args.latency_ms)
     knobs = {
         "recipe": recipe_flag(args),
+        "recipe_options": recipe_options(args),
         "steps": args.steps,
         "global_batch": args.global_batch,
         "seed": args.seed,

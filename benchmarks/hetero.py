@@ -34,7 +34,7 @@ import statistics
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from hetflow.cli.job import add_recipe_arg, recipe_flag
+from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
 from hetflow.cli.parser import Parser
 from hetflow.config import (
     ClusterSpec,
@@ -198,6 +198,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
     )
     knobs = {
         "recipe": recipe_flag(args),
+        "recipe_options": recipe_options(args),
         "steps": args.steps,
         "global_batch": args.global_batch,
         "rebalance_every": args.rebalance_every,

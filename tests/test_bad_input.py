@@ -19,6 +19,7 @@ CASES = {
     "unknown recipe": (["--recipe", "resnet9000"], "--recipe"),
     "recipe that does not import": (["--recipe", "no_such_pkg.mod:Recipe"], "train.recipe"),
     "--model, replaced by --recipe": (["--model", "cnn"], "--recipe"),
+    "unknown recipe option": (["--recipe", "gpt", "--recipe-option", "layers=2"], "recipe_options"),
     "dataset url without scheme": (["--dataset-url", "bucket/digits"], "url"),
 }
 

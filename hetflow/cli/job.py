@@ -31,6 +31,7 @@ DATASET = DatasetSpec()
 FLAGS = {
     "steps": "--steps",
     "recipe": "--recipe",
+    "recipe_options": "--recipe-option",
     "global_batch": "--global-batch",
     "seed": "--seed",
     "url": "--dataset-url",
@@ -50,7 +51,35 @@ def add_recipe_arg(p: argparse.ArgumentParser, default: str) -> None:
         help=f"the model and loss: {', '.join(BUILTIN_RECIPES)}, or the import path "
         "package.module:Name of your own Recipe class",
     )
+    p.add_argument(
+        "--recipe-option",
+        action="append",
+        default=[],
+        dest="recipe_option",
+        metavar="KEY=VALUE",
+        help="an option of the recipe, e.g. n_layer=2 (repeatable)",
+    )
     p.add_argument("--model", help=argparse.SUPPRESS)
+
+
+def recipe_options(args) -> dict[str, int | float | str]:
+    """--recipe-option KEY=VALUE flags as a dict, numbers as numbers.
+
+    >>> recipe_options(argparse.Namespace(recipe_option=["n_layer=2", "dropout=0.1", "a=b"]))
+    {'n_layer': 2, 'dropout': 0.1, 'a': 'b'}
+    """
+    out: dict[str, int | float | str] = {}
+    for item in getattr(args, "recipe_option", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--recipe-option: expected KEY=VALUE (got {item!r})")
+        for kind in (int, float, str):
+            try:
+                out[key.strip()] = kind(value)
+                break
+            except ValueError:
+                continue
+    return out
 
 
 def recipe_flag(args) -> str:
@@ -136,6 +165,7 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
     knobs = {
         "steps": args.steps,
         "recipe": recipe_flag(args),
+        "recipe_options": recipe_options(args),
         "global_batch": args.global_batch,
         "seed": args.seed,
     }

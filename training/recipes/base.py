@@ -102,7 +102,7 @@ def get_recipe(name_or_path: str, **options) -> Recipe:
     _check_interface(name_or_path, cls)
     try:
         recipe = cls(**options)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ConfigError(f"train.recipe_options: {name_or_path}: {e}") from None
     recipe.name = name_or_path
     if recipe.kind == "tokens" and not (isinstance(recipe.context, int) and recipe.context > 0):
