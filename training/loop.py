@@ -13,12 +13,11 @@ from hetflow.emulation.emulator import now
 from hetflow.records import CacheCounts, EvalPoint, RankResult, Recovery, StepRecord
 from hetflow.training.checkpoint import CheckpointStore
 from hetflow.training.comm import WireCounter, comm_state_dict, load_comm_state, new_control_group
-from hetflow.training.data import RankData
+from hetflow.training.data import RankData, peak_rss_bytes
 from hetflow.training.job import RunSpec, emulator_for
 from hetflow.training.loop_state import LoopState
 from hetflow.training.models import parameter_count
 from hetflow.training.net import build_net, evaluate, new_rebalancer, straggler_factor
-from hetflow.training.partition import Stream
 from hetflow.training.progress import ProgressFile, note_recovery
 from hetflow.training.scheduler import SUDDEN_STEPS
 from hetflow.training.step_times import SharedStepTimes, column_means
@@ -44,9 +43,8 @@ class TrainingLoop:
         self.shared = SharedStepTimes(world, new_control_group(), every)
         self.rebalancer = new_rebalancer(spec, world)
         self.base_slowdown = self.emu.slowdown
-        self.stream = Stream(data.train.y, seed=cfg.seed)
-        self.xtr, self.ytr = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
-        self.xte, self.yte = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
+        self.reader = data.reader(rank, cfg.seed)  # this rank's share of each step, streamed
+        self.s3_bytes_seen = 0
         self.store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
         self.state = self.resume()
         run_dir, start = Path(spec.run_dir), self.state.start
@@ -89,10 +87,10 @@ class TrainingLoop:
         emu, net, world = self.emu, self.net, self.world
         emu.slowdown = self.base_slowdown * straggler_factor(self.spec.stragglers, self.rank, step)
         t0 = now()
-        idx = torch.from_numpy(self.stream.step_indices(step, self.state.plan, self.rank))
-        x, y = self.xtr[idx], self.ytr[idx]
+        xs, ys = self.reader.batch(step, self.state.plan)
+        x, y = torch.from_numpy(xs), torch.from_numpy(ys)
         t1 = now()
-        emu.start(key=len(idx))
+        emu.start(key=len(y))
         loss_sum = nn.functional.cross_entropy(net.ddp(x), y, reduction="sum")
         # DDP averages over ranks; scale so the result is the mean over the global batch.
         (loss_sum * world / self.cfg.global_batch).backward()
@@ -104,14 +102,21 @@ class TrainingLoop:
         computed = emu.finish()  # when the comm hook ended the phase at the last bucket
         return StepRecord(
             step=step,
-            batch=len(idx),
+            batch=len(y),
             data_s=t1 - t0,
             compute_s=computed - t1,
             wait_s=t3 - computed,
             step_s=t3 - t0,
             loss_sum=float(loss_sum.detach()),
             bytes_sent=nbytes,
+            s3_bytes=self.s3_bytes_since_last(),
         )
+
+    def s3_bytes_since_last(self) -> int:
+        """Bytes this rank's cache fetched from S3 since the previous step (prefetches too)."""
+        total = self.data.cache.stats.bytes_read
+        new, self.s3_bytes_seen = total - self.s3_bytes_seen, total
+        return new
 
     def record(self, rec: StepRecord) -> None:
         state = self.state
@@ -152,7 +157,7 @@ class TrainingLoop:
     def record_eval(self, step: int) -> None:
         """Rank 0 evaluates on the test split; every rank waits for it, outside the timed step."""
         if self.rank == 0:
-            accuracy = evaluate(self.net.model, self.xte, self.yte)
+            accuracy = evaluate(self.net.model, self.data.eval_batches())
             self.state.evals.append(
                 EvalPoint(step=step, train_time_s=self.state.train_time_s, accuracy=accuracy)
             )
@@ -200,6 +205,7 @@ class TrainingLoop:
             recovery=self.recovery,
             bookkeeping_s=state.bookkeeping_s,
             cache=CacheCounts(hits=stats.hits, misses=stats.misses, bytes_read=stats.bytes_read),
+            peak_rss_bytes=peak_rss_bytes(),
         )
 
     def weights(self) -> dict[str, torch.Tensor] | None:

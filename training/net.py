@@ -3,9 +3,11 @@ re-balancer it starts from, and the emulated stragglers' slowdown."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -69,10 +71,14 @@ def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:
     )
 
 
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Accuracy of `model` on (x, y), in eval mode; the model is left in train mode."""
+def evaluate(model: nn.Module, batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> float:
+    """Accuracy of `model` over numpy (x, y) batches, in eval mode; the model is left in train
+    mode."""
     model.eval()
+    right = total = 0
     with torch.no_grad():
-        acc = (model(x).argmax(1) == y).float().mean().item()
+        for x, y in batches:
+            right += int((model(torch.from_numpy(x)).argmax(1) == torch.from_numpy(y)).sum())
+            total += len(y)
     model.train()
-    return acc
+    return right / total if total else 0.0

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from hetflow.records import RunResult
 from hetflow.training.comm import WireCounter
-from hetflow.training.data import load_rank_data
+from hetflow.training.data import open_rank_data
 from hetflow.training.job import RunSpec
 from hetflow.training.loop import train
 from hetflow.training.probes import profile
@@ -81,13 +81,13 @@ def main(argv: list[str] | None = None) -> None:
     counter = WireCounter(world)
     counter.install()
     try:
-        data = load_rank_data(spec.dataset)
+        data = open_rank_data(spec.dataset)  # reads no shard: each rank streams its own
         if spec.mode == "train":
             mine, weights = train(spec, data, rank, world, counter)
         else:
             mine = profile(spec, data, rank, world, counter).model_dump(mode="json")
             weights = None
-        data.cache.close()
+        data.close()
         gathered: list = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:

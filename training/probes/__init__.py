@@ -82,7 +82,8 @@ def profile(
     model = build_model(
         spec.train.model, data.manifest.features, data.manifest.classes, spec.train.seed
     )
-    x, y = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
+    head = data.head("train", max([*spec.profile_batches, 64]))  # the probes' samples only
+    x, y = torch.from_numpy(head.x), torch.from_numpy(head.y)
     took: dict[str, float] = {}
 
     def timed(name: str, fn: Callable, *args):
