@@ -34,7 +34,7 @@ from hetflow.infra.cache import ShardCache
 from hetflow.infra.datasets import DatasetError, Manifest, ShardInfo, check_shards, read_manifest
 from hetflow.infra.paths import default_cache_dir
 from hetflow.training.partition import PartitionError, ShardSchedule, Stream, check_plan
-from hetflow.training.shards import check_context, decode_samples, split_layout
+from hetflow.training.shards import check_context, decode_samples, empty_samples, split_layout
 
 
 @dataclass
@@ -216,7 +216,7 @@ class RankReader:
         idx = self.stream.step_indices(step, plan, self.rank)
         which = self.shard_of[idx]
         local = idx - self.offsets[which]
-        first = self.held[need[0]][0] if need else np.empty((0,), np.float32)
+        first = self.held[need[0]][0] if need else empty_samples(self.manifest, self.context)
         x = np.empty((len(idx), *first.shape[1:]), dtype=first.dtype)
         y = np.empty(len(idx), dtype=np.int64)
         for s in need:

@@ -115,6 +115,16 @@ def split_layout(manifest: Manifest, split: str, context: int | None = None) -> 
     )
 
 
+def empty_samples(manifest: Manifest, context: int | None) -> np.ndarray:
+    """No samples, shaped and typed as the kind's samples (a rank whose local batch is 0)."""
+    kind = kind_of(manifest)
+    if kind == "tokens":
+        return np.empty((0, int(context or 0) + 1), dtype=np.int64)
+    if kind == "images":
+        return np.empty((0, *getattr(manifest, "shape", [])), dtype=np.uint8)
+    return np.empty((0, manifest.features), dtype=np.float32)
+
+
 def decode_samples(
     manifest: Manifest, shard: ShardInfo, data: bytes, context: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
