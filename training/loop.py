@@ -157,7 +157,9 @@ class TrainingLoop:
     def record_eval(self, step: int) -> None:
         """Rank 0 evaluates on the test split; every rank waits for it, outside the timed step."""
         if self.rank == 0:
-            accuracy = evaluate(self.net.model, self.data.eval_batches())
+            # batches no larger than the training's: evaluation needs no more memory than a step
+            batches = self.data.eval_batches(batch=max(self.state.plan))
+            accuracy = evaluate(self.net.model, batches)
             self.state.evals.append(
                 EvalPoint(step=step, train_time_s=self.state.train_time_s, accuracy=accuracy)
             )

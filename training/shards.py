@@ -60,8 +60,8 @@ class SplitLayout:
 
     shards: list[ShardInfo]
     samples: np.ndarray  # per listed shard
-    labels: np.ndarray  # per sample
-    shard_of: np.ndarray  # per sample, an index into `shards`
+    labels: np.ndarray  # per sample (int32: the index grows with the dataset, 8 bytes a sample)
+    shard_of: np.ndarray  # per sample, an index into `shards` (int32)
     offsets: np.ndarray  # first sample of each listed shard
 
     @property
@@ -96,11 +96,11 @@ def split_layout(manifest: Manifest, split: str, context: int | None = None) -> 
     for shard in manifest.splits[split].shards:
         if kind_of(manifest) == "tokens":
             n = windows_in(shard_tokens(shard), context)
-            classes = np.zeros(n, dtype=np.int64)
+            classes = np.zeros(n, dtype=np.int32)
         else:
             n = shard.samples
             cs = sorted(c for c, k in shard.labels.items() if k)
-            classes = np.repeat(np.asarray(cs, dtype=np.int64), [shard.labels[c] for c in cs])
+            classes = np.repeat(np.asarray(cs, dtype=np.int32), [shard.labels[c] for c in cs])
         if n:
             shards.append(shard)
             counts.append(n)
@@ -110,7 +110,7 @@ def split_layout(manifest: Manifest, split: str, context: int | None = None) -> 
         shards=shards,
         samples=samples,
         labels=np.concatenate(labels),
-        shard_of=np.repeat(np.arange(len(shards)), samples),
+        shard_of=np.repeat(np.arange(len(shards), dtype=np.int32), samples),
         offsets=np.concatenate([[0], np.cumsum(samples)[:-1]]).astype(np.int64),
     )
 
