@@ -1,6 +1,7 @@
 """`hetflow bench data`: no cache vs cache vs cache + prefetch, reading S3 shard by shard.
 
     hetflow bench data --s3-latency-ms 50 --s3-mbps 400 --epochs 3 --json data.json
+    hetflow bench data --train --s3-latency-ms 80   # inside training runs (data_train.py)
 
 One invocation, one synthetic dataset in S3 (moto on loopback unless AWS_ENDPOINT_URL is set),
 one rank of a plan (default rank 0 of 32,32,64) read with `training.data.RankReader` in the
@@ -281,6 +282,10 @@ def print_table(out: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--train" in (argv or []):  # streaming inside real training runs: benchmarks/data_train.py
+        from benchmarks import data_train
+
+        return data_train.main([x for x in argv if x != "--train"])
     try:
         a = parse_args(list(argv or []))
         check_plan(a.steps_per_epoch * sum(a.plan), a.plan, "bench dataset")

@@ -203,7 +203,21 @@ class DatasetSpec(_Model):
         None, title="Cache directory", description="Local shard cache; default under HETFLOW_HOME."
     )
     cache_mb: float = Field(256.0, gt=0, title="Cache budget (MB)")
-    prefetch: int = Field(2, ge=0, title="Prefetch depth (shards)")
+    prefetch: int = Field(
+        2,
+        ge=0,
+        title="Prefetch depth (shards)",
+        description="Shards each rank reads and decodes ahead of the step that needs them.",
+    )
+    s3_latency_ms: float = Field(
+        0.0,
+        ge=0,
+        title="Emulated S3 latency (ms)",
+        description="Added to every shard fetched from the source (0: none; for measurements).",
+    )
+    s3_mbps: float | None = Field(
+        None, gt=0, title="Emulated S3 bandwidth (Mbit/s)", description="None: unlimited."
+    )
 
     @field_validator("url")
     @classmethod

@@ -255,6 +255,7 @@ class StepRecord(_Record):
     )
     idle_s: float = 0.0
     comm_s: float = 0.0
+    s3_bytes: int = 0  # fetched from S3 by this rank's cache since its previous step
 
 
 class PlanChange(_Record):
@@ -328,6 +329,7 @@ class RankResult(_Record):
     recovery: Recovery = Recovery()
     bookkeeping_s: float = 0.0
     cache: CacheCounts = CacheCounts()
+    peak_rss_bytes: int = Field(0, description="The rank process's peak resident memory.")
 
 
 class RunResult(_Record):

@@ -88,3 +88,46 @@ def test_lru_model():
     assert simulate_lru([[0], [1], [2], [0], [1], [2]], sizes, 20) == [10] * 6
     assert simulate_lru([[0], [1], [1, 0], [2], [0]], sizes, 20) == [10, 10, 0, 10, 0]
     assert simulate_lru([[0, 1, 2, 3]], sizes, 0) == [40]  # only the one just read is kept
+
+
+def test_train_mode_figures_come_from_the_step_records_epoch_by_epoch():
+    from hetflow.records import CacheCounts, PlanChange, RankResult, RunResult, StepRecord
+
+    from benchmarks.data_train import epoch_figures
+
+    def rank(r: int, waits: list[float], s3: list[int]) -> RankResult:
+        recs = [
+            StepRecord(
+                step=t,
+                batch=8,
+                data_s=w,
+                compute_s=0.0,
+                wait_s=0.0,
+                step_s=1.0,
+                loss_sum=0.0,
+                bytes_sent=0.0,
+                s3_bytes=b,
+            )
+            for t, (w, b) in enumerate(zip(waits, s3, strict=True))
+        ]
+        return RankResult(
+            rank=r, records=recs, plans=[PlanChange(step=0, plan=[8, 8])], cache=CacheCounts()
+        )
+
+    res = RunResult(
+        ranks=[
+            rank(0, [0.5, 0.1, 0.0, 0.0], [9, 1, 0, 0]),
+            rank(1, [0.3, 0.1, 0.02, 0.0], [0, 0, 0, 0]),
+        ]
+    )
+    epochs = epoch_figures(res, steps_per_epoch=2)
+    assert [e["s3_bytes_read"] for e in epochs] == [10, 0]
+    assert [e["data_wait_fraction"] for e in epochs] == pytest.approx([1.0 / 4, 0.02 / 4])
+
+
+def test_train_mode_refuses_bad_flags_in_one_line(capsys):
+    assert main(["--train", "--epochs", "1"]) == 2
+    assert (
+        capsys.readouterr().out.strip()
+        == "hetflow bench data --train: error: --epochs: invalid value 1"
+    )

@@ -29,7 +29,26 @@ from hetflow.infra.datasets import (
 )
 from hetflow.infra.s3 import local_endpoint_environ
 from hetflow.tasks.data import _retry_unless_bad_data, ingest_dataset
-from hetflow.training.data import RankReader, check_world, load_rank_data
+from hetflow.training.data import RankReader, check_world, open_rank_data
+
+
+def load_rank_data(spec: DatasetSpec):
+    """Open the dataset and read every split through the cache, in bounded batches."""
+    data = open_rank_data(spec)
+    data.splits = {
+        name: [np.concatenate(a) for a in zip(*data.eval_batches(name, batch=7), strict=True)]
+        for name in data.manifest.splits
+    }
+    data.close()
+    return data
+
+
+def _class_by_class(x: np.ndarray, y: np.ndarray, shard: int) -> tuple[np.ndarray, np.ndarray]:
+    """The samples in the reader's numbering: class by class within each shard."""
+    order = np.concatenate(
+        [a + np.argsort(y[a : a + shard], kind="stable") for a in range(0, len(y), shard)]
+    )
+    return x[order], y[order]
 
 
 def _objects(url: str) -> list[str]:
@@ -67,8 +86,10 @@ def test_ingest_writes_shards_and_manifest_and_reads_back(s3, tmp_path):
 
     source = synthetic_source(100, 0.2, 0)
     data = load_rank_data(spec)
-    assert np.array_equal(data.train.x, source["train"][0])
-    assert np.array_equal(data.test.y, source["test"][1])
+    xtr, _ = _class_by_class(*source["train"], 32)
+    _, yte = _class_by_class(*source["test"], 32)
+    assert np.array_equal(data.splits["train"][0], xtr)
+    assert np.array_equal(data.splits["test"][1], yte)
     assert data.cache.stats.misses == 4 and data.cache.stats.hits == 0
     assert data.cache.stats.s3_bytes_read == sum(
         s.bytes for sp in manifest.splits.values() for s in sp.shards

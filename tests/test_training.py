@@ -11,13 +11,12 @@ import torch
 from torch import nn
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.infra.datasets import digits_source
 from hetflow.infra.s3 import free_port
 from hetflow.records import Plan
 from hetflow.training.comm import allgather_bytes
+from hetflow.training.data import open_rank_data
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers, torchrun_command, worker_env
-from hetflow.training.partition import Stream
 from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -51,19 +50,18 @@ def _one_step_spec(dataset, tmp_path, plan, name, nodes=("node0",) * 4):
 
 
 def _single_process_step(spec: RunSpec) -> dict[str, torch.Tensor]:
-    """The reference: one SGD step on the concatenated global batch, mean loss."""
-    x, y = digits_source(spec.dataset.test_fraction, spec.dataset.seed)["train"]
-    idx = np.concatenate(
-        [
-            Stream(y, spec.train.seed).step_indices(0, spec.plan.local_batches, r)
-            for r in range(spec.cluster.world_size)
-        ]
-    )
+    """The reference: one SGD step on the concatenated global batch (every rank's share of step
+    0, read as the ranks read it), mean loss."""
+    data = open_rank_data(spec.dataset)
+    shares = [
+        data.reader(r, spec.train.seed).batch(0, spec.plan.local_batches)
+        for r in range(spec.cluster.world_size)
+    ]
+    data.close()
+    x, y = (np.concatenate(a) for a in zip(*shares, strict=True))
     model = seeded_model(get_recipe(spec.train.recipe), DataInfo(), spec.train.seed)
     opt = torch.optim.SGD(model.parameters(), lr=spec.train.lr)
-    nn.functional.cross_entropy(
-        model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx])
-    ).backward()
+    nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
     opt.step()
     return model.state_dict()
 

@@ -1,24 +1,29 @@
-"""A rank's view of the dataset: shards read through the local cache.
+"""A rank's view of the dataset: its share of each step, streamed from S3 through the cache.
 
-Two ways to read:
+Nothing is loaded whole. `open_rank_data(spec)` reads the manifest and opens the host's shard
+cache (bounded, checksum-validated, shared by the host's ranks: infra/cache.py); then
 
-- `load_rank_data(spec)`: every shard into memory once (what the torchrun worker does; small
-  datasets), through the cache and with the next shards prefetched while one is decoded;
-- `RankReader`: one rank's batches step by step, shard by shard, in the shard-local stream order
-  (training/partition.py), holding in memory only the shards the current step needs, with a
-  background reader that brings the shards of its next steps through the cache and decodes
-  them while the step computes (what `hetflow bench data` measures).
+- `RankReader` hands out one rank's batches step by step, shard by shard, in the shard-local
+  stream order (training/partition.py): it holds in memory only the shards the current step
+  needs, and a background reader brings the shards of its next steps through the cache and
+  decodes them while the step computes. A rank's memory for data is therefore those shards plus
+  `prefetch` decoded shards, whatever the dataset's size; the cache's budget bounds its disk.
+  The batch of a step depends only on (seed, step, plan), so a re-plan mid-epoch and a restart
+  from a checkpoint keep every sample read exactly once per epoch.
+- `RankData.eval_batches` reads a split in bounded batches (one decoded shard at a time).
 
 The shard-local order needs every sample's label before any shard is read; the manifest's label
 histograms give them: within a shard, samples are numbered class by class (a stable sort by
-label), which is the same order `RankReader` applies to a shard once it is read.
+label), the order `training.shards.decode_samples` gives a shard once it is read. Token
+windows (label 0) are numbered in the order of the tokens.
 """
 
 from __future__ import annotations
 
+import resource
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -26,17 +31,10 @@ import numpy as np
 
 from hetflow.config import DatasetSpec
 from hetflow.infra.cache import ShardCache
-from hetflow.infra.datasets import (
-    DatasetError,
-    Manifest,
-    ShardInfo,
-    check_shard,
-    check_shards,
-    decode_shard,
-    read_manifest,
-)
+from hetflow.infra.datasets import DatasetError, Manifest, ShardInfo, check_shards, read_manifest
 from hetflow.infra.paths import default_cache_dir
 from hetflow.training.partition import PartitionError, ShardSchedule, Stream, check_plan
+from hetflow.training.shards import check_context, decode_samples, empty_samples, split_layout
 
 
 @dataclass
@@ -45,13 +43,69 @@ class Split:
     y: np.ndarray
 
 
-@dataclass
 class RankData:
-    manifest: Manifest
-    train: Split
-    test: Split
-    cache: ShardCache
-    load_s: float
+    """What a rank reads from: the dataset's manifest and this host's shard cache.
+
+    Nothing of the dataset is loaded here: `reader` streams the rank's share of each step,
+    `eval_batches` a split in bounded batches, `head` the first few samples (for the probes).
+    `context`: tokens per training window, for token data (the recipe's).
+    """
+
+    def __init__(
+        self, manifest: Manifest, cache: ShardCache, prefetch: int, context: int | None = None
+    ) -> None:
+        self.manifest, self.cache, self.prefetch, self.context = manifest, cache, prefetch, context
+        self.load_s = 0.0
+        self._readers: list[RankReader] = []
+
+    def reader(self, rank: int, seed: int, split: str = "train") -> RankReader:
+        """Rank `rank`'s batches of `split`, prefetched `prefetch` shards ahead (closed by
+        `close`)."""
+        r = RankReader(
+            self.manifest,
+            split,
+            self.cache,
+            rank,
+            seed,
+            prefetch=self.prefetch,
+            context=self.context,
+        )
+        self._readers.append(r)
+        return r
+
+    def eval_batches(
+        self, split: str = "test", batch: int = 512, limit: int | None = None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """`split` in batches of at most `batch` samples, shard by shard in the manifest's
+        order, through the cache (the next shard prefetched while one is used): at most one
+        decoded shard and one batch in memory. `limit`: only the first `limit` samples (a
+        fixed subset, the same at every evaluation)."""
+        layout = split_layout(self.manifest, split, self.context)
+        left = layout.total if limit is None else min(limit, layout.total)
+        for i, shard in enumerate(layout.shards):
+            if left <= 0:
+                return
+            self.cache.prefetch([(s.key, s.sha256) for s in layout.shards[i + 1 : i + 2]])
+            x, y = read_samples(self.manifest, shard, self.cache, self.context)
+            x, y = x[:left], y[:left]
+            left -= len(x)
+            for a in range(0, len(x), batch):
+                yield x[a : a + batch], y[a : a + batch]
+
+    def head(self, split: str, n: int) -> Split:
+        """The first `n` samples of `split` (fewer if it is smaller), read from its first shards."""
+        xs, ys = zip(*self.eval_batches(split, batch=n, limit=n), strict=True)
+        return Split(np.concatenate(xs), np.concatenate(ys))
+
+    def close(self) -> None:
+        for r in self._readers:
+            r.close()
+        self.cache.close()
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports kilobytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def open_cache(spec: DatasetSpec, **overrides) -> ShardCache:
@@ -59,63 +113,43 @@ def open_cache(spec: DatasetSpec, **overrides) -> ShardCache:
     kw = {
         "budget_bytes": int(spec.cache_mb * 1e6),
         "latency_s": float(getattr(spec, "s3_latency_ms", 0.0) or 0.0) / 1e3,
-        "mbps": getattr(spec, "s3_mbps", None),
+        "mbps": getattr(spec, "s3_mbps", None) or None,
         "prefetch_depth": spec.prefetch,
         **overrides,
     }
     return ShardCache(spec.url, spec.cache_dir or default_cache_dir(), **kw)
 
 
-def read_shard(
-    manifest: Manifest, shard: ShardInfo, cache: ShardCache
+def read_samples(
+    manifest: Manifest, shard: ShardInfo, cache: ShardCache, context: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One shard, through the cache, decoded and checked against the manifest."""
-    name = manifest.shard_url(shard)
-    x, y = decode_shard(cache.read(shard.key, shard.sha256), name)
-    check_shard(shard, x, y, name)
-    return x, y
+    """One shard through the cache (checksum-validated), decoded into its samples class by
+    class and checked against the manifest."""
+    return decode_samples(manifest, shard, cache.read(shard.key, shard.sha256), context)
 
 
-def load_split(manifest: Manifest, split: str, cache: ShardCache) -> Split:
-    if split not in manifest.splits:
-        raise DatasetError(f"{manifest.url}: no split {split!r} (has {sorted(manifest.splits)})")
-    shards = manifest.splits[split].shards
-    xs, ys = [], []
-    for i, shard in enumerate(shards):
-        cache.prefetch([(s.key, s.sha256) for s in shards[i + 1 :]])
-        x, y = read_shard(manifest, shard, cache)
-        xs.append(x)
-        ys.append(y)
-    return Split(np.concatenate(xs), np.concatenate(ys))
-
-
-def load_rank_data(spec: DatasetSpec) -> RankData:
+def open_rank_data(spec: DatasetSpec, context: int | None = None) -> RankData:
+    """The manifest, checked (one listing: a missing shard fails here, not mid-run, and a
+    context that does not fit the data too), and the host's cache. Reads no shard."""
     t = time.perf_counter()
     manifest = read_manifest(spec.url)
-    check_shards(manifest)  # one listing: a missing shard fails here, not mid-load
-    cache = open_cache(spec)
-    train = load_split(manifest, "train", cache)
-    test = load_split(manifest, "test", cache)
-    return RankData(manifest, train, test, cache, time.perf_counter() - t)
+    check_shards(manifest)
+    check_context(manifest, context)
+    data = RankData(manifest, open_cache(spec, prefetch_depth=1), spec.prefetch, context)
+    data.load_s = time.perf_counter() - t
+    return data
 
 
-def check_world(manifest: Manifest, plan: Sequence[int], split: str = "train") -> None:
-    """DatasetError naming the dataset when the plan cannot share its samples (ranks > samples)."""
+def check_world(
+    manifest: Manifest, plan: Sequence[int], split: str = "train", context: int | None = None
+) -> None:
+    """DatasetError naming the dataset when the plan cannot share its samples (ranks > samples;
+    for token data, samples are windows of `context`)."""
     try:
-        check_plan(manifest.splits[split].samples, plan, f"{manifest.url} ({split} split)")
+        n = split_layout(manifest, split, context).total
+        check_plan(n, plan, f"{manifest.url} ({split} split)")
     except PartitionError as e:
         raise DatasetError(str(e)) from None
-
-
-def shard_layout(manifest: Manifest, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(labels, shard of each sample, offset of each shard) in the class-by-class numbering."""
-    labels, shard_of, offsets = [], [], [0]
-    for i, shard in enumerate(manifest.splits[split].shards):
-        classes = sorted(c for c, n in shard.labels.items() if n)
-        labels.append(np.repeat(classes, [shard.labels[c] for c in classes]))
-        shard_of.append(np.full(shard.samples, i))
-        offsets.append(offsets[-1] + shard.samples)
-    return np.concatenate(labels), np.concatenate(shard_of), np.asarray(offsets[:-1])
 
 
 class RankReader:
@@ -138,11 +172,12 @@ class RankReader:
         seed: int,
         block: int = 1,
         prefetch: int = 0,
+        context: int | None = None,
     ) -> None:
-        self.manifest, self.cache, self.rank = manifest, cache, rank
-        self.shards = manifest.splits[split].shards
-        labels, self.shard_of, self.offsets = shard_layout(manifest, split)
-        self.stream = Stream(labels, seed, shards=self.shard_of, block=block)
+        self.manifest, self.cache, self.rank, self.context = manifest, cache, rank, context
+        layout = split_layout(manifest, split, context)
+        self.shards, self.shard_of, self.offsets = layout.shards, layout.shard_of, layout.offsets
+        self.stream = Stream(layout.labels, seed, shards=self.shard_of, block=block)
         self.depth = prefetch
         self.held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.reads = 0
@@ -158,11 +193,10 @@ class RankReader:
         return self._schedule(step)
 
     def _load(self, s: int) -> tuple[np.ndarray, np.ndarray]:
-        x, y = read_shard(self.manifest, self.shards[s], self.cache)
-        order = np.argsort(y, kind="stable")
+        x, y = read_samples(self.manifest, self.shards[s], self.cache, self.context)
         with self._lock:
             self.reads += 1
-        return x[order], y[order]
+        return x, y
 
     def batch(self, step: int, plan: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         need = self.needed(step, plan)
@@ -182,7 +216,8 @@ class RankReader:
         idx = self.stream.step_indices(step, plan, self.rank)
         which = self.shard_of[idx]
         local = idx - self.offsets[which]
-        x = np.empty((len(idx), self.manifest.features), dtype=np.float32)
+        first = self.held[need[0]][0] if need else empty_samples(self.manifest, self.context)
+        x = np.empty((len(idx), *first.shape[1:]), dtype=first.dtype)
         y = np.empty(len(idx), dtype=np.int64)
         for s in need:
             m = which == s

@@ -12,14 +12,13 @@ from hetflow.emulation.emulator import now
 from hetflow.records import CacheCounts, EvalPoint, RankResult, Recovery, StepRecord
 from hetflow.training.checkpoint import CheckpointStore
 from hetflow.training.comm import WireCounter, comm_state_dict, load_comm_state, new_control_group
-from hetflow.training.data import RankData
+from hetflow.training.data import RankData, peak_rss_bytes
 from hetflow.training.job import RunSpec, emulator_for
 from hetflow.training.loop_state import LoopState
 from hetflow.training.models import parameter_count
 from hetflow.training.net import MeanOverCounts, build_net, new_rebalancer, straggler_factor
-from hetflow.training.partition import Stream
 from hetflow.training.progress import ProgressFile, note_recovery
-from hetflow.training.recipes import eval_batches, evaluate, recipe_of
+from hetflow.training.recipes import evaluate, recipe_of
 from hetflow.training.scheduler import SUDDEN_STEPS
 from hetflow.training.step_times import SharedStepTimes, column_means
 
@@ -46,9 +45,8 @@ class TrainingLoop:
         self.mean = MeanOverCounts(world, new_control_group())
         self.rebalancer = new_rebalancer(spec, world)
         self.base_slowdown = self.emu.slowdown
-        self.stream = Stream(data.train.y, seed=cfg.seed)
-        self.xtr, self.ytr = data.train.x, data.train.y
-        self.test_batches = eval_batches(self.recipe, data.test.x, data.test.y)
+        self.reader = data.reader(rank, cfg.seed)  # this rank's share of each step, streamed
+        self.s3_bytes_seen = 0
         self.store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
         self.state = self.resume()
         run_dir, start = Path(spec.run_dir), self.state.start
@@ -91,10 +89,10 @@ class TrainingLoop:
         emu, net = self.emu, self.net
         emu.slowdown = self.base_slowdown * straggler_factor(self.spec.stragglers, self.rank, step)
         t0 = now()
-        idx = self.stream.step_indices(step, self.state.plan, self.rank)
-        batch = self.recipe.batch(self.xtr[idx], self.ytr[idx])
+        xs, ys = self.reader.batch(step, self.state.plan)
+        batch = self.recipe.batch(xs, ys)
         t1 = now()
-        emu.start(key=len(idx))
+        emu.start(key=len(ys))
         loss_sum, count = self.recipe.loss(net.ddp, batch)
         # DDP averages over ranks: weighted so that the result is the mean over the global
         # batch's counts (samples, or tokens)
@@ -108,7 +106,7 @@ class TrainingLoop:
         computed = emu.finish()  # when the comm hook ended the phase at the last bucket
         return StepRecord(
             step=step,
-            batch=len(idx),
+            batch=len(ys),
             data_s=t1 - t0,
             compute_s=computed - t1,
             wait_s=t3 - computed,
@@ -116,7 +114,14 @@ class TrainingLoop:
             loss_sum=float(loss_sum.detach()),
             count=count,
             bytes_sent=nbytes,
+            s3_bytes=self.s3_bytes_since_last(),
         )
+
+    def s3_bytes_since_last(self) -> int:
+        """Bytes this rank's cache fetched from S3 since the previous step (prefetches too)."""
+        total = self.data.cache.stats.bytes_read
+        new, self.s3_bytes_seen = total - self.s3_bytes_seen, total
+        return new
 
     def record(self, rec: StepRecord) -> None:
         state = self.state
@@ -157,7 +162,12 @@ class TrainingLoop:
     def record_eval(self, step: int) -> None:
         """Rank 0 evaluates on the test split; every rank waits for it, outside the timed step."""
         if self.rank == 0:
-            figures = evaluate(self.recipe, self.net.model, self.test_batches)
+            # batches no larger than the training's: evaluation needs no more memory than a step
+            recipe = self.recipe
+            batches = (
+                recipe.batch(x, y) for x, y in self.data.eval_batches(batch=max(self.state.plan))
+            )
+            figures = evaluate(recipe, self.net.model, batches)
             self.state.evals.append(EvalPoint.of(step, self.state.train_time_s, figures))
         dist.barrier()  # the others wait here, outside the timed step
 
@@ -203,6 +213,7 @@ class TrainingLoop:
             recovery=self.recovery,
             bookkeeping_s=state.bookkeeping_s,
             cache=CacheCounts(hits=stats.hits, misses=stats.misses, bytes_read=stats.bytes_read),
+            peak_rss_bytes=peak_rss_bytes(),
         )
 
     def weights(self) -> dict[str, torch.Tensor] | None:

@@ -25,10 +25,11 @@ import torch.distributed as dist
 
 from hetflow.records import RunResult
 from hetflow.training.comm import WireCounter
-from hetflow.training.data import load_rank_data
+from hetflow.training.data import open_rank_data
 from hetflow.training.job import RunSpec
 from hetflow.training.loop import train
 from hetflow.training.probes import profile
+from hetflow.training.recipes import recipe_of
 
 
 def init_process_group() -> None:
@@ -81,13 +82,14 @@ def main(argv: list[str] | None = None) -> None:
     counter = WireCounter(world)
     counter.install()
     try:
-        data = load_rank_data(spec.dataset)
+        # reads no shard: each rank streams its own (token windows of the recipe's context)
+        data = open_rank_data(spec.dataset, context=recipe_of(spec.train).context)
         if spec.mode == "train":
             mine, weights = train(spec, data, rank, world, counter)
         else:
             mine = profile(spec, data, rank, world, counter).model_dump(mode="json")
             weights = None
-        data.cache.close()
+        data.close()
         gathered: list = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:

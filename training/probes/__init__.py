@@ -81,7 +81,8 @@ def profile(
     emu = emulator_for(spec, rank)
     recipe = recipe_of(spec.train)
     model = seeded_model(recipe, DataInfo.from_manifest(data.manifest), spec.train.seed)
-    x, y = data.train.x, data.train.y
+    head = data.head("train", max([*spec.profile_batches, 64]))  # the probes' samples only
+    x, y = head.x, head.y
     took: dict[str, float] = {}
 
     def timed(name: str, fn: Callable, *args):

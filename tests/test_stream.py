@@ -1,0 +1,178 @@
+"""A rank streams its share of each step: token windows, exactly once per epoch across re-plans
+and restarts, bounded memory, and a real training run that reads through the cache."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from hetflow.infra.cache import ShardCache
+from hetflow.infra.datasets import (
+    DatasetError,
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+    read_manifest,
+    sha256,
+    synthetic_source,
+    write_dataset,
+)
+from hetflow.infra.s3 import filesystem
+from hetflow.training.data import RankReader
+from hetflow.training.shards import check_context, split_layout, token_windows, windows_in
+
+
+class TokenShard(ShardInfo):
+    tokens: int
+
+
+class TokenManifest(Manifest):
+    kind: str = "tokens"
+
+
+def _token_dataset(url: str, lengths: list[int]) -> Manifest:
+    """Token shards whose tokens are their global positions, so a window names itself."""
+    fs, root = filesystem(url)
+    shards, start = [], 0
+    for i, n in enumerate(lengths):
+        buf = io.BytesIO()
+        np.save(buf, np.arange(start, start + n, dtype=np.uint16))
+        data, key = buf.getvalue(), f"train/shard-{i:05d}.npy"
+        fs.pipe_file(f"{root}/{key}", data)
+        shards.append(
+            TokenShard(
+                key=key, samples=n, tokens=n, bytes=len(data), sha256=sha256(data), labels={0: n}
+            )
+        )
+        start += n
+    split = SplitInfo(samples=start, labels={0: start}, shards=shards)
+    return TokenManifest(url=url, features=1, classes=1, splits={"train": split})
+
+
+@pytest.fixture
+def tokens(tmp_path):
+    """A 6-shard token dataset in memory:// (one shard too short for a window of 8)."""
+    url = f"memory://hetflow-stream/{tmp_path.name}"
+    manifest = _token_dataset(url, [81, 40, 5, 57, 64, 41])
+    return manifest, ShardCache(url, tmp_path / "cache", budget_bytes=10**9)
+
+
+def test_token_windows_overlap_by_one_token_and_stay_inside_their_shard():
+    w = token_windows(np.arange(20), context=6)
+    assert w.shape == (windows_in(20, 6), 7) == (3, 7)
+    assert (w[1:, 0] == w[:-1, -1]).all()  # the next window's inputs begin at the targets' end
+    assert w.max() == 18 and windows_in(6, 6) == 0 and windows_in(7, 6) == 1
+
+
+def test_a_context_the_data_cannot_hold_is_named_in_one_line(tokens):
+    manifest, _ = tokens
+    with pytest.raises(DatasetError, match=r"\(train split\): context 81 is longer than the data"):
+        check_context(manifest, 81)
+    with pytest.raises(DatasetError, match="token data needs a context"):
+        check_context(manifest, None)
+    check_context(manifest, 80)
+    assert split_layout(manifest, "train", 8).total == sum(
+        windows_in(n, 8) for n in [81, 40, 5, 57, 64, 41]
+    )
+
+
+def _epoch_windows(manifest, cache, plans, steps, restart_at=None, prefetch=2):
+    """Every rank's windows over `steps` steps, the plan switching through `plans`; with
+    `restart_at`, each rank's reader is replaced by a fresh one at that step (a restart)."""
+    seen = []
+    for rank in range(3):
+        reader = RankReader(manifest, "train", cache, rank, seed=3, prefetch=prefetch, context=8)
+        for step in range(steps):
+            if step == restart_at:
+                reader.close()
+                reader = RankReader(manifest, "train", cache, rank, 3, prefetch=prefetch, context=8)
+            x, y = reader.batch(step, plans[step * len(plans) // steps])
+            assert x.dtype == np.int64 and x.shape[1] == 9 and not y.any()
+            assert (np.diff(x, axis=1) == 1).all()  # consecutive tokens of one shard
+            seen.extend(x[:, 0].tolist())
+        reader.close()
+    return seen
+
+
+@pytest.mark.parametrize("restart_at", [None, 5])
+def test_token_windows_are_read_once_per_epoch_across_replans_and_restarts(tokens, restart_at):
+    manifest, cache = tokens
+    n = split_layout(manifest, "train", 8).total  # 33 windows: one epoch of 11 steps of 3
+    plans = [[1, 1, 1], [2, 0, 1], [0, 1, 2]]
+    first = _epoch_windows(manifest, cache, plans, 11, restart_at)
+    starts = sorted(first)
+    assert len(starts) == n == len(set(starts))
+    two = _epoch_windows(manifest, cache, plans, 22, restart_at)
+    assert sorted(two) == sorted(starts * 2)  # the second epoch: every window once again
+
+
+def test_a_restarted_reader_hands_out_the_batches_the_first_would_have(tokens):
+    manifest, cache = tokens
+    plan = [2, 1, 0]
+    one = RankReader(manifest, "train", cache, 0, seed=3, prefetch=2, context=8)
+    two = RankReader(manifest, "train", cache, 0, seed=3, context=8)
+    for step in range(14):
+        x1, _ = one.batch(step, plan)
+        if step >= 9:  # the restarted process reads from its checkpoint's step on
+            assert np.array_equal(x1, two.batch(step, plan)[0])
+    one.close()
+
+
+def test_a_reader_holds_only_the_shards_of_its_step_and_its_prefetch(tmp_path):
+    """A dataset of 40 shards, read with a cache budget of 4: in memory, at most the step's
+    shards plus the prefetch depth; on disk, at most the budget plus the shards being written
+    by the prefetch (an entry read meanwhile is not evicted: it is no longer least recent)."""
+    url = f"memory://hetflow-stream/bounded-{tmp_path.name}"
+    manifest = write_dataset(url, {"train": synthetic_source(1201, 1e-9, 0)["train"]}, 30)
+    size = max(s.bytes for s in manifest.splits["train"].shards)
+    cache = ShardCache(url, tmp_path / "c", budget_bytes=4 * size)
+    most = 0
+    with RankReader(manifest, "train", cache, 1, seed=0, prefetch=2) as reader:
+        for step in range(60):
+            reader.batch(step, [16, 24])
+            held = len(reader.held) + len(reader._ahead)
+            most = max(most, held - len(reader.needed(step, [16, 24])))
+            assert cache.cached_bytes() <= (4 + 2) * size
+    assert most <= 2 and reader.reads >= 40
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_training_run_streams_its_share_and_reports_what_it_read(s3, tmp_path):
+    """Two torchrun ranks train 2.5 epochs of a 20-shard dataset through one host cache that
+    holds it: S3 bytes only in the first epoch (counted step by step), the cache's counts and
+    the ranks' peak memory in the result, and the run's figures made from them."""
+    from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+    from hetflow.records import Plan, RunResult
+    from hetflow.training.job import RunSpec
+    from hetflow.training.launch import run_workers
+    from hetflow.training.metrics import summarize
+
+    dataset = DatasetSpec(url="s3://hetflow-stream/run", cache_dir=str(tmp_path / "cache"))
+    source = synthetic_source(1001, 0.2, 0)
+    write_dataset(dataset.url, source, 40)  # 800 train samples in 20 shards, 201 test
+    train = TrainConfig(
+        model="mlp", global_batch=80, steps=25, eval_every=10, schedule="equal"
+    ).model_copy(update={"target_accuracy": None, "checkpoint_every": 100})
+    spec = RunSpec(
+        run_name="stream",
+        variant="baseline",
+        cluster=ClusterSpec.from_speeds([1.0, 1.0], emulate=False),
+        dataset=dataset,
+        train=train,
+        plan=Plan.equal([30, 50]),
+        run_dir=str(tmp_path / "run"),
+    )
+    result = RunResult.model_validate(run_workers(spec, timeout_s=200)[0])
+    per_step = [sum(r.records[t].s3_bytes for r in result.ranks) for t in range(train.steps)]
+    test_bytes = sum(s.bytes for s in read_manifest(dataset.url).splits["test"].shards)
+    # An epoch is 10 steps; the first evaluation (after step 9) reads the test split, counted
+    # with the step after it; from then on every read is a cache hit.
+    assert sum(per_step[:10]) > 0 and per_step[10] == test_bytes and per_step[11:] == [0] * 14
+    assert all(sum(rec.s3_bytes for rec in r.records) <= r.cache.bytes_read for r in result.ranks)
+    assert all(r.peak_rss_bytes > 0 and r.cache.hits > 0 for r in result.ranks)
+    m = summarize(result, train.global_batch, None)
+    assert m["s3_bytes_read"] == sum(r.cache.bytes_read for r in result.ranks) > 0
+    assert 0 < m["cache_hit_ratio"] < 1 and m["final_accuracy"] > 0.5

@@ -1,0 +1,151 @@
+"""What a shard of each manifest kind holds as training samples (pure, no I/O).
+
+A sample is what one row of a step's batch is, numbered shard by shard:
+
+- `tabular`: a row of features (float32), its label from the shard's histogram;
+- `images`: an image (uint8, C x H x W), its label likewise;
+- `tokens`: a window of `context + 1` tokens, windows `context` tokens apart, so that the
+  targets of one window (`x[1:]`) end where the next window's inputs begin; label 0. A shard of
+  T tokens holds (T - 1) // context windows (none when T <= context); windows never cross
+  shards, so a shard alone decodes into its samples.
+
+Within a shard, samples are numbered class by class (a stable sort by label), the order the
+partitioner's labels assume before any shard is read.
+
+    >>> windows_in(tokens=1025, context=256), windows_in(tokens=256, context=256)
+    (4, 0)
+    >>> token_windows(np.arange(7), context=3).tolist()
+    [[0, 1, 2, 3], [3, 4, 5, 6]]
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetflow.infra.datasets import DatasetError, Manifest, ShardInfo
+
+KINDS = ("tabular", "images", "tokens")
+
+
+def kind_of(manifest: Manifest) -> str:
+    """The manifest's kind; manifests written before kinds existed are tabular."""
+    return getattr(manifest, "kind", None) or "tabular"
+
+
+def windows_in(tokens: int, context: int) -> int:
+    """Windows of `context + 1` tokens, `context` apart, in a shard of `tokens` tokens."""
+    return max(0, (int(tokens) - 1) // int(context))
+
+
+def token_windows(tokens: np.ndarray, context: int) -> np.ndarray:
+    """(windows_in(len(tokens), context), context + 1) int64: the shard's training windows."""
+    n = windows_in(len(tokens), context)
+    starts = np.arange(n)[:, None] * context
+    return np.asarray(tokens, dtype=np.int64)[starts + np.arange(context + 1)]
+
+
+def shard_tokens(shard: ShardInfo) -> int:
+    """A token shard's token count (the manifest's `tokens`, else its `samples`)."""
+    return int(getattr(shard, "tokens", None) or shard.samples)
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    """A split's samples as the reader numbers them: per shard the sample count, and per sample
+    its label and shard (class by class within a shard). `shards` lists the manifest's shards
+    that hold at least one sample; `index` maps them back to the manifest's list."""
+
+    shards: list[ShardInfo]
+    samples: np.ndarray  # per listed shard
+    labels: np.ndarray  # per sample (int32: the index grows with the dataset, 8 bytes a sample)
+    shard_of: np.ndarray  # per sample, an index into `shards` (int32)
+    offsets: np.ndarray  # first sample of each listed shard
+
+    @property
+    def total(self) -> int:
+        return int(self.samples.sum())
+
+
+def check_context(manifest: Manifest, context: int | None, split: str = "train") -> None:
+    """DatasetError naming the dataset when `context` does not fit it: a token dataset without
+    a context, or one with no shard longer than the context; a context for another kind."""
+    kind, name = kind_of(manifest), f"{manifest.url} ({split} split)"
+    if kind != "tokens":
+        if context is not None:
+            raise DatasetError(f"{name}: a context ({context}) is for token data, not {kind}")
+        return
+    if context is None or context < 1:
+        raise DatasetError(f"{name}: token data needs a context >= 1 (got {context})")
+    longest = max(shard_tokens(s) for s in manifest.splits[split].shards)
+    if windows_in(longest, context) == 0:
+        raise DatasetError(
+            f"{name}: context {context} is longer than the data allows "
+            f"(longest shard: {longest} tokens; a window needs {context + 1})"
+        )
+
+
+def split_layout(manifest: Manifest, split: str, context: int | None = None) -> SplitLayout:
+    """The reader's numbering of `split`'s samples (`context`: for token data)."""
+    if split not in manifest.splits:
+        raise DatasetError(f"{manifest.url}: no split {split!r} (has {sorted(manifest.splits)})")
+    check_context(manifest, context, split)
+    shards, counts, labels = [], [], []
+    for shard in manifest.splits[split].shards:
+        if kind_of(manifest) == "tokens":
+            n = windows_in(shard_tokens(shard), context)
+            classes = np.zeros(n, dtype=np.int32)
+        else:
+            n = shard.samples
+            cs = sorted(c for c, k in shard.labels.items() if k)
+            classes = np.repeat(np.asarray(cs, dtype=np.int32), [shard.labels[c] for c in cs])
+        if n:
+            shards.append(shard)
+            counts.append(n)
+            labels.append(classes)
+    samples = np.asarray(counts, dtype=np.int64)
+    return SplitLayout(
+        shards=shards,
+        samples=samples,
+        labels=np.concatenate(labels),
+        shard_of=np.repeat(np.arange(len(shards), dtype=np.int32), samples),
+        offsets=np.concatenate([[0], np.cumsum(samples)[:-1]]).astype(np.int64),
+    )
+
+
+def empty_samples(manifest: Manifest, context: int | None) -> np.ndarray:
+    """No samples, shaped and typed as the kind's samples (a rank whose local batch is 0)."""
+    kind = kind_of(manifest)
+    if kind == "tokens":
+        return np.empty((0, int(context or 0) + 1), dtype=np.int64)
+    if kind == "images":
+        return np.empty((0, *getattr(manifest, "shape", [])), dtype=np.uint8)
+    return np.empty((0, manifest.features), dtype=np.float32)
+
+
+def decode_samples(
+    manifest: Manifest, shard: ShardInfo, data: bytes, context: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A shard's bytes (already checksum-validated) as its samples (x, y), class by class."""
+    name = manifest.shard_url(shard)
+    if kind_of(manifest) == "tokens":
+        try:
+            tokens = np.load(io.BytesIO(data), allow_pickle=False)
+        except Exception as e:
+            raise DatasetError(
+                f"{name}: not a valid .npy token shard ({type(e).__name__})"
+            ) from None
+        if tokens.ndim != 1 or len(tokens) != shard_tokens(shard):
+            raise DatasetError(
+                f"{name}: holds {tokens.shape} tokens, the manifest says {shard_tokens(shard)}"
+            )
+        x = token_windows(tokens, context)
+        return x, np.zeros(len(x), dtype=np.int64)
+    from hetflow.infra.datasets import check_shard, decode_shard
+
+    x, y = decode_shard(data, name)
+    check_shard(shard, x, y, name)
+    order = np.argsort(y, kind="stable")
+    return x[order], y[order]
