@@ -14,7 +14,7 @@ from hetflow.infra.tracking.content import record_training
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.training.job import RunSpec
-from hetflow.training.launch import run_workers
+from hetflow.training.launch import LaunchError, RankFailed, run_workers
 from hetflow.training.metrics import step_series, summarize
 from hetflow.training.planning import make_plan
 
@@ -29,7 +29,37 @@ def stable_run_dir(label: str) -> Path:
     return path
 
 
-@task(task_run_name="train {variant}", retries=1, retry_delay_seconds=5)
+def worth_retrying(task, task_run, state) -> bool:
+    """Prefect retries a lost torchrun job, not a rank's own exception (deterministic)."""
+    try:
+        state.result()
+    except RankFailed:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+def failure_tags(e: LaunchError) -> dict[str, str]:
+    """The failed run's tags: the rank, step and exception when a rank raised."""
+    if not isinstance(e, RankFailed):
+        return {"failure": "torchrun"}
+    f = e.failure
+    step = "" if f.step is None else str(f.step)
+    return {
+        "failure": f.kind,
+        "failed_rank": str(f.rank),
+        "failed_step": step,
+        "failed_exception": f.exception,
+    }
+
+
+@task(
+    task_run_name="train {variant}",
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=worth_retrying,
+)
 def train_variant(
     variant: str,
     cluster: ClusterSpec,
@@ -68,7 +98,11 @@ def train_variant(
     )
     progress = _progress_reporter(variant, train.steps)
     with tracker.system_metrics(run_id):
-        raw, wall = run_workers(spec, on_progress=progress)
+        try:
+            raw, wall = run_workers(spec, on_progress=progress)
+        except LaunchError as e:
+            tracker.fail(run_id, str(e), failure_tags(e))
+            raise
     progress(train.steps)
     result = RunResult.model_validate(raw)
     metrics = summarize(result, train.global_batch, train.target_accuracy)
