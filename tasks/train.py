@@ -96,14 +96,7 @@ def train_variant(
     run_id = tracker.open_variant_run(
         variant, cluster, dataset, train, plan, run_dir, parent_run_id
     )
-    progress = _progress_reporter(variant, train.steps)
-    with tracker.system_metrics(run_id):
-        try:
-            raw, wall = run_workers(spec, on_progress=progress)
-        except LaunchError as e:
-            tracker.fail(run_id, str(e), failure_tags(e))
-            raise
-    progress(train.steps)
+    raw, wall = launch(spec, tracker, run_id)
     result = RunResult.model_validate(raw)
     metrics = summarize(result, train.global_batch, train.target_accuracy)
     metrics["run_time_s"] = wall
@@ -123,6 +116,20 @@ def train_variant(
         f"accuracy {metrics.get('final_accuracy', float('nan')):.3f}, {wall:.0f}s with launch"
     )
     return outcome
+
+
+def launch(spec: RunSpec, tracker: MLflowTracker, run_id: str) -> tuple[dict, float]:
+    """run_workers with MLflow system metrics on and a Prefect progress artifact; on a
+    failure the MLflow run is marked FAILED with why (the rank, step and exception)."""
+    progress = _progress_reporter(spec.variant, spec.train.steps)
+    with tracker.system_metrics(run_id):
+        try:
+            raw, wall = run_workers(spec, on_progress=progress)
+        except LaunchError as e:
+            tracker.fail(run_id, str(e), failure_tags(e))
+            raise
+    progress(spec.train.steps)
+    return raw, wall
 
 
 def record_outcome(
