@@ -40,6 +40,13 @@ def worth_retrying(task, task_run, state) -> bool:
     return True
 
 
+def _will_retry(e: LaunchError) -> bool:
+    """Whether Prefect runs this train task again after `e` (see `worth_retrying`)."""
+    if isinstance(e, RankFailed) or not runtime.task_run.id:
+        return False
+    return runtime.task_run.run_count <= train_variant.retries
+
+
 def failure_tags(e: LaunchError) -> dict[str, str]:
     """The failed run's tags: the rank, step and exception when a rank raised."""
     if not isinstance(e, RankFailed):
@@ -126,7 +133,8 @@ def launch(spec: RunSpec, tracker: MLflowTracker, run_id: str) -> tuple[dict, fl
         try:
             raw, wall = run_workers(spec, on_progress=progress)
         except LaunchError as e:
-            tracker.fail(run_id, str(e), failure_tags(e))
+            if not _will_retry(e):  # a retry completes the same run
+                tracker.fail(run_id, str(e), failure_tags(e))
             raise
     progress(spec.train.steps)
     return raw, wall

@@ -176,3 +176,11 @@ def test_a_sigterm_checkpoints_at_the_next_step_and_redoes_at_most_one(
     assert m["restarts"] == 1 and m["steps_redone"] <= 1
     row = ("SIGTERM of a worker", "training (2 ranks)", "checkpointed, restarted")
     fault_table.append((*row, m["steps_redone"], "none", 1))
+
+
+def test_skipping_nonfinite_steps_is_refused_where_the_gradient_is_not_all_reduced_every_step():
+    from hetflow.config import ConfigError, check_job
+
+    cfg = TrainConfig(nonfinite="skip", compression="localsgd:4")
+    with pytest.raises(ConfigError, match=r"^train\.nonfinite: 'skip' needs"):
+        check_job(ClusterSpec.from_speeds([1, 1]), cfg)
