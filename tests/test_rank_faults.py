@@ -15,15 +15,20 @@ import pytest
 import torch
 
 from hetflow.config import ClusterSpec, TrackingConfig, TrainConfig
-from hetflow.records import Plan, RunResult
-from hetflow.training.faults import FiniteGuard, NonFiniteGradient
+from hetflow.records import Plan, RankFailure, RunResult
+from hetflow.training.faults import ranks_dir
 from hetflow.training.job import Injection, RunSpec
-from hetflow.training.launch import LaunchError, run_workers
+from hetflow.training.launch import LaunchError, RankFailed, run_workers
 from hetflow.training.metrics import summarize
+from hetflow.training.watch import JobWatch
 
 from tests.profiles import profile_of, rank_profile
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+# Tests that start torchrun: marked slow, each with a timeout.
+def _launches(test):
+    return pytest.mark.slow(pytest.mark.timeout(150)(test))
+
 
 STEPS, EVERY = 16, 4
 
@@ -76,6 +81,7 @@ def _wait_for_step(run_dir: Path, step: int, thread: threading.Thread) -> None:
         time.sleep(0.05)
 
 
+@_launches
 def test_a_raising_rank_fails_the_flow_and_its_mlflow_run_at_once_naming_rank_and_exception(
     digits, prefect_harness, monkeypatch, fault_table
 ):
@@ -122,14 +128,48 @@ def _task_run_counts(flow_run_id) -> dict[str, int]:
     return {r.name: r.run_count for r in runs if r.name.startswith("train")}
 
 
-def test_a_nan_gradient_fails_naming_the_step():
-    model = torch.nn.Linear(2, 1)
-    guard = FiniteGuard(torch.optim.SGD(model.parameters(), lr=0.1), "fail")
-    model(torch.tensor([[float("nan"), 1.0]])).sum().backward()
-    with pytest.raises(NonFiniteGradient, match=r"the gradient is NaN/Inf"):
-        guard.step()
+@_launches
+def test_a_nan_gradient_fails_the_run_naming_the_step(digits, tmp_path, fault_table):
+    spec = _spec(digits, tmp_path / "nan", [Injection(rank=1, step=6, kind="nan")])
+    with pytest.raises(RankFailed) as e:
+        run_workers(spec, timeout_s=120)
+    assert e.value.failure.kind == "nonfinite"
+    assert "step 6: the gradient is NaN/Inf" in str(e.value)
+    fault_table.append(("NaN loss on one rank", "training, nonfinite=fail", "failed", 0, "-", 1))
 
 
+def test_the_first_failure_of_a_rank_own_is_the_root_cause(tmp_path):
+    watch = JobWatch(tmp_path, stall_timeout_s=2)
+    _record(tmp_path, rank=0, kind="peer_lost", at=3.0)
+    assert watch.fatal() is None  # torchrun restarts the group for a lost peer
+    _record(tmp_path, rank=1, kind="error", at=2.0)
+    _record(tmp_path, rank=2, kind="error", at=4.0)
+    assert watch.fatal().rank == 1
+
+
+def test_the_rank_that_did_not_answer_a_timed_out_collective_is_named(tmp_path):
+    watch = JobWatch(tmp_path, stall_timeout_s=2)
+    ranks_dir(tmp_path, 0).mkdir(parents=True)
+    for rank in (0, 1, 2):
+        (ranks_dir(tmp_path, 0) / f"rank{rank}.pid").write_text(str(10**7 + rank))
+    _record(tmp_path, rank=0, kind="timed_out", at=time.time())
+    assert watch.stalled(set()) == []  # the others may still be timing out
+    _record(tmp_path, rank=2, kind="timed_out", at=time.time() - 5)
+    (line,) = watch.stalled(set())
+    assert line.startswith("rank 1 stalled at step 7: no answer in a collective for 2 s")
+    assert watch.stalled(set()) == [] and watch.stalls == [line]  # named once
+
+
+def _record(run_dir: Path, rank: int, kind: str, at: float) -> None:
+    folder = ranks_dir(run_dir, 0)
+    folder.mkdir(parents=True, exist_ok=True)
+    failure = RankFailure(
+        rank=rank, kind=kind, step=7, exception="RuntimeError", message="m", time=at
+    )
+    (folder / f"rank{rank}.failure.json").write_text(failure.model_dump_json())
+
+
+@_launches
 def test_a_nan_gradient_is_skipped_on_every_rank_alike(digits, tmp_path, fault_table):
     spec = _spec(
         digits, tmp_path / "skip", [Injection(rank=1, step=6, kind="nan")], nonfinite="skip"
@@ -144,6 +184,7 @@ def test_a_nan_gradient_is_skipped_on_every_rank_alike(digits, tmp_path, fault_t
     )
 
 
+@_launches
 def test_a_stopped_rank_is_named_and_the_group_restarts_from_the_checkpoint(
     digits, tmp_path, fault_table, capsys
 ):
@@ -161,6 +202,7 @@ def test_a_stopped_rank_is_named_and_the_group_restarts_from_the_checkpoint(
     fault_table.append((*row, m["steps_redone"], "none", 1))
 
 
+@_launches
 def test_a_sigterm_checkpoints_at_the_next_step_and_redoes_at_most_one(
     digits, tmp_path, fault_table
 ):
