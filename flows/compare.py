@@ -53,17 +53,21 @@ def compare(
         tracker = MLflowTracker(tracking)
         parent = tracker.start_comparison(cluster, dataset, configs)
         for variant in VARIANTS:
-            outcomes[variant] = train_variant(
-                variant,
-                cluster,
-                dataset,
-                configs[variant],
-                profile,
-                tracking,
-                parent,
-                catalog=catalog,
-                epoch_samples=epoch_samples,
-            )
+            try:
+                outcomes[variant] = train_variant(
+                    variant,
+                    cluster,
+                    dataset,
+                    configs[variant],
+                    profile,
+                    tracking,
+                    parent,
+                    catalog=catalog,
+                    epoch_samples=epoch_samples,
+                )
+            except Exception as e:
+                tracker.fail(parent, f"{variant}: {e}")
+                raise
     baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
     table = comparison(baseline, optimized)
     runs = {"compare": parent, **{v: outcomes[v].run_id for v in VARIANTS}}

@@ -31,7 +31,9 @@ def run_label(train: TrainConfig) -> str:
     return f"{train.schedule}+{train.compression}"
 
 
-@flow(name="train", log_prints=True, retries=1, retry_delay_seconds=10)
+# No flow-level retries: the train task retries a lost torchrun job itself, and a rank's own
+# exception is deterministic (a retry would profile and fail again).
+@flow(name="train", log_prints=True)
 def train(
     cluster: ClusterSpec = default_cluster(),
     dataset: DatasetSpec = DatasetSpec(),

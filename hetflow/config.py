@@ -21,7 +21,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hetflow.records import CompressionMethod
+from hetflow.records import LOCAL_SGD, CompressionMethod
 
 
 class ConfigError(ValueError):
@@ -316,6 +316,20 @@ class TrainConfig(_Model):
         description="A restarted worker resumes from the last checkpoint: "
         "at most N steps are redone.",
     )
+    nonfinite: Literal["fail", "skip"] = Field(
+        "fail",
+        title="On a NaN/Inf gradient",
+        description="'fail': stop the run, naming the step; 'skip': skip that optimizer step on "
+        "every rank alike (the all-reduced gradient is checked, the same on every rank).",
+    )
+    stall_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        title="Stall timeout (s)",
+        description="A rank that makes no progress this long (stopped, a hung read) times out "
+        "the others' collectives: the group restarts from the last checkpoint. Longer than the "
+        "slowest step, evaluation or checkpoint save.",
+    )
 
     @field_validator("recipe")
     @classmethod
@@ -366,6 +380,12 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
         raise ConfigError(
             f"train.global_batch: {train.global_batch} is smaller than the {n} workers of the "
             "cluster; every worker needs at least one sample per step"
+        )
+    method = train.compression_method()
+    if train.nonfinite == "skip" and method is not None and method.name in LOCAL_SGD:
+        raise ConfigError(
+            f"train.nonfinite: 'skip' needs the gradient all-reduced every step, which "
+            f"{method.name} does not do; use 'fail'"
         )
     caps = [w.memory_cap_batch for w in cluster.workers]
     if all(c is not None for c in caps) and sum(caps) < train.global_batch:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 METHOD_NAMES = ("none", "fp16", "bf16", "powersgd", "topk", "localsgd", "hierarchical")
 MethodName = Literal["none", "fp16", "bf16", "powersgd", "topk", "localsgd", "hierarchical"]
+# Methods that do not all-reduce the gradient every step (the model is averaged every H steps).
+LOCAL_SGD = ("localsgd", "hierarchical")
 METHOD_SYNTAX = "none, fp16, bf16, powersgd:RANK, topk:RATIO, localsgd:H or hierarchical:H"
 _METHOD = re.compile(r"^(?P<name>[a-z0-9]+)(?::(?P<arg>.+))?$")
 
@@ -256,6 +258,7 @@ class StepRecord(_Record):
     idle_s: float = 0.0
     comm_s: float = 0.0
     s3_bytes: int = 0  # fetched from S3 by this rank's cache since its previous step
+    skipped: bool = Field(False, description="The gradient was not finite: no optimizer step.")
 
 
 class PlanChange(_Record):
@@ -364,3 +367,32 @@ class TrainOutcome(_Record):
     metrics: Figures
     series: list[Figures] = []
     result: RunResult
+
+
+# -- faults -----------------------------------------------------------------------------------
+
+FailureKind = Literal["error", "nonfinite", "peer_lost", "timed_out"]
+
+
+class RankFailure(_Record):
+    """Why one rank of a torchrun job stopped, as it wrote it before exiting.
+
+    `kind`: 'error', an exception in the rank's own code (a recipe, a shard, a CUDA error;
+    deterministic, not worth a restart); 'nonfinite', a NaN/Inf gradient under
+    `nonfinite='fail'`; 'peer_lost' and 'timed_out', a collective that failed because another
+    rank died or stalled (torchrun restarts the group). `step` is the step it was in, if any.
+    """
+
+    rank: int
+    attempt: int = Field(0, description="torchrun's restart count when it failed.")
+    kind: FailureKind
+    step: int | None = None
+    exception: str = Field(description="The exception's type, e.g. 'RuntimeError'.")
+    message: str
+    traceback: list[str] = Field([], description="The traceback's last lines.")
+    time: float = Field(description="time.time() when written: the first is the root cause.")
+
+    def summary(self) -> str:
+        """'rank 1 (step 3): RuntimeError: boom', then the traceback's last lines."""
+        where = f"rank {self.rank}" + (f" (step {self.step})" if self.step is not None else "")
+        return "\n".join([f"{where}: {self.exception}: {self.message}", *self.traceback])

@@ -15,7 +15,7 @@ from hetflow.infra.tracking.content import record_training
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.training.job import RunSpec
-from hetflow.training.launch import run_workers
+from hetflow.training.launch import LaunchError, RankFailed, run_workers
 from hetflow.training.metrics import step_series, summarize
 from hetflow.training.planning import make_plan
 from hetflow.training.recipes import DataInfo, Recipe, check_recipe, seeded_model
@@ -31,7 +31,44 @@ def stable_run_dir(label: str) -> Path:
     return path
 
 
-@task(task_run_name="train {variant}", retries=1, retry_delay_seconds=5)
+def worth_retrying(task, task_run, state) -> bool:
+    """Prefect retries a lost torchrun job, not a rank's own exception (deterministic)."""
+    try:
+        state.result()
+    except RankFailed:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+def _will_retry(e: LaunchError) -> bool:
+    """Whether Prefect runs this train task again after `e` (see `worth_retrying`)."""
+    if isinstance(e, RankFailed) or not runtime.task_run.id:
+        return False
+    return runtime.task_run.run_count <= train_variant.retries
+
+
+def failure_tags(e: LaunchError) -> dict[str, str]:
+    """The failed run's tags: the rank, step and exception when a rank raised."""
+    if not isinstance(e, RankFailed):
+        return {"failure": "torchrun"}
+    f = e.failure
+    step = "" if f.step is None else str(f.step)
+    return {
+        "failure": f.kind,
+        "failed_rank": str(f.rank),
+        "failed_step": step,
+        "failed_exception": f.exception,
+    }
+
+
+@task(
+    task_run_name="train {variant}",
+    retries=1,
+    retry_delay_seconds=5,
+    retry_condition_fn=worth_retrying,
+)
 def train_variant(
     variant: str,
     cluster: ClusterSpec,
@@ -70,10 +107,7 @@ def train_variant(
     run_id = tracker.open_variant_run(
         variant, cluster, dataset, train, plan, run_dir, parent_run_id
     )
-    progress = _progress_reporter(variant, train.steps)
-    with tracker.system_metrics(run_id):
-        raw, wall = run_workers(spec, on_progress=progress)
-    progress(train.steps)
+    raw, wall = launch(spec, tracker, run_id)
     result = RunResult.model_validate(raw)
     metrics = summarize(result, train.global_batch, train.target_accuracy, train.target_val_loss)
     metrics["run_time_s"] = wall
@@ -102,6 +136,21 @@ def _headline(metrics: dict) -> str:
         else f"val_loss {metrics.get('final_val_loss', float('nan')):.3f}"
     )
     return f"{metrics['throughput_samples_per_s']:.0f} samples/s, {quality}"
+
+
+def launch(spec: RunSpec, tracker: MLflowTracker, run_id: str) -> tuple[dict, float]:
+    """run_workers with MLflow system metrics on and a Prefect progress artifact; on a
+    failure the MLflow run is marked FAILED with why (the rank, step and exception)."""
+    progress = _progress_reporter(spec.variant, spec.train.steps)
+    with tracker.system_metrics(run_id):
+        try:
+            raw, wall = run_workers(spec, on_progress=progress)
+        except LaunchError as e:
+            if not _will_retry(e):  # a retry completes the same run
+                tracker.fail(run_id, str(e), failure_tags(e))
+            raise
+    progress(spec.train.steps)
+    return raw, wall
 
 
 def record_outcome(

@@ -13,6 +13,14 @@ from hetflow.emulation.link import Link
 from hetflow.records import Plan
 
 
+class Injection(BaseModel):
+    """A fault injected for a test: at `step`, `rank`'s forward raises or returns NaN."""
+
+    rank: int
+    step: int
+    kind: Literal["raise", "nan"]
+
+
 class RunSpec(BaseModel):
     run_name: str
     variant: str
@@ -25,6 +33,9 @@ class RunSpec(BaseModel):
         default_factory=list,
         description="(rank, step, factor): from `step` on, that rank's slowdown is multiplied "
         "by factor.",
+    )
+    inject: list[Injection] = Field(
+        default_factory=list, description="Faults injected for tests (`training.faults`)."
     )
     run_dir: str
     checkpoint_url: str | None = Field(

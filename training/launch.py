@@ -11,12 +11,22 @@ from pathlib import Path
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.infra.s3 import free_port
-from hetflow.records import Profile
+from hetflow.records import Profile, RankFailure
 from hetflow.training.job import RunSpec
+from hetflow.training.watch import JobWatch, job_pids, kill_job
 
 
 class LaunchError(RuntimeError):
     """torchrun exited non-zero; the message carries the tail of the workers' output."""
+
+
+class RankFailed(LaunchError):
+    """A rank raised (or met a NaN/Inf gradient): the job was ended at once, not restarted.
+    `failure` is that rank's record; the message names the rank, step and exception."""
+
+    def __init__(self, failure: RankFailure, log: Path) -> None:
+        super().__init__(f"{failure.summary()}\n(the job was stopped; log: {log})")
+        self.failure = failure
 
 
 def torchrun_command(
@@ -65,9 +75,10 @@ def run_workers(
 ) -> tuple[dict, float]:
     """Write the job file, run torchrun to completion, return (result.json, wall seconds).
 
-    torchrun restarts the workers up to `max_restarts` times when one dies; they resume from
-    the last checkpoint. `on_progress(step)` is called about once a second with the last
-    completed step (from rank 0's progress.json).
+    torchrun restarts the workers up to `max_restarts` times when one dies or stalls; they
+    resume from the last checkpoint. A rank that raises ends the job at once (`RankFailed`).
+    `on_progress(step)` is called about once a second with the last completed step (from
+    rank 0's progress.json).
     """
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -79,34 +90,53 @@ def run_workers(
         rdzv_id=spec.run_name,
         max_restarts=max_restarts,
     )
-    env = worker_env(spec)
+    watch = JobWatch(run_dir, spec.train.stall_timeout_s)
     log = run_dir / "workers.log"
     t = time.perf_counter()
-    progress = run_dir / "progress.json"
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=worker_env(spec))
         try:
-            while proc.poll() is None:
-                if time.perf_counter() - t > timeout_s:
-                    proc.kill()
-                    raise LaunchError(f"torchrun ran past {timeout_s:.0f}s (log: {log})")
-                if on_progress is not None and progress.exists():
-                    try:
-                        on_progress(json.loads(progress.read_text())["step"])
-                    except (ValueError, KeyError):
-                        pass
-                try:
-                    proc.wait(timeout=1.0)
-                except subprocess.TimeoutExpired:
-                    pass
+            _watch(proc, watch, run_dir, t + timeout_s, on_progress)
         except BaseException:
-            proc.kill()
+            kill_job(proc.pid)
+            proc.wait()
             raise
     wall = time.perf_counter() - t
     if proc.returncode != 0:
+        failure = watch.fatal()
+        if failure is not None:
+            raise RankFailed(failure, log)
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
-        raise LaunchError(f"torchrun exited {proc.returncode} (log: {log}):\n" + "\n".join(tail))
+        raise LaunchError(
+            f"torchrun exited {proc.returncode} (log: {log}):\n" + "\n".join(watch.stalls + tail)
+        )
     return json.loads((run_dir / "result.json").read_text()), wall
+
+
+def _watch(proc: subprocess.Popen, watch: JobWatch, run_dir: Path, deadline: float, on_progress):
+    """Until torchrun exits: raise on a rank's failure or past the deadline, kill stalled
+    ranks, report progress."""
+    progress = run_dir / "progress.json"
+    last_report = 0.0
+    while proc.poll() is None:
+        now = time.perf_counter()
+        if now > deadline:
+            raise LaunchError(f"torchrun ran past its deadline (log: {run_dir / 'workers.log'})")
+        failure = watch.fatal()
+        if failure is not None:
+            raise RankFailed(failure, run_dir / "workers.log")
+        for line in watch.stalled(job_pids(proc.pid)):
+            print(line, flush=True)
+        if on_progress is not None and progress.exists() and now - last_report >= 1.0:
+            last_report = now
+            try:
+                on_progress(json.loads(progress.read_text())["step"])
+            except (ValueError, KeyError):
+                pass
+        try:
+            proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def measure_profile(

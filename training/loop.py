@@ -13,6 +13,7 @@ from hetflow.records import CacheCounts, EvalPoint, RankResult, Recovery, StepRe
 from hetflow.training.checkpoint import CheckpointStore
 from hetflow.training.comm import WireCounter, comm_state_dict, load_comm_state, new_control_group
 from hetflow.training.data import RankData, peak_rss_bytes
+from hetflow.training.faults import Preempted, StepGuard
 from hetflow.training.job import RunSpec, emulator_for
 from hetflow.training.loop_state import LoopState
 from hetflow.training.models import parameter_count
@@ -52,6 +53,7 @@ class TrainingLoop:
         run_dir, start = Path(spec.run_dir), self.state.start
         self.recovery = note_recovery(run_dir, start) if rank == 0 else Recovery()
         self.progress = ProgressFile(run_dir / "progress.json", start) if rank == 0 else None
+        self.guard = StepGuard(spec, rank, self.net)  # last: every process group exists
 
     def resume(self) -> LoopState:
         """The newest checkpoint loaded into the model, optimizer, comm hook and re-balancer,
@@ -69,10 +71,12 @@ class TrainingLoop:
         cfg = self.cfg
         self.counter.take()
         for step in range(self.state.start, cfg.steps):
+            self.guard.begin(step)
             rec = self.timed_step(step)
+            stop = self.guard.end(rec, step + 1)  # every rank alike: SIGTERM came
             self.record(rec)
             last = step == cfg.steps - 1
-            checkpoint_now = (step + 1) % cfg.checkpoint_every == 0 and not last
+            checkpoint_now = ((step + 1) % cfg.checkpoint_every == 0 or stop) and not last
             self.share(rec, flush=last or checkpoint_now)
             self.rebalance(step, flush=last or checkpoint_now, last=last)
             if (step + 1) % cfg.eval_every == 0 or last:
@@ -80,6 +84,8 @@ class TrainingLoop:
             if checkpoint_now:
                 self.checkpoint(step + 1)
             self.write_progress(step + 1)
+            if stop and not last:
+                raise Preempted(step + 1)
 
     def timed_step(self, step: int) -> StepRecord:
         """One step on the plan in force: picking its data (`data_s`); forward, backward and the

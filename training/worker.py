@@ -22,24 +22,33 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from hetflow.records import RunResult
 from hetflow.training.comm import WireCounter
 from hetflow.training.data import open_rank_data
+from hetflow.training.faults import (
+    PREEMPTED_EXIT,
+    STARTUP_TIMEOUT_S,
+    Preempted,
+    write_failure,
+    write_pid,
+)
 from hetflow.training.job import RunSpec
 from hetflow.training.loop import train
 from hetflow.training.probes import profile
 from hetflow.training.recipes import recipe_of
 
 
-def init_process_group() -> None:
-    """gloo over torchrun's store, in a namespace of its own for each elastic restart.
+def init_process_group(timeout: timedelta) -> None:
+    """gloo over torchrun's store, in a namespace of its own for each elastic restart; a
+    collective waits at most `timeout`.
 
     torchrun hands the restarted workers the same agent store; without a fresh prefix they
     read the previous round's gloo addresses and fail with 'connection refused'.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)
         return
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     base = dist.TCPStore(
@@ -49,9 +58,8 @@ def init_process_group() -> None:
         timeout=timedelta(minutes=5),
     )
     store = dist.PrefixStore(f"hetflow/attempt_{attempt}/", base)
-    dist.init_process_group(
-        "gloo", store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
-    )
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def write_result(run_dir: Path, mode: str, ranks: list, weights: dict | None) -> None:
@@ -69,14 +77,34 @@ def write_result(run_dir: Path, mode: str, ranks: list, weights: dict | None) ->
     tmp.replace(run_dir / "result.json")
 
 
+@record  # torchrun's error file: its summary in workers.log names the rank and exception
 def main(argv: list[str] | None = None) -> None:
+    """Run the job; on an exception, write this rank's `RankFailure` first (the launcher ends
+    the job on it), and after a SIGTERM's checkpoint exit with PREEMPTED_EXIT."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True, help="job.json written by the flow")
     args = parser.parse_args(argv)
     spec = RunSpec.read(args.job)
     torch.set_num_threads(spec.train.threads_per_rank)
-    init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
+    init_process_group(timedelta(seconds=max(STARTUP_TIMEOUT_S, spec.train.stall_timeout_s)))
+    rank = dist.get_rank()
+    write_pid(spec.run_dir, rank)
+    try:
+        run(spec, rank)
+    except Preempted as e:
+        dist.destroy_process_group()
+        print(f"rank {rank}: {e}; exiting for torchrun's restart", flush=True)
+        raise SystemExit(PREEMPTED_EXIT) from None
+    except BaseException as e:  # no clean-up: the process ends, and with it its sockets
+        if not (isinstance(e, SystemExit) and not e.code):
+            write_failure(spec.run_dir, rank, e)
+        raise
+    dist.destroy_process_group()
+
+
+def run(spec: RunSpec, rank: int) -> None:
+    """Train or profile on this rank; rank 0 writes the result."""
+    world = dist.get_world_size()
     if world != spec.cluster.world_size:
         raise SystemExit(f"world size {world} != {spec.cluster.world_size} workers in the cluster")
     counter = WireCounter(world)
@@ -96,7 +124,6 @@ def main(argv: list[str] | None = None) -> None:
             write_result(Path(spec.run_dir), spec.mode, gathered, weights)
     finally:
         counter.uninstall()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

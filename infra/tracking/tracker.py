@@ -213,6 +213,15 @@ class MLflowTracker:
         """Mark the run FINISHED."""
         self.client.set_terminated(run_id)
 
+    def fail(self, run_id: str, message: str, tags: Mapping[str, str] | None = None) -> None:
+        """Mark the run FAILED, with why: `message` as the run's description and as
+        `failure.txt`, and `tags` (e.g. `failed_rank`)."""
+        self.client.set_tag(run_id, "mlflow.note.content", f"```\n{message}\n```")
+        for key, value in (tags or {}).items():
+            self.client.set_tag(run_id, key, value)
+        self.log_text(run_id, "failure.txt", message)
+        self.client.set_terminated(run_id, status="FAILED")
+
     def read_metrics(self, run_id: str) -> tuple[str, dict[str, float]]:
         """(the run's `variant` tag, or its id's first 8 characters; its latest metrics).
 
