@@ -25,13 +25,13 @@ import os
 import socket
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 from hetflow.config import ConfigError, TrackingConfig
 
 __all__ = ["ServiceUnreachable", "check_services", "http_problem", "s3_problem"]
 
-CONNECT_TIMEOUT_S = 3.0  # per service; a few services stay well inside 20 s
-READ_TIMEOUT_S = 5.0
+TIMEOUT_S = 3.0  # to connect, and to answer, per service: three dead ones stay inside 20 s
 
 
 class ServiceUnreachable(ConfigError):
@@ -45,8 +45,10 @@ def _reason(e: BaseException) -> str:
         if not isinstance(inner, BaseException):
             break
         e = inner
-    if isinstance(e, (TimeoutError, socket.timeout)) or "timed out" in str(e).lower():
-        return f"no answer in {CONNECT_TIMEOUT_S:g} s"
+    if isinstance(e, (TimeoutError, socket.timeout)) or "timeout" in str(e).lower().replace(
+        "timed out", "timeout"
+    ):
+        return f"no answer in {TIMEOUT_S:g} s"
     if isinstance(e, ConnectionRefusedError) or "refused" in str(e).lower():
         return "connection refused"
     if isinstance(e, socket.gaierror) or "name or service" in str(e).lower():
@@ -59,7 +61,7 @@ def http_problem(url: str) -> str | None:
     """Why `url` cannot be reached (refused, timed out, unresolved); None once any HTTP answer
     comes back (an error status too: something answers there)."""
     try:
-        with urllib.request.urlopen(url, timeout=CONNECT_TIMEOUT_S):
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S):
             return None
     except urllib.error.HTTPError:
         return None
@@ -78,8 +80,8 @@ def s3_problem(endpoint: str | None, bucket: str) -> str | None:
 
     config = Config(
         signature_version=UNSIGNED,
-        connect_timeout=CONNECT_TIMEOUT_S,
-        read_timeout=READ_TIMEOUT_S,
+        connect_timeout=TIMEOUT_S,
+        read_timeout=TIMEOUT_S,
         retries={"mode": "standard", "max_attempts": 1},
     )
     try:
@@ -133,8 +135,8 @@ def s3_problem_line(dataset_url: str | None) -> str | None:
     from hetflow.infra.s3 import bucket_of, s3_target
 
     target = s3_target(dataset_url)
-    if target is None:
-        return None  # the run's own local endpoint
+    if target is None or not dataset_url.startswith("s3://"):
+        return None  # the run's own local endpoint, or data that is not in S3
     endpoint = None if target == "aws" else target
     why = s3_problem(endpoint, bucket_of(dataset_url))
     if why is None:
@@ -163,15 +165,14 @@ def check_services(
 ) -> None:
     """Raise ServiceUnreachable (one line, every dead service named) unless S3 for
     `dataset_url` (when given), MLflow for `tracking` (when given) and, with `prefect`, the
-    Prefect API answer. A few seconds at most per dead service; nothing is written."""
-    problems = [
-        p
-        for p in (
-            prefect_problem() if prefect else None,
-            s3_problem_line(dataset_url) if dataset_url is not None else None,
-            mlflow_problem(tracking) if tracking is not None else None,
-        )
-        if p
-    ]
+    Prefect API answer. All are asked at once, each within a few seconds; nothing is
+    written."""
+    asks = [prefect_problem] if prefect else []
+    if dataset_url is not None:
+        asks.append(lambda: s3_problem_line(dataset_url))
+    if tracking is not None:
+        asks.append(lambda: mlflow_problem(tracking))
+    with ThreadPoolExecutor(max(1, len(asks))) as pool:  # at once: the slowest one's time
+        problems = [p for p in pool.map(lambda ask: ask(), asks) if p]
     if problems:
         raise ServiceUnreachable("; and ".join(problems))

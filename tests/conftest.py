@@ -87,6 +87,7 @@ def demo(tmp_path_factory):
         HETFLOW_HOME=str(home),
         PREFECT_HOME=str(home / "prefect"),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="INFO",  # as a user sees it; the flow runs' logs reach Prefect's DB
         **SECRETS,
     )
     args = ["demo", "--speeds", "1,1,2,4", "--steps", "30", "--json", str(out)]

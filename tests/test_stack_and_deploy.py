@@ -387,7 +387,7 @@ def test_the_scheduler_creates_runs_of_every_scheduled_deployment(stack, deploye
         assert min(starts) > runs[0].created, (name, starts)
 
 
-SMALL = {"model": "mlp", "steps": 20, "eval_every": 10, "global_batch": 64}
+SMALL = {"model": "mlp", "steps": 20, "eval_every": 10, "global_batch": 64, "checkpoint_every": 10}
 SMALL_OPTIMIZED = {**SMALL, "schedule": "dynamic", "compression": "auto"}  # the optimized preset
 
 
@@ -403,14 +403,16 @@ def _wait_final(client, run_ids, deadline_s: float) -> dict:
 
 @pytest.mark.timeout(600)
 def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
-    stack, deployed, tmp_path
+    stack, deployed, tmp_path, fault_table
 ):
     """A compare run and two train runs submitted at once, as from the UI, to a process worker.
 
     compare: both variants are children of one parent run in the MLflow server, with the
     run metrics (fractions in [0, 1]), the plots, and the Prefect markdown artifact's
     numbers equal to the runs' metrics. train: the deployment's concurrency limit of 1 makes
-    the two runs take turns instead of sharing the cores, and both finish.
+    the two runs take turns instead of sharing the cores, and both finish. compare and a train
+    run at the same time, on one dataset and one shard cache: each run keeps its own run
+    directory, checkpoints and MLflow run (`_assert_runs_kept_apart`).
     """
     from mlflow import MlflowClient
     from prefect.client.orchestration import SyncPrefectClient
@@ -515,6 +517,31 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
         r for r in trained if r.data.tags.get("prefect_flow_run_id") in {str(t.id) for t in trains}
     ]
     assert len(mine) == 2 and all(r.info.status == "FINISHED" for r in mine)
+    _assert_runs_kept_apart(stack["home"], mlflow, {compare.id: by, **{t.id: None for t in trains}})
+    fault_table.append(
+        ("compare + 2 train runs submitted at once", "Prefect API", "all 3 finished", 0, "none", 3)
+    )
+
+
+def _assert_runs_kept_apart(home: Path, mlflow, flow_runs: dict) -> None:
+    """Runs that ran at once each kept their own run directory (job, result, checkpoints) and
+    MLflow run: every (flow run, variant) has a directory of its own, whose MLflow run is
+    tagged with that flow run and FINISHED, and no two share an MLflow run."""
+    mlflow_runs = []
+    for flow_run, by in flow_runs.items():
+        for variant in ("baseline", "optimized") if by else ("optimized",):
+            run_dir = home / "runs" / f"{flow_run}-{variant}"
+            for name in ("job.json", "result.json", "checkpoints/latest.json"):
+                assert (run_dir / name).is_file(), f"{run_dir} lacks {name}"
+            job = json.loads((run_dir / "job.json").read_text())
+            assert job["run_dir"] == str(run_dir)
+            run = mlflow.get_run((run_dir / "mlflow_run_id").read_text().strip())
+            assert run.data.tags["prefect_flow_run_id"] == str(flow_run), run_dir
+            assert run.info.status == "FINISHED" and run.data.tags["variant"] == variant
+            if by:
+                assert by[variant].info.run_id == run.info.run_id
+            mlflow_runs.append(run.info.run_id)
+    assert len(set(mlflow_runs)) == len(mlflow_runs) == 4, mlflow_runs
 
 
 def test_down_stops_everything_and_s3_state_survives_a_restart(stack):
