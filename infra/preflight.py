@@ -29,7 +29,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hetflow.config import ConfigError, TrackingConfig
 
-__all__ = ["ServiceUnreachable", "check_services", "http_problem", "s3_problem"]
+__all__ = [
+    "ServiceUnreachable",
+    "check_services",
+    "http_problem",
+    "mlflow_problem",
+    "prefect_problem",
+    "s3_problem",
+]
 
 TIMEOUT_S = 3.0  # to connect, and to answer, per service: three dead ones stay inside 20 s
 
@@ -45,13 +52,12 @@ def _reason(e: BaseException) -> str:
         if not isinstance(inner, BaseException):
             break
         e = inner
-    if isinstance(e, (TimeoutError, socket.timeout)) or "timeout" in str(e).lower().replace(
-        "timed out", "timeout"
-    ):
+    text = str(e).lower()
+    if isinstance(e, TimeoutError) or "timed out" in text or "timeout" in text:
         return f"no answer in {TIMEOUT_S:g} s"
-    if isinstance(e, ConnectionRefusedError) or "refused" in str(e).lower():
+    if isinstance(e, ConnectionRefusedError) or "refused" in text:
         return "connection refused"
-    if isinstance(e, socket.gaierror) or "name or service" in str(e).lower():
+    if isinstance(e, socket.gaierror) or "name or service" in text:
         return "host name not resolved"
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
     return text[:120]

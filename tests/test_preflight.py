@@ -14,6 +14,8 @@ import pytest
 
 from hetflow.infra.s3 import free_port
 
+pytestmark = pytest.mark.timeout(120)
+
 DEAD = "http://127.0.0.1:9"  # the discard port: nothing listens there
 CASES = {
     "S3": ("AWS_ENDPOINT_URL", DEAD),
@@ -81,6 +83,7 @@ def test_an_endpoint_that_answers_without_credentials_is_named(s3_server, tmp_pa
     assert s3_server in lines[0] and "AWS_ACCESS_KEY_ID" in lines[0]
 
 
+@pytest.mark.slow
 def test_a_flow_with_a_dead_mlflow_fails_at_its_first_task_before_writing(
     s3, prefect_harness, tmp_path, hetflow_home, fault_table
 ):
@@ -129,3 +132,21 @@ def test_a_flow_with_a_dead_mlflow_fails_at_its_first_task_before_writing(
             1,
         )
     )
+
+
+def test_an_endpoint_that_accepts_and_never_answers_is_named_after_the_timeout():
+    """A server that accepts connections and never answers (a hung process, a firewall that
+    swallows requests) is named after the check's timeout, not after the clients' retries."""
+    import socket
+
+    from hetflow.config import TrackingConfig
+    from hetflow.infra.preflight import TIMEOUT_S, ServiceUnreachable, check_services
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nobody reads the request
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(ServiceUnreachable) as e:
+            check_services(tracking=TrackingConfig(tracking_uri=url))
+    assert str(e.value).startswith(f"MLflow {url} (tracking.tracking_uri) cannot be reached")
+    assert f"no answer in {TIMEOUT_S:g} s" in str(e.value) and "\n" not in str(e.value)

@@ -435,6 +435,12 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
             )
             for _ in range(2)
         ]
+        # and a run whose MLflow is dead: it fails in its first task, in one line
+        dead = f"http://127.0.0.1:{free_port()}"
+        dead_run = client.create_flow_run_from_deployment(
+            client.read_deployment_by_name("profile-cluster/profile-cluster").id,
+            parameters={"tracking": {"tracking_uri": dead}},
+        )
         log = (tmp_path / "worker.log").open("w")
         worker = subprocess.Popen(
             [
@@ -446,7 +452,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
                 "--pool",
                 "hetflow-local",
                 "--limit",
-                "3",
+                "4",
             ],
             cwd=stack["home"],
             env=env,
@@ -455,7 +461,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
             text=True,
         )
         try:
-            runs = _wait_final(client, [compare.id, *[t.id for t in trains]], 480)
+            runs = _wait_final(client, [compare.id, *[t.id for t in trains], dead_run.id], 480)
         finally:
             worker.terminate()
             try:
@@ -464,6 +470,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
                 worker.kill()
             log.close()
         tail = (tmp_path / "worker.log").read_text()[-6000:]
+        _assert_failed_at_first_task(client, runs.pop(dead_run.id), dead, fault_table)
         for r in runs.values():
             assert r.state.is_completed(), (
                 f"{r.name} ended {r.state.type}: {r.state.message}\n{tail}"
@@ -520,6 +527,29 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
     _assert_runs_kept_apart(stack["home"], mlflow, {compare.id: by, **{t.id: None for t in trains}})
     fault_table.append(
         ("compare + 2 train runs submitted at once", "Prefect API", "all 3 finished", 0, "none", 3)
+    )
+
+
+def _assert_failed_at_first_task(client, run, dead: str, fault_table) -> None:
+    """A deployment run given an MLflow URI nobody serves failed in `check services`, its
+    first task, with one line naming the endpoint and the field to set."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    assert run.state.is_failed(), f"{run.name} ended {run.state.type}: {run.state.message}"
+    assert f"MLflow {dead} (tracking.tracking_uri) cannot be reached" in run.state.message
+    assert "\n" not in run.state.message
+    tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    assert [t.name for t in tasks] == ["check services"]
+    took = (run.end_time - run.start_time).total_seconds()
+    fault_table.append(
+        (
+            "dead MLflow (tracking_uri)",
+            "deployment run",
+            f"failed at task 1, {took:.0f}s",
+            0,
+            "none",
+            1,
+        )
     )
 
 
