@@ -63,6 +63,23 @@ def test_demo_with_a_dead_endpoint_ends_in_one_line_naming_it(service, tmp_path,
     )
 
 
+@pytest.mark.parametrize(
+    "var, args",
+    [
+        ("MLFLOW_TRACKING_URI", ("compare", "a" * 32, "b" * 32)),
+        ("AWS_ENDPOINT_URL", ("data", "ingest", "--url", "s3://mine/digits")),
+        ("PREFECT_API_URL", ("profile", "--speeds", "1,2")),
+    ],
+    ids=["compare", "data-ingest", "profile"],
+)
+def test_other_commands_with_a_dead_endpoint_end_in_one_line(var, args, tmp_path):
+    url = f"{DEAD}/api" if var == "PREFECT_API_URL" else DEAD
+    proc, _ = _hetflow(tmp_path / "home", {var: url}, *args)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("hetflow: error: ") and f"{url} ({var})" in lines[0]
+
+
 def test_every_dead_endpoint_is_named_in_the_one_line(tmp_path):
     extra = {var: url for var, url in CASES.values()}
     proc, _ = _hetflow(tmp_path / "home", extra, "train", "--speeds", "1,2", "--steps", "5")
