@@ -126,10 +126,10 @@ def cmd_profile(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    reachable(tracking=TrackingConfig())
     from hetflow.infra.tracking.report import comparison
     from hetflow.infra.tracking.tracker import MLflowTracker, RunNotFound
 
-    reachable(tracking=TrackingConfig())
     tracker = MLflowTracker(TrackingConfig())
     found, missing = {}, []
     for run_id in dict.fromkeys((args.run_a, args.run_b)):
