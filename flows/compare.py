@@ -25,6 +25,7 @@ from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.report import comparison, headline, markdown, summary
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.data import ingest_dataset
+from hetflow.tasks.preflight import reach_services
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
 from hetflow.tasks.recipe import check_train_recipe
 from hetflow.tasks.train import train_variant
@@ -44,6 +45,7 @@ def compare(
     knobs = train.model_dump(exclude={"schedule", "compression"})
     configs = {v: TrainConfig.variant(v, **knobs) for v in VARIANTS}
     outcomes = {}
+    reach_services(dataset, tracking)  # before anything is written: one line if a service is dead
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         manifest = ingest_dataset(dataset)

@@ -7,6 +7,7 @@ from prefect import flow
 from hetflow.config import DatasetSpec
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset, verify
+from hetflow.tasks.preflight import reach_services
 
 
 @flow(name="prepare-dataset", log_prints=True)
@@ -17,6 +18,7 @@ def prepare_dataset(
 
     `deep_verify` reads every shard back and checks its SHA-256 (costs one full read).
     """
+    reach_services(dataset)
     with local_s3_endpoint(dataset.url):
         manifest = ingest_dataset(dataset, overwrite=overwrite)
         verify(dataset.url, deep=deep_verify)

@@ -27,6 +27,7 @@ from hetflow.infra.catalog import cost_usd
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.records import Profile
 from hetflow.tasks.data import ingest_dataset
+from hetflow.tasks.preflight import reach_services
 from hetflow.tasks.profile import (
     profile_history,
     profile_stamp,
@@ -148,6 +149,7 @@ def profile_cluster(
     check_train_recipe(train)
     if not drift_threshold > 0:
         raise ConfigError(f"drift_threshold: must be > 0 (got {drift_threshold})")
+    reach_services(dataset, tracking if record else None)
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)
         check_train_recipe(train, ingest_dataset(dataset))

@@ -96,6 +96,29 @@ def local_endpoint_environ(endpoint: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def bucket_of(dataset_url: str | None) -> str:
+    """The bucket of a dataset URL (`DatasetSpec`'s default when None).
+
+    >>> bucket_of("s3://my-bucket/data/digits"), bucket_of(None)
+    ('my-bucket', 'hetflow-data')
+    """
+    return (dataset_url or DEFAULT_DATASET_URL).split("://", 1)[-1].split("/", 1)[0]
+
+
+def s3_target(dataset_url: str | None = None) -> str | None:
+    """The S3 a run with `dataset_url` uses: `AWS_ENDPOINT_URL` when set; "aws" for a bucket of
+    the user's own (a dataset URL other than the default) with AWS credentials in the
+    environment; None for a local endpoint started for the run (`local_s3_endpoint`)."""
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        return os.environ["AWS_ENDPOINT_URL"]
+    own_url = (
+        bool(dataset_url) and dataset_url.startswith("s3://") and dataset_url != DEFAULT_DATASET_URL
+    )
+    if own_url and (os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE")):
+        return "aws"
+    return None
+
+
 @contextlib.contextmanager
 def local_s3_endpoint(dataset_url: str | None = None) -> Iterator[str]:
     """The S3 a run uses, announced in one line before anything is written.
@@ -108,17 +131,15 @@ def local_s3_endpoint(dataset_url: str | None = None) -> Iterator[str]:
     in `os.environ` so that child processes (torchrun ranks) reach the same endpoint; what was
     there is put back after.
     """
-    bucket = (dataset_url or DEFAULT_DATASET_URL).split("://", 1)[-1].split("/", 1)[0]
-    if os.environ.get("AWS_ENDPOINT_URL"):
-        print(f"S3: {os.environ['AWS_ENDPOINT_URL']} (AWS_ENDPOINT_URL), bucket {bucket}")
-        yield os.environ["AWS_ENDPOINT_URL"]
-        return
-    own_url = (
-        bool(dataset_url) and dataset_url.startswith("s3://") and dataset_url != DEFAULT_DATASET_URL
-    )
-    if own_url and (os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE")):
+    bucket = bucket_of(dataset_url)
+    target = s3_target(dataset_url)
+    if target == "aws":
         print(f"S3: AWS with the environment's credentials, bucket {bucket} (the dataset's URL)")
         yield "aws"
+        return
+    if target is not None:
+        print(f"S3: {target} (AWS_ENDPOINT_URL), bucket {bucket}")
+        yield target
         return
     import logging
 

@@ -16,6 +16,7 @@ from hetflow.infra.datasets import (
     verify_dataset,
     write_dataset,
 )
+from hetflow.infra.paths import host_lock
 
 
 def build_source(spec: DatasetSpec) -> dict:
@@ -78,14 +79,18 @@ def ingest_dataset(spec: DatasetSpec, overwrite: bool = False) -> Manifest:
     parameters and its shards are all there; anything else is an error naming the object
     (nothing a user wrote is replaced without `overwrite`).
     """
-    if not overwrite:
-        manifest = _existing(spec)
-        if manifest is not None:
-            print(
-                f"dataset already at {spec.url}: {manifest.splits['train'].samples} train samples"
-            )
-            return manifest
-    manifest = write_dataset(spec.url, build_source(spec), spec.shard_samples, ingest_params(spec))
+    # runs started at once on one dataset take turns: the second finds the first's dataset
+    # instead of deleting its manifest to write the same shards again under a running job
+    with host_lock(f"dataset {spec.url}"):
+        if not overwrite:
+            manifest = _existing(spec)
+            if manifest is not None:
+                samples = manifest.splits["train"].samples
+                print(f"dataset already at {spec.url}: {samples} train samples")
+                return manifest
+        manifest = write_dataset(
+            spec.url, build_source(spec), spec.shard_samples, ingest_params(spec)
+        )
     splits = ", ".join(
         f"{k}: {v.samples} samples in {len(v.shards)} shards" for k, v in manifest.splits.items()
     )

@@ -5,10 +5,15 @@ Every test that touches S3 talks HTTP to a moto server on 127.0.0.1, as s3fs's o
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
 
 import pytest
+
+from tests.fake_credentials import SECRETS
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -66,6 +71,37 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """`hetflow demo --speeds 1,1,2,4 --steps 30` as a user with AWS credentials runs it: the
+    fake `SECRETS` in the environment and nothing else configured. (home, the --json table,
+    stdout); stdout and stderr are also kept in home/demo.out for test_secrets.py to scan."""
+    home = tmp_path_factory.mktemp("demo-home")
+    out = home / "demo.json"
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_API"))
+    }
+    env.update(
+        HETFLOW_HOME=str(home),
+        PREFECT_HOME=str(home / "prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="INFO",  # as a user sees it; the flow runs' logs reach Prefect's DB
+        **SECRETS,
+    )
+    args = ["demo", "--speeds", "1,1,2,4", "--steps", "30", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetflow.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    (home / "demo.out").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return home, json.loads(out.read_text()), proc.stdout
 
 
 _FAULT_ROWS: list[tuple] = []

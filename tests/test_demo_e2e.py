@@ -1,12 +1,11 @@
-"""`hetflow demo` as a user runs it: nothing configured, small; results read back from MLflow."""
+"""`hetflow demo` as a user runs it: nothing configured, small; results read back from MLflow.
+
+The run itself is the session's `demo` fixture (tests/conftest.py), which test_secrets.py
+scans for the fake AWS credentials it was given."""
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
-import sys
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -32,41 +31,6 @@ PARENT_FIGURES = [
     "straggler_idle_fraction",
     "data_wait_fraction",
 ]
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    home = tmp_path_factory.mktemp("demo-home")
-    out = home / "demo.json"
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_API"))
-    }
-    env.update(
-        HETFLOW_HOME=str(home),
-        PREFECT_HOME=str(home / "prefect"),
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-    )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hetflow.cli",
-            "demo",
-            "--speeds",
-            "1,1,2,4",
-            "--steps",
-            "30",
-            "--json",
-            str(out),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return home, json.loads(out.read_text()), proc.stdout
 
 
 def test_demo_prints_the_table_and_where_to_look(demo):

@@ -35,7 +35,7 @@ STEPS, EVERY = 16, 4
 
 def _spec(dataset, run_dir: Path, inject=(), time_scale: float = 0, **train) -> RunSpec:
     """2 ranks; emulated `time_scale` times slower than a core (0: not emulated)."""
-    knobs = {"model": "mlp", "global_batch": 32, "steps": STEPS, "schedule": "equal"}
+    knobs = {"recipe": "digits-mlp", "global_batch": 32, "steps": STEPS, "schedule": "equal"}
     knobs |= {"checkpoint_every": EVERY, "eval_every": 100, "target_accuracy": None, **train}
     return RunSpec(
         run_name=run_dir.name,

@@ -1,5 +1,6 @@
 """No credential reaches MLflow, Prefect or the run's files: a job runs with recognisable fake
-AWS credentials and every record it produced is scanned for them."""
+AWS credentials and every record it produced is scanned for them. `hetflow demo` given such
+credentials and nothing else stays on a local S3 endpoint (the session's `demo` fixture)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.fake_credentials import SECRETS, leaks
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-SECRETS = {
-    "AWS_ACCESS_KEY_ID": "AKIAHETFLOWLEAKTEST7",
-    "AWS_SECRET_ACCESS_KEY": "hetflowLeakTestSecret/0123456789+abcdefXYZ",
-    "AWS_SESSION_TOKEN": "hetflowLeakTestSessionToken0987654321",
-}
-
-
-def _leaks(text: str) -> list[str]:
-    return [name for name, value in SECRETS.items() if value in text]
 
 
 async def _prefect_records(flow_run_id) -> str:
@@ -63,20 +56,37 @@ def test_fake_credentials_appear_in_no_record(
     # MLflow: params, tags, metric names, every artifact's bytes
     client = MlflowClient(f"sqlite:///{hetflow_home}/mlflow.db")
     run = client.get_run(out["run_id"])
-    assert not _leaks(repr(run.data.params) + repr(run.data.tags) + repr(list(run.data.metrics)))
+    assert not leaks(repr(run.data.params) + repr(run.data.tags) + repr(list(run.data.metrics)))
     local = Path(client.download_artifacts(out["run_id"], "", str(tmp_path / "artifacts")))
     files = [p for p in local.rglob("*") if p.is_file()]
     assert files, "no artifacts to scan"
     for p in files:
-        assert not _leaks(p.read_bytes().decode("latin-1")), p
+        assert not leaks(p.read_bytes().decode("latin-1")), p
 
     # Prefect: the flow run's parameters, state, logs and artifacts
-    assert not _leaks(asyncio.run(_prefect_records(state.state_details.flow_run_id)))
+    assert not leaks(asyncio.run(_prefect_records(state.state_details.flow_run_id)))
 
     # hetflow's own files: job files, worker logs, results, checkpoints
     scanned = 0
     for p in hetflow_home.rglob("*"):
         if p.is_file():  # the MLflow SQLite file included
-            assert not _leaks(p.read_bytes().decode("latin-1")), p
+            assert not leaks(p.read_bytes().decode("latin-1")), p
             scanned += 1
     assert scanned > 5
+
+
+@pytest.mark.timeout(420)
+def test_demo_with_aws_credentials_runs_locally_and_records_none(demo):
+    """The session's `hetflow demo` had fake AWS credentials and nothing else configured: it
+    said it used a local endpoint, and no file it left (MLflow's SQLite store and artifacts,
+    Prefect's database with the flow runs' parameters, logs and artifacts, the run directories,
+    its own output) holds a credential."""
+    home, _, _ = demo
+    said = (home / "demo.out").read_text()  # the flow's prints come through Prefect's logger
+    assert "S3: a local endpoint at http://127.0.0.1:" in said and "amazonaws.com" not in said
+    files = [p for p in home.rglob("*") if p.is_file()]
+    names = {p.name for p in files}
+    assert {"mlflow.db", "demo.out", "result.json", "job.json"} <= names, names
+    assert any(p.suffix == ".db" and "prefect" in str(p.parent) for p in files), names
+    for p in files:
+        assert not leaks(p.read_bytes().decode("latin-1")), p

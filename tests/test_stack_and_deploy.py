@@ -387,7 +387,13 @@ def test_the_scheduler_creates_runs_of_every_scheduled_deployment(stack, deploye
         assert min(starts) > runs[0].created, (name, starts)
 
 
-SMALL = {"recipe": "digits-mlp", "steps": 20, "eval_every": 10, "global_batch": 64}
+SMALL = {
+    "recipe": "digits-mlp",
+    "steps": 20,
+    "eval_every": 10,
+    "global_batch": 64,
+    "checkpoint_every": 10,
+}
 SMALL_OPTIMIZED = {**SMALL, "schedule": "dynamic", "compression": "auto"}  # the optimized preset
 
 
@@ -403,14 +409,16 @@ def _wait_final(client, run_ids, deadline_s: float) -> dict:
 
 @pytest.mark.timeout(600)
 def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
-    stack, deployed, tmp_path
+    stack, deployed, tmp_path, fault_table
 ):
     """A compare run and two train runs submitted at once, as from the UI, to a process worker.
 
     compare: both variants are children of one parent run in the MLflow server, with the
     run metrics (fractions in [0, 1]), the plots, and the Prefect markdown artifact's
     numbers equal to the runs' metrics. train: the deployment's concurrency limit of 1 makes
-    the two runs take turns instead of sharing the cores, and both finish.
+    the two runs take turns instead of sharing the cores, and both finish. compare and a train
+    run at the same time, on one dataset and one shard cache: each run keeps its own run
+    directory, checkpoints and MLflow run (`_assert_runs_kept_apart`).
     """
     from mlflow import MlflowClient
     from prefect.client.orchestration import SyncPrefectClient
@@ -433,6 +441,12 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
             )
             for _ in range(2)
         ]
+        # and a run whose MLflow is dead: it fails in its first task, in one line
+        dead = f"http://127.0.0.1:{free_port()}"
+        dead_run = client.create_flow_run_from_deployment(
+            client.read_deployment_by_name("profile-cluster/profile-cluster").id,
+            parameters={"tracking": {"tracking_uri": dead}},
+        )
         log = (tmp_path / "worker.log").open("w")
         worker = subprocess.Popen(
             [
@@ -444,7 +458,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
                 "--pool",
                 "hetflow-local",
                 "--limit",
-                "3",
+                "4",
             ],
             cwd=stack["home"],
             env=env,
@@ -453,7 +467,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
             text=True,
         )
         try:
-            runs = _wait_final(client, [compare.id, *[t.id for t in trains]], 480)
+            runs = _wait_final(client, [compare.id, *[t.id for t in trains], dead_run.id], 480)
         finally:
             worker.terminate()
             try:
@@ -462,6 +476,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
                 worker.kill()
             log.close()
         tail = (tmp_path / "worker.log").read_text()[-6000:]
+        _assert_failed_at_first_task(client, runs.pop(dead_run.id), dead, fault_table)
         for r in runs.values():
             assert r.state.is_completed(), (
                 f"{r.name} ended {r.state.type}: {r.state.message}\n{tail}"
@@ -515,6 +530,54 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
         r for r in trained if r.data.tags.get("prefect_flow_run_id") in {str(t.id) for t in trains}
     ]
     assert len(mine) == 2 and all(r.info.status == "FINISHED" for r in mine)
+    _assert_runs_kept_apart(stack["home"], mlflow, {compare.id: by, **{t.id: None for t in trains}})
+    fault_table.append(
+        ("compare + 2 train runs submitted at once", "Prefect API", "all 3 finished", 0, "none", 3)
+    )
+
+
+def _assert_failed_at_first_task(client, run, dead: str, fault_table) -> None:
+    """A deployment run given an MLflow URI nobody serves failed in `check services`, its
+    first task, with one line naming the endpoint and the field to set."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    assert run.state.is_failed(), f"{run.name} ended {run.state.type}: {run.state.message}"
+    assert f"MLflow {dead} (tracking.tracking_uri) cannot be reached" in run.state.message
+    assert "\n" not in run.state.message
+    tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    assert [t.name for t in tasks] == ["check services"]
+    took = (run.end_time - run.start_time).total_seconds()
+    fault_table.append(
+        (
+            "dead MLflow (tracking_uri)",
+            "deployment run",
+            f"failed at task 1, {took:.0f}s",
+            0,
+            "none",
+            1,
+        )
+    )
+
+
+def _assert_runs_kept_apart(home: Path, mlflow, flow_runs: dict) -> None:
+    """Runs that ran at once each kept their own run directory (job, result, checkpoints) and
+    MLflow run: every (flow run, variant) has a directory of its own, whose MLflow run is
+    tagged with that flow run and FINISHED, and no two share an MLflow run."""
+    mlflow_runs = []
+    for flow_run, by in flow_runs.items():
+        for variant in ("baseline", "optimized") if by else ("optimized",):
+            run_dir = home / "runs" / f"{flow_run}-{variant}"
+            for name in ("job.json", "result.json", "checkpoints/latest.json"):
+                assert (run_dir / name).is_file(), f"{run_dir} lacks {name}"
+            job = json.loads((run_dir / "job.json").read_text())
+            assert job["run_dir"] == str(run_dir)
+            run = mlflow.get_run((run_dir / "mlflow_run_id").read_text().strip())
+            assert run.data.tags["prefect_flow_run_id"] == str(flow_run), run_dir
+            assert run.info.status == "FINISHED" and run.data.tags["variant"] == variant
+            if by:
+                assert by[variant].info.run_id == run.info.run_id
+            mlflow_runs.append(run.info.run_id)
+    assert len(set(mlflow_runs)) == len(mlflow_runs) == 4, mlflow_runs
 
 
 def test_down_stops_everything_and_s3_state_survives_a_restart(stack):

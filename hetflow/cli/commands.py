@@ -67,9 +67,19 @@ def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None)
         )
 
 
+def reachable(dataset_url: str | None = None, tracking: TrackingConfig | None = None) -> None:
+    """The services the command will use answer (the Prefect API when PREFECT_API_URL is set,
+    S3 for `dataset_url`, MLflow for `tracking`); else one line naming each dead endpoint,
+    within seconds, before Prefect, MLflow or torch is imported (`hetflow.infra.preflight`)."""
+    from hetflow.infra.preflight import check_services
+
+    check_services(dataset_url, tracking, prefect=True)
+
+
 def cmd_demo(args) -> int:
     cluster, train, dataset = job_of(args)
     tracking = TrackingConfig()
+    reachable(dataset.url, tracking)
     speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
     print(
         f"hetflow demo: {cluster.world_size} emulated workers (speeds {speeds}), "
@@ -93,6 +103,7 @@ def cmd_train(args) -> int:
     # the variant's preset batch schedule and gradient communication, the flags' other knobs;
     # the flow trains what it is given
     cluster, cfg, dataset = job_of(args, variant=args.variant)
+    reachable(dataset.url, TrackingConfig())
     from hetflow.flows.train import train as train_flow
 
     out = train_flow(cluster=cluster, dataset=dataset, train=cfg, variant=args.variant)
@@ -103,6 +114,7 @@ def cmd_train(args) -> int:
 
 def cmd_profile(args) -> int:
     cluster, cfg, dataset = job_of(args)
+    reachable(dataset.url, TrackingConfig())
     from hetflow.flows.profile_cluster import print_profile_report, profile_cluster
 
     profile = profile_cluster(cluster=cluster, dataset=dataset, train=cfg)
@@ -114,6 +126,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    reachable(tracking=TrackingConfig())
     from hetflow.infra.tracking.report import comparison
     from hetflow.infra.tracking.tracker import MLflowTracker, RunNotFound
 
@@ -136,6 +149,7 @@ def cmd_compare(args) -> int:
 
 def cmd_data_ingest(args) -> int:
     spec = ingest_of(args)
+    reachable(spec.url)
     from hetflow.flows.prepare_dataset import prepare_dataset
 
     manifest = prepare_dataset(dataset=spec, overwrite=True)

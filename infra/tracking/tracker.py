@@ -108,11 +108,18 @@ class MLflowTracker:
         location = None
         if self.tracking_uri.startswith("sqlite:"):
             location = (home() / "mlartifacts").as_uri()
-        return self.client.create_experiment(
-            self.config.experiment,
-            artifact_location=location,
-            tags={EXPERIMENT_KIND: MODEL_TRAINING},
-        )
+        try:
+            return self.client.create_experiment(
+                self.config.experiment,
+                artifact_location=location,
+                tags={EXPERIMENT_KIND: MODEL_TRAINING},
+            )
+        except MlflowException:
+            # a run started at the same time created it first: use theirs
+            exp = self.client.get_experiment_by_name(self.config.experiment)
+            if exp is None:
+                raise
+            return exp.experiment_id
 
     @staticmethod
     def flow_run_tags() -> dict[str, str]:
