@@ -91,7 +91,7 @@ def train_run(
     `hetflow train` emulates them (time scale 8) when the run measures time, not emulated
     (faster) when it measures memory."""
     train = TrainConfig(
-        model="cnn",
+        recipe="digits-cnn",
         global_batch=batch,
         steps=steps,
         schedule="equal",

@@ -25,7 +25,7 @@ def main(repeat: int = 3) -> None:
                 variant="raise",
                 cluster=ClusterSpec.from_speeds([1, 1, 2, 4]),
                 dataset=dataset,
-                train=TrainConfig(model="mlp", global_batch=64, steps=20),
+                train=TrainConfig(recipe="digits-mlp", global_batch=64, steps=20),
                 plan=Plan.equal([16] * 4),
                 inject=[Injection(rank=3, step=5, kind="raise")],
                 run_dir=f"{tmp}/r{i}",

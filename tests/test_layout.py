@@ -22,7 +22,8 @@ FOLDERS = {
 # (under hetflow/) sit on top and may import anything.
 ALLOWED = {
     "hetflow.records": set(),
-    "hetflow.config": {"hetflow.records"},
+    "hetflow.config_base": set(),
+    "hetflow.config": {"hetflow.records", "hetflow.config_base"},
     "hetflow.emulation": set(),
     "hetflow.infra": {"hetflow.records", "hetflow.config", "hetflow.emulation"},
     "hetflow.training": {"hetflow.records", "hetflow.config", "hetflow.emulation", "hetflow.infra"},

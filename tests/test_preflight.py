@@ -118,7 +118,7 @@ def test_a_flow_with_a_dead_mlflow_fails_at_its_first_task_before_writing(
     state = compare(
         cluster=ClusterSpec.from_speeds([1, 2]),
         dataset=dataset,
-        train=TrainConfig(model="mlp", steps=5, global_batch=32),
+        train=TrainConfig(recipe="digits-mlp", steps=5, global_batch=32),
         tracking=TrackingConfig(tracking_uri=dead),
         return_state=True,
     )

@@ -94,7 +94,7 @@ def test_a_raising_rank_fails_the_flow_and_its_mlflow_run_at_once_naming_rank_an
     boom = Injection(rank=1, step=3, kind="raise")
     monkeypatch.setattr(train_task, "RunSpec", functools.partial(RunSpec, inject=[boom]))
     cluster = ClusterSpec.from_speeds([1, 1], emulate=False)
-    cfg = TrainConfig(model="mlp", global_batch=32, steps=STEPS, eval_every=100)
+    cfg = TrainConfig(recipe="digits-mlp", global_batch=32, steps=STEPS, eval_every=100)
     profile = profile_of([rank_profile(0, 1e4), rank_profile(1, 1e4)], model="mlp")
 
     @flow(name="train-one")

@@ -154,7 +154,7 @@ def test_a_training_run_streams_its_share_and_reports_what_it_read(s3, tmp_path)
     source = synthetic_source(1001, 0.2, 0)
     write_dataset(dataset.url, source, 40)  # 800 train samples in 20 shards, 201 test
     train = TrainConfig(
-        model="mlp", global_batch=80, steps=25, eval_every=10, schedule="equal"
+        recipe="digits-mlp", global_batch=80, steps=25, eval_every=10, schedule="equal"
     ).model_copy(update={"target_accuracy": None, "checkpoint_every": 100})
     spec = RunSpec(
         run_name="stream",
