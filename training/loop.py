@@ -43,7 +43,8 @@ class TrainingLoop:
         self.net = build_net(spec, data, self.emu, self.recipe)
         every = 1 if cfg.schedule == "dynamic" else cfg.rebalance_every
         self.shared = SharedStepTimes(world, new_control_group(), every)
-        self.mean = MeanOverCounts(world, new_control_group())
+        per_sample = self.recipe.count_per_sample
+        self.mean = MeanOverCounts(world, per_sample, None if per_sample else new_control_group())
         self.rebalancer = new_rebalancer(spec, world)
         self.base_slowdown = self.emu.slowdown
         self.stream = Stream(data.train.y, seed=cfg.seed)
@@ -98,7 +99,7 @@ class TrainingLoop:
         loss_sum, count = self.recipe.loss(net.ddp, batch)
         # DDP averages over ranks: weighted so that the result is the mean over the global
         # batch's counts (samples, or tokens)
-        self.mean.backward(loss_sum, count)
+        self.mean.backward(loss_sum, count, len(idx), sum(self.state.plan))
         self.mean.correct(net.model)
         net.opt.step()
         net.opt.zero_grad(set_to_none=True)
