@@ -28,7 +28,8 @@ class TrainingLoop:
     """One rank's training run, resumed from the newest checkpoint if there is one.
 
     Every rank runs the same loop and so issues the same collectives in the same order (DDP's,
-    the shared step times, the evaluation barrier, the checkpoint's gather), which gloo needs.
+    the shared step times, the count's all-reduce when the recipe's count varies per sample,
+    the evaluation barrier, the checkpoint's gather), which gloo needs.
     Every rank re-plans from the same shared figures, so all reach the same plan at the same
     step. Rank 0 alone evaluates, saves checkpoints, and writes progress.json and recovery.json.
     """
@@ -97,6 +98,7 @@ class TrainingLoop:
         t1 = now()
         emu.start(key=len(idx))
         loss_sum, count = self.recipe.loss(net.ddp, batch)
+        count = int(count)
         # DDP averages over ranks: weighted so that the result is the mean over the global
         # batch's counts (samples, or tokens)
         self.mean.backward(loss_sum, count, len(idx), sum(self.state.plan))
