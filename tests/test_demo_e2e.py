@@ -100,6 +100,7 @@ def test_mlflow_holds_both_runs_under_one_parent_with_sane_metrics(demo):
         m = run.data.metrics
         assert run.data.tags["mlflow.parentRunId"] == parent
         assert run.data.tags["prefect_flow_run_id"]
+        assert run.data.tags["recipe"] == "digits-cnn"
         for name in RUN_METRICS + [f"rank{r}/{k}" for r in range(4) for k in RANK_METRICS]:
             assert name in m, f"{variant} lacks {name}"
         for name in FRACTIONS + [f"rank{r}/busy_fraction" for r in range(4)]:
@@ -149,7 +150,8 @@ def test_the_parent_run_answers_how_much_faster(demo):
         )
     assert (p["cluster"], p["world_size"], p["steps"]) == ("speeds-1-1-2-4", "4", "30")
     assert p["workers"] == "w0 · 1x, w1 · 1x, w2 · 2x, w3 · 4x"
-    assert p["model"] and p["global_batch"] == "128" and p["dataset"].startswith("s3://")
+    assert p["recipe"] == "digits-cnn" and p["global_batch"] == "128"
+    assert p["dataset"].startswith("s3://")
     note = parent.data.tags["mlflow.note.content"]
     assert (
         "| metric | baseline | optimized | change |" in note and "| rank3/busy_fraction |" in note

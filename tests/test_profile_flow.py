@@ -45,7 +45,7 @@ def fake_profile_workers(measured: list[float]):
             for i, (w, s) in enumerate(zip(cluster.workers, measured, strict=True))
         ]
         run.seen = cluster
-        return profile_of(ranks, cluster=cluster.name, model=train.model, profiling_time_s=9.0)
+        return profile_of(ranks, cluster=cluster.name, model=train.recipe, profiling_time_s=9.0)
 
     return run
 
@@ -106,7 +106,7 @@ def test_profile_flow_resolves_instance_types_stores_history_and_flags_drift(
         }
     )
     train = TrainConfig(global_batch=32)
-    prefix = "s3://hetflow-profiles/profiles/g4dn-g5/cnn"
+    prefix = "s3://hetflow-profiles/profiles/g4dn-g5/digits-cnn"
     previous = speeds(
         {"t4": 0.26, "a10g-1": 1.0, "a10g-2": 1.0}, created_at="20240101T000000000000Z"
     )

@@ -1,6 +1,7 @@
 """The all-reduced gradient is the gradient of the MEAN over the global batch's counts, for a
 token-weighted loss whose counts differ between ranks and between steps (4 real gloo ranks,
-`MeanOverCounts` as the training loop uses it)."""
+`MeanOverCounts` as the training loop uses it): padded windows (counts all-reduced every
+step) and full windows (`count_per_sample`, no collective), r + 1 windows on rank r."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
+from hetflow.training.recipes import DataInfo, seeded_model
+from hetflow.training.recipes.gpt import GPT
 
 from tests.dist import run_ranks
 
@@ -18,12 +20,26 @@ OPTIONS = {"n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
 TOKENS = DataInfo(kind="tokens", vocab=256)
 
 
-def windows(rank: int, step: int) -> np.ndarray:
-    """Rank r's windows at a step: r + 1 of them, the last few targets padding (-1), so that
-    the ranks count different numbers of tokens, and differently at every step."""
+class PaddedGPT(GPT):
+    """gpt on windows whose last targets may be padding: its count varies per sample."""
+
+    count_per_sample = None
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.count_per_sample = None
+
+
+def recipe_of(padded: bool) -> GPT:
+    return PaddedGPT(**OPTIONS) if padded else GPT(**OPTIONS)
+
+
+def windows(rank: int, step: int, padded: bool) -> np.ndarray:
+    """Rank r's windows at a step: r + 1 of them; padded: the last few targets padding (-1),
+    so that the ranks count different numbers of tokens, and differently at every step."""
     rng = np.random.default_rng(100 * step + rank)
     w = rng.integers(0, 256, size=(rank + 1, OPTIONS["context"] + 1), dtype=np.int64)
-    pad = (rank + 3 * step) % 6
+    pad = (rank + 3 * step) % 6 if padded else 0
     if pad:
         w[:, -pad:] = -1
     return w
@@ -40,15 +56,18 @@ def ddp_gradients(rank: int, world: int, arg: dict) -> dict:
     from hetflow.training.comm import new_control_group
     from hetflow.training.net import MeanOverCounts
 
-    recipe = get_recipe("gpt", **arg)
+    padded = arg["padded"]
+    recipe = recipe_of(padded)
     model = seeded_model(recipe, TOKENS, 0)
     ddp = DDP(model, gradient_as_bucket_view=True)
-    mean = MeanOverCounts(world, new_control_group())
+    per_sample = recipe.count_per_sample
+    mean = MeanOverCounts(world, per_sample, None if per_sample else new_control_group())
+    global_batch = sum(r + 1 for r in range(world))
     grads, counts = [], []
     for step in range(STEPS):
-        w = windows(rank, step)
+        w = windows(rank, step, padded)
         loss_sum, count = recipe.loss(ddp, recipe.batch(w, np.zeros(len(w), dtype=np.int64)))
-        mean.backward(loss_sum, count)
+        mean.backward(loss_sum, count, len(w), global_batch)
         mean.correct(model)
         counts.append(count)
         grads.append(_flat_grad(model) if rank == 0 else [])
@@ -56,23 +75,25 @@ def ddp_gradients(rank: int, world: int, arg: dict) -> dict:
     return {"grads": grads, "counts": counts}
 
 
-def one_process_gradients(step: int) -> torch.Tensor:
+def one_process_gradients(step: int, padded: bool) -> torch.Tensor:
     """The reference: one process, the ranks' windows concatenated, mean over the tokens."""
-    recipe = get_recipe("gpt", **OPTIONS)
+    recipe = recipe_of(padded)
     model = seeded_model(recipe, TOKENS, 0)
-    w = np.concatenate([windows(r, step) for r in range(WORLD)])
+    w = np.concatenate([windows(r, step, padded) for r in range(WORLD)])
     loss_sum, count = recipe.loss(model, recipe.batch(w, np.zeros(len(w), dtype=np.int64)))
     (loss_sum / count).backward()
     return torch.tensor(_flat_grad(model))
 
 
 @pytest.mark.timeout(120)
-def test_ddp_gradient_is_the_mean_over_tokens_with_unequal_counts_per_rank(tmp_path):
-    results = run_ranks(ddp_gradients, WORLD, OPTIONS, tmp_path, timeout_s=100)
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "full-windows"])
+def test_ddp_gradient_is_the_mean_over_tokens_with_unequal_counts_per_rank(tmp_path, padded):
+    results = run_ranks(ddp_gradients, WORLD, {"padded": padded}, tmp_path, timeout_s=100)
     for step in range(STEPS):
         counts = [r["counts"][step] for r in results]
         assert len(set(counts)) == WORLD, counts  # every rank counts a different number
         ddp = torch.tensor(results[0]["grads"][step])
-        torch.testing.assert_close(ddp, one_process_gradients(step), atol=1e-5, rtol=0)
-    totals = [sum(r["counts"][step] for r in results) for step in range(STEPS)]
-    assert totals[0] != totals[1]  # the second step corrects the first's count
+        torch.testing.assert_close(ddp, one_process_gradients(step, padded), atol=1e-5, rtol=0)
+    if padded:
+        totals = [sum(r["counts"][step] for r in results) for step in range(STEPS)]
+        assert totals[0] != totals[1]  # the second step corrects the first's count

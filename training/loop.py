@@ -28,7 +28,8 @@ class TrainingLoop:
     """One rank's training run, resumed from the newest checkpoint if there is one.
 
     Every rank runs the same loop and so issues the same collectives in the same order (DDP's,
-    the shared step times, the evaluation barrier, the checkpoint's gather), which gloo needs.
+    the shared step times, the count's all-reduce when the recipe's count varies per sample,
+    the evaluation barrier, the checkpoint's gather), which gloo needs.
     Every rank re-plans from the same shared figures, so all reach the same plan at the same
     step. Rank 0 alone evaluates, saves checkpoints, and writes progress.json and recovery.json.
     """
@@ -43,7 +44,8 @@ class TrainingLoop:
         self.net = build_net(spec, data, self.emu, self.recipe)
         every = 1 if cfg.schedule == "dynamic" else cfg.rebalance_every
         self.shared = SharedStepTimes(world, new_control_group(), every)
-        self.mean = MeanOverCounts(world, new_control_group())
+        per_sample = self.recipe.count_per_sample
+        self.mean = MeanOverCounts(world, per_sample, None if per_sample else new_control_group())
         self.rebalancer = new_rebalancer(spec, world)
         self.base_slowdown = self.emu.slowdown
         self.reader = data.reader(rank, cfg.seed)  # this rank's share of each step, streamed
@@ -100,9 +102,10 @@ class TrainingLoop:
         t1 = now()
         emu.start(key=len(ys))
         loss_sum, count = self.recipe.loss(net.ddp, batch)
+        count = int(count)
         # DDP averages over ranks: weighted so that the result is the mean over the global
         # batch's counts (samples, or tokens)
-        self.mean.backward(loss_sum, count)
+        self.mean.backward(loss_sum, count, len(idx), sum(self.state.plan))
         self.mean.correct(net.model)
         net.opt.step()
         net.opt.zero_grad(set_to_none=True)

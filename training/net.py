@@ -16,7 +16,7 @@ from hetflow.emulation.emulator import Emulator
 from hetflow.training.comm import register_compression, wrap_optimizer
 from hetflow.training.data import RankData
 from hetflow.training.job import RunSpec
-from hetflow.training.recipes import DataInfo, Recipe, seeded_model
+from hetflow.training.recipes import DataInfo, Recipe, check_fits, seeded_model
 from hetflow.training.scheduler import Rebalancer
 
 
@@ -44,7 +44,9 @@ def build_net(spec: RunSpec, data: RankData, emu: Emulator, recipe: Recipe) -> N
     """The recipe's model at the run's seed, DDP with the plan's comm hook (its compute phase
     dilated by `emu`), and the configured optimizer wrapped as the hook needs."""
     cfg = spec.train
-    model = seeded_model(recipe, DataInfo.from_manifest(data.manifest), cfg.seed)
+    info = DataInfo.from_manifest(data.manifest)
+    check_fits(recipe, info, data.manifest.url)
+    model = seeded_model(recipe, info, cfg.seed)
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ddp = DDP(model, gradient_as_bucket_view=True)
@@ -76,24 +78,40 @@ class MeanOverCounts:
     the MEAN over the global batch's counts (samples, or tokens), whatever each rank counts.
 
     DDP averages the ranks' gradients, so rank r backpropagates S_r x world / N, with S_r its
-    summed loss and N the count summed over every rank. N is all-reduced on a control group
-    of its own (`new_control_group`) in the background, issued as soon as the forward pass
-    knows the rank's count; backward runs with the previous step's N, the same on every rank,
-    and `correct` rescales the averaged gradient by (that N) / (this step's N) where they
-    differ, before the optimizer step. Waiting for N before backward would stall every rank's
-    compute phase until the slowest rank's forward pass ended. The first step (no previous N)
-    waits for it. Exact for all-reduce and fp16/bf16; with compression that keeps state
-    (PowerSGD's and top-k's error feedback) the state is in units of the previous N, a
-    difference of (N_prev / N - 1) on one step's residual.
+    summed loss and N the count summed over every rank.
+
+    A recipe whose loss counts the same per sample (`Recipe.count_per_sample`: 1 for a
+    classifier, the context for full token windows) needs no communication: N is that times
+    the plan's global batch, which every rank knows; each rank checks its own count. Otherwise
+    N is all-reduced on a control group of its own (`new_control_group`) in the background,
+    issued as soon as the forward pass knows the rank's count: backward runs with the previous
+    step's N, the same on every rank, and `correct` rescales the averaged gradient by (that N)
+    / (this step's N) where they differ, before the optimizer step. Waiting for N before
+    backward would stall every rank's compute phase until the slowest rank's forward pass
+    ended; the first step (no previous N) waits for it. A collective per step costs ~10% of a
+    short CPU step (docs/measurements.md, "Step-time sharing"), hence the fixed-count path.
+    Exact for all-reduce and fp16/bf16; with compression that keeps state (PowerSGD's and
+    top-k's error feedback) the state is in units of the previous N, a difference of
+    (N_prev / N - 1) on one step's residual.
     """
 
-    def __init__(self, world: int, group) -> None:
-        self.world, self.group = world, group
+    def __init__(self, world: int, per_sample: int | None, group=None) -> None:
+        self.world, self.per_sample, self.group = world, per_sample, group
         self.expected: int | None = None  # N of the previous step: what backward scales by
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
 
-    def backward(self, loss_sum: torch.Tensor, count: int) -> None:
-        """Start the count's all-reduce, then backward of loss_sum x world / N."""
+    def backward(self, loss_sum: torch.Tensor, count: int, batch: int, global_batch: int) -> None:
+        """Backward of loss_sum x world / N for this rank's `count` over its `batch` samples,
+        of the plan's `global_batch`."""
+        if self.per_sample is not None:
+            if count != batch * self.per_sample:
+                raise ValueError(
+                    f"train.recipe: its loss counted {count} for {batch} samples, not the "
+                    f"{self.per_sample} per sample its count_per_sample says"
+                )
+            self.expected = global_batch * self.per_sample
+            (loss_sum * (self.world / max(self.expected, 1))).backward()
+            return
         total = torch.tensor([int(count)], dtype=torch.int64)
         work = dist.all_reduce(total, group=self.group, async_op=True)
         if self.expected is None:
@@ -103,9 +121,12 @@ class MeanOverCounts:
         (loss_sum * (self.world / max(self.expected, 1))).backward()
 
     def correct(self, model: nn.Module) -> int:
-        """Rescale the gradients to this step's N (a no-op when it equals the previous one);
-        returns N."""
+        """Rescale the gradients to this step's N (a no-op when it equals the one backward
+        used); returns N."""
+        if self._pending is None:
+            return self.expected
         work, total = self._pending
+        self._pending = None
         work.wait()
         n = int(total)
         if n != self.expected and n > 0:

@@ -70,12 +70,18 @@ class Recipe:
 
     A step's samples arrive as numpy: tabular x (B, F) float32; images x (B, C, H, W) uint8;
     tokens x (B, context + 1) int64 windows (targets x[:, 1:]); y int64 labels (zeros for
-    tokens). `loss` returns (the loss SUMMED over what it counts, that count as an int).
+    tokens). `loss` returns (the loss SUMMED over what it counts, that count as an int);
+    set `count_per_sample` when that count is the same for every sample, which spares the
+    ranks a collective per step.
     """
 
     name: str = ""
     kind: str = "tabular"  # the manifest kind it reads: "tabular" | "tokens" | "images"
     context: int | None = None  # tokens per training window (token recipes only)
+    # What `loss` counts per sample when that is the same for every sample (1: a classifier;
+    # the context: full token windows); None when it varies (padding, masks), and the ranks
+    # then all-reduce their counts every step.
+    count_per_sample: int | None = None
 
     def build_model(self, info: DataInfo) -> nn.Module:
         raise NotImplementedError

@@ -15,6 +15,7 @@ class Classifier(Recipe):
     """Cross-entropy summed over the batch's samples (count: samples); evaluates accuracy."""
 
     kind = "tabular"
+    count_per_sample = 1
 
     def batch(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y).long()

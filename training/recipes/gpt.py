@@ -3,7 +3,8 @@
 
 Byte-level (vocab 256), so it needs no tokenizer. The default (4 layers, 4 heads, 256 wide,
 a context of 128) has 3.2M parameters. Its loss is summed over the target tokens and counts
-them; a target of -1 is padding, neither predicted nor counted.
+them; a target of -1 is padding, neither predicted nor counted (a subclass whose windows are
+padded sets `count_per_sample = None`).
 
     >>> import numpy as np
     >>> from hetflow.training.recipes import get_recipe
@@ -110,6 +111,7 @@ class GPT(Recipe):
     ) -> None:
         self.n_layer, self.n_head, self.n_embd = int(n_layer), int(n_head), int(n_embd)
         self.context, self.dropout = int(context), float(dropout)
+        self.count_per_sample = self.context  # full windows; a padded recipe sets None
         if min(self.n_layer, self.n_head, self.n_embd, self.context) < 1:
             raise TypeError("n_layer, n_head, n_embd and context must be >= 1")
         if self.n_embd % self.n_head:
