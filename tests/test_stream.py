@@ -32,6 +32,11 @@ class TokenManifest(Manifest):
     kind: str = "tokens"
 
 
+class ImageManifest(Manifest):
+    kind: str = "images"
+    shape: tuple[int, int, int] = (1, 4, 4)
+
+
 def _token_dataset(url: str, lengths: list[int]) -> Manifest:
     """Token shards whose tokens are their global positions, so a window names itself."""
     fs, root = filesystem(url)
@@ -176,3 +181,38 @@ def test_a_training_run_streams_its_share_and_reports_what_it_read(s3, tmp_path)
     m = summarize(result, train.global_batch, None)
     assert m["s3_bytes_read"] == sum(r.cache.bytes_read for r in result.ranks) > 0
     assert 0 < m["cache_hit_ratio"] < 1 and m["final_accuracy"] > 0.5
+
+
+def test_image_shards_stream_as_uint8_images_each_once_per_epoch(tmp_path):
+    """uint8 (N, C, H, W) images whose pixels are their ids, in 5 shards; 2 ranks, a re-plan."""
+    url = f"memory://hetflow-stream/images-{tmp_path.name}"
+    fs, root = filesystem(url)
+    y = np.random.default_rng(2).integers(0, 3, size=100)
+    shards = []
+    for i in range(5):
+        ids = np.arange(20 * i, 20 * i + 20)
+        buf = io.BytesIO()
+        np.savez(buf, x=np.tile(ids.astype(np.uint8)[:, None, None, None], (1, 1, 4, 4)), y=y[ids])
+        data, key = buf.getvalue(), f"train/shard-{i:05d}.npz"
+        fs.pipe_file(f"{root}/{key}", data)
+        labels = {int(c): int((y[ids] == c).sum()) for c in np.unique(y[ids])}
+        shards.append(
+            ShardInfo(key=key, samples=20, bytes=len(data), sha256=sha256(data), labels=labels)
+        )
+    hist = {int(c): int((y == c).sum()) for c in np.unique(y)}
+    manifest = ImageManifest(
+        url=url,
+        features=16,
+        classes=3,
+        splits={"train": SplitInfo(samples=100, labels=hist, shards=shards)},
+    )
+    cache = ShardCache(url, tmp_path / "c", budget_bytes=10**9)
+    seen = []
+    for rank in range(2):
+        with RankReader(manifest, "train", cache, rank, seed=0, prefetch=2) as reader:
+            for step in range(10):
+                x, by = reader.batch(step, [6, 4] if step < 5 else [10, 0])
+                assert x.dtype == np.uint8 and x.shape[1:] == (1, 4, 4)
+                assert np.array_equal(by, y[x[:, 0, 0, 0]])
+                seen.extend(x[:, 0, 0, 0].tolist())
+    assert sorted(seen) == list(range(100))

@@ -145,7 +145,25 @@ def decode_samples(
         return x, np.zeros(len(x), dtype=np.int64)
     from hetflow.infra.datasets import check_shard, decode_shard
 
-    x, y = decode_shard(data, name)
+    if kind_of(manifest) == "images":
+        x, y = _decode_images(data, name, tuple(getattr(manifest, "shape", ()) or ()))
+    else:
+        x, y = decode_shard(data, name)
     check_shard(shard, x, y, name)
     order = np.argsort(y, kind="stable")
     return x[order], y[order]
+
+
+def _decode_images(data: bytes, name: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """An `.npz` image shard: `x` uint8 (N, C, H, W) of the manifest's shape, `y` int64 (N)."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            x, y = z["x"], z["y"]
+    except Exception as e:
+        raise DatasetError(f"{name}: not a valid npz image shard ({type(e).__name__})") from None
+    if x.dtype != np.uint8 or x.shape[1:] != shape or y.shape != (len(x),):
+        raise DatasetError(
+            f"{name}: images {x.dtype} {x.shape} and labels {y.shape}; the manifest says "
+            f"uint8 (N, {', '.join(map(str, shape))})"
+        )
+    return x, y.astype(np.int64)
