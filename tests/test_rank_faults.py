@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -216,6 +217,9 @@ def test_a_sigterm_checkpoints_at_the_next_step_and_redoes_at_most_one(
     m = summarize(RunResult.model_validate(outcome["result"]), 32, None)
     assert m["steps"] == 24
     assert m["restarts"] == 1 and m["steps_redone"] <= 1
+    log = (run_dir / "workers.log").read_text()
+    stops = re.findall(r"rank (\d): preempted \(SIGTERM\): checkpointed at step (\d+)", log)
+    assert sorted(r for r, _ in stops) == ["0", "1"] and len({s for _, s in stops}) == 1
     row = ("SIGTERM of a worker", "training (2 ranks)", "checkpointed, restarted")
     fault_table.append((*row, m["steps_redone"], "none", 1))
 

@@ -104,10 +104,11 @@ def bound_collectives(timeout_s: float) -> None:
     """Every process group this rank is in (DDP's, the control groups, subgroups) times out a
     collective after `timeout_s`: a stalled peer is noticed, never waited for 30 minutes.
     `torch.distributed` sets a timeout per group at creation only; `_set_pg_timeout` resets it."""
-    from torch.distributed.distributed_c10d import _set_pg_timeout, _world
+    from torch.distributed.distributed_c10d import _rank_not_in_group, _set_pg_timeout, _world
 
     for group in list(_world.pg_map):
-        _set_pg_timeout(timedelta(seconds=timeout_s), group)
+        if not _rank_not_in_group(group):
+            _set_pg_timeout(timedelta(seconds=timeout_s), group)
 
 
 class Preemption:

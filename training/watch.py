@@ -90,8 +90,13 @@ def job_pids(pid: int) -> set[int]:
 
 
 def kill_job(pid: int) -> None:
-    """SIGKILL torchrun and its workers (in sessions of their own: not its process group)."""
-    for p in job_pids(pid):  # all found before any dies: orphans would be lost
+    """SIGKILL torchrun and its workers (in sessions of their own: not its process group).
+    torchrun is stopped first, so that it starts no worker after they are listed."""
+    try:
+        psutil.Process(pid).suspend()
+    except psutil.NoSuchProcess:
+        return
+    for p in job_pids(pid):
         _kill(p)
 
 
