@@ -105,7 +105,7 @@ class TrainingLoop:
         count = int(count)
         # DDP averages over ranks: weighted so that the result is the mean over the global
         # batch's counts (samples, or tokens)
-        self.mean.backward(loss_sum, count, len(idx), sum(self.state.plan))
+        self.mean.backward(loss_sum, count, len(ys), sum(self.state.plan))
         self.mean.correct(net.model)
         net.opt.step()
         net.opt.zero_grad(set_to_none=True)
