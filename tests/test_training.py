@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from hetflow.config import ClusterSpec, TrainConfig
+from hetflow.config import ClusterSpec, TrainConfig, WorkerSpec
 from hetflow.infra.s3 import free_port
-from hetflow.records import Plan
-from hetflow.training.comm import allgather_bytes
+from hetflow.records import CompressionMethod, Plan
+from hetflow.training.comm import DENSE_WARMUP_STEPS, allgather_bytes
 from hetflow.training.data import open_rank_data
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers, torchrun_command, worker_env
@@ -129,8 +129,12 @@ def test_dynamic_plan_moves_work_off_a_straggler_within_a_few_steps(digits, tmp_
     result, _ = run_workers(spec, timeout_s=200)
     plans = result["ranks"][0]["plans"]
     assert [p["step"] for p in plans[:1]] == [0] and len(plans) >= 2, plans
-    assert 12 < plans[1]["step"] <= 15, plans  # onset at 12, seen at 12 and 13, shared a step late
-    assert plans[1]["plan"][3] < 32 and sum(plans[1]["plan"]) == 64, plans
+    # Onset at 12, seen at 12 and 13, shared a step late. (A loaded host can make the noise of
+    # the first steps look like a change too: only the plan in force at the onset counts.)
+    before = [p for p in plans if p["step"] <= 12][-1]
+    moved = [p for p in plans if 12 < p["step"] <= 15]
+    assert moved and moved[0]["plan"][3] < before["plan"][3], plans
+    assert all(sum(p["plan"]) == 64 for p in plans), plans
     assert all(r["plans"] == plans for r in result["ranks"])  # every rank reached the same plan
     ranks = result["ranks"]
     assert all(
@@ -179,3 +183,36 @@ def test_static_run_shares_step_times_every_k_steps_and_splits_every_wait(digits
     fastest = ranks[3]["records"][1:]  # rank 3 waits for ranks 0 and 1, 4x slower, every step
     assert min(rec["idle_s"] for rec in fastest) > 0
     assert all(r["control_bytes"] == train.steps * allgather_bytes(8, 4) for r in ranks)
+
+
+def test_a_training_run_averages_hierarchically_across_the_workers_nodes(digits, tmp_path):
+    # The workers' nodes reach the comm hook: gradients all-reduced inside each node every
+    # step, the model averaged across the two nodes every 2 steps.
+    workers = [WorkerSpec(name=f"w{i}", speed=1.0, node=node) for i, node in enumerate("aabb")]
+    train = TrainConfig(
+        recipe="digits-mlp",
+        global_batch=32,
+        schedule="equal",
+        compression="hierarchical:2",
+        steps=DENSE_WARMUP_STEPS + 4,
+        eval_every=100,
+        target_accuracy=None,
+    )
+    plan = Plan.equal([8, 8, 8, 8]).model_copy(
+        update={"compression": CompressionMethod.parse("hierarchical:2")}
+    )
+    spec = RunSpec(
+        run_name="hier",
+        variant="optimized",
+        cluster=ClusterSpec(workers=workers, emulate=False),
+        dataset=digits,
+        train=train,
+        plan=plan,
+        run_dir=str(tmp_path),
+    )
+    result, _ = run_workers(spec, timeout_s=200, max_restarts=0)
+    ranks = result["ranks"]
+    assert all(len(r["records"]) == train.steps for r in ranks)
+    # after the dense warm-up, only the model averages every 2 steps cross nodes
+    sent = [rec["bytes_sent"] > 0 for rec in ranks[0]["records"]]
+    assert all(sent[:DENSE_WARMUP_STEPS]) and sent[DENSE_WARMUP_STEPS:].count(True) == 2, sent

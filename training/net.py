@@ -50,7 +50,8 @@ def build_net(spec: RunSpec, data: RankData, emu: Emulator, recipe: Recipe) -> N
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ddp = DDP(model, gradient_as_bucket_view=True)
-    hook_state = register_compression(ddp, spec.plan.compression, emu.dilating_hook)
+    nodes = [w.node for w in spec.cluster.workers]  # hierarchical averaging groups by node
+    hook_state = register_compression(ddp, spec.plan.compression, emu.dilating_hook, nodes=nodes)
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     else:
