@@ -127,17 +127,32 @@ class ClusterSpec(_Model):
         return cls.model_validate(load_mapping(path))
 
 
-_URL = re.compile(r"^(s3|file|memory)://[^/].*$")
+_URL = re.compile(r"^(s3|memory)://[^/].*$|^file://.+$")
 
 
 class DatasetSpec(_Model):
     """Where a dataset lives (shards + manifest) and how workers read it."""
 
-    source: Literal["digits", "synthetic"] = Field(
-        "digits",
-        title="Source",
-        description="'digits': scikit-learn's handwritten digits; 'synthetic': random digits-"
-        "shaped samples of any size, for throughput tests.",
+    source: Literal["digits", "synthetic", "stdlib", "text", "parquet", "images", "existing"] = (
+        Field(
+            "digits",
+            title="Source",
+            description="'digits': scikit-learn's handwritten digits; 'synthetic': random digits-"
+            "shaped samples of any size; 'stdlib': the Python standard library's source as bytes "
+            "(for 'gpt'); 'text' (files matching the glob), 'parquet' (the columns named) or "
+            "'images' (one subfolder per class) under Source path; 'existing': the dataset "
+            "already at the URL ('hetflow data ingest' wrote it).",
+        )
+    )
+    source_url: str | None = Field(
+        None, title="Source path", description="A local folder, file:// or s3:// prefix."
+    )
+    glob: str = Field("**/*", title="Files to read (text, parquet)")
+    columns: list[str] = Field(default_factory=list, title="Parquet feature columns")
+    label_column: str | None = Field(None, title="Parquet label column")
+    image_size: int = Field(32, ge=4, le=1024, title="Image side (pixels)")
+    max_mb: float | None = Field(
+        None, gt=0, title="Text cap (MB)", description="Read at most this much text; None: all."
     )
     url: str = Field(
         "s3://hetflow-data/digits",

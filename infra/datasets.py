@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import re
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ValidationError, field_validator, model_validator
@@ -29,7 +30,8 @@ from pydantic import BaseModel, ValidationError, field_validator, model_validato
 from hetflow.infra.s3 import ensure_bucket, filesystem
 
 MANIFEST = "manifest.json"
-_SHARD_KEY = re.compile(r"^[A-Za-z0-9_.-]+/shard-\d+\.npz$")
+_SHARD_KEY = re.compile(r"^[A-Za-z0-9_.-]+/shard-\d+\.(npz|npy)$")
+KINDS = ("tabular", "images", "tokens")
 
 
 class DatasetError(ValueError):
@@ -45,11 +47,15 @@ class ChecksumError(DatasetError):
 
 
 class ShardInfo(BaseModel):
+    """One shard. A token shard (`.npy`, 1-D) counts its tokens as `samples` and `tokens`, all
+    of label 0 (`labels = {0: tokens}`): the reader cuts it into windows of its context."""
+
     key: str
     samples: int
     bytes: int
     sha256: str
     labels: dict[int, int]
+    tokens: int | None = None
 
     @field_validator("key")
     @classmethod
@@ -93,10 +99,19 @@ class SplitInfo(BaseModel):
 
 
 class Manifest(BaseModel):
+    """A dataset: `kind` 'tabular' (npz: x float32 N x `features`, y int64), 'images' (npz: x
+    uint8 N x C x H x W, `shape` [C, H, W], y int64) or 'tokens' (`.npy` 1-D arrays of token
+    ids below `vocab`, of `dtype`; `features` 0, `classes` 1). Manifests written before kinds
+    existed read as tabular."""
+
     url: str
     format: str = "npz"
+    kind: Literal["tabular", "images", "tokens"] = "tabular"
     features: int
     classes: int
+    shape: list[int] | None = None
+    vocab: int | None = None
+    dtype: str | None = None
     splits: dict[str, SplitInfo]
     ingest: dict = {}  # the parameters the dataset was written with (source, samples, ...)
 
@@ -120,7 +135,8 @@ def sha256(data: bytes) -> str:
 
 def encode_shard(x: np.ndarray, y: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.savez(buf, x=x.astype(np.float32), y=y.astype(np.int64))
+    # tabular rows as float32; images (N x C x H x W) keep their uint8 pixels
+    np.savez(buf, x=x.astype(np.float32 if x.ndim == 2 else np.uint8), y=y.astype(np.int64))
     return buf.getvalue()
 
 
@@ -130,7 +146,7 @@ def decode_shard(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
             x, y = z["x"], z["y"]
     except Exception as e:  # zipfile/pickle/KeyError: any of them means a bad shard
         raise DatasetError(f"{name}: not a valid npz shard ({type(e).__name__})") from None
-    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
+    if x.ndim not in (2, 4) or y.ndim != 1 or len(x) != len(y):
         raise DatasetError(f"{name}: arrays of shapes {x.shape} and {y.shape} do not pair up")
     return x, y
 

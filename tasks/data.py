@@ -16,7 +16,15 @@ from hetflow.infra.datasets import (
     verify_dataset,
     write_dataset,
 )
+from hetflow.infra.ingest import STREAMED_SOURCES, ingest_streamed
 from hetflow.infra.paths import host_lock
+
+
+def _write(spec: DatasetSpec) -> Manifest:
+    """The source written to spec.url: in memory (digits, synthetic) or streamed."""
+    if spec.source in STREAMED_SOURCES:
+        return ingest_streamed(spec, ingest_params(spec))
+    return write_dataset(spec.url, build_source(spec), spec.shard_samples, ingest_params(spec))
 
 
 def build_source(spec: DatasetSpec) -> dict:
@@ -35,6 +43,9 @@ def ingest_params(spec: DatasetSpec) -> dict:
     }
     if spec.source == "synthetic":
         params["samples"] = spec.synthetic_samples
+    if spec.source in STREAMED_SOURCES:
+        fields = ("source_url", "glob", "columns", "label_column", "image_size", "max_mb")
+        params.update(spec.model_dump(include=set(fields)))
     return params
 
 
@@ -81,6 +92,15 @@ def ingest_dataset(spec: DatasetSpec, overwrite: bool = False) -> Manifest:
     """
     # runs started at once on one dataset take turns: the second finds the first's dataset
     # instead of deleting its manifest to write the same shards again under a running job
+    if spec.source == "existing":
+        try:
+            manifest = read_manifest(spec.url)
+        except MissingDataset as e:
+            raise DatasetError(
+                f"{e} (write it first: hetflow data ingest --to {spec.url})"
+            ) from None
+        check_shards(manifest)
+        return manifest
     with host_lock(f"dataset {spec.url}"):
         if not overwrite:
             manifest = _existing(spec)
@@ -88,9 +108,7 @@ def ingest_dataset(spec: DatasetSpec, overwrite: bool = False) -> Manifest:
                 samples = manifest.splits["train"].samples
                 print(f"dataset already at {spec.url}: {samples} train samples")
                 return manifest
-        manifest = write_dataset(
-            spec.url, build_source(spec), spec.shard_samples, ingest_params(spec)
-        )
+        manifest = _write(spec)
     splits = ", ".join(
         f"{k}: {v.samples} samples in {len(v.shards)} shards" for k, v in manifest.splits.items()
     )

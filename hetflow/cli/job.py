@@ -175,9 +175,19 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
         raise flag_error(e) from None
 
 
+# the dataset a built-in recipe trains on when no --dataset-url is given
+RECIPE_DATASETS = {
+    "gpt": {"source": "stdlib", "url": "s3://hetflow-data/stdlib", "max_mb": 4.0},
+}
+
+
 def dataset_of(args) -> DatasetSpec:
+    """--dataset-url's dataset (written before by `hetflow data ingest`), else the recipe's
+    built-in one: digits, or the standard library's source for `gpt`."""
     try:
-        return DatasetSpec(url=args.dataset_url)
+        if args.dataset_url != DATASET.url:
+            return DatasetSpec(source="existing", url=args.dataset_url)
+        return DatasetSpec(**RECIPE_DATASETS.get(recipe_flag(args), {}))
     except ValidationError as e:
         raise flag_error(e) from None
 
@@ -192,6 +202,9 @@ def job_of(args, variant: str | None = None) -> tuple[ClusterSpec, TrainConfig, 
 
 INGEST_FLAGS = {
     "source": "--source",
+    "source_url": "--from",
+    "image_size": "--image-size",
+    "max_mb": "--max-mb",
     "url": "--url",
     "shard_samples": "--shard-samples",
     "synthetic_samples": "--samples",
@@ -201,11 +214,24 @@ INGEST_FLAGS = {
 def add_ingest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--source",
-        choices=choices(DatasetSpec, "source"),
+        choices=[c for c in choices(DatasetSpec, "source") if c != "existing"],
         default=DATASET.source,
-        help="scikit-learn's digits, or random digits-shaped samples",
+        help="digits, synthetic, stdlib (Python's own source, as bytes), or your data under "
+        "--from: text files, parquet files, or images in one subfolder per class",
     )
-    p.add_argument("--url", default=DATASET.url, help="where to write the manifest and shards")
+    p.add_argument("--from", dest="source_url", help="the source: a folder, file:// or s3://")
+    p.add_argument("--url", "--to", dest="url", default=DATASET.url, help="where to write it")
+    p.add_argument("--glob", default=DATASET.glob, help="the files to read (text, parquet)")
+    p.add_argument("--columns", default="", help="parquet feature columns, comma-separated")
+    p.add_argument("--label-column", dest="label_column", help="parquet label column")
+    p.add_argument(
+        "--image-size",
+        dest="image_size",
+        type=int,
+        default=DATASET.image_size,
+        help="side of the square each image is resized to (images)",
+    )
+    p.add_argument("--max-mb", dest="max_mb", type=float, help="read at most this much text")
     p.add_argument(
         "--shard-samples",
         type=int,
@@ -226,7 +252,13 @@ def ingest_of(args) -> DatasetSpec:
     try:
         return DatasetSpec(
             source=args.source,
+            source_url=args.source_url,
             url=args.url,
+            glob=args.glob,
+            columns=[c.strip() for c in args.columns.split(",") if c.strip()],
+            label_column=args.label_column,
+            image_size=args.image_size,
+            max_mb=args.max_mb,
             shard_samples=args.shard_samples,
             synthetic_samples=args.samples,
         )
