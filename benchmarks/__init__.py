@@ -14,9 +14,17 @@ from hetflow.output import wide_console, write_json
 __all__ = ["check_bench_recipe", "digits_workspace", "wide_console", "write_json"]
 
 
-def check_bench_recipe(train: TrainConfig) -> None:
-    """The recipe imports and reads what the benchmark's dataset holds (digits, tabular: the
-    benchmarks write no other dataset yet); a one-line ConfigError naming it otherwise."""
+BENCH_TEXT_MB = 4.0  # of the standard library's source, for token recipes (gpt)
+
+
+def check_bench_recipe(train: TrainConfig) -> float | None:
+    """The recipe imports and reads what a benchmark can write (digits, tabular; or the
+    standard library's source, tokens); a one-line ConfigError naming it otherwise. Returns
+    the MB of text to write for a token recipe (`digits_workspace`'s `text_mb`), else None."""
     from hetflow.training.recipes import DataInfo, check_fits, check_recipe
 
-    check_fits(check_recipe(train), DataInfo(), "the benchmark's digits dataset")
+    recipe = check_recipe(train)
+    if recipe.kind == "tokens":
+        return BENCH_TEXT_MB
+    check_fits(recipe, DataInfo(), "the benchmark's digits dataset")
+    return None

@@ -288,7 +288,9 @@ def summary(
 def main(argv: list[str] | None = None) -> int:
     args, bench = parse_args(argv)
     t_start = time.perf_counter()
-    with digits_workspace("comm-digits", args.work_dir) as (tmp, dataset):
+    text_mb = check_bench_recipe(bench.base)  # a token recipe trains on the stdlib's source
+    name = "comm-stdlib" if text_mb else "comm-digits"
+    with digits_workspace(name, args.work_dir, text_mb) as (tmp, dataset):
         auto = profile_and_choose(bench, dataset, tmp)
         extra = [auto.method] if auto.method not in bench.methods else []
         rounds = run_rounds(bench.methods + extra, bench, dataset, tmp)

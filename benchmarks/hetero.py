@@ -339,7 +339,9 @@ def summary(
 
 def main(argv: list[str] | None = None) -> int:
     args, bench = parse_args(argv)
-    with digits_workspace("digits") as (tmp, dataset):
+    text_mb = check_bench_recipe(bench.base)  # a token recipe trains on the stdlib's source
+    name = "stdlib" if text_mb else "digits"
+    with digits_workspace(name, text_mb=text_mb) as (tmp, dataset):
         profile = measure_profile(bench.cluster, dataset, bench.base, f"{tmp}/profile")
         ideal = ideals(profile, bench)
         runs = run_rounds(bench, profile, ideal, dataset, tmp)
