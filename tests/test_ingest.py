@@ -153,3 +153,37 @@ def test_ingest_memory_stays_bounded_on_a_corpus_many_shards_large(tmp_path, mon
         tracemalloc.stop()
     print(f"peak traced memory {peak / 1e6:.1f} MB for an 18 MB corpus")
     assert peak < 12 * (1 << 18), peak  # a few shards and pieces in flight, not the corpus
+
+
+@pytest.mark.parametrize(
+    "argv, source, url",
+    [
+        (["demo"], "digits", "s3://hetflow-data/digits"),
+        (["demo", "--recipe", "gpt"], "stdlib", "s3://hetflow-data/stdlib"),
+        (["train", "--dataset-url", "s3://mine/corpus"], "existing", "s3://mine/corpus"),
+    ],
+)
+def test_a_job_trains_on_the_recipe_dataset_or_the_one_ingested_at_its_url(argv, source, url):
+    from hetflow.cli import build_parser
+    from hetflow.cli.job import dataset_of
+
+    spec = dataset_of(build_parser().parse_args(argv))
+    assert (spec.source, spec.url) == (source, url)
+
+
+def test_an_existing_dataset_that_is_not_there_says_how_to_write_it(s3):
+    from hetflow.tasks.data import ingest_dataset
+
+    with pytest.raises(DatasetError, match=r"hetflow data ingest --to s3://nobody-wrote/this"):
+        ingest_dataset.fn(DatasetSpec(source="existing", url="s3://nobody-wrote/this"))
+
+
+def test_the_benchmarks_write_text_for_a_token_recipe_and_refuse_images():
+    from hetflow.config import ConfigError, TrainConfig
+
+    from benchmarks import BENCH_TEXT_MB, check_bench_recipe
+
+    assert check_bench_recipe(TrainConfig(recipe="gpt")) == BENCH_TEXT_MB
+    assert check_bench_recipe(TrainConfig(recipe="digits-cnn")) is None
+    with pytest.raises(ConfigError, match="train.recipe: resnet reads images"):
+        check_bench_recipe(TrainConfig(recipe="resnet"))
