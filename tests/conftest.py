@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.fake_credentials import SECRETS
+from tests.procs import run_cli
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -91,14 +90,7 @@ def demo(tmp_path_factory):
         **SECRETS,
     )
     args = ["demo", "--speeds", "1,1,2,4", "--steps", "30", "--json", str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "hetflow.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
+    proc = run_cli(args, env, timeout=400)
     (home / "demo.out").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return home, json.loads(out.read_text()), proc.stdout

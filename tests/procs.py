@@ -1,8 +1,24 @@
-"""Finding the processes of a job by their command line (psutil), for the tests that kill them."""
+"""Processes in tests: the CLI run as a user runs it, and finding a job's processes by their
+command line (psutil), for the tests that kill them."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import psutil
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """`python -m hetflow.cli ARGS` in `env`, its output captured, whatever its exit status."""
+    return subprocess.run(
+        [sys.executable, "-m", "hetflow.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def pids_with(*needles: str, excluding: str | None = None) -> list[int]:

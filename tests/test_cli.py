@@ -15,19 +15,14 @@ import pytest
 from hetflow.cli import build_parser, main
 from hetflow.config import DEFAULT_SPEEDS, TrainConfig
 
+from tests.procs import run_cli
+
 
 def _cli(*args: str, home) -> subprocess.CompletedProcess:
     """`python -m hetflow.cli ARGS` with its own HETFLOW_HOME, as a user runs it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_API"))}
     env["HETFLOW_HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "hetflow.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_cli(list(args), env, timeout=120)
 
 
 def _refused(argv: list[str], capsys) -> str:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 
 from hetflow.infra.s3 import free_port
+
+from tests.procs import run_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,14 +33,7 @@ def _hetflow(home, extra: dict[str, str], *args: str) -> tuple[subprocess.Comple
     }
     env.update(HETFLOW_HOME=str(home), PREFECT_HOME=str(home / "prefect"), **extra)
     t = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "hetflow.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_cli(list(args), env, timeout=120)
     return proc, time.perf_counter() - t
 
 
