@@ -53,7 +53,7 @@ from hetflow.training.launch import measure_profile, run_workers
 from hetflow.training.scheduler import equal_batches
 
 from benchmarks import check_bench_recipe, digits_workspace, wide_console, write_json
-from benchmarks.comm_figures import method_metrics, method_results, paired_cuts
+from benchmarks.comm_figures import method_metrics, method_results, paired_cuts, quality
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -232,8 +232,7 @@ def _train_method(
     }
     print(
         f"{label}: {r['bytes_per_step'] / 1e6:.3f} MB/step, step {r['step_time_s'] * 1e3:.0f} ms "
-        f"(comm {r['comm_time_s'] * 1e3:.0f} ms), accuracy {r['final_accuracy']:.4f}, "
-        f"{wall:.0f}s",
+        f"(comm {r['comm_time_s'] * 1e3:.0f} ms), {quality(r)}, {wall:.0f}s",
         flush=True,
     )
     return r
@@ -324,7 +323,7 @@ def _methods_table(out: dict) -> Table:
         "comm ms",
         "vs none",
         "final loss",
-        "accuracy",
+        "accuracy | val_loss",
         "Δ pp",
     ]
     for c in cols:
@@ -340,7 +339,7 @@ def _methods_table(out: dict) -> Table:
             f"{r['comm_time_s'] * 1e3:.0f}",
             _fmt(r["step_time_vs_none"], ".2f"),
             f"{r['final_loss']:.4f}",
-            _fmt(r["final_accuracy"], ".4f"),
+            quality(r).split(" ")[-1],
             _fmt(r["accuracy_delta_pp"], "+.2f"),
         )
     return t

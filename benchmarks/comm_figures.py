@@ -73,19 +73,27 @@ def paired_cuts(results: dict[str, dict], method: str) -> list[float]:
 
 
 def finish(results: dict[str, dict], none_bytes: float) -> None:
-    """Ratios and accuracy deltas against `none` (measured if it ran, else its formula)."""
+    """Ratios and accuracy deltas (or validation-loss ratios) against `none` (measured if it
+    ran, else its formula)."""
     base = results.get("none")
     base_bytes = base["bytes_per_step"] if base else none_bytes
     for r in results.values():
         r["compression_ratio"] = (
             base_bytes / r["bytes_per_step"] if r["bytes_per_step"] else float("inf")
         )
+        r["step_time_vs_none"] = r["step_time_s"] / base["step_time_s"] if base else None
+        r["accuracy_delta_pp"] = r["val_loss_vs_none"] = None
         if base and r["final_accuracy"] is not None and base["final_accuracy"] is not None:
             r["accuracy_delta_pp"] = 100 * (r["final_accuracy"] - base["final_accuracy"])
-            r["step_time_vs_none"] = r["step_time_s"] / base["step_time_s"]
-        else:
-            r["accuracy_delta_pp"] = None
-            r["step_time_vs_none"] = None
+        if base and r["final_val_loss"] is not None and base["final_val_loss"]:
+            r["val_loss_vs_none"] = r["final_val_loss"] / base["final_val_loss"]
+
+
+def quality(r: dict) -> str:
+    """'accuracy A' for a classifier's figures, 'val_loss L' for a language model's."""
+    if r.get("final_accuracy") is not None:
+        return f"accuracy {r['final_accuracy']:.4f}"
+    return f"val_loss {r.get('final_val_loss') or float('nan'):.4f}"
 
 
 def method_results(rounds: dict[str, list[dict]], world: int) -> dict[str, dict]:
