@@ -32,10 +32,18 @@ class Emulator:
     rise of the host's cost shows after `SMOOTH_PHASES` phases; a straggler's factor changes
     `slowdown` itself. Noise on purpose is `jitter`: each keyed phase lasts a log-normal factor
     (mean 1, coefficient of variation `jitter`) longer or shorter, drawn from `seed`.
+
+    On a GPU (`sync` given: a function that waits for the device's queued work) a phase is its
+    wall time from the device idle at `start` to the device idle at `finish`: the thread's CPU
+    time there is the launches', not the work's. Emulated ranks sharing one GPU wait for it as
+    they wait for a core.
     """
 
-    def __init__(self, slowdown: float, link: Link, jitter: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self, slowdown: float, link: Link, jitter: float = 0.0, seed: int = 0, sync=None
+    ) -> None:
         self.slowdown = slowdown
+        self.sync = sync
         self.link = link
         self._wall = self._cpu = 0.0
         self._open = False
@@ -47,8 +55,15 @@ class Emulator:
         self._rng = random.Random(seed)
         self.computed_at = self.finished_at = 0.0  # when the last phase's own work / its pad ended
 
+    def _clock(self) -> float:
+        if self.sync is None:
+            return time.thread_time()
+        self.sync()
+        return now()
+
     def start(self, key: object = None) -> None:
-        self._wall, self._cpu = now(), time.thread_time()
+        self._cpu = self._clock()
+        self._wall = now()
         self._key = key
         self._open = True
 
@@ -68,10 +83,9 @@ class Emulator:
         """End the phase begun by `start` (pad it); a second call before the next `start` is a
         no-op. Returns when the phase ended, pad included."""
         if self._open:
+            spent = self._clock() - self._cpu
             self.computed_at = now()
-            pad = self.dilated(time.thread_time() - self._cpu, self._key) - (
-                self.computed_at - self._wall
-            )
+            pad = self.dilated(spent, self._key) - (self.computed_at - self._wall)
             if pad > 0:
                 time.sleep(pad)
             self.finished_at = now()

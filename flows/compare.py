@@ -27,7 +27,7 @@ from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.preflight import reach_services
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
-from hetflow.tasks.recipe import check_train_recipe
+from hetflow.tasks.recipe import check_train_devices, check_train_recipe
 from hetflow.tasks.train import train_variant
 
 VARIANTS = ("baseline", "optimized")
@@ -42,6 +42,7 @@ def compare(
 ) -> dict:
     check_job(cluster, train)
     check_train_recipe(train)
+    check_train_devices(cluster, train)
     knobs = train.model_dump(exclude={"schedule", "compression"})
     configs = {v: TrainConfig.variant(v, **knobs) for v in VARIANTS}
     outcomes = {}

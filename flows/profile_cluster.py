@@ -38,7 +38,7 @@ from hetflow.tasks.profile import (
     speed_drift,
     store_profile,
 )
-from hetflow.tasks.recipe import check_train_recipe
+from hetflow.tasks.recipe import check_train_devices, check_train_recipe
 
 
 def profile_report(profile: Profile, cluster: ClusterSpec) -> dict:
@@ -147,6 +147,7 @@ def profile_cluster(
     """
     check_job(cluster, train)
     check_train_recipe(train)
+    check_train_devices(cluster, train)
     if not drift_threshold > 0:
         raise ConfigError(f"drift_threshold: must be > 0 (got {drift_threshold})")
     reach_services(dataset, tracking if record else None)

@@ -16,7 +16,7 @@ from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.preflight import reach_services
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
-from hetflow.tasks.recipe import check_train_recipe
+from hetflow.tasks.recipe import check_train_devices, check_train_recipe
 from hetflow.tasks.train import train_variant
 
 PRESETS = ("baseline", "optimized")
@@ -49,6 +49,7 @@ def train(
     """
     check_job(cluster, train)
     check_train_recipe(train)
+    check_train_devices(cluster, train)
     label = variant or run_label(train)
     reach_services(dataset, tracking)  # before anything is written: one line if a service is dead
     with local_s3_endpoint(dataset.url):

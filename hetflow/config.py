@@ -60,6 +60,14 @@ class WorkerSpec(_Model):
     node: str = Field(
         "node0", title="Node", description="Host this worker runs on (for hierarchical averaging)."
     )
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto",
+        title="Device",
+        description="'auto': the local rank's CUDA device where the host has one, else the CPU.",
+    )
+    precision: Literal["fp32", "bf16", "fp16", "auto"] | None = Field(
+        None, title="Precision", description="This worker's own; empty: the train config's."
+    )
 
     @field_validator("speed")
     @classmethod
@@ -254,6 +262,13 @@ class TrainConfig(_Model):
     rebalance_threshold: float = Field(
         0.10, gt=0, title="Re-balance threshold", description="Imbalance (max/mean - 1) to act."
     )
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = Field(
+        "fp32",
+        title="Precision",
+        description="The forward pass's autocast: 'auto' is bf16 where the device has it natively "
+        "(CUDA compute capability >= 8.0), fp16 with a loss scale shared by every rank on older "
+        "GPUs, fp32 on a CPU.",
+    )
     threads_per_rank: int = Field(1, ge=1, title="Torch threads per rank")
     checkpoint_every: int = Field(
         25,
@@ -333,6 +348,18 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
             f"train.nonfinite: 'skip' needs the gradient all-reduced every step, which "
             f"{method.name} does not do; use 'fail'"
         )
+    if method is not None and method.name in LOCAL_SGD:
+        fp16 = [
+            f"cluster.workers[{w.name}].precision" if w.precision else "train.precision"
+            for w in cluster.workers
+            if (w.precision or train.precision) == "fp16"
+        ]
+        if fp16:
+            raise ConfigError(
+                f"{fp16[0]}: fp16 scales the loss, and its skipped "
+                f"steps must be the same on every rank, which {method.name} (no all-reduce "
+                "every step) cannot promise; use bf16 or fp32"
+            )
     caps = [w.memory_cap_batch for w in cluster.workers]
     if all(c is not None for c in caps) and sum(caps) < train.global_batch:
         raise ConfigError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hetflow.cli import main
 from hetflow.config import ConfigError, DatasetSpec, TrainConfig, load_mapping, validated
@@ -22,6 +23,10 @@ CASES = {
     "unknown recipe option": (["--recipe", "gpt", "--recipe-option", "layers=2"], "recipe_options"),
     "dataset url without scheme": (["--dataset-url", "bucket/digits"], "url"),
 }
+
+
+if not torch.cuda.is_available():
+    CASES["cuda on a machine without it"] = (["--device", "cuda"], "cluster.workers[w0].device")
 
 
 @pytest.mark.parametrize("argv, expected", CASES.values(), ids=CASES.keys())

@@ -85,5 +85,7 @@ class CheckpointStore:
             except FileNotFoundError:
                 continue
             if hashlib.sha256(data).hexdigest() == c["sha256"]:
-                return torch.load(io.BytesIO(data), weights_only=False)
+                # on the CPU: the saving rank's device may not exist here; load_state_dict moves
+                # each tensor onto the model's and optimizer's own device
+                return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
         return None

@@ -37,6 +37,14 @@ class RunSpec(BaseModel):
     inject: list[Injection] = Field(
         default_factory=list, description="Faults injected for tests (`training.faults`)."
     )
+    backend: Literal["gloo", "nccl"] = Field(
+        "gloo", description="The process group's (`training.devices.backend_for`), set at launch."
+    )
+    precisions: list[str] = Field(
+        default_factory=list,
+        description="Each rank's precision as the launcher resolved it (`check_devices`); a "
+        "rank resolves its own again on its host. Empty: not yet resolved.",
+    )
     run_dir: str
     checkpoint_url: str | None = Field(
         None, description="Where checkpoints go; default RUN_DIR/checkpoints."
@@ -65,14 +73,17 @@ class RunSpec(BaseModel):
         return cls.model_validate_json(Path(path).read_text())
 
 
-def emulator_for(spec: RunSpec, rank: int) -> Emulator:
-    """The emulated device of `rank`: its slowdown and link, or none when not emulating."""
+def emulator_for(spec: RunSpec, rank: int, sync=None) -> Emulator:
+    """The emulated device of `rank`: its slowdown and link, or none when not emulating.
+    `sync` (`training.devices.synchronizer`: a CUDA rank's) times each compute phase to its end
+    on the device, in wall time."""
     if not spec.cluster.emulate:
-        return Emulator(1.0, Link(None, 0.0))
+        return Emulator(1.0, Link(None, 0.0), sync=sync)
     w = spec.cluster.workers[rank]
     return Emulator(
         spec.cluster.slowdowns()[rank],
         Link(w.link_gbps, w.link_latency_ms / 1e3),
         jitter=spec.cluster.jitter,
         seed=spec.train.seed * 1009 + rank,
+        sync=sync,
     )

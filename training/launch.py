@@ -12,6 +12,7 @@ from pathlib import Path
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.infra.s3 import free_port
 from hetflow.records import Profile, RankFailure
+from hetflow.training.devices import check_devices
 from hetflow.training.job import RunSpec
 from hetflow.training.watch import JobWatch, job_pids, kill_job
 
@@ -75,11 +76,18 @@ def run_workers(
 ) -> tuple[dict, float]:
     """Write the job file, run torchrun to completion, return (result.json, wall seconds).
 
+    Each worker's device and precision are checked on this host first (`check_devices`),
+    which also sets the backend: NCCL when every rank has a CUDA device of its own, else gloo.
+
     torchrun restarts the workers up to `max_restarts` times when one dies or stalls; they
     resume from the last checkpoint. A rank that raises ends the job at once (`RankFailed`).
     `on_progress(step)` is called about once a second with the last completed step (from
     rank 0's progress.json).
     """
+    placement = check_devices(spec.cluster, spec.train)  # a one-line error before launch
+    spec = spec.model_copy(
+        update={"backend": placement.backend, "precisions": placement.precisions}
+    )
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     job = spec.write(run_dir / "job.json")

@@ -13,6 +13,7 @@ from hetflow.records import CacheCounts, EvalPoint, RankResult, Recovery, StepRe
 from hetflow.training.checkpoint import CheckpointStore
 from hetflow.training.comm import WireCounter, comm_state_dict, load_comm_state, new_control_group
 from hetflow.training.data import RankData, peak_rss_bytes
+from hetflow.training.devices import MixedPrecision, synchronizer, to_device
 from hetflow.training.faults import Preempted, StepGuard
 from hetflow.training.job import RunSpec, emulator_for
 from hetflow.training.loop_state import LoopState
@@ -35,13 +36,20 @@ class TrainingLoop:
     """
 
     def __init__(
-        self, spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCounter
+        self,
+        spec: RunSpec,
+        data: RankData,
+        rank: int,
+        world: int,
+        counter: WireCounter,
+        amp: MixedPrecision | None = None,
     ) -> None:
         cfg = self.cfg = spec.train
         self.spec, self.data, self.rank, self.world, self.counter = spec, data, rank, world, counter
-        self.emu = emulator_for(spec, rank)
+        self.amp = amp = amp or MixedPrecision("cpu", "fp32", scaled=False)
+        self.emu = emulator_for(spec, rank, synchronizer(amp.device))
         self.recipe = recipe_of(cfg)
-        self.net = build_net(spec, data, self.emu, self.recipe)
+        self.net = build_net(spec, data, self.emu, self.recipe, amp.device)
         every = 1 if cfg.schedule == "dynamic" else cfg.rebalance_every
         self.shared = SharedStepTimes(world, new_control_group(), every)
         per_sample = self.recipe.count_per_sample
@@ -66,6 +74,7 @@ class TrainingLoop:
         self.net.model.load_state_dict(saved["model"])
         self.net.opt.load_state_dict(saved["optimizer"])
         load_comm_state(self.net.hook_state, saved["comm"])
+        self.amp.load_state_dict(saved.get("scaler", {}))
         self.rebalancer.restore(saved["rebalancer"])
         return LoopState.from_checkpoint(saved, self.rank)
 
@@ -76,6 +85,7 @@ class TrainingLoop:
             self.guard.begin(step)
             rec = self.timed_step(step)
             stop = self.guard.end(rec, step + 1)  # every rank alike: SIGTERM came
+            rec.skipped = rec.skipped or self.amp.last_skipped  # the loss scale's skip
             self.record(rec)
             last = step == cfg.steps - 1
             checkpoint_now = ((step + 1) % cfg.checkpoint_every == 0 or stop) and not last
@@ -98,16 +108,17 @@ class TrainingLoop:
         emu.slowdown = self.base_slowdown * straggler_factor(self.spec.stragglers, self.rank, step)
         t0 = now()
         xs, ys = self.reader.batch(step, self.state.plan)
-        batch = self.recipe.batch(xs, ys)
+        batch = to_device(self.recipe.batch(xs, ys), net.device)
         t1 = now()
         emu.start(key=len(ys))
-        loss_sum, count = self.recipe.loss(net.ddp, batch)
+        with self.amp.autocast():
+            loss_sum, count = self.recipe.loss(net.ddp, batch)
         count = int(count)
         # DDP averages over ranks: weighted so that the result is the mean over the global
-        # batch's counts (samples, or tokens)
-        self.mean.backward(loss_sum, count, len(ys), sum(self.state.plan))
+        # batch's counts (samples, or tokens); times the shared loss scale where one is used
+        self.mean.backward(loss_sum, count, len(ys), sum(self.state.plan), self.amp.scale)
         self.mean.correct(net.model)
-        net.opt.step()
+        self.amp.step(net.opt)
         net.opt.zero_grad(set_to_none=True)
         nbytes, ncoll = self.counter.take()
         emu.link.delay(nbytes, ncoll)
@@ -174,7 +185,8 @@ class TrainingLoop:
             # batches no larger than the training's: evaluation needs no more memory than a step
             recipe = self.recipe
             batches = (
-                recipe.batch(x, y) for x, y in self.data.eval_batches(batch=max(self.state.plan))
+                to_device(recipe.batch(x, y), self.net.device)
+                for x, y in self.data.eval_batches(batch=max(self.state.plan))
             )
             figures = evaluate(recipe, self.net.model, batches)
             self.state.evals.append(EvalPoint.of(step, self.state.train_time_s, figures))
@@ -196,6 +208,7 @@ class TrainingLoop:
                     **self.state.saved(),
                     "rebalancer": self.rebalancer.state(),
                     "comm": comm_state_dict(net.hook_state),
+                    "scaler": self.amp.state_dict(),
                     "records": everyone,
                 },
             )
@@ -229,13 +242,19 @@ class TrainingLoop:
         """A copy of the trained weights on rank 0; None elsewhere."""
         if self.rank != 0:
             return None
-        return {k: v.detach().clone() for k, v in self.net.model.state_dict().items()}
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.net.model.state_dict().items()}
 
 
 def train(
-    spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCounter
+    spec: RunSpec,
+    data: RankData,
+    rank: int,
+    world: int,
+    counter: WireCounter,
+    amp: MixedPrecision | None = None,
 ) -> tuple[RankResult, dict[str, torch.Tensor] | None]:
-    """Train to `spec.train.steps` steps; this rank's result, and rank 0's trained weights."""
-    loop = TrainingLoop(spec, data, rank, world, counter)
+    """Train to `spec.train.steps` steps on `amp`'s device and precision; this rank's result,
+    and rank 0's trained weights (on the CPU)."""
+    loop = TrainingLoop(spec, data, rank, world, counter, amp)
     loop.run()
     return loop.result(), loop.weights()

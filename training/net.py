@@ -32,24 +32,30 @@ def straggler_factor(stragglers: list[tuple[int, int, float]], rank: int, step: 
 
 @dataclass
 class Net:
-    """The model, DDP over it with the comm hook, the optimizer, and the hook's state."""
+    """The model, DDP over it with the comm hook, the optimizer, and the hook's state, on
+    `device`."""
 
     model: nn.Module
     ddp: DDP
     opt: torch.optim.Optimizer
     hook_state: Any
+    device: str = "cpu"
 
 
-def build_net(spec: RunSpec, data: RankData, emu: Emulator, recipe: Recipe) -> Net:
-    """The recipe's model at the run's seed, DDP with the plan's comm hook (its compute phase
-    dilated by `emu`), and the configured optimizer wrapped as the hook needs."""
+def build_net(
+    spec: RunSpec, data: RankData, emu: Emulator, recipe: Recipe, device: str = "cpu"
+) -> Net:
+    """The recipe's model at the run's seed on `device`, DDP with the plan's comm hook (its
+    compute phase dilated by `emu`), and the configured optimizer wrapped as the hook needs:
+    parameters, gradients and optimizer state all on `device`."""
     cfg = spec.train
     info = DataInfo.from_manifest(data.manifest)
     check_fits(recipe, info, data.manifest.url)
-    model = seeded_model(recipe, info, cfg.seed)
+    model = seeded_model(recipe, info, cfg.seed).to(device)
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
-    ddp = DDP(model, gradient_as_bucket_view=True)
+    ids = [torch.device(device)] if device != "cpu" else None
+    ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
     nodes = [w.node for w in spec.cluster.workers]  # hierarchical averaging groups by node
     hook_state = register_compression(ddp, spec.plan.compression, emu.dilating_hook, nodes=nodes)
     if cfg.optimizer == "sgd":
@@ -57,7 +63,7 @@ def build_net(spec: RunSpec, data: RankData, emu: Emulator, recipe: Recipe) -> N
     else:
         opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
     opt = wrap_optimizer(opt, spec.plan.compression, hook_state)
-    return Net(model, ddp, opt, hook_state)
+    return Net(model, ddp, opt, hook_state, device)
 
 
 def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:
@@ -101,9 +107,13 @@ class MeanOverCounts:
         self.expected: int | None = None  # N of the previous step: what backward scales by
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
 
-    def backward(self, loss_sum: torch.Tensor, count: int, batch: int, global_batch: int) -> None:
+    def backward(
+        self, loss_sum: torch.Tensor, count: int, batch: int, global_batch: int, scale=None
+    ) -> None:
         """Backward of loss_sum x world / N for this rank's `count` over its `batch` samples,
-        of the plan's `global_batch`."""
+        of the plan's `global_batch`; `scale` (the shared loss scale, `MixedPrecision.scale`)
+        applied to it first."""
+        scale = scale or (lambda t: t)
         if self.per_sample is not None:
             if count != batch * self.per_sample:
                 raise ValueError(
@@ -111,7 +121,7 @@ class MeanOverCounts:
                     f"{self.per_sample} per sample its count_per_sample says"
                 )
             self.expected = global_batch * self.per_sample
-            (loss_sum * (self.world / max(self.expected, 1))).backward()
+            scale(loss_sum * (self.world / max(self.expected, 1))).backward()
             return
         total = torch.tensor([int(count)], dtype=torch.int64)
         work = dist.all_reduce(total, group=self.group, async_op=True)
@@ -119,7 +129,7 @@ class MeanOverCounts:
             work.wait()
             self.expected = int(total)
         self._pending = (work, total)
-        (loss_sum * (self.world / max(self.expected, 1))).backward()
+        scale(loss_sum * (self.world / max(self.expected, 1))).backward()
 
     def correct(self, model: nn.Module) -> int:
         """Rescale the gradients to this step's N (a no-op when it equals the one backward

@@ -1,4 +1,5 @@
-"""The torchrun entry point: one process per (emulated) worker, DDP over gloo.
+"""The torchrun entry point: one process per (emulated) worker, DDP over gloo (NCCL when every
+rank has a GPU of its own), each rank on its worker's device (`training.devices`).
 
 One machine, 4 emulated workers (what `hetflow demo` runs)::
 
@@ -27,6 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from hetflow.records import RunResult
 from hetflow.training.comm import WireCounter
 from hetflow.training.data import open_rank_data
+from hetflow.training.devices import MixedPrecision, rank_device_precision
 from hetflow.training.faults import (
     PREEMPTED_EXIT,
     STARTUP_TIMEOUT_S,
@@ -40,15 +42,16 @@ from hetflow.training.probes import profile
 from hetflow.training.recipes import recipe_of
 
 
-def init_process_group(timeout: timedelta) -> None:
-    """gloo over torchrun's store, in a namespace of its own for each elastic restart; a
-    collective waits at most `timeout`.
+def init_process_group(timeout: timedelta, backend: str = "gloo") -> None:
+    """`backend` (gloo, or NCCL when every rank has a CUDA device of its own) over torchrun's
+    store, in a namespace of its own for each elastic restart; a collective waits at most
+    `timeout`.
 
     torchrun hands the restarted workers the same agent store; without a fresh prefix they
     read the previous round's gloo addresses and fail with 'connection refused'.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        dist.init_process_group("gloo", timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout)
         return
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     base = dist.TCPStore(
@@ -59,7 +62,7 @@ def init_process_group(timeout: timedelta) -> None:
     )
     store = dist.PrefixStore(f"hetflow/attempt_{attempt}/", base)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def write_result(run_dir: Path, mode: str, ranks: list, weights: dict | None) -> None:
@@ -86,11 +89,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     spec = RunSpec.read(args.job)
     torch.set_num_threads(spec.train.threads_per_rank)
-    init_process_group(timedelta(seconds=max(STARTUP_TIMEOUT_S, spec.train.stall_timeout_s)))
-    rank = dist.get_rank()
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    device, precision = rank_device_precision(
+        spec.cluster, spec.train, rank, local_rank, spec.backend
+    )
+    if device != "cpu":
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=max(STARTUP_TIMEOUT_S, spec.train.stall_timeout_s))
+    init_process_group(timeout, spec.backend)
     write_pid(spec.run_dir, rank)
     try:
-        run(spec, rank)
+        run(spec, rank, device, precision)
     except Preempted as e:
         dist.destroy_process_group()
         print(f"rank {rank}: {e}; exiting for torchrun's restart", flush=True)
@@ -102,20 +112,24 @@ def main(argv: list[str] | None = None) -> None:
     dist.destroy_process_group()
 
 
-def run(spec: RunSpec, rank: int) -> None:
-    """Train or profile on this rank; rank 0 writes the result."""
+def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") -> None:
+    """Train or profile on this rank, on `device` in `precision` (every rank scales its loss
+    when any computes in fp16); rank 0 writes the result."""
     world = dist.get_world_size()
     if world != spec.cluster.world_size:
         raise SystemExit(f"world size {world} != {spec.cluster.world_size} workers in the cluster")
+    precisions: list = [None] * world
+    dist.all_gather_object(precisions, precision)
+    amp = MixedPrecision(device, precision, scaled="fp16" in precisions)
     counter = WireCounter(world)
     counter.install()
     try:
         # reads no shard: each rank streams its own (token windows of the recipe's context)
         data = open_rank_data(spec.dataset, context=recipe_of(spec.train).context)
         if spec.mode == "train":
-            mine, weights = train(spec, data, rank, world, counter)
+            mine, weights = train(spec, data, rank, world, counter, amp)
         else:
-            mine = profile(spec, data, rank, world, counter).model_dump(mode="json")
+            mine = profile(spec, data, rank, world, counter, amp).model_dump(mode="json")
             weights = None
         data.close()
         gathered: list = [None] * world

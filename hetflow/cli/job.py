@@ -126,6 +126,19 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=TRAIN.seed, help="seed of the initial weights and data order"
     )
     p.add_argument(
+        "--precision",
+        choices=choices(TrainConfig, "precision"),
+        default=TRAIN.precision,
+        help="the forward pass's autocast: auto is bf16 on GPUs that have it natively, fp16 "
+        "with a shared loss scale on older ones, fp32 on a CPU",
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        help="every worker's device (default: each worker's own in --cluster, else auto: the "
+        "local rank's GPU where there is one)",
+    )
+    p.add_argument(
         "--dataset-url",
         dest="dataset_url",
         default=DATASET.url,
@@ -149,15 +162,20 @@ def flag_error(err: ValidationError, flags: dict[str, str] = FLAGS) -> ConfigErr
 
 
 def cluster_of(args) -> ClusterSpec:
-    """--cluster's file, --speeds' workers, or the default cluster."""
+    """--cluster's file, --speeds' workers, or the default cluster; --device on every worker."""
     if args.cluster and args.speeds:
         raise ConfigError("--speeds and --cluster: give one of them, not both")
     if args.cluster:
-        return ClusterSpec.from_file(args.cluster)
-    if args.speeds:
+        cluster = ClusterSpec.from_file(args.cluster)
+    elif args.speeds:
         name = f"speeds-{args.speeds.replace(',', '-')}"
-        return ClusterSpec.from_speeds(parse_speeds(args.speeds), name=name)
-    return default_cluster()
+        cluster = ClusterSpec.from_speeds(parse_speeds(args.speeds), name=name)
+    else:
+        cluster = default_cluster()
+    if getattr(args, "device", None):
+        for w in cluster.workers:
+            w.device = args.device
+    return cluster
 
 
 def train_of(args, variant: str | None = None) -> TrainConfig:
@@ -168,6 +186,7 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
         "recipe_options": recipe_options(args),
         "global_batch": args.global_batch,
         "seed": args.seed,
+        "precision": getattr(args, "precision", TRAIN.precision),
     }
     try:
         return TrainConfig.variant(variant, **knobs) if variant else TrainConfig(**knobs)
@@ -197,7 +216,20 @@ def job_of(args, variant: str | None = None) -> tuple[ClusterSpec, TrainConfig, 
     cluster, train, dataset = cluster_of(args), train_of(args, variant), dataset_of(args)
     check_job(cluster, train)
     check_recipe_import(train)
+    check_devices_asked(cluster, train)
     return cluster, train, dataset
+
+
+def check_devices_asked(cluster: ClusterSpec, train: TrainConfig) -> None:
+    """Where a worker asks for CUDA or a precision a GPU may lack, those are checked on this
+    host now (`training.devices.check_devices`, which imports torch); the flows check again."""
+    if any(
+        w.device == "cuda" or (w.precision or train.precision) in ("bf16", "auto")
+        for w in cluster.workers
+    ):
+        from hetflow.training.devices import check_devices
+
+        check_devices(cluster, train)
 
 
 INGEST_FLAGS = {

@@ -141,7 +141,8 @@ class TopKState:
         for name in self.KEPT:
             pieces = held[name]
             if known and all(k in pieces for k in layout):
-                getattr(self, name)[i] = torch.cat([pieces[k] for k in layout]).to(buf.dtype)
+                pieces_ = [pieces[k] for k in layout]
+                getattr(self, name)[i] = torch.cat(pieces_).to(buf.device, buf.dtype)
             elif name == "residuals":
                 self.residuals[i] = torch.zeros_like(buf)
             elif self.optimizer is not None:
@@ -176,7 +177,7 @@ class TopKState:
         for p in bucket.parameters():
             buf = self.optimizer.state.get(p, {}).get("momentum_buffer")
             if buf is None:
-                parts.append(torch.zeros(p.numel(), dtype=p.dtype))
+                parts.append(torch.zeros(p.numel(), dtype=p.dtype, device=p.device))
             else:
                 parts.append(buf.detach().reshape(-1))
         for g in self.optimizer.param_groups:

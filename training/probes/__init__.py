@@ -57,6 +57,7 @@ from hetflow.emulation.emulator import now
 from hetflow.records import RankProfile
 from hetflow.training.comm import WireCounter
 from hetflow.training.data import RankData
+from hetflow.training.devices import MixedPrecision, synchronizer
 from hetflow.training.job import RunSpec, emulator_for
 from hetflow.training.models import parameter_count
 from hetflow.training.probes.compute import COMPUTE_BUDGET_S, probe_compute, solo_ddp
@@ -70,7 +71,12 @@ __all__ = ["profile"]
 
 
 def profile(
-    spec: RunSpec, data: RankData, rank: int, world: int, counter: WireCounter
+    spec: RunSpec,
+    data: RankData,
+    rank: int,
+    world: int,
+    counter: WireCounter,
+    amp: MixedPrecision | None = None,
 ) -> RankProfile:
     """Measure this rank as training will run it: compute, memory, all-reduce, link, S3 reads.
 
@@ -78,9 +84,12 @@ def profile(
     Returns this rank's figures with `rank` and `node` filled; `worker` and `relative_speed`
     are the flow's to set, once every rank is known.
     """
-    emu = emulator_for(spec, rank)
+    amp = amp or MixedPrecision("cpu", "fp32", scaled=False)
+    device = amp.device  # the rank's, in the precision it trains in
+    emu = emulator_for(spec, rank, synchronizer(device))
     recipe = recipe_of(spec.train)
-    model = seeded_model(recipe, DataInfo.from_manifest(data.manifest), spec.train.seed)
+    info = DataInfo.from_manifest(data.manifest)
+    model = seeded_model(recipe, info, spec.train.seed).to(device)
     head = data.head("train", max([*spec.profile_batches, 64]))  # the probes' samples only
     x, y = head.x, head.y
     took: dict[str, float] = {}
@@ -95,15 +104,18 @@ def profile(
     dist.barrier()  # start together: every rank's compute probe sees the same host load
     ref = max(1, spec.train.global_batch // world)
     sizes = list(spec.profile_batches)
-    comp = timed("compute", probe_compute, net, x, y, emu, sizes, ref, COMPUTE_BUDGET_S, recipe)
+    comp = timed(
+        "compute", probe_compute, net, x, y, emu, sizes, ref, COMPUTE_BUDGET_S, recipe, amp
+    )
     mem = timed("memory", probe_memory, model, x, y, spec.train.optimizer, recipe)
-    mm = timed("matmul", probe_matmul, emu)
-    bw = timed("memory_bandwidth", probe_memory_bandwidth, emu)
+    mm = timed("matmul", probe_matmul, emu, device)
+    bw = timed("memory_bandwidth", probe_memory_bandwidth, emu, device)
     s3 = timed("s3", probe_s3, data)  # fast workers read while the slowest still computes
     grad_bytes = parameter_count(model) * 4
     dist.barrier()
-    ar = timed("allreduce", probe_allreduce, world, counter, emu, grad_bytes)
-    link = timed("link", probe_link, rank, world, emu)
+    wire = device if spec.backend == "nccl" else "cpu"  # where the default group's tensors live
+    ar = timed("allreduce", probe_allreduce, world, counter, emu, grad_bytes, wire)
+    link = timed("link", probe_link, rank, world, emu, wire)
     return RankProfile(
         rank=rank,
         node=os.uname().nodename,

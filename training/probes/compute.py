@@ -6,6 +6,7 @@ samples (`compute_rounds`, `compute_batches`, `compute_best_s`, `compute_outlier
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -15,6 +16,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hetflow.emulation.emulator import SMOOTH_PHASES, Emulator, now
+from hetflow.training.devices import MixedPrecision, to_device
 from hetflow.training.fitting import robust_affine
 from hetflow.training.recipes import Recipe
 from hetflow.training.recipes.digits import Classifier
@@ -44,18 +46,21 @@ def solo_ddp(model: nn.Module, emu: Emulator) -> DDP:
     (`compute_model_error`: measured over planned compute at the first plan's batches).
     """
     solo, _ = dist.new_subgroups(group_size=1)  # every rank creates every group, in order
-    net = DDP(model, process_group=solo, gradient_as_bucket_view=True)  # as training.worker
+    device = next(model.parameters()).device
+    ids = [device] if device.type == "cuda" else None
+    net = DDP(model, device_ids=ids, process_group=solo, gradient_as_bucket_view=True)
     net.register_comm_hook(solo, emu.dilating_hook(default_hooks.allreduce_hook))
     return net
 
 
-def _step(model: nn.Module, recipe: Recipe, batch: tuple[torch.Tensor, ...]) -> None:
-    loss, count = recipe.loss(model, batch)
+def _step(model: nn.Module, recipe: Recipe, batch: tuple[torch.Tensor, ...], amp=None) -> None:
+    with amp.autocast() if amp is not None else contextlib.nullcontext():
+        loss, count = recipe.loss(model, batch)
     (loss / max(count, 1)).backward()
     model.zero_grad(set_to_none=True)
 
 
-def _step_timer(model: nn.Module, recipe: Recipe, batches: dict, emu: Emulator):
+def _step_timer(model: nn.Module, recipe: Recipe, batches: dict, emu: Emulator, amp=None):
     """A function timing one dilated step at a batch size, after the pause training has."""
     computed = now()
 
@@ -66,7 +71,7 @@ def _step_timer(model: nn.Module, recipe: Recipe, batches: dict, emu: Emulator):
             time.sleep(rest)
         t = now()
         emu.start(key=b)
-        _step(model, recipe, batches[b])
+        _step(model, recipe, batches[b], amp)
         end = emu.finish()  # a no-op when the model's comm hook has ended the phase
         computed = emu.computed_at
         return end - t
@@ -98,19 +103,22 @@ def probe_compute(
     ref: int,
     budget_s: float = COMPUTE_BUDGET_S,
     recipe: Recipe | None = None,
+    amp: MixedPrecision | None = None,
 ) -> dict:
     """The step's time at each batch size (best of the rounds), fitted as a + b x batch with one
     outlying size left out (`robust_affine`); `samples_per_s` at the reference batch `ref`.
     A step is `recipe.loss` (default: a classifier's cross-entropy) on `recipe.batch` of the
-    first b samples of (x, y)."""
+    first b samples of (x, y), on the model's device, under `amp`'s autocast (the precision
+    the rank trains in; default fp32)."""
     recipe = recipe or Classifier()
     sizes = sorted({max(1, min(int(b), len(x))) for b in sizes})
     if len(sizes) < 2:
         sizes = sorted({1, max(2, len(x) // 2)})
-    batches = {b: recipe.batch(x[:b], y[:b]) for b in sizes}
+    device = str(next(model.parameters()).device)
+    batches = {b: to_device(recipe.batch(x[:b], y[:b]), device) for b in sizes}
     for b in sizes:  # warm-up: allocations, kernel selection (not dilated, not timed)
-        _step(model, recipe, batches[b])
-    timed_step = _step_timer(model, recipe, batches, emu)
+        _step(model, recipe, batches[b], amp)
+    timed_step = _step_timer(model, recipe, batches, emu, amp)
     # One dilated step, untimed: every timed step then follows a pause, as in training
     # (a step straight after the warm-up finds warm caches and runs faster).
     timed_step(sizes[0])

@@ -22,7 +22,8 @@ def saved_activation_bytes(model: nn.Module, xb, yb, recipe: Recipe | None = Non
     """Bytes autograd keeps for backward in one forward pass of `recipe.loss` (default: a
     classifier's cross-entropy) on (xb, yb) (each storage once, no parameters)."""
     recipe = recipe or Classifier()
-    batch = recipe.batch(xb, yb)
+    device = next(model.parameters()).device
+    batch = tuple(t.to(device) for t in recipe.batch(xb, yb))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 

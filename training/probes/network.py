@@ -27,6 +27,7 @@ def probe_allreduce(
     counter: WireCounter,
     emu: Emulator,
     grad_bytes: int,
+    device: str = "cpu",
     sizes: Sequence[int] = ALLREDUCE_SIZES,
     reps: int = ALLREDUCE_REPS,
 ) -> dict:
@@ -36,7 +37,7 @@ def probe_allreduce(
     all_sizes = sorted({int(s) for s in sizes} | {int(grad_bytes)})
     medians = []
     for nbytes in all_sizes:
-        buf = torch.zeros(max(1, nbytes // 4))
+        buf = torch.zeros(max(1, nbytes // 4), device=device)
         samples = []
         for rep in range(reps + 1):
             dist.barrier()
@@ -58,7 +59,12 @@ def probe_allreduce(
 
 
 def probe_link(
-    rank: int, world: int, emu: Emulator, sizes: Sequence[int] = LINK_SIZES, reps: int = LINK_REPS
+    rank: int,
+    world: int,
+    emu: Emulator,
+    device: str = "cpu",
+    sizes: Sequence[int] = LINK_SIZES,
+    reps: int = LINK_REPS,
 ) -> dict:
     """This worker's own link: it sends to the next rank while receiving from the previous one.
 
@@ -72,10 +78,10 @@ def probe_link(
     if world < 2:
         return {"link_gbps": None, "link_latency_s": None}
     dst, src = (rank + 1) % world, (rank - 1) % world
-    ready_out, ready_in = torch.zeros(1), torch.zeros(1)
+    ready_out, ready_in = torch.zeros(1, device=device), torch.zeros(1, device=device)
     best = []
     for nbytes in sizes:
-        send = torch.zeros(max(1, nbytes // 4))
+        send = torch.zeros(max(1, nbytes // 4), device=device)
         recv = torch.empty_like(send)
         samples = []
         for rep in range(reps + 1):
