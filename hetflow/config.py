@@ -12,7 +12,6 @@ that JSON Schema cannot express (a global batch smaller than the cluster) live i
 from __future__ import annotations
 
 import difflib
-import re
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +29,7 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
     parse_speeds,
     validated,
 )
+from hetflow.config_dataset import DatasetSpec  # noqa: F401 (re-exported)
 from hetflow.records import LOCAL_SGD, CompressionMethod
 
 
@@ -107,6 +107,18 @@ class ClusterSpec(_Model):
         "afresh every step; 0 runs every step of a batch size at the worker's own pace.",
     )
 
+    launcher: Literal["local", "ray"] = Field(
+        "local",
+        title="Launcher",
+        description="'local': torchrun on this host; 'ray': Ray Train on the Ray cluster at the "
+        "Ray address, each worker on a node labelled with its instance type.",
+    )
+    ray_address: str | None = Field(
+        None,
+        title="Ray address",
+        description="'auto', HOST:6379 or ray://HOST:10001; empty: $RAY_ADDRESS, else 'auto'.",
+    )
+
     @model_validator(mode="after")
     def _unique_names(self) -> ClusterSpec:
         seen: set[str] = set()
@@ -114,6 +126,14 @@ class ClusterSpec(_Model):
             if w.name in seen:
                 raise ValueError(f"worker name {w.name!r} appears twice")
             seen.add(w.name)
+        typed = [w.name for w in self.workers if w.instance_type]
+        if self.launcher == "ray" and typed and len(typed) < len(self.workers):
+            loose = next(w.name for w in self.workers if not w.instance_type)
+            raise ValueError(
+                f"workers[{loose}].instance_type: under the ray launcher every worker names its "
+                f"instance type or none does ({', '.join(typed)} do); a worker with none could "
+                "take a node another worker needs"
+            )
         return self
 
     @property
@@ -133,70 +153,6 @@ class ClusterSpec(_Model):
     @classmethod
     def from_file(cls, path: str | Path) -> ClusterSpec:
         return cls.model_validate(load_mapping(path))
-
-
-_URL = re.compile(r"^(s3|memory)://[^/].*$|^file://.+$")
-
-
-class DatasetSpec(_Model):
-    """Where a dataset lives (shards + manifest) and how workers read it."""
-
-    source: Literal["digits", "synthetic", "stdlib", "text", "parquet", "images", "existing"] = (
-        Field(
-            "digits",
-            title="Source",
-            description="'digits': scikit-learn's handwritten digits; 'synthetic': random digits-"
-            "shaped samples of any size; 'stdlib': the Python standard library's source as bytes "
-            "(for 'gpt'); 'text' (files matching the glob), 'parquet' (the columns named) or "
-            "'images' (one subfolder per class) under Source path; 'existing': the dataset "
-            "already at the URL ('hetflow data ingest' wrote it).",
-        )
-    )
-    source_url: str | None = Field(
-        None, title="Source path", description="A local folder, file:// or s3:// prefix."
-    )
-    glob: str = Field("**/*", title="Files to read (text, parquet)")
-    columns: list[str] = Field(default_factory=list, title="Parquet feature columns")
-    label_column: str | None = Field(None, title="Parquet label column")
-    image_size: int = Field(32, ge=4, le=1024, title="Image side (pixels)")
-    max_mb: float | None = Field(
-        None, gt=0, title="Text cap (MB)", description="Read at most this much text; None: all."
-    )
-    url: str = Field(
-        "s3://hetflow-data/digits",
-        title="Dataset URL",
-        description="Prefix holding manifest.json and the shards (s3://, file:// or memory://).",
-    )
-    shard_samples: int = Field(256, ge=1, title="Samples per shard")
-    test_fraction: float = Field(0.2, gt=0, lt=1, title="Test fraction")
-    synthetic_samples: int = Field(10_000, ge=1, title="Synthetic samples")
-    seed: int = Field(0, title="Split seed")
-    cache_dir: str | None = Field(
-        None, title="Cache directory", description="Local shard cache; default under HETFLOW_HOME."
-    )
-    cache_mb: float = Field(256.0, gt=0, title="Cache budget (MB)")
-    prefetch: int = Field(
-        2,
-        ge=0,
-        title="Prefetch depth (shards)",
-        description="Shards each rank reads and decodes ahead of the step that needs them.",
-    )
-    s3_latency_ms: float = Field(
-        0.0,
-        ge=0,
-        title="Emulated S3 latency (ms)",
-        description="Added to every shard fetched from the source (0: none; for measurements).",
-    )
-    s3_mbps: float | None = Field(
-        None, gt=0, title="Emulated S3 bandwidth (Mbit/s)", description="None: unlimited."
-    )
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not _URL.match(v):
-            raise ValueError("must start with s3://, file:// or memory:// and name a bucket/path")
-        return v.rstrip("/")
 
 
 class TrainConfig(_Model):

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from hetflow.config import ConfigError, TrackingConfig
 
@@ -164,16 +166,41 @@ def s3_problem_line(dataset_url: str | None) -> str | None:
     )
 
 
+def ray_problem(address: str) -> str | None:
+    """None when the Ray cluster at `address` ('auto': the one `ray start` left on this
+    machine; HOST:PORT; ray://HOST:PORT) accepts a connection; else what is wrong, in words."""
+    if address == "auto":
+        try:
+            address = (Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster").read_text()
+        except OSError:
+            return (
+                "no Ray cluster runs on this machine (cluster.ray_address 'auto'): start one "
+                "with `ray start --head`, or set RAY_ADDRESS or --ray-address"
+            )
+    host, _, port = address.strip().removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT_S):
+            return None
+    except (OSError, ValueError) as e:
+        return (
+            f"no Ray cluster answers at {address.strip()} (cluster.ray_address): {_reason(e)}; "
+            "set it, or RAY_ADDRESS, to a running cluster's address (`ray start --head`)"
+        )
+
+
 def check_services(
     dataset_url: str | None = None,
     tracking: TrackingConfig | None = None,
     prefect: bool = False,
+    ray_address: str | None = None,
 ) -> None:
     """Raise ServiceUnreachable (one line, every dead service named) unless S3 for
-    `dataset_url` (when given), MLflow for `tracking` (when given) and, with `prefect`, the
-    Prefect API answer. All are asked at once, each within a few seconds; nothing is
-    written."""
+    `dataset_url` (when given), MLflow for `tracking` (when given), the Ray cluster at
+    `ray_address` (when given) and, with `prefect`, the Prefect API answer. All are asked at
+    once, each within a few seconds; nothing is written."""
     asks = [prefect_problem] if prefect else []
+    if ray_address is not None:
+        asks.append(lambda: ray_problem(ray_address))
     if dataset_url is not None:
         asks.append(lambda: s3_problem_line(dataset_url))
     if tracking is not None:

@@ -23,7 +23,8 @@ FOLDERS = {
 ALLOWED = {
     "hetflow.records": set(),
     "hetflow.config_base": set(),
-    "hetflow.config": {"hetflow.records", "hetflow.config_base"},
+    "hetflow.config_dataset": {"hetflow.config_base"},
+    "hetflow.config": {"hetflow.records", "hetflow.config_base", "hetflow.config_dataset"},
     "hetflow.emulation": set(),
     "hetflow.infra": {"hetflow.records", "hetflow.config", "hetflow.emulation"},
     "hetflow.training": {"hetflow.records", "hetflow.config", "hetflow.emulation", "hetflow.infra"},

@@ -119,7 +119,15 @@ def check_devices(
     cluster: ClusterSpec, train: TrainConfig, host: HostDevices | None = None
 ) -> Placement:
     """Every worker's device and precision on this host (local rank = its place in the
-    cluster), and the backend; a one-line ConfigError naming the worker's field otherwise."""
+    cluster), and the backend; a one-line ConfigError naming the worker's field otherwise.
+    Under the Ray launcher, the settings as written (each rank resolves its own on its node)
+    and NCCL only where every worker asks for `cuda`."""
+    if cluster.launcher == "ray":  # the ranks' hosts are not this one: each rank checks its own
+        devices = [w.device for w in cluster.workers]
+        backend = "nccl" if all(d == "cuda" for d in devices) else "gloo"
+        return Placement(
+            devices, [w.precision or train.precision for w in cluster.workers], backend
+        )
     host = HostDevices.here() if host is None else host
     devices, precisions = [], []
     for i, w in enumerate(cluster.workers):

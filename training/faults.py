@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -129,7 +130,10 @@ class Preemption:
 
         self.store = dist.PrefixStore(f"hetflow/preempt_{attempt()}/", _get_default_store())
         self.slack, self.signalled, self.stop_at = slack, False, None
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        # else: a Ray Train worker (its training function runs in a thread of its own), whose
+        # SIGTERM is Ray's to handle: the group restarts from the last checkpoint
 
     def _on_sigterm(self, signum, frame) -> None:
         self.signalled = True

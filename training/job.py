@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +47,11 @@ class RunSpec(BaseModel):
         "rank resolves its own again on its host. Empty: not yet resolved.",
     )
     run_dir: str
+    state_url: str | None = Field(
+        None,
+        description="Where rank 0 also puts result.json and model.pt for a driver on another "
+        "host (s3://, file://); none: the run directory alone.",
+    )
     checkpoint_url: str | None = Field(
         None, description="Where checkpoints go; default RUN_DIR/checkpoints."
     )
@@ -71,6 +77,12 @@ class RunSpec(BaseModel):
     @classmethod
     def read(cls, path: str | Path) -> RunSpec:
         return cls.model_validate_json(Path(path).read_text())
+
+
+def node_id() -> str:
+    """The node this rank runs on: Ray's node id under the Ray launcher (`HETFLOW_NODE_ID`),
+    else the host name."""
+    return os.environ.get("HETFLOW_NODE_ID") or os.uname().nodename
 
 
 def emulator_for(spec: RunSpec, rank: int, sync=None) -> Emulator:

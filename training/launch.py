@@ -78,6 +78,8 @@ def run_workers(
 
     Each worker's device and precision are checked on this host first (`check_devices`),
     which also sets the backend: NCCL when every rank has a CUDA device of its own, else gloo.
+    Under `cluster.launcher == "ray"` the job runs on Ray Train instead
+    (`ray_launch.run_workers_ray`), its state in the dataset's bucket.
 
     torchrun restarts the workers up to `max_restarts` times when one dies or stalls; they
     resume from the last checkpoint. A rank that raises ends the job at once (`RankFailed`).
@@ -88,6 +90,10 @@ def run_workers(
     spec = spec.model_copy(
         update={"backend": placement.backend, "precisions": placement.precisions}
     )
+    if spec.cluster.launcher == "ray":
+        from hetflow.training.ray_launch import run_workers_ray, with_shared_state
+
+        return run_workers_ray(with_shared_state(spec), timeout_s, max_restarts)
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     job = spec.write(run_dir / "job.json")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -15,7 +14,7 @@ from hetflow.training.comm import WireCounter, comm_state_dict, load_comm_state,
 from hetflow.training.data import RankData, peak_rss_bytes
 from hetflow.training.devices import MixedPrecision, synchronizer, to_device
 from hetflow.training.faults import Preempted, StepGuard
-from hetflow.training.job import RunSpec, emulator_for
+from hetflow.training.job import RunSpec, emulator_for, node_id
 from hetflow.training.loop_state import LoopState
 from hetflow.training.models import parameter_count
 from hetflow.training.net import MeanOverCounts, build_net, new_rebalancer, straggler_factor
@@ -223,7 +222,7 @@ class TrainingLoop:
         state, stats = self.state, self.data.cache.stats
         return RankResult(
             rank=self.rank,
-            node=os.uname().nodename,
+            node=node_id(),
             records=state.records,
             plans=state.plans,
             evals=state.evals,

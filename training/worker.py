@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from hetflow.infra.s3 import filesystem
 from hetflow.records import RunResult
 from hetflow.training.comm import WireCounter
 from hetflow.training.data import open_rank_data
@@ -65,9 +66,12 @@ def init_process_group(timeout: timedelta, backend: str = "gloo") -> None:
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
-def write_result(run_dir: Path, mode: str, ranks: list, weights: dict | None) -> None:
+def write_result(
+    run_dir: Path, mode: str, ranks: list, weights: dict | None, state_url: str | None = None
+) -> None:
     """Rank 0's output: model.pt (the trained weights, if any), and result.json written whole
-    (under a temporary name, then renamed): `RunResult`'s JSON for a training run (`ranks`: every
+    (under a temporary name, then renamed), both also put at `state_url` if given:
+    `RunResult`'s JSON for a training run (`ranks`: every
     rank's `RankResult`), `{"mode": "profile", "ranks": [...]}` for a profile."""
     if weights is not None:
         torch.save(weights, run_dir / "model.pt")
@@ -78,6 +82,11 @@ def write_result(run_dir: Path, mode: str, ranks: list, weights: dict | None) ->
     tmp = run_dir / "result.json.tmp"
     tmp.write_text(text)
     tmp.replace(run_dir / "result.json")
+    if state_url:  # for a driver on another host: model first, result.json (the marker) last
+        for name in ("model.pt", "result.json"):
+            if (run_dir / name).exists():
+                fs, path = filesystem(f"{state_url}/{name}")
+                fs.put_file(str(run_dir / name), path)
 
 
 @record  # torchrun's error file: its summary in workers.log names the rank and exception
@@ -88,28 +97,41 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--job", required=True, help="job.json written by the flow")
     args = parser.parse_args(argv)
     spec = RunSpec.read(args.job)
-    torch.set_num_threads(spec.train.threads_per_rank)
     rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    device, precision = place_rank(spec, rank, int(os.environ.get("LOCAL_RANK", str(rank))))
+    timeout = timedelta(seconds=max(STARTUP_TIMEOUT_S, spec.train.stall_timeout_s))
+    init_process_group(timeout, spec.backend)
+    serve_rank(spec, rank, device, precision, "torchrun")
+    dist.destroy_process_group()
+
+
+def place_rank(spec: RunSpec, rank: int, local_rank: int) -> tuple[str, str]:
+    """This rank's torch threads, device (made current) and precision, before its process group
+    exists (NCCL needs the device first)."""
+    torch.set_num_threads(spec.train.threads_per_rank)
     device, precision = rank_device_precision(
         spec.cluster, spec.train, rank, local_rank, spec.backend
     )
     if device != "cpu":
         torch.cuda.set_device(device)
-    timeout = timedelta(seconds=max(STARTUP_TIMEOUT_S, spec.train.stall_timeout_s))
-    init_process_group(timeout, spec.backend)
+    return device, precision
+
+
+def serve_rank(spec: RunSpec, rank: int, device: str, precision: str, restarter: str) -> None:
+    """`run` in a process group that exists (torchrun's or Ray Train's); on an exception, this
+    rank's `RankFailure` first, and after a SIGTERM's checkpoint exit with PREEMPTED_EXIT for
+    `restarter` to restart the group."""
     write_pid(spec.run_dir, rank)
     try:
         run(spec, rank, device, precision)
     except Preempted as e:
         dist.destroy_process_group()
-        print(f"rank {rank}: {e}; exiting for torchrun's restart", flush=True)
+        print(f"rank {rank}: {e}; exiting for {restarter}'s restart", flush=True)
         raise SystemExit(PREEMPTED_EXIT) from None
     except BaseException as e:  # no clean-up: the process ends, and with it its sockets
         if not (isinstance(e, SystemExit) and not e.code):
             write_failure(spec.run_dir, rank, e)
         raise
-    dist.destroy_process_group()
 
 
 def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") -> None:
@@ -135,7 +157,7 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
         gathered: list = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:
-            write_result(Path(spec.run_dir), spec.mode, gathered, weights)
+            write_result(Path(spec.run_dir), spec.mode, gathered, weights, spec.state_url)
     finally:
         counter.uninstall()
 

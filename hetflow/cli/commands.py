@@ -67,19 +67,25 @@ def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None)
         )
 
 
-def reachable(dataset_url: str | None = None, tracking: TrackingConfig | None = None) -> None:
+def reachable(
+    dataset_url: str | None = None, tracking: TrackingConfig | None = None, cluster=None
+) -> None:
     """The services the command will use answer (the Prefect API when PREFECT_API_URL is set,
-    S3 for `dataset_url`, MLflow for `tracking`); else one line naming each dead endpoint,
-    within seconds, before Prefect, MLflow or torch is imported (`hetflow.infra.preflight`)."""
+    S3 for `dataset_url`, MLflow for `tracking`, the Ray cluster of a `cluster` on the ray
+    launcher); else one line naming each dead endpoint, within seconds, before Prefect, MLflow
+    or torch is imported (`hetflow.infra.preflight`)."""
     from hetflow.infra.preflight import check_services
 
-    check_services(dataset_url, tracking, prefect=True)
+    ray = None
+    if cluster is not None and cluster.launcher == "ray":
+        ray = cluster.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+    check_services(dataset_url, tracking, prefect=True, ray_address=ray)
 
 
 def cmd_demo(args) -> int:
     cluster, train, dataset = job_of(args)
     tracking = TrackingConfig()
-    reachable(dataset.url, tracking)
+    reachable(dataset.url, tracking, cluster)
     speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
     print(
         f"hetflow demo: {cluster.world_size} emulated workers (speeds {speeds}), "
@@ -103,7 +109,7 @@ def cmd_train(args) -> int:
     # the variant's preset batch schedule and gradient communication, the flags' other knobs;
     # the flow trains what it is given
     cluster, cfg, dataset = job_of(args, variant=args.variant)
-    reachable(dataset.url, TrackingConfig())
+    reachable(dataset.url, TrackingConfig(), cluster)
     from hetflow.flows.train import train as train_flow
 
     out = train_flow(cluster=cluster, dataset=dataset, train=cfg, variant=args.variant)
@@ -114,7 +120,7 @@ def cmd_train(args) -> int:
 
 def cmd_profile(args) -> int:
     cluster, cfg, dataset = job_of(args)
-    reachable(dataset.url, TrackingConfig())
+    reachable(dataset.url, TrackingConfig(), cluster)
     from hetflow.flows.profile_cluster import print_profile_report, profile_cluster
 
     profile = profile_cluster(cluster=cluster, dataset=dataset, train=cfg)

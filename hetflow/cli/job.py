@@ -133,6 +133,17 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
         "with a shared loss scale on older ones, fp32 on a CPU",
     )
     p.add_argument(
+        "--launcher",
+        choices=choices(ClusterSpec, "launcher"),
+        help="local: torchrun on this host (default, unless --cluster says); ray: Ray Train on "
+        "the Ray cluster at --ray-address, each worker on a node of its instance type",
+    )
+    p.add_argument(
+        "--ray-address",
+        dest="ray_address",
+        help="the Ray cluster's address (default: $RAY_ADDRESS, else auto)",
+    )
+    p.add_argument(
         "--device",
         choices=("auto", "cuda", "cpu"),
         help="every worker's device (default: each worker's own in --cluster, else auto: the "
@@ -162,7 +173,8 @@ def flag_error(err: ValidationError, flags: dict[str, str] = FLAGS) -> ConfigErr
 
 
 def cluster_of(args) -> ClusterSpec:
-    """--cluster's file, --speeds' workers, or the default cluster; --device on every worker."""
+    """--cluster's file, --speeds' workers, or the default cluster; --device on every worker,
+    --launcher and --ray-address on the cluster."""
     if args.cluster and args.speeds:
         raise ConfigError("--speeds and --cluster: give one of them, not both")
     if args.cluster:
@@ -175,6 +187,21 @@ def cluster_of(args) -> ClusterSpec:
     if getattr(args, "device", None):
         for w in cluster.workers:
             w.device = args.device
+    launcher = getattr(args, "launcher", None)
+    address = getattr(args, "ray_address", None)
+    if address and (launcher or cluster.launcher) != "ray":
+        raise ConfigError("--ray-address: needs --launcher ray (or launcher: ray in --cluster)")
+    if launcher or address:
+        try:
+            cluster = ClusterSpec.model_validate(
+                {
+                    **cluster.model_dump(),
+                    "launcher": launcher or cluster.launcher,
+                    "ray_address": address or cluster.ray_address,
+                }
+            )
+        except ValidationError as e:
+            raise flag_error(e, {**FLAGS, "launcher": "--launcher"}) from None
     return cluster
 
 

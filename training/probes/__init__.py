@@ -48,7 +48,6 @@ rank's `RankProfile`, which the worker gathers on rank 0):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch.distributed as dist
@@ -58,7 +57,7 @@ from hetflow.records import RankProfile
 from hetflow.training.comm import WireCounter
 from hetflow.training.data import RankData
 from hetflow.training.devices import MixedPrecision, synchronizer
-from hetflow.training.job import RunSpec, emulator_for
+from hetflow.training.job import RunSpec, emulator_for, node_id
 from hetflow.training.models import parameter_count
 from hetflow.training.probes.compute import COMPUTE_BUDGET_S, probe_compute, solo_ddp
 from hetflow.training.probes.device import probe_matmul, probe_memory_bandwidth
@@ -118,7 +117,7 @@ def profile(
     link = timed("link", probe_link, rank, world, emu, wire)
     return RankProfile(
         rank=rank,
-        node=os.uname().nodename,
+        node=node_id(),
         **comp,
         **mem,
         matmul_gflops=mm,

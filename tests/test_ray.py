@@ -1,0 +1,135 @@
+"""The Ray launcher on a real Ray cluster of 3 labelled nodes on this machine
+(`ray.cluster_utils.Cluster`, started once for the module): placement by instance type, the
+same weights as torchrun, state in S3, and bad input refused before anything is placed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetflow.config import ClusterSpec, ConfigError, TrainConfig, WorkerSpec
+from hetflow.infra.s3 import filesystem
+from hetflow.records import Plan, RunResult
+from hetflow.training.job import RunSpec
+from hetflow.training.launch import run_workers
+from hetflow.training.ray_launch import NODE_LABEL, connect, label_selectors
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+TYPES = ("g4dn.xlarge", "g5.xlarge", "p3.2xlarge")
+CREDENTIALS = {  # what the `s3` fixture sets: the nodes inherit them when they start
+    "AWS_ACCESS_KEY_ID": "testing-key-id",
+    "AWS_SECRET_ACCESS_KEY": "testing-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(s3_server):
+    """A head without CPUs for workers and one 1-CPU node per instance type, labelled."""
+    from ray.cluster_utils import Cluster
+
+    saved = {k: os.environ.get(k) for k in [*CREDENTIALS, "AWS_ENDPOINT_URL"]}
+    os.environ.update({**CREDENTIALS, "AWS_ENDPOINT_URL": s3_server})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    for t in TYPES:
+        cluster.add_node(num_cpus=1, labels={NODE_LABEL: t})
+    cluster.wait_for_nodes()
+    connect(cluster.address)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _spec(dataset, tmp_path, name: str, launcher: str, address=None) -> RunSpec:
+    workers = [  # not in the nodes' order: rank r must land on its own type
+        WorkerSpec(name="v100", instance_type="p3.2xlarge", speed=2.0),
+        WorkerSpec(name="t4", instance_type="g4dn.xlarge", speed=1.0),
+        WorkerSpec(name="a10g", instance_type="g5.xlarge", speed=3.0),
+    ]
+    cluster = ClusterSpec(workers=workers, launcher=launcher, ray_address=address, time_scale=2)
+    train = TrainConfig(
+        recipe="digits-mlp",
+        global_batch=48,
+        steps=6,
+        schedule="proportional",
+        eval_every=3,
+        checkpoint_every=3,
+    )
+    return RunSpec(
+        run_name=name,
+        variant=name,
+        cluster=cluster,
+        dataset=dataset,
+        train=train,
+        plan=Plan.equal([16, 8, 24]),
+        run_dir=str(tmp_path / name),
+    )
+
+
+def test_ray_places_ranks_by_type_matches_torchrun_and_keeps_state_in_s3(
+    ray_cluster, digits, tmp_path
+):
+    on_ray = _spec(digits, tmp_path, "on-ray", "ray", ray_cluster.address)
+    result, _ = run_workers(on_ray, timeout_s=250)
+    labels = {n["NodeID"]: n["Labels"].get(NODE_LABEL) for n in ray.nodes()}
+    ranks = RunResult.model_validate(result).ranks
+    assert [labels[r.node] for r in ranks] == [w.instance_type for w in on_ray.cluster.workers]
+    # the state went to the dataset's bucket, where the driver read it
+    bucket = digits.url.removeprefix("s3://").split("/", 1)[0]
+    fs, path = filesystem(f"s3://{bucket}/runs/on-ray/result.json")
+    assert fs.exists(path) and fs.exists(path.replace("result.json", "checkpoints"))
+    local = _spec(digits, tmp_path, "on-torchrun", "local")
+    run_workers(local, timeout_s=250)
+    a = torch.load(Path(on_ray.run_dir) / "model.pt")
+    b = torch.load(Path(local.run_dir) / "model.pt")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+
+
+def test_a_type_no_node_carries_is_refused_naming_the_types(ray_cluster):
+    cluster = ClusterSpec(
+        workers=[WorkerSpec(name="big", instance_type="p4d.24xlarge")], launcher="ray"
+    )
+    with pytest.raises(ConfigError, match=r"workers\[big\]\.instance_type: no node .* carries "):
+        label_selectors(cluster, ray.nodes())
+    try:
+        label_selectors(cluster, ray.nodes())
+    except ConfigError as e:
+        assert all(t in str(e) for t in TYPES)
+
+
+def test_a_dead_address_is_one_line():
+    from hetflow.infra.s3 import free_port
+
+    with pytest.raises(ConfigError, match=r"^cluster\.ray_address: no Ray cluster answers at"):
+        connect(f"127.0.0.1:{free_port()}")
+
+
+def test_workers_typed_and_untyped_cannot_be_placed():
+    with pytest.raises(ValueError, match=r"workers\[b\]\.instance_type: under the ray launcher"):
+        ClusterSpec(
+            workers=[WorkerSpec(name="a", instance_type="g5.xlarge"), WorkerSpec(name="b")],
+            launcher="ray",
+        )
+
+
+def test_the_cli_refuses_a_dead_ray_address_in_one_line(capsys, hetflow_home):
+    from hetflow.cli import main
+    from hetflow.infra.s3 import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    assert main(["demo", "--launcher", "ray", "--ray-address", address]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hetflow: error: no Ray cluster answers at") and "ray_address" in err
+    assert len(err.splitlines()) == 1
+    assert not (hetflow_home / "runs").exists()

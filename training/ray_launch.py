@@ -1,0 +1,151 @@
+"""The Ray launcher: every worker of the cluster spec becomes one Ray Train worker, placed by a
+label selector on a node of its instance type, running the same rank code as under torchrun.
+
+Ray Train (`TorchTrainer`) builds the process group across the nodes, gang-schedules the workers
+and restarts the group on a failure (`FailureConfig`); hetflow writes no launcher or collective
+of its own here. A node carries its instance type as the label `NODE_LABEL`
+(`ray start --labels hetflow.io/instance-type=g5.xlarge`, or the `labels` of its node type in the
+cluster launcher's YAML); a worker that names `instance_type` gets the selector
+`{NODE_LABEL: instance_type}` (Ray 2.60's `ScalingConfig(label_selector=[...])`, one per worker,
+in rank order).
+
+Run state: rank 0 writes `result.json` and `model.pt` to the run's state URL (`RunSpec.state_url`;
+the dataset's S3 bucket under `runs/` by default), and checkpoints go beside them, so the driver
+and a restarted rank on any node find them. Ray's workers do not inherit the driver's
+environment: `worker_environment` hands them the S3 endpoint and hetflow's home, and the local
+endpoint's fixed, non-secret credentials only; real credentials come from the nodes' own
+environment or instance role, never through Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from hetflow.config import ClusterSpec, ConfigError
+from hetflow.infra.preflight import ray_problem
+from hetflow.infra.s3 import LOCAL_CREDENTIALS, filesystem
+from hetflow.training.job import RunSpec
+
+NODE_LABEL = "hetflow.io/instance-type"
+
+
+def ray_address(cluster: ClusterSpec) -> str:
+    """The cluster spec's Ray address, else $RAY_ADDRESS, else 'auto'."""
+    return cluster.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
+
+
+def connect(address: str) -> None:
+    """Join the Ray cluster at `address` (once per process); a one-line ConfigError naming
+    `cluster.ray_address` when none answers there."""
+    import ray
+
+    problem = ray_problem(address)
+    if problem is not None:
+        raise ConfigError(f"cluster.ray_address: {problem}")
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    except ConnectionError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"cluster.ray_address: no Ray cluster at {address!r}: {first}") from None
+
+
+def label_selectors(cluster: ClusterSpec, nodes: list[dict]) -> list[dict[str, str]] | None:
+    """One selector per worker, in rank order, for the alive `nodes` (`ray.nodes()`); None when
+    no worker names an instance type. A ConfigError naming the worker when no node carries its
+    type, with the types the cluster has."""
+    if not any(w.instance_type for w in cluster.workers):
+        return None
+    have = sorted({n.get("Labels", {}).get(NODE_LABEL) for n in nodes if n.get("Alive")} - {None})
+    for w in cluster.workers:
+        if w.instance_type not in have:
+            listed = ", ".join(have) if have else f"no node labelled {NODE_LABEL}"
+            raise ConfigError(
+                f"cluster.workers[{w.name}].instance_type: no node of the Ray cluster carries "
+                f"{w.instance_type!r}; it has: {listed}"
+            )
+    return [{NODE_LABEL: w.instance_type} for w in cluster.workers]
+
+
+def worker_environment() -> dict[str, str]:
+    """What Ray's workers need of the driver's environment: the S3 endpoint, hetflow's home,
+    and the local endpoint's fixed credentials where those are the ones in use (never others)."""
+    env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "HETFLOW_HOME") if k in os.environ}
+    if all(os.environ.get(k) == v for k, v in LOCAL_CREDENTIALS.items()):
+        env.update(LOCAL_CREDENTIALS)
+    return env
+
+
+def rank_main(config: dict) -> None:
+    """A Ray Train worker: this rank of the job, in the process group Ray Train set up."""
+    import ray
+    import ray.train
+
+    from hetflow.training.worker import place_rank, serve_rank
+
+    spec = RunSpec.model_validate_json(config["spec"])
+    ctx = ray.train.get_context()
+    os.environ["HETFLOW_NODE_ID"] = ray.get_runtime_context().get_node_id()
+    rank = ctx.get_world_rank()
+    device, precision = place_rank(spec, rank, ctx.get_local_rank())
+    serve_rank(spec, rank, device, precision, "Ray Train")
+
+
+def run_workers_ray(spec: RunSpec, timeout_s: float = 1800, max_restarts: int = 3):
+    """Run `spec` on the Ray cluster of its cluster spec to completion: (result.json, wall
+    seconds), like `launch.run_workers`. Placement is checked before anything is placed."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from hetflow.training.launch import LaunchError
+
+    connect(ray_address(spec.cluster))
+    selectors = label_selectors(spec.cluster, ray.nodes())
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec.write(run_dir / "job.json")
+    trainer = TorchTrainer(
+        rank_main,
+        train_loop_config={"spec": spec.model_dump_json()},
+        torch_config=TorchConfig(backend=spec.backend, timeout_s=int(spec.train.stall_timeout_s)),
+        scaling_config=ScalingConfig(
+            num_workers=spec.cluster.world_size,
+            use_gpu=spec.backend == "nccl",
+            resources_per_worker={"CPU": 1},
+            label_selector=selectors,
+        ),
+        run_config=RunConfig(
+            name=spec.run_name,
+            storage_path=str(run_dir / "ray"),
+            failure_config=FailureConfig(max_failures=max_restarts),
+            worker_runtime_env={"env_vars": worker_environment()},
+        ),
+    )
+    t = time.perf_counter()
+    result = trainer.fit()
+    wall = time.perf_counter() - t
+    if result.error is not None:
+        raise LaunchError(f"Ray Train: {result.error}")
+    if spec.state_url is None:
+        return json.loads((run_dir / "result.json").read_text()), wall
+    fs, path = filesystem(f"{spec.state_url}/result.json")
+    if not (run_dir / "model.pt").exists() and fs.exists(f"{path[: -len('result.json')]}model.pt"):
+        fs.get_file(f"{path[: -len('result.json')]}model.pt", str(run_dir / "model.pt"))
+    return json.loads(fs.cat_file(path)), wall
+
+
+def with_shared_state(spec: RunSpec) -> RunSpec:
+    """`spec` with its state and checkpoints in the dataset's S3 bucket under runs/RUN_NAME
+    (where the user set none), so that every node and the driver find them."""
+    if spec.state_url or not spec.dataset.url.startswith("s3://"):
+        return spec
+    bucket = spec.dataset.url.removeprefix("s3://").split("/", 1)[0]
+    state = f"s3://{bucket}/runs/{spec.run_name}"
+    return spec.model_copy(
+        update={"state_url": state, "checkpoint_url": spec.checkpoint_url or f"{state}/checkpoints"}
+    )
