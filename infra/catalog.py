@@ -1,8 +1,11 @@
 """The EC2 catalog: what an instance type offers, what it costs, and how fast it should be.
 
-- Instance types come from the EC2 API through boto3 (`describe_instance_types`: vCPUs,
-  memory, GPUs and their memory, network performance). `AWS_ENDPOINT_URL` points boto3 at a
-  local endpoint (moto serves the EC2 API next to S3), real credentials at AWS.
+- Instance types come from a snapshot shipped with the project (`infra/instance_types.json`:
+  the GPU families users train on, with its source and date), so that they resolve offline;
+  from the EC2 API through boto3 (`describe_instance_types`: vCPUs, memory, GPUs and their
+  memory, network performance) for types it lacks, and for every type with real AWS
+  credentials (a refresh). `AWS_ENDPOINT_URL` points boto3 at a local endpoint (moto serves
+  the EC2 API next to S3).
 - Hourly prices come from `hetflow.infra.pricing`: a table shipped with the project
   (`infra/prices.json`) that says where and when its figures come from, or the AWS Price List
   API where it is reachable (opt-in).
@@ -24,10 +27,13 @@ a measurement exists, `cost_usd` prices a run.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 from collections.abc import Iterable
+from datetime import date
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -181,6 +187,57 @@ def describe_instance_types(names: Iterable[str], client=None) -> dict[str, Inst
     return found
 
 
+SNAPSHOT = Path(__file__).with_name("instance_types.json")
+
+
+def load_snapshot(path: str | Path = SNAPSHOT) -> dict[str, InstanceInfo]:
+    """The shipped snapshot of the GPU families users train on (g4dn, g5, g6, p3, p3dn, p4d,
+    p4de, p5; its `source` and `as_of` say where and when from)."""
+    data = json.loads(Path(path).read_text())
+    return {k: InstanceInfo.model_validate(v) for k, v in data["types"].items()}
+
+
+def real_aws() -> bool:
+    """Whether boto3 talks to AWS itself: credentials in the environment, no endpoint override."""
+    has = os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE")
+    return bool(has) and not os.environ.get("AWS_ENDPOINT_URL")
+
+
+def lookup_types(names: Iterable[str], client=None) -> dict[str, InstanceInfo]:
+    """InstanceInfo per name, offline where it can be: the snapshot's rows, EC2
+    (`describe_instance_types`) for the types it lacks; with real AWS credentials EC2's answer
+    for every type (a refresh), the snapshot standing in if EC2 fails. A CatalogError names
+    types neither knows."""
+    wanted = list(dict.fromkeys(names))
+    snapshot = load_snapshot()
+    if real_aws() and client is None:
+        try:
+            return describe_instance_types(wanted)
+        except CatalogError:
+            pass
+    found = {n: snapshot[n] for n in wanted if n in snapshot}
+    rest = [n for n in wanted if n not in found]
+    if rest:
+        try:
+            found.update(describe_instance_types(rest, client))
+        except CatalogError as e:
+            if "does not know" not in str(e):  # EC2 unreachable: say what the snapshot lacks
+                known = ", ".join(sorted({k.split(".")[0] for k in snapshot}))
+                raise CatalogError(
+                    f"instance_type: {', '.join(rest)} not in the shipped catalog ({known}), "
+                    f"and {e}"
+                ) from None
+            raise
+    return found
+
+
+def write_snapshot(types: dict[str, InstanceInfo], source: str, path: str | Path = SNAPSHOT):
+    """Write `types` as the snapshot, with where they come from and today's date."""
+    rows = {k: types[k].model_dump() for k in sorted(types)}
+    data = {"source": source, "as_of": date.today().isoformat(), "types": rows}
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
 class Catalog(BaseModel):
     """Instance types (from EC2) and their prices (from a table that names its source)."""
 
@@ -199,7 +256,15 @@ class Catalog(BaseModel):
     ) -> Catalog:
         """The catalog of the instance types a cluster names (an empty one if it names none)."""
         names = [w.instance_type for w in cluster.workers if w.instance_type]
-        types = describe_instance_types(names, client) if names else {}
+        return cls.for_types(names, prices, client)
+
+    @classmethod
+    def for_types(
+        cls, names: Iterable[str], prices: PriceTable | None = None, client=None
+    ) -> Catalog:
+        """The catalog of `names`, offline where it can be (`lookup_types`)."""
+        names = list(names)
+        types = lookup_types(names, client) if names else {}
         return cls(types=types, prices=prices or load_prices())
 
     def info(self, instance_type: str) -> InstanceInfo:

@@ -168,3 +168,29 @@ def test_cost_by_worker_total_and_per_epoch(catalog):
     assert local["total_usd"] == 0 and local["unpriced"] == ["w0", "w1"]
     with pytest.raises(CatalogError, match="duration_s"):
         cost_usd(cluster, -1, catalog)
+
+
+def test_the_shipped_snapshot_resolves_gpu_families_offline(monkeypatch):
+    from hetflow.infra.catalog import load_snapshot, lookup_types
+
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    types = lookup_types(["p3.2xlarge", "g4dn.xlarge", "g5.xlarge", "p4d.24xlarge", "p5.48xlarge"])
+    assert types["p3.2xlarge"].gpu_name == "V100" and types["p3.2xlarge"].gpus == 1
+    assert types["p4d.24xlarge"].gpus == 8 and types["p5.48xlarge"].gpu_name == "H100"
+    families = {k.split(".")[0] for k in load_snapshot()}
+    assert {"g4dn", "g5", "g6", "p3", "p4d", "p5"} <= families
+    for info in load_snapshot().values():  # every row prices and seeds a plan
+        assert info.peak_tflops > 0 and info.network_gbps > 0
+    from hetflow.infra.pricing import load_prices
+
+    prices = load_prices()
+    assert all(prices.price(t) > 0 for t in ("p3.2xlarge", "g4dn.xlarge", "p5.48xlarge"))
+
+
+def test_simulate_mixes_a_v100_instance_offline(monkeypatch, capsys):
+    from hetflow.cli import main
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    assert main(["simulate", "--mix", "g4dn.xlarge:32,g5.xlarge:16,p3.2xlarge:16"]) == 0
+    assert '"p3.2xlarge": 16' in capsys.readouterr().out

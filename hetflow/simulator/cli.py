@@ -193,7 +193,7 @@ def _catalog(types: list[str]):
     from hetflow.infra.s3 import local_s3_endpoint
 
     with local_s3_endpoint():
-        return Catalog.from_ec2(types)
+        return Catalog.for_types(types)
 
 
 def _price_source(catalog) -> str:
