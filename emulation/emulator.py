@@ -85,7 +85,9 @@ class Emulator:
         if self._open:
             spent = self._clock() - self._cpu
             self.computed_at = now()
-            pad = self.dilated(spent, self._key) - (self.computed_at - self._wall)
+            # a phase of no samples (a worker left out of the step, key 0) is no device work
+            pad = 0.0 if self._key == 0 else self.dilated(spent, self._key)
+            pad -= self.computed_at - self._wall
             if pad > 0:
                 time.sleep(pad)
             self.finished_at = now()

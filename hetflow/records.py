@@ -228,6 +228,8 @@ class Plan(_Record):
     speeds: list[float] = []
     latency_s: list[float] = []
     per_sample_s: list[float] = []
+    caps: list[int | None] = []  # each worker's largest local batch (`planning.memory_caps`)
+    excluded: list[str] = []  # workers left out of the synchronous step (batch 0), each with why
 
     @classmethod
     def equal(cls, local_batches: list[int], why: str = "") -> Plan:
@@ -241,8 +243,6 @@ class Plan(_Record):
 class StepRecord(_Record):
     """One rank's step, in seconds: data wait, compute, and the wait after it, which splits
     into idle (for the slowest rank) and communication once every rank's time is known."""
-
-    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     step: int
     batch: int

@@ -70,3 +70,17 @@ def test_auto_precision_on_the_gpu_trains(digits, tmp_path):
     records = RunResult.model_validate(result).ranks[0].records
     losses = [r.loss_sum / r.count for r in records if not r.skipped]
     assert losses[-1] < losses[0]
+
+
+def test_the_memory_probe_searches_the_largest_batch_on_the_gpu():
+    import numpy as np
+
+    from hetflow.training.probes.memory import cuda_cap_batch
+    from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
+
+    recipe = get_recipe("digits-mlp")
+    model = seeded_model(recipe, DataInfo(), 0).to("cuda")
+    x = np.random.default_rng(0).random((64, 64), dtype=np.float32)
+    y = np.zeros(64, dtype=np.int64)
+    cap = cuda_cap_batch(model, x, y, recipe, limit=1 << 12)
+    assert 0 < cap <= 1 << 12

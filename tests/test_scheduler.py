@@ -9,11 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hetflow.training.rebalancer import Rebalancer
 from hetflow.training.scheduler import (
     PlanError,
-    Rebalancer,
     balance_batches,
+    balance_with_exclusion,
     equal_batches,
+    exclude_slow,
     plan_batches,
 )
 
@@ -282,3 +284,62 @@ def test_make_plan_balances_the_profiles_step_models_and_compresses_from_its_com
     assert make_plan(quiet, ClusterSpec.from_speeds([1, 1]), train).compression.name == "none"
     equal = make_plan(profile, cluster, train.model_copy(update={"schedule": "equal"}))
     assert equal.local_batches == [32, 32, 32]
+
+
+# -- workers too slow to help, and memory caps --------------------------------------------------
+
+GPU_A, GPU_C = 0.01, 0.001  # a GPU's fixed cost per step and seconds per sample
+CPU_A, CPU_C = 0.5, 0.05  # a CPU worker beside them
+
+
+def test_a_worker_whose_fixed_cost_exceeds_the_others_step_is_left_out_with_the_batch_kept():
+    latency, per_sample = [GPU_A] * 3 + [CPU_A], [GPU_C] * 3 + [CPU_C]
+    names = ["g0", "g1", "g2", "cpu"]
+    batches, why = balance_with_exclusion(per_sample, latency, 96, names=names)
+    assert batches[3] == 0 and sum(batches) == 96 and min(batches[:3]) >= 31
+    assert len(why) == 1 and why[0].startswith("cpu: its fixed cost of 0.5 s per step")
+    # the step with it in is longer than without: the rule is right to drop it
+    with_it = balance_batches(per_sample, latency, 96)
+    assert max(a + c * b for a, c, b in zip(latency, per_sample, with_it)) > CPU_A
+
+
+def test_a_slower_worker_that_still_helps_is_kept():
+    latency, per_sample = [GPU_A] * 3 + [0.02], [GPU_C] * 3 + [0.004]
+    keep, why = exclude_slow(latency, per_sample, 96)
+    assert keep == [True] * 4 and why == []
+
+
+def test_a_worker_the_others_caps_cannot_spare_is_kept():
+    latency, per_sample = [GPU_A] * 3 + [CPU_A], [GPU_C] * 3 + [CPU_C]
+    keep, _ = exclude_slow(latency, per_sample, 96, caps=[30, 30, 30, None])
+    assert keep[3]  # 90 samples fit on the GPUs: the CPU worker must take the rest
+
+
+def test_the_rebalancer_brings_a_left_out_worker_back_when_the_others_slow_down():
+    latency, per_sample = [GPU_A] * 3 + [CPU_A], [GPU_C] * 3 + [CPU_C]
+    reb = Rebalancer(96, [None] * 4, latency, per_sample)
+    plan, _ = balance_with_exclusion(per_sample, latency, 96)
+    assert plan[3] == 0
+    reb.observe(plan, [GPU_A + GPU_C * b if b else 0.0 for b in plan])
+    assert reb.propose(plan, 10) is None  # balanced, and the left-out rank's 0 s is no signal
+    slow = [40 * (GPU_A + GPU_C * b) if b else 0.0 for b in plan]  # the GPUs turn 40x slower
+    reb.observe(plan, slow)
+    new = reb.propose(plan, 20)
+    assert new is not None and new[3] > 0 and sum(new) == 96
+
+
+def test_measured_caps_bound_the_plan_and_a_declared_cap_wins_only_when_lower():
+    from hetflow.config import ClusterSpec, ConfigError, TrainConfig
+    from hetflow.training.planning import make_plan
+
+    from tests.profiles import profile_of, rank_profile
+
+    profile = profile_of([rank_profile(0, 100.0, memory_cap_batch=20), rank_profile(1, 100.0)])
+    cluster = ClusterSpec.from_speeds([1, 1])
+    train = TrainConfig(global_batch=64, schedule="proportional")
+    assert make_plan(profile, cluster, train).local_batches == [20, 44]
+    cluster.workers[1].memory_cap_batch = 50  # rank 1 measured none: the declared one holds
+    assert make_plan(profile, cluster, train).caps == [20, 50]
+    cluster.workers[0].memory_cap_batch = 50  # above what rank 0's device holds
+    with pytest.raises(ConfigError, match=r"^cluster\.workers\[w0\]\.memory_cap_batch: 50 is more"):
+        make_plan(profile, cluster, train)

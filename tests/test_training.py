@@ -72,7 +72,9 @@ def _assert_same_params(a: dict, b: dict) -> None:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("plan", [[3, 5, 9, 15], [8, 8, 8, 8]], ids=["unequal", "equal"])
+@pytest.mark.parametrize(
+    "plan", [[3, 5, 9, 15], [8, 8, 8, 8], [13, 0, 19, 8]], ids=["unequal", "equal", "one-left-out"]
+)
 def test_one_ddp_step_equals_single_process_step_on_the_global_batch(digits, tmp_path, plan):
     spec = _one_step_spec(digits, tmp_path, plan, "ddp")
     run_workers(spec, timeout_s=200)

@@ -19,8 +19,8 @@ from hetflow.training.loop_state import LoopState
 from hetflow.training.models import parameter_count
 from hetflow.training.net import MeanOverCounts, build_net, new_rebalancer, straggler_factor
 from hetflow.training.progress import ProgressFile, note_recovery
+from hetflow.training.rebalancer import SUDDEN_STEPS
 from hetflow.training.recipes import evaluate, recipe_of
-from hetflow.training.scheduler import SUDDEN_STEPS
 from hetflow.training.step_times import SharedStepTimes, column_means
 
 

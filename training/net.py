@@ -16,8 +16,8 @@ from hetflow.emulation.emulator import Emulator
 from hetflow.training.comm import register_compression, wrap_optimizer
 from hetflow.training.data import RankData
 from hetflow.training.job import RunSpec
+from hetflow.training.rebalancer import Rebalancer
 from hetflow.training.recipes import DataInfo, Recipe, check_fits, seeded_model
-from hetflow.training.scheduler import Rebalancer
 
 
 def straggler_factor(stragglers: list[tuple[int, int, float]], rank: int, step: int) -> float:
@@ -67,9 +67,10 @@ def build_net(
 
 
 def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:
-    """A re-balancer that starts from the plan's step model and the workers' memory caps."""
+    """A re-balancer that starts from the plan's step model and memory caps (measured, or
+    declared where lower)."""
     cfg, plan = spec.train, spec.plan
-    caps = [w.memory_cap_batch for w in spec.cluster.workers]
+    caps = list(plan.caps) or [w.memory_cap_batch for w in spec.cluster.workers]
     latency = list(plan.latency_s) or [0.0] * world
     return Rebalancer(
         cfg.global_batch,

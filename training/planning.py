@@ -2,23 +2,50 @@
 
 from __future__ import annotations
 
-from hetflow.config import ClusterSpec, TrainConfig
+from hetflow.config import ClusterSpec, ConfigError, TrainConfig
 from hetflow.records import Plan, Profile
 from hetflow.training.comm import choose_compression
-from hetflow.training.scheduler import balance_batches, equal_batches
+from hetflow.training.scheduler import balance_with_exclusion, equal_batches
+
+
+def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
+    """Each worker's largest local batch: the one its profile measured (an out-of-memory
+    search on CUDA, the resident-memory model on a CPU: `probes.memory`), or the one the user
+    declared where that is lower. A declared cap above the measured one is a ConfigError naming
+    the worker: the device does not hold it."""
+    caps: list[int | None] = []
+    for w, r in zip(cluster.workers, profile.ranks, strict=True):
+        measured = r.memory_cap_batch if r.memory_cap_batch else None
+        if (
+            w.memory_cap_batch is not None
+            and measured is not None
+            and w.memory_cap_batch > measured
+        ):
+            raise ConfigError(
+                f"cluster.workers[{w.name}].memory_cap_batch: {w.memory_cap_batch} is more than "
+                f"the {measured} samples {w.name}'s device holds (measured by the profile)"
+            )
+        caps.append(w.memory_cap_batch if w.memory_cap_batch is not None else measured)
+    return caps
 
 
 def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
-    """Local batches from the profile's step models (`Profile.step_models`) and the schedule;
-    the compression the train config sets, or for 'auto' the one the profile's communication
-    share (`Profile.comm_share`) calls for."""
+    """Local batches from the profile's step models (`Profile.step_models`), the workers'
+    memory caps (`memory_caps`) and the schedule, with the workers too slow to help left out
+    (`scheduler.exclude_slow`; never under the equal split); the compression the train config
+    sets, or for 'auto' the one the profile's communication share (`Profile.comm_share`)
+    calls for."""
     speeds = [r.samples_per_s for r in profile.ranks]
     latency, per_sample = profile.step_models()
-    caps = [w.memory_cap_batch for w in cluster.workers]
+    caps = memory_caps(profile, cluster)
+    excluded: list[str] = []
     if train.schedule == "equal":
         batches = equal_batches(cluster.world_size, train.global_batch)
     else:
-        batches = balance_batches(per_sample, latency, train.global_batch, caps)
+        names = [w.name for w in cluster.workers]
+        batches, excluded = balance_with_exclusion(
+            per_sample, latency, train.global_batch, caps, names
+        )
     if train.compression == "auto":
         method, reason = choose_compression(profile.comm_share())
     else:
@@ -30,6 +57,8 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
         speeds=speeds,
         latency_s=latency,
         per_sample_s=per_sample,
+        caps=caps,
+        excluded=excluded,
     )
 
 

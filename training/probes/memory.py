@@ -40,10 +40,11 @@ def saved_activation_bytes(model: nn.Module, xb, yb, recipe: Recipe | None = Non
     return sum(seen.values()) + sum(t.numel() * t.element_size() for t in batch)
 
 
-def available_memory_bytes() -> int:
-    """Memory this rank may use: free device memory on CUDA, else its share of MemAvailable."""
-    if torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
+def available_memory_bytes(device: torch.device | None = None) -> int:
+    """Memory this rank may use: free memory of its CUDA `device`, else its share of the host's
+    MemAvailable."""
+    if device is not None and device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
         return int(free)
     avail = None
     try:
@@ -59,10 +60,46 @@ def available_memory_bytes() -> int:
     return int(avail) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
+def cuda_cap_batch(
+    model: nn.Module, x, y, recipe: Recipe, headroom: float = 0.9, limit: int = 1 << 16
+) -> int:
+    """The largest local batch whose forward and backward fit on the model's CUDA device, by
+    an out-of-memory search: doubling from the samples at hand (repeated to size) until
+    `torch.cuda.OutOfMemoryError`, then bisection; `headroom` of it, for the optimizer state
+    and the allocator's fragmentation a long run adds. 0 when not even one sample fits."""
+    device = next(model.parameters()).device
+
+    def fits(b: int) -> bool:
+        reps = -(-b // len(x))
+        xb = torch.as_tensor(x).repeat(reps, *[1] * (x.ndim - 1))[:b]
+        yb = torch.as_tensor(y).repeat(reps, *[1] * (y.ndim - 1))[:b]
+        try:
+            batch = tuple(t.to(device) for t in recipe.batch(xb.numpy(), yb.numpy()))
+            loss, _ = recipe.loss(model, batch)
+            loss.backward()
+            return True
+        except torch.cuda.OutOfMemoryError:
+            return False
+        finally:
+            model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+
+    lo, hi = 0, 1
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        return int(lo * headroom)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return int(lo * headroom)
+
+
 def probe_memory(model: nn.Module, x, y, optimizer: str, recipe: Recipe | None = None) -> dict:
     """Activation bytes at two batch sizes give the bytes per sample; the fixed part is
     parameters + gradients + optimizer state (+ what the activations do not scale with); the
-    cap is the largest batch whose activations fit in MEMORY_HEADROOM of the available memory."""
+    cap is the largest batch whose activations fit in MEMORY_HEADROOM of the available memory
+    on a CPU, and on CUDA the out-of-memory search's (`cuda_cap_batch`)."""
     small, large = max(1, min(8, len(x) // 2)), max(2, min(64, len(x)))
     if large <= small:
         small, large = 1, 2
@@ -71,8 +108,10 @@ def probe_memory(model: nn.Module, x, y, optimizer: str, recipe: Recipe | None =
     per_sample = max((m_large - m_small) / (large - small), 1.0)
     state_copies = {"sgd": 1, "adam": 2}.get(optimizer, 2)  # momentum / Adam moments
     fixed = parameter_count(model) * 4 * (2 + state_copies) + max(0.0, m_small - per_sample * small)
-    avail = available_memory_bytes()
+    avail = available_memory_bytes(next(model.parameters()).device)
     cap = int((avail * MEMORY_HEADROOM - fixed) // per_sample)
+    if next(model.parameters()).device.type == "cuda":  # measured, not modelled
+        cap = cuda_cap_batch(model, x, y, recipe or Classifier())
     return {
         "memory_per_sample_bytes": float(per_sample),
         "memory_fixed_bytes": float(fixed),

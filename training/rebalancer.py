@@ -1,0 +1,208 @@
+"""The re-balancer: re-plans local batches during a run from the step times the ranks
+measure (pure; every rank holds one and feeds it the same figures)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hetflow.training.scheduler import balance_with_exclusion
+
+# Steps in a row that a rank's time must lie beyond `Rebalancer.jump` to count as a sudden change;
+# the re-plan after one is made from these steps alone.
+SUDDEN_STEPS = 2
+
+
+@dataclass
+class Rebalancer:
+    """Re-plans from smoothed per-rank speed estimates when the imbalance passes a threshold.
+
+    Each rank's compute time per step is modelled as affine in its batch, `a_i + c_i x b_i`,
+    learned from what the ranks report: per rank, the compute time measured at each batch it
+    has run since its speed last changed (`points`; an exponential moving average with weight
+    `smoothing` on the newest window). From one batch, or from batches whose times lie within
+    noise of each other, the model is the profile's fit scaled to the newest measurement: a
+    device that slows down (thermal throttling, a noisy neighbour, a straggler) is slower at
+    every batch size, latency included, and a slope re-fitted from nearby batches would be mostly
+    noise. Once a rank has run batches whose times differ by more than a factor `jump`, its line
+    is fitted through them: the profile times batches 8 to 64, and a slow worker's time at batch
+    1 or 2 can lie 30% off that line, which scaling alone cannot express. A rank whose time at a
+    batch it ran before moves by more than a factor `jump` (1 + 3 x `threshold`, far beyond
+    noise) has changed speed: its older points are dropped. Without a profiled c_i
+    (`per_sample_s` None), the first window sets it.
+
+    Every rank holds one and feeds it the same all-gathered figures (a window's means; after a
+    `sudden_change`, the two steps that showed it), so every rank reaches the same plan with no
+    extra collective. Hysteresis: a new plan is adopted only when it is
+    predicted to shorten the step by more than `threshold / 2`, so noise does not make the plan
+    oscillate. Verification: a new plan whose first window is slower than the old plan's last
+    (by more than `threshold / 2`) is reverted and not proposed again until the speeds change;
+    what it measured stays in `points`, so the next proposal knows the model was wrong there.
+    """
+
+    global_batch: int
+    caps: list[int | None]
+    latency_s: list[float]
+    per_sample_s: list[float] | None = None
+    threshold: float = 0.10
+    smoothing: float = 0.5
+    points: list[dict[int, float]] | None = None  # per rank: batch -> compute time measured
+    latest: list[int] | None = None  # per rank: the batch of its newest measurement
+    history: list[dict] = field(default_factory=list)
+    rejected: list[list[int]] = field(default_factory=list)
+    trial: dict | None = None  # the plan before the last re-plan, and its measured step
+    revert_to: list[int] | None = None
+    last_step_s: float = 0.0
+    excluded: list[str] = field(default_factory=list)  # why the last proposal left ranks out
+
+    @property
+    def jump(self) -> float:
+        """A change of a rank's step time beyond this ratio is a change of speed, not noise."""
+        return 1 + 3 * self.threshold
+
+    @property
+    def replans(self) -> int:
+        """Plans adopted from the model (reverts of a failed one not counted)."""
+        return sum("reverted" not in h for h in self.history)
+
+    def model(self) -> tuple[list[float], list[float]]:
+        """(a_i, c_i) per rank: each rank's compute time per step is a_i + c_i x batch."""
+        assert self.per_sample_s is not None and self.points is not None and self.latest is not None
+        latency, per_sample = [], []
+        for a0, c0, pts, b in zip(
+            self.latency_s, self.per_sample_s, self.points, self.latest, strict=True
+        ):
+            if not pts or b not in pts:  # never measured with samples (left out): the profile's
+                latency.append(a0)
+                per_sample.append(c0)
+                continue
+            times = list(pts.values())
+            if len(pts) >= 2 and max(times) > min(times) * self.jump:
+                c, a = statistics.linear_regression(list(pts), times)
+                if c > 0 and a >= 0:
+                    latency.append(a)
+                    per_sample.append(c)
+                    continue
+            scale = pts[b] / (a0 + c0 * b) if a0 + c0 * b > 0 else 1.0
+            latency.append(scale * a0)
+            per_sample.append(scale * c0)
+        return latency, per_sample
+
+    def step_times(self, plan: Sequence[int]) -> list[float]:
+        latency, per_sample = self.model()
+        # a rank left out (batch 0) computes nothing and waits for no one
+        return [a + c * b if b else 0.0 for a, c, b in zip(latency, per_sample, plan, strict=True)]
+
+    def observe(self, plan: Sequence[int], compute_s_per_step: Sequence[float]) -> None:
+        """Feed each rank's mean compute time per step over a window in which it ran `plan`."""
+        self.last_step_s = max(compute_s_per_step)
+        failed = False
+        if self.trial is not None and list(plan) != self.trial["plan"]:
+            before, self.trial, after = self.trial, None, max(compute_s_per_step)
+            if after > before["step_s"] * (1 + self.threshold / 2):
+                # The model promised a shorter step and the measurement says longer: it does not
+                # hold at these batches (a device's step is not affine near batch 1, say). Go
+                # back, and do not propose this plan again until the speeds change.
+                self.rejected.append(list(plan))
+                self.revert_to = before["plan"]
+                failed = True
+        if self.per_sample_s is None:
+            self.per_sample_s = [
+                max(t - a, 0.05 * t) / max(b, 1)
+                for t, a, b in zip(compute_s_per_step, self.latency_s, plan, strict=True)
+            ]
+        if self.points is None:
+            self.points = [{} for _ in plan]
+        w = self.smoothing
+        latest = list(self.latest) if self.latest is not None else list(plan)
+        for i, (pts, b, t) in enumerate(zip(self.points, plan, compute_s_per_step, strict=True)):
+            if b == 0:  # left out: its time says nothing of its speed; keep what was known
+                continue
+            latest[i] = b
+            if (
+                b in pts and not failed and not 1 / self.jump <= t / pts[b] <= self.jump
+            ):  # speed changed
+                pts.clear()
+                self.rejected = []  # what failed before may work now
+            pts[b] = w * t + (1 - w) * pts[b] if b in pts else t
+        self.latest = latest
+
+    def sudden_change(
+        self, rows: Sequence[Sequence[float]], recent: int = SUDDEN_STEPS, reference: int = 3
+    ) -> bool:
+        """Whether a rank's speed has jumped: its compute time in each of the last `recent` rows
+        lies more than `jump` times above, or each more than `jump` times below, its median over
+        the `reference` or more rows before them.
+
+        `rows[step][rank]`: compute time per step, every row under the same plan. Two steps in a
+        row, not one: a single slow step is noise (a page fault, the host), and each
+        further step a straggler runs on the old plan costs a step of its slow pace.
+        """
+        if len(rows) < recent + reference:
+            return False
+        jump = self.jump
+        for rank in range(len(rows[0])):
+            median = statistics.median(row[rank] for row in rows[:-recent])
+            last = [row[rank] for row in rows[-recent:]]
+            if median > 0 and (min(last) > median * jump or max(last) * jump < median):
+                return True
+        return False
+
+    def imbalance(self, plan: Sequence[int]) -> float:
+        times = self.step_times(plan)
+        mean = sum(times) / len(times)
+        return max(times) / mean - 1 if mean > 0 else 0.0
+
+    def propose(self, plan: Sequence[int], step: int) -> list[int] | None:
+        """A new plan, or None when the current one is good enough."""
+        if self.revert_to is not None:
+            back, self.revert_to = self.revert_to, None
+            self.history.append({"step": step, "plan": back, "reverted": list(plan)})
+            return back
+        if self.points is None:
+            return None
+        current = self.imbalance(plan)
+        if current <= self.threshold:
+            return None
+        latency, per_sample = self.model()
+        new, self.excluded = balance_with_exclusion(
+            per_sample, latency, self.global_batch, self.caps
+        )
+        before, after = max(self.step_times(plan)), max(self.step_times(new))
+        if new == list(plan) or new in self.rejected or after > before * (1 - self.threshold / 2):
+            return None
+        self.trial = {"plan": list(plan), "step_s": self.last_step_s}
+        self.history.append(
+            {
+                "step": step,
+                "plan": new,
+                "imbalance_before": round(current, 4),
+                "predicted_speedup": round(before / after, 4),
+                **({"excluded": self.excluded} if self.excluded else {}),
+            }
+        )
+        return new
+
+    def state(self) -> dict:
+        """What a checkpoint keeps so that a resumed run re-plans as the lost one would have."""
+        return {
+            "per_sample_s": self.per_sample_s,
+            "replans": self.history,
+            "points": None if self.points is None else [sorted(p.items()) for p in self.points],
+            "latest": self.latest,
+            "rejected": self.rejected,
+            "trial": self.trial,
+            "revert_to": self.revert_to,
+        }
+
+    def restore(self, state: dict) -> None:
+        self.per_sample_s, self.latest = state["per_sample_s"], state.get("latest")
+        points = state.get("points")
+        self.points = (
+            None
+            if points is None or self.latest is None
+            else [{int(b): float(t) for b, t in p} for p in points]
+        )
+        self.history, self.rejected = state["replans"], state["rejected"]
+        self.trial, self.revert_to = state["trial"], state["revert_to"]
