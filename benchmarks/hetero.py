@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
@@ -51,7 +51,9 @@ from hetflow.training.launch import measure_profile, run_workers
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS, summarize
 from hetflow.training.planning import ideal_throughput, make_plan
 
-from benchmarks import check_bench_recipe, digits_workspace, wide_console, write_json
+from benchmarks import check_bench_recipe, digits_workspace, write_json
+from benchmarks.hetero_table import print_table
+from benchmarks.ray_cluster import local_ray
 
 TIME_SCALE = 16.0  # see the module docstring
 VARIANTS = {"baseline": "equal", "static": "proportional", "dynamic": "dynamic"}
@@ -167,6 +169,18 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="run every variant N times, round by round, and report each one's median run",
     )
+    p.add_argument(
+        "--launcher",
+        choices=("local", "ray"),
+        default="local",
+        help="ray: also run every variant on Ray Train (named VARIANT@ray), beside torchrun",
+    )
+    p.add_argument(
+        "--ray-address",
+        dest="ray_address",
+        help="with --launcher ray: an existing Ray cluster (default: a local one, one node per "
+        "worker, started for the bench)",
+    )
     p.add_argument("--json", dest="json_path")
     return p
 
@@ -212,6 +226,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    if args.launcher == "ray":
+        variants = [name for v in variants for name in (v, f"{v}@ray")]
     return args, Bench(cluster, base, stragglers, variants, args.repeat)
 
 
@@ -238,19 +254,22 @@ def run_variant(
 ) -> tuple[dict, Plan, TrainConfig]:
     """One training run of variant `name` in round `round_`, planned from the profile with no
     gradient compression: (its result.json, its first plan, its config)."""
-    cfg = bench.base.model_copy(update={"schedule": VARIANTS[name], "compression": "none"})
+    base, _, launcher = name.partition("@")
+    cfg = bench.base.model_copy(update={"schedule": VARIANTS[base], "compression": "none"})
     plan = make_plan(profile, bench.cluster, cfg)
+    cluster = bench.cluster.model_copy(update={"launcher": launcher or "local"})
     spec = RunSpec(
-        run_name=name,
+        run_name=f"{base}-{launcher or 'torchrun'}-{round_}",
         variant=name,
-        cluster=bench.cluster,
+        cluster=cluster,
         dataset=dataset,
         train=cfg,
         plan=plan,
         stragglers=bench.stragglers,
         run_dir=f"{tmp}/{name}-{round_}",
     )
-    res, _ = run_workers(spec)
+    res, wall = run_workers(spec)
+    res["run_s"] = wall  # torchrun's or Ray Train's wall time, start-up included
     return res, plan, cfg
 
 
@@ -277,6 +296,8 @@ def variant_figures(
         "replans": len(lead["replans"]),
         "plans": lead["plans"],  # every plan in force, from the step it came in
         "replan_log": lead["replans"],  # why: imbalance, predicted speedup, reverts
+        "run_s": res["run_s"],
+        "startup_s": res["run_s"] - m["train_loop_s"],  # and evaluation, results: all but steps
         "straggler_idle_fraction": m["straggler_idle_fraction"],
         "busy_fraction": m["busy_fraction"],
         "comm_fraction": m["comm_fraction"],
@@ -341,52 +362,19 @@ def main(argv: list[str] | None = None) -> int:
     args, bench = parse_args(argv)
     text_mb = check_bench_recipe(bench.base)  # a token recipe trains on the stdlib's source
     name = "stdlib" if text_mb else "digits"
-    with digits_workspace(name, text_mb=text_mb) as (tmp, dataset):
+    ray = args.launcher == "ray"
+    with (
+        digits_workspace(name, text_mb=text_mb) as (tmp, dataset),
+        local_ray(bench.cluster.world_size, args.ray_address, enabled=ray) as address,
+    ):
+        if ray:
+            bench = replace(
+                bench, cluster=bench.cluster.model_copy(update={"ray_address": address})
+            )
         profile = measure_profile(bench.cluster, dataset, bench.base, f"{tmp}/profile")
         ideal = ideals(profile, bench)
         runs = run_rounds(bench, profile, ideal, dataset, tmp)
     out = summary(args, bench, profile, ideal, with_speedups(runs))
-    _print(out)
+    print_table(out)
     write_json(args.json_path, out)
     return 0
-
-
-def _print(out: dict) -> None:
-    from rich.table import Table
-
-    t = Table(
-        title=f"speeds {out['speeds']}, {out['steps']} steps, "
-        f"stragglers {out['stragglers'] or 'none'}, "
-        f"all-reduce {out['allreduce_s'] * 1e3:.1f} ms"
-    )
-    rows = [
-        "throughput_samples_per_s",
-        "ideal_samples_per_s",
-        "efficiency",
-        "efficiency_vs_ideal_with_allreduce",
-        *(["efficiency_runs"] if out.get("repeat", 1) > 1 else []),
-        "speedup_vs_baseline",
-        "time_to_target_s",
-        "final_accuracy",
-        "final_val_loss",
-        "busy_fraction",
-        "comm_fraction",
-        "straggler_idle_fraction",
-        "data_wait_fraction",
-        "compute_model_error",
-        "replans",
-        "final_plan",
-    ]
-    t.add_column("metric")
-    for name in out["variants"]:
-        t.add_column(name, justify="right")
-    for row in rows:
-        cells = []
-        for r in out["variants"].values():
-            v = r.get(row)
-            if isinstance(v, list) and v and not isinstance(v[0], int):
-                form = "+.2f" if row == "compute_model_error" else ".3f"
-                v = "[" + ", ".join("-" if e is None else format(e, form) for e in v) + "]"
-            cells.append("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v))
-        t.add_row(row, *cells)
-    wide_console(110).print(t)

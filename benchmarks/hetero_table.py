@@ -1,0 +1,48 @@
+"""`hetflow bench hetero`'s table: every variant's figures side by side."""
+
+from __future__ import annotations
+
+from benchmarks import wide_console
+
+
+def print_table(out: dict) -> None:
+    from rich.table import Table
+
+    t = Table(
+        title=f"speeds {out['speeds']}, {out['steps']} steps, "
+        f"stragglers {out['stragglers'] or 'none'}, "
+        f"all-reduce {out['allreduce_s'] * 1e3:.1f} ms"
+    )
+    rows = [
+        "throughput_samples_per_s",
+        "ideal_samples_per_s",
+        "efficiency",
+        "efficiency_vs_ideal_with_allreduce",
+        *(["efficiency_runs"] if out.get("repeat", 1) > 1 else []),
+        "speedup_vs_baseline",
+        "time_to_target_s",
+        "final_accuracy",
+        "final_val_loss",
+        "busy_fraction",
+        "comm_fraction",
+        "straggler_idle_fraction",
+        "data_wait_fraction",
+        "compute_model_error",
+        "replans",
+        "final_plan",
+        "run_s",
+        "startup_s",
+    ]
+    t.add_column("metric")
+    for name in out["variants"]:
+        t.add_column(name, justify="right")
+    for row in rows:
+        cells = []
+        for r in out["variants"].values():
+            v = r.get(row)
+            if isinstance(v, list) and v and not isinstance(v[0], int):
+                form = "+.2f" if row == "compute_model_error" else ".3f"
+                v = "[" + ", ".join("-" if e is None else format(e, form) for e in v) + "]"
+            cells.append("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v))
+        t.add_row(row, *cells)
+    wide_console(110).print(t)
