@@ -269,8 +269,7 @@ def run_variant(
         run_dir=f"{tmp}/{name}-{round_}",
     )
     res, wall = run_workers(spec)
-    res["run_s"] = wall  # torchrun's or Ray Train's wall time, start-up included
-    return res, plan, cfg
+    return {**res, "wall_s": wall}, plan, cfg  # torchrun's or Ray Train's, start-up included
 
 
 def variant_figures(
@@ -278,9 +277,8 @@ def variant_figures(
 ) -> dict:
     """One run's figures (pure): throughput and efficiency against the ideals, where the ranks'
     time went, the plans and re-plans, and the compute model's error before `until_step`."""
-    m = summarize(
-        RunResult.model_validate(res), cfg.global_batch, cfg.target_accuracy, cfg.target_val_loss
-    )
+    result = RunResult.model_validate({k: v for k, v in res.items() if k != "wall_s"})
+    m = summarize(result, cfg.global_batch, cfg.target_accuracy, cfg.target_val_loss)
     lead = res["ranks"][0]
     return {
         "throughput_samples_per_s": m["throughput_samples_per_s"],
@@ -296,8 +294,8 @@ def variant_figures(
         "replans": len(lead["replans"]),
         "plans": lead["plans"],  # every plan in force, from the step it came in
         "replan_log": lead["replans"],  # why: imbalance, predicted speedup, reverts
-        "run_s": res["run_s"],
-        "startup_s": res["run_s"] - m["train_loop_s"],  # and evaluation, results: all but steps
+        "run_s": res["wall_s"],
+        "startup_s": res["wall_s"] - m["train_loop_s"],  # and evaluation, results: all but steps
         "straggler_idle_fraction": m["straggler_idle_fraction"],
         "busy_fraction": m["busy_fraction"],
         "comm_fraction": m["comm_fraction"],

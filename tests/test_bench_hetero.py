@@ -61,3 +61,12 @@ def test_bench_hetero_refuses_bad_numbers_before_launching(tmp_path, argv, field
     with pytest.raises((ConfigError, ValidationError), match=field):
         main([*argv, "--json", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
+
+
+def test_launcher_ray_runs_every_variant_on_torchrun_and_on_ray():
+    from benchmarks.hetero import parse_args
+
+    _, bench = parse_args(["--launcher", "ray", "--variants", "baseline,dynamic"])
+    assert bench.variants == ["baseline", "baseline@ray", "dynamic", "dynamic@ray"]
+    _, bench = parse_args(["--variants", "static"])
+    assert bench.variants == ["static"]
