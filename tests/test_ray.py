@@ -133,3 +133,43 @@ def test_the_cli_refuses_a_dead_ray_address_in_one_line(capsys, hetflow_home):
     assert err.startswith("hetflow: error: no Ray cluster answers at") and "ray_address" in err
     assert len(err.splitlines()) == 1
     assert not (hetflow_home / "runs").exists()
+
+
+def test_a_node_killed_mid_run_is_survived_from_the_checkpoint_in_s3(ray_cluster, digits, tmp_path):
+    """The node of rank 1 dies after the first checkpoint; the cluster gets a node of the same
+    type (as an autoscaler would), Ray Train restarts the group, and the run resumes from the
+    checkpoint in S3: one restart, the steps since it redone, the weights of a run never
+    interrupted."""
+    import json
+    import threading
+    import time
+
+    spec = _spec(digits, tmp_path, "killed", "ray", ray_cluster.address)
+    spec.train.steps, spec.train.lr = 30, 0.02
+    spec.cluster.time_scale = 64  # steps slow enough to kill a node mid-run
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.update(r=run_workers(spec, timeout_s=250)))
+    runner.start()
+    progress = Path(spec.run_dir) / "progress.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if progress.exists() and json.loads(progress.read_text())["step"] >= 5:
+            break
+        time.sleep(0.1)
+    victim = next(
+        n for n in ray_cluster.worker_nodes if n.node_labels.get(NODE_LABEL) == "g4dn.xlarge"
+    )
+    ray_cluster.remove_node(victim)
+    ray_cluster.add_node(num_cpus=1, labels={NODE_LABEL: "g4dn.xlarge"})
+    runner.join(timeout=280)
+    result = RunResult.model_validate(out["r"][0])
+    lead = result.lead
+    assert lead.recovery.restarts == 1 and lead.recovery.steps_redone >= 2
+    assert [r.step for r in lead.records][-1] == 29
+    again = _spec(digits, tmp_path, "not-killed", "local")
+    again.train.steps, again.train.lr = 30, 0.02
+    run_workers(again, timeout_s=250)
+    a = torch.load(Path(spec.run_dir) / "model.pt")
+    b = torch.load(Path(again.run_dir) / "model.pt")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
