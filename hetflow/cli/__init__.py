@@ -81,6 +81,15 @@ def _add_other_commands(sub) -> None:
     sim.add_argument("rest", nargs=argparse.REMAINDER, help="the simulator's own flags")
     sim.set_defaults(func=commands.cmd_simulate)
 
+    cl = _command(sub, "cluster", "cloud clusters for the Ray launcher")
+    csub = cl.add_subparsers(dest="cluster_command", required=True, metavar="COMMAND", help="what")
+    conf = _command(csub, "config", "write a Ray cluster-launcher YAML for AWS (`ray up` it)")
+    conf.add_argument("cluster_file", metavar="CLUSTER.yaml", help="a cluster spec naming types")
+    conf.add_argument("--output", "-o", metavar="PATH", help="write here (default: stdout)")
+    conf.add_argument("--region", default="us-east-1", help="AWS region (default us-east-1)")
+    conf.add_argument("--image-id", dest="image_id", help="the AMI (default: Ray's for the region)")
+    conf.set_defaults(func=commands.cmd_cluster_config)
+
     st = _command(sub, "stack", "a persistent local stack on 127.0.0.1")
     st.add_argument("action", choices=["up", "down", "status"], help="what to do with it")
     st.set_defaults(func=commands.cmd_stack)

@@ -204,3 +204,29 @@ def cmd_simulate(args) -> int:
     from hetflow.simulator.cli import main as simulate
 
     return simulate(args.rest)
+
+
+def cmd_cluster_config(args) -> int:
+    """The Ray cluster-launcher YAML for a cluster spec, checked by Ray's own schema."""
+    from pathlib import Path
+
+    import yaml
+
+    from hetflow.config import ClusterSpec
+    from hetflow.infra.catalog import Catalog
+    from hetflow.infra.ray_cluster import ray_cluster_config, validate
+
+    cluster = ClusterSpec.from_file(args.cluster_file)
+    checkout = Path(__file__).resolve().parents[2]  # this checkout (an editable install)
+    config = ray_cluster_config(
+        cluster, Catalog.for_cluster(cluster), checkout, args.region, args.image_id
+    )
+    validate(config)
+    text = yaml.safe_dump(config, sort_keys=False)
+    if args.output:
+        Path(args.output).write_text(text)
+        nodes = {k: v["max_workers"] for k, v in config["available_node_types"].items()}
+        print(f"wrote {args.output}: nodes {nodes}; bring it up with `ray up {args.output}`")
+    else:
+        print(text, end="")
+    return 0
