@@ -144,6 +144,8 @@ def launch(spec: RunSpec, tracker: MLflowTracker, run_id: str) -> tuple[dict, fl
     """run_workers with MLflow system metrics on and a Prefect progress artifact; on a
     failure the MLflow run is marked FAILED with why (the rank, step and exception)."""
     progress = _progress_reporter(spec.variant, spec.train.steps)
+    # every node of a Ray cluster samples its own system metrics into the run (`node_metrics`)
+    spec = spec.model_copy(update={"metrics_run": (tracker.tracking_uri, run_id)})
     with tracker.system_metrics(run_id):
         try:
             raw, wall = run_workers(spec, on_progress=progress)

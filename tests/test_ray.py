@@ -173,3 +173,20 @@ def test_a_node_killed_mid_run_is_survived_from_the_checkpoint_in_s3(ray_cluster
     b = torch.load(Path(again.run_dir) / "model.pt")
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+
+
+def test_every_node_reports_its_system_metrics_into_the_run(ray_cluster, digits, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("nodes")).info.run_id
+    spec = _spec(digits, tmp_path, "metrics", "ray", ray_cluster.address)
+    spec.train.steps = 30
+    spec.cluster.time_scale = 64  # a run of several seconds: a few samples per node
+    spec = spec.model_copy(update={"metrics_run": (uri, run_id)})
+    result, _ = run_workers(spec, timeout_s=250)
+    nodes = {r.node for r in RunResult.model_validate(result).ranks}
+    keys = client.get_run(run_id).data.metrics
+    reported = {k.split("/")[1] for k in keys if k.endswith("/cpu_utilization_percentage")}
+    assert reported == nodes and len(nodes) == 3

@@ -52,6 +52,11 @@ class RunSpec(BaseModel):
         description="Where rank 0 also puts result.json and model.pt for a driver on another "
         "host (s3://, file://); none: the run directory alone.",
     )
+    metrics_run: tuple[str, str] | None = Field(
+        None,
+        description="(tracking URI, run id): the MLflow run each node of a Ray cluster samples "
+        "its system metrics into (`training.node_metrics`); none: the driver's alone.",
+    )
     checkpoint_url: str | None = Field(
         None, description="Where checkpoints go; default RUN_DIR/checkpoints."
     )

@@ -85,14 +85,16 @@ def rank_main(config: dict) -> None:
     import ray
     import ray.train
 
+    from hetflow.training.node_metrics import node_metrics
     from hetflow.training.worker import place_rank, serve_rank
 
     spec = RunSpec.model_validate_json(config["spec"])
     ctx = ray.train.get_context()
     os.environ["HETFLOW_NODE_ID"] = ray.get_runtime_context().get_node_id()
-    rank = ctx.get_world_rank()
-    device, precision = place_rank(spec, rank, ctx.get_local_rank())
-    serve_rank(spec, rank, device, precision, "Ray Train")
+    rank, local_rank = ctx.get_world_rank(), ctx.get_local_rank()
+    device, precision = place_rank(spec, rank, local_rank)
+    with node_metrics(spec):
+        serve_rank(spec, rank, device, precision, "Ray Train")
 
 
 def run_workers_ray(spec: RunSpec, timeout_s: float = 1800, max_restarts: int = 3):
