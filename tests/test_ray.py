@@ -135,18 +135,26 @@ def test_the_cli_refuses_a_dead_ray_address_in_one_line(capsys, hetflow_home):
     assert not (hetflow_home / "runs").exists()
 
 
-def test_a_node_killed_mid_run_is_survived_from_the_checkpoint_in_s3(ray_cluster, digits, tmp_path):
+def test_a_killed_node_is_survived_from_s3_and_every_node_reports_metrics(
+    ray_cluster, digits, tmp_path
+):
     """The node of rank 1 dies after the first checkpoint; the cluster gets a node of the same
     type (as an autoscaler would), Ray Train restarts the group, and the run resumes from the
     checkpoint in S3: one restart, the steps since it redone, the weights of a run never
-    interrupted."""
+    interrupted; and every node's system metrics are in the run."""
     import json
     import threading
     import time
 
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("nodes")).info.run_id
     spec = _spec(digits, tmp_path, "killed", "ray", ray_cluster.address)
     spec.train.steps, spec.train.lr = 30, 0.02
     spec.cluster.time_scale = 64  # steps slow enough to kill a node mid-run
+    spec = spec.model_copy(update={"metrics_run": (uri, run_id)})  # each node samples itself
     out: dict = {}
     runner = threading.Thread(target=lambda: out.update(r=run_workers(spec, timeout_s=250)))
     runner.start()
@@ -166,6 +174,10 @@ def test_a_node_killed_mid_run_is_survived_from_the_checkpoint_in_s3(ray_cluster
     lead = result.lead
     assert lead.recovery.restarts == 1 and lead.recovery.steps_redone >= 2
     assert [r.step for r in lead.records][-1] == 29
+    # every node the ranks ran on reported its system metrics into the run
+    keys = client.get_run(run_id).data.metrics
+    reported = {k.split("/")[1] for k in keys if k.endswith("/cpu_utilization_percentage")}
+    assert {r.node for r in result.ranks} <= reported and len(reported) >= 3
     again = _spec(digits, tmp_path, "not-killed", "local")
     again.train.steps, again.train.lr = 30, 0.02
     run_workers(again, timeout_s=250)
@@ -173,20 +185,3 @@ def test_a_node_killed_mid_run_is_survived_from_the_checkpoint_in_s3(ray_cluster
     b = torch.load(Path(again.run_dir) / "model.pt")
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
-
-
-def test_every_node_reports_its_system_metrics_into_the_run(ray_cluster, digits, tmp_path):
-    from mlflow.tracking import MlflowClient
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    run_id = client.create_run(client.create_experiment("nodes")).info.run_id
-    spec = _spec(digits, tmp_path, "metrics", "ray", ray_cluster.address)
-    spec.train.steps = 30
-    spec.cluster.time_scale = 64  # a run of several seconds: a few samples per node
-    spec = spec.model_copy(update={"metrics_run": (uri, run_id)})
-    result, _ = run_workers(spec, timeout_s=250)
-    nodes = {r.node for r in RunResult.model_validate(result).ranks}
-    keys = client.get_run(run_id).data.metrics
-    reported = {k.split("/")[1] for k in keys if k.endswith("/cpu_utilization_percentage")}
-    assert reported == nodes and len(nodes) == 3
