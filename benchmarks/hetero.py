@@ -32,7 +32,7 @@ import argparse
 import itertools
 import statistics
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import NamedTuple, get_args
 
 from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
 from hetflow.cli.parser import Parser
@@ -56,6 +56,7 @@ from benchmarks.hetero_table import print_table
 from benchmarks.ray_cluster import local_ray
 
 TIME_SCALE = 16.0  # see the module docstring
+PRECISION = TrainConfig.model_fields["precision"]
 VARIANTS = {"baseline": "equal", "static": "proportional", "dynamic": "dynamic"}
 
 
@@ -181,6 +182,18 @@ def _parser() -> argparse.ArgumentParser:
         help="with --launcher ray: an existing Ray cluster (default: a local one, one node per "
         "worker, started for the bench)",
     )
+    p.add_argument(
+        "--devices",
+        help="each worker's device, comma-separated (auto, cuda, cpu), or one for all "
+        "(default: auto)",
+    )
+    p.add_argument("--precision", choices=get_args(PRECISION.annotation), default=PRECISION.default)
+    p.add_argument(
+        "--no-emulate",
+        dest="emulate",
+        action="store_false",
+        help="real heterogeneity (e.g. one CUDA worker beside CPU workers): no time dilation",
+    )
     p.add_argument("--json", dest="json_path")
     return p
 
@@ -209,8 +222,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         name=f"bench-{args.speeds}",
         time_scale=args.time_scale,
         jitter=args.jitter,
+        emulate=args.emulate,
     )
+    devices = (args.devices or "auto").split(",")
+    if len(devices) not in (1, cluster.world_size):
+        raise ConfigError(f"--devices: {len(devices)} devices for {cluster.world_size} workers")
+    for i, w in enumerate(cluster.workers):
+        w.device = devices[i % len(devices)]
     knobs = {
+        "precision": args.precision,
         "recipe": recipe_flag(args),
         "recipe_options": recipe_options(args),
         "steps": args.steps,

@@ -70,3 +70,15 @@ def test_launcher_ray_runs_every_variant_on_torchrun_and_on_ray():
     assert bench.variants == ["baseline", "baseline@ray", "dynamic", "dynamic@ray"]
     _, bench = parse_args(["--variants", "static"])
     assert bench.variants == ["static"]
+
+
+def test_devices_precision_and_real_heterogeneity_flags():
+    from benchmarks.hetero import parse_args
+
+    _, bench = parse_args(["--devices", "cuda,cpu,cpu,cpu", "--precision", "auto", "--no-emulate"])
+    assert [w.device for w in bench.cluster.workers] == ["cuda", "cpu", "cpu", "cpu"]
+    assert bench.base.precision == "auto" and not bench.cluster.emulate
+    _, bench = parse_args(["--devices", "cpu"])
+    assert {w.device for w in bench.cluster.workers} == {"cpu"} and bench.cluster.emulate
+    with pytest.raises(ConfigError, match="--devices: 2 devices for 4 workers"):
+        parse_args(["--devices", "cpu,cpu"])
