@@ -34,8 +34,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import NamedTuple, get_args
 
-from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
-from hetflow.cli.parser import Parser
+from hetflow.cli.job import recipe_flag, recipe_options
 from hetflow.config import (
     ClusterSpec,
     ConfigError,
@@ -52,11 +51,10 @@ from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS, summarize
 from hetflow.training.planning import ideal_throughput, make_plan
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
+from benchmarks.hetero_args import PRECISION, parser
 from benchmarks.hetero_table import print_table
 from benchmarks.ray_cluster import local_ray
 
-TIME_SCALE = 16.0  # see the module docstring
-PRECISION = TrainConfig.model_fields["precision"]
 VARIANTS = {"baseline": "equal", "static": "proportional", "dynamic": "dynamic"}
 
 
@@ -124,80 +122,6 @@ def median_run(runs: list[dict]) -> dict:
     return out
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog="hetflow bench hetero",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.HelpFormatter,  # its help states the defaults itself
-    )
-    p.add_argument("--speeds", default="1,1,2,4")
-    p.add_argument("--steps", type=int, default=150)
-    add_recipe_arg(p, "digits-cnn")
-    p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
-    p.add_argument("--straggler", action="append", default=[], help="RANK:STEP:FACTOR (repeatable)")
-    p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument(
-        "--rebalance-every",
-        type=int,
-        default=TrainConfig.model_fields["rebalance_every"].default,
-        dest="rebalance_every",
-        help="dynamic: check the balance every K steps",
-    )
-    p.add_argument(
-        "--rebalance-threshold",
-        type=float,
-        dest="rebalance_threshold",
-        default=TrainConfig.model_fields["rebalance_threshold"].default,
-        help="dynamic: imbalance (max/mean - 1) that triggers a re-plan",
-    )
-    p.add_argument(
-        "--time-scale",
-        type=float,
-        dest="time_scale",
-        default=TIME_SCALE,
-        help="emulation: the fastest worker runs this many times slower than a core "
-        f"(default {TIME_SCALE:g})",
-    )
-    p.add_argument(
-        "--jitter",
-        type=float,
-        default=ClusterSpec.model_fields["jitter"].default,
-        help="emulation: coefficient of variation of every compute step's time",
-    )
-    p.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        help="run every variant N times, round by round, and report each one's median run",
-    )
-    p.add_argument(
-        "--launcher",
-        choices=("local", "ray"),
-        default="local",
-        help="ray: also run every variant on Ray Train (named VARIANT@ray), beside torchrun",
-    )
-    p.add_argument(
-        "--ray-address",
-        dest="ray_address",
-        help="with --launcher ray: an existing Ray cluster (default: a local one, one node per "
-        "worker, started for the bench)",
-    )
-    p.add_argument(
-        "--devices",
-        help="each worker's device, comma-separated (auto, cuda, cpu), or one for all "
-        "(default: auto)",
-    )
-    p.add_argument("--precision", choices=get_args(PRECISION.annotation), default=PRECISION.default)
-    p.add_argument(
-        "--no-emulate",
-        dest="emulate",
-        action="store_false",
-        help="real heterogeneity (e.g. one CUDA worker beside CPU workers): no time dilation",
-    )
-    p.add_argument("--json", dest="json_path")
-    return p
-
-
 @dataclass(frozen=True)
 class Bench:
     """One invocation's checked inputs: the emulated cluster, the training every variant shares,
@@ -214,7 +138,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
     """The flags and what they describe, refused before anything runs: a ConfigError (or the
     config's ValidationError) naming the flag or field, checked in the order --repeat, the
     cluster, the training, --straggler, --variants."""
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if args.repeat < 1:
         raise ConfigError(f"--repeat: must be >= 1 (got {args.repeat})")
     cluster = ClusterSpec.from_speeds(
@@ -224,13 +148,17 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         jitter=args.jitter,
         emulate=args.emulate,
     )
+    precisions = args.precision.split(",")
+    for p in precisions:
+        if p not in get_args(PRECISION.annotation):
+            raise ConfigError(f"--precision: {p!r} is not one of fp32, bf16, fp16, auto")
     devices = (args.devices or "auto").split(",")
     if len(devices) not in (1, cluster.world_size):
         raise ConfigError(f"--devices: {len(devices)} devices for {cluster.world_size} workers")
     for i, w in enumerate(cluster.workers):
         w.device = devices[i % len(devices)]
     knobs = {
-        "precision": args.precision,
+        "precision": precisions[0],
         "recipe": recipe_flag(args),
         "recipe_options": recipe_options(args),
         "steps": args.steps,
@@ -248,6 +176,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
     if args.launcher == "ray":
         variants = [name for v in variants for name in (v, f"{v}@ray")]
+    if len(precisions) > 1:
+        variants = [f"{v}@{p}" for v in variants for p in precisions]
     return args, Bench(cluster, base, stragglers, variants, args.repeat)
 
 
@@ -274,12 +204,15 @@ def run_variant(
 ) -> tuple[dict, Plan, TrainConfig]:
     """One training run of variant `name` in round `round_`, planned from the profile with no
     gradient compression: (its result.json, its first plan, its config)."""
-    base, _, launcher = name.partition("@")
-    cfg = bench.base.model_copy(update={"schedule": VARIANTS[base], "compression": "none"})
+    base, *tags = name.split("@")
+    launcher = "ray" if "ray" in tags else ""
+    knobs = {"schedule": VARIANTS[base], "compression": "none"}
+    precision = [t for t in tags if t != "ray"]
+    cfg = bench.base.model_copy(update=knobs | ({"precision": precision[0]} if precision else {}))
     plan = make_plan(profile, bench.cluster, cfg)
     cluster = bench.cluster.model_copy(update={"launcher": launcher or "local"})
     spec = RunSpec(
-        run_name=f"{base}-{launcher or 'torchrun'}-{round_}",
+        run_name=f"{name.replace('@', '-')}-{round_}",
         variant=name,
         cluster=cluster,
         dataset=dataset,

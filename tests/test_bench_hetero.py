@@ -82,3 +82,12 @@ def test_devices_precision_and_real_heterogeneity_flags():
     assert {w.device for w in bench.cluster.workers} == {"cpu"} and bench.cluster.emulate
     with pytest.raises(ConfigError, match="--devices: 2 devices for 4 workers"):
         parse_args(["--devices", "cpu,cpu"])
+
+
+def test_several_precisions_run_every_variant_in_each():
+    from benchmarks.hetero import parse_args
+
+    _, bench = parse_args(["--precision", "fp32,bf16", "--variants", "static"])
+    assert bench.variants == ["static@fp32", "static@bf16"]
+    with pytest.raises(ConfigError, match="--precision: 'fp8'"):
+        parse_args(["--precision", "fp32,fp8"])

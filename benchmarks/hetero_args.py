@@ -1,0 +1,96 @@
+"""`hetflow bench hetero`'s flags (their checks are `hetero.parse_args`')."""
+
+from __future__ import annotations
+
+import argparse
+
+from hetflow.cli.job import add_recipe_arg
+from hetflow.cli.parser import Parser
+from hetflow.config import ClusterSpec, TrainConfig
+
+PRECISION = TrainConfig.model_fields["precision"]
+TIME_SCALE = 16.0  # see hetero's docstring
+VARIANTS = ("baseline", "static", "dynamic")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="hetflow bench hetero",
+        description="equal split vs static plan vs dynamic re-balancing, in one run",
+        formatter_class=argparse.HelpFormatter,  # its help states the defaults itself
+    )
+    p.add_argument("--speeds", default="1,1,2,4")
+    p.add_argument("--steps", type=int, default=150)
+    add_recipe_arg(p, "digits-cnn")
+    p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
+    p.add_argument("--straggler", action="append", default=[], help="RANK:STEP:FACTOR (repeatable)")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument(
+        "--rebalance-every",
+        type=int,
+        default=TrainConfig.model_fields["rebalance_every"].default,
+        dest="rebalance_every",
+        help="dynamic: check the balance every K steps",
+    )
+    p.add_argument(
+        "--rebalance-threshold",
+        type=float,
+        dest="rebalance_threshold",
+        default=TrainConfig.model_fields["rebalance_threshold"].default,
+        help="dynamic: imbalance (max/mean - 1) that triggers a re-plan",
+    )
+    _add_emulation_and_launch(p)
+    return p
+
+
+def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        dest="time_scale",
+        default=TIME_SCALE,
+        help="emulation: the fastest worker runs this many times slower than a core "
+        f"(default {TIME_SCALE:g})",
+    )
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=ClusterSpec.model_fields["jitter"].default,
+        help="emulation: coefficient of variation of every compute step's time",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every variant N times, round by round, and report each one's median run",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=("local", "ray"),
+        default="local",
+        help="ray: also run every variant on Ray Train (named VARIANT@ray), beside torchrun",
+    )
+    p.add_argument(
+        "--ray-address",
+        dest="ray_address",
+        help="with --launcher ray: an existing Ray cluster (default: a local one, one node per "
+        "worker, started for the bench)",
+    )
+    p.add_argument(
+        "--devices",
+        help="each worker's device, comma-separated (auto, cuda, cpu), or one for all "
+        "(default: auto)",
+    )
+    p.add_argument(
+        "--precision",
+        default=PRECISION.default,
+        help="the autocast precision, or several comma-separated (fp32,auto): every variant "
+        "then runs in each (named VARIANT@PRECISION)",
+    )
+    p.add_argument(
+        "--no-emulate",
+        dest="emulate",
+        action="store_false",
+        help="real heterogeneity (e.g. one CUDA worker beside CPU workers): no time dilation",
+    )
+    p.add_argument("--json", dest="json_path")
