@@ -24,6 +24,12 @@ host, not to the plan. One run's efficiencies move from run to run: compare vari
 run, or take `--repeat 3`, which runs the variants round by round and reports each one's median
 run, with every run's efficiency beside it. Figures, and why `ideal_samples_per_s` reads a few
 percent low: docs/measurements.md, "Heterogeneity scheduler".
+
+Variants side by side in one invocation: `--launcher ray` runs each also on Ray Train
+(`VARIANT@ray`; on a local cluster of one node per worker, or `--ray-address`), with the runs'
+wall time and its start-up part (`run_s`, `startup_s`); `--precision fp32,auto` runs each in
+every precision given (`VARIANT@auto`). On a GPU machine, `--devices cuda,cpu,cpu --no-emulate`
+is real heterogeneity (no time dilation), `--devices cuda` emulated speeds on GPU workers.
 """
 
 from __future__ import annotations
