@@ -12,6 +12,8 @@ from hetflow.training.scheduler import balance_with_exclusion
 # Steps in a row that a rank's time must lie beyond `Rebalancer.jump` to count as a sudden change;
 # the re-plan after one is made from these steps alone.
 SUDDEN_STEPS = 2
+# Re-plans whose prediction error the re-balancer remembers (`Rebalancer.margin`).
+ERRORS_KEPT = 3
 
 
 @dataclass
@@ -35,8 +37,10 @@ class Rebalancer:
     Every rank holds one and feeds it the same all-gathered figures (a window's means; after a
     `sudden_change`, the two steps that showed it), so every rank reaches the same plan with no
     extra collective. Hysteresis: a new plan is adopted only when it is
-    predicted to shorten the step by more than `threshold / 2`, so noise does not make the plan
-    oscillate. Verification: a new plan whose first window is slower than the old plan's last
+    predicted to shorten the step by more than `margin`: `threshold / 2`, or the model's own
+    error on its last re-plans where that is larger, so that neither noise nor a model that
+    does not hold at the batches it proposes makes the plan oscillate. Verification: a new
+    plan whose first window is slower than the old plan's last
     (by more than `threshold / 2`) is reverted and not proposed again until the speeds change;
     what it measured stays in `points`, so the next proposal knows the model was wrong there.
     """
@@ -55,6 +59,15 @@ class Rebalancer:
     revert_to: list[int] | None = None
     last_step_s: float = 0.0
     excluded: list[str] = field(default_factory=list)  # why the last proposal left ranks out
+    errors: list[float] = field(default_factory=list)  # measured / predicted step - 1, per re-plan
+
+    @property
+    def margin(self) -> float:
+        """The predicted gain (step before / step after - 1) a proposal must exceed: half the
+        threshold, or the model's own demonstrated error where that is larger (the largest
+        |measured / predicted - 1| of its last ERRORS_KEPT re-plans): a plan predicted 10%
+        faster by a model that was 15% off last time is no evidence of a faster plan."""
+        return max(self.threshold / 2, max((abs(e) for e in self.errors), default=0.0))
 
     @property
     def jump(self) -> float:
@@ -100,6 +113,11 @@ class Rebalancer:
         failed = False
         if self.trial is not None and list(plan) != self.trial["plan"]:
             before, self.trial, after = self.trial, None, max(compute_s_per_step)
+            if before.get("predicted_s"):  # how far the model was off, at the batches it chose
+                self.errors = [
+                    *self.errors[-(ERRORS_KEPT - 1) :],
+                    after / before["predicted_s"] - 1,
+                ]
             if after > before["step_s"] * (1 + self.threshold / 2):
                 # The model promised a shorter step and the measurement says longer: it does not
                 # hold at these batches (a device's step is not affine near batch 1, say). Go
@@ -170,9 +188,10 @@ class Rebalancer:
             per_sample, latency, self.global_batch, self.caps
         )
         before, after = max(self.step_times(plan)), max(self.step_times(new))
-        if new == list(plan) or new in self.rejected or after > before * (1 - self.threshold / 2):
+        gain = before / after - 1 if after > 0 else 0.0
+        if new == list(plan) or new in self.rejected or gain <= self.margin:
             return None
-        self.trial = {"plan": list(plan), "step_s": self.last_step_s}
+        self.trial = {"plan": list(plan), "step_s": self.last_step_s, "predicted_s": after}
         self.history.append(
             {
                 "step": step,
@@ -194,6 +213,7 @@ class Rebalancer:
             "rejected": self.rejected,
             "trial": self.trial,
             "revert_to": self.revert_to,
+            "errors": self.errors,
         }
 
     def restore(self, state: dict) -> None:
@@ -206,3 +226,4 @@ class Rebalancer:
         )
         self.history, self.rejected = state["replans"], state["rejected"]
         self.trial, self.revert_to = state["trial"], state["revert_to"]
+        self.errors = list(state.get("errors", []))
