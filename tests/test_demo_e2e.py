@@ -181,6 +181,8 @@ def test_each_run_has_plots_model_profile_plan_and_system_metrics(demo):
             socket.gethostname()
         )  # system metrics carry the node id of the host that sampled them
         assert f"system/{node}/cpu_utilization_percentage" in run.data.metrics
+        gpu = any(k.startswith(f"system/{node}/gpu_0_") for k in run.data.metrics)
+        assert run.data.tags["gpu_metrics"] == ("nvml" if gpu else "none")  # says which
         # a fraction; the goal (< 2% of step time) is a measured figure (demo table), not asserted
         assert 0 <= run.data.metrics["tracking_overhead_fraction"] < 1
         models = client.search_logged_models(

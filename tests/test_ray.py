@@ -33,8 +33,12 @@ def ray_cluster(s3_server):
     """A head without CPUs for workers and one 1-CPU node per instance type, labelled."""
     from ray.cluster_utils import Cluster
 
-    saved = {k: os.environ.get(k) for k in [*CREDENTIALS, "AWS_ENDPOINT_URL"]}
-    os.environ.update({**CREDENTIALS, "AWS_ENDPOINT_URL": s3_server})
+    # the driver's own node id (its system metrics' host name), which the nodes inherit when
+    # they start from its environment: each node must name itself all the same
+    inherited = {**CREDENTIALS, "AWS_ENDPOINT_URL": s3_server}
+    inherited["MLFLOW_SYSTEM_METRICS_NODE_ID"] = "driver-host"
+    saved = {k: os.environ.get(k) for k in inherited}
+    os.environ.update(inherited)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     for t in TYPES:
         cluster.add_node(num_cpus=1, labels={NODE_LABEL: t})
@@ -140,8 +144,9 @@ def test_a_killed_node_is_survived_from_s3_and_every_node_reports_metrics(
 ):
     """The node of rank 1 dies after the first checkpoint; the cluster gets a node of the same
     type (as an autoscaler would), Ray Train restarts the group, and the run resumes from the
-    checkpoint in S3: one restart, the steps since it redone, the weights of a run never
-    interrupted; and every node's system metrics are in the run."""
+    checkpoint in S3: one restart, the steps since it redone (that resuming is exact is
+    test_recovery's and test_rank_faults' claim, the same code under torchrun); and every
+    node's system metrics are in the run."""
     import json
     import threading
     import time
@@ -178,10 +183,3 @@ def test_a_killed_node_is_survived_from_s3_and_every_node_reports_metrics(
     keys = client.get_run(run_id).data.metrics
     reported = {k.split("/")[1] for k in keys if k.endswith("/cpu_utilization_percentage")}
     assert {r.node for r in result.ranks} <= reported and len(reported) >= 3
-    again = _spec(digits, tmp_path, "not-killed", "local")
-    again.train.steps, again.train.lr = 30, 0.02
-    run_workers(again, timeout_s=250)
-    a = torch.load(Path(spec.run_dir) / "model.pt")
-    b = torch.load(Path(again.run_dir) / "model.pt")
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)

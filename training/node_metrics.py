@@ -42,7 +42,12 @@ def node_metrics(spec: RunSpec) -> Iterator[None]:
     if not _claim(claim):
         yield
         return
+    import mlflow.system_metrics
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    # MLflow's variable wins over the monitor's argument, and a node may have inherited the
+    # driver's (its host name) when it started: this process names its own node
+    mlflow.system_metrics.set_system_metrics_node_id(node_id())
 
     monitor = SystemMetricsMonitor(
         run_id,

@@ -326,7 +326,13 @@ class MLflowTracker:
 
     @contextmanager
     def system_metrics(self, run_id: str, interval_s: float = 2.0):
-        """MLflow's own CPU/memory (and GPU where present) sampling into the run, tagged by node."""
+        """MLflow's own sampling of this host into the run: CPU, memory, disk, network and,
+        where nvidia-ml-py finds a GPU (the `gpu` extra), each GPU's utilization and memory, as
+        `system/HOST/...`. The run's tag `gpu_metrics` says whether GPU figures are sampled
+        (`nvml`, `rocm`) or not (`none`). Under Ray each node samples itself
+        (`training.node_metrics`)."""
+        from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
+        from mlflow.system_metrics.metrics.rocm_monitor import ROCMMonitor
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
         mlflow.set_tracking_uri(self.tracking_uri)  # the monitor logs through mlflow's global URI
@@ -334,6 +340,9 @@ class MLflowTracker:
         monitor = SystemMetricsMonitor(
             run_id, sampling_interval=interval_s, samples_before_logging=1
         )
+        kinds = {GPUMonitor: "nvml", ROCMMonitor: "rocm"}
+        gpu = next((kinds[type(m)] for m in monitor.monitors if type(m) in kinds), "none")
+        self.client.set_tag(run_id, "gpu_metrics", gpu)
         monitor.start()
         try:
             yield
