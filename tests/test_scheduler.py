@@ -343,3 +343,27 @@ def test_measured_caps_bound_the_plan_and_a_declared_cap_wins_only_when_lower():
     cluster.workers[0].memory_cap_batch = 50  # above what rank 0's device holds
     with pytest.raises(ConfigError, match=r"^cluster\.workers\[w0\]\.memory_cap_batch: 50 is more"):
         make_plan(profile, cluster, train)
+
+
+def test_a_left_out_workers_noise_is_no_sudden_change_and_no_imbalance():
+    latency, per_sample = [GPU_A] * 3 + [CPU_A], [GPU_C] * 3 + [CPU_C]
+    plan, _ = balance_with_exclusion(per_sample, latency, 96)
+    assert plan[3] == 0
+    reb = Rebalancer(96, [None] * 4, latency, per_sample)
+    busy = [GPU_A + GPU_C * b for b in plan[:3]]
+    # the empty step of the left-out rank takes 1 ms, then 3 ms: noise, not a change of speed
+    rows = [[*busy, 0.001]] * 3 + [[*busy, 0.003]] * 2
+    assert reb.sudden_change(rows)  # read as a speed, its noise would re-plan
+    assert not reb.sudden_change(rows, plan)
+    reb.observe(plan, rows[-1])
+    # the three that compute are balanced: a rank waiting for no one is not an imbalance
+    assert reb.imbalance(plan) == pytest.approx(0.0, abs=0.02)
+
+
+def test_a_replan_brings_a_left_out_worker_back_once_its_fixed_cost_drops():
+    per_sample = [GPU_C] * 3 + [CPU_C / 10]
+    names = ["g0", "g1", "g2", "cpu"]
+    out, why = balance_with_exclusion(per_sample, [GPU_A] * 3 + [CPU_A], 96, names=names)
+    assert out[3] == 0 and why
+    back, why = balance_with_exclusion(per_sample, [GPU_A] * 4, 96, names=names)
+    assert back[3] > 0 and why == [] and sum(back) == 96

@@ -162,7 +162,7 @@ class TrainingLoop:
         the last)."""
         state, cfg = self.state, self.cfg
         dynamic = cfg.schedule == "dynamic"
-        sudden = dynamic and self.rebalancer.sudden_change(state.current)
+        sudden = dynamic and self.rebalancer.sudden_change(state.current, state.plan)
         window = state.window
         if not (sudden or (window and (len(window) >= cfg.rebalance_every or flush))):
             return

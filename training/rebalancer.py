@@ -147,20 +147,27 @@ class Rebalancer:
         self.latest = latest
 
     def sudden_change(
-        self, rows: Sequence[Sequence[float]], recent: int = SUDDEN_STEPS, reference: int = 3
+        self,
+        rows: Sequence[Sequence[float]],
+        plan: Sequence[int] | None = None,
+        recent: int = SUDDEN_STEPS,
+        reference: int = 3,
     ) -> bool:
         """Whether a rank's speed has jumped: its compute time in each of the last `recent` rows
         lies more than `jump` times above, or each more than `jump` times below, its median over
         the `reference` or more rows before them.
 
-        `rows[step][rank]`: compute time per step, every row under the same plan. Two steps in a
-        row, not one: a single slow step is noise (a page fault, the host), and each
-        further step a straggler runs on the old plan costs a step of its slow pace.
+        `rows[step][rank]`: compute time per step, every row under the same `plan`. Two steps in
+        a row, not one: a single slow step is noise (a page fault, the host), and each
+        further step a straggler runs on the old plan costs a step of its slow pace. A rank the
+        plan leaves out (batch 0) is not looked at: its empty step's time is noise, not speed.
         """
         if len(rows) < recent + reference:
             return False
         jump = self.jump
         for rank in range(len(rows[0])):
+            if plan is not None and plan[rank] == 0:
+                continue
             median = statistics.median(row[rank] for row in rows[:-recent])
             last = [row[rank] for row in rows[-recent:]]
             if median > 0 and (min(last) > median * jump or max(last) * jump < median):
@@ -168,12 +175,17 @@ class Rebalancer:
         return False
 
     def imbalance(self, plan: Sequence[int]) -> float:
-        times = self.step_times(plan)
-        mean = sum(times) / len(times)
+        """How far the slowest rank's predicted step lies above the mean of the ranks that
+        compute (a rank left out, batch 0, waits for no one and is not in the mean)."""
+        times = [t for t, b in zip(self.step_times(plan), plan, strict=True) if b]
+        mean = sum(times) / len(times) if times else 0.0
         return max(times) / mean - 1 if mean > 0 else 0.0
 
     def propose(self, plan: Sequence[int], step: int) -> list[int] | None:
-        """A new plan, or None when the current one is good enough."""
+        """A new plan, or None when the current one is good enough: its ranks balanced within
+        `threshold` and none left out. A plan that leaves a rank out (batch 0) is looked at
+        again every window, since the others slowing down can make that rank worth its fixed
+        cost again (its own time is not measured while it is out: the model keeps its last)."""
         if self.revert_to is not None:
             back, self.revert_to = self.revert_to, None
             self.history.append({"step": step, "plan": back, "reverted": list(plan)})
@@ -181,7 +193,7 @@ class Rebalancer:
         if self.points is None:
             return None
         current = self.imbalance(plan)
-        if current <= self.threshold:
+        if current <= self.threshold and 0 not in plan:
             return None
         latency, per_sample = self.model()
         new, self.excluded = balance_with_exclusion(
