@@ -367,3 +367,21 @@ def test_a_replan_brings_a_left_out_worker_back_once_its_fixed_cost_drops():
     assert out[3] == 0 and why
     back, why = balance_with_exclusion(per_sample, [GPU_A] * 4, 96, names=names)
     assert back[3] > 0 and why == [] and sum(back) == 96
+
+
+def test_a_worker_measured_to_hold_no_sample_is_left_out_and_cannot_declare_more():
+    from hetflow.config import ClusterSpec, ConfigError, TrainConfig
+    from hetflow.training.planning import make_plan
+
+    from tests.profiles import profile_of, rank_profile
+
+    ranks = [rank_profile(0, 100.0), rank_profile(1, 100.0, memory_cap_batch=0)]
+    cluster = ClusterSpec.from_speeds([1, 1])
+    plan = make_plan(profile_of(ranks), cluster, TrainConfig(global_batch=64, schedule="dynamic"))
+    assert plan.local_batches == [64, 0] and plan.caps == [None, 0]
+    assert plan.excluded == ["w1: its device holds no sample (memory cap 0)"]
+    cluster.workers[1].memory_cap_batch = 5
+    with pytest.raises(ConfigError, match=r"^cluster\.workers\[w1\]\.memory_cap_batch: 5 is more"):
+        make_plan(profile_of(ranks), cluster, TrainConfig(global_batch=64))
+    with pytest.raises(PlanError, match="^caps: every rank's memory cap is 0"):
+        balance_with_exclusion([0.01, 0.01], [0.0, 0.0], 8, [0, 0])

@@ -15,7 +15,7 @@ def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
     the worker: the device does not hold it."""
     caps: list[int | None] = []
     for w, r in zip(cluster.workers, profile.ranks, strict=True):
-        measured = r.memory_cap_batch if r.memory_cap_batch else None
+        measured = r.memory_cap_batch  # None: not measured; 0: holds no sample
         if (
             w.memory_cap_batch is not None
             and measured is not None

@@ -211,11 +211,26 @@ def balance_with_exclusion(
     caps: Sequence[int | None] | None = None,
     names: Sequence[str] | None = None,
 ) -> tuple[list[int], list[str]]:
-    """`balance_batches` over the ranks `exclude_slow` keeps; 0 for the others, and why."""
+    """`balance_batches` over the ranks `exclude_slow` keeps; 0 for the others, and why. A rank
+    whose cap is 0 (its device holds no sample of the model) is left out first; a PlanError
+    when every rank's is."""
     n = len(per_sample_s)
     caps = list(caps) if caps is not None else [None] * n
-    keep, why = exclude_slow(latency_s, per_sample_s, global_batch, caps, names)
-    idx = [i for i in range(n) if keep[i]]
+    names = list(names) if names is not None else [f"rank {i}" for i in range(n)]
+    able = [i for i in range(n) if caps[i] != 0]
+    if not able:
+        raise PlanError("caps: every rank's memory cap is 0: no rank holds a sample")
+    keep, why = exclude_slow(
+        [latency_s[i] for i in able],
+        [per_sample_s[i] for i in able],
+        global_batch,
+        [caps[i] for i in able],
+        [names[i] for i in able],
+    )
+    why = [
+        f"{names[i]}: its device holds no sample (memory cap 0)" for i in range(n) if caps[i] == 0
+    ] + why
+    idx = [i for i, k in zip(able, keep, strict=True) if k]
     part = balance_batches(
         [per_sample_s[i] for i in idx],
         [latency_s[i] for i in idx],

@@ -66,7 +66,8 @@ def cuda_cap_batch(
     """The largest local batch whose forward and backward fit on the model's CUDA device, by
     an out-of-memory search: doubling from the samples at hand (repeated to size) until
     `torch.cuda.OutOfMemoryError`, then bisection; `headroom` of it, for the optimizer state
-    and the allocator's fragmentation a long run adds. 0 when not even one sample fits."""
+    and the allocator's fragmentation a long run adds (never below 1 where 1 fits). 0 when not
+    even one sample fits."""
     device = next(model.parameters()).device
 
     def fits(b: int) -> bool:
@@ -88,11 +89,11 @@ def cuda_cap_batch(
     while hi <= limit and fits(hi):
         lo, hi = hi, hi * 2
     if hi > limit:
-        return int(lo * headroom)
+        return max(int(lo * headroom), min(lo, 1))
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return int(lo * headroom)
+    return max(int(lo * headroom), min(lo, 1))
 
 
 def probe_memory(model: nn.Module, x, y, optimizer: str, recipe: Recipe | None = None) -> dict:
