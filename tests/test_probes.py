@@ -212,3 +212,14 @@ def test_jitter_varies_each_keyed_phase_by_the_coefficient_asked_for(jitter):
         assert [again.dilated(0.002, key=4) for _ in range(5)] == took[:5]
     else:
         assert cv == 0.0
+
+
+def test_a_phase_of_no_samples_is_not_padded_to_the_emulated_device(monkeypatch):
+    # a rank the plan leaves out (batch 0) does no device work: no sleep after its empty step
+    slept: list[float] = []
+    monkeypatch.setattr("hetflow.emulation.emulator.time.sleep", slept.append)
+    emu = Emulator(50.0, Link(None))
+    _phase(emu, 0.002, key=0)
+    assert slept == []
+    _phase(emu, 0.002, key=8)  # the same CPU time with samples is padded to 50x
+    assert len(slept) == 1 and slept[0] > 0.05

@@ -13,11 +13,15 @@ from torch import nn
 from hetflow.config import ClusterSpec, TrainConfig, WorkerSpec
 from hetflow.infra.s3 import free_port
 from hetflow.records import CompressionMethod, Plan
+from hetflow.training import launch
 from hetflow.training.comm import DENSE_WARMUP_STEPS, allgather_bytes
 from hetflow.training.data import open_rank_data
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers, torchrun_command, worker_env
+from hetflow.training.planning import make_plan
 from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
+
+from tests.profiles import profile_of, rank_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -218,3 +222,58 @@ def test_a_training_run_averages_hierarchically_across_the_workers_nodes(digits,
     # after the dense warm-up, only the model averages every 2 steps cross nodes
     sent = [rec["bytes_sent"] > 0 for rec in ranks[0]["records"]]
     assert all(sent[:DENSE_WARMUP_STEPS]) and sent[DENSE_WARMUP_STEPS:].count(True) == 2, sent
+
+
+def test_a_worker_the_plan_leaves_out_steps_on_batch_0_and_ends_with_the_others_weights(
+    digits, tmp_path, monkeypatch
+):
+    # w3's fixed cost per step (its profile's latency) is far beyond the step the others take
+    # sharing the global batch: the plan leaves it out, and the dynamic re-balancer, which sees
+    # no speed in its empty steps, keeps it out. Every rank runs a torchrun entry that also saves
+    # its own final weights (tests/rank_weights_worker.py).
+    profile = profile_of(
+        [rank_profile(r, 2000.0, fit_latency_s=0.005) for r in range(3)]
+        + [rank_profile(3, 2000.0, fit_latency_s=5.0)]
+    )
+    cluster = ClusterSpec.from_speeds([1.0, 1.0, 1.0, 0.5])
+    train = TrainConfig(
+        recipe="digits-mlp",
+        global_batch=48,
+        steps=8,
+        schedule="dynamic",
+        rebalance_every=3,
+        eval_every=100,
+        checkpoint_every=100,
+        target_accuracy=None,
+    )
+    plan = make_plan(profile, cluster, train)
+    assert plan.local_batches[3] == 0 and sum(plan.local_batches) == 48, plan
+    assert len(plan.excluded) == 1 and plan.excluded[0].startswith("w3: "), plan.excluded
+    spec = RunSpec(
+        run_name="left-out",
+        variant="optimized",
+        cluster=cluster,
+        dataset=digits,
+        train=train,
+        plan=plan,
+        run_dir=str(tmp_path),
+    )
+
+    def entry(*args, **kwargs):
+        cmd = torchrun_command(*args, **kwargs)
+        return [("tests.rank_weights_worker" if a == "hetflow.training.worker" else a) for a in cmd]
+
+    monkeypatch.setattr(launch, "torchrun_command", entry)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    result, _ = run_workers(spec, timeout_s=200, max_restarts=0)
+    ranks = result["ranks"]
+    assert all(len(r["records"]) == train.steps for r in ranks)
+    assert all(rec["batch"] == 0 for rec in ranks[3]["records"])
+    assert all(sum(r["records"][i]["batch"] for r in ranks) == 48 for i in range(train.steps))
+    weights = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]
+    for other in weights[1:]:  # the left-out rank too: it joined every all-reduce
+        assert other.keys() == weights[0].keys()
+        assert all(torch.equal(other[k], weights[0][k]) for k in other)
+    _assert_same_params(torch.load(tmp_path / "model.pt"), weights[0])
+    initial = seeded_model(get_recipe(train.recipe), DataInfo(), train.seed).state_dict()
+    assert not torch.allclose(weights[3]["0.weight"], initial["0.weight"])  # it did train
