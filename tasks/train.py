@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import runtime, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
+from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog, cost_usd
 from hetflow.infra.datasets import read_manifest
 from hetflow.infra.paths import new_run_dir, runs_dir
@@ -19,6 +19,7 @@ from hetflow.training.launch import LaunchError, RankFailed, run_workers
 from hetflow.training.metrics import step_series, summarize
 from hetflow.training.planning import make_plan
 from hetflow.training.recipes import DataInfo, Recipe, check_recipe, seeded_model
+from hetflow.training.scheduler import PlanError
 
 
 def stable_run_dir(label: str) -> Path:
@@ -32,10 +33,11 @@ def stable_run_dir(label: str) -> Path:
 
 
 def worth_retrying(task, task_run, state) -> bool:
-    """Prefect retries a lost torchrun job, not a rank's own exception (deterministic)."""
+    """Prefect retries a lost torchrun job, not a rank's own exception nor bad input found
+    before launch (a ConfigError or PlanError of the plan): both are deterministic."""
     try:
         state.result()
-    except RankFailed:
+    except (RankFailed, ConfigError, PlanError):
         return False
     except Exception:
         return True

@@ -69,3 +69,46 @@ def test_schedule_and_compression_from_the_train_parameter_are_what_runs(
     assert params["plan.compression.name"] == "fp16"
     assert tags["compression_reason"] == "set in the train config"
     assert tags["variant"] == "equal+fp16" and run.info.run_name == "equal+fp16"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_declared_cap_above_the_measured_one_fails_the_train_task_once_in_one_line(
+    digits, prefect_harness, hetflow_home, monkeypatch
+):
+    from prefect import flow
+
+    import hetflow.tasks.train as train_task
+    from hetflow.cli import one_line
+    from hetflow.config import ConfigError
+    from hetflow.infra.paths import runs_dir
+
+    from tests.profiles import profile_of, rank_profile
+
+    plans = []
+
+    def counted_make_plan(*args):
+        plans.append(args)
+        return make_plan(*args)
+
+    make_plan = train_task.make_plan
+    monkeypatch.setattr(train_task, "make_plan", counted_make_plan)
+    cluster = ClusterSpec.from_speeds([1, 1])
+    cluster.workers[1].memory_cap_batch = 5000
+    profile = profile_of([rank_profile(0, 100.0), rank_profile(1, 100.0, memory_cap_batch=1800)])
+
+    @flow
+    def one_variant():
+        train = TrainConfig(recipe="digits-mlp", global_batch=32, steps=2)
+        return train_task.train_variant(
+            "optimized", cluster, digits, train, profile, TrackingConfig()
+        )
+
+    with pytest.raises(ConfigError) as e:
+        one_variant()
+    assert one_line(e.value) == (  # what the CLI prints, as its one line
+        "cluster.workers[w1].memory_cap_batch: 5000 is more than the 1800 samples w1's device "
+        "holds (measured by the profile)"
+    )
+    assert len(plans) == 1  # bad input is not retried
+    assert not list(runs_dir().glob("*optimized*"))  # refused before launch
