@@ -105,7 +105,7 @@ def train_variant(
         f"{variant}: local batches {plan.local_batches}, compression {plan.compression} "
         f"({plan.compression_reason}); training {train.steps} steps"
     )
-    for why in plan.excluded:  # also in MLflow: the plan's params (plan.excluded.N)
+    for why in plan.excluded:  # also in MLflow: the plan's param plan.excluded
         print(f"{variant}: left out of the synchronous step: {why}")
     tracker = MLflowTracker(tracking)
     run_id = tracker.open_variant_run(

@@ -108,3 +108,19 @@ def test_run_url_names_the_experiment_and_the_model_training_view(tracker):
         f"http://127.0.0.1:5000/#/experiments/{tracker.experiment_id()}/runs/abc"
         "?workflowType=machine_learning"
     )
+
+
+def test_a_variant_run_records_the_workers_the_plan_leaves_out_and_why(tracker, tmp_path):
+    why = "w2: its fixed cost of 0.5 s per step is at least the 0.04 s step the others take"
+    plan = Plan.equal([24, 24, 0]).model_copy(update={"excluded": [why]})
+    cluster = ClusterSpec.from_speeds([1, 1, 1])
+    dataset = DatasetSpec(url="s3://bucket/digits")
+    rid = tracker.open_variant_run(
+        "optimized", cluster, dataset, TrainConfig(recipe="digits-mlp"), plan, tmp_path
+    )
+    params = tracker.client.get_run(rid).data.params
+    assert params["plan.excluded"] == f'["{why}"]' and params["plan.local_batches"] == "[24, 24, 0]"
+    # and the run's figures have a rank that computed nothing: no division by its zero
+    figures = outcome("optimized", rid, [24, 24, 0], 0.1).metrics
+    assert figures["rank2/samples_per_s"] == 0.0 and figures["rank2/local_batch"] == 0
+    assert figures["rank0/samples_per_s"] > 0
