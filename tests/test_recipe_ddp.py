@@ -97,3 +97,52 @@ def test_ddp_gradient_is_the_mean_over_tokens_with_unequal_counts_per_rank(tmp_p
     if padded:
         totals = [sum(r["counts"][step] for r in results) for step in range(STEPS)]
         assert totals[0] != totals[1]  # the second step corrects the first's count
+
+
+IMAGES = DataInfo(kind="images", classes=10, shape=(3, 8, 8))
+
+
+def images(rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank r's uint8 images: 2r + 1 of them (1, 3, 5, 7), as a plan's unequal local batches."""
+    rng = np.random.default_rng(rank)
+    n = 2 * rank + 1
+    return rng.integers(0, 256, (n, 3, 8, 8), dtype=np.uint8), rng.integers(0, 10, n)
+
+
+def resnet_ddp_gradient(rank: int, world: int, arg: dict) -> dict:
+    """One rank: DDP over the resnet recipe on its unequal batch, the loss weighted as training
+    weights it (`MeanOverCounts`, a fixed count per sample: no collective)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hetflow.training.net import MeanOverCounts
+    from hetflow.training.recipes import get_recipe
+
+    recipe = get_recipe("resnet", width=8, blocks=1, norm=arg["norm"])
+    model = seeded_model(recipe, IMAGES, 0)
+    ddp = DDP(model, gradient_as_bucket_view=True)
+    mean = MeanOverCounts(world, recipe.count_per_sample, None)
+    x, y = images(rank)
+    loss_sum, count = recipe.loss(ddp, recipe.batch(x, y))
+    mean.backward(loss_sum, count, len(y), sum(2 * r + 1 for r in range(world)))
+    mean.correct(model)
+    return {"grad": _flat_grad(model) if rank == 0 else []}
+
+
+@pytest.mark.timeout(120)
+def test_resnet_gradient_over_unequal_batches_is_the_global_batchs(tmp_path):
+    """GroupNorm (the default) makes each sample's output its own: 4 ranks with 1, 3, 5 and 7
+    images all-reduce the gradient of one process on all 16 to 1e-5. BatchNorm, normalizing per
+    local batch, does not (so the test can tell the two apart)."""
+    from hetflow.training.recipes import get_recipe
+
+    xs, ys = zip(*(images(r) for r in range(WORLD)), strict=True)
+    for norm, exact in (("group", True), ("batch", False)):
+        results = run_ranks(resnet_ddp_gradient, WORLD, {"norm": norm}, tmp_path, timeout_s=100)
+        recipe = get_recipe("resnet", width=8, blocks=1, norm=norm)
+        model = seeded_model(recipe, IMAGES, 0)
+        loss_sum, count = recipe.loss(model, recipe.batch(np.concatenate(xs), np.concatenate(ys)))
+        (loss_sum / count).backward()
+        close = torch.allclose(
+            torch.tensor(results[0]["grad"]), torch.tensor(_flat_grad(model)), atol=1e-5, rtol=0
+        )
+        assert close == exact, norm

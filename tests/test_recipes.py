@@ -94,7 +94,7 @@ def test_resnet_reads_uint8_images_and_learns_them(source):
     model = seeded_model(recipe, info, 0)
     pixels, _ = recipe.batch(x, y)
     assert pixels.dtype == torch.float32 and abs(float(pixels.mean())) < 2.0
-    losses = _train(recipe, model, x, y, steps=8, lr=0.1)
+    losses = _train(recipe, model, x, y, steps=16, lr=0.1)
     assert losses[-1] < 0.8 * losses[0]
     assert evaluate(recipe, model, eval_batches(recipe, x, y)).keys() == {"accuracy"}
 

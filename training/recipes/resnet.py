@@ -3,6 +3,13 @@ blocks, widths w, 2w, 4w, global average pooling), written in torch because torc
 not install beside the CPU build of torch here. Reads uint8 images (B, C, H, W) and normalizes
 them in `batch`; the default (width 16, 2 blocks per stage) is ResNet-14, 0.17M parameters.
 
+Its normalization is GroupNorm (Wu and He, 2018) by default: a sample's output does not depend
+on the other samples of its batch, so ranks holding unequal shares of a global batch all-reduce
+exactly the gradient of one process on the whole batch (`tests/test_recipe_ddp.py`). BatchNorm
+(`norm="batch"`) normalizes over each rank's own local batch, whose size the planner varies per
+worker, so its gradient is not that of the global batch, and a worker with a batch of 1 or 0
+has no usable statistics; it is there for comparison only.
+
     >>> import numpy as np
     >>> from hetflow.training.recipes import get_recipe
     >>> r = get_recipe("resnet", width=4, blocks=1)
@@ -15,6 +22,8 @@ them in `batch`; the default (width 16, 2 blocks per stage) is ResNet-14, 0.17M 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
@@ -23,21 +32,31 @@ from torch.nn import functional as F
 from hetflow.training.recipes.base import DataInfo
 from hetflow.training.recipes.digits import Classifier
 
+NORMS = ("group", "batch")
+GROUPS = 8  # GroupNorm's groups (fewer where a layer has fewer channels)
+
+
+def norm_layer(kind: str, channels: int) -> nn.Module:
+    """The normalization after a convolution: GroupNorm (per sample) or BatchNorm (per batch)."""
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    return nn.GroupNorm(math.gcd(GROUPS, channels), channels)
+
 
 class BasicBlock(nn.Module):
-    """Two 3x3 convolutions with batch norm, and the shortcut (a 1x1 convolution where the
-    block changes width or stride)."""
+    """Two 3x3 convolutions, each normalized (`norm_layer`), and the shortcut (a 1x1
+    convolution where the block changes width or stride)."""
 
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
+    def __init__(self, cin: int, cout: int, stride: int, norm: str = "group") -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
+        self.bn1 = norm_layer(norm, cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
+        self.bn2 = norm_layer(norm, cout)
         self.shortcut = nn.Identity()
         if stride != 1 or cin != cout:
             self.shortcut = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)
+                nn.Conv2d(cin, cout, 1, stride=stride, bias=False), norm_layer(norm, cout)
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -45,35 +64,38 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-def resnet(channels: int, classes: int, width: int, blocks: int) -> nn.Module:
+def resnet(channels: int, classes: int, width: int, blocks: int, norm: str = "group") -> nn.Module:
     layers: list[nn.Module] = [
         nn.Conv2d(channels, width, 3, padding=1, bias=False),
-        nn.BatchNorm2d(width),
+        norm_layer(norm, width),
         nn.ReLU(),
     ]
     cin = width
     for stage in range(3):
         cout = width * 2**stage
         for b in range(blocks):
-            layers.append(BasicBlock(cin, cout, 2 if stage and b == 0 else 1))
+            layers.append(BasicBlock(cin, cout, 2 if stage and b == 0 else 1, norm))
             cin = cout
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
     return nn.Sequential(*layers)
 
 
 class ResNet(Classifier):
-    """Options: width (channels of the first stage), blocks (basic blocks per stage)."""
+    """Options: width (channels of the first stage), blocks (basic blocks per stage), norm
+    ('group', exact across unequal local batches, or 'batch'; see the module's docstring)."""
 
     kind = "images"
 
-    def __init__(self, width: int = 16, blocks: int = 2) -> None:
-        self.width, self.blocks = int(width), int(blocks)
+    def __init__(self, width: int = 16, blocks: int = 2, norm: str = "group") -> None:
+        self.width, self.blocks, self.norm = int(width), int(blocks), str(norm)
         if min(self.width, self.blocks) < 1:
             raise TypeError("width and blocks must be >= 1")
+        if self.norm not in NORMS:
+            raise TypeError(f"norm must be one of {', '.join(NORMS)}, not {norm!r}")
 
     def build_model(self, info: DataInfo) -> nn.Module:
         channels = info.shape[0] if info.shape else 3
-        return resnet(channels, info.classes, self.width, self.blocks)
+        return resnet(channels, info.classes, self.width, self.blocks, self.norm)
 
     def batch(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 pixels -> floats with mean about 0 and deviation about 1."""
