@@ -94,13 +94,31 @@ class Emulator:
             self._open = False
         return self.finished_at
 
+    def catch_up(self) -> None:
+        """Inside an open phase, pad until the emulated device would have reached the work done
+        so far: `slowdown` x its CPU time, no more than the key's settled phase (the least of its
+        recent ones, see `dilated`). DDP issues a bucket's collective here, so the emulated link
+        starts carrying it when the emulated device, not the host, has its gradients."""
+        if not self._open or self.sync is not None or self.slowdown <= 1 or self._key == 0:
+            return
+        spent = self._clock() - self._cpu
+        recent = self._cpu_times.get(self._key)
+        if recent:
+            spent = min(spent, min(recent))
+        pad = self.slowdown * spent - (now() - self._wall)
+        if pad > 0:
+            time.sleep(pad)
+
     def dilating_hook(self, hook):
-        """A DDP comm hook that first ends the compute phase when the last bucket is ready:
+        """A DDP comm hook that lets each bucket's collective go when the emulated device has
+        computed its gradients (`catch_up`), and ends the compute phase at the last bucket:
         backward's compute is over there, and its collectives have not yet all been issued."""
 
         def wrapped(state, bucket):
             if bucket.is_last():
                 self.finish()
+            else:
+                self.catch_up()
             return hook(state, bucket)
 
         return wrapped

@@ -80,6 +80,7 @@ class TrainingLoop:
     def run(self) -> None:
         cfg = self.cfg
         self.counter.take()
+        self.counter.link = self.emu.link  # each collective costs the link's time where issued
         for step in range(self.state.start, cfg.steps):
             self.guard.begin(step)
             rec = self.timed_step(step)
@@ -101,7 +102,8 @@ class TrainingLoop:
     def timed_step(self, step: int) -> StepRecord:
         """One step on the plan in force: picking its data (`data_s`); forward, backward and the
         comm hook up to its last bucket (`compute_s`, dilated by the emulator); then the
-        communication, waiting for the other ranks, the optimizer and the emulated link's delay
+        communication not overlapped with backward (each bucket's collective carried by the
+        emulated link from where DDP issued it), waiting for the other ranks and the optimizer
         (`wait_s`)."""
         emu, net = self.emu, self.net
         emu.slowdown = self.base_slowdown * straggler_factor(self.spec.stragglers, self.rank, step)
@@ -119,8 +121,7 @@ class TrainingLoop:
         self.mean.correct(net.model)
         self.amp.step(net.opt)
         net.opt.zero_grad(set_to_none=True)
-        nbytes, ncoll = self.counter.take()
-        emu.link.delay(nbytes, ncoll)
+        nbytes, _ = self.counter.take()
         t3 = now()
         computed = emu.finish()  # when the comm hook ended the phase at the last bucket
         return StepRecord(

@@ -3,15 +3,21 @@ process groups stay off the emulated network link.
 
 torch offers no per-collective callback, so `WireCounter` wraps `torch.distributed.all_reduce`,
 `all_gather` and `all_gather_into_tensor` for the life of a worker; every hook and model
-averager calls them through the module, so every collective is charged.
+averager calls them through the module, so every collective is charged. With an emulated link
+attached (`WireCounter.link`, during training), each collective over the network also costs
+the link's time where it is issued: an asynchronous one (a DDP bucket's) completes that much
+later while backward goes on, a blocking one (local SGD's averaging) blocks that much longer.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from hetflow.emulation.link import Link, now
 
 # Process groups whose members share a node: their traffic does not use the emulated link.
 _INTRA_NODE_GROUPS: list = []
@@ -69,6 +75,7 @@ class WireCounter:
     total_bytes: float = 0.0
     intra_node_bytes: float = 0.0
     control_bytes: float = 0.0
+    link: Link | None = None  # an emulated link the network's collectives are delayed on
     _restore: tuple = field(default=(), repr=False)
 
     def install(self) -> None:
@@ -77,18 +84,19 @@ class WireCounter:
 
         def all_reduce(tensor, *args, **kwargs):
             group = _group_arg(args, kwargs, 1)  # all_reduce(tensor, op, group, async_op)
-            self._charge(ring_allreduce_bytes(_nbytes(tensor), self._size(group)), group)
-            return real_all_reduce(tensor, *args, **kwargs)
+            sent = self._charge(ring_allreduce_bytes(_nbytes(tensor), self._size(group)), group)
+            return self._carry(real_all_reduce(tensor, *args, **kwargs), sent)
 
         def all_gather(tensor_list, tensor, *args, **kwargs):
             group = _group_arg(args, kwargs, 0)  # all_gather(tensor_list, tensor, group, async_op)
-            self._charge(allgather_bytes(_nbytes(tensor), self._size(group)), group)
-            return real_all_gather(tensor_list, tensor, *args, **kwargs)
+            sent = self._charge(allgather_bytes(_nbytes(tensor), self._size(group)), group)
+            return self._carry(real_all_gather(tensor_list, tensor, *args, **kwargs), sent)
 
         def all_gather_into_tensor(output_tensor, input_tensor, *args, **kwargs):
             group = _group_arg(args, kwargs, 0)
-            self._charge(allgather_bytes(_nbytes(input_tensor), self._size(group)), group)
-            return real_all_gather_into_tensor(output_tensor, input_tensor, *args, **kwargs)
+            sent = self._charge(allgather_bytes(_nbytes(input_tensor), self._size(group)), group)
+            work = real_all_gather_into_tensor(output_tensor, input_tensor, *args, **kwargs)
+            return self._carry(work, sent)
 
         dist.all_reduce, dist.all_gather = all_reduce, all_gather
         dist.all_gather_into_tensor = all_gather_into_tensor
@@ -102,20 +110,58 @@ class WireCounter:
     def _size(self, group) -> int:
         return dist.get_world_size(group) if group is not None else self.world
 
-    def _charge(self, nbytes: float, group=None) -> None:
+    def _charge(self, nbytes: float, group=None) -> float | None:
+        """Count a collective's bytes where they belong; the bytes it puts on the network link
+        (None: it stays off the link)."""
         if group is not None and self._size(group) == 1:
-            return  # a group of one rank (the profile's compute probe) puts nothing on a link
+            return None  # a group of one rank (the profile's compute probe) uses no link
         if group is not None and any(group is g for g in _INTRA_NODE_GROUPS):
             self.intra_node_bytes += nbytes
-            return
+            return None
         if group is not None and any(group is g for g in _CONTROL_GROUPS):
             self.control_bytes += nbytes
-            return
+            return None
         self.bytes_sent += nbytes
         self.total_bytes += nbytes
         self.collectives += 1
+        return nbytes
+
+    def _carry(self, work, sent: float | None):
+        """The collective's work, delayed by the emulated link where one is attached and the
+        collective used it: a blocking call (no work) waits here, an asynchronous one's
+        future completes later (`Link.deliver`)."""
+        link = self.link
+        if sent is None or link is None or not link.emulated:
+            return work
+        if work is None:
+            rest = link.occupy(sent, 1) - now()
+            if rest > 0:
+                time.sleep(rest)
+            return None
+        return _DelayedWork(work, link.deliver(work.get_future(), sent, 1))
 
     def take(self) -> tuple[float, int]:
         out = (self.bytes_sent, self.collectives)
         self.bytes_sent, self.collectives = 0.0, 0
         return out
+
+
+class _DelayedWork:
+    """A collective's work whose completion waits for the emulated link: `get_future()` and
+    `wait()` answer for the delayed future; anything else is the real work's."""
+
+    def __init__(self, work, fut) -> None:
+        self._work, self._fut = work, fut
+
+    def get_future(self):
+        return self._fut
+
+    def wait(self, timeout=None) -> bool:
+        self._fut.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def __getattr__(self, name: str):
+        return getattr(self._work, name)
