@@ -248,6 +248,7 @@ def variant_figures(
         "time_to_target_s": m.get("time_to_target_s"),
         "final_accuracy": m.get("final_accuracy"),
         "final_val_loss": m.get("final_val_loss"),
+        "evals": [e.model_dump(exclude_none=True) for e in result.ranks[0].evals],
         "initial_plan": plan.local_batches,
         "final_plan": lead["plans"][-1]["plan"],
         "replans": len(lead["replans"]),
@@ -292,6 +293,24 @@ def with_speedups(runs: dict[str, list[dict]]) -> dict[str, dict]:
     base_tp = results.get("baseline", {}).get("throughput_samples_per_s")
     for r in results.values():
         r["speedup_vs_baseline"] = r["throughput_samples_per_s"] / base_tp if base_tp else None
+    return with_time_to_target(results)
+
+
+def with_time_to_target(results: dict[str, dict]) -> dict[str, dict]:
+    """Each variant's training time until its first evaluation that met the figure baseline
+    ended at (val_loss at most, or accuracy at least: `time_to_baseline_final_s`, None if it
+    never did) and baseline's time over it (`time_to_target_speedup`) (pure)."""
+    base = results.get("baseline", {}).get("evals")
+    if not base:
+        return results
+    key = "val_loss" if "val_loss" in base[-1] else "accuracy"
+    target = base[-1][key]
+    met = (lambda e: e[key] <= target) if key == "val_loss" else (lambda e: e[key] >= target)
+    base_time = next(e["train_time_s"] for e in base if met(e))
+    for r in results.values():
+        hit = next((e["train_time_s"] for e in r.get("evals", []) if met(e)), None)
+        r["time_to_baseline_final_s"] = hit
+        r["time_to_target_speedup"] = base_time / hit if hit else None
     return results
 
 

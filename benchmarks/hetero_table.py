@@ -21,6 +21,8 @@ def print_table(out: dict) -> None:
         *(["efficiency_runs"] if out.get("repeat", 1) > 1 else []),
         "speedup_vs_baseline",
         "time_to_target_s",
+        "time_to_baseline_final_s",
+        "time_to_target_speedup",
         "final_accuracy",
         "final_val_loss",
         "busy_fraction",

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from hetflow.config import ConfigError
 
-from benchmarks.hetero import compute_model_error, main, median_run
+from benchmarks.hetero import compute_model_error, main, median_run, with_time_to_target
 
 
 def test_compute_model_error_compares_measured_compute_with_the_plans_model():
@@ -91,3 +91,36 @@ def test_several_precisions_run_every_variant_in_each():
     assert bench.variants == ["static@fp32", "static@bf16"]
     with pytest.raises(ConfigError, match="--precision: 'fp8'"):
         parse_args(["--precision", "fp32,fp8"])
+
+
+def _evals(*points, key="val_loss"):
+    return {
+        "evals": [{"step": 10 * i, "train_time_s": t, key: v} for i, (t, v) in enumerate(points)]
+    }
+
+
+def test_time_to_target_is_each_variants_time_to_what_baseline_ended_at():
+    out = with_time_to_target(
+        {
+            "baseline": _evals((2.0, 3.0), (4.0, 2.5)),
+            "static": _evals((1.0, 2.9), (2.0, 2.4)),
+            "dynamic": _evals((1.0, 2.6), (2.0, 2.55)),  # never reaches 2.5
+        }
+    )
+    assert out["baseline"]["time_to_target_speedup"] == 1.0
+    assert (out["static"]["time_to_baseline_final_s"], out["static"]["time_to_target_speedup"]) == (
+        2.0,
+        2.0,
+    )
+    assert out["dynamic"]["time_to_baseline_final_s"] is None
+    acc = with_time_to_target(
+        {
+            "baseline": _evals((3.0, 0.5), (6.0, 0.8), key="accuracy"),
+            "static": _evals((2.0, 0.85), key="accuracy"),
+        }
+    )
+    assert acc["static"]["time_to_target_speedup"] == 3.0  # accuracy: at least, not at most
+    assert (
+        "time_to_target_speedup"
+        not in with_time_to_target({"static": _evals((1.0, 2.0))})["static"]
+    )
