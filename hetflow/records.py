@@ -224,8 +224,8 @@ class Plan(_Record):
 
 
 class MethodTrial(_Record):
-    """A candidate of 'auto' as tried (`training.trials`): `step_s`, its median timed step on
-    the slowest rank (None: it failed, `error` says why), and the bytes a rank sent per step."""
+    """A candidate of 'auto' as tried (`training.trials`): `step_s`, its mean timed step on the
+    slowest rank (None: it failed, `error` says why), and the bytes a rank sent per step."""
 
     method: CompressionMethod
     step_s: float | None = None

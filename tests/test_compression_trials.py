@@ -173,19 +173,22 @@ def train_rank(rank: int, world: int, arg: dict) -> dict:
     return {}
 
 
-def _spec(dataset: DatasetSpec, run_dir: Path, compression: str, plan: Plan):
+def _spec(dataset: DatasetSpec, run_dir: Path, compression: str, plan: Plan, **knobs):
     from hetflow.training.job import RunSpec
 
     workers = [WorkerSpec(name=f"w{i}", speed=1.0, link_gbps=LINK_GBPS) for i in range(WORLD)]
     train = TrainConfig(
-        recipe="digits-mlp",
-        global_batch=32,
-        steps=STEPS,
-        schedule="equal",
-        compression=compression,
-        eval_every=100,
-        checkpoint_every=100,
-        target_accuracy=None,
+        **{
+            "recipe": "digits-mlp",
+            "global_batch": 32,
+            "steps": STEPS,
+            "schedule": "equal",
+            "compression": compression,
+            "eval_every": 100,
+            "checkpoint_every": 100,
+            "target_accuracy": None,
+            **knobs,
+        }
     )
     run_dir.mkdir(parents=True)
     return RunSpec(
@@ -258,3 +261,16 @@ def test_auto_tries_every_candidate_keeps_the_fastest_and_trains_as_if_set_from_
     assert [rec.loss_sum for rec in fixed.lead.records] == [
         rec.loss_sum for rec in auto.lead.records
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_local_sgd_trial_times_its_averaging_step_at_the_rate_it_runs(local_digits, tmp_path):
+    candidates = [M("none"), M("localsgd:4")]
+    plan = Plan(local_batches=[16, 16], compression_candidates=candidates)
+    spec = _spec(local_digits, tmp_path / "local", "auto", plan, steps=2, allow_local_sgd=True)
+    result, _ = _run(spec)
+    none, local = result.lead.trials.trials
+    assert none.step_s and local.step_s and not local.error
+    # one model average (an all-reduce of the parameters) in the 4 timed steps
+    assert local.bytes_per_step == pytest.approx(none.bytes_per_step / 4)

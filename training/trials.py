@@ -7,14 +7,18 @@ Each candidate trains a throwaway replica: the recipe's model at the run's seed 
 of its own with that method's hook (warm-up cut to `TRIAL_WARMUP_STEPS`, top-k with no density
 stages), its own optimizer, loss scale and emulator (a fresh one of the rank's device and
 link, so that the run's own keeps no trace), on the run's first `TRIAL_STEPS` batches read
-by a reader of its own. The first `TRIAL_WARMUP_STEPS` steps are not timed; a step is timed
-from the start of its compute phase to the end of the link's delay, as a training step's
-compute and wait. Torch's random state is restored afterwards and the wire counts are put
-back (`WireCounter.apart`), so the run then trains from the initial weights, data and state
-it would have had with the chosen method set from the start.
+by a reader of its own. The first `TRIAL_UNTIMED_STEPS` steps (the warm-up and the first
+step that compresses) are not timed, and the emulator then forgets them (`Emulator.forget`):
+it dilates a compute phase from the least recent CPU time of its batch size, and a dense
+step's is less than a compressing step's. A step is timed from the start of its compute phase
+to the end of the link's delay, as a training step's compute and wait; a method's step is the
+mean of its timed steps (local SGD's cheap steps and its averaging one at the rate they run).
+Torch's random state is restored afterwards and the wire counts are put back
+(`WireCounter.apart`), so the run then trains from the initial weights, data and state it
+would have had with the chosen method set from the start.
 
-Every rank times its own steps; a method's step is the slowest rank's median (an all-reduce
-with MAX, which also spreads a failure), so every rank holds the same table and
+Every rank times its own steps; a method's step is the slowest rank's (an all-reduce with MAX,
+which also spreads a failure), so every rank holds the same table and
 `choose_from_trials` makes the same choice on each. A candidate that raises on every rank
 alike (one that cannot be built here) is recorded as failed and skipped; a failure on some
 ranks only leaves the others inside a collective, and the run fails as on a failed step.
@@ -36,12 +40,16 @@ from hetflow.training.job import RunSpec, emulator_for
 from hetflow.training.net import MeanOverCounts, build_net, straggler_factor, train_step
 from hetflow.training.recipes import Recipe
 
-# Untimed steps of each trial: DDP rebuilds its buckets after the first step, and PowerSGD and
+# A trial's dense warm-up: DDP rebuilds its buckets after the first step, and PowerSGD and
 # top-k need at least 2 dense steps before they compress (`methods._stateful_warmup`).
 TRIAL_WARMUP_STEPS = 2
-# Timed steps of each trial: local SGD with period 4 then times one averaging step in four.
+# Untimed steps of each trial: the warm-up, and the first step that compresses, which pays
+# one-off costs (PowerSGD: ~2x a settled step's CPU time, allocating its factors and residuals).
+TRIAL_UNTIMED_STEPS = TRIAL_WARMUP_STEPS + 1
+# Timed steps of each trial, whose mean is the method's step: a multiple of local SGD's period
+# (policy.LOCAL_SGD_PERIOD), so that its averaging steps count at the rate they run.
 TRIAL_TIMED_STEPS = 4
-TRIAL_STEPS = TRIAL_WARMUP_STEPS + TRIAL_TIMED_STEPS
+TRIAL_STEPS = TRIAL_UNTIMED_STEPS + TRIAL_TIMED_STEPS
 NOT_WITH_FP16 = "not tried: fp16's loss scale needs the gradient all-reduced every step"
 
 
@@ -95,7 +103,7 @@ class Trials:
             reader.close()
 
     def try_method(self, method: CompressionMethod, batches: list) -> tuple[float, float, str]:
-        """(median timed step s, mean bytes sent per timed step, '') of `method` on this rank;
+        """(mean timed step s, mean bytes sent per timed step, '') of `method` on this rank;
         (inf, 0, why) where it cannot run or raised."""
         amp = self.amp
         if method.name in LOCAL_SGD and amp.scaler.is_enabled():
@@ -118,18 +126,20 @@ class Trials:
             times, sent = [], []
             global_batch = sum(self.spec.plan.local_batches)
             for step, (batch, n) in enumerate(batches):
+                if step == TRIAL_UNTIMED_STEPS:  # time the method's settled steps alone
+                    emu.forget()
                 emu.slowdown = base * straggler_factor(self.spec.stragglers, self.rank, step)
                 t0 = now()
                 _, _, nbytes = train_step(
                     net, emu, mean, scaled, self.counter, self.recipe, batch, n, global_batch
                 )
                 emu.finish()
-                if step >= TRIAL_WARMUP_STEPS:
+                if step >= TRIAL_UNTIMED_STEPS:
                     times.append(now() - t0)
                     sent.append(nbytes)
         except Exception as e:  # recorded as the trial's failure
             return float("inf"), 0.0, f"{type(e).__name__}: {e}"
-        return statistics.median(times), statistics.fmean(sent), ""
+        return statistics.fmean(times), statistics.fmean(sent), ""
 
     def agree(
         self, methods: list[CompressionMethod], own: list[tuple[float, float, str]]
