@@ -41,9 +41,10 @@ from hetflow.training.trials import Trials
 class TrainingLoop:
     """One rank's training run, resumed from the newest checkpoint if there is one.
 
-    Every rank runs the same loop and so issues the same collectives in the same order (DDP's,
-    the shared step times, the count's all-reduce when the recipe's count varies per sample,
-    the evaluation barrier, the checkpoint's gather), which gloo needs.
+    Every rank runs the same loop and so issues the same collectives in the same order ('auto''s
+    compression trials first, then DDP's, the shared step times, the count's all-reduce when
+    the recipe's count varies per sample, the evaluation barrier, the checkpoint's gather),
+    which gloo needs.
     Every rank re-plans from the same shared figures, so all reach the same plan at the same
     step. Rank 0 alone evaluates, saves checkpoints, and writes progress.json and recovery.json.
     """
