@@ -21,10 +21,11 @@ same seed on 4 equal emulated workers whose links have the given bandwidth and l
 - `final_loss` (global mean loss of the last step), `final_accuracy` (test set, rank 0's model)
   and `accuracy_delta_pp` (percentage points against `none`).
 
-`chosen` is what the `optimized` variant picks on that link: a profile run (RunSpec
-mode="profile") measures compute and all-reduce time, `Profile.comm_share` turns them
-into the communication share of a step and `choose_compression` picks from it. If the chosen
-method is not among `--methods`, it is trained too.
+`chosen` is what the `optimized` variant's `auto` picks on that link, as it does at the start
+of a run: a one-step run with compression `auto` tries each candidate for a few steps
+(`hetflow.training.trials`: `TrainConfig.compression_candidates`, and local SGD with
+`--allow-local-sgd`) and keeps the one with the shortest measured step; `trials` is its table.
+If the chosen method is not among `--methods`, it is trained too.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import argparse
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
 from hetflow.cli.parser import Parser
@@ -46,28 +47,18 @@ from hetflow.config import (
     link_cluster,
     validated,
 )
-from hetflow.records import CompressionMethod, Plan
-from hetflow.training.comm import DENSE_WARMUP_STEPS, choose_compression, method_warmup_steps
+from hetflow.records import CompressionMethod, Plan, RunResult
+from hetflow.training.comm import DENSE_WARMUP_STEPS, auto_candidates, method_warmup_steps
 from hetflow.training.job import RunSpec
-from hetflow.training.launch import measure_profile, run_workers
+from hetflow.training.launch import run_workers
 from hetflow.training.scheduler import equal_batches
 
-from benchmarks import check_bench_recipe, digits_workspace, wide_console, write_json
+from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.comm_figures import method_metrics, method_results, paired_cuts, quality
-
-if TYPE_CHECKING:
-    from rich.table import Table
+from benchmarks.comm_table import print_tables
 
 DEFAULT_METHODS = "none,fp16,bf16,powersgd:4,topk:0.01,localsgd:4"
 WORLD = 4
-
-# The survey table the issue quotes (Xu et al., "Compressed communication for distributed deep
-# learning: survey and quantitative evaluation"), for reference next to ours.
-LITERATURE = [
-    ("top-1% sparsification", "100x", "0.3"),
-    ("8-bit quantization", "4x", "0.1"),
-    ("1-bit quantization", "32x", "0.5"),
-]
 
 
 def parse_methods(text: str) -> list[CompressionMethod]:
@@ -132,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
         help="rounds of runs (every method once per round); times are the medians and "
         "the chosen method's cut against none is given per round (default 1)",
     )
+    p.add_argument(
+        "--allow-local-sgd",
+        action="store_true",
+        dest="allow_local_sgd",
+        help="let auto also try localsgd:4 (train.allow_local_sgd)",
+    )
     p.add_argument("--json", dest="json_path")
     p.add_argument("--work-dir", dest="work_dir", help="keep run directories (logs, results) here")
     return p
@@ -174,6 +171,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         "rebalance_every": args.steps,
         "eval_every": args.steps,
         "target_accuracy": None,
+        "allow_local_sgd": args.allow_local_sgd,
     }
     knobs["checkpoint_every"] = args.steps  # no checkpoint inside the timed run
     base = validated(TrainConfig, knobs, "train")
@@ -184,23 +182,42 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
 
 
 class Auto(NamedTuple):
-    """What `auto` picks on this link, and why: the profiled communication share of a step."""
+    """What `auto` picks on this link by trials, why, and the trials' table."""
 
-    comm_share: float
     method: CompressionMethod
     reason: str
+    trials: list[dict]
 
 
-def profile_and_choose(bench: Bench, dataset: DatasetSpec, tmp: str) -> Auto:
-    """Profile the cluster and pick as `auto` would (`choose_compression`)."""
-    profile = measure_profile(bench.cluster, dataset, bench.base, f"{tmp}/profile")
-    share = profile.comm_share()
-    chosen, reason = choose_compression(share)
-    print(
-        f"profile: communication is {share:.0%} of a step -> auto picks {chosen} ({reason})",
-        flush=True,
+def trial_and_choose(bench: Bench, dataset: DatasetSpec, tmp: str) -> Auto:
+    """Pick as `auto` does at the start of a run: a one-step run with compression `auto`,
+    whose workers try the candidates (`auto_candidates`) on the emulated link and keep the one
+    with the shortest measured step (`hetflow.training.trials`)."""
+    cfg = bench.base.model_copy(
+        update={"compression": "auto", "steps": 1, "eval_every": 1, "checkpoint_every": 1}
     )
-    return Auto(share, chosen, reason)
+    spec = RunSpec(
+        run_name="comm-auto",
+        variant="auto",
+        cluster=bench.cluster,
+        dataset=dataset,
+        train=cfg,
+        plan=Plan(
+            local_batches=equal_batches(WORLD, cfg.global_batch),
+            compression_reason="hetflow bench comm: trials",
+            compression_candidates=auto_candidates(cfg, bench.cluster),
+        ),
+        run_dir=f"{tmp}/auto",
+    )
+    res, _ = run_workers(spec)
+    trials = RunResult.model_validate(res).lead.trials
+    rows = [t.model_dump(mode="json") | {"method": str(t.method)} for t in trials.trials]
+    said = ", ".join(
+        f"{r['method']} {r['step_s'] * 1e3:.0f} ms" if r["step_s"] else f"{r['method']} failed"
+        for r in rows
+    )
+    print(f"trials: {said} -> auto picks {trials.chosen}", flush=True)
+    return Auto(trials.chosen, trials.reason, rows)
 
 
 def _train_method(
@@ -266,7 +283,8 @@ def summary(
         "methods": results,
         "chosen": picked,
         "chosen_reason": auto.reason,
-        "profile_comm_share": auto.comm_share,
+        "chosen_by": "trials",
+        "trials": auto.trials,
         "chosen_step_time_cut": 1 - vs_none if vs_none is not None else None,
         "chosen_step_time_cut_runs": paired_cuts(results, picked),
         "repeat": args.repeat,
@@ -290,98 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     text_mb = check_bench_recipe(bench.base)  # a token recipe trains on the stdlib's source
     name = "comm-stdlib" if text_mb else "comm-digits"
     with digits_workspace(name, args.work_dir, text_mb) as (tmp, dataset):
-        auto = profile_and_choose(bench, dataset, tmp)
+        auto = trial_and_choose(bench, dataset, tmp)
         extra = [auto.method] if auto.method not in bench.methods else []
         rounds = run_rounds(bench.methods + extra, bench, dataset, tmp)
     results = method_results(rounds, WORLD)
     out = summary(args, bench, results, auto, time.perf_counter() - t_start)
-    _print(out)
+    print_tables(out)
     write_json(args.json_path, out)
     return 0
-
-
-def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def _methods_table(out: dict) -> Table:
-    """Every method's figures, the chosen one marked."""
-    from rich.table import Table
-
-    link = f"{out['link_gbps']:g} Gbit/s" if out["link_gbps"] else "loopback"
-    t = Table(
-        title=f"{out['recipe']} ({out['params'] / 1e6:.2f}M params), {out['world']} ranks, {link}, "
-        f"latency {out['latency_ms']:g} ms, {out['steps']} steps "
-        f"(times and bytes from step {out['timed_from_step']}, top-k after its density stages)"
-    )
-    cols = [
-        "method",
-        "MB/step/rank",
-        "ratio",
-        "step ms",
-        "compute ms",
-        "comm ms",
-        "vs none",
-        "final loss",
-        "accuracy | val_loss",
-        "Δ pp",
-    ]
-    for c in cols:
-        t.add_column(c, justify="left" if c == "method" else "right")
-    for name, r in out["methods"].items():
-        mark = " (chosen)" if name == out["chosen"] else ""
-        t.add_row(
-            name + mark,
-            f"{r['bytes_per_step'] / 1e6:.3f}",
-            f"{r['compression_ratio']:.1f}x",
-            f"{r['step_time_s'] * 1e3:.0f}",
-            f"{r['compute_time_s'] * 1e3:.0f}",
-            f"{r['comm_time_s'] * 1e3:.0f}",
-            _fmt(r["step_time_vs_none"], ".2f"),
-            f"{r['final_loss']:.4f}",
-            quality(r).split(" ")[-1],
-            _fmt(r["accuracy_delta_pp"], "+.2f"),
-        )
-    return t
-
-
-def _survey_table(out: dict) -> Table:
-    """Our methods in the survey's shape, with the survey's rows (LITERATURE) beside them."""
-    from rich.table import Table
-
-    s = Table(title="In the survey's shape: compression ratio and accuracy loss (ours, measured)")
-    for c in ("method", "compression ratio", "accuracy loss (pp)", "source"):
-        s.add_column(
-            c, justify="right" if c in ("compression ratio", "accuracy loss (pp)") else "left"
-        )
-    for name, r in out["methods"].items():
-        loss = None if r["accuracy_delta_pp"] is None else 0.0 - r["accuracy_delta_pp"]
-        s.add_row(name, f"{r['compression_ratio']:.1f}x", _fmt(loss, "+.2f"), "measured here")
-    for name, ratio, loss in LITERATURE:
-        s.add_row(name, ratio, loss, "survey (reference)", style="dim")
-    return s
-
-
-def _auto_line(out: dict) -> str:
-    """What `auto` picked on this link and, unless that is `none`, the step time it saved."""
-    cut = out["chosen_step_time_cut"]
-    tail = ""
-    if cut is not None and out["chosen"] != "none":
-        tail = f", {abs(cut):.0%} {'less' if cut >= 0 else 'more'} step time than none"
-        if len(out["chosen_step_time_cut_runs"]) > 1:
-            tail += (
-                " (median step times; per round: "
-                + ", ".join(f"{c:.0%}" for c in out["chosen_step_time_cut_runs"])
-                + ")"
-            )
-    return (
-        f"auto on this link: {out['chosen']} "
-        f"(profiled communication share {out['profile_comm_share']:.0%}){tail}"
-    )
-
-
-def _print(out: dict) -> None:
-    console = wide_console(150)
-    console.print(_methods_table(out))
-    console.print(_survey_table(out))
-    print(_auto_line(out))

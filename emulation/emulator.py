@@ -67,6 +67,11 @@ class Emulator:
         self._key = key
         self._open = True
 
+    def forget(self) -> None:
+        """Drop every key's recent CPU times: the next phases are dilated from their own alone
+        (a compression trial's timed steps, after dense warm-up steps that cost less)."""
+        self._cpu_times.clear()
+
     def dilated(self, cpu: float, key: object = None) -> float:
         """Seconds a phase of `cpu` CPU seconds here lasts on the emulated device; a keyed
         phase's CPU time joins its key's recent ones. `finish` pads the phase to this."""

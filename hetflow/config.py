@@ -15,7 +15,7 @@ import difflib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from hetflow.config_base import (  # noqa: F401 (re-exported: callers import from hetflow.config)
     BUILTIN_RECIPES,
@@ -31,6 +31,10 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
 )
 from hetflow.config_dataset import DatasetSpec  # noqa: F401 (re-exported)
 from hetflow.records import LOCAL_SGD, CompressionMethod
+
+# What 'auto' tries by default (`TrainConfig.compression_candidates`): the methods that keep
+# plain SGD's semantics, from the least lossy to the strongest compression.
+AUTO_CANDIDATES = ("none", "fp16", "bf16", "powersgd:4")
 
 
 class WorkerSpec(_Model):
@@ -206,7 +210,21 @@ class TrainConfig(_Model):
         "none",
         title="Gradient communication",
         description="none | auto | fp16 | bf16 | powersgd:RANK | topk:RATIO | localsgd:H | "
-        "hierarchical:H. 'auto' compresses only when communication is a large share of the step.",
+        "hierarchical:H. 'auto' tries the candidates for a few steps each at the start of the "
+        "run, on the cluster and its links, and keeps the one with the shortest step.",
+    )
+    allow_local_sgd: bool = Field(
+        False,
+        title="'auto' may average models",
+        description="Let 'auto' also try localsgd:4 (and hierarchical:4 where the workers span "
+        "several nodes), which average the model every 4 steps instead of the gradient every "
+        "step: the optimizer then computes something else, and accuracy may differ.",
+    )
+    compression_candidates: list[str] = Field(
+        list(AUTO_CANDIDATES),
+        title="'auto': the methods tried",
+        description="What 'auto' tries, in this order (the first of equal steps is kept). "
+        "localsgd:H and hierarchical:H only with allow_local_sgd.",
     )
     rebalance_every: int = Field(
         10,
@@ -265,9 +283,33 @@ class TrainConfig(_Model):
     def _compression(cls, v: str) -> str:
         return v if v == "auto" else str(CompressionMethod.parse(v))
 
+    @field_validator("compression_candidates")
+    @classmethod
+    def _candidates(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        if not v:
+            raise ValueError("'auto' needs at least one method to try")
+        methods = [CompressionMethod.parse(m) for m in v]  # ValueError: 'unknown method ...'
+        if len(set(methods)) != len(methods):
+            raise ValueError(f"a method appears twice ({', '.join(v)})")
+        local = [str(m) for m in methods if m.name in LOCAL_SGD]
+        if local and not info.data.get("allow_local_sgd"):
+            raise ValueError(
+                f"{local[0]} averages the model instead of the gradient, which changes what the "
+                "optimizer computes: set allow_local_sgd to let 'auto' try it"
+            )
+        return [str(m) for m in methods]
+
     def compression_method(self) -> CompressionMethod | None:
-        """The method set here, parsed; None for 'auto', which the planner resolves."""
+        """The method set here, parsed; None for 'auto', which the workers resolve by trials."""
         return None if self.compression == "auto" else CompressionMethod.parse(self.compression)
+
+    def local_sgd(self) -> tuple[str, str] | None:
+        """(the field, the method) where this config may run local SGD or hierarchical
+        averaging: the method set, or one 'auto' may try (`allow_local_sgd`); else None."""
+        method = self.compression_method()
+        if method is not None:
+            return ("train.compression", method.name) if method.name in LOCAL_SGD else None
+        return ("train.allow_local_sgd", "local SGD") if self.allow_local_sgd else None
 
     @classmethod
     def variant(cls, name: Literal["baseline", "optimized"], **kw) -> TrainConfig:
@@ -298,13 +340,13 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
             f"train.global_batch: {train.global_batch} is smaller than the {n} workers of the "
             "cluster; every worker needs at least one sample per step"
         )
-    method = train.compression_method()
-    if train.nonfinite == "skip" and method is not None and method.name in LOCAL_SGD:
+    local = train.local_sgd()  # (field, method name) where local SGD may run
+    if train.nonfinite == "skip" and local is not None:
         raise ConfigError(
             f"train.nonfinite: 'skip' needs the gradient all-reduced every step, which "
-            f"{method.name} does not do; use 'fail'"
+            f"{local[1]} does not do ({local[0]}); use 'fail'"
         )
-    if method is not None and method.name in LOCAL_SGD:
+    if local is not None:
         fp16 = [
             f"cluster.workers[{w.name}].precision" if w.precision else "train.precision"
             for w in cluster.workers
@@ -313,8 +355,8 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
         if fp16:
             raise ConfigError(
                 f"{fp16[0]}: fp16 scales the loss, and its skipped "
-                f"steps must be the same on every rank, which {method.name} (no all-reduce "
-                "every step) cannot promise; use bf16 or fp32"
+                f"steps must be the same on every rank, which {local[1]} (no all-reduce "
+                f"every step; {local[0]}) cannot promise; use bf16 or fp32"
             )
     caps = [w.memory_cap_batch for w in cluster.workers]
     if all(c is not None for c in caps) and sum(caps) < train.global_batch:

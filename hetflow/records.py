@@ -29,6 +29,7 @@ MethodName = Literal["none", "fp16", "bf16", "powersgd", "topk", "localsgd", "hi
 LOCAL_SGD = ("localsgd", "hierarchical")
 METHOD_SYNTAX = "none, fp16, bf16, powersgd:RANK, topk:RATIO, localsgd:H or hierarchical:H"
 _METHOD = re.compile(r"^(?P<name>[a-z0-9]+)(?::(?P<arg>.+))?$")
+_ARGUMENT = {"powersgd": "rank", "topk": "ratio", "localsgd": "period", "hierarchical": "period"}
 
 
 class _Record(BaseModel):
@@ -59,13 +60,7 @@ class CompressionMethod(_Record):
         name, arg = (m["name"], m["arg"]) if m else (text, None)
         if name not in METHOD_NAMES:
             raise ValueError(f"unknown method {text!r}; use {METHOD_SYNTAX}")
-        takes = {
-            "powersgd": "rank",
-            "topk": "ratio",
-            "localsgd": "period",
-            "hierarchical": "period",
-        }
-        field = takes.get(name)
+        field = _ARGUMENT.get(name)
         if field is None:
             if arg is not None:
                 raise ValueError(f"{name} takes no argument (got {text!r})")
@@ -85,15 +80,8 @@ class CompressionMethod(_Record):
         return cls(name=name, **{field: int(arg)})
 
     def __str__(self) -> str:
-        arg = self.rank if self.rank is not None else self.period
-        if self.ratio is not None:
-            arg = f"{self.ratio:g}"
+        arg = f"{self.ratio:g}" if self.ratio is not None else self.rank or self.period
         return self.name if arg is None else f"{self.name}:{arg}"
-
-    @property
-    def compresses(self) -> bool:
-        """False for plain all-reduce, which sends every fp32 gradient every step."""
-        return self.name != "none"
 
 
 # -- profile ----------------------------------------------------------------------------------
@@ -144,9 +132,7 @@ class RankProfile(_Record):
     def step_model(self) -> tuple[float, float]:
         """(a, c) of this worker's compute time a + c x batch; c falls back to the measured
         pace where the fit's slope is not positive."""
-        per_sample = (
-            self.fit_s_per_sample if self.fit_s_per_sample > 0 else 1.0 / self.samples_per_s
-        )
+        per_sample = self.fit_s_per_sample if self.fit_s_per_sample > 0 else 1 / self.samples_per_s
         return max(0.0, self.fit_latency_s), per_sample
 
 
@@ -189,9 +175,7 @@ class Profile(_Record):
         """The profile of a profile-mode run's `result.json` (`{"mode": "profile", "ranks"}`):
         ranks in rank order, each named after its worker in `cluster`, with its speed relative
         to the fastest worker's."""
-        ranks = sorted(
-            (RankProfile.model_validate(r) for r in result["ranks"]), key=lambda r: r.rank
-        )
+        ranks = sorted(map(RankProfile.model_validate, result["ranks"]), key=lambda r: r.rank)
         fastest = max(r.samples_per_s for r in ranks)
         for r, w in zip(ranks, cluster.workers, strict=True):
             r.worker = w.name
@@ -219,12 +203,14 @@ class Plan(_Record):
     """What a variant runs with: each rank's local batch and the gradient communication.
 
     `latency_s` and `per_sample_s` are the step model it was balanced with (empty when no
-    profile was used); the re-balancer starts from them.
+    profile was used); the re-balancer starts from them. `compression_candidates` ('auto'): the
+    workers try each at the start of the run and keep the fastest (`CompressionTrials`).
     """
 
     local_batches: list[int]
     compression: CompressionMethod = CompressionMethod()
     compression_reason: str = ""
+    compression_candidates: list[CompressionMethod] = []
     speeds: list[float] = []
     latency_s: list[float] = []
     per_sample_s: list[float] = []
@@ -235,6 +221,25 @@ class Plan(_Record):
     def equal(cls, local_batches: list[int], why: str = "") -> Plan:
         """A plan with no profile behind it: these batches, plain all-reduce."""
         return cls(local_batches=list(local_batches), compression_reason=why)
+
+
+class MethodTrial(_Record):
+    """A candidate of 'auto' as tried (`training.trials`): `step_s`, its mean timed step on the
+    slowest rank (None: it failed, `error` says why), and the bytes a rank sent per step."""
+
+    method: CompressionMethod
+    step_s: float | None = None
+    bytes_per_step: float = 0.0
+    error: str = ""
+
+
+class CompressionTrials(_Record):
+    """What 'auto' tried (in order, `steps` timed steps each), kept on every rank, and why."""
+
+    trials: list[MethodTrial]
+    steps: int
+    chosen: CompressionMethod
+    reason: str
 
 
 # -- run result -------------------------------------------------------------------------------
@@ -294,11 +299,7 @@ class EvalPoint(_Record):
 
     def figures(self) -> dict[str, float]:
         """Every figure of the point by name, e.g. {'accuracy': 0.9}."""
-        named = {
-            "accuracy": self.accuracy,
-            "val_loss": self.val_loss,
-            "perplexity": self.perplexity,
-        }
+        named = {k: getattr(self, k) for k in ("accuracy", "val_loss", "perplexity")}
         return {**{k: v for k, v in named.items() if v is not None}, **self.more}
 
 
@@ -333,6 +334,7 @@ class RankResult(_Record):
     bookkeeping_s: float = 0.0
     cache: CacheCounts = CacheCounts()
     peak_rss_bytes: int = Field(0, description="The rank process's peak resident memory.")
+    trials: CompressionTrials | None = Field(None, description="'auto''s choice; else none.")
 
 
 class RunResult(_Record):

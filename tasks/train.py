@@ -102,7 +102,8 @@ def train_variant(
         run_dir=str(run_dir),
     )
     print(
-        f"{variant}: local batches {plan.local_batches}, compression {plan.compression} "
+        f"{variant}: local batches {plan.local_batches}, compression "
+        f"{'auto' if plan.compression_candidates else plan.compression} "
         f"({plan.compression_reason}); training {train.steps} steps"
     )
     for why in plan.excluded:  # also in MLflow: the plan's param plan.excluded
@@ -128,8 +129,17 @@ def train_variant(
     info = DataInfo.from_manifest(manifest)
     name = f"hetflow-{dataset.source}"
     record_outcome(tracker, outcome, profile, train, name, cluster, (recipe, info))
-    print(f"{variant}: {_headline(metrics)}, {wall:.0f}s with launch")
+    _print_outcome(variant, result, metrics, wall)
     return outcome
+
+
+def _print_outcome(variant: str, result: RunResult, metrics: dict, wall: float) -> None:
+    """What 'auto' chose by trials (also in MLflow: compression_trials.json), and the
+    headline figures."""
+    trials = result.lead.trials
+    if trials is not None:
+        print(f"{variant}: compression 'auto' -> {trials.chosen} by trials: {trials.reason}")
+    print(f"{variant}: {_headline(metrics)}, {wall:.0f}s with launch")
 
 
 def _headline(metrics: dict) -> str:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from hetflow.cli import main as cli_main
-from hetflow.config import ConfigError
-from hetflow.training.comm import choose_compression, ring_allreduce_bytes
+from hetflow.config import ConfigError, TrainConfig
+from hetflow.training.comm import ring_allreduce_bytes
 
 from benchmarks.comm import main, parse_methods
 from benchmarks.comm_figures import combine_repeats, method_metrics, paired_cuts
@@ -41,10 +41,11 @@ def test_bench_comm_smoke(s3, tmp_path, capsys):
     assert main(argv) == 0
     data = json.loads(out.read_text())
     assert set(data["methods"]) >= {"none", "fp16"}
-    assert data["chosen"] in {"none", "fp16", "powersgd:4"}
-    assert data["chosen"] == str(
-        choose_compression(data["profile_comm_share"])[0]
-    )  # from the profile
+    # chosen by trials: the candidate with the shortest measured step, trained too
+    assert data["chosen_by"] == "trials" and data["chosen"] in data["methods"]
+    assert [t["method"] for t in data["trials"]] == list(TrainConfig().compression_candidates)
+    measured = [t for t in data["trials"] if t["step_s"] is not None]
+    assert data["chosen"] == min(measured, key=lambda t: t["step_s"])["method"]
     for name, m in data["methods"].items():
         assert KEYS <= set(m), name
     none, fp16 = data["methods"]["none"], data["methods"]["fp16"]
@@ -54,6 +55,7 @@ def test_bench_comm_smoke(s3, tmp_path, capsys):
     assert none["accuracy_delta_pp"] == 0.0
     printed = capsys.readouterr().out
     assert "compression ratio" in printed and "accuracy loss" in printed  # the survey-shaped table
+    assert f"auto on this link: {data['chosen']} (by trials' steps: none " in printed
 
 
 def test_bench_comm_is_reachable_from_the_cli(capsys):

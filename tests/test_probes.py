@@ -186,6 +186,9 @@ def test_a_keyed_phase_is_dilated_from_the_least_of_its_keys_recent_cpu_times():
     assert took[-2] == 5.0 and took[-1] == 25.0
     # and a faster phase is the device's pace at once
     assert emu.dilated(1.0, key=8) == 5.0
+    # forgotten (a compression trial's timed steps after its cheaper warm-up): a phase's own
+    emu.forget()
+    assert emu.dilated(3.0, key=8) == 15.0
 
 
 def test_finish_pads_a_keyed_phase_and_records_its_cpu_time_under_the_key():

@@ -124,3 +124,40 @@ def test_a_variant_run_records_the_workers_the_plan_leaves_out_and_why(tracker, 
     figures = outcome("optimized", rid, [24, 24, 0], 0.1).metrics
     assert figures["rank2/samples_per_s"] == 0.0 and figures["rank2/local_batch"] == 0
     assert figures["rank0/samples_per_s"] > 0
+
+
+def test_a_variant_run_that_chose_its_compression_by_trials_holds_the_table_and_the_choice(
+    tracker, tmp_path
+):
+    import json
+
+    from hetflow.infra.tracking.content import record_training
+    from hetflow.records import CompressionMethod, CompressionTrials, MethodTrial, Profile
+
+    m = CompressionMethod.parse
+    trials = CompressionTrials(
+        trials=[
+            MethodTrial(method=m("none"), step_s=0.4, bytes_per_step=8.0),
+            MethodTrial(method=m("fp16"), step_s=0.3, bytes_per_step=4.0),
+            MethodTrial(method=m("powersgd:4"), error="RuntimeError: boom"),
+        ],
+        steps=4,
+        chosen=m("fp16"),
+        reason="shortest measured step",
+    )
+    cluster = ClusterSpec.from_speeds([1, 1])
+    rid = tracker.start_run("optimized", cluster, DatasetSpec(url="s3://bucket/digits"))
+    done = outcome("optimized", rid, [16, 16], 0.1)
+    done.result.ranks[0].trials = trials
+    profile = Profile(cluster="local", model="digits-mlp", ranks=[])
+    record_training(tracker, done, profile, cluster)
+    run = tracker.client.get_run(rid).data
+    assert run.params["compression.chosen"] == "fp16"
+    assert run.params["compression.chosen_reason"] == "shortest measured step"
+    assert run.tags["compression_reason"] == "shortest measured step"
+    path = tracker.client.download_artifacts(rid, "compression_trials.json", str(tmp_path))
+    table = json.loads(open(path).read())
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert [r["method"] for r in rows] == ["none", "fp16", "powersgd:4"]
+    assert [r["chosen"] for r in rows] == [False, True, False]
+    assert rows[1]["step_ms"] == pytest.approx(300.0) and rows[2]["error"] == "RuntimeError: boom"

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import torch
 
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig
-from hetflow.records import LOCAL_SGD
 from hetflow.training.faults import MAX_SKIPPED_IN_A_ROW, NonFiniteGradient
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -137,12 +136,13 @@ def check_devices(
         setting = w.precision or train.precision
         field = who if w.precision else "train"
         precisions.append(resolve_precision(setting, device, host, field))
-    method = train.compression_method()
-    if "fp16" in precisions and method is not None and method.name in LOCAL_SGD:
+    local = train.local_sgd()  # (field, method name) where local SGD may run
+    if "fp16" in precisions and local is not None:
         who = cluster.workers[precisions.index("fp16")].name
         raise ConfigError(
             f"cluster.workers[{who}].precision: resolves to fp16 here, whose skipped steps must "
-            f"be the same on every rank, which {method.name} cannot promise; use bf16 or fp32"
+            f"be the same on every rank, which {local[1]} ({local[0]}) cannot promise; use "
+            "bf16 or fp32"
         )
     return Placement(devices, precisions, backend_for(devices))
 

@@ -8,7 +8,14 @@ import torch
 import torch.distributed as dist
 
 from hetflow.emulation.emulator import now
-from hetflow.records import CacheCounts, EvalPoint, RankResult, Recovery, StepRecord
+from hetflow.records import (
+    CacheCounts,
+    CompressionTrials,
+    EvalPoint,
+    RankResult,
+    Recovery,
+    StepRecord,
+)
 from hetflow.training.checkpoint import CheckpointStore
 from hetflow.training.comm import WireCounter, comm_state_dict, load_comm_state, new_control_group
 from hetflow.training.data import RankData, peak_rss_bytes
@@ -17,19 +24,27 @@ from hetflow.training.faults import Preempted, StepGuard
 from hetflow.training.job import RunSpec, emulator_for, node_id
 from hetflow.training.loop_state import LoopState
 from hetflow.training.models import parameter_count
-from hetflow.training.net import MeanOverCounts, build_net, new_rebalancer, straggler_factor
+from hetflow.training.net import (
+    MeanOverCounts,
+    build_net,
+    new_rebalancer,
+    straggler_factor,
+    train_step,
+)
 from hetflow.training.progress import ProgressFile, note_recovery
 from hetflow.training.rebalancer import SUDDEN_STEPS
 from hetflow.training.recipes import evaluate, recipe_of
 from hetflow.training.step_times import SharedStepTimes, column_means
+from hetflow.training.trials import Trials
 
 
 class TrainingLoop:
     """One rank's training run, resumed from the newest checkpoint if there is one.
 
-    Every rank runs the same loop and so issues the same collectives in the same order (DDP's,
-    the shared step times, the count's all-reduce when the recipe's count varies per sample,
-    the evaluation barrier, the checkpoint's gather), which gloo needs.
+    Every rank runs the same loop and so issues the same collectives in the same order ('auto''s
+    compression trials first, then DDP's, the shared step times, the count's all-reduce when
+    the recipe's count varies per sample, the evaluation barrier, the checkpoint's gather),
+    which gloo needs.
     Every rank re-plans from the same shared figures, so all reach the same plan at the same
     step. Rank 0 alone evaluates, saves checkpoints, and writes progress.json and recovery.json.
     """
@@ -47,27 +62,57 @@ class TrainingLoop:
         self.spec, self.data, self.rank, self.world, self.counter = spec, data, rank, world, counter
         self.amp = amp = amp or MixedPrecision("cpu", "fp32", scaled=False)
         self.emu = emulator_for(spec, rank, synchronizer(amp.device))
+        counter.link = self.emu.link  # from here (trials too) collectives cost the link's time
         self.recipe = recipe_of(cfg)
-        self.net = build_net(spec, data, self.emu, self.recipe, amp.device)
         every = 1 if cfg.schedule == "dynamic" else cfg.rebalance_every
         self.shared = SharedStepTimes(world, new_control_group(), every)
         per_sample = self.recipe.count_per_sample
         self.mean = MeanOverCounts(world, per_sample, None if per_sample else new_control_group())
+        self.store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
+        saved = self.store.load()
+        self.trials = self.resolve_compression(saved)  # 'auto': self.spec's plan now has it
+        spec = self.spec
+        self.net = build_net(spec, data, self.emu, self.recipe, amp.device)
         self.rebalancer = new_rebalancer(spec, world)
         self.base_slowdown = self.emu.slowdown
         self.reader = data.reader(rank, cfg.seed)  # this rank's share of each step, streamed
-        self.s3_bytes_seen = 0
-        self.store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
-        self.state = self.resume()
+        self.s3_bytes_seen = data.cache.stats.bytes_read if self.trials else 0  # trials' apart
+        self.state = self.resume(saved)
         run_dir, start = Path(spec.run_dir), self.state.start
         self.recovery = note_recovery(run_dir, start) if rank == 0 else Recovery()
         self.progress = ProgressFile(run_dir / "progress.json", start) if rank == 0 else None
         self.guard = StepGuard(spec, rank, self.net)  # last: every process group exists
 
-    def resume(self) -> LoopState:
-        """The newest checkpoint loaded into the model, optimizer, comm hook and re-balancer,
-        and the loop's state from it; a fresh state on the spec's plan when there is none."""
-        saved = self.store.load()
+    def resolve_compression(self, saved: dict | None) -> CompressionTrials | None:
+        """For 'auto' (the plan lists `compression_candidates`): the trials' table and choice,
+        run now (`trials.Trials`), or the resumed checkpoint's `saved` (a resumed run keeps its
+        method); `self.spec`'s plan then carries the chosen method and why. None, and the plan
+        as it is, where the plan sets the method."""
+        plan = self.spec.plan
+        if not plan.compression_candidates:
+            return None
+        if saved is not None and saved.get("trials"):
+            trials = CompressionTrials.model_validate(saved["trials"])
+        else:
+            trials = Trials(
+                self.spec,
+                self.data,
+                self.recipe,
+                self.amp,
+                self.counter,
+                self.rank,
+                self.mean.group,
+            ).run()
+        if self.rank == 0:
+            print(f"compression 'auto' -> {trials.chosen}: {trials.reason}", flush=True)
+        chosen = {"compression": trials.chosen, "compression_reason": trials.reason}
+        self.spec = self.spec.model_copy(update={"plan": plan.model_copy(update=chosen)})
+        return trials
+
+    def resume(self, saved: dict | None) -> LoopState:
+        """The checkpoint `saved` (the store's newest) loaded into the model, optimizer, comm
+        hook and re-balancer, and the loop's state from it; a fresh state on the spec's plan
+        when there is none."""
         if saved is None:
             return LoopState.fresh(self.spec.plan.local_batches)
         self.net.model.load_state_dict(saved["model"])
@@ -80,7 +125,6 @@ class TrainingLoop:
     def run(self) -> None:
         cfg = self.cfg
         self.counter.take()
-        self.counter.link = self.emu.link  # each collective costs the link's time where issued
         for step in range(self.state.start, cfg.steps):
             self.guard.begin(step)
             rec = self.timed_step(step)
@@ -111,17 +155,17 @@ class TrainingLoop:
         xs, ys = self.reader.batch(step, self.state.plan)
         batch = to_device(self.recipe.batch(xs, ys), net.device)
         t1 = now()
-        emu.start(key=len(ys))
-        with self.amp.autocast():
-            loss_sum, count = self.recipe.loss(net.ddp, batch)
-        count = int(count)
-        # DDP averages over ranks: weighted so that the result is the mean over the global
-        # batch's counts (samples, or tokens); times the shared loss scale where one is used
-        self.mean.backward(loss_sum, count, len(ys), sum(self.state.plan), self.amp.scale)
-        self.mean.correct(net.model)
-        self.amp.step(net.opt)
-        net.opt.zero_grad(set_to_none=True)
-        nbytes, _ = self.counter.take()
+        loss_sum, count, nbytes = train_step(
+            net,
+            emu,
+            self.mean,
+            self.amp,
+            self.counter,
+            self.recipe,
+            batch,
+            len(ys),
+            sum(self.state.plan),
+        )
         t3 = now()
         computed = emu.finish()  # when the comm hook ended the phase at the last bucket
         return StepRecord(
@@ -208,6 +252,7 @@ class TrainingLoop:
                     **self.state.saved(),
                     "rebalancer": self.rebalancer.state(),
                     "comm": comm_state_dict(net.hook_state),
+                    "trials": self.trials.model_dump(mode="json") if self.trials else None,
                     "scaler": self.amp.state_dict(),
                     "records": everyone,
                 },
@@ -236,6 +281,7 @@ class TrainingLoop:
             bookkeeping_s=state.bookkeeping_s,
             cache=CacheCounts(hits=stats.hits, misses=stats.misses, bytes_read=stats.bytes_read),
             peak_rss_bytes=peak_rss_bytes(),
+            trials=self.trials,
         )
 
     def weights(self) -> dict[str, torch.Tensor] | None:

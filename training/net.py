@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hetflow.emulation.emulator import Emulator
+from hetflow.records import CompressionMethod
 from hetflow.training.comm import register_compression, wrap_optimizer
 from hetflow.training.data import RankData
 from hetflow.training.job import RunSpec
@@ -43,12 +44,21 @@ class Net:
 
 
 def build_net(
-    spec: RunSpec, data: RankData, emu: Emulator, recipe: Recipe, device: str = "cpu"
+    spec: RunSpec,
+    data: RankData,
+    emu: Emulator,
+    recipe: Recipe,
+    device: str = "cpu",
+    method: CompressionMethod | None = None,
+    **warmup,
 ) -> Net:
-    """The recipe's model at the run's seed on `device`, DDP with the plan's comm hook (its
-    compute phase dilated by `emu`), and the configured optimizer wrapped as the hook needs:
-    parameters, gradients and optimizer state all on `device`."""
+    """The recipe's model at the run's seed on `device`, DDP with the comm hook of `method`
+    (default: the plan's; its compute phase dilated by `emu`; `warmup`: `warmup_steps` and
+    `density_stage_steps` of `register_compression`), and the configured optimizer wrapped as
+    the hook needs: parameters, gradients and optimizer state all on `device`. Seeds torch's
+    generator (`seeded_model`)."""
     cfg = spec.train
+    method = spec.plan.compression if method is None else method
     info = DataInfo.from_manifest(data.manifest)
     check_fits(recipe, info, data.manifest.url)
     model = seeded_model(recipe, info, cfg.seed).to(device)
@@ -57,13 +67,44 @@ def build_net(
     ids = [torch.device(device)] if device != "cpu" else None
     ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
     nodes = [w.node for w in spec.cluster.workers]  # hierarchical averaging groups by node
-    hook_state = register_compression(ddp, spec.plan.compression, emu.dilating_hook, nodes=nodes)
+    hook_state = register_compression(ddp, method, emu.dilating_hook, nodes=nodes, **warmup)
     if cfg.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     else:
         opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
-    opt = wrap_optimizer(opt, spec.plan.compression, hook_state)
+    opt = wrap_optimizer(opt, method, hook_state)
     return Net(model, ddp, opt, hook_state, device)
+
+
+def train_step(
+    net: Net,
+    emu: Emulator,
+    mean: MeanOverCounts,
+    amp,
+    counter,
+    recipe: Recipe,
+    batch,
+    n: int,
+    global_batch: int,
+) -> tuple[torch.Tensor, int, float]:
+    """One step on a batch of `n` samples already on the device: forward, backward and the comm
+    hook up to its last bucket (a compute phase of `emu`, keyed by `n`, which the hook ends),
+    the collectives (each carried by the emulated link where DDP issued it, when one is attached
+    to `counter`, a `WireCounter`) and the optimizer's step through `amp` (`MixedPrecision`).
+    Returns (this rank's summed loss, what it sums over, the bytes `counter` charged since its
+    last `take`)."""
+    emu.start(key=n)
+    with amp.autocast():
+        loss_sum, count = recipe.loss(net.ddp, batch)
+    count = int(count)
+    # DDP averages over ranks: weighted so that the result is the mean over the global
+    # batch's counts (samples, or tokens); times the shared loss scale where one is used
+    mean.backward(loss_sum, count, n, global_batch, amp.scale)
+    mean.correct(net.model)
+    amp.step(net.opt)
+    net.opt.zero_grad(set_to_none=True)
+    nbytes, _ = counter.take()
+    return loss_sum, count, nbytes
 
 
 def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:

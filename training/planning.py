@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig
-from hetflow.records import Plan, Profile
-from hetflow.training.comm import choose_compression
+from hetflow.records import CompressionMethod, Plan, Profile
+from hetflow.training.comm import auto_candidates, choose_compression
 from hetflow.training.scheduler import balance_with_exclusion, equal_batches
 
 
@@ -32,9 +32,8 @@ def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
 def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
     """Local batches from the profile's step models (`Profile.step_models`), the workers'
     memory caps (`memory_caps`) and the schedule, with the workers too slow to help left out
-    (`scheduler.exclude_slow`; never under the equal split); the compression the train config
-    sets, or for 'auto' the one the profile's communication share (`Profile.comm_share`)
-    calls for."""
+    (`scheduler.exclude_slow`; never under the equal split); the compression as
+    `plan_compression` plans it ('auto': the candidates the workers try)."""
     speeds = [r.samples_per_s for r in profile.ranks]
     latency, per_sample = profile.step_models()
     caps = memory_caps(profile, cluster)
@@ -46,20 +45,35 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
         batches, excluded = balance_with_exclusion(
             per_sample, latency, train.global_batch, caps, names
         )
-    if train.compression == "auto":
-        method, reason = choose_compression(profile.comm_share())
-    else:
-        method, reason = train.compression_method(), "set in the train config"
+    method, reason, candidates = plan_compression(profile, cluster, train)
     return Plan(
         local_batches=batches,
         compression=method,
         compression_reason=reason,
+        compression_candidates=candidates,
         speeds=speeds,
         latency_s=latency,
         per_sample_s=per_sample,
         caps=caps,
         excluded=excluded,
     )
+
+
+def plan_compression(
+    profile: Profile, cluster: ClusterSpec, train: TrainConfig
+) -> tuple[CompressionMethod, str, list[CompressionMethod]]:
+    """(method, why, candidates): the method the train config sets; for 'auto', 'none' and the
+    candidates the workers try at the start of the run (`auto_candidates`, `training.trials`),
+    or where nothing can be tried (one worker) the profile's rule (`choose_compression`)."""
+    if train.compression != "auto":
+        return train.compression_method(), "set in the train config", []
+    candidates = auto_candidates(train, cluster)
+    if not candidates:
+        method, reason = choose_compression(profile.comm_share())
+        return method, f"'auto' on one worker, from the profile: {reason}", []
+    tried = ", ".join(str(m) for m in candidates)
+    why = f"'auto': the workers try {tried} at the start of the run and keep the fastest"
+    return CompressionMethod(), why, candidates
 
 
 def ideal_throughput(latency: list[float], per_sample: list[float], global_batch: int) -> float:

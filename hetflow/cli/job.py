@@ -34,6 +34,7 @@ FLAGS = {
     "recipe_options": "--recipe-option",
     "global_batch": "--global-batch",
     "seed": "--seed",
+    "allow_local_sgd": "--allow-local-sgd",
     "url": "--dataset-url",
 }
 
@@ -101,6 +102,18 @@ def check_recipe_import(train: TrainConfig) -> None:
         check_recipe(train)
 
 
+def add_compression_args(p: argparse.ArgumentParser) -> None:
+    """--allow-local-sgd (`TrainConfig.allow_local_sgd`)."""
+    p.add_argument(
+        "--allow-local-sgd",
+        action="store_true",
+        dest="allow_local_sgd",
+        help="let the optimized variant's compression 'auto' also try local SGD (localsgd:4; "
+        "hierarchical:4 across nodes), which averages the model every 4 steps instead of the "
+        "gradient every step",
+    )
+
+
 def add_job_args(p: argparse.ArgumentParser) -> None:
     speeds = ",".join(f"{s:g}" for s in DEFAULT_SPEEDS)
     p.add_argument(
@@ -115,6 +128,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--steps", type=int, default=TRAIN.steps, help="optimizer steps per variant")
     add_recipe_arg(p, TRAIN.recipe)
+    add_compression_args(p)
     p.add_argument(
         "--global-batch",
         type=int,
@@ -214,6 +228,7 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
         "global_batch": args.global_batch,
         "seed": args.seed,
         "precision": getattr(args, "precision", TRAIN.precision),
+        "allow_local_sgd": getattr(args, "allow_local_sgd", TRAIN.allow_local_sgd),
     }
     try:
         return TrainConfig.variant(variant, **knobs) if variant else TrainConfig(**knobs)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from hetflow.config import ClusterSpec
 from hetflow.infra.tracking import plots, report
 from hetflow.infra.tracking.tracker import NOTE, MLflowTracker
-from hetflow.records import EvalPoint, Profile, TrainOutcome
+from hetflow.records import CompressionTrials, EvalPoint, Profile, TrainOutcome
 
 
 def record_training(
@@ -28,7 +28,10 @@ def record_training(
         rid,
         [*outcome.series, *({"step": e.step, **_eval_series(e)} for e in lead.evals)],
     )
-    tracker.client.set_tag(rid, "compression_reason", outcome.plan.compression_reason)
+    reason = lead.trials.reason if lead.trials else outcome.plan.compression_reason
+    tracker.client.set_tag(rid, "compression_reason", reason)
+    if lead.trials is not None:
+        record_trials(tracker, rid, lead.trials)
     tracker.log_json(rid, "profile.json", profile)
     tracker.log_json(
         rid,
@@ -55,6 +58,26 @@ def record_training(
                 outcome.series, p, title=f"{title}: step time and plan", labels=labels
             ),
         },
+    )
+
+
+def record_trials(tracker: MLflowTracker, run_id: str, trials: CompressionTrials) -> None:
+    """'auto''s compression trials: the table as the MLflow table `compression_trials.json`
+    (one row per candidate, in the order tried: `method`, `step_ms` (empty: failed),
+    `bytes_per_step`, `error`, `chosen`), and the params `compression.chosen` and
+    `compression.chosen_reason`."""
+    rows = trials.trials
+    table = {
+        "method": [str(t.method) for t in rows],
+        "step_ms": [None if t.step_s is None else t.step_s * 1e3 for t in rows],
+        "bytes_per_step": [t.bytes_per_step for t in rows],
+        "error": [t.error for t in rows],
+        "chosen": [t.method == trials.chosen for t in rows],
+    }
+    tracker.client.log_table(run_id, data=table, artifact_file="compression_trials.json")
+    tracker.log_params(
+        run_id,
+        {"compression.chosen": str(trials.chosen), "compression.chosen_reason": trials.reason},
     )
 
 

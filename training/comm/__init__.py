@@ -22,7 +22,8 @@ of B bytes over n ranks sends 2(n-1)/n x B from each rank, an all-gather of a B-
 contribution (n-1) x B.
 
 Rooms: `accounting` (bytes, process groups), `topk` (the top-k hook), `methods` (the registry,
-registering a method on a DDP model, its optimizer and checkpointed state), `policy` ('auto').
+registering a method on a DDP model, its optimizer and checkpointed state), `policy` ('auto':
+its candidates, and the choice from their trials, which `training.trials` runs).
 """
 
 from hetflow.training.comm.accounting import (
@@ -41,7 +42,12 @@ from hetflow.training.comm.methods import (
     register_compression,
     wrap_optimizer,
 )
-from hetflow.training.comm.policy import COMPRESS_ABOVE, choose_compression
+from hetflow.training.comm.policy import (
+    COMPRESS_ABOVE,
+    auto_candidates,
+    choose_compression,
+    choose_from_trials,
+)
 from hetflow.training.comm.topk import (
     DENSITY_STAGE_STEPS,
     TopKState,
@@ -62,7 +68,9 @@ __all__ = [
     "TopKState",
     "WireCounter",
     "allgather_bytes",
+    "auto_candidates",
     "choose_compression",
+    "choose_from_trials",
     "comm_state_dict",
     "decode_topk_into",
     "encode_topk",

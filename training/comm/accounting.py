@@ -12,6 +12,7 @@ later while backward goes on, a blocking one (local SGD's averaging) blocks that
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -144,6 +145,18 @@ class WireCounter:
         out = (self.bytes_sent, self.collectives)
         self.bytes_sent, self.collectives = 0.0, 0
         return out
+
+    @contextmanager
+    def apart(self):
+        """Count as usual inside (`take` works), then put every count back as it was on
+        entry: traffic that is not the run's (compression trials) leaves no trace."""
+        names = ("bytes_sent", "collectives", "total_bytes", "intra_node_bytes", "control_bytes")
+        saved = [getattr(self, n) for n in names]
+        try:
+            yield self
+        finally:
+            for n, v in zip(names, saved, strict=True):
+                setattr(self, n, v)
 
 
 class _DelayedWork:

@@ -1,23 +1,70 @@
-"""'auto': the compression method a profile calls for, and why."""
+"""'auto': the methods it tries, the one it keeps from their measured steps, and the profile's
+rule where nothing can be tried (pure)."""
 
 from __future__ import annotations
 
 import logging
+import math
 
-from hetflow.records import CompressionMethod
+from hetflow.config import ClusterSpec, TrainConfig
+from hetflow.records import LOCAL_SGD, CompressionMethod, MethodTrial
 
 log = logging.getLogger(__name__)
 
-# The communication share of a step from which 'auto' compresses, tuned with `hetflow bench
-# comm` (measured: docs/measurements.md).
+# The communication share of a step from which the profile's rule compresses (used only where
+# 'auto' cannot try methods: one worker), tuned with `hetflow bench comm`.
 COMPRESS_ABOVE = 0.40
 STRONG_METHOD = CompressionMethod(name="powersgd", rank=4)
+# What `allow_local_sgd` adds to 'auto''s candidates: local SGD, and hierarchical averaging
+# where the workers span several nodes (on one node it would keep every byte off the link).
+LOCAL_SGD_PERIOD = 4
+
+
+def auto_candidates(train: TrainConfig, cluster: ClusterSpec) -> list[CompressionMethod]:
+    """What 'auto' tries on `cluster`, in order: `train.compression_candidates`, then, with
+    `train.allow_local_sgd` and none of them listed, localsgd:4 and (workers on more than one
+    node) hierarchical:4. Empty where nothing can be tried: a single worker."""
+    if cluster.world_size < 2:
+        return []
+    methods = [CompressionMethod.parse(m) for m in train.compression_candidates]
+    if train.allow_local_sgd and not any(m.name in LOCAL_SGD for m in methods):
+        methods.append(CompressionMethod(name="localsgd", period=LOCAL_SGD_PERIOD))
+        if len({w.node for w in cluster.workers}) > 1:
+            methods.append(CompressionMethod(name="hierarchical", period=LOCAL_SGD_PERIOD))
+    return methods
+
+
+def _measured(t: MethodTrial) -> bool:
+    return t.step_s is not None and math.isfinite(t.step_s)
+
+
+def _said(t: MethodTrial) -> str:
+    return f"{t.method} {t.step_s * 1e3:.1f} ms" if _measured(t) else f"{t.method} failed"
+
+
+def choose_from_trials(trials: list[MethodTrial]) -> tuple[CompressionMethod, str]:
+    """The method with the shortest measured step, and why (pure: the same on every rank for
+    the same table). A trial that failed (`step_s` None or not finite) is never kept; of equal
+    steps the earlier trial is kept (the candidates' order: least lossy first). ValueError
+    naming `train.compression_candidates` when no trial measured a step."""
+    measured = [(t.step_s, i) for i, t in enumerate(trials) if _measured(t)]
+    if not measured:
+        failed = "; ".join(f"{t.method}: {t.error or 'no step measured'}" for t in trials)
+        raise ValueError(f"train.compression_candidates: every trial failed ({failed})")
+    _, best = min(measured)
+    others = ", ".join(_said(t) for i, t in enumerate(trials) if i != best)
+    chosen = trials[best].method
+    reason = f"shortest measured step of the {len(trials)} tried: {_said(trials[best])}"
+    reason += f" (against {others})" if others else ""
+    log.info("compression 'auto' -> %s: %s", chosen, reason)
+    return chosen, reason
 
 
 def choose_compression(
     comm_share: float, threshold: float = COMPRESS_ABOVE
 ) -> tuple[CompressionMethod, str]:
-    """'auto': compress only when communication is a large share of the step; say why (the
+    """The profile's rule, for 'auto' where no method can be tried (`auto_candidates` is
+    empty): compress only when communication is a large share of the step; say why (the
     reason is also logged).
 
     `comm_share` is the profiled all-reduce time of one gradient over (compute + all-reduce).

@@ -1,0 +1,276 @@
+"""'auto' chooses its compression by measurement: the candidates it tries, the choice from a
+table of measured steps (pure), and trials on real gloo ranks that leave the run as it would
+have been with the chosen method set from the start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetflow.config import (
+    ClusterSpec,
+    ConfigError,
+    DatasetSpec,
+    TrainConfig,
+    WorkerSpec,
+    check_job,
+    validated,
+)
+from hetflow.records import CompressionMethod, MethodTrial, Plan, RunResult
+from hetflow.training.comm import DENSE_WARMUP_STEPS, auto_candidates, choose_from_trials
+from hetflow.training.planning import make_plan
+
+from tests.dist import run_ranks
+from tests.profiles import profile_of, rank_profile
+
+M = CompressionMethod.parse
+
+
+def trial(method: str, step_s: float | None, error: str = "") -> MethodTrial:
+    return MethodTrial(method=M(method), step_s=step_s, bytes_per_step=1.0, error=error)
+
+
+# -- the choice (pure) ------------------------------------------------------------------------
+
+
+def test_the_shortest_measured_step_is_kept_and_the_reason_gives_the_table():
+    table = [
+        trial("none", 0.40),
+        trial("fp16", 0.33),
+        trial("bf16", 0.35),
+        trial("powersgd:4", 0.31),
+    ]
+    method, reason = choose_from_trials(table)
+    assert method == M("powersgd:4")
+    assert "powersgd:4 310.0 ms" in reason and "none 400.0 ms" in reason and "\n" not in reason
+
+
+def test_of_equal_steps_the_earlier_candidate_is_kept_whatever_the_order_of_the_others():
+    assert choose_from_trials([trial("none", 0.2), trial("fp16", 0.2)])[0] == M("none")
+    assert choose_from_trials([trial("fp16", 0.3), trial("bf16", 0.2), trial("none", 0.2)])[0] == M(
+        "bf16"
+    )
+
+
+def test_a_failed_trial_is_never_kept_even_when_it_looks_fastest():
+    table = [
+        trial("none", 0.5),
+        trial("powersgd:4", None, "RuntimeError: boom"),
+        trial("fp16", float("inf")),
+        trial("bf16", 0.45),
+    ]
+    method, reason = choose_from_trials(table)
+    assert method == M("bf16") and "powersgd:4 failed" in reason and "fp16 failed" in reason
+
+
+def test_when_every_trial_failed_the_error_names_the_field_and_each_failure():
+    with pytest.raises(ValueError) as e:
+        choose_from_trials([trial("none", None, "RuntimeError: a"), trial("fp16", None)])
+    msg = str(e.value)
+    assert msg.startswith("train.compression_candidates:") and "none: RuntimeError: a" in msg
+    assert "\n" not in msg
+
+
+# -- the candidates ---------------------------------------------------------------------------
+
+
+def _nodes(*nodes: str) -> ClusterSpec:
+    return ClusterSpec(workers=[WorkerSpec(name=f"w{i}", node=n) for i, n in enumerate(nodes)])
+
+
+def test_local_sgd_is_a_candidate_only_when_the_config_allows_it():
+    one_node, two_nodes = _nodes("a", "a"), _nodes("a", "a", "b", "b")
+    plain = TrainConfig(compression="auto")
+    assert [str(m) for m in auto_candidates(plain, two_nodes)] == [
+        "none",
+        "fp16",
+        "bf16",
+        "powersgd:4",
+    ]
+    allowed = TrainConfig(compression="auto", allow_local_sgd=True)
+    assert [str(m) for m in auto_candidates(allowed, one_node)][-1] == "localsgd:4"
+    assert [str(m) for m in auto_candidates(allowed, two_nodes)][-2:] == [
+        "localsgd:4",
+        "hierarchical:4",
+    ]
+    assert auto_candidates(allowed, _nodes("a")) == []  # one worker: nothing to try
+
+
+@pytest.mark.parametrize(
+    "knobs, expected",
+    [
+        ({"compression_candidates": ["none", "gzip"]}, "unknown method 'gzip'"),
+        ({"compression_candidates": ["localsgd:2"]}, "set allow_local_sgd"),
+        ({"compression_candidates": ["none", "none"]}, "appears twice"),
+        ({"compression_candidates": []}, "at least one"),
+        ({"compression_candidates": ["auto"]}, "unknown method 'auto'"),
+    ],
+)
+def test_bad_candidates_are_refused_in_one_line_naming_the_field(knobs, expected):
+    with pytest.raises(ConfigError) as e:
+        validated(TrainConfig, knobs, "train")
+    msg = str(e.value)
+    assert msg.startswith("train.compression_candidates:") and expected in msg, msg
+    assert "\n" not in msg
+
+
+def test_allowed_local_sgd_refuses_a_skip_on_nonfinite_and_fp16_naming_the_field():
+    cluster = ClusterSpec.from_speeds([1, 1])
+    with pytest.raises(ConfigError, match=r"^train\.nonfinite: .*train\.allow_local_sgd"):
+        check_job(cluster, TrainConfig(compression="auto", allow_local_sgd=True, nonfinite="skip"))
+    with pytest.raises(ConfigError, match=r"^train\.precision: fp16 .*allow_local_sgd"):
+        check_job(cluster, TrainConfig(compression="auto", allow_local_sgd=True, precision="fp16"))
+    check_job(cluster, TrainConfig(compression="auto", nonfinite="skip", precision="fp16"))
+
+
+def test_the_cli_lets_the_optimized_variant_try_local_sgd_only_when_asked():
+    from hetflow.cli import build_parser
+    from hetflow.cli.job import job_of
+
+    def optimized(*flags: str) -> TrainConfig:
+        args = build_parser().parse_args(["train", "--speeds", "1,1", *flags])
+        return job_of(args, variant="optimized")[1]
+
+    assert not optimized().allow_local_sgd
+    asked = optimized("--allow-local-sgd")
+    assert asked.allow_local_sgd and asked.compression == "auto"
+    assert "localsgd:4" in [str(m) for m in auto_candidates(asked, ClusterSpec.from_speeds([1, 1]))]
+
+
+def test_the_plan_of_auto_lists_the_candidates_and_falls_back_to_the_profile_on_one_worker():
+    train = TrainConfig(compression="auto", global_batch=64)
+    two = make_plan(
+        profile_of([rank_profile(0, 1000.0), rank_profile(1, 1000.0)]), _nodes("a", "a"), train
+    )
+    assert two.compression == M("none") and "try" in two.compression_reason
+    assert [str(m) for m in two.compression_candidates] == list(train.compression_candidates)
+    one = make_plan(profile_of([rank_profile(0, 1000.0)]), _nodes("a"), train)
+    assert one.compression_candidates == [] and "from the profile" in one.compression_reason
+    fixed = make_plan(
+        profile_of([rank_profile(0, 1000.0), rank_profile(1, 1000.0)]),
+        _nodes("a", "a"),
+        train.model_copy(update={"compression": "fp16"}),
+    )
+    assert fixed.compression == M("fp16") and fixed.compression_candidates == []
+
+
+# -- trials on real ranks ---------------------------------------------------------------------
+
+WORLD = 2
+STEPS = DENSE_WARMUP_STEPS + 2  # the run's PowerSGD compresses in its last 2
+LINK_GBPS = 0.05  # slow enough that plain all-reduce is the slowest candidate by far
+
+
+def train_rank(rank: int, world: int, arg: dict) -> dict:
+    """One rank of hetflow's worker on the job `arg` (a RunSpec's JSON); rank 0 writes
+    result.json and model.pt."""
+    from hetflow.training import worker
+    from hetflow.training.job import RunSpec
+
+    worker.run(RunSpec.model_validate(arg), rank)
+    return {}
+
+
+def _spec(dataset: DatasetSpec, run_dir: Path, compression: str, plan: Plan, **knobs):
+    from hetflow.training.job import RunSpec
+
+    workers = [WorkerSpec(name=f"w{i}", speed=1.0, link_gbps=LINK_GBPS) for i in range(WORLD)]
+    train = TrainConfig(
+        **{
+            "recipe": "digits-mlp",
+            "global_batch": 32,
+            "steps": STEPS,
+            "schedule": "equal",
+            "compression": compression,
+            "eval_every": 100,
+            "checkpoint_every": 100,
+            "target_accuracy": None,
+            **knobs,
+        }
+    )
+    run_dir.mkdir(parents=True)
+    return RunSpec(
+        run_name=run_dir.name,
+        variant=compression,
+        cluster=ClusterSpec(workers=workers, time_scale=2.0),
+        dataset=dataset,
+        train=train,
+        plan=plan,
+        run_dir=str(run_dir),
+    )
+
+
+@pytest.fixture
+def local_digits(tmp_path) -> DatasetSpec:
+    """Digits as shards in a folder (the ranks, forked from the test's fork server, need no
+    S3 endpoint)."""
+    from hetflow.infra.datasets import digits_source, write_dataset
+
+    (tmp_path / "digits" / "train").mkdir(parents=True)
+    (tmp_path / "digits" / "test").mkdir()
+    spec = DatasetSpec(url=(tmp_path / "digits").as_uri(), cache_dir=str(tmp_path / "cache"))
+    write_dataset(spec.url, digits_source(spec.test_fraction, spec.seed), spec.shard_samples)
+    return spec
+
+
+def _run(spec) -> tuple[RunResult, dict[str, torch.Tensor]]:
+    run_ranks(train_rank, WORLD, spec.model_dump(mode="json"), Path(spec.run_dir) / "ranks")
+    result = RunResult.model_validate_json((Path(spec.run_dir) / "result.json").read_text())
+    return result, torch.load(Path(spec.run_dir) / "model.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_auto_tries_every_candidate_keeps_the_fastest_and_trains_as_if_set_from_the_start(
+    local_digits, tmp_path
+):
+    candidates = [M(m) for m in ("none", "fp16", "bf16", "powersgd:4")]
+    plan = Plan(local_batches=[16, 16], compression_candidates=candidates)
+    auto, auto_weights = _run(_spec(local_digits, tmp_path / "auto", "auto", plan))
+
+    tables = [r.trials for r in auto.ranks]
+    assert all(t is not None for t in tables)
+    assert len({t.chosen for t in tables}) == 1  # every rank trains the same method
+    assert [[x.step_s for x in t.trials] for t in tables] == [
+        [x.step_s for x in tables[0].trials]
+    ] * WORLD  # from the same figures
+    lead = tables[0]
+    assert [x.method for x in lead.trials] == candidates and lead.steps > 0
+    assert all(x.step_s is not None and x.step_s > 0 and not x.error for x in lead.trials)
+    assert lead.chosen == min(lead.trials, key=lambda x: x.step_s).method
+    assert lead.chosen != M("none")  # the link makes every compressing method faster
+    none, fp16 = lead.trials[0], lead.trials[1]
+    assert fp16.bytes_per_step == none.bytes_per_step / 2 > 0  # the trials went over the wire
+
+    # the trials left no trace in the run: its steps from 0, its bytes its own
+    for r in auto.ranks:
+        assert [rec.step for rec in r.records] == list(range(STEPS))
+        assert r.bytes_total == pytest.approx(sum(rec.bytes_sent for rec in r.records))
+
+    # and it trained exactly as the chosen method set from the start does
+    fixed_plan = Plan(local_batches=[16, 16], compression=lead.chosen)
+    fixed, fixed_weights = _run(
+        _spec(local_digits, tmp_path / "fixed", str(lead.chosen), fixed_plan)
+    )
+    assert fixed.lead.trials is None
+    assert fixed_weights.keys() == auto_weights.keys()
+    for k in fixed_weights:
+        assert torch.equal(fixed_weights[k], auto_weights[k]), k
+    assert [rec.loss_sum for rec in fixed.lead.records] == [
+        rec.loss_sum for rec in auto.lead.records
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_local_sgd_trial_times_its_averaging_step_at_the_rate_it_runs(local_digits, tmp_path):
+    candidates = [M("none"), M("localsgd:4")]
+    plan = Plan(local_batches=[16, 16], compression_candidates=candidates)
+    spec = _spec(local_digits, tmp_path / "local", "auto", plan, steps=2, allow_local_sgd=True)
+    result, _ = _run(spec)
+    none, local = result.lead.trials.trials
+    assert none.step_s and local.step_s and not local.error
+    # one model average (an all-reduce of the parameters) in the 4 timed steps
+    assert local.bytes_per_step == pytest.approx(none.bytes_per_step / 4)

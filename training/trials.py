@@ -1,0 +1,162 @@
+"""'auto' by measurement: at the start of a run, every candidate method (the plan's
+`compression_candidates`) is tried for a few steps on the run's own process group, emulated
+devices and links, and the one with the shortest measured step is kept, as cuDNN's benchmark
+mode picks a kernel.
+
+Each candidate trains a throwaway replica: the recipe's model at the run's seed under a DDP
+of its own with that method's hook (warm-up cut to `TRIAL_WARMUP_STEPS`, top-k with no density
+stages), its own optimizer, loss scale and emulator (a fresh one of the rank's device and
+link, so that the run's own keeps no trace), on the run's first `TRIAL_STEPS` batches read
+by a reader of its own. The first `TRIAL_UNTIMED_STEPS` steps (the warm-up and the first
+step that compresses) are not timed, and the emulator then forgets them (`Emulator.forget`):
+it dilates a compute phase from the least recent CPU time of its batch size, and a dense
+step's is less than a compressing step's. A step is timed from the start of its compute phase
+to the end of the link's delay, as a training step's compute and wait; a method's step is the
+mean of its timed steps (local SGD's cheap steps and its averaging one at the rate they run).
+Torch's random state is restored afterwards and the wire counts are put back
+(`WireCounter.apart`), so the run then trains from the initial weights, data and state it
+would have had with the chosen method set from the start.
+
+Every rank times its own steps; a method's step is the slowest rank's (an all-reduce with MAX,
+which also spreads a failure), so every rank holds the same table and
+`choose_from_trials` makes the same choice on each. A candidate that raises on every rank
+alike (one that cannot be built here) is recorded as failed and skipped; a failure on some
+ranks only leaves the others inside a collective, and the run fails as on a failed step.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from hetflow.emulation.emulator import now
+from hetflow.records import LOCAL_SGD, CompressionMethod, CompressionTrials, MethodTrial
+from hetflow.training.comm import WireCounter, choose_from_trials
+from hetflow.training.data import RankData
+from hetflow.training.devices import MixedPrecision, synchronizer, to_device
+from hetflow.training.job import RunSpec, emulator_for
+from hetflow.training.net import MeanOverCounts, build_net, straggler_factor, train_step
+from hetflow.training.recipes import Recipe
+
+# A trial's dense warm-up: DDP rebuilds its buckets after the first step, and PowerSGD and
+# top-k need at least 2 dense steps before they compress (`methods._stateful_warmup`).
+TRIAL_WARMUP_STEPS = 2
+# Untimed steps of each trial: the warm-up, and the first step that compresses, which pays
+# one-off costs (PowerSGD: ~2x a settled step's CPU time, allocating its factors and residuals).
+TRIAL_UNTIMED_STEPS = TRIAL_WARMUP_STEPS + 1
+# Timed steps of each trial, whose mean is the method's step: a multiple of local SGD's period
+# (policy.LOCAL_SGD_PERIOD), so that its averaging steps count at the rate they run.
+TRIAL_TIMED_STEPS = 4
+TRIAL_STEPS = TRIAL_UNTIMED_STEPS + TRIAL_TIMED_STEPS
+NOT_WITH_FP16 = "not tried: fp16's loss scale needs the gradient all-reduced every step"
+
+
+class Trials:
+    """What the trials of one rank share: the run's spec (its plan's candidates and local
+    batches), the data, recipe and device's precision (`amp`), the wire counter, and the
+    control group of the loss's count (`MeanOverCounts.group`; None where it is fixed)."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        data: RankData,
+        recipe: Recipe,
+        amp: MixedPrecision,
+        counter: WireCounter,
+        rank: int,
+        count_group=None,
+    ) -> None:
+        self.spec, self.data, self.recipe, self.amp = spec, data, recipe, amp
+        self.counter, self.rank, self.count_group = counter, rank, count_group
+        self.world = dist.get_world_size()
+
+    def run(self) -> CompressionTrials:
+        """Try every candidate in the plan's order; the table every rank agrees on and the
+        method kept (`choose_from_trials`). Every rank must call it."""
+        methods = list(self.spec.plan.compression_candidates)
+        if not methods:
+            raise ValueError("plan.compression_candidates: no method to try")
+        cuda = [torch.device(self.amp.device)] if self.amp.device.startswith("cuda") else []
+        with self.counter.apart(), torch.random.fork_rng(devices=cuda):
+            batches = self.first_batches()
+            own = [self.try_method(m, batches) for m in methods]
+            trials = self.agree(methods, own)
+        chosen, reason = choose_from_trials(trials)
+        return CompressionTrials(
+            trials=trials, steps=TRIAL_TIMED_STEPS, chosen=chosen, reason=reason
+        )
+
+    def first_batches(self) -> list[tuple[tuple, int]]:
+        """This rank's batches of the run's first TRIAL_STEPS steps on the plan, on the device,
+        each with its sample count; read by a reader of their own (the run's keeps its place)."""
+        cfg, plan = self.spec.train, self.spec.plan.local_batches
+        reader = self.data.reader(self.rank, cfg.seed)
+        try:
+            out = []
+            for step in range(TRIAL_STEPS):
+                xs, ys = reader.batch(step, plan)
+                out.append((to_device(self.recipe.batch(xs, ys), self.amp.device), len(ys)))
+            return out
+        finally:
+            reader.close()
+
+    def try_method(self, method: CompressionMethod, batches: list) -> tuple[float, float, str]:
+        """(mean timed step s, mean bytes sent per timed step, '') of `method` on this rank;
+        (inf, 0, why) where it cannot run or raised."""
+        amp = self.amp
+        if method.name in LOCAL_SGD and amp.scaler.is_enabled():
+            return float("inf"), 0.0, NOT_WITH_FP16
+        emu = emulator_for(self.spec, self.rank, synchronizer(amp.device))
+        base = emu.slowdown
+        try:
+            net = build_net(
+                self.spec,
+                self.data,
+                emu,
+                self.recipe,
+                amp.device,
+                method,
+                warmup_steps=TRIAL_WARMUP_STEPS,
+                density_stage_steps=0,
+            )
+            scaled = MixedPrecision(amp.device, amp.precision, scaled=amp.scaler.is_enabled())
+            mean = MeanOverCounts(self.world, self.recipe.count_per_sample, self.count_group)
+            times, sent = [], []
+            global_batch = sum(self.spec.plan.local_batches)
+            for step, (batch, n) in enumerate(batches):
+                if step == TRIAL_UNTIMED_STEPS:  # time the method's settled steps alone
+                    emu.forget()
+                emu.slowdown = base * straggler_factor(self.spec.stragglers, self.rank, step)
+                t0 = now()
+                _, _, nbytes = train_step(
+                    net, emu, mean, scaled, self.counter, self.recipe, batch, n, global_batch
+                )
+                emu.finish()
+                if step >= TRIAL_UNTIMED_STEPS:
+                    times.append(now() - t0)
+                    sent.append(nbytes)
+        except Exception as e:  # recorded as the trial's failure
+            return float("inf"), 0.0, f"{type(e).__name__}: {e}"
+        return statistics.fmean(times), statistics.fmean(sent), ""
+
+    def agree(
+        self, methods: list[CompressionMethod], own: list[tuple[float, float, str]]
+    ) -> list[MethodTrial]:
+        """Every rank's figures reduced with MAX (the slowest rank's step; a failure anywhere
+        is infinite): the same table on every rank."""
+        figures = torch.tensor([[s, b] for s, b, _ in own], dtype=torch.float64)
+        dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+        trials = []
+        for m, (step_s, nbytes), (_, _, error) in zip(methods, figures.tolist(), own, strict=True):
+            failed = step_s == float("inf")
+            trials.append(
+                MethodTrial(
+                    method=m,
+                    step_s=None if failed else step_s,
+                    bytes_per_step=0.0 if failed else nbytes,
+                    error=(error or "failed on another rank") if failed else "",
+                )
+            )
+        return trials
