@@ -45,6 +45,8 @@ def compare(
     check_train_devices(cluster, train)
     knobs = train.model_dump(exclude={"schedule", "compression"})
     configs = {v: TrainConfig.variant(v, **knobs) for v in VARIANTS}
+    for cfg in configs.values():  # the variant's own knobs: 'auto' may try local SGD
+        check_job(cluster, cfg)
     outcomes = {}
     reach_services(dataset, tracking)  # before anything is written: one line if a service is dead
     with local_s3_endpoint(dataset.url):

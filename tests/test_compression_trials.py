@@ -125,6 +125,15 @@ def test_allowed_local_sgd_refuses_a_skip_on_nonfinite_and_fp16_naming_the_field
     check_job(cluster, TrainConfig(compression="auto", nonfinite="skip", precision="fp16"))
 
 
+def test_a_comparison_refuses_what_its_optimized_variant_may_not_run_before_anything_starts():
+    from hetflow.flows.compare import compare
+
+    base = TrainConfig(allow_local_sgd=True, nonfinite="skip")  # fine for the baseline's none
+    check_job(ClusterSpec.from_speeds([1, 1]), base)
+    with pytest.raises(ConfigError, match=r"^train\.nonfinite: .*train\.allow_local_sgd"):
+        compare.fn(cluster=ClusterSpec.from_speeds([1, 1]), train=base)
+
+
 def test_the_cli_lets_the_optimized_variant_try_local_sgd_only_when_asked():
     from hetflow.cli import build_parser
     from hetflow.cli.job import job_of
