@@ -11,8 +11,9 @@ by a reader of its own. The first `TRIAL_UNTIMED_STEPS` steps (the warm-up and t
 step that compresses) are not timed, and the emulator then forgets them (`Emulator.forget`):
 it dilates a compute phase from the least recent CPU time of its batch size, and a dense
 step's is less than a compressing step's. A step is timed from the start of its compute phase
-to the end of the link's delay, as a training step's compute and wait; a method's step is the
-mean of its timed steps (local SGD's cheap steps and its averaging one at the rate they run).
+to the end of its collectives on the emulated link, as a training step's compute and wait; a
+method's step is the mean of its timed steps (local SGD's cheap steps and its averaging one
+at the rate they run).
 Torch's random state is restored afterwards and the wire counts are put back
 (`WireCounter.apart`), so the run then trains from the initial weights, data and state it
 would have had with the chosen method set from the start.
