@@ -137,7 +137,9 @@ def test_resnet_gradient_over_unequal_batches_is_the_global_batchs(tmp_path):
 
     xs, ys = zip(*(images(r) for r in range(WORLD)), strict=True)
     for norm, exact in (("group", True), ("batch", False)):
-        results = run_ranks(resnet_ddp_gradient, WORLD, {"norm": norm}, tmp_path, timeout_s=100)
+        results = run_ranks(
+            resnet_ddp_gradient, WORLD, {"norm": norm}, tmp_path / norm, timeout_s=100
+        )
         recipe = get_recipe("resnet", width=8, blocks=1, norm=norm)
         model = seeded_model(recipe, IMAGES, 0)
         loss_sum, count = recipe.loss(model, recipe.batch(np.concatenate(xs), np.concatenate(ys)))
