@@ -75,8 +75,8 @@ class TrainingLoop:
         self.net = build_net(spec, data, self.emu, self.recipe, amp.device)
         self.rebalancer = new_rebalancer(spec, world)
         self.base_slowdown = self.emu.slowdown
+        self.s3_bytes_seen = data.cache.stats.bytes_read  # before the run's reads (trials')
         self.reader = data.reader(rank, cfg.seed)  # this rank's share of each step, streamed
-        self.s3_bytes_seen = data.cache.stats.bytes_read if self.trials else 0  # trials' apart
         self.state = self.resume(saved)
         run_dir, start = Path(spec.run_dir), self.state.start
         self.recovery = note_recovery(run_dir, start) if rank == 0 else Recovery()
@@ -102,6 +102,7 @@ class TrainingLoop:
                 self.counter,
                 self.rank,
                 self.mean.group,
+                self.shared.group,
             ).run()
         if self.rank == 0:
             print(f"compression 'auto' -> {trials.chosen}: {trials.reason}", flush=True)

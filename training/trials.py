@@ -5,8 +5,9 @@ mode picks a kernel.
 
 Each candidate trains a throwaway replica: the recipe's model at the run's seed under a DDP
 of its own with that method's hook (warm-up cut to `TRIAL_WARMUP_STEPS`, top-k with no density
-stages), its own optimizer, loss scale and emulator (a fresh one of the rank's device and
-link, so that the run's own keeps no trace), on the run's first `TRIAL_STEPS` batches read
+stages), its own optimizer, loss scale and emulator (a fresh one of the rank's device, so that the
+run's own dilation keeps no trace; the collectives go over the run's emulated link, attached
+to the wire counter), on the run's first `TRIAL_STEPS` batches read
 by a reader of its own. The first `TRIAL_UNTIMED_STEPS` steps (the warm-up and the first
 step that compresses) are not timed, and the emulator then forgets them (`Emulator.forget`):
 it dilates a compute phase from the least recent CPU time of its batch size, and a dense
@@ -18,8 +19,9 @@ Torch's random state is restored afterwards and the wire counts are put back
 (`WireCounter.apart`), so the run then trains from the initial weights, data and state it
 would have had with the chosen method set from the start.
 
-Every rank times its own steps; a method's step is the slowest rank's (an all-reduce with MAX,
-which also spreads a failure), so every rank holds the same table and
+Every rank times its own steps; a method's step is the slowest rank's (an all-reduce with MAX
+on a control group, off the emulated link and the gradient bytes, which also spreads a
+failure), so every rank holds the same table and
 `choose_from_trials` makes the same choice on each. A candidate that raises on every rank
 alike (one that cannot be built here) is recorded as failed and skipped; a failure on some
 ranks only leaves the others inside a collective, and the run fails as on a failed step.
@@ -56,8 +58,9 @@ NOT_WITH_FP16 = "not tried: fp16's loss scale needs the gradient all-reduced eve
 
 class Trials:
     """What the trials of one rank share: the run's spec (its plan's candidates and local
-    batches), the data, recipe and device's precision (`amp`), the wire counter, and the
-    control group of the loss's count (`MeanOverCounts.group`; None where it is fixed)."""
+    batches), the data, recipe and device's precision (`amp`), the wire counter, the control
+    group of the loss's count (`MeanOverCounts.group`; None where it is fixed), and the control
+    group the ranks agree on the table over (`new_control_group`; None: the default group)."""
 
     def __init__(
         self,
@@ -68,9 +71,11 @@ class Trials:
         counter: WireCounter,
         rank: int,
         count_group=None,
+        control_group=None,
     ) -> None:
         self.spec, self.data, self.recipe, self.amp = spec, data, recipe, amp
         self.counter, self.rank, self.count_group = counter, rank, count_group
+        self.control_group = control_group
         self.world = dist.get_world_size()
 
     def run(self) -> CompressionTrials:
@@ -148,7 +153,7 @@ class Trials:
         """Every rank's figures reduced with MAX (the slowest rank's step; a failure anywhere
         is infinite): the same table on every rank."""
         figures = torch.tensor([[s, b] for s, b, _ in own], dtype=torch.float64)
-        dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+        dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=self.control_group)
         trials = []
         for m, (step_s, nbytes), (_, _, error) in zip(methods, figures.tolist(), own, strict=True):
             failed = step_s == float("inf")
