@@ -54,7 +54,7 @@ from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import measure_profile, run_workers
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS, summarize
-from hetflow.training.planning import ideal_throughput, make_plan
+from hetflow.training.planning import ideal_throughput, launched, make_plan
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.hetero_args import PRECISION, parser
@@ -103,7 +103,8 @@ def compute_model_error(
     """Per rank, measured compute per step over the plan's model a_i + c_i x b_i, minus 1 (pure).
 
     Over the steps that ran the first plan's batch, leaving out step 0 (DDP's set-up) and every
-    step from `until_step` on (a straggler changes the speeds there); None where no step did.
+    step from `until_step` on (a straggler changes the speeds there); None where no step did,
+    and for a rank the plan left at batch 0 (it computes nothing to compare).
     """
     out: list[float | None] = []
     for r in sorted(result["ranks"], key=lambda r: r["rank"]):
@@ -114,7 +115,8 @@ def compute_model_error(
             if THROUGHPUT_SKIP_STEPS <= x["step"] < until_step and x["batch"] == plan[k]
         ]
         predicted = latency_s[k] + per_sample_s[k] * plan[k]
-        out.append(sum(times) / len(times) / predicted - 1 if times and predicted > 0 else None)
+        ok = times and predicted > 0 and plan[k] > 0
+        out.append(sum(times) / len(times) / predicted - 1 if ok else None)
     return out
 
 
@@ -209,14 +211,15 @@ def run_variant(
     name: str, round_: int, bench: Bench, profile: Profile, dataset: DatasetSpec, tmp: str
 ) -> tuple[dict, Plan, TrainConfig]:
     """One training run of variant `name` in round `round_`, planned from the profile with no
-    gradient compression: (its result.json, its first plan, its config)."""
+    gradient compression: (its result.json, its first plan over the ranks launched, its config).
+    Workers the plan drops (`Plan.dropped`) are not launched; the others keep their order."""
     base, *tags = name.split("@")
     launcher = "ray" if "ray" in tags else ""
     knobs = {"schedule": VARIANTS[base], "compression": "none"}
     precision = [t for t in tags if t != "ray"]
     cfg = bench.base.model_copy(update=knobs | ({"precision": precision[0]} if precision else {}))
-    plan = make_plan(profile, bench.cluster, cfg)
-    cluster = bench.cluster.model_copy(update={"launcher": launcher or "local"})
+    whole = bench.cluster.model_copy(update={"launcher": launcher or "local"})
+    cluster, plan, stragglers = launched(whole, make_plan(profile, whole, cfg), bench.stragglers)
     spec = RunSpec(
         run_name=f"{name.replace('@', '-')}-{round_}",
         variant=name,
@@ -224,7 +227,7 @@ def run_variant(
         dataset=dataset,
         train=cfg,
         plan=plan,
-        stragglers=bench.stragglers,
+        stragglers=stragglers,
         run_dir=f"{tmp}/{name}-{round_}",
     )
     res, wall = run_workers(spec)
@@ -249,7 +252,8 @@ def variant_figures(
         "final_accuracy": m.get("final_accuracy"),
         "final_val_loss": m.get("final_val_loss"),
         "evals": [e.model_dump(exclude_none=True) for e in result.ranks[0].evals],
-        "initial_plan": plan.local_batches,
+        "initial_plan": plan.local_batches,  # of the ranks launched
+        "dropped": plan.dropped,  # workers not launched (`planning.drop_from_launch`)
         "final_plan": lead["plans"][-1]["plan"],
         "replans": len(lead["replans"]),
         "plans": lead["plans"],  # every plan in force, from the step it came in

@@ -216,6 +216,9 @@ class Plan(_Record):
     per_sample_s: list[float] = []
     caps: list[int | None] = []  # each worker's largest local batch (`planning.memory_caps`)
     excluded: list[str] = []  # workers left out of the synchronous step (batch 0), each with why
+    # of those, the workers not launched at all (`planning.drop_from_launch`): a static plan's,
+    # or a dynamic one's whose all-reduce share costs more than the re-balance threshold
+    dropped: list[str] = []
 
     @classmethod
     def equal(cls, local_batches: list[int], why: str = "") -> Plan:

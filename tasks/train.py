@@ -17,7 +17,7 @@ from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import LaunchError, RankFailed, run_workers
 from hetflow.training.metrics import step_series, summarize
-from hetflow.training.planning import make_plan
+from hetflow.training.planning import launched, make_plan
 from hetflow.training.recipes import DataInfo, Recipe, check_recipe, seeded_model
 from hetflow.training.scheduler import PlanError
 
@@ -91,14 +91,15 @@ def train_variant(
     manifest = read_manifest(dataset.url)
     recipe = check_recipe(train, manifest)
     plan: Plan = make_plan(profile, cluster, train)
+    ranks, ranks_plan, _ = launched(cluster, plan)  # the workers launched: all but plan.dropped
     run_dir = stable_run_dir(variant)
     spec = RunSpec(
         run_name=run_dir.name,
         variant=variant,
-        cluster=cluster,
+        cluster=ranks,
         dataset=dataset,
         train=train,
-        plan=plan,
+        plan=ranks_plan,
         run_dir=str(run_dir),
     )
     print(
@@ -108,6 +109,11 @@ def train_variant(
     )
     for why in plan.excluded:  # also in MLflow: the plan's param plan.excluded
         print(f"{variant}: left out of the synchronous step: {why}")
+    if plan.dropped:  # also in MLflow: plan.dropped
+        print(
+            f"{variant}: not launched: {', '.join(plan.dropped)} (at batch 0 they would only "
+            "add to every all-reduce; planning.drop_from_launch)"
+        )
     tracker = MLflowTracker(tracking)
     run_id = tracker.open_variant_run(
         variant, cluster, dataset, train, plan, run_dir, parent_run_id
@@ -128,7 +134,7 @@ def train_variant(
     )
     info = DataInfo.from_manifest(manifest)
     name = f"hetflow-{dataset.source}"
-    record_outcome(tracker, outcome, profile, train, name, cluster, (recipe, info))
+    record_outcome(tracker, outcome, profile, train, name, ranks, (recipe, info))
     _print_outcome(variant, result, metrics, wall)
     return outcome
 

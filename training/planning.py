@@ -5,7 +5,7 @@ from __future__ import annotations
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig
 from hetflow.records import CompressionMethod, Plan, Profile
 from hetflow.training.comm import auto_candidates, choose_compression
-from hetflow.training.scheduler import balance_with_exclusion, equal_batches
+from hetflow.training.scheduler import balance_with_exclusion, balanced_step_time, equal_batches
 
 
 def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
@@ -46,7 +46,7 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
             per_sample, latency, train.global_batch, caps, names
         )
     method, reason, candidates = plan_compression(profile, cluster, train)
-    return Plan(
+    plan = Plan(
         local_batches=batches,
         compression=method,
         compression_reason=reason,
@@ -57,6 +57,93 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
         caps=caps,
         excluded=excluded,
     )
+    dropped = drop_from_launch(plan, train, max(r.grad_allreduce_s for r in profile.ranks))
+    return plan.model_copy(update={"dropped": [cluster.workers[i].name for i in dropped]})
+
+
+def ring_allreduce_s(measured_s: float, world: int, ranks: int) -> float:
+    """An all-reduce's time over `ranks` ranks from one measured over `world`: a ring moves
+    2(n-1)/n of the gradient per rank, so the time scales with (n-1)/n (latency terms aside);
+    0 on one rank, which reduces nothing."""
+    if ranks <= 1 or world <= 1:
+        return 0.0
+    return measured_s * ((ranks - 1) / ranks) / ((world - 1) / world)
+
+
+def drop_from_launch(plan: Plan, train: TrainConfig, allreduce_s: float) -> list[int]:
+    """The ranks the plan leaves at batch 0 that are not launched at all (pure).
+
+    A rank left out of the step at batch 0 still joins every all-reduce, with a zero gradient:
+    it costs the others its share of the ring (the whole all-reduce where one rank would
+    otherwise compute alone), and on a GPU cluster it holds the process group on gloo. Under a
+    static plan ('proportional') nothing can bring it back, so it is never launched. Under
+    'dynamic' it stays in, at batch 0, so that a re-plan can bring it back, unless launching
+    without it is predicted to shorten the step by more than `train.rebalance_threshold`: the
+    step the others compute (`balanced_step_time` of the plan's model) plus the all-reduce over
+    every rank (`allreduce_s`, the profile's) against plus the all-reduce over those computing
+    (`ring_allreduce_s`). Equal splits leave no rank out.
+
+    >>> p = Plan(local_batches=[128, 0, 0], latency_s=[0.004, 0.2, 0.2],
+    ...          per_sample_s=[1e-5, 1e-3, 1e-3])
+    >>> drop_from_launch(p, TrainConfig(schedule="proportional"), 0.001)
+    [1, 2]
+    >>> drop_from_launch(p, TrainConfig(schedule="dynamic"), 0.001)  # 0.001 of a 0.0063 s step
+    [1, 2]
+    >>> drop_from_launch(p, TrainConfig(schedule="dynamic"), 0.0001)  # 2% of the step: kept
+    []
+    """
+    out = [i for i, b in enumerate(plan.local_batches) if b == 0]
+    if not out or train.schedule == "equal":
+        return []
+    if train.schedule == "proportional":
+        return out
+    kept = [i for i, b in enumerate(plan.local_batches) if b > 0]
+    n, k = len(plan.local_batches), len(kept)
+    compute = balanced_step_time(
+        [plan.latency_s[i] for i in kept],
+        [plan.per_sample_s[i] for i in kept],
+        train.global_batch,
+        [plan.caps[i] for i in kept] if plan.caps else None,
+    )
+    with_them = compute + allreduce_s
+    saved = allreduce_s - ring_allreduce_s(allreduce_s, n, k)
+    return out if saved > train.rebalance_threshold * with_them else []
+
+
+def launched(
+    cluster: ClusterSpec, plan: Plan, stragglers: list[tuple[int, int, float]] | None = None
+) -> tuple[ClusterSpec, Plan, list[tuple[int, int, float]]]:
+    """The cluster, plan and stragglers (rank, step, factor) of the ranks launched: the
+    plan's `dropped` workers removed and the rest renumbered in order; each kept emulated
+    worker keeps its own slowdown (the time scale follows the fastest worker launched)."""
+    stragglers = list(stragglers or [])
+    if not plan.dropped:
+        return cluster, plan, stragglers
+    keep = [i for i, w in enumerate(cluster.workers) if w.name not in plan.dropped]
+    fastest = max(w.speed for w in cluster.workers)
+    kept_fastest = max(cluster.workers[i].speed for i in keep)
+    sub = cluster.model_copy(
+        update={
+            "workers": [cluster.workers[i] for i in keep],
+            "time_scale": cluster.time_scale * fastest / kept_fastest,
+        }
+    )
+
+    def pick(values: list) -> list:
+        return [values[i] for i in keep] if values else []
+
+    sub_plan = plan.model_copy(
+        update={
+            "local_batches": pick(plan.local_batches),
+            "speeds": pick(plan.speeds),
+            "latency_s": pick(plan.latency_s),
+            "per_sample_s": pick(plan.per_sample_s),
+            "caps": pick(plan.caps),
+        }
+    )
+    renumber = {old: new for new, old in enumerate(keep)}
+    moved = [(renumber[r], s, f) for r, s, f in stragglers if r in renumber]
+    return sub, sub_plan, moved
 
 
 def plan_compression(

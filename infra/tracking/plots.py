@@ -36,15 +36,19 @@ def rank_labels(cluster: ClusterSpec, profile: Profile | None = None) -> list[st
     >>> rank_labels(ClusterSpec.from_speeds([1, 2]))
     ['w0 · 1x', 'w1 · 2x']
     """
+    measured = {}  # by worker name (a run may launch fewer workers than were profiled)
+    for i, r in enumerate(profile.ranks if profile is not None else []):
+        name = r.worker or (cluster.workers[i].name if i < len(cluster.workers) else "")
+        measured[name] = r.relative_speed
     labels = []
-    for i, w in enumerate(cluster.workers):
+    for w in cluster.workers:
         label = w.name
         if w.instance_type:
             label += f" · {w.instance_type}"
         elif cluster.emulate:
             label += f" · {w.speed:g}x"
-        if profile is not None and i < len(profile.ranks) and profile.ranks[i].relative_speed:
-            label += f" (measured {profile.ranks[i].relative_speed:.2f})"
+        if measured.get(w.name):
+            label += f" (measured {measured[w.name]:.2f})"
         labels.append(label)
     return labels
 

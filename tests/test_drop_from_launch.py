@@ -1,0 +1,112 @@
+"""Workers a plan leaves at batch 0 and that would only add to every all-reduce are not launched
+(`planning.drop_from_launch`, `planning.launched`): a static plan's always, a dynamic plan's
+where the all-reduce share they cost is more than the re-balance threshold of the step."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetflow.config import ClusterSpec, TrackingConfig, TrainConfig
+from hetflow.training.planning import launched, make_plan, ring_allreduce_s
+
+from tests.profiles import profile_of, rank_profile
+
+GPU_LATENCY, CPU_LATENCY = 0.004, 5.0  # a fast worker's fixed cost per step, a hopeless one's
+
+
+def _profile(allreduce_s: float):
+    """Two fast workers and one whose fixed cost is far beyond their step; the all-reduce of
+    one gradient over all three takes `allreduce_s`."""
+    fig = {"grad_allreduce_s": allreduce_s}
+    fast = [rank_profile(r, 20000.0, fit_latency_s=GPU_LATENCY, **fig) for r in range(2)]
+    return profile_of([*fast, rank_profile(2, 200.0, fit_latency_s=CPU_LATENCY, **fig)])
+
+
+@pytest.mark.parametrize(
+    ("schedule", "allreduce_s", "dropped"),
+    [
+        ("proportional", 0.0, ["w2"]),  # nothing can bring it back: never launched
+        # its quarter of the ring (0.5 ms) is 6.6% of the 7.6 ms step: over the 5% threshold
+        ("dynamic", 0.002, ["w2"]),
+        ("dynamic", 0.0002, []),  # 0.9% of the step: kept, so that a re-plan may bring it back
+        ("equal", 0.002, []),  # the equal split leaves no one out
+    ],
+)
+def test_the_plan_drops_a_left_out_worker_by_what_its_all_reduce_share_costs(
+    schedule, allreduce_s, dropped
+):
+    profile = _profile(allreduce_s)
+    cluster = ClusterSpec.from_speeds([1, 1, 0.1])
+    train = TrainConfig(global_batch=64, schedule=schedule, rebalance_threshold=0.05)
+    plan = make_plan(profile, cluster, train)
+    assert plan.dropped == dropped
+    if schedule != "equal":
+        assert plan.local_batches[2] == 0 and plan.excluded[0].startswith("w2: ")
+
+
+def test_the_ring_all_reduce_scales_with_the_ranks_it_spans():
+    assert ring_allreduce_s(0.003, 4, 1) == 0.0  # one rank reduces nothing
+    assert ring_allreduce_s(0.003, 4, 4) == pytest.approx(0.003)
+    assert ring_allreduce_s(0.003, 4, 2) == pytest.approx(0.003 * 0.5 / 0.75)
+
+
+def test_launched_renumbers_the_ranks_and_keeps_each_workers_slowdown():
+    cluster = ClusterSpec.from_speeds([4, 1, 2, 1], time_scale=8.0)
+    profile = profile_of(
+        [
+            rank_profile(0, 4000.0, fit_latency_s=0.004),
+            rank_profile(1, 10.0, fit_latency_s=9.0),
+            rank_profile(2, 2000.0, fit_latency_s=0.004),
+            rank_profile(3, 1000.0, fit_latency_s=0.004),
+        ]
+    )
+    plan = make_plan(profile, cluster, TrainConfig(global_batch=64, schedule="proportional"))
+    assert plan.dropped == ["w1"]
+    sub, sub_plan, stragglers = launched(cluster, plan, [(3, 5, 2.0), (1, 5, 3.0)])
+    assert [w.name for w in sub.workers] == ["w0", "w2", "w3"]
+    assert sub_plan.local_batches == [b for i, b in enumerate(plan.local_batches) if i != 1]
+    assert sum(sub_plan.local_batches) == 64
+    assert sub_plan.latency_s == [plan.latency_s[i] for i in (0, 2, 3)]
+    assert stragglers == [(2, 5, 2.0)]  # w3's, renumbered; w1's went with it
+    full = dict(zip([w.name for w in cluster.workers], cluster.slowdowns(), strict=True))
+    assert dict(zip(["w0", "w2", "w3"], sub.slowdowns(), strict=True)) == {
+        k: full[k] for k in ("w0", "w2", "w3")
+    }
+    # the fastest worker's cap is 0: the time scale follows the fastest one launched
+    fast_out = ClusterSpec.from_speeds([4, 1], time_scale=8.0)
+    capped = plan.model_copy(update={"dropped": ["w0"], "local_batches": [0, 64]})
+    sub, _, _ = launched(fast_out, capped)
+    assert sub.slowdowns() == [fast_out.slowdowns()[1]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_static_plan_launches_without_the_worker_it_leaves_out(
+    digits, prefect_harness, hetflow_home
+):
+    from mlflow.tracking import MlflowClient
+    from prefect import flow
+
+    import hetflow.tasks.train as train_task
+    from hetflow.infra.tracking.tracker import MLflowTracker
+
+    cluster = ClusterSpec.from_speeds([1, 1, 0.1], time_scale=2.0)
+    train = TrainConfig(
+        recipe="digits-mlp", global_batch=48, steps=3, schedule="proportional", eval_every=100
+    )
+
+    @flow
+    def one_variant():
+        return train_task.train_variant(
+            "static", cluster, digits, train, _profile(0.001), TrackingConfig()
+        )
+
+    out = one_variant()
+    assert out.plan.dropped == ["w2"] and out.plan.local_batches[2] == 0
+    ranks = out.result.ranks
+    assert len(ranks) == 2  # w2 was not started: two ranks ran every step
+    assert all(len(r.records) == train.steps for r in ranks)
+    assert all(sum(r.records[i].batch for r in ranks) == 48 for i in range(train.steps))
+    run = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri).get_run(out.run_id)
+    assert run.data.params["plan.dropped"] == '["w2"]'
+    assert run.data.params["plan.local_batches"] == str(out.plan.local_batches)
