@@ -110,3 +110,40 @@ def test_a_static_plan_launches_without_the_worker_it_leaves_out(
     run = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri).get_run(out.run_id)
     assert run.data.params["plan.dropped"] == '["w2"]'
     assert run.data.params["plan.local_batches"] == str(out.plan.local_batches)
+
+
+def _gpu_and_cpus(cpu_batches: list[int]):
+    """A GPU (7 ms a step, almost flat in the batch) beside three CPU workers (2 ms + 6.5 ms a
+    sample), each measured at `cpu_batches`: the shape of the H100 + 3 CPU run of the small gpt
+    in docs/measurements.md, whose plan was [125, 1, 1, 1]."""
+    gpu = rank_profile(0, 3700.0, fit_latency_s=0.007, fit_s_per_sample=4e-5)
+    cpus = [
+        rank_profile(r, 150.0, fit_latency_s=0.002, fit_s_per_sample=0.0065)
+        for r in range(1, 4)
+    ]
+    measured = {"compute_batches": cpu_batches}
+    return profile_of(
+        [gpu.model_copy(update={"compute_batches": [8, 16, 32, 64]})]
+        + [c.model_copy(update=measured) for c in cpus]
+    )
+
+
+def test_a_share_below_the_smallest_measured_batch_goes_to_the_others_within_the_threshold():
+    cluster = ClusterSpec.from_speeds([1, 1, 1, 1])
+    static = TrainConfig(global_batch=128, schedule="proportional")
+    unmeasured = make_plan(_gpu_and_cpus([]), cluster, static)  # no floor: the model as fitted
+    assert unmeasured.local_batches == [125, 1, 1, 1] and unmeasured.dropped == []
+    plan = make_plan(_gpu_and_cpus([8, 16, 32, 64]), cluster, static)
+    assert plan.local_batches == [128, 0, 0, 0]
+    assert plan.dropped == ["w1", "w2", "w3"]
+    assert "below the smallest batch its step was measured at (8)" in plan.excluded[0]
+
+
+def test_a_share_below_the_measured_batches_stays_where_the_others_cannot_take_it():
+    from hetflow.training.scheduler import balance_with_exclusion
+
+    # two equal workers measured from 64 on, sharing 64: either alone takes twice the step
+    batches, why = balance_with_exclusion(
+        [0.01, 0.01], [0.001, 0.001], 64, min_batches=[64, 64], tolerance=0.1
+    )
+    assert batches == [32, 32] and why == []

@@ -32,7 +32,9 @@ def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
 def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
     """Local batches from the profile's step models (`Profile.step_models`), the workers'
     memory caps (`memory_caps`) and the schedule, with the workers too slow to help left out
-    (`scheduler.exclude_slow`; never under the equal split); the compression as
+    (`scheduler.exclude_slow`, and a share below the smallest batch a worker's profile measured
+    where the others take it within the re-balance threshold; never under the equal split), and
+    of those the workers not launched (`drop_from_launch`); the compression as
     `plan_compression` plans it ('auto': the candidates the workers try)."""
     speeds = [r.samples_per_s for r in profile.ranks]
     latency, per_sample = profile.step_models()
@@ -42,8 +44,17 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
         batches = equal_batches(cluster.world_size, train.global_batch)
     else:
         names = [w.name for w in cluster.workers]
+        measured_from = [
+            min(r.compute_batches) if r.compute_batches else None for r in profile.ranks
+        ]
         batches, excluded = balance_with_exclusion(
-            per_sample, latency, train.global_batch, caps, names
+            per_sample,
+            latency,
+            train.global_batch,
+            caps,
+            names,
+            min_batches=measured_from,
+            tolerance=train.rebalance_threshold,
         )
     method, reason, candidates = plan_compression(profile, cluster, train)
     plan = Plan(

@@ -210,10 +210,20 @@ def balance_with_exclusion(
     global_batch: int,
     caps: Sequence[int | None] | None = None,
     names: Sequence[str] | None = None,
+    min_batches: Sequence[int | None] | None = None,
+    tolerance: float = 0.0,
 ) -> tuple[list[int], list[str]]:
     """`balance_batches` over the ranks `exclude_slow` keeps; 0 for the others, and why. A rank
     whose cap is 0 (its device holds no sample of the model) is left out first; a PlanError
-    when every rank's is."""
+    when every rank's is.
+
+    `min_batches`: per rank, the smallest batch its step model was measured at (None: no
+    bound). A share below it is the affine model extrapolated, where a real step is not affine
+    and its fixed part is under-estimated (a CPU worker beside a GPU, given 1 sample, measured
+    2-3x its predicted step). Such a rank, the smallest share first, is left out as well when
+    the others take its share for at most `tolerance` more step time by the model
+    (`balanced_step_time`), then the rest are balanced again.
+    """
     n = len(per_sample_s)
     caps = list(caps) if caps is not None else [None] * n
     names = list(names) if names is not None else [f"rank {i}" for i in range(n)]
@@ -237,6 +247,41 @@ def balance_with_exclusion(
         global_batch,
         [caps[i] for i in idx],
     )
+    floors = list(min_batches) if min_batches is not None else [None] * n
+    while len(idx) > 1:
+        small = [
+            (b / floors[i], j)
+            for j, (i, b) in enumerate(zip(idx, part, strict=True))
+            if floors[i] and b < floors[i]
+        ]
+        if not small:
+            break
+        j = min(small)[1]
+        rest = idx[:j] + idx[j + 1 :]
+
+        def step(ranks: list[int]) -> float:
+            return balanced_step_time(
+                [latency_s[i] for i in ranks],
+                [per_sample_s[i] for i in ranks],
+                global_batch,
+                [caps[i] for i in ranks],
+            )
+
+        with_it, without = step(idx), step(rest)
+        if not without <= with_it * (1 + tolerance):
+            break
+        why.append(
+            f"{names[idx[j]]}: its share of {part[j]} is below the smallest batch its step was "
+            f"measured at ({floors[idx[j]]}), and the others take it for "
+            f"{100 * (without / with_it - 1):.1f}% more step time"
+        )
+        idx = rest
+        part = balance_batches(
+            [per_sample_s[i] for i in idx],
+            [latency_s[i] for i in idx],
+            global_batch,
+            [caps[i] for i in idx],
+        )
     batches = [0] * n
     for i, b in zip(idx, part, strict=True):
         batches[i] = b
