@@ -122,7 +122,7 @@ def train_variant(
     result = RunResult.model_validate(raw)
     metrics = summarize(result, train.global_batch, train.target_accuracy, train.target_val_loss)
     metrics["run_time_s"] = wall
-    metrics.update(cost_metrics(cluster, metrics, train, catalog, epoch_samples))
+    metrics.update(cost_metrics(ranks, metrics, train, catalog, epoch_samples))  # launched
     outcome = TrainOutcome(
         variant=variant,
         run_id=run_id,

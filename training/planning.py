@@ -33,7 +33,8 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
     """Local batches from the profile's step models (`Profile.step_models`), the workers'
     memory caps (`memory_caps`) and the schedule, with the workers too slow to help left out
     (`scheduler.exclude_slow`, and a share below the smallest batch a worker's profile measured
-    where the others take it within the re-balance threshold; never under the equal split), and
+    where its step there is no shorter than the others' without it; never under the equal
+    split), and
     of those the workers not launched (`drop_from_launch`); the compression as
     `plan_compression` plans it ('auto': the candidates the workers try)."""
     speeds = [r.samples_per_s for r in profile.ranks]
@@ -54,7 +55,6 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
             caps,
             names,
             min_batches=measured_from,
-            tolerance=train.rebalance_threshold,
         )
     method, reason, candidates = plan_compression(profile, cluster, train)
     plan = Plan(

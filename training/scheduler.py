@@ -211,7 +211,6 @@ def balance_with_exclusion(
     caps: Sequence[int | None] | None = None,
     names: Sequence[str] | None = None,
     min_batches: Sequence[int | None] | None = None,
-    tolerance: float = 0.0,
 ) -> tuple[list[int], list[str]]:
     """`balance_batches` over the ranks `exclude_slow` keeps; 0 for the others, and why. A rank
     whose cap is 0 (its device holds no sample of the model) is left out first; a PlanError
@@ -221,8 +220,9 @@ def balance_with_exclusion(
     bound). A share below it is the affine model extrapolated, where a real step is not affine
     and its fixed part is under-estimated (a CPU worker beside a GPU, given 1 sample, measured
     2-3x its predicted step). Such a rank, the smallest share first, is left out as well when
-    the others take its share for at most `tolerance` more step time by the model
-    (`balanced_step_time`), then the rest are balanced again.
+    its step at that smallest measured batch is at least the step the others take sharing the
+    whole global batch (`balanced_step_time`): the rule of `exclude_slow` with the step it was
+    seen to take in place of the extrapolated fixed cost. Then the rest are balanced again.
     """
     n = len(per_sample_s)
     caps = list(caps) if caps is not None else [None] * n
@@ -257,30 +257,28 @@ def balance_with_exclusion(
         if not small:
             break
         j = min(small)[1]
+        i = idx[j]
         rest = idx[:j] + idx[j + 1 :]
-
-        def step(ranks: list[int]) -> float:
-            return balanced_step_time(
-                [latency_s[i] for i in ranks],
-                [per_sample_s[i] for i in ranks],
-                global_batch,
-                [caps[i] for i in ranks],
-            )
-
-        with_it, without = step(idx), step(rest)
-        if not without <= with_it * (1 + tolerance):
+        without = balanced_step_time(
+            [latency_s[r] for r in rest],
+            [per_sample_s[r] for r in rest],
+            global_batch,
+            [caps[r] for r in rest],
+        )
+        known = latency_s[i] + per_sample_s[i] * floors[i]  # its step where it was measured
+        if known < without:
             break
         why.append(
-            f"{names[idx[j]]}: its share of {part[j]} is below the smallest batch its step was "
-            f"measured at ({floors[idx[j]]}), and the others take it for "
-            f"{100 * (without / with_it - 1):.1f}% more step time"
+            f"{names[i]}: its share of {part[j]} is below the smallest batch its step was "
+            f"measured at ({floors[i]}), where it takes {known:.3g} s, at least the "
+            f"{without:.3g} s step the others take sharing the global batch"
         )
         idx = rest
         part = balance_batches(
-            [per_sample_s[i] for i in idx],
-            [latency_s[i] for i in idx],
+            [per_sample_s[r] for r in idx],
+            [latency_s[r] for r in idx],
             global_batch,
-            [caps[i] for i in idx],
+            [caps[r] for r in idx],
         )
     batches = [0] * n
     for i, b in zip(idx, part, strict=True):
