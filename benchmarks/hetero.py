@@ -30,6 +30,9 @@ Variants side by side in one invocation: `--launcher ray` runs each also on Ray 
 wall time and its start-up part (`run_s`, `startup_s`); `--precision fp32,auto` runs each in
 every precision given (`VARIANT@auto`). On a GPU machine, `--devices cuda,cpu,cpu --no-emulate`
 is real heterogeneity (no time dilation), `--devices cuda` emulated speeds on GPU workers.
+`--variants fastest` adds the fastest worker alone with the whole batch and the others not
+launched (`fastest_alone`): what dropping the slow workers gives, which no plan should fall
+below, in the same invocation.
 """
 
 from __future__ import annotations
@@ -61,7 +64,42 @@ from benchmarks.hetero_args import PRECISION, parser
 from benchmarks.hetero_table import print_table
 from benchmarks.ray_cluster import local_ray
 
-VARIANTS = {"baseline": "equal", "static": "proportional", "dynamic": "dynamic"}
+VARIANTS = {
+    "baseline": "equal",
+    "static": "proportional",
+    "dynamic": "dynamic",
+    "fastest": "proportional",  # one worker: nothing to re-balance (`fastest_alone`)
+}
+
+
+def fastest_alone(plan: Plan, cluster: ClusterSpec, global_batch: int) -> Plan:
+    """`plan` with the whole global batch on the worker whose modelled step at that batch is
+    shortest (among those whose cap holds it) and every other worker dropped: the reference
+    'drop the slow workers' that a plan must not fall below (pure).
+
+    >>> p = Plan(local_batches=[40, 88], latency_s=[0.001, 0.004], per_sample_s=[1e-3, 1e-5])
+    >>> alone = fastest_alone(p, ClusterSpec.from_speeds([1, 1]), 128)
+    >>> alone.local_batches, alone.dropped
+    ([0, 128], ['w0'])
+    """
+    n = len(plan.local_batches)
+    caps = plan.caps or [None] * n
+    able = [i for i in range(n) if caps[i] is None or caps[i] >= global_batch]
+    if not able:
+        raise ConfigError(f"--variants: fastest: no worker's memory cap holds {global_batch}")
+    best = min(able, key=lambda i: plan.latency_s[i] + plan.per_sample_s[i] * global_batch)
+    names = [w.name for w in cluster.workers]
+    return plan.model_copy(
+        update={
+            "local_batches": [global_batch if i == best else 0 for i in range(n)],
+            "excluded": [
+                f"{names[i]}: the 'fastest' variant runs {names[best]} alone"
+                for i in range(n)
+                if i != best
+            ],
+            "dropped": [names[i] for i in range(n) if i != best],
+        }
+    )
 
 
 def parse_straggler(text: str, world: int) -> tuple[int, int, float]:
@@ -219,7 +257,10 @@ def run_variant(
     precision = [t for t in tags if t != "ray"]
     cfg = bench.base.model_copy(update=knobs | ({"precision": precision[0]} if precision else {}))
     whole = bench.cluster.model_copy(update={"launcher": launcher or "local"})
-    cluster, plan, stragglers = launched(whole, make_plan(profile, whole, cfg), bench.stragglers)
+    planned = make_plan(profile, whole, cfg)
+    if base == "fastest":
+        planned = fastest_alone(planned, whole, cfg.global_batch)
+    cluster, plan, stragglers = launched(whole, planned, bench.stragglers)
     spec = RunSpec(
         run_name=f"{name.replace('@', '-')}-{round_}",
         variant=name,

@@ -24,7 +24,13 @@ def parser() -> argparse.ArgumentParser:
     add_recipe_arg(p, "digits-cnn")
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument("--straggler", action="append", default=[], help="RANK:STEP:FACTOR (repeatable)")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma-separated: baseline (equal split), static, dynamic, and fastest (the "
+        "fastest worker alone with the whole batch, the others not launched: what dropping "
+        f"the slow workers gives) (default: {','.join(VARIANTS)})",
+    )
     p.add_argument(
         "--rebalance-every",
         type=int,

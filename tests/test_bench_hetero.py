@@ -124,3 +124,27 @@ def test_time_to_target_is_each_variants_time_to_what_baseline_ended_at():
         "time_to_target_speedup"
         not in with_time_to_target({"static": _evals((1.0, 2.0))})["static"]
     )
+
+
+def test_a_rank_the_plan_left_at_batch_0_has_no_model_error():
+    records = [{"step": s, "batch": 0, "compute_s": 0.0001} for s in range(4)]
+    result = {"ranks": [{"rank": 0, "records": records}]}
+    # its fixed cost alone was predicted: an empty step is no measure of it
+    assert compute_model_error(result, [0], [0.01], [0.001], until_step=4) == [None]
+
+
+def test_the_fastest_variant_runs_the_quickest_worker_that_holds_the_batch_alone():
+    from hetflow.config import ClusterSpec
+    from hetflow.records import Plan
+
+    from benchmarks.hetero import fastest_alone, parse_args
+
+    plan = Plan(
+        local_batches=[20, 50, 58],
+        latency_s=[0.01, 0.002, 0.001],
+        per_sample_s=[1e-3, 1e-5, 1e-5],
+        caps=[None, None, 100],  # w2 is quicker, but cannot hold 128
+    )
+    alone = fastest_alone(plan, ClusterSpec.from_speeds([1, 2, 3]), 128)
+    assert alone.local_batches == [0, 128, 0] and alone.dropped == ["w0", "w2"]
+    assert parse_args(["--variants", "fastest,dynamic"])[1].variants == ["fastest", "dynamic"]
