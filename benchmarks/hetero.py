@@ -57,7 +57,7 @@ from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import measure_profile, run_workers
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS, summarize
-from hetflow.training.planning import ideal_throughput, launched, make_plan
+from hetflow.training.planning import fastest_alone, ideal_throughput, launched, make_plan
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.hetero_args import PRECISION, parser
@@ -70,36 +70,6 @@ VARIANTS = {
     "dynamic": "dynamic",
     "fastest": "proportional",  # one worker: nothing to re-balance (`fastest_alone`)
 }
-
-
-def fastest_alone(plan: Plan, cluster: ClusterSpec, global_batch: int) -> Plan:
-    """`plan` with the whole global batch on the worker whose modelled step at that batch is
-    shortest (among those whose cap holds it) and every other worker dropped: the reference
-    'drop the slow workers' that a plan must not fall below (pure).
-
-    >>> p = Plan(local_batches=[40, 88], latency_s=[0.001, 0.004], per_sample_s=[1e-3, 1e-5])
-    >>> alone = fastest_alone(p, ClusterSpec.from_speeds([1, 1]), 128)
-    >>> alone.local_batches, alone.dropped
-    ([0, 128], ['w0'])
-    """
-    n = len(plan.local_batches)
-    caps = plan.caps or [None] * n
-    able = [i for i in range(n) if caps[i] is None or caps[i] >= global_batch]
-    if not able:
-        raise ConfigError(f"--variants: fastest: no worker's memory cap holds {global_batch}")
-    best = min(able, key=lambda i: plan.latency_s[i] + plan.per_sample_s[i] * global_batch)
-    names = [w.name for w in cluster.workers]
-    return plan.model_copy(
-        update={
-            "local_batches": [global_batch if i == best else 0 for i in range(n)],
-            "excluded": [
-                f"{names[i]}: the 'fastest' variant runs {names[best]} alone"
-                for i in range(n)
-                if i != best
-            ],
-            "dropped": [names[i] for i in range(n) if i != best],
-        }
-    )
 
 
 def parse_straggler(text: str, world: int) -> tuple[int, int, float]:

@@ -200,12 +200,10 @@ class Profile(_Record):
 
 
 class Plan(_Record):
-    """What a variant runs with: each rank's local batch and the gradient communication.
-
+    """What a variant runs with: each worker's local batch and the gradient communication.
     `latency_s` and `per_sample_s` are the step model it was balanced with (empty when no
     profile was used); the re-balancer starts from them. `compression_candidates` ('auto'): the
-    workers try each at the start of the run and keep the fastest (`CompressionTrials`).
-    """
+    workers try each at the start of the run and keep the fastest (`CompressionTrials`)."""
 
     local_batches: list[int]
     compression: CompressionMethod = CompressionMethod()
@@ -216,9 +214,7 @@ class Plan(_Record):
     per_sample_s: list[float] = []
     caps: list[int | None] = []  # each worker's largest local batch (`planning.memory_caps`)
     excluded: list[str] = []  # workers left out of the synchronous step (batch 0), each with why
-    # of those, the workers not launched at all (`planning.drop_from_launch`): a static plan's,
-    # or a dynamic one's whose all-reduce share costs more than the re-balance threshold
-    dropped: list[str] = []
+    dropped: list[str] = []  # of those, the workers not launched (`planning.drop_from_launch`)
 
     @classmethod
     def equal(cls, local_batches: list[int], why: str = "") -> Plan:

@@ -102,18 +102,7 @@ def train_variant(
         plan=ranks_plan,
         run_dir=str(run_dir),
     )
-    print(
-        f"{variant}: local batches {plan.local_batches}, compression "
-        f"{'auto' if plan.compression_candidates else plan.compression} "
-        f"({plan.compression_reason}); training {train.steps} steps"
-    )
-    for why in plan.excluded:  # also in MLflow: the plan's param plan.excluded
-        print(f"{variant}: left out of the synchronous step: {why}")
-    if plan.dropped:  # also in MLflow: plan.dropped
-        print(
-            f"{variant}: not launched: {', '.join(plan.dropped)} (at batch 0 they would only "
-            "add to every all-reduce; planning.drop_from_launch)"
-        )
+    _print_plan(variant, plan, train)
     tracker = MLflowTracker(tracking)
     run_id = tracker.open_variant_run(
         variant, cluster, dataset, train, plan, run_dir, parent_run_id
@@ -122,14 +111,16 @@ def train_variant(
     result = RunResult.model_validate(raw)
     metrics = summarize(result, train.global_batch, train.target_accuracy, train.target_val_loss)
     metrics["run_time_s"] = wall
-    metrics.update(cost_metrics(ranks, metrics, train, catalog, epoch_samples))  # launched
+    metrics.update(cost_metrics(ranks, metrics, train, catalog, epoch_samples))
     outcome = TrainOutcome(
         variant=variant,
         run_id=run_id,
         run_dir=str(run_dir),
         plan=plan,
-        metrics=metrics,
-        series=step_series(result, train.global_batch),
+        metrics=on_cluster_ranks(metrics, cluster, plan),
+        series=[
+            on_cluster_ranks(row, cluster, plan) for row in step_series(result, train.global_batch)
+        ],
         result=result,
     )
     info = DataInfo.from_manifest(manifest)
@@ -137,6 +128,47 @@ def train_variant(
     record_outcome(tracker, outcome, profile, train, name, ranks, (recipe, info))
     _print_outcome(variant, result, metrics, wall)
     return outcome
+
+
+def _print_plan(variant: str, plan: Plan, train: TrainConfig) -> None:
+    """The plan as the run's log says it (MLflow holds it too: the params plan.*)."""
+    print(
+        f"{variant}: local batches {plan.local_batches}, compression "
+        f"{'auto' if plan.compression_candidates else plan.compression} "
+        f"({plan.compression_reason}); training {train.steps} steps"
+    )
+    for why in plan.excluded:
+        print(f"{variant}: left out of the synchronous step: {why}")
+    if plan.dropped:
+        print(
+            f"{variant}: not launched: {', '.join(plan.dropped)} (at batch 0 they would only "
+            "add to every all-reduce; planning.drop_from_launch)"
+        )
+
+
+def on_cluster_ranks(figures: dict, cluster: ClusterSpec, plan: Plan) -> dict:
+    """`figures` with each `rankR/` name renumbered from the ranks launched to the cluster's
+    workers, so that a row of the comparison is one worker in both variants; a dropped worker
+    gets local_batch and busy_fraction 0 (pure).
+
+    >>> c = ClusterSpec.from_speeds([1, 4])
+    >>> on_cluster_ranks({"rank0/local_batch": 64, "loss": 1.0}, c, Plan(local_batches=[0, 64],
+    ...     dropped=["w0"]))
+    {'rank1/local_batch': 64, 'loss': 1.0, 'rank0/local_batch': 0, 'rank0/busy_fraction': 0.0}
+    """
+    if not plan.dropped:
+        return figures
+    keep = [i for i, w in enumerate(cluster.workers) if w.name not in plan.dropped]
+    out = {}
+    for k, v in figures.items():
+        head, sep, rest = k.partition("/")
+        if sep and head.startswith("rank") and head[4:].isdigit():
+            k = f"rank{keep[int(head[4:])]}/{rest}"
+        out[k] = v
+    for i, w in enumerate(cluster.workers):
+        if w.name in plan.dropped:
+            out |= {f"rank{i}/local_batch": 0, f"rank{i}/busy_fraction": 0.0}
+    return out
 
 
 def _print_outcome(variant: str, result: RunResult, metrics: dict, wall: float) -> None:

@@ -136,8 +136,9 @@ def test_a_rank_the_plan_left_at_batch_0_has_no_model_error():
 def test_the_fastest_variant_runs_the_quickest_worker_that_holds_the_batch_alone():
     from hetflow.config import ClusterSpec
     from hetflow.records import Plan
+    from hetflow.training.planning import fastest_alone
 
-    from benchmarks.hetero import fastest_alone, parse_args
+    from benchmarks.hetero import parse_args
 
     plan = Plan(
         local_batches=[20, 50, 58],

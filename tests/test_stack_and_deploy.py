@@ -511,11 +511,9 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
             assert name in m, f"{variant} lacks {name}"
         for name in FRACTIONS + [f"rank{r}/busy_fraction" for r in range(4)]:
             assert 0.0 <= m[name] <= 1.0, (variant, name, m[name])
-        assert (
-            m["throughput_samples_per_s"] > 0
-            and m["comm_bytes_total"] > 0
-            and m["s3_bytes_read"] >= 0
-        )
+        alone = len(json.loads(run.data.params.get("plan.dropped", "[]"))) == 3  # one rank ran
+        assert m["throughput_samples_per_s"] > 0 and m["s3_bytes_read"] >= 0
+        assert (m["comm_bytes_total"] == 0) if alone else (m["comm_bytes_total"] > 0)
         for name, values in cells.items():  # the Prefect artifact says what MLflow holds
             assert values[col] == fmt(m.get(name), name), (variant, name, values[col], m.get(name))
         plots = {a.path: a.file_size for a in mlflow.list_artifacts(run.info.run_id, "plots")}

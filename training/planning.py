@@ -5,7 +5,12 @@ from __future__ import annotations
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig
 from hetflow.records import CompressionMethod, Plan, Profile
 from hetflow.training.comm import auto_candidates, choose_compression
-from hetflow.training.scheduler import balance_with_exclusion, balanced_step_time, equal_batches
+from hetflow.training.scheduler import (
+    PlanError,
+    balance_with_exclusion,
+    balanced_step_time,
+    equal_batches,
+)
 
 
 def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
@@ -186,3 +191,33 @@ def ideal_throughput(latency: list[float], per_sample: list[float], global_batch
         total = sum(max(0.0, (mid - a) / c) for a, c in zip(latency, per_sample, strict=True))
         lo, hi = (mid, hi) if total < global_batch else (lo, mid)
     return global_batch / hi
+
+
+def fastest_alone(plan: Plan, cluster: ClusterSpec, global_batch: int) -> Plan:
+    """`plan` with the whole global batch on the worker whose modelled step at that batch is
+    shortest (among those whose cap holds it) and every other worker dropped: the reference
+    'drop the slow workers' that a plan must not fall below (pure).
+
+    >>> p = Plan(local_batches=[40, 88], latency_s=[0.001, 0.004], per_sample_s=[1e-3, 1e-5])
+    >>> alone = fastest_alone(p, ClusterSpec.from_speeds([1, 1]), 128)
+    >>> alone.local_batches, alone.dropped
+    ([0, 128], ['w0'])
+    """
+    n = len(plan.local_batches)
+    caps = plan.caps or [None] * n
+    able = [i for i in range(n) if caps[i] is None or caps[i] >= global_batch]
+    if not able:
+        raise PlanError(f"caps: no worker's memory cap holds the global batch of {global_batch}")
+    best = min(able, key=lambda i: plan.latency_s[i] + plan.per_sample_s[i] * global_batch)
+    names = [w.name for w in cluster.workers]
+    return plan.model_copy(
+        update={
+            "local_batches": [global_batch if i == best else 0 for i in range(n)],
+            "excluded": [
+                f"{names[i]}: the 'fastest' variant runs {names[best]} alone"
+                for i in range(n)
+                if i != best
+            ],
+            "dropped": [names[i] for i in range(n) if i != best],
+        }
+    )

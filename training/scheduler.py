@@ -247,7 +247,35 @@ def balance_with_exclusion(
         global_batch,
         [caps[i] for i in idx],
     )
-    floors = list(min_batches) if min_batches is not None else [None] * n
+    idx, part = _leave_out_small_shares(
+        idx, part, per_sample_s, latency_s, global_batch, caps, names, min_batches, why
+    )
+    batches = [0] * n
+    for i, b in zip(idx, part, strict=True):
+        batches[i] = b
+    return batches, why
+
+
+def equal_batches(n: int, global_batch: int) -> list[int]:
+    """The baseline split: as equal as integers allow."""
+    return plan_batches([1.0] * n, global_batch)
+
+
+def _leave_out_small_shares(
+    idx: list[int],
+    part: list[int],
+    per_sample_s: Sequence[float],
+    latency_s: Sequence[float],
+    global_batch: int,
+    caps: list[int | None],
+    names: list[str],
+    min_batches: Sequence[int | None] | None,
+    why: list[str],
+) -> tuple[list[int], list[int]]:
+    """`balance_with_exclusion`'s second rule (see there): the ranks `idx` kept and their
+    shares `part`, with each rank whose share is below its smallest measured batch and whose
+    step there is no shorter than the others' without it left out; `why` gets each reason."""
+    floors = list(min_batches) if min_batches is not None else [None] * len(per_sample_s)
     while len(idx) > 1:
         small = [
             (b / floors[i], j)
@@ -280,12 +308,4 @@ def balance_with_exclusion(
             global_batch,
             [caps[r] for r in idx],
         )
-    batches = [0] * n
-    for i, b in zip(idx, part, strict=True):
-        batches[i] = b
-    return batches, why
-
-
-def equal_batches(n: int, global_batch: int) -> list[int]:
-    """The baseline split: as equal as integers allow."""
-    return plan_batches([1.0] * n, global_batch)
+    return idx, part
