@@ -15,8 +15,8 @@ own records (`StepRecord.data_s`, `StepRecord.s3_bytes`, `RankResult.cache`,
   (`--memory-cache-mb`), and on one of a single shard (`tiny`): each rank's peak resident
   memory. The fixed margin is the tiny run's peak less its model state; the bound checked is
   margin + cache budget + (prefetch + 2) decoded shards + model state, and that plus the peak
-  of the sample index (4-16 bytes per sample kept, more while an epoch's order is drawn:
-  measured here with tracemalloc), the one part that grows with the number of samples.
+  of the sample index (O(shards x classes) and the within-block permutations in use, no table
+  per sample: measured here with tracemalloc).
 """
 
 from __future__ import annotations
@@ -175,28 +175,28 @@ def run_memory(a: argparse.Namespace, tmp: str) -> dict:
     out["margin_bytes"] = margin
     held = (a.prefetch + 2) * out["decoded_shard_bytes"]
     out["bound_bytes"] = margin + budget + held + large["model_state_bytes"]
-    out["index_peak_bytes"] = index_peak_bytes(n, shard, a.memory_batch, steps)
+    out["index_peak_bytes"] = index_peak_bytes(m, a.memory_batch, steps)
     out["large_minus_tiny_bytes"] = max(large["peak_rss_bytes"]) - max(tiny["peak_rss_bytes"])
     return out
 
 
-def index_peak_bytes(n: int, shard: int, batch: int, steps: int) -> int:
-    """Peak bytes of a rank's sample index for `n` samples (labels, shard of each sample, the
-    epoch orders, the shard schedule), measured with tracemalloc over the run's steps: the part
-    of a rank's memory that grows with the number of samples (not their size)."""
+def index_peak_bytes(manifest: Manifest, batch: int, steps: int) -> int:
+    """Peak bytes of rank 0's sample index over the run's steps (the numbering of the samples,
+    the epoch orders, the shard schedule and the prefetch's next shards), measured with
+    tracemalloc as `RankReader.batch` plans each step, reading nothing: the part of a rank's
+    memory that could grow with the number of samples (not their size). It is O(shards x
+    classes) plus the within-block permutations in use (training/partition.py)."""
     import tracemalloc
 
-    import numpy as np
+    from hetflow.training.data import RankReader
 
-    from hetflow.training.partition import ShardSchedule, Stream
-
+    RankReader(manifest, "train", None, 0, 0).needed(0, [batch])  # imports, first calls
     tracemalloc.start()
-    labels = np.sort(np.random.default_rng(0).integers(0, 10, n).astype(np.int32))
-    shard_of = np.repeat(np.arange(n // shard + 1, dtype=np.int32), shard)[:n]
-    schedule = ShardSchedule(Stream(labels, 0, shards=shard_of), shard_of, [batch], 0)
+    reader = RankReader(manifest, "train", None, 0, 0)  # plans, reads nothing
     for t in range(steps + 1):
-        schedule(t)
-        schedule.forget_before(t)
+        reader.needed(t, [batch])
+        reader.upcoming(t, [batch], 4)
+        reader.stream.index.shard_of(reader.stream.step_indices(t, [batch], 0))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return int(peak)
