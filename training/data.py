@@ -221,7 +221,7 @@ class RankReader:
             self.held[s] = pending.result() if pending is not None else self._load(s)
         for s in [s for s in self.held if s not in need]:
             del self.held[s]
-        idx = self.stream.step_indices(step, plan, self.rank)
+        idx = self._schedule.indices(step)  # the schedule's: computed once
         which = self.stream.index.shard_of(idx)
         local = idx - self.offsets[which]
         first = self.held[need[0]][0] if need else empty_samples(self.manifest, self.context)

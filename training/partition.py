@@ -119,7 +119,9 @@ class _Epoch:
 
     shards: np.ndarray  # the shards in this epoch's order
     u: np.ndarray  # per class: its keys' phase
-    cum: np.ndarray  # (blocks + 1, classes): class-c samples in the blocks before block b
+    # Class by class, the class's samples in the blocks before block b, plus c * (n + 1) so
+    # that the whole is ascending: entry c * (blocks + 1) + b.
+    starts: np.ndarray
 
 
 class Stream:
@@ -155,7 +157,8 @@ class Stream:
         starts = np.arange(0, self.index.shards, self.block)
         per_block = np.add.reduceat(self.index.counts[shards], starts, axis=0)
         cum = np.concatenate([np.zeros((1, self.index.classes), np.int64), np.cumsum(per_block, 0)])
-        return _Epoch(shards, u, cum)
+        starts = (cum.T + (np.arange(self.index.classes) * (self.n + 1))[:, None]).ravel()
+        return _Epoch(shards, u, starts)
 
     def shard_order(self, epoch: int) -> np.ndarray:
         """The shards in epoch `epoch`'s order; block b is its entries [b * block, (b + 1) *
@@ -219,19 +222,14 @@ class Stream:
 
     def _epoch_indices(self, epoch: int, a: int, b: int) -> np.ndarray:
         cls, k = self._window(epoch, a, b)
-        cum = self._epoch(epoch).cum
-        out = np.empty(len(k), dtype=np.int64)
-        for c in np.unique(cls):
-            m = cls == c
-            kc = k[m]
-            block = np.searchsorted(cum[:, c], kc, side="right") - 1
-            j = kc - cum[block, c]
-            got = np.empty(len(kc), dtype=np.int64)
-            for blk in np.unique(block):
-                mb = block == blk
-                got[mb] = self._table(epoch, int(blk), int(c))[j[mb]]
-            out[m] = got
-        return out
+        starts, classes = self._epoch(epoch).starts, self.index.classes
+        blocks = len(starts) // classes  # + 1
+        key = k + cls * (self.n + 1)
+        at = np.searchsorted(starts, key, side="right") - 1  # the block holding each
+        pair, where = np.unique((at - cls * blocks) * classes + cls, return_inverse=True)
+        tables = [self._table(epoch, int(p) // classes, int(p) % classes) for p in pair]
+        first = _exclusive_cumsum(np.asarray([len(t) for t in tables], dtype=np.int64))
+        return np.concatenate(tables)[first[where] + key - starts[at]].astype(np.int64)
 
     def indices(self, start: int, stop: int) -> np.ndarray:
         """The sample indices at stream positions [start, stop) (int64)."""
@@ -304,22 +302,43 @@ def needed_shards(stream: Stream, step: int, plan: Sequence[int], rank: int) -> 
 
 
 class ShardSchedule:
-    """`shard_schedule` of one rank under one plan, computed block by block and remembered."""
+    """`shard_schedule` of one rank under one plan, computed block by block and remembered.
+
+    The sample indices of the rows computed for the next 2 x `block` steps (from the step last
+    passed to `forget_before`; `upcoming` looks past the first block) are kept until `indices`
+    hands them out, so that a step's indices are computed once: at most 2 x `block` x the local
+    batch x 4 bytes (int32 below 2**31 samples).
+    """
 
     def __init__(self, stream: Stream, plan: Sequence[int], rank: int, block: int = 32) -> None:
         self.stream, self.plan, self.rank = stream, list(plan), rank
         self.block = block
         self._rows: dict[int, list[int]] = {}
+        self._indices: dict[int, np.ndarray] = {}
+        self._now = 0
 
     def __call__(self, step: int) -> list[int]:
         if step not in self._rows:
-            rows = shard_schedule(self.stream, step, self.block, self.plan, self.rank)
-            self._rows.update(zip(range(step, step + self.block), rows, strict=True))
+            for t in range(step, step + self.block):
+                idx = self.stream.step_indices(t, self.plan, self.rank)
+                self._rows[t] = _unique_in_order(self.stream.index.shard_of(idx))
+                if t < self._now + 2 * self.block:
+                    self._indices[t] = idx.astype(np.int32) if self.stream.n < 2**31 else idx
         return self._rows[step]
 
+    def indices(self, step: int) -> np.ndarray:
+        """`stream.step_indices(step, plan, rank)`, taken from the rows when they hold it."""
+        idx = self._indices.pop(step, None)
+        if idx is None:
+            return self.stream.step_indices(step, self.plan, self.rank)
+        return idx.astype(np.int64)
+
     def forget_before(self, step: int) -> None:
+        self._now = step
         for t in [t for t in self._rows if t < step]:
             del self._rows[t]
+        for t in [t for t in self._indices if t < step]:
+            del self._indices[t]
 
     def upcoming(self, step: int, depth: int, horizon: int = 256) -> list[int]:
         """The first `depth` shards that steps after `step` read and `step` does not, in order."""
