@@ -14,11 +14,11 @@ first needs it). A window of the stream therefore needs only the few shards arou
 Training reads the orders as one stream, epoch after epoch; step t takes stream positions
 [t*B, (t+1)*B) and rank r takes its plan's slice of them. Every sample is therefore read exactly
 once per epoch whatever the plan is, also when the plan changes mid-epoch, and each rank's share
-is its local batch. Any position is computed on its own, in O(classes + window) time and memory,
-from (seed, epoch, position) and the index: nothing of size n is drawn, so a restart at any step
-needs no state, and a rank's memory for the order does not grow with the number of samples
-(only `block=None`, one block of all shards, has O(n) per-class permutations: the unlocal order,
-kept for comparison).
+is its local batch. Any position is computed on its own from (seed, epoch, position) and the
+index, in O(classes + window) time and memory plus the permutation of each (block, class) it
+first touches: nothing of size n is drawn, so a restart at any step needs no state, and a rank's
+memory for the order does not grow with the number of samples (only `block=None`, one block of
+all shards, has O(n) per-class permutations: the unlocal order, kept for comparison).
 
     >>> rank_slices([16, 16, 32, 64])
     [(0, 16), (16, 32), (32, 64), (64, 128)]
