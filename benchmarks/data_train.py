@@ -15,13 +15,17 @@ own records (`StepRecord.data_s`, `StepRecord.s3_bytes`, `RankResult.cache`,
   (`--memory-cache-mb`), and on one of a single shard (`tiny`): each rank's peak resident
   memory. The fixed margin is the tiny run's peak less its model state; the bound checked is
   margin + cache budget + (prefetch + 2) decoded shards + model state, and that plus the peak
-  of the sample index (4-16 bytes per sample kept, more while an epoch's order is drawn:
-  measured here with tracemalloc), the one part that grows with the number of samples.
+  of the sample index (O(shards x classes) and the within-block permutations in use, no table
+  per sample: measured here with tracemalloc). Then rank 0's reader alone, in a process
+  without torch, over the large dataset: its peak resident memory before and after an epoch.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -175,28 +179,69 @@ def run_memory(a: argparse.Namespace, tmp: str) -> dict:
     out["margin_bytes"] = margin
     held = (a.prefetch + 2) * out["decoded_shard_bytes"]
     out["bound_bytes"] = margin + budget + held + large["model_state_bytes"]
-    out["index_peak_bytes"] = index_peak_bytes(n, shard, a.memory_batch, steps)
+    out["index_peak_bytes"] = index_peak_bytes(m, a.memory_batch, steps)
     out["large_minus_tiny_bytes"] = max(large["peak_rss_bytes"]) - max(tiny["peak_rss_bytes"])
+    out["reader_alone"] = reader_peak(m.url, budget, a.prefetch, a.memory_batch, a.ranks)
     return out
 
 
-def index_peak_bytes(n: int, shard: int, batch: int, steps: int) -> int:
-    """Peak bytes of a rank's sample index for `n` samples (labels, shard of each sample, the
-    epoch orders, the shard schedule), measured with tracemalloc over the run's steps: the part
-    of a rank's memory that grows with the number of samples (not their size)."""
+READER_PEAK = """
+import json, re, sys, tempfile
+from pathlib import Path
+from hetflow.infra.cache import ShardCache
+from hetflow.infra.datasets import read_manifest
+from hetflow.training.data import RankReader
+url, budget, prefetch, batch, ranks = sys.argv[1], *map(int, sys.argv[2:])
+# This process's own peak (VmHWM): getrusage's would be at least the parent's size at fork.
+status = Path("/proc/self/status")
+peak = lambda: int(re.search(r"VmHWM:\\s+(\\d+) kB", status.read_text()).group(1)) * 1024
+m = read_manifest(url)
+plan = [batch // ranks] * ranks
+plan[-1] += batch - sum(plan)
+steps = m.splits["train"].samples // batch + 10
+with tempfile.TemporaryDirectory() as d:
+    cache = ShardCache(url, d, budget_bytes=budget, prefetch_depth=1)
+    with RankReader(m, "train", cache, 0, 1, prefetch=prefetch) as r:
+        for t in range(3):
+            r.batch(t, plan)
+    before = peak()
+    with RankReader(m, "train", cache, 0, 0, prefetch=prefetch) as r:
+        for t in range(steps):
+            r.batch(t, plan)
+print(json.dumps({"steps": steps, "peak_before_bytes": before, "peak_after_bytes": peak()}))
+"""
+
+
+def reader_peak(url: str, budget: int, prefetch: int, batch: int, ranks: int) -> dict:
+    """Rank 0's reader alone, in a process of its own without torch (Linux: /proc's VmHWM): its
+    peak resident memory after 3 steps of a first reader (imports, threads, the first shards)
+    and after a second reader's epoch and 10 steps through a cache of `budget` bytes, cold but
+    for the first reader's shards (`growth_bytes`: the data path's own, with none of a
+    training rank's other memory to blur it)."""
+    args = [sys.executable, "-c", READER_PEAK, url, str(budget), str(prefetch), str(batch)]
+    done = subprocess.run([*args, str(ranks)], capture_output=True, text=True, check=True)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["growth_bytes"] = out["peak_after_bytes"] - out["peak_before_bytes"]
+    return out
+
+
+def index_peak_bytes(manifest: Manifest, batch: int, steps: int) -> int:
+    """Peak bytes of rank 0's sample index over the run's steps (the numbering of the samples,
+    the epoch orders, the shard schedule and the prefetch's next shards), measured with
+    tracemalloc as `RankReader.batch` plans each step, reading nothing: the part of a rank's
+    memory that could grow with the number of samples (not their size). It is O(shards x
+    classes) plus the within-block permutations in use (training/partition.py)."""
     import tracemalloc
 
-    import numpy as np
+    from hetflow.training.data import RankReader
 
-    from hetflow.training.partition import ShardSchedule, Stream
-
+    RankReader(manifest, "train", None, 0, 0).needed(0, [batch])  # imports, first calls
     tracemalloc.start()
-    labels = np.sort(np.random.default_rng(0).integers(0, 10, n).astype(np.int32))
-    shard_of = np.repeat(np.arange(n // shard + 1, dtype=np.int32), shard)[:n]
-    schedule = ShardSchedule(Stream(labels, 0, shards=shard_of), shard_of, [batch], 0)
+    reader = RankReader(manifest, "train", None, 0, 0)  # plans, reads nothing
     for t in range(steps + 1):
-        schedule(t)
-        schedule.forget_before(t)
+        reader.needed(t, [batch])
+        reader.upcoming(t, [batch], 4)
+        reader.stream.index.shard_of(reader.stream.step_indices(t, [batch], 0))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return int(peak)
@@ -255,6 +300,12 @@ def print_report(out: dict) -> None:
             f"{mem['margin_bytes'] / 1e6:.0f} MB; bound {mem['bound_bytes'] / 1e6:.0f} MB; "
             f"large - tiny peak {mem['large_minus_tiny_bytes'] / 1e6:.1f} MB; sample index "
             f"{mem['index_peak_bytes'] / 1e6:.1f} MB at its peak"
+        )
+        alone = mem["reader_alone"]
+        console.print(
+            f"rank 0's reader alone: peak RSS {alone['peak_before_bytes'] / 1e6:.1f} MB after "
+            f"3 steps, {alone['peak_after_bytes'] / 1e6:.1f} MB after {alone['steps']} "
+            f"(+{alone['growth_bytes'] / 1e6:.1f} MB)"
         )
     console.print(f"took {out['wall_s']:.0f}s")
     for k, ok in out["goals"].items():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -9,12 +11,12 @@ from hypothesis import strategies as st
 
 from hetflow.training.partition import (
     PartitionError,
+    SampleIndex,
     ShardSchedule,
     Stream,
     check_plan,
     epoch_order,
     needed_shards,
-    shard_of_samples,
     shard_schedule,
     upcoming_shards,
 )
@@ -22,9 +24,20 @@ from hetflow.training.partition import (
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def index_of(labels: np.ndarray, shard_sizes: list[int]) -> SampleIndex:
+    """The index of samples with these labels in shards of these sizes (laid end to end): per
+    shard, the count of each class present in the data."""
+    classes = np.unique(labels)
+    bounds = np.cumsum([0, *shard_sizes])
+    return SampleIndex(
+        [[int((labels[a:b] == c).sum()) for c in classes] for a, b in itertools.pairwise(bounds)]
+    )
+
+
 @st.composite
 def datasets(draw, min_size=1, max_size=160):
-    """Labels (possibly skewed classes, possibly sorted by label) and optionally shards."""
+    """An index (labels of possibly skewed classes, possibly sorted by label, in one shard or
+    several) and a block size (None: one block of all shards)."""
     n = draw(st.integers(min_size, max_size))
     classes = draw(st.integers(1, 6))
     weights = draw(st.lists(st.integers(1, 8), min_size=classes, max_size=classes))
@@ -32,11 +45,11 @@ def datasets(draw, min_size=1, max_size=160):
     labels = rng.choice(classes, size=n, p=np.array(weights) / sum(weights))
     if draw(st.booleans()):
         labels = np.sort(labels)  # the worst case for shard-local reading
-    shards = None
+    sizes = [n]
     if draw(st.booleans()):
         size = draw(st.integers(1, max(1, n // 2)))
-        shards = shard_of_samples([min(size, n - s) for s in range(0, n, size)])
-    return labels, shards, draw(st.integers(1, 3))
+        sizes = [min(size, n - s) for s in range(0, n, size)]
+    return index_of(labels, sizes), draw(st.sampled_from([1, 2, 3, None]))
 
 
 def _counts(order: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -49,19 +62,19 @@ def _counts(order: np.ndarray, labels: np.ndarray) -> np.ndarray:
 @SETTINGS
 @given(datasets(), st.integers(0, 1000), st.integers(0, 50))
 def test_epoch_order_is_a_permutation_and_deterministic(data, seed, epoch):
-    labels, shards, block = data
-    order = epoch_order(labels, seed, epoch, shards, block)
-    assert np.array_equal(np.sort(order), np.arange(len(labels)))
-    assert np.array_equal(order, epoch_order(labels, seed, epoch, shards, block))
+    index, block = data
+    order = epoch_order(index, seed, epoch, block)
+    assert np.array_equal(np.sort(order), np.arange(index.n))
+    assert np.array_equal(order, epoch_order(index, seed, epoch, block))
 
 
 @SETTINGS
 @given(datasets(min_size=30), st.integers(0, 1000), st.integers(0, 50))
 def test_epochs_and_seeds_reshuffle(data, seed, epoch):
-    labels, shards, block = data
-    order = epoch_order(labels, seed, epoch, shards, block)
-    assert not np.array_equal(order, epoch_order(labels, seed, epoch + 1, shards, block))
-    assert not np.array_equal(order, epoch_order(labels, seed + 1, epoch, shards, block))
+    index, block = data
+    order = epoch_order(index, seed, epoch, block)
+    assert not np.array_equal(order, epoch_order(index, seed, epoch + 1, block))
+    assert not np.array_equal(order, epoch_order(index, seed + 1, epoch, block))
 
 
 @SETTINGS
@@ -74,8 +87,9 @@ def test_every_window_has_the_class_mix_of_the_whole(data, seed, epoch):
     L * n_c + d_c of them with d_c in (-1, 1]; eliminating L gives the bound. The shard-local
     order only changes which sample a class puts at its k-th key, so the bound is the same.
     """
-    labels, shards, block = data
-    order = epoch_order(labels, seed, epoch, shards, block)
+    index, block = data
+    labels = index.class_of(np.arange(index.n))
+    order = epoch_order(index, seed, epoch, block)
     cum = _counts(order, labels)  # classes x (n + 1)
     n = len(labels)
     p = cum[:, -1] / n
@@ -87,11 +101,53 @@ def test_every_window_has_the_class_mix_of_the_whole(data, seed, epoch):
     assert (deviation < bound[:, None]).all(), deviation.max(axis=1)
 
 
+@SETTINGS
+@given(datasets())
+def test_samples_are_numbered_shard_by_shard_class_by_class(data):
+    index, _ = data
+    shard = np.repeat(np.arange(index.shards), index.samples)
+    label = np.concatenate([np.repeat(np.arange(index.classes), row) for row in index.counts])
+    every = np.arange(index.n)
+    assert np.array_equal(index.shard_of(every), shard)
+    assert np.array_equal(index.class_of(every), label)
+
+
+@SETTINGS
+@given(datasets(), st.integers(0, 1000), st.integers(0, 5), st.data())
+def test_any_window_computed_alone_is_that_slice_of_the_orders(data, seed, epoch, draw):
+    """A fresh stream (a restarted rank: no state) gives any window of positions, also one
+    across an epoch's end, as the slice of the epochs' whole orders; so does one that keeps
+    only one within-block permutation."""
+    index, block = data
+    n = index.n
+    orders = np.concatenate([epoch_order(index, seed, e, block) for e in (epoch, epoch + 1)])
+    a = draw.draw(st.integers(0, 2 * n - 1))
+    b = draw.draw(st.integers(a, 2 * n))
+    for stream in (Stream(index, seed, block), Stream(index, seed, block, tables=1)):
+        assert np.array_equal(stream.indices(epoch * n + a, epoch * n + b), orders[a:b])
+
+
+@SETTINGS
+@given(datasets(), st.integers(0, 1000), st.integers(0, 20))
+def test_each_class_reads_its_shards_block_after_block(data, seed, epoch):
+    """Shard-local: in the order, the samples of a class come block of shards by block of
+    shards, in the epoch's shard order."""
+    index, block = data
+    stream = Stream(index, seed, block)
+    order = stream.order(epoch)
+    position = np.empty(index.shards, dtype=np.int64)
+    position[stream.shard_order(epoch)] = np.arange(index.shards)
+    blocks = position[index.shard_of(order)] // stream.block
+    classes = index.class_of(order)
+    for c in range(index.classes):
+        assert (np.diff(blocks[classes == c]) >= 0).all()
+
+
 @st.composite
 def runs(draw):
     """A dataset, a global batch and a plan per step that changes mid-epoch (also the world)."""
-    labels, shards, block = draw(datasets(min_size=2, max_size=120))
-    n = len(labels)
+    index, block = draw(datasets(min_size=2, max_size=120))
+    n = index.n
     batch = draw(st.integers(1, n))
     steps = -(-2 * n // batch)  # two epochs' worth of positions
     plans = []
@@ -112,15 +168,15 @@ def runs(draw):
             else []
         )
         plans.append(list(np.diff([0, *cuts, batch])))
-    return labels, shards, block, batch, plans
+    return index, block, batch, plans
 
 
 @SETTINGS
 @given(runs(), st.integers(0, 1000))
 def test_plan_changes_mid_epoch_lose_and_repeat_nothing(run, seed):
-    labels, shards, block, batch, plans = run
-    n = len(labels)
-    stream = Stream(labels, seed, shards=shards, block=block)
+    index, block, batch, plans = run
+    n = index.n
+    stream = Stream(index, seed, block=block)
     positions, indices = [], []
     for step, plan in enumerate(plans):
         for rank, local in enumerate(plan):
@@ -140,19 +196,19 @@ def test_plan_changes_mid_epoch_lose_and_repeat_nothing(run, seed):
 @SETTINGS
 @given(runs(), st.integers(0, 100), st.integers(1, 6))
 def test_shards_for_prefetch_are_the_shards_the_next_steps_read(run, seed, depth):
-    labels, shards, block, _, plans = run
-    shard_of = shards if shards is not None else np.arange(len(labels)) // 7
-    stream = Stream(labels, seed, shards=shards, block=block)
+    index, block, _, plans = run
+    stream = Stream(index, seed, block=block)
+    shard_of = index.shard_of(np.arange(index.n))  # per sample, for the brute force
     plan, rank = plans[0], len(plans[0]) - 1
-    schedule = ShardSchedule(stream, shard_of, plan, rank, block=3)
+    schedule = ShardSchedule(stream, plan, rank, block=3)
     steps = min(len(plans), 12)
-    rows = shard_schedule(stream, shard_of, 0, 2 * steps + 2, plan, rank)
+    rows = shard_schedule(stream, 0, 2 * steps + 2, plan, rank)
     for step in range(steps):
         idx = stream.step_indices(step, plan, rank)
         expected = list(dict.fromkeys(int(s) for s in shard_of[idx]))
-        assert needed_shards(stream, shard_of, step, plan, rank) == expected == schedule(step)
+        assert needed_shards(stream, step, plan, rank) == expected == schedule(step)
         assert rows[step] == expected
-        ahead = upcoming_shards(stream, shard_of, step, plan, rank, depth, horizon=steps)
+        ahead = upcoming_shards(stream, step, plan, rank, depth, horizon=steps)
         assert ahead == schedule.upcoming(step, depth, horizon=steps)
         # Brute force: the first `depth` shards of later steps that this step does not read.
         brute = []
@@ -165,18 +221,16 @@ def test_shards_for_prefetch_are_the_shards_the_next_steps_read(run, seed, depth
 def test_shard_local_order_reads_few_shards_per_step():
     """Why the shard-local order exists: a step needs a handful of shards, not all of them."""
     rng = np.random.default_rng(0)
-    labels = rng.integers(0, 10, size=6400)
-    shard_of = shard_of_samples([200] * 32)
+    index = index_of(rng.integers(0, 10, size=6400), [200] * 32)
     plan = [32, 32, 64]
-    local = Stream(labels, 0, shards=shard_of)
-    spread = Stream(labels, 0)
+    local = Stream(index, 0)
+    spread = Stream(index, 0, block=None)  # one block of all shards: the unlocal shuffle
     steps = 6400 // 128
-    per_step_local = [len(needed_shards(local, shard_of, t, plan, 0)) for t in range(steps)]
-    per_step_global = [len(needed_shards(spread, shard_of, t, plan, 0)) for t in range(steps)]
+    per_step_local = [len(needed_shards(local, t, plan, 0)) for t in range(steps)]
+    per_step_global = [len(needed_shards(spread, t, plan, 0)) for t in range(steps)]
     assert np.mean(per_step_local) < 4
     assert np.mean(per_step_global) > 16
-    # Without shards the order is the original stratified shuffle.
-    assert np.array_equal(spread.order(3), epoch_order(labels, 0, 3))
+    assert np.array_equal(spread.order(3), epoch_order(index, 0, 3, block=None))
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,67 @@ def test_a_reader_holds_only_the_shards_of_its_step_and_its_prefetch(tmp_path):
     assert most <= 2 and reader.reads >= 40
 
 
+def _sorted_labels_manifest(shards: int, per_shard: int, classes: int = 10) -> Manifest:
+    """A tabular manifest (no data behind it) of `shards` shards of `per_shard` samples whose
+    labels are sorted across the split: each class fills whole shards, the case where a step
+    reads the most shards and every class walks its own blocks."""
+    n = shards * per_shard
+    bounds = np.linspace(0, n, classes + 1).astype(int)
+    infos = []
+    for i in range(shards):
+        a, b = i * per_shard, (i + 1) * per_shard
+        hist = {c: int(min(b, bounds[c + 1]) - max(a, bounds[c])) for c in range(classes)}
+        labels = {c: k for c, k in hist.items() if k > 0}
+        infos.append(
+            ShardInfo(
+                key=f"train/shard-{i:05d}.npz",
+                samples=per_shard,
+                bytes=1,
+                sha256="0",
+                labels=labels,
+            )
+        )
+    split = SplitInfo(
+        samples=n, labels={c: int(bounds[c + 1] - bounds[c]) for c in range(classes)}, shards=infos
+    )
+    return Manifest(
+        url="memory://hetflow-stream/index", features=64, classes=classes, splits={"train": split}
+    )
+
+
+def _index_peak_bytes(manifest: Manifest, steps: list[int], batch: int = 512) -> int:
+    """tracemalloc's peak while a reader numbers the split and plans `steps` (each step's
+    samples and shards, and the prefetch's next shards), as `RankReader.batch` does."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        reader = RankReader(manifest, "train", None, 0, seed=0)  # plans, reads nothing
+        for step in steps:
+            reader.needed(step, [batch])
+            reader.upcoming(step, [batch], 4)
+            reader.stream.index.shard_of(reader.stream.step_indices(step, [batch], 0))
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_sample_index_does_not_grow_with_the_number_of_samples():
+    """A rank's index and epoch orders are O(shards x classes) plus the within-block
+    permutations of the blocks in use (4 bytes per sample of a block's class): for 303,104
+    samples (as in docs/measurements.md) under 1 MB, where a table per sample and an epoch's
+    order cost 16 bytes a sample kept (4.8 MB) and 11.7 MB at the peak; ten times the samples in
+    ten times the shards stay under 2 MB (112 MB before)."""
+    _index_peak_bytes(_sorted_labels_manifest(8, 64), list(range(20)))  # imports, first calls
+    small = _sorted_labels_manifest(148, 2048)
+    n = small.splits["train"].samples
+    steps = n // 512  # the first steps, and those across the end of the epoch
+    assert _index_peak_bytes(small, [*range(100), *range(steps - 50, steps + 50)]) < 1e6
+    large = _sorted_labels_manifest(1480, 2048)
+    steps = 10 * n // 512
+    assert _index_peak_bytes(large, [*range(50), *range(steps - 25, steps + 25)]) < 2e6
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_training_run_streams_its_share_and_reports_what_it_read(s3, tmp_path):

@@ -8,14 +8,16 @@ cache (bounded, checksum-validated, shared by the host's ranks: infra/cache.py);
   needs, and a background reader brings the shards of its next steps through the cache and
   decodes them while the step computes. A rank's memory for data is therefore those shards plus
   `prefetch` decoded shards, whatever the dataset's size; the cache's budget bounds its disk.
+  The sample index and the epoch orders it plans from are O(shards x classes), not per sample.
   The batch of a step depends only on (seed, step, plan), so a re-plan mid-epoch and a restart
   from a checkpoint keep every sample read exactly once per epoch.
 - `RankData.eval_batches` reads a split in bounded batches (one decoded shard at a time).
 
-The shard-local order needs every sample's label before any shard is read; the manifest's label
-histograms give them: within a shard, samples are numbered class by class (a stable sort by
-label), the order `training.shards.decode_samples` gives a shard once it is read. Token
-windows (label 0) are numbered in the order of the tokens.
+The shard-local order needs every shard's class counts before any shard is read; the manifest's
+label histograms give them: within a shard, samples are numbered class by class (a stable sort
+by label), the order `training.shards.decode_samples` gives a shard once it is read, so the
+k-th sample of a class in a shard has a known number without a table per sample. Token windows
+(label 0) are numbered in the order of the tokens.
 """
 
 from __future__ import annotations
@@ -176,8 +178,8 @@ class RankReader:
     ) -> None:
         self.manifest, self.cache, self.rank, self.context = manifest, cache, rank, context
         layout = split_layout(manifest, split, context)
-        self.shards, self.shard_of, self.offsets = layout.shards, layout.shard_of, layout.offsets
-        self.stream = Stream(layout.labels, seed, shards=self.shard_of, block=block)
+        self.shards, self.offsets = layout.shards, layout.offsets
+        self.stream = Stream(layout.index, seed, block=block)
         self.depth = prefetch
         self.held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.reads = 0
@@ -188,9 +190,15 @@ class RankReader:
 
     def needed(self, step: int, plan: Sequence[int]) -> list[int]:
         if self._schedule is None or self._schedule.plan != list(plan):
-            self._schedule = ShardSchedule(self.stream, self.shard_of, plan, self.rank)
+            self._schedule = ShardSchedule(self.stream, plan, self.rank)
         self._schedule.forget_before(step)
         return self._schedule(step)
+
+    def upcoming(self, step: int, plan: Sequence[int], depth: int) -> list[int]:
+        """The first `depth` shards that steps after `step` read and `step` does not (the
+        prefetch's next shards, assuming the plan holds)."""
+        self.needed(step, plan)
+        return self._schedule.upcoming(step, depth)
 
     def _load(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         x, y = read_samples(self.manifest, self.shards[s], self.cache, self.context)
@@ -202,7 +210,7 @@ class RankReader:
         need = self.needed(step, plan)
         missing = [s for s in need if s not in self.held]
         if self._pool is not None:
-            wanted = missing + self._schedule.upcoming(step, self.depth)
+            wanted = missing + self.upcoming(step, plan, self.depth)
             for s in [s for s in self._ahead if s not in wanted and s not in need]:
                 self._ahead.pop(s).cancel()  # the plan changed: no longer on the schedule
             for s in wanted:
@@ -213,8 +221,8 @@ class RankReader:
             self.held[s] = pending.result() if pending is not None else self._load(s)
         for s in [s for s in self.held if s not in need]:
             del self.held[s]
-        idx = self.stream.step_indices(step, plan, self.rank)
-        which = self.shard_of[idx]
+        idx = self._schedule.indices(step)  # the schedule's: computed once
+        which = self.stream.index.shard_of(idx)
         local = idx - self.offsets[which]
         first = self.held[need[0]][0] if need else empty_samples(self.manifest, self.context)
         x = np.empty((len(idx), *first.shape[1:]), dtype=first.dtype)

@@ -1,27 +1,43 @@
 """Which samples each rank reads at each step (pure, deterministic for a seed).
 
-The epoch order is a stratified shuffle: each class is shuffled, then the classes are
-interleaved in proportion to their counts (the k-th of a class's n samples sits at (k + u) / n
-of the epoch), so any window of the order has the class mix of the whole. Training reads that
-order as one stream, epoch after epoch; step t takes stream positions [t*B, (t+1)*B) and rank r
-takes its plan's slice of them. Every sample is therefore read exactly once per epoch whatever
-the plan is, also when the plan changes mid-epoch, and each rank's share is its local batch.
+Samples are numbered shard by shard and, within a shard, class by class (`SampleIndex`): the
+index is the per-shard class counts, O(shards x classes), never a table per sample.
+
+The epoch order is a stratified shuffle: class c's n_c samples sit at keys (k + u_c) / n_c,
+k = 0 .. n_c - 1, u_c ~ U(0, 1) drawn per epoch, and the epoch reads them in the order of their
+keys (ties: the smaller class first), so any window of the order has the class mix of the whole.
+Which sample is a class's k-th is shard-local: the shards are shuffled per epoch and cut into
+blocks of `block` shards; each class walks through its samples block by block in that order,
+shuffled only within a block (a permutation drawn from (seed, epoch, block, class) when a step
+first needs it). A window of the stream therefore needs only the few shards around its position.
+
+Training reads the orders as one stream, epoch after epoch; step t takes stream positions
+[t*B, (t+1)*B) and rank r takes its plan's slice of them. Every sample is therefore read exactly
+once per epoch whatever the plan is, also when the plan changes mid-epoch, and each rank's share
+is its local batch. Any position is computed on its own from (seed, epoch, position) and the
+index, in O(classes + window) time and memory plus the permutation of each (block, class) it
+first touches: nothing of size n is drawn, so a restart at any step needs no state, and a rank's
+memory for the order does not grow with the number of samples (only `block=None`, one block of
+all shards, has O(n) per-class permutations: the unlocal order, kept for comparison).
 
     >>> rank_slices([16, 16, 32, 64])
     [(0, 16), (16, 32), (32, 64), (64, 128)]
+    >>> idx = SampleIndex([[2, 1], [0, 3]])  # shard 0: 2 of class 0, 1 of class 1; shard 1: 3
+    >>> idx.shard_of(np.arange(6)).tolist(), idx.class_of(np.arange(6)).tolist()
+    ([0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1])
+    >>> sorted(Stream(idx, seed=0).indices(6, 12).tolist())  # epoch 1: each sample once
+    [0, 1, 2, 3, 4, 5]
 
-Shard-local order (`shards=`, for reading from object storage shard by shard): the shards are
-shuffled per epoch (in blocks of `block` shards) and each class walks through its samples in
-that shard order, shuffled only within a block. The interleaving of the classes is the same as
-above, so stratification and exactly-once are untouched, but a window of the stream needs only
-the few shards around its position instead of all of them; `needed_shards` and
-`upcoming_shards` tell a rank which shards its next steps read (for prefetch).
+`needed_shards` and `upcoming_shards` tell a rank which shards its next steps read (for
+prefetch).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -50,82 +66,186 @@ def check_plan(n_samples: int, plan: Sequence[int], name: str = "dataset") -> No
         )
 
 
-def shard_of_samples(shard_samples: Sequence[int]) -> np.ndarray:
-    """Sample index -> shard index, for shards of the given sizes laid end to end."""
-    return np.repeat(np.arange(len(shard_samples)), np.asarray(shard_samples, dtype=np.int64))
+def _exclusive_cumsum(a: np.ndarray, axis: int = 0) -> np.ndarray:
+    c = np.cumsum(a, axis=axis)
+    return c - a
 
 
-def epoch_order(
-    labels: np.ndarray,
-    seed: int,
-    epoch: int,
-    shards: np.ndarray | None = None,
-    block: int = 1,
-) -> np.ndarray:
-    """A permutation of range(len(labels)), stratified by label, reshuffled per epoch.
+class SampleIndex:
+    """A split's samples numbered shard by shard, class by class within a shard, from
+    `counts[s, c]` (the number of samples of class column c in shard s, >= 0). Holds
+    O(shards x classes) integers; maps any sample to its shard and class without a table per
+    sample. `offsets[s]` is shard s's first sample, `class_start[s, c]` the offset of its
+    class-c samples within it."""
 
-    With `shards` (sample -> shard), each class visits its samples block of shards by block
-    of shards, in an order of the shards drawn per epoch.
-    """
-    labels = np.asarray(labels)
-    rng = np.random.default_rng([seed, epoch])
-    group = None
-    if shards is not None:
-        shards = np.asarray(shards)
-        if len(shards) != len(labels):
-            raise ValueError(f"shards has {len(shards)} entries for {len(labels)} labels")
-        n_shards = int(shards.max()) + 1 if len(shards) else 0
-        position = np.empty(n_shards, dtype=np.int32)
-        position[rng.permutation(n_shards)] = np.arange(n_shards)
-        group = position[shards] // max(1, int(block))
-    keys = np.empty(len(labels), dtype=np.float64)
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        rng.shuffle(idx)
-        if group is not None:
-            idx = idx[np.argsort(group[idx], kind="stable")]
-        # The k-th of n samples of a class sits at (k + u) / n of the epoch, u ~ U(0, 1).
-        keys[idx] = (np.arange(len(idx)) + rng.uniform(0, 1)) / len(idx)
-    order = np.argsort(keys, kind="stable")
-    return order.astype(np.int32) if len(order) < 2**31 else order  # half the memory it keeps
+    def __init__(self, counts: np.ndarray | Sequence[Sequence[int]]) -> None:
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.ndim != 2 or (counts < 0).any():
+            raise ValueError(f"counts must be a (shards, classes) array >= 0, got {counts.shape}")
+        if (counts.sum(axis=0) == 0).any():
+            raise ValueError("every class column must count at least one sample")
+        self.counts = counts
+        self.samples = counts.sum(axis=1)  # per shard
+        self.ends = np.cumsum(self.samples)
+        self.offsets = self.ends - self.samples
+        self.class_start = _exclusive_cumsum(counts, axis=1)
+        self._class_end = self.class_start + counts
+        self.totals = counts.sum(axis=0)  # per class
+        self.n = int(self.ends[-1]) if len(self.ends) else 0
+
+    @property
+    def shards(self) -> int:
+        return self.counts.shape[0]
+
+    @property
+    def classes(self) -> int:
+        return self.counts.shape[1]
+
+    def shard_of(self, idx: np.ndarray) -> np.ndarray:
+        """The shard of each sample index in [0, n) (int64)."""
+        return np.searchsorted(self.ends, np.asarray(idx, dtype=np.int64), side="right")
+
+    def class_of(self, idx: np.ndarray) -> np.ndarray:
+        """The class column of each sample index in [0, n) (int64): O(len(idx) x classes)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        s = self.shard_of(idx)
+        local = idx - self.offsets[s]
+        return (local[:, None] >= self._class_end[s]).sum(axis=1)
 
 
-def rank_slices(plan: Sequence[int]) -> list[tuple[int, int]]:
-    bounds = np.concatenate([[0], np.cumsum(plan)]).astype(int)
-    return [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
+@dataclass(frozen=True)
+class _Epoch:
+    """What one epoch draws up front: O(shards x classes)."""
+
+    shards: np.ndarray  # the shards in this epoch's order
+    u: np.ndarray  # per class: its keys' phase
+    # Class by class, the class's samples in the blocks before block b, plus c * (n + 1) so
+    # that the whole is ascending: entry c * (blocks + 1) + b.
+    starts: np.ndarray
 
 
 class Stream:
-    """Stream positions -> sample indices over consecutive epoch orders."""
+    """Stream positions -> sample indices over consecutive epoch orders (see the module).
+
+    `index`: a SampleIndex or its counts. `block`: shards per block of the shard-local order
+    (None: one block of all shards, the unlocal stratified shuffle, O(n) per epoch). The
+    sample at a position depends only on (index, seed, block, position): every epoch is a
+    permutation of range(n), and a fresh stream (a restarted rank) gives the same samples.
+    Memory: the index, two epochs' draws (O(shards x classes)) and the within-block
+    permutations of the last `tables` (block, class) pairs used (default 2 x classes + 2; each
+    4 bytes per sample of one class in one block, recomputed when needed again).
+    """
 
     def __init__(
-        self, labels: np.ndarray, seed: int, shards: np.ndarray | None = None, block: int = 1
+        self, index: SampleIndex | np.ndarray, seed: int, block: int | None = 1, tables: int = 0
     ) -> None:
-        self.labels = np.asarray(labels)
-        self.n = len(self.labels)
+        self.index = index if isinstance(index, SampleIndex) else SampleIndex(index)
+        self.n = self.index.n
         if self.n == 0:
             raise PartitionError("cannot stream an empty dataset")
-        self.seed = seed
-        self.shards = None if shards is None else np.asarray(shards)
-        self.block = block
-        # The epoch being read and the next (a step can span the boundary): an order is 4 bytes
-        # per sample, the largest thing a rank keeps that grows with the dataset.
-        self._order = lru_cache(maxsize=2)(
-            lambda e: epoch_order(self.labels, self.seed, e, self.shards, self.block)
-        )
+        self.seed = int(seed)
+        self.block = self.index.shards if block is None else max(1, int(block))
+        self._epoch = lru_cache(maxsize=2)(self._draw)  # the epoch being read and the next
+        self._tables: OrderedDict[tuple[int, int, int], np.ndarray] = OrderedDict()
+        self._max_tables = tables or 2 * self.index.classes + 2
+        self._nf = self.index.totals.astype(np.float64)
 
-    def order(self, epoch: int) -> np.ndarray:
-        return self._order(epoch)
+    def _draw(self, epoch: int) -> _Epoch:
+        rng = np.random.default_rng([self.seed, epoch])
+        shards = rng.permutation(self.index.shards)
+        u = rng.uniform(0, 1, size=self.index.classes)
+        starts = np.arange(0, self.index.shards, self.block)
+        per_block = np.add.reduceat(self.index.counts[shards], starts, axis=0)
+        cum = np.concatenate([np.zeros((1, self.index.classes), np.int64), np.cumsum(per_block, 0)])
+        starts = (cum.T + (np.arange(self.index.classes) * (self.n + 1))[:, None]).ravel()
+        return _Epoch(shards, u, starts)
+
+    def shard_order(self, epoch: int) -> np.ndarray:
+        """The shards in epoch `epoch`'s order; block b is its entries [b * block, (b + 1) *
+        block), and each class reads its samples block after block."""
+        return self._epoch(epoch).shards
+
+    def _below(self, x: float, u: np.ndarray) -> np.ndarray:
+        """Per class, how many of its keys (k + u_c) / n_c are < x (float64, exactly as
+        `_window` computes them; keys are non-decreasing in k)."""
+        n = self.index.totals
+        k = np.clip(np.ceil(x * self._nf - u), 0, n).astype(np.int64)
+        while True:
+            down = (k > 0) & ((k - 1 + u) / self._nf >= x)
+            up = (k < n) & ((k + u) / self._nf < x)
+            if not (down.any() or up.any()):
+                return k
+            k = k - down + up
+
+    def _window(self, epoch: int, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(class, k) of epoch positions [a, b): the k-th sample of that class."""
+        u, n, classes = self._epoch(epoch).u, self.n, self.index.classes
+        x = max(0.0, (a - classes) / n)
+        lo = self._below(x, u)
+        while lo.sum() > a:  # rounding: start lower
+            x = max(0.0, x - (classes + 1) / n)
+            lo = self._below(x, u)
+        skip = a - int(lo.sum())
+        need = skip + (b - a)
+        y = x + (need + classes + 1) / n
+        hi = self._below(y, u)
+        while hi.sum() - lo.sum() < need:
+            y += (need + classes + 1) / n
+            hi = self._below(y, u)
+        # Every key in [x, y) of every class, in the order's order (key, then class).
+        many = hi - lo
+        cls = np.repeat(np.arange(classes), many)
+        k = np.arange(int(many.sum())) + np.repeat(lo - _exclusive_cumsum(many), many)
+        keys = (k + u[cls]) / self._nf[cls]
+        pick = np.lexsort((cls, keys))[skip:need]
+        return cls[pick], k[pick]
+
+    def _table(self, epoch: int, block: int, c: int) -> np.ndarray:
+        """The sample indices of class c in block `block` of `epoch`, shuffled: the class's
+        samples there in the order it reads them."""
+        key = (epoch, block, c)
+        if key in self._tables:
+            self._tables.move_to_end(key)
+            return self._tables[key]
+        ix = self.index
+        shards = self._epoch(epoch).shards[block * self.block : (block + 1) * self.block]
+        many = ix.counts[shards, c]
+        first = ix.offsets[shards] + ix.class_start[shards, c]
+        ids = np.arange(int(many.sum())) + np.repeat(first - _exclusive_cumsum(many), many)
+        if self.n < 2**31:
+            ids = ids.astype(np.int32)  # half the memory it keeps
+        table = np.random.default_rng([self.seed, epoch, block, c]).permutation(ids)
+        self._tables[key] = table
+        while len(self._tables) > self._max_tables:
+            self._tables.popitem(last=False)
+        return table
+
+    def _epoch_indices(self, epoch: int, a: int, b: int) -> np.ndarray:
+        cls, k = self._window(epoch, a, b)
+        starts, classes = self._epoch(epoch).starts, self.index.classes
+        blocks = len(starts) // classes  # + 1
+        key = k + cls * (self.n + 1)
+        at = np.searchsorted(starts, key, side="right") - 1  # the block holding each
+        pair, where = np.unique((at - cls * blocks) * classes + cls, return_inverse=True)
+        tables = [self._table(epoch, int(p) // classes, int(p) % classes) for p in pair]
+        first = _exclusive_cumsum(np.asarray([len(t) for t in tables], dtype=np.int64))
+        return np.concatenate(tables)[first[where] + key - starts[at]].astype(np.int64)
 
     def indices(self, start: int, stop: int) -> np.ndarray:
+        """The sample indices at stream positions [start, stop) (int64)."""
         out = []
         pos = start
         while pos < stop:
             epoch, offset = divmod(pos, self.n)
             take = min(stop - pos, self.n - offset)
-            out.append(self._order(epoch)[offset : offset + take])
+            out.append(self._epoch_indices(epoch, offset, offset + take))
             pos += take
         return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Epoch `epoch`'s whole order (O(n): for tests and small data; training reads
+        `indices`)."""
+        return self.indices(epoch * self.n, (epoch + 1) * self.n)
 
     def step_positions(self, step: int, plan: Sequence[int], rank: int) -> tuple[int, int]:
         """The stream positions [start, stop) that rank `rank` reads at `step`."""
@@ -136,6 +256,19 @@ class Stream:
     def step_indices(self, step: int, plan: Sequence[int], rank: int) -> np.ndarray:
         """The sample indices rank `rank` trains on at `step` (global batch = sum(plan))."""
         return self.indices(*self.step_positions(step, plan, rank))
+
+
+def epoch_order(
+    index: SampleIndex | np.ndarray, seed: int, epoch: int, block: int | None = 1
+) -> np.ndarray:
+    """Epoch `epoch`'s order over `index`'s samples: a permutation of range(n), stratified by
+    class, reshuffled per epoch (materialized: O(n), for tests and small data)."""
+    return Stream(index, seed, block).order(epoch)
+
+
+def rank_slices(plan: Sequence[int]) -> list[tuple[int, int]]:
+    bounds = np.concatenate([[0], np.cumsum(plan)]).astype(int)
+    return [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
 
 def _unique_in_order(values: np.ndarray) -> list[int]:
@@ -150,62 +283,62 @@ def window_indices(
     a, b = rank_slices(plan)[rank]
     if n_steps <= 0 or b == a:
         return np.empty(0, dtype=np.int64)
-    starts = (step + np.arange(n_steps)) * sum(plan) + a
-    pos = (starts[:, None] + np.arange(b - a)).ravel()
-    epochs, offsets = np.divmod(pos, stream.n)
-    out = np.empty(len(pos), dtype=np.int64)
-    for e in np.unique(epochs):
-        m = epochs == e
-        out[m] = stream.order(int(e))[offsets[m]]
-    return out
+    return np.concatenate([stream.step_indices(t, plan, rank) for t in range(step, step + n_steps)])
 
 
 def shard_schedule(
-    stream: Stream, shard_of: np.ndarray, step: int, n_steps: int, plan: Sequence[int], rank: int
+    stream: Stream, step: int, n_steps: int, plan: Sequence[int], rank: int
 ) -> list[list[int]]:
     """For each of steps [step, step + n_steps): the shards rank `rank` reads, in order of need."""
-    b = rank_slices(plan)[rank][1] - rank_slices(plan)[rank][0]
-    if b == 0:
-        return [[] for _ in range(n_steps)]
-    rows = np.asarray(shard_of)[window_indices(stream, step, n_steps, plan, rank)].reshape(
-        n_steps, b
-    )
-    return [_unique_in_order(row) for row in rows]
+    steps = range(step, step + n_steps)
+    return [
+        _unique_in_order(stream.index.shard_of(stream.step_indices(t, plan, rank))) for t in steps
+    ]
 
 
-def needed_shards(
-    stream: Stream, shard_of: np.ndarray, step: int, plan: Sequence[int], rank: int
-) -> list[int]:
+def needed_shards(stream: Stream, step: int, plan: Sequence[int], rank: int) -> list[int]:
     """The shards rank `rank` reads at `step`, in the order of their first sample."""
-    return shard_schedule(stream, shard_of, step, 1, plan, rank)[0]
+    return shard_schedule(stream, step, 1, plan, rank)[0]
 
 
 class ShardSchedule:
-    """`shard_schedule` of one rank under one plan, computed block by block and remembered."""
+    """`shard_schedule` of one rank under one plan, computed block by block and remembered.
 
-    def __init__(
-        self, stream: Stream, shard_of: np.ndarray, plan: Sequence[int], rank: int, block: int = 32
-    ) -> None:
-        self.stream, self.shard_of, self.plan, self.rank = (
-            stream,
-            np.asarray(shard_of),
-            list(plan),
-            rank,
-        )
+    The sample indices of the rows computed for the next 2 x `block` steps (from the step last
+    passed to `forget_before`; `upcoming` looks past the first block) are kept until `indices`
+    hands them out, so that a step's indices are computed once: at most 2 x `block` x the local
+    batch x 4 bytes (int32 below 2**31 samples).
+    """
+
+    def __init__(self, stream: Stream, plan: Sequence[int], rank: int, block: int = 32) -> None:
+        self.stream, self.plan, self.rank = stream, list(plan), rank
         self.block = block
         self._rows: dict[int, list[int]] = {}
+        self._indices: dict[int, np.ndarray] = {}
+        self._now = 0
 
     def __call__(self, step: int) -> list[int]:
         if step not in self._rows:
-            rows = shard_schedule(
-                self.stream, self.shard_of, step, self.block, self.plan, self.rank
-            )
-            self._rows.update(zip(range(step, step + self.block), rows, strict=True))
+            for t in range(step, step + self.block):
+                idx = self.stream.step_indices(t, self.plan, self.rank)
+                self._rows[t] = _unique_in_order(self.stream.index.shard_of(idx))
+                if t < self._now + 2 * self.block:
+                    self._indices[t] = idx.astype(np.int32) if self.stream.n < 2**31 else idx
         return self._rows[step]
 
+    def indices(self, step: int) -> np.ndarray:
+        """`stream.step_indices(step, plan, rank)`, taken from the rows when they hold it."""
+        idx = self._indices.pop(step, None)
+        if idx is None:
+            return self.stream.step_indices(step, self.plan, self.rank)
+        return idx.astype(np.int64)
+
     def forget_before(self, step: int) -> None:
+        self._now = step
         for t in [t for t in self._rows if t < step]:
             del self._rows[t]
+        for t in [t for t in self._indices if t < step]:
+            del self._indices[t]
 
     def upcoming(self, step: int, depth: int, horizon: int = 256) -> list[int]:
         """The first `depth` shards that steps after `step` read and `step` does not, in order."""
@@ -222,7 +355,6 @@ class ShardSchedule:
 
 def upcoming_shards(
     stream: Stream,
-    shard_of: np.ndarray,
     step: int,
     plan: Sequence[int],
     rank: int,
@@ -236,4 +368,4 @@ def upcoming_shards(
     """
     if depth <= 0:
         return []
-    return ShardSchedule(stream, shard_of, plan, rank).upcoming(step, depth, horizon)
+    return ShardSchedule(stream, plan, rank).upcoming(step, depth, horizon)

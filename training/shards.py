@@ -9,8 +9,10 @@ A sample is what one row of a step's batch is, numbered shard by shard:
   T tokens holds (T - 1) // context windows (none when T <= context); windows never cross
   shards, so a shard alone decodes into its samples.
 
-Within a shard, samples are numbered class by class (a stable sort by label), the order the
-partitioner's labels assume before any shard is read.
+Within a shard, samples are numbered class by class (a stable sort by label): the numbering
+`split_layout` gives from the manifest's label histograms alone, before any shard is read, and
+`decode_samples` the order a shard's samples come in once it is read. The partitioner relies on
+it: it maps the k-th sample of a class in a shard to an index with no table per sample.
 
     >>> windows_in(tokens=1025, context=256), windows_in(tokens=256, context=256)
     (4, 0)
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetflow.infra.datasets import DatasetError, Manifest, ShardInfo
+from hetflow.training.partition import SampleIndex
 
 KINDS = ("tabular", "images", "tokens")
 
@@ -54,19 +57,33 @@ def shard_tokens(shard: ShardInfo) -> int:
 
 @dataclass(frozen=True)
 class SplitLayout:
-    """A split's samples as the reader numbers them: per shard the sample count, and per sample
-    its label and shard (class by class within a shard). `shards` lists the manifest's shards
-    that hold at least one sample; `index` maps them back to the manifest's list."""
+    """A split's samples as the reader numbers them: shard by shard, class by class within a
+    shard. `shards` lists the manifest's shards that hold at least one sample, in the
+    manifest's order; `classes` the split's label values (ascending), the columns of
+    `index.counts` (samples of each class per listed shard). O(shards x classes), whatever the
+    number of samples: a sample's shard and label are computed from its number."""
 
     shards: list[ShardInfo]
-    samples: np.ndarray  # per listed shard
-    labels: np.ndarray  # per sample (int32: the index grows with the dataset, 8 bytes a sample)
-    shard_of: np.ndarray  # per sample, an index into `shards` (int32)
-    offsets: np.ndarray  # first sample of each listed shard
+    classes: np.ndarray  # label values, ascending
+    index: SampleIndex
+
+    @property
+    def samples(self) -> np.ndarray:
+        """Samples per listed shard."""
+        return self.index.samples
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """The first sample of each listed shard."""
+        return self.index.offsets
 
     @property
     def total(self) -> int:
-        return int(self.samples.sum())
+        return self.index.n
+
+    def labels_of(self, idx: np.ndarray) -> np.ndarray:
+        """The label value of each sample index."""
+        return self.classes[self.index.class_of(idx)]
 
 
 def check_context(manifest: Manifest, context: int | None, split: str = "train") -> None:
@@ -88,31 +105,23 @@ def check_context(manifest: Manifest, context: int | None, split: str = "train")
 
 
 def split_layout(manifest: Manifest, split: str, context: int | None = None) -> SplitLayout:
-    """The reader's numbering of `split`'s samples (`context`: for token data)."""
+    """The reader's numbering of `split`'s samples (`context`: for token data), from the
+    manifest alone (its per-shard label histograms; token windows are label 0)."""
     if split not in manifest.splits:
         raise DatasetError(f"{manifest.url}: no split {split!r} (has {sorted(manifest.splits)})")
     check_context(manifest, context, split)
-    shards, counts, labels = [], [], []
+    tokens = kind_of(manifest) == "tokens"
+    shards, hists = [], []
     for shard in manifest.splits[split].shards:
-        if kind_of(manifest) == "tokens":
-            n = windows_in(shard_tokens(shard), context)
-            classes = np.zeros(n, dtype=np.int32)
-        else:
-            n = shard.samples
-            cs = sorted(c for c, k in shard.labels.items() if k)
-            classes = np.repeat(np.asarray(cs, dtype=np.int32), [shard.labels[c] for c in cs])
-        if n:
+        hist = {0: windows_in(shard_tokens(shard), context)} if tokens else shard.labels
+        if sum(hist.values()):
             shards.append(shard)
-            counts.append(n)
-            labels.append(classes)
-    samples = np.asarray(counts, dtype=np.int64)
-    return SplitLayout(
-        shards=shards,
-        samples=samples,
-        labels=np.concatenate(labels),
-        shard_of=np.repeat(np.arange(len(shards), dtype=np.int32), samples),
-        offsets=np.concatenate([[0], np.cumsum(samples)[:-1]]).astype(np.int64),
-    )
+            hists.append(hist)
+    classes = np.asarray(sorted({c for h in hists for c, k in h.items() if k}), dtype=np.int64)
+    counts = np.asarray(
+        [[h.get(int(c), 0) for c in classes] for h in hists], dtype=np.int64
+    ).reshape(len(hists), len(classes))
+    return SplitLayout(shards=shards, classes=classes, index=SampleIndex(counts))
 
 
 def empty_samples(manifest: Manifest, context: int | None) -> np.ndarray:
