@@ -29,6 +29,7 @@ from hetflow.tasks.preflight import reach_services
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
 from hetflow.tasks.recipe import check_train_devices, check_train_recipe
 from hetflow.tasks.train import train_variant
+from hetflow.training.planning import launched
 
 VARIANTS = ("baseline", "optimized")
 
@@ -83,7 +84,8 @@ def compare(
         after=tracker.links_markdown(runs),
     )
     create_markdown_artifact(md, key="comparison", description="baseline vs optimized")
-    finish_comparison(tracker, parent, outcomes, table, md, rank_labels(cluster, profile))
+    ran = {v: rank_labels(launched(cluster, o.plan)[0], profile) for v, o in outcomes.items()}
+    finish_comparison(tracker, parent, outcomes, table, md, rank_labels(cluster, profile), ran)
     return {
         "table": table,
         "parent_run_id": parent,

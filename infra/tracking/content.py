@@ -88,11 +88,13 @@ def finish_comparison(
     table: dict,
     markdown: str,
     labels: list[str] | None = None,
+    launched_labels: Mapping[str, list[str]] | None = None,
 ) -> None:
     """The comparison's figures (`report.headline`: `baseline/NAME`, `optimized/NAME`,
     `speedup`, ...), `markdown` as the run's description and `comparison.md`, the table as
-    `comparison.json`, and the plots of both variants (`side_by_side.png`,
-    `busy_fraction.png`, ranks labelled `labels`); then FINISHED."""
+    `comparison.json`, and the plots of both variants (`side_by_side.png`, the ranks each
+    variant launched labelled `launched_labels`, else `labels`; `busy_fraction.png`, the
+    cluster's ranks labelled `labels`); then FINISHED."""
     baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
     tracker.log_metrics(run_id, report.headline(baseline, optimized))
     tracker.client.set_tag(run_id, NOTE, markdown)
@@ -105,7 +107,7 @@ def finish_comparison(
     tracker.log_plots(
         run_id,
         {
-            "side_by_side.png": lambda p: plots.side_by_side(records, p, labels),
+            "side_by_side.png": lambda p: plots.side_by_side(records, p, launched_labels or labels),
             "busy_fraction.png": lambda p: plots.busy_comparison(baseline, optimized, p, labels),
         },
     )

@@ -140,14 +140,14 @@ def step_series(
 def side_by_side(
     runs: Mapping[str, Sequence[Sequence[StepRecord]]],
     path: Path,
-    labels: Sequence[str] | None = None,
+    labels: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
     last_steps: int = 12,
 ) -> Path:
     """The variants on one time axis. Top: each variant's last steps per rank (baseline's ranks,
     then optimized's), so that the same number of steps shows how long each took. Bottom:
-    rank 0's step time against training time, one line per variant."""
+    rank 0's step time against training time, one line per variant. `labels`: the ranks', or
+    each variant's (a variant may launch fewer workers)."""
     n = max(len(r) for r in runs.values())
-    names = _labels(labels, n)
     last_steps = min(last_steps, *(len(r[0]) for r in runs.values()))
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(11, 0.55 * n * len(runs) + 5), height_ratios=[n * len(runs) * 0.6 + 1, 2.5]
@@ -157,6 +157,8 @@ def side_by_side(
         y0 = i * (n + 1)
         _bars(top, rank_records, last_steps, y0)
         ticks += [y0 + r for r in range(len(rank_records))]
+        own = labels.get(variant) if isinstance(labels, Mapping) else labels
+        names = _labels(own, len(rank_records))
         ticklabels += [f"{variant} · {names[r]}" for r in range(len(rank_records))]
         lead = rank_records[0]
         clock = [sum(x.step_s for x in lead[: j + 1]) for j in range(len(lead))]
