@@ -28,8 +28,7 @@ from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.preflight import reach_services
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
 from hetflow.tasks.recipe import check_train_devices, check_train_recipe
-from hetflow.tasks.train import train_variant
-from hetflow.training.planning import launched
+from hetflow.tasks.train import launched_labels, train_variant
 
 VARIANTS = ("baseline", "optimized")
 
@@ -84,7 +83,7 @@ def compare(
         after=tracker.links_markdown(runs),
     )
     create_markdown_artifact(md, key="comparison", description="baseline vs optimized")
-    ran = {v: rank_labels(launched(cluster, o.plan)[0], profile) for v, o in outcomes.items()}
+    ran = {v: launched_labels(cluster, o, profile) for v, o in outcomes.items()}
     finish_comparison(tracker, parent, outcomes, table, md, rank_labels(cluster, profile), ran)
     return {
         "table": table,

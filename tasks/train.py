@@ -12,6 +12,7 @@ from hetflow.infra.catalog import Catalog, cost_usd
 from hetflow.infra.datasets import read_manifest
 from hetflow.infra.paths import new_run_dir, runs_dir
 from hetflow.infra.tracking.content import record_training
+from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.training.job import RunSpec
@@ -128,6 +129,11 @@ def train_variant(
     record_outcome(tracker, outcome, profile, train, name, ranks, (recipe, info))
     _print_outcome(variant, result, metrics, wall)
     return outcome
+
+
+def launched_labels(cluster: ClusterSpec, outcome: TrainOutcome, profile: Profile) -> list[str]:
+    """The labels of the ranks `outcome`'s variant launched (all but its plan's dropped)."""
+    return rank_labels(launched(cluster, outcome.plan)[0], profile)
 
 
 def _print_plan(variant: str, plan: Plan, train: TrainConfig) -> None:
