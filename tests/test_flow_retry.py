@@ -116,16 +116,18 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
     batches = json.loads(run.data.params["plan.local_batches"])  # every worker's, 0: left out
     assert batches[3] == max(batches) and batches[0] == min(batches), batches
     # cost: price x the training loop's hours, a p3dn's price shared by its 8 GPUs, for each
-    # worker launched (rank by rank; the plan's dropped workers are not part of the run)
+    # worker launched, under its rank in the cluster (the plan's dropped workers cost the run
+    # nothing: they were not started)
     dropped = json.loads(run.data.params["plan.dropped"])
-    launched = [t for i, t in enumerate(types) if f"w{i}" not in dropped]
+    launched = [i for i in range(len(types)) if f"w{i}" not in dropped]
     catalog = Catalog.for_cluster(cluster)
     hours = run.data.metrics["train_loop_s"] / 3600
-    for i, t in enumerate(launched):
-        share = catalog.price(t) / catalog.info(t).devices
+    for i in launched:
+        share = catalog.price(types[i]) / catalog.info(types[i]).devices
         assert run.data.metrics[f"rank{i}/cost_usd"] == pytest.approx(share * hours, rel=1e-6)
+    assert not [i for i in range(len(types)) if i not in launched and f"rank{i}/cost_usd" in m]
     assert run.data.metrics["cost_usd"] == pytest.approx(
-        sum(run.data.metrics[f"rank{i}/cost_usd"] for i in range(len(launched))), rel=1e-6
+        sum(run.data.metrics[f"rank{i}/cost_usd"] for i in launched), rel=1e-6
     )
     epochs = STEPS * cfg.global_batch / read_manifest(dataset.url).splits["train"].samples
     assert run.data.metrics["cost_per_epoch_usd"] == pytest.approx(
