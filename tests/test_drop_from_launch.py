@@ -148,3 +148,14 @@ def test_a_share_below_the_measured_batches_stays_where_its_measured_step_is_sho
     # two equal workers measured from 40 on, sharing 64: either at 40 is quicker than one alone
     batches, why = balance_with_exclusion([0.001, 0.001], [0.01, 0.01], 64, min_batches=[40, 40])
     assert batches == [32, 32] and why == []
+
+
+def test_auto_compression_is_planned_for_the_workers_launched():
+    cluster = ClusterSpec.from_speeds([1, 1, 0.1])
+    train = TrainConfig(global_batch=64, schedule="proportional", compression="auto")
+    two = make_plan(_profile(0.001), cluster, train)  # w2 dropped: two workers try candidates
+    assert two.dropped == ["w2"] and two.compression_candidates
+    lone = _profile(0.001).model_copy(update={"ranks": _profile(0.001).ranks[1:]})
+    one = make_plan(lone, ClusterSpec.from_speeds([1, 0.1]), train)  # one left: nothing to try
+    assert one.dropped == ["w1"] and one.compression_candidates == []
+    assert one.compression_reason.startswith("'auto' on one worker")

@@ -39,9 +39,8 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
     memory caps (`memory_caps`) and the schedule, with the workers too slow to help left out
     (`scheduler.exclude_slow`, and a share below the smallest batch a worker's profile measured
     where its step there is no shorter than the others' without it; never under the equal
-    split), and
-    of those the workers not launched (`drop_from_launch`); the compression as
-    `plan_compression` plans it ('auto': the candidates the workers try)."""
+    split), and of those the workers not launched (`drop_from_launch`); the compression as
+    `plan_compression` plans it for the workers launched ('auto': the candidates they try)."""
     speeds = [r.samples_per_s for r in profile.ranks]
     latency, per_sample = profile.step_models()
     caps = memory_caps(profile, cluster)
@@ -61,12 +60,8 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
             names,
             min_batches=measured_from,
         )
-    method, reason, candidates = plan_compression(profile, cluster, train)
     plan = Plan(
         local_batches=batches,
-        compression=method,
-        compression_reason=reason,
-        compression_candidates=candidates,
         speeds=speeds,
         latency_s=latency,
         per_sample_s=per_sample,
@@ -74,7 +69,15 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
         excluded=excluded,
     )
     dropped = drop_from_launch(plan, train, max(r.grad_allreduce_s for r in profile.ranks))
-    return plan.model_copy(update={"dropped": [cluster.workers[i].name for i in dropped]})
+    plan.dropped = [cluster.workers[i].name for i in dropped]
+    method, reason, candidates = plan_compression(profile, launched(cluster, plan)[0], train)
+    return plan.model_copy(
+        update={
+            "compression": method,
+            "compression_reason": reason,
+            "compression_candidates": candidates,
+        }
+    )
 
 
 def ring_allreduce_s(measured_s: float, world: int, ranks: int) -> float:
