@@ -37,9 +37,9 @@ def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
 def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
     """Local batches from the profile's step models (`Profile.step_models`), the workers'
     memory caps (`memory_caps`) and the schedule, with the workers too slow to help left out
-    (`scheduler.exclude_slow`, and a share below the smallest batch a worker's profile measured
-    where its step there is no shorter than the others' without it; never under the equal
-    split), and of those the workers not launched (`drop_from_launch`); the compression as
+    (`scheduler.exclude_slow`, which reads a worker's step at the smallest batch its profile
+    measured in place of its extrapolated fixed cost; never under the equal split), and of
+    those the workers not launched (`drop_from_launch`); the compression as
     `plan_compression` plans it for the workers launched ('auto': the candidates they try)."""
     speeds = [r.samples_per_s for r in profile.ranks]
     latency, per_sample = profile.step_models()

@@ -163,15 +163,20 @@ def exclude_slow(
     global_batch: int,
     caps: Sequence[int | None] | None = None,
     names: Sequence[str] | None = None,
+    min_batches: Sequence[int | None] | None = None,
 ) -> tuple[list[bool], list[str]]:
     """Which ranks take part in the synchronous step, and why each other one does not.
 
-    A rank is left out when its fixed cost per step a_i is at least the step time the others
-    reach sharing the whole global batch (`balanced_step_time`): any sample given to it would
-    make the step longer than leaving it out. Greedy: the worst offender (largest
-    a_i / T_without_i) goes first, then the rule is applied again to the rest; one rank always
-    stays, and a rank whose leaving would overflow the others' caps stays. A CPU worker beside
-    a GPU, or a T4 beside many H100s, is the case this is for.
+    A rank is left out when its least step is at least the step time the others reach sharing
+    the whole global batch (`balanced_step_time`): any sample given to it would make the step
+    longer than leaving it out. Its least step is its fixed cost a_i, or, where `min_batches`
+    gives the smallest batch b_i its step was measured at, a_i + c_i x b_i: below that batch
+    the affine model is extrapolated and under-estimates a real step (a CPU worker beside a
+    GPU, given 1 sample, measured 2-3x its predicted step). Such a rank's share at the balance
+    would be under b_i anyway. Greedy: the worst offender (largest least step / T_without_i)
+    goes first, then the rule is applied again to the rest; one rank always stays, and a rank
+    whose leaving would overflow the others' caps stays. A CPU worker beside a GPU, or a T4
+    beside many H100s, is the case this is for.
 
     >>> exclude_slow([0.01, 0.01, 0.5], [0.001, 0.001, 0.01], 64)[0]
     [True, True, False]
@@ -181,6 +186,8 @@ def exclude_slow(
     n = len(latency_s)
     caps = list(caps) if caps is not None else [None] * n
     names = list(names) if names is not None else [f"rank {i}" for i in range(n)]
+    floors = list(min_batches) if min_batches is not None else [None] * n
+    least = [a + c * f if f else a for a, c, f in zip(latency_s, per_sample_s, floors, strict=True)]
     included, why = [True] * n, []
     while sum(included) > 1:
         worst, worst_ratio, worst_t = None, 1.0, 0.0
@@ -192,14 +199,20 @@ def exclude_slow(
                 global_batch,
                 [caps[j] for j in rest],
             )
-            if math.isfinite(t) and latency_s[i] >= t * worst_ratio:
-                worst, worst_ratio, worst_t = i, latency_s[i] / t, t
+            if math.isfinite(t) and least[i] >= t * worst_ratio:
+                worst, worst_ratio, worst_t = i, least[i] / t, t
         if worst is None:
             break
         included[worst] = False
+        cost = (
+            f"its step of {least[worst]:.3g} s at {floors[worst]} samples, the fewest it was "
+            "measured at,"
+            if floors[worst]
+            else f"its fixed cost of {least[worst]:.3g} s per step"
+        )
         why.append(
-            f"{names[worst]}: its fixed cost of {latency_s[worst]:.3g} s per step is at least "
-            f"the {worst_t:.3g} s step the others take sharing the global batch"
+            f"{names[worst]}: {cost} is at least the {worst_t:.3g} s step the others take "
+            "sharing the global batch"
         )
     return included, why
 
@@ -214,16 +227,7 @@ def balance_with_exclusion(
 ) -> tuple[list[int], list[str]]:
     """`balance_batches` over the ranks `exclude_slow` keeps; 0 for the others, and why. A rank
     whose cap is 0 (its device holds no sample of the model) is left out first; a PlanError
-    when every rank's is.
-
-    `min_batches`: per rank, the smallest batch its step model was measured at (None: no
-    bound). A share below it is the affine model extrapolated, where a real step is not affine
-    and its fixed part is under-estimated (a CPU worker beside a GPU, given 1 sample, measured
-    2-3x its predicted step). Such a rank, the smallest share first, is left out as well when
-    its step at that smallest measured batch is at least the step the others take sharing the
-    whole global batch (`balanced_step_time`): the rule of `exclude_slow` with the step it was
-    seen to take in place of the extrapolated fixed cost. Then the rest are balanced again.
-    """
+    when every rank's is. `min_batches`: as `exclude_slow` takes them."""
     n = len(per_sample_s)
     caps = list(caps) if caps is not None else [None] * n
     names = list(names) if names is not None else [f"rank {i}" for i in range(n)]
@@ -236,6 +240,7 @@ def balance_with_exclusion(
         global_batch,
         [caps[i] for i in able],
         [names[i] for i in able],
+        [min_batches[i] for i in able] if min_batches is not None else None,
     )
     why = [
         f"{names[i]}: its device holds no sample (memory cap 0)" for i in range(n) if caps[i] == 0
@@ -247,9 +252,6 @@ def balance_with_exclusion(
         global_batch,
         [caps[i] for i in idx],
     )
-    idx, part = _leave_out_small_shares(
-        idx, part, per_sample_s, latency_s, global_batch, caps, names, min_batches, why
-    )
     batches = [0] * n
     for i, b in zip(idx, part, strict=True):
         batches[i] = b
@@ -259,53 +261,3 @@ def balance_with_exclusion(
 def equal_batches(n: int, global_batch: int) -> list[int]:
     """The baseline split: as equal as integers allow."""
     return plan_batches([1.0] * n, global_batch)
-
-
-def _leave_out_small_shares(
-    idx: list[int],
-    part: list[int],
-    per_sample_s: Sequence[float],
-    latency_s: Sequence[float],
-    global_batch: int,
-    caps: list[int | None],
-    names: list[str],
-    min_batches: Sequence[int | None] | None,
-    why: list[str],
-) -> tuple[list[int], list[int]]:
-    """`balance_with_exclusion`'s second rule (see there): the ranks `idx` kept and their
-    shares `part`, with each rank whose share is below its smallest measured batch and whose
-    step there is no shorter than the others' without it left out; `why` gets each reason."""
-    floors = list(min_batches) if min_batches is not None else [None] * len(per_sample_s)
-    while len(idx) > 1:
-        small = [
-            (b / floors[i], j)
-            for j, (i, b) in enumerate(zip(idx, part, strict=True))
-            if floors[i] and b < floors[i]
-        ]
-        if not small:
-            break
-        j = min(small)[1]
-        i = idx[j]
-        rest = idx[:j] + idx[j + 1 :]
-        without = balanced_step_time(
-            [latency_s[r] for r in rest],
-            [per_sample_s[r] for r in rest],
-            global_batch,
-            [caps[r] for r in rest],
-        )
-        known = latency_s[i] + per_sample_s[i] * floors[i]  # its step where it was measured
-        if known < without:
-            break
-        why.append(
-            f"{names[i]}: its share of {part[j]} is below the smallest batch its step was "
-            f"measured at ({floors[i]}), where it takes {known:.3g} s, at least the "
-            f"{without:.3g} s step the others take sharing the global batch"
-        )
-        idx = rest
-        part = balance_batches(
-            [per_sample_s[r] for r in idx],
-            [latency_s[r] for r in idx],
-            global_batch,
-            [caps[r] for r in idx],
-        )
-    return idx, part
