@@ -18,7 +18,7 @@ from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import LaunchError, RankFailed, run_workers
 from hetflow.training.metrics import step_series, summarize
-from hetflow.training.planning import launched, make_plan
+from hetflow.training.planning import launched, launched_ranks, make_plan
 from hetflow.training.recipes import DataInfo, Recipe, check_recipe, seeded_model
 from hetflow.training.scheduler import PlanError
 
@@ -164,7 +164,7 @@ def on_cluster_ranks(figures: dict, cluster: ClusterSpec, plan: Plan) -> dict:
     """
     if not plan.dropped:
         return figures
-    keep = [i for i, w in enumerate(cluster.workers) if w.name not in plan.dropped]
+    keep = launched_ranks(cluster, plan)
     out = {}
     for k, v in figures.items():
         head, sep, rest = k.partition("/")

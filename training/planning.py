@@ -129,6 +129,11 @@ def drop_from_launch(plan: Plan, train: TrainConfig, allreduce_s: float) -> list
     return out if saved > train.rebalance_threshold * with_them else []
 
 
+def launched_ranks(cluster: ClusterSpec, plan: Plan) -> list[int]:
+    """The cluster's rank of each rank launched, in order: every worker but `plan.dropped`."""
+    return [i for i, w in enumerate(cluster.workers) if w.name not in plan.dropped]
+
+
 def launched(
     cluster: ClusterSpec, plan: Plan, stragglers: list[tuple[int, int, float]] | None = None
 ) -> tuple[ClusterSpec, Plan, list[tuple[int, int, float]]]:
@@ -138,7 +143,7 @@ def launched(
     stragglers = list(stragglers or [])
     if not plan.dropped:
         return cluster, plan, stragglers
-    keep = [i for i, w in enumerate(cluster.workers) if w.name not in plan.dropped]
+    keep = launched_ranks(cluster, plan)
     fastest = max(w.speed for w in cluster.workers)
     kept_fastest = max(cluster.workers[i].speed for i in keep)
     sub = cluster.model_copy(
