@@ -210,7 +210,7 @@ class RankReader:
         need = self.needed(step, plan)
         missing = [s for s in need if s not in self.held]
         if self._pool is not None:
-            wanted = missing + self.upcoming(step, plan, self.depth)
+            wanted = missing + self._schedule.upcoming(step, self.depth)  # needed() set it
             for s in [s for s in self._ahead if s not in wanted and s not in need]:
                 self._ahead.pop(s).cancel()  # the plan changed: no longer on the schedule
             for s in wanted:
