@@ -29,7 +29,7 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
     parse_speeds,
     validated,
 )
-from hetflow.config_dataset import DatasetSpec  # noqa: F401 (re-exported)
+from hetflow.config_dataset import DatasetSpec, TrackingConfig  # noqa: F401 (re-exported)
 from hetflow.records import LOCAL_SGD, CompressionMethod
 
 # What 'auto' tries by default (`TrainConfig.compression_candidates`): the methods that keep
@@ -180,9 +180,27 @@ class TrainConfig(_Model):
     )
     global_batch: int = Field(128, ge=1, title="Global batch", description="Samples per step.")
     steps: int = Field(200, ge=1, title="Optimizer steps")
-    optimizer: Literal["sgd", "adam"] = Field("sgd", title="Optimizer")
-    lr: float = Field(0.05, gt=0, title="Learning rate")
+    optimizer: Literal["recipe", "sgd", "adam", "adamw"] = Field(
+        "recipe",
+        title="Optimizer",
+        description="'recipe': the recipe's own (SGD for the digits and resnet recipes, AdamW "
+        "for 'gpt'); or sgd | adam | adamw.",
+    )
+    lr: float | None = Field(
+        None,
+        gt=0,
+        title="Learning rate",
+        description="Empty: the recipe's, when the optimizer is the recipe's; else the "
+        "optimizer's usual one (sgd 0.05, adam/adamw 0.001).",
+    )
     momentum: float = Field(0.9, ge=0, lt=1, title="SGD momentum")
+    weight_decay: float | None = Field(
+        None,
+        ge=0,
+        title="Weight decay",
+        description="Empty: the recipe's, when the optimizer is the recipe's; else 0. AdamW "
+        "decays the weight matrices only, not biases or norms.",
+    )
     seed: int = Field(0, title="Seed")
     target_accuracy: float | None = Field(
         0.95,
@@ -319,17 +337,6 @@ class TrainConfig(_Model):
             "optimized": {"schedule": "dynamic", "compression": "auto"},
         }[name]
         return cls(**{**kw, **knobs})
-
-
-class TrackingConfig(_Model):
-    """Where runs are recorded. Empty fields defer to MLFLOW_* variables, then local defaults."""
-
-    tracking_uri: str | None = Field(
-        None,
-        title="MLflow tracking URI",
-        description="Empty: $MLFLOW_TRACKING_URI, else a SQLite file under HETFLOW_HOME.",
-    )
-    experiment: str = Field("hetflow", min_length=1, title="MLflow experiment")
 
 
 def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:

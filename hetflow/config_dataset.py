@@ -1,5 +1,6 @@
 """What a user writes about a dataset: where it lives and how the workers read it
-(`DatasetSpec`, re-exported by `hetflow.config`)."""
+(`DatasetSpec`), and where runs are recorded (`TrackingConfig`); both re-exported by
+`hetflow.config`."""
 
 from __future__ import annotations
 
@@ -72,3 +73,14 @@ class DatasetSpec(_Model):
         if not _URL.match(v):
             raise ValueError("must start with s3://, file:// or memory:// and name a bucket/path")
         return v.rstrip("/")
+
+
+class TrackingConfig(_Model):
+    """Where runs are recorded. Empty fields defer to MLFLOW_* variables, then local defaults."""
+
+    tracking_uri: str | None = Field(
+        None,
+        title="MLflow tracking URI",
+        description="Empty: $MLFLOW_TRACKING_URI, else a SQLite file under HETFLOW_HOME.",
+    )
+    experiment: str = Field("hetflow", min_length=1, title="MLflow experiment")

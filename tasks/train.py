@@ -18,6 +18,7 @@ from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import LaunchError, RankFailed, run_workers
 from hetflow.training.metrics import step_series, summarize
+from hetflow.training.optim import resolve_optimizer
 from hetflow.training.planning import launched, launched_ranks, make_plan
 from hetflow.training.recipes import DataInfo, Recipe, check_recipe, seeded_model
 from hetflow.training.scheduler import PlanError
@@ -91,6 +92,7 @@ def train_variant(
     """
     manifest = read_manifest(dataset.url)
     recipe = check_recipe(train, manifest)
+    train = resolve_optimizer(train, recipe)  # MLflow's params name the optimizer that ran
     plan: Plan = make_plan(profile, cluster, train)
     ranks, ranks_plan, _ = launched(cluster, plan)  # the workers launched: all but plan.dropped
     run_dir = stable_run_dir(variant)

@@ -110,6 +110,8 @@ def test_a_static_plan_launches_without_the_worker_it_leaves_out(
     run = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri).get_run(out.run_id)
     assert run.data.params["plan.dropped"] == '["w2"]'
     assert run.data.params["plan.local_batches"] == str(out.plan.local_batches)
+    # the optimizer that ran, resolved from the recipe's own (the config left it to the recipe)
+    assert (run.data.params["train.optimizer"], run.data.params["train.lr"]) == ("sgd", "0.05")
 
 
 def _gpu_and_cpus(cpu_batches: list[int]):

@@ -17,6 +17,7 @@ from hetflow.records import CompressionMethod
 from hetflow.training.comm import register_compression, wrap_optimizer
 from hetflow.training.data import RankData
 from hetflow.training.job import RunSpec
+from hetflow.training.optim import build_optimizer, resolve_optimizer
 from hetflow.training.rebalancer import Rebalancer
 from hetflow.training.recipes import DataInfo, Recipe, check_fits, seeded_model
 
@@ -68,10 +69,7 @@ def build_net(
     ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
     nodes = [w.node for w in spec.cluster.workers]  # hierarchical averaging groups by node
     hook_state = register_compression(ddp, method, emu.dilating_hook, nodes=nodes, **warmup)
-    if cfg.optimizer == "sgd":
-        opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    else:
-        opt = torch.optim.Adam(ddp.parameters(), lr=cfg.lr)
+    opt = build_optimizer(ddp.module, resolve_optimizer(cfg, recipe))
     opt = wrap_optimizer(opt, method, hook_state)
     return Net(model, ddp, opt, hook_state, device)
 

@@ -59,6 +59,7 @@ from hetflow.training.data import RankData
 from hetflow.training.devices import MixedPrecision, synchronizer
 from hetflow.training.job import RunSpec, emulator_for, node_id
 from hetflow.training.models import parameter_count
+from hetflow.training.optim import resolve_optimizer
 from hetflow.training.probes.compute import COMPUTE_BUDGET_S, probe_compute, solo_ddp
 from hetflow.training.probes.device import probe_matmul, probe_memory_bandwidth
 from hetflow.training.probes.memory import probe_memory
@@ -106,7 +107,8 @@ def profile(
     comp = timed(
         "compute", probe_compute, net, x, y, emu, sizes, ref, COMPUTE_BUDGET_S, recipe, amp
     )
-    mem = timed("memory", probe_memory, model, x, y, spec.train.optimizer, recipe)
+    optimizer = resolve_optimizer(spec.train, recipe).optimizer
+    mem = timed("memory", probe_memory, model, x, y, optimizer, recipe)
     mm = timed("matmul", probe_matmul, emu, device)
     bw = timed("memory_bandwidth", probe_memory_bandwidth, emu, device)
     s3 = timed("s3", probe_s3, data)  # fast workers read while the slowest still computes

@@ -82,6 +82,11 @@ class Recipe:
     # the context: full token windows); None when it varies (padding, masks), and the ranks
     # then all-reduce their counts every step.
     count_per_sample: int | None = None
+    # How the model trains unless the TrainConfig says otherwise (hetflow.training.optim):
+    # "sgd" (with the config's momentum), "adam" or "adamw"; weight decay on weight matrices.
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    weight_decay: float = 0.0
 
     def build_model(self, info: DataInfo) -> nn.Module:
         raise NotImplementedError

@@ -100,6 +100,9 @@ class GPT(Recipe):
     """Options: n_layer, n_head, n_embd, context (tokens per window), dropout."""
 
     kind = "tokens"
+    # AdamW as nanoGPT trains (its small character-level model: lr 1e-3); SGD with momentum
+    # makes this model's loss spike (docs/measurements.md, "The default gpt ... on bench comm").
+    optimizer, lr, weight_decay = "adamw", 1e-3, 0.1
 
     def __init__(
         self,
