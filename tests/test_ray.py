@@ -1,6 +1,7 @@
 """The Ray launcher on a real Ray cluster of 3 labelled nodes on this machine
 (`ray.cluster_utils.Cluster`, started once for the module): placement by instance type, the
-same weights as torchrun, state in S3, and bad input refused before anything is placed."""
+same weights as torchrun, state in S3, a lost node survived with a replacement and without
+one, and bad input refused before anything is placed."""
 
 from __future__ import annotations
 

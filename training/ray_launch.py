@@ -9,6 +9,10 @@ cluster launcher's YAML); a worker that names `instance_type` gets the selector
 `{NODE_LABEL: instance_type}` (Ray 2.60's `ScalingConfig(label_selector=[...])`, one per worker,
 in rank order).
 
+A node lost mid-run with no node of its type to replace it: the run goes on without the
+workers it held, the global batch shared by the others, from the last checkpoint
+(`run_workers_ray`, `go_on_without`).
+
 Run state: rank 0 writes `result.json` and `model.pt` to the run's state URL (`RunSpec.state_url`;
 the dataset's S3 bucket under `runs/` by default), and checkpoints go beside them, so the driver
 and a restarted rank on any node find them. Ray's workers do not inherit the driver's
@@ -117,8 +121,9 @@ def run_workers_ray(
     restarted group; where no alive node then has room for some workers (their node type has
     no replacement), the run goes on without them (`go_on_without`): the global batch shared
     by the others, from the last checkpoint, each left out recorded with why in the ranks'
-    `Recovery.left_out`. A one-line LaunchError when none is left, or when Ray Train fails
-    otherwise.
+    `Recovery.left_out`. Each launch after one gives Ray Train `max_restarts` anew; there are
+    at most one per worker, and one more. A LaunchError: of one line when no worker is left;
+    with Ray Train's error where it fails otherwise.
     """
     import ray
 
@@ -129,16 +134,16 @@ def run_workers_ray(
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    for attempt in range(spec.cluster.world_size + 1):  # each shrinks, but one that waits
+    for attempt in range(spec.cluster.world_size + 1):
         try:
             _fit(spec, attempt, max_restarts, placement_tries)
             break
         except Exception as e:
             if not _unplaced(e):
-                raise LaunchError(f"Ray Train: {_first_line(e)}") from None
+                raise LaunchError(f"Ray Train: {e}") from e
             lost = unplaceable(spec.cluster, ray.nodes(), spec.backend == "nccl")
             if not lost:
-                print(f"{spec.run_name}: placing timed out, every worker has room now: again")
+                print(f"{spec.run_name}: placing timed out, yet each worker has room now: again")
                 continue
             try:
                 spec = go_on_without(spec, lost)
@@ -185,11 +190,6 @@ def _unplaced(e: Exception) -> bool:
     failure = getattr(e, "controller_failure", None)
     # ray.train.v2._internal.exceptions: by name, not through Ray's internal module
     return type(failure).__name__ == "WorkerGroupStartupTimeoutError"
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def unplaceable(cluster: ClusterSpec, nodes: list[dict], use_gpu: bool) -> dict[str, str]:
