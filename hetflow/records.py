@@ -173,8 +173,7 @@ class Profile(_Record):
         cls, result: dict, cluster: ClusterSpec, model: str, profiling_time_s: float = 0.0
     ) -> Profile:
         """The profile of a profile-mode run's `result.json` (`{"mode": "profile", "ranks"}`):
-        ranks in rank order, each named after its worker in `cluster`, with its speed relative
-        to the fastest worker's."""
+        ranks in rank order, named after `cluster`'s workers, speeds relative to the fastest's."""
         ranks = sorted(map(RankProfile.model_validate, result["ranks"]), key=lambda r: r.rank)
         fastest = max(r.samples_per_s for r in ranks)
         for r, w in zip(ranks, cluster.workers, strict=True):
@@ -309,11 +308,13 @@ class CacheCounts(_Record):
 
 
 class Recovery(_Record):
-    """Restarts of this run (torchrun's, or a retried task's) and the steps done again."""
+    """Restarts of this run (torchrun's, Ray Train's, a retried task's), the steps done again,
+    and `left_out`: the workers it went on without, name -> why (`training.ray_launch`)."""
 
     restarts: int = 0
     steps_redone: int = 0
     resumed_at: int | None = None
+    left_out: dict[str, str] = {}
 
 
 class RankResult(_Record):

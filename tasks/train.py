@@ -112,17 +112,18 @@ def train_variant(
     )
     raw, wall = launch(spec, tracker, run_id)
     result = RunResult.model_validate(raw)
+    ran = finished_on(plan, result)
     metrics = summarize(result, train.global_batch, train.target_accuracy, train.target_val_loss)
     metrics["run_time_s"] = wall
-    metrics.update(cost_metrics(ranks, metrics, train, catalog, epoch_samples))
+    metrics.update(cost_metrics(launched(cluster, ran)[0], metrics, train, catalog, epoch_samples))
     outcome = TrainOutcome(
         variant=variant,
         run_id=run_id,
         run_dir=str(run_dir),
         plan=plan,
-        metrics=on_cluster_ranks(metrics, cluster, plan),
+        metrics=on_cluster_ranks(metrics, cluster, ran),
         series=[
-            on_cluster_ranks(row, cluster, plan) for row in step_series(result, train.global_batch)
+            on_cluster_ranks(row, cluster, ran) for row in step_series(result, train.global_batch)
         ],
         result=result,
     )
@@ -131,6 +132,14 @@ def train_variant(
     record_outcome(tracker, outcome, profile, train, name, ranks, (recipe, info))
     _print_outcome(variant, result, metrics, wall)
     return outcome
+
+
+def finished_on(plan: Plan, result: RunResult) -> Plan:
+    """`plan` with the workers the run went on without (`Recovery.left_out`: a lost node under
+    Ray) among its `dropped` too, so that the result's ranks map onto the cluster's workers;
+    a left-out worker's figures are not in the result, only the ranks that finished."""
+    left = [w for w in result.lead.recovery.left_out if w not in plan.dropped]
+    return plan.model_copy(update={"dropped": [*plan.dropped, *left]}) if left else plan
 
 
 def launched_labels(cluster: ClusterSpec, outcome: TrainOutcome, profile: Profile) -> list[str]:
@@ -185,6 +194,8 @@ def _print_outcome(variant: str, result: RunResult, metrics: dict, wall: float) 
     trials = result.lead.trials
     if trials is not None:
         print(f"{variant}: compression 'auto' -> {trials.chosen} by trials: {trials.reason}")
+    for worker, why in result.lead.recovery.left_out.items():
+        print(f"{variant}: went on without {worker}: {why}")
     print(f"{variant}: {_headline(metrics)}, {wall:.0f}s with launch")
 
 

@@ -158,3 +158,67 @@ def test_auto_compression_is_planned_for_the_workers_launched():
     one = make_plan(lone, ClusterSpec.from_speeds([1, 0.1]), train)  # one left: nothing to try
     assert one.dropped == ["w1"] and one.compression_candidates == []
     assert one.compression_reason.startswith("'auto' on one worker")
+
+
+def test_a_run_going_on_without_lost_workers_keeps_the_global_batch_and_says_who_and_why():
+    """`replan_without` shares the global batch among the workers left (on the plan's step
+    model where it has one, else in the ratio of their shares), and `launched` renumbers them:
+    the path a Ray run takes when a lost node has no replacement."""
+    from hetflow.records import Plan, RankResult, Recovery, RunResult
+    from hetflow.tasks.train import finished_on, on_cluster_ranks
+    from hetflow.training.planning import replan_without
+    from hetflow.training.scheduler import PlanError
+
+    cluster = ClusterSpec.from_speeds([2, 1, 3])
+    train = TrainConfig(global_batch=48, schedule="proportional")
+    plan = replan_without(cluster, Plan.equal([16, 8, 24]), {"w1": "node lost"}, train)
+    assert plan.local_batches == [19, 0, 29] and plan.dropped == ["w1"]
+    assert plan.excluded == ["w1: node lost"]
+    sub, sub_plan, _ = launched(cluster, plan)
+    assert [w.name for w in sub.workers] == ["w0", "w2"] and sum(sub_plan.local_batches) == 48
+    modelled = Plan(local_batches=[16, 16, 16], latency_s=[0.0] * 3, per_sample_s=[1e-3, 1, 5e-4])
+    assert replan_without(cluster, modelled, {"w1": "gone"}, train).local_batches == [16, 0, 32]
+    # the result's two ranks are the cluster's w0 and w2 in MLflow's per-rank names
+    lead = RankResult(rank=0, records=[], plans=[], recovery=Recovery(left_out={"w1": "gone"}))
+    ran = finished_on(Plan.equal([16, 8, 24]), RunResult(ranks=[lead]))
+    assert on_cluster_ranks({"rank1/local_batch": 29}, cluster, ran) == {
+        "rank2/local_batch": 29,
+        "rank1/local_batch": 0,
+        "rank1/busy_fraction": 0.0,
+    }
+    everyone = {"w0": "gone", "w1": "gone", "w2": "gone"}
+    with pytest.raises(PlanError, match=r"^cluster: no worker is left to go on with: w0: gone;"):
+        replan_without(cluster, Plan.equal([16, 8, 24]), everyone, train)
+
+
+def test_a_checkpoint_resumes_on_fewer_workers_each_keeping_its_own_records():
+    from hetflow.training.loop_state import LoopState, narrowed
+
+    saved = {
+        "step": 9,
+        "workers": ["a", "b", "c"],
+        "plan": [16, 8, 24],
+        "plans": [{"step": 0, "plan": [16, 8, 24]}],
+        "evals": [],
+        "train_time": 1.0,
+        "records": [["ra"], ["rb"], ["rc"]],
+        "rebalancer": {
+            "per_sample_s": [1.0, 2.0, 3.0],
+            "points": [[(16, 0.1)], [(8, 0.2)], [(24, 0.3)]],
+            "latest": [16, 8, 24],
+            "replans": [],
+            "rejected": [[10, 10, 28]],
+            "trial": None,
+            "revert_to": [16, 8, 24],
+            "errors": [0.1],
+        },
+    }
+    out = narrowed(saved, ["a", "c"], [19, 29])
+    assert out["records"] == [["ra"], ["rc"]] and out["plan"] == [19, 29]
+    assert out["plans"][-1] == {"step": 9, "plan": [19, 29]}
+    reb = out["rebalancer"]
+    assert reb["per_sample_s"] == [1.0, 3.0] and reb["latest"] == [16, 24]
+    assert reb["rejected"] == [] and reb["revert_to"] is None and reb["errors"] == [0.1]
+    assert LoopState(plan=out["plan"], plans=[]).plan == [19, 29]
+    with pytest.raises(ValueError, match=r"workers \['d'\] were not in the run"):
+        narrowed(saved, ["a", "d"], [24, 24])

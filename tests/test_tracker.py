@@ -161,3 +161,19 @@ def test_a_variant_run_that_chose_its_compression_by_trials_holds_the_table_and_
     assert [r["method"] for r in rows] == ["none", "fp16", "powersgd:4"]
     assert [r["chosen"] for r in rows] == [False, True, False]
     assert rows[1]["step_ms"] == pytest.approx(300.0) and rows[2]["error"] == "RuntimeError: boom"
+
+
+def test_a_variant_run_records_the_workers_it_went_on_without_and_why(tracker):
+    from hetflow.infra.tracking.content import record_training
+    from hetflow.records import Profile, Recovery
+
+    cluster = ClusterSpec.from_speeds([1, 1])
+    rid = tracker.start_run("optimized", cluster, DatasetSpec(url="s3://bucket/digits"))
+    done = outcome("optimized", rid, [24, 24], 0.1)
+    why = "no alive node of g4dn.xlarge has room for it: its node was lost, no replacement came"
+    done.result.ranks[0].recovery = Recovery(restarts=1, steps_redone=2, left_out={"t4": why})
+    done.metrics = summarize(done.result, 48)
+    record_training(tracker, done, Profile(cluster="local", model="digits-mlp", ranks=[]), cluster)
+    run = tracker.client.get_run(rid).data
+    assert run.params["recovery.left_out"] == f'{{"t4": "{why}"}}'
+    assert run.metrics["workers_left_out"] == 1 and run.metrics["restarts"] == 1

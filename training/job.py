@@ -61,6 +61,11 @@ class RunSpec(BaseModel):
         None, description="Where checkpoints go; default RUN_DIR/checkpoints."
     )
     profile_batches: list[int] = Field(default_factory=lambda: [8, 16, 32, 64])
+    left_out: dict[str, str] = Field(
+        default_factory=dict,
+        description="Workers of the run the cluster goes on without, name -> why (a lost node "
+        "with no replacement: `ray_launch`); the ranks record it in their `Recovery`.",
+    )
 
     @model_validator(mode="after")
     def _plan_fits(self) -> RunSpec:

@@ -22,7 +22,7 @@ from hetflow.training.data import RankData, peak_rss_bytes
 from hetflow.training.devices import MixedPrecision, synchronizer, to_device
 from hetflow.training.faults import Preempted, StepGuard
 from hetflow.training.job import RunSpec, emulator_for, node_id
-from hetflow.training.loop_state import LoopState
+from hetflow.training.loop_state import LoopState, narrowed
 from hetflow.training.models import parameter_count
 from hetflow.training.net import (
     MeanOverCounts,
@@ -69,7 +69,7 @@ class TrainingLoop:
         per_sample = self.recipe.count_per_sample
         self.mean = MeanOverCounts(world, per_sample, None if per_sample else new_control_group())
         self.store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
-        saved = self.store.load()
+        saved = self.on_these_workers(self.store.load())
         self.trials = self.resolve_compression(saved)  # 'auto': self.spec's plan now has it
         spec = self.spec
         self.net = build_net(spec, data, self.emu, self.recipe, amp.device)
@@ -80,8 +80,24 @@ class TrainingLoop:
         self.state = self.resume(saved)
         run_dir, start = Path(spec.run_dir), self.state.start
         self.recovery = note_recovery(run_dir, start) if rank == 0 else Recovery()
+        self.recovery.left_out = dict(spec.left_out)
         self.progress = ProgressFile(run_dir / "progress.json", start) if rank == 0 else None
         self.guard = StepGuard(spec, rank, self.net)  # last: every process group exists
+
+    def on_these_workers(self, saved: dict | None) -> dict | None:
+        """The checkpoint `saved` for this run's workers: as saved where it was taken on them
+        (or names none), else narrowed onto them with the spec's plan (`loop_state.narrowed`:
+        the run went on without the workers of a lost node)."""
+        names = [w.name for w in self.spec.cluster.workers]
+        if saved is None or saved.get("workers", names) == names:
+            return saved
+        if self.rank == 0:
+            print(
+                f"rank 0: resuming step {saved['step']} of {saved['workers']} on {names}, "
+                f"local batches {self.spec.plan.local_batches}",
+                flush=True,
+            )
+        return narrowed(saved, names, self.spec.plan.local_batches)
 
     def resolve_compression(self, saved: dict | None) -> CompressionTrials | None:
         """For 'auto' (the plan lists `compression_candidates`): the trials' table and choice,
@@ -248,6 +264,7 @@ class TrainingLoop:
                 step,
                 {
                     "step": step,
+                    "workers": [w.name for w in self.spec.cluster.workers],
                     "model": net.model.state_dict(),
                     "optimizer": net.opt.state_dict(),
                     **self.state.saved(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetflow.records import EvalPoint, PlanChange, StepRecord
+from hetflow.training.rebalancer import narrowed_state
 
 # Steps of the plan in force kept for `Rebalancer.sudden_change` (it compares a rank's last
 # SUDDEN_STEPS with its median over the rest).
@@ -74,3 +75,32 @@ class LoopState:
         self.plan = plan
         self.plans.append(PlanChange(step=step, plan=list(plan)))
         self.current = []
+
+
+def narrowed(saved: dict, workers: list[str], plan: list[int]) -> dict:
+    """A checkpoint taken on the workers `saved["workers"]` as resumed on `workers`, some of
+    them in the same order (a run that goes on without the workers of a lost node:
+    `ray_launch`), with `plan`, of the same global batch, in force from its step (pure).
+
+    Model, optimizer, comm hook, scaler, evaluations and trials are the same on every rank (or
+    rank 0's, as a checkpoint keeps them) and are kept whole; each rank's step records and
+    re-balancer figures are its worker's (`narrowed_state`). The data stream needs nothing:
+    step t reads positions [t x B, (t + 1) x B) whatever the plan is, so with B kept every
+    sample is still read once per epoch. A ValueError naming a worker the checkpoint lacks.
+    """
+    old = list(saved["workers"])
+    new = [w for w in workers if w not in old]
+    if new:
+        raise ValueError(
+            f"checkpoint: workers {new} were not in the run it was taken on ({old}); a run "
+            "goes on with fewer workers, never new ones"
+        )
+    keep = [old.index(w) for w in workers]
+    return {
+        **saved,
+        "workers": list(workers),
+        "plan": list(plan),
+        "plans": [*saved["plans"], PlanChange(step=saved["step"], plan=list(plan)).model_dump()],
+        "records": [saved["records"][i] for i in keep],
+        "rebalancer": narrowed_state(saved["rebalancer"], keep),
+    }

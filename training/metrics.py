@@ -41,6 +41,7 @@ def summarize(
         "replans": len(lead.replans),
         "restarts": lead.recovery.restarts,
         "steps_redone": lead.recovery.steps_redone,
+        "workers_left_out": len(lead.recovery.left_out),
     }
     for r in ranks:
         m.update(_rank_figures(r))

@@ -10,6 +10,7 @@ from hetflow.training.scheduler import (
     balance_with_exclusion,
     balanced_step_time,
     equal_batches,
+    plan_batches,
 )
 
 
@@ -168,6 +169,59 @@ def launched(
     renumber = {old: new for new, old in enumerate(keep)}
     moved = [(renumber[r], s, f) for r, s, f in stragglers if r in renumber]
     return sub, sub_plan, moved
+
+
+def replan_without(
+    cluster: ClusterSpec, plan: Plan, lost: dict[str, str], train: TrainConfig
+) -> Plan:
+    """`plan` over `cluster` with the workers `lost` names (name -> why) left out, and
+    `train.global_batch` shared anew by the others (pure): at batch 0, the lost workers join
+    `dropped` (so `launched` leaves them out and renumbers the rest) and `excluded` with why.
+    The others' shares: equal under the 'equal' schedule; balanced on the plan's step model
+    where it has one (`balance_with_exclusion`, which may leave more at batch 0, each in
+    `excluded`); else in the ratio of their shares in `plan` (a share of 0 counts as 1). A
+    PlanError when no worker is left.
+
+    >>> c = ClusterSpec.from_speeds([1, 1, 1])
+    >>> p = replan_without(c, Plan.equal([16, 8, 24]), {"w1": "node lost"}, TrainConfig(
+    ...     global_batch=48))
+    >>> p.local_batches, p.dropped, p.excluded
+    ([19, 0, 29], ['w1'], ['w1: node lost'])
+    """
+    keep = [
+        i
+        for i, w in enumerate(cluster.workers)
+        if w.name not in lost and w.name not in plan.dropped
+    ]
+    if not keep:
+        gone = "; ".join(f"{name}: {why}" for name, why in lost.items())
+        raise PlanError(f"cluster: no worker is left to go on with: {gone}")
+    g, names = train.global_batch, [cluster.workers[i].name for i in keep]
+
+    def pick(values: list) -> list:
+        return [values[i] for i in keep]
+
+    caps = pick(plan.caps) if plan.caps else [w.memory_cap_batch for w in pick(cluster.workers)]
+    excluded = [f"{n}: {why}" for n, why in lost.items()]
+    if train.schedule == "equal":
+        part = equal_batches(len(keep), g)
+    elif plan.latency_s and plan.per_sample_s:
+        part, why = balance_with_exclusion(
+            pick(plan.per_sample_s), pick(plan.latency_s), g, caps, names
+        )
+        excluded += why
+    else:
+        part = plan_batches([max(b, 1) for b in pick(plan.local_batches)], g, caps)
+    batches = [0] * len(cluster.workers)
+    for i, b in zip(keep, part, strict=True):
+        batches[i] = b
+    return plan.model_copy(
+        update={
+            "local_batches": batches,
+            "excluded": [*plan.excluded, *excluded],
+            "dropped": [*plan.dropped, *lost],
+        }
+    )
 
 
 def plan_compression(

@@ -9,6 +9,10 @@ cluster launcher's YAML); a worker that names `instance_type` gets the selector
 `{NODE_LABEL: instance_type}` (Ray 2.60's `ScalingConfig(label_selector=[...])`, one per worker,
 in rank order).
 
+A node lost mid-run with no node of its type to replace it: the run goes on without the
+workers it held, the global batch shared by the others, from the last checkpoint
+(`run_workers_ray`, `go_on_without`).
+
 Run state: rank 0 writes `result.json` and `model.pt` to the run's state URL (`RunSpec.state_url`;
 the dataset's S3 bucket under `runs/` by default), and checkpoints go beside them, so the driver
 and a restarted rank on any node find them. Ray's workers do not inherit the driver's
@@ -28,8 +32,13 @@ from hetflow.config import ClusterSpec, ConfigError
 from hetflow.infra.preflight import ray_problem
 from hetflow.infra.s3 import LOCAL_CREDENTIALS, filesystem
 from hetflow.training.job import RunSpec
+from hetflow.training.planning import launched, launched_ranks, replan_without
+from hetflow.training.scheduler import PlanError
 
 NODE_LABEL = "hetflow.io/instance-type"
+# How many times Ray Train tries to place a restarted worker group (each for Ray's start
+# timeout) before the run goes on without the workers no alive node has room for.
+PLACEMENT_TRIES = 3
 
 
 def ray_address(cluster: ClusterSpec) -> str:
@@ -97,20 +106,63 @@ def rank_main(config: dict) -> None:
         serve_rank(spec, rank, device, precision, "Ray Train")
 
 
-def run_workers_ray(spec: RunSpec, timeout_s: float = 1800, max_restarts: int = 3):
+def run_workers_ray(
+    spec: RunSpec,
+    timeout_s: float = 1800,
+    max_restarts: int = 3,
+    placement_tries: int = PLACEMENT_TRIES,
+):
     """Run `spec` on the Ray cluster of its cluster spec to completion: (result.json, wall
-    seconds), like `launch.run_workers`. Placement is checked before anything is placed."""
+    seconds), like `launch.run_workers`. Placement is checked before anything is placed.
+
+    A node lost mid-run: Ray Train restarts the group (up to `max_restarts` times) and it
+    resumes from the last checkpoint. Ray Train tries `placement_tries` times, each for Ray's
+    start timeout (`RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S`, 60 s by default), to place the
+    restarted group; where no alive node then has room for some workers (their node type has
+    no replacement), the run goes on without them (`go_on_without`): the global batch shared
+    by the others, from the last checkpoint, each left out recorded with why in the ranks'
+    `Recovery.left_out`. Each launch after one gives Ray Train `max_restarts` anew; there are
+    at most one per worker, and one more. A LaunchError: of one line when no worker is left;
+    with Ray Train's error where it fails otherwise.
+    """
     import ray
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
 
     from hetflow.training.launch import LaunchError
 
     connect(ray_address(spec.cluster))
-    selectors = label_selectors(spec.cluster, ray.nodes())
+    label_selectors(spec.cluster, ray.nodes())  # a one-line error before anything is placed
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec.write(run_dir / "job.json")
+    t = time.perf_counter()
+    for attempt in range(spec.cluster.world_size + 1):
+        try:
+            _fit(spec, attempt, max_restarts, placement_tries)
+            break
+        except Exception as e:
+            if not _unplaced(e):
+                raise LaunchError(f"Ray Train: {e}") from e
+            lost = unplaceable(spec.cluster, ray.nodes(), spec.backend == "nccl")
+            if not lost:
+                print(f"{spec.run_name}: placing timed out, yet each worker has room now: again")
+                continue
+            try:
+                spec = go_on_without(spec, lost)
+            except PlanError as e:
+                raise LaunchError(f"Ray Train: {e}") from None
+    else:
+        raise LaunchError(f"Ray Train: the workers of {spec.run_name} could not be placed")
+    wall = time.perf_counter() - t
+    return _read_result(spec, run_dir), wall
+
+
+def _fit(spec: RunSpec, attempt: int, max_restarts: int, placement_tries: int) -> None:
+    """One Ray Train run of `spec` (its `attempt`-th launch) to its end; Ray's
+    TrainingFailedError as it raises it. The job file is written first."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    spec.write(Path(spec.run_dir) / "job.json")
     trainer = TorchTrainer(
         rank_main,
         train_loop_config={"spec": spec.model_dump_json()},
@@ -119,26 +171,99 @@ def run_workers_ray(spec: RunSpec, timeout_s: float = 1800, max_restarts: int = 
             num_workers=spec.cluster.world_size,
             use_gpu=spec.backend == "nccl",
             resources_per_worker={"CPU": 1},
-            label_selector=selectors,
+            label_selector=label_selectors(spec.cluster, ray.nodes()),
         ),
         run_config=RunConfig(
-            name=spec.run_name,
-            storage_path=str(run_dir / "ray"),
-            failure_config=FailureConfig(max_failures=max_restarts),
+            name=spec.run_name if attempt == 0 else f"{spec.run_name}-{attempt}",
+            storage_path=str(Path(spec.run_dir) / "ray"),
+            failure_config=FailureConfig(
+                max_failures=max_restarts, controller_failure_limit=max(0, placement_tries - 1)
+            ),
             worker_runtime_env={"env_vars": worker_environment()},
         ),
     )
-    t = time.perf_counter()
-    result = trainer.fit()
-    wall = time.perf_counter() - t
-    if result.error is not None:
-        raise LaunchError(f"Ray Train: {result.error}")
+    trainer.fit()
+
+
+def _unplaced(e: Exception) -> bool:
+    """Whether Ray Train gave up placing the worker group (its start timed out, every try)."""
+    failure = getattr(e, "controller_failure", None)
+    # ray.train.v2._internal.exceptions: by name, not through Ray's internal module
+    return type(failure).__name__ == "WorkerGroupStartupTimeoutError"
+
+
+def unplaceable(cluster: ClusterSpec, nodes: list[dict], use_gpu: bool) -> dict[str, str]:
+    """The workers of `cluster` that no alive node of `nodes` (`ray.nodes()`) has room for,
+    name -> why (pure): in rank order, each worker takes one CPU (and one GPU under `use_gpu`),
+    as `run_workers_ray` asks, of a node of its instance type (of any node where no worker
+    names one); those left without are returned. Other jobs' use of the nodes is not seen."""
+    typed = any(w.instance_type for w in cluster.workers)
+    room: dict[str | None, int] = {}
+    for n in nodes:
+        kind = n.get("Labels", {}).get(NODE_LABEL) if typed else None
+        if not n.get("Alive") or (typed and kind is None):
+            continue
+        have = n.get("Resources", {})
+        slots = (
+            int(have.get("CPU", 0))
+            if not use_gpu
+            else int(min(have.get("CPU", 0), have.get("GPU", 0)))
+        )
+        room[kind] = room.get(kind, 0) + slots
+    out = {}
+    for w in cluster.workers:
+        kind = w.instance_type if typed else None
+        if room.get(kind, 0) > 0:
+            room[kind] -= 1
+        else:
+            where = f"of {kind}" if kind else "of the cluster"
+            out[w.name] = (
+                f"no alive node {where} has room for it: its node was lost, no replacement came"
+            )
+    return out
+
+
+def go_on_without(spec: RunSpec, lost: dict[str, str]) -> RunSpec:
+    """`spec` as the run goes on without the workers `lost` names (name -> why): the global
+    batch shared anew by the others (`planning.replan_without`), their ranks removed and the
+    rest renumbered (`planning.launched`, stragglers too), their precisions and injected
+    faults dropped, and `left_out` naming them with why. The run resumes from the last
+    checkpoint (`loop_state.narrowed`). Said on stdout; a PlanError when none is left."""
+    plan = replan_without(spec.cluster, spec.plan, lost, spec.train)
+    keep = launched_ranks(spec.cluster, plan)
+    cluster, sub_plan, stragglers = launched(spec.cluster, plan, spec.stragglers)
+    renumber = {old: new for new, old in enumerate(keep)}
+    print(
+        f"{spec.run_name}: going on without {', '.join(lost)} ({'; '.join(lost.values())}): "
+        f"{', '.join(w.name for w in cluster.workers)} at local batches "
+        f"{sub_plan.local_batches} (global batch {spec.train.global_batch} kept), from the "
+        "last checkpoint",
+        flush=True,
+    )
+    return spec.model_copy(
+        update={
+            "cluster": cluster,
+            "plan": sub_plan,
+            "stragglers": stragglers,
+            "precisions": [spec.precisions[i] for i in keep] if spec.precisions else [],
+            "inject": [
+                j.model_copy(update={"rank": renumber[j.rank]})
+                for j in spec.inject
+                if j.rank in renumber
+            ],
+            "left_out": {**spec.left_out, **lost},
+        }
+    )
+
+
+def _read_result(spec: RunSpec, run_dir: Path) -> dict:
+    """result.json of the run, from its state URL where it has one (model.pt fetched too)."""
     if spec.state_url is None:
-        return json.loads((run_dir / "result.json").read_text()), wall
+        return json.loads((run_dir / "result.json").read_text())
     fs, path = filesystem(f"{spec.state_url}/result.json")
     if not (run_dir / "model.pt").exists() and fs.exists(f"{path[: -len('result.json')]}model.pt"):
         fs.get_file(f"{path[: -len('result.json')]}model.pt", str(run_dir / "model.pt"))
-    return json.loads(fs.cat_file(path)), wall
+    return json.loads(fs.cat_file(path))
 
 
 def with_shared_state(spec: RunSpec) -> RunSpec:

@@ -239,3 +239,13 @@ class Rebalancer:
         self.history, self.rejected = state["replans"], state["rejected"]
         self.trial, self.revert_to = state["trial"], state["revert_to"]
         self.errors = list(state.get("errors", []))
+
+
+def narrowed_state(state: dict, keep: list[int]) -> dict:
+    """`Rebalancer.state()` of a run as it goes on with the ranks `keep` (old rank of each new
+    one, in order) alone: each rank's measurements are its worker's; the log of re-plans and
+    the model's errors stay; the plans of the old ranks (rejected, on trial, to revert to)
+    mean nothing on the new ones and are dropped (pure)."""
+    per_rank = ("per_sample_s", "points", "latest")
+    picked = {k: None if state.get(k) is None else [state[k][i] for i in keep] for k in per_rank}
+    return {**state, **picked, "rejected": [], "trial": None, "revert_to": None}

@@ -3,6 +3,7 @@ comparison's parent run. Written through a `MLflowTracker`, by the driver, after
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from hetflow.config import ClusterSpec
@@ -30,6 +31,8 @@ def record_training(
     )
     reason = lead.trials.reason if lead.trials else outcome.plan.compression_reason
     tracker.client.set_tag(rid, "compression_reason", reason)
+    if lead.recovery.left_out:  # workers the run went on without (a lost node: ray_launch)
+        tracker.log_params(rid, {"recovery.left_out": json.dumps(lead.recovery.left_out)})
     if lead.trials is not None:
         record_trials(tracker, rid, lead.trials)
     tracker.log_json(rid, "profile.json", profile)

@@ -36,7 +36,7 @@ RATIOS = {
     "comm_bytes_ratio": "comm_bytes_total",
     "cost_ratio": "cost_usd",
 }
-COUNTS = {"steps", "replans", "restarts", "steps_redone", "local_batch"}
+COUNTS = {"steps", "replans", "restarts", "steps_redone", "workers_left_out", "local_batch"}
 FRACTIONS = {"final_accuracy", "test_accuracy", "cache_hit_ratio"}
 LEGEND = (
     "change: relative to baseline; for percentages, the difference in percentage points (pp). "
