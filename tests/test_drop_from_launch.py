@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hetflow.config import ClusterSpec, TrackingConfig, TrainConfig
+from hetflow.training.job import default_profile_batches
 from hetflow.training.planning import launched, make_plan, ring_allreduce_s
 
 from tests.profiles import profile_of, rank_profile
@@ -222,3 +223,31 @@ def test_a_checkpoint_resumes_on_fewer_workers_each_keeping_its_own_records():
     assert LoopState(plan=out["plan"], plans=[]).plan == [19, 29]
     with pytest.raises(ValueError, match=r"workers \['d'\] were not in the run"):
         narrowed(saved, ["a", "d"], [24, 24])
+
+
+def _emulated_cpus(speeds: list[float], measured: list[int]):
+    """CPU workers whose whole step (50 ms fixed + 20 ms a sample at speed 1) is dilated by
+    1 / speed, as the emulator slows a worker, each measured at the batches `measured`."""
+    return profile_of(
+        [
+            rank_profile(r, s / 0.07, fit_latency_s=0.05 / s, fit_s_per_sample=0.02 / s).model_copy(
+                update={"compute_batches": measured}
+            )
+            for r, s in enumerate(speeds)
+        ]
+    )
+
+
+def test_the_default_profile_batches_reach_the_shares_slow_workers_get():
+    """The small gpt of docs/measurements.md at a global batch of 32 on speeds 1,1,2,4: timed
+    from batch 8 only, the slow pair's step at 8 (210 ms) passes what the others take without
+    them, so the static plan left out two workers that the re-balancer then brought back; timed
+    where the profile now starts at that batch (2), both stay, sharing a 105 ms step."""
+    cluster = ClusterSpec.from_speeds([1, 1, 2, 4])
+    static = TrainConfig(global_batch=32, schedule="proportional")
+    from_eight = make_plan(_emulated_cpus([1, 1, 2, 4], [8, 16, 32, 64]), cluster, static)
+    assert from_eight.dropped == ["w0", "w1"]
+    sizes = default_profile_batches(32, 4)
+    plan = make_plan(_emulated_cpus([1, 1, 2, 4], sizes), cluster, static)
+    assert plan.dropped == [] and all(plan.local_batches) and sum(plan.local_batches) == 32
+    assert sizes[0] <= min(plan.local_batches)  # the smallest share is timed, not extrapolated

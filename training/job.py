@@ -60,7 +60,11 @@ class RunSpec(BaseModel):
     checkpoint_url: str | None = Field(
         None, description="Where checkpoints go; default RUN_DIR/checkpoints."
     )
-    profile_batches: list[int] = Field(default_factory=lambda: [8, 16, 32, 64])
+    profile_batches: list[int] | None = Field(
+        None,
+        description="The batches the profile times each worker's step at; none: "
+        "`default_profile_batches` of the global batch and the world.",
+    )
     left_out: dict[str, str] = Field(
         default_factory=dict,
         description="Workers of the run the cluster goes on without, name -> why (a lost node "
@@ -109,3 +113,22 @@ def emulator_for(spec: RunSpec, rank: int, sync=None) -> Emulator:
         seed=spec.train.seed * 1009 + rank,
         sync=sync,
     )
+
+
+def default_profile_batches(global_batch: int, world: int) -> list[int]:
+    """The powers of two a profile times a step at: from the largest at most a quarter of an
+    equal share (global_batch / (4 x world), at least 1; an eighth of the top one at most) to
+    the largest at most the global batch and 64. The planner extrapolates a worker's step
+    below the smallest of them, and trusts it less there (`scheduler.exclude_slow`), so they
+    reach down to the shares a slow worker gets; above 64 a step is as affine as at 64 and
+    costs the probe more (pure).
+
+    >>> default_profile_batches(128, 4), default_profile_batches(32, 4)
+    ([8, 16, 32, 64], [2, 4, 8, 16, 32])
+    >>> default_profile_batches(4, 8), default_profile_batches(1024, 2)
+    ([1, 2, 4], [8, 16, 32, 64])
+    """
+    top = 1 << (max(1, min(64, global_batch)).bit_length() - 1)
+    bottom = 1 << (max(1, global_batch // (4 * world)).bit_length() - 1)
+    bottom = max(1, min(bottom, top // 8))  # four sizes at least, where the batch allows
+    return [1 << k for k in range(bottom.bit_length() - 1, top.bit_length())]

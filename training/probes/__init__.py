@@ -57,7 +57,7 @@ from hetflow.records import RankProfile
 from hetflow.training.comm import WireCounter
 from hetflow.training.data import RankData
 from hetflow.training.devices import MixedPrecision, synchronizer
-from hetflow.training.job import RunSpec, emulator_for, node_id
+from hetflow.training.job import RunSpec, default_profile_batches, emulator_for, node_id
 from hetflow.training.models import parameter_count
 from hetflow.training.optim import resolve_optimizer
 from hetflow.training.probes.compute import COMPUTE_BUDGET_S, probe_compute, solo_ddp
@@ -90,7 +90,8 @@ def profile(
     recipe = recipe_of(spec.train)
     info = DataInfo.from_manifest(data.manifest)
     model = seeded_model(recipe, info, spec.train.seed).to(device)
-    head = data.head("train", max([*spec.profile_batches, 64]))  # the probes' samples only
+    sizes = spec.profile_batches or default_profile_batches(spec.train.global_batch, world)
+    head = data.head("train", max([*sizes, 64]))  # the probes' samples only
     x, y = head.x, head.y
     took: dict[str, float] = {}
 
@@ -103,7 +104,6 @@ def profile(
     net = solo_ddp(model, emu)
     dist.barrier()  # start together: every rank's compute probe sees the same host load
     ref = max(1, spec.train.global_batch // world)
-    sizes = list(spec.profile_batches)
     comp = timed(
         "compute", probe_compute, net, x, y, emu, sizes, ref, COMPUTE_BUDGET_S, recipe, amp
     )
