@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import statistics
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import NamedTuple, get_args
 
 from hetflow.cli.job import recipe_flag, recipe_options
@@ -148,6 +150,7 @@ class Bench:
     stragglers: list[tuple[int, int, float]]
     variants: list[str]
     repeat: int
+    keep_results: str | None = None  # a folder for each run's result.json (--keep-results)
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
@@ -194,7 +197,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         variants = [name for v in variants for name in (v, f"{v}@ray")]
     if len(precisions) > 1:
         variants = [f"{v}@{p}" for v in variants for p in precisions]
-    return args, Bench(cluster, base, stragglers, variants, args.repeat)
+    return args, Bench(cluster, base, stragglers, variants, args.repeat, args.keep_results)
 
 
 class Ideals(NamedTuple):
@@ -242,6 +245,10 @@ def run_variant(
         run_dir=f"{tmp}/{name}-{round_}",
     )
     res, wall = run_workers(spec)
+    if bench.keep_results:  # every step's records per rank, for reading a run step by step
+        keep = Path(bench.keep_results) / f"{spec.run_name}.json"
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        keep.write_text(json.dumps({"result": res, "plan": plan.model_dump(mode="json")}))
     return {**res, "wall_s": wall}, plan, cfg  # torchrun's or Ray Train's, start-up included
 
 

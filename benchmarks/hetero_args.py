@@ -100,3 +100,10 @@ def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
         help="real heterogeneity (e.g. one CUDA worker beside CPU workers): no time dilation",
     )
     p.add_argument("--json", dest="json_path")
+    p.add_argument(
+        "--keep-results",
+        dest="keep_results",
+        metavar="DIR",
+        help="write each run's result.json (every rank's step records) and first plan to "
+        "DIR/VARIANT-ROUND.json",
+    )

@@ -149,3 +149,21 @@ def test_the_fastest_variant_runs_the_quickest_worker_that_holds_the_batch_alone
     alone = fastest_alone(plan, ClusterSpec.from_speeds([1, 2, 3]), 128)
     assert alone.local_batches == [0, 128, 0] and alone.dropped == ["w0", "w2"]
     assert parse_args(["--variants", "fastest,dynamic"])[1].variants == ["fastest", "dynamic"]
+
+
+@pytest.mark.slow
+def test_keep_results_writes_every_ranks_step_records_of_each_run(tmp_path, hetflow_home):
+    """A real bench run (2 emulated workers, 3 steps): --keep-results leaves each run's
+    result.json beside its first plan, so that a run can be read step by step afterwards."""
+    import json
+
+    keep = tmp_path / "runs"
+    argv = ["--speeds", "1,2", "--steps", "3", "--global-batch", "32", "--variants", "static"]
+    main([*argv, "--keep-results", str(keep), "--json", str(tmp_path / "x.json")])
+    saved = json.loads((keep / "static-0.json").read_text())
+    ranks = saved["result"]["ranks"]
+    assert len(ranks) == len(saved["plan"]["local_batches"]) == 2
+    for r in ranks:
+        batches = [x["batch"] for x in r["records"]]
+        assert batches == [saved["plan"]["local_batches"][r["rank"]]] * 3
+        assert all(x["compute_s"] > 0 for x in r["records"])
