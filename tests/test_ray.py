@@ -148,9 +148,6 @@ def test_a_killed_node_is_survived_from_s3_and_every_node_reports_metrics(
     checkpoint in S3: one restart, the steps since it redone (that resuming is exact is
     test_recovery's and test_rank_faults' claim, the same code under torchrun); and every
     node's system metrics are in the run."""
-    import json
-    import threading
-    import time
 
     from mlflow.tracking import MlflowClient
 
@@ -161,15 +158,7 @@ def test_a_killed_node_is_survived_from_s3_and_every_node_reports_metrics(
     spec.train.steps, spec.train.lr = 30, 0.02
     spec.cluster.time_scale = 64  # steps slow enough to kill a node mid-run
     spec = spec.model_copy(update={"metrics_run": (uri, run_id)})  # each node samples itself
-    out: dict = {}
-    runner = threading.Thread(target=lambda: out.update(r=run_workers(spec, timeout_s=250)))
-    runner.start()
-    progress = Path(spec.run_dir) / "progress.json"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if progress.exists() and json.loads(progress.read_text())["step"] >= 5:
-            break
-        time.sleep(0.1)
+    runner, out = _run_past_step_5(spec)
     victim = next(
         n for n in ray_cluster.worker_nodes if n.node_labels.get(NODE_LABEL) == "g4dn.xlarge"
     )
@@ -195,9 +184,6 @@ def test_a_node_lost_with_no_replacement_the_run_goes_on_with_the_workers_left(
     S3, the global batch shared by the two: every step done once in the records, the steps
     since the checkpoint redone, and t4 recorded as left out with why. The node comes back at
     the end for the module's other tests."""
-    import json
-    import threading
-    import time
 
     from hetflow.training.metrics import summarize
 
@@ -205,15 +191,7 @@ def test_a_node_lost_with_no_replacement_the_run_goes_on_with_the_workers_left(
     spec = _spec(digits, tmp_path, "shrunk", "ray", ray_cluster.address)
     spec.train.steps, spec.train.lr = 30, 0.02
     spec.cluster.time_scale = 64  # steps slow enough to kill a node mid-run
-    out: dict = {}
-    runner = threading.Thread(target=lambda: out.update(r=run_workers(spec, timeout_s=250)))
-    runner.start()
-    progress = Path(spec.run_dir) / "progress.json"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if progress.exists() and json.loads(progress.read_text())["step"] >= 5:
-            break
-        time.sleep(0.1)
+    runner, out = _run_past_step_5(spec)
     victim = next(
         n for n in ray_cluster.worker_nodes if n.node_labels.get(NODE_LABEL) == "g4dn.xlarge"
     )
@@ -239,3 +217,22 @@ def test_a_node_lost_with_no_replacement_the_run_goes_on_with_the_workers_left(
     assert lead.recovery.restarts == 1
     assert 0 <= lead.recovery.steps_redone <= spec.train.checkpoint_every
     assert summarize(result, spec.train.global_batch)["workers_left_out"] == 1
+
+
+def _run_past_step_5(spec: RunSpec):
+    """`run_workers(spec)` started in a thread, once its progress has passed step 5 (or 120 s
+    have gone): (the thread, the dict its result lands in as "r")."""
+    import json
+    import threading
+    import time
+
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.update(r=run_workers(spec, timeout_s=250)))
+    runner.start()
+    progress = Path(spec.run_dir) / "progress.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if progress.exists() and json.loads(progress.read_text())["step"] >= 5:
+            break
+        time.sleep(0.1)
+    return runner, out
