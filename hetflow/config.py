@@ -12,6 +12,7 @@ that JSON Schema cannot express (a global batch smaller than the cluster) live i
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -112,15 +113,18 @@ class ClusterSpec(_Model):
     )
 
     launcher: Literal["local", "ray"] = Field(
-        "local",
+        default_factory=lambda: os.environ.get("HETFLOW_LAUNCHER") or "local",
+        validate_default=True,
         title="Launcher",
         description="'local': torchrun on this host; 'ray': Ray Train on the Ray cluster at the "
-        "Ray address, each worker on a node labelled with its instance type.",
+        "Ray address, each worker on a node labelled with its instance type. Empty: "
+        "$HETFLOW_LAUNCHER where the cluster is read (the flow run's), else 'local'.",
     )
     ray_address: str | None = Field(
         None,
         title="Ray address",
-        description="'auto', HOST:6379 or ray://HOST:10001; empty: $RAY_ADDRESS, else 'auto'.",
+        description="'auto', HOST:6379 or ray://HOST:10001; empty: $RAY_ADDRESS where the flow "
+        "runs (the Prefect worker's), else 'auto'.",
     )
 
     @model_validator(mode="after")

@@ -95,3 +95,18 @@ def test_cluster_file_that_is_fine_loads(tmp_path):
     )
     assert load_mapping(path)["name"] == "mix"
     assert DatasetSpec(url="s3://b/p/").url == "s3://b/p"
+
+
+def test_the_launcher_left_empty_is_hetflow_launchers_and_a_bad_one_is_named(monkeypatch):
+    from hetflow.config import ClusterSpec
+
+    workers = {"workers": [{"name": "a"}]}
+    monkeypatch.delenv("HETFLOW_LAUNCHER", raising=False)
+    assert validated(ClusterSpec, workers, "cluster").launcher == "local"
+    monkeypatch.setenv("HETFLOW_LAUNCHER", "ray")
+    assert validated(ClusterSpec, workers, "cluster").launcher == "ray"
+    assert validated(ClusterSpec, {**workers, "launcher": "local"}, "cluster").launcher == "local"
+    monkeypatch.setenv("HETFLOW_LAUNCHER", "slurm")
+    with pytest.raises(ConfigError) as e:
+        validated(ClusterSpec, workers, "cluster")
+    assert "cluster.launcher" in str(e.value) and "\n" not in str(e.value)
