@@ -13,7 +13,6 @@ test_stack_and_deploy's fixtures (its own stack, for this module). A few minutes
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -51,8 +50,9 @@ def ray_nodes(stack):  # noqa: F811
     from ray.cluster_utils import Cluster
 
     inherited = {k: v for k, v in stack["exports"].items() if k.startswith("AWS_")}
-    saved = {k: os.environ.get(k) for k in inherited}
-    os.environ.update(inherited)
+    env = pytest.MonkeyPatch()  # module-scoped: undone after the cluster is down
+    for k, v in inherited.items():
+        env.setenv(k, v)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
         for w in WORKERS:
@@ -61,11 +61,7 @@ def ray_nodes(stack):  # noqa: F811
         yield cluster
     finally:
         cluster.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        env.undo()
 
 
 def _run_on_a_worker(stack, run_id, tmp_path, wait_s: float = 480):  # noqa: F811

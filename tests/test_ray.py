@@ -5,7 +5,6 @@ one, and bad input refused before anything is placed."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -38,8 +37,9 @@ def ray_cluster(s3_server):
     # they start from its environment: each node must name itself all the same
     inherited = {**CREDENTIALS, "AWS_ENDPOINT_URL": s3_server}
     inherited["MLFLOW_SYSTEM_METRICS_NODE_ID"] = "driver-host"
-    saved = {k: os.environ.get(k) for k in inherited}
-    os.environ.update(inherited)
+    env = pytest.MonkeyPatch()  # module-scoped: undone after the cluster is down
+    for k, v in inherited.items():
+        env.setenv(k, v)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     for t in TYPES:
         cluster.add_node(num_cpus=1, labels={NODE_LABEL: t})
@@ -48,11 +48,7 @@ def ray_cluster(s3_server):
     yield cluster
     ray.shutdown()
     cluster.shutdown()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    env.undo()
 
 
 def _spec(dataset, tmp_path, name: str, launcher: str, address=None) -> RunSpec:
