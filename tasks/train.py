@@ -143,8 +143,9 @@ def finished_on(plan: Plan, result: RunResult) -> Plan:
 
 
 def launched_labels(cluster: ClusterSpec, outcome: TrainOutcome, profile: Profile) -> list[str]:
-    """The labels of the ranks `outcome`'s variant launched (all but its plan's dropped)."""
-    return rank_labels(launched(cluster, outcome.plan)[0], profile)
+    """The labels of the ranks `outcome`'s variant finished on (all but its plan's dropped and
+    the workers a lost node took: `finished_on`), in the order of the result's ranks."""
+    return rank_labels(launched(cluster, finished_on(outcome.plan, outcome.result))[0], profile)
 
 
 def _print_plan(variant: str, plan: Plan, train: TrainConfig) -> None:

@@ -13,8 +13,6 @@ test_stack_and_deploy's fixtures (its own stack, for this module). A few minutes
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 
@@ -22,7 +20,7 @@ import pytest
 
 from hetflow.training.ray_launch import NODE_LABEL
 
-from tests.test_stack_and_deploy import deployed, stack  # noqa: F401 (fixtures)
+from tests.test_stack_and_deploy import deployed, stack, start_worker, stop_worker  # noqa: F401 (fixtures)
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -74,14 +72,7 @@ def _run_on_a_worker(stack, run_id, tmp_path, wait_s: float = 480):  # noqa: F81
         env.pop(k, None)
     log_path = tmp_path / "worker.log"
     with log_path.open("w") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "hetflow-local"],
-            cwd=stack["home"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        worker = start_worker(stack, env, log)
         try:
             with SyncPrefectClient(stack["exports"]["PREFECT_API_URL"]) as client:
                 deadline = time.monotonic() + wait_s
@@ -90,12 +81,7 @@ def _run_on_a_worker(stack, run_id, tmp_path, wait_s: float = 480):  # noqa: F81
                     time.sleep(1.0)
                     run = client.read_flow_run(run_id)
         finally:
-            worker.terminate()
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+            stop_worker(worker)
     return run, log_path.read_text(errors="replace")[-6000:]
 
 

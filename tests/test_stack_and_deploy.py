@@ -296,25 +296,7 @@ def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack, deployed)
             deps["prepare-dataset"].id,
             parameters={"dataset": {"url": dataset_url, "shard_samples": 512}, "overwrite": True},
         )
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "worker",
-                "start",
-                "--pool",
-                "hetflow-local",
-                "--run-once",
-                "--limit",
-                "1",
-            ],
-            cwd=stack["home"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        worker = start_worker(stack, env, subprocess.PIPE, "--run-once", "--limit", "1")
         try:
             deadline = time.monotonic() + 180
             state = client.read_flow_run(run.id).state
@@ -448,32 +430,11 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
             parameters={"tracking": {"tracking_uri": dead}},
         )
         log = (tmp_path / "worker.log").open("w")
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "worker",
-                "start",
-                "--pool",
-                "hetflow-local",
-                "--limit",
-                "4",
-            ],
-            cwd=stack["home"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        worker = start_worker(stack, env, log, "--limit", "4")
         try:
             runs = _wait_final(client, [compare.id, *[t.id for t in trains], dead_run.id], 480)
         finally:
-            worker.terminate()
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+            stop_worker(worker)
             log.close()
         tail = (tmp_path / "worker.log").read_text()[-6000:]
         _assert_failed_at_first_task(client, runs.pop(dead_run.id), dead, fault_table)
@@ -601,3 +562,26 @@ def test_down_stops_everything_and_s3_state_survives_a_restart(stack):
         _s3(ex).list_objects_v2(Bucket="hetflow-mlflow", Prefix="artifacts/").get("KeyCount", 0)
         >= 1
     )
+
+
+def start_worker(stack, env: dict, log, *flags: str) -> subprocess.Popen:
+    """A Prefect process worker of the pool `hetflow-local`, in the stack's home with `env`,
+    its output to `log`; `flags` added to `prefect worker start`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "hetflow-local", *flags],
+        cwd=stack["home"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def stop_worker(worker: subprocess.Popen) -> None:
+    """Terminate a worker `start_worker` started; kill it after 30 s."""
+    worker.terminate()
+    try:
+        worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
