@@ -158,9 +158,10 @@ def test_keep_results_writes_every_ranks_step_records_of_each_run(tmp_path, hetf
     import json
 
     keep = tmp_path / "runs"
-    argv = ["--speeds", "1,2", "--steps", "3", "--global-batch", "32", "--variants", "static"]
+    # baseline: the equal split launches both workers, whatever the profile reads
+    argv = ["--speeds", "1,2", "--steps", "3", "--global-batch", "32", "--variants", "baseline"]
     main([*argv, "--keep-results", str(keep), "--json", str(tmp_path / "x.json")])
-    saved = json.loads((keep / "static-0.json").read_text())
+    saved = json.loads((keep / "baseline-0.json").read_text())
     ranks = saved["result"]["ranks"]
     assert len(ranks) == len(saved["plan"]["local_batches"]) == 2
     for r in ranks:
