@@ -1,6 +1,6 @@
 """Workers a plan leaves at batch 0 and that would only add to every all-reduce are not launched
 (`planning.drop_from_launch`, `planning.launched`): a static plan's always, a dynamic plan's
-where the all-reduce share they cost is more than the re-balance threshold of the step."""
+where the all-reduce share they cost is more than 1% of the step (`IDLE_RANK_BUDGET`)."""
 
 from __future__ import annotations
 
@@ -15,28 +15,31 @@ from tests.profiles import profile_of, rank_profile
 GPU_LATENCY, CPU_LATENCY = 0.004, 5.0  # a fast worker's fixed cost per step, a hopeless one's
 
 
-def _profile(allreduce_s: float):
+def _profile(allreduce_s: float, latency_s: float = 0.0):
     """Two fast workers and one whose fixed cost is far beyond their step; the all-reduce of
-    one gradient over all three takes `allreduce_s`."""
-    fig = {"grad_allreduce_s": allreduce_s}
+    one gradient over all three takes `allreduce_s`, of which `latency_s` is its fixed part."""
+    fig = {"grad_allreduce_s": allreduce_s, "allreduce_latency_s": latency_s}
     fast = [rank_profile(r, 20000.0, fit_latency_s=GPU_LATENCY, **fig) for r in range(2)]
     return profile_of([*fast, rank_profile(2, 200.0, fit_latency_s=CPU_LATENCY, **fig)])
 
 
 @pytest.mark.parametrize(
-    ("schedule", "allreduce_s", "dropped"),
+    ("schedule", "allreduce_s", "latency_s", "dropped"),
     [
-        ("proportional", 0.0, ["w2"]),  # nothing can bring it back: never launched
-        # its quarter of the ring (0.5 ms) is 6.6% of the 7.6 ms step: over the 5% threshold
-        ("dynamic", 0.002, ["w2"]),
-        ("dynamic", 0.0002, []),  # 0.9% of the step: kept, so that a re-plan may bring it back
-        ("equal", 0.002, []),  # the equal split leaves no one out
+        ("proportional", 0.0, 0.0, ["w2"]),  # nothing can bring it back: never launched
+        # its quarter of the ring (0.5 ms) is 6.6% of the 7.6 ms step: over the 1% budget
+        ("dynamic", 0.002, 0.0, ["w2"]),
+        # bandwidth-bound, a quarter of 0.2 ms is 0.9% of the 5.8 ms step: kept for a re-plan
+        ("dynamic", 0.0002, 0.0, []),
+        # latency-bound, its hops are half of it (0.1 ms), 1.7% of the step: dropped
+        ("dynamic", 0.0002, 0.0002, ["w2"]),
+        ("equal", 0.002, 0.002, []),  # the equal split leaves no one out
     ],
 )
 def test_the_plan_drops_a_left_out_worker_by_what_its_all_reduce_share_costs(
-    schedule, allreduce_s, dropped
+    schedule, allreduce_s, latency_s, dropped
 ):
-    profile = _profile(allreduce_s)
+    profile = _profile(allreduce_s, latency_s)
     cluster = ClusterSpec.from_speeds([1, 1, 0.1])
     train = TrainConfig(global_batch=64, schedule=schedule, rebalance_threshold=0.05)
     plan = make_plan(profile, cluster, train)
@@ -49,6 +52,12 @@ def test_the_ring_all_reduce_scales_with_the_ranks_it_spans():
     assert ring_allreduce_s(0.003, 4, 1) == 0.0  # one rank reduces nothing
     assert ring_allreduce_s(0.003, 4, 4) == pytest.approx(0.003)
     assert ring_allreduce_s(0.003, 4, 2) == pytest.approx(0.003 * 0.5 / 0.75)
+    # its fixed part is paid per hop: 2 hops of 6 from 4 ranks to 2
+    assert ring_allreduce_s(0.003, 4, 2, latency_s=0.001) == pytest.approx(
+        0.001 / 3 + 0.002 * 0.5 / 0.75
+    )
+    # a fitted latency beyond the whole (noise) counts as the whole
+    assert ring_allreduce_s(0.003, 4, 2, latency_s=0.01) == pytest.approx(0.001)
 
 
 def test_launched_renumbers_the_ranks_and_keeps_each_workers_slowdown():

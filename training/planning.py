@@ -69,7 +69,8 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
         caps=caps,
         excluded=excluded,
     )
-    dropped = drop_from_launch(plan, train, max(r.grad_allreduce_s for r in profile.ranks))
+    slowest = max(profile.ranks, key=lambda r: r.grad_allreduce_s)
+    dropped = drop_from_launch(plan, train, slowest.grad_allreduce_s, slowest.allreduce_latency_s)
     plan.dropped = [cluster.workers[i].name for i in dropped]
     method, reason, candidates = plan_compression(profile, launched(cluster, plan)[0], train)
     return plan.model_copy(
@@ -81,27 +82,45 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
     )
 
 
-def ring_allreduce_s(measured_s: float, world: int, ranks: int) -> float:
-    """An all-reduce's time over `ranks` ranks from one measured over `world`: a ring moves
-    2(n-1)/n of the gradient per rank, so the time scales with (n-1)/n (latency terms aside);
-    0 on one rank, which reduces nothing."""
+IDLE_RANK_BUDGET = 0.01  # the share of the step an idle rank kept for a re-plan may cost
+
+
+def ring_allreduce_s(measured_s: float, world: int, ranks: int, latency_s: float = 0.0) -> float:
+    """An all-reduce's time over `ranks` ranks from one measured over `world`, on the ring's
+    latency-bandwidth model: its fixed part (`latency_s`, the profile's fitted
+    `allreduce_latency_s`) is paid once per hop, 2(n-1) hops, so it scales with (n-1); the rest
+    moves 2(n-1)/n of the gradient per rank, so it scales with (n-1)/n. 0 on one rank, which
+    reduces nothing.
+
+    >>> round(ring_allreduce_s(0.007, 8, 4, latency_s=0.0), 4)  # bandwidth-bound: 14% less
+    0.006
+    >>> round(ring_allreduce_s(0.007, 8, 4, latency_s=0.007), 4)  # latency-bound: 57% less
+    0.003
+    """
     if ranks <= 1 or world <= 1:
         return 0.0
-    return measured_s * ((ranks - 1) / ranks) / ((world - 1) / world)
+    fixed = min(max(latency_s, 0.0), measured_s)
+    moved = measured_s - fixed
+    return fixed * (ranks - 1) / (world - 1) + moved * ((ranks - 1) / ranks) / ((world - 1) / world)
 
 
-def drop_from_launch(plan: Plan, train: TrainConfig, allreduce_s: float) -> list[int]:
+def drop_from_launch(
+    plan: Plan, train: TrainConfig, allreduce_s: float, latency_s: float = 0.0
+) -> list[int]:
     """The ranks the plan leaves at batch 0 that are not launched at all (pure).
 
     A rank left out of the step at batch 0 still joins every all-reduce, with a zero gradient:
-    it costs the others its share of the ring (the whole all-reduce where one rank would
+    it costs the others its hops of the ring (the whole all-reduce where one rank would
     otherwise compute alone), and on a GPU cluster it holds the process group on gloo. Under a
     static plan ('proportional') nothing can bring it back, so it is never launched. Under
-    'dynamic' it stays in, at batch 0, so that a re-plan can bring it back, unless launching
-    without it is predicted to shorten the step by more than `train.rebalance_threshold`: the
-    step the others compute (`balanced_step_time` of the plan's model) plus the all-reduce over
-    every rank (`allreduce_s`, the profile's) against plus the all-reduce over those computing
-    (`ring_allreduce_s`). Equal splits leave no rank out.
+    'dynamic' it stays in, at batch 0, so that a re-plan can bring it back, only where that is
+    nearly free: where launching without it is predicted to shorten the step by less than
+    `IDLE_RANK_BUDGET` (1%). The prediction: the step the others compute (`balanced_step_time`
+    of the plan's model) plus the all-reduce over every rank (`allreduce_s`, the profile's,
+    whose fixed part is `latency_s`) against plus the all-reduce over those computing
+    (`ring_allreduce_s`). Keeping them costs every step of the run, for a re-plan that brings
+    them back only when another worker slows past them, so the budget is small. Equal splits
+    leave no rank out.
 
     >>> p = Plan(local_batches=[128, 0, 0], latency_s=[0.004, 0.2, 0.2],
     ...          per_sample_s=[1e-5, 1e-3, 1e-3])
@@ -109,7 +128,7 @@ def drop_from_launch(plan: Plan, train: TrainConfig, allreduce_s: float) -> list
     [1, 2]
     >>> drop_from_launch(p, TrainConfig(schedule="dynamic"), 0.001)  # 0.001 of a 0.0063 s step
     [1, 2]
-    >>> drop_from_launch(p, TrainConfig(schedule="dynamic"), 0.0001)  # 2% of the step: kept
+    >>> drop_from_launch(p, TrainConfig(schedule="dynamic"), 0.00005)  # 0.9% of the step: kept
     []
     """
     out = [i for i, b in enumerate(plan.local_batches) if b == 0]
@@ -126,8 +145,8 @@ def drop_from_launch(plan: Plan, train: TrainConfig, allreduce_s: float) -> list
         [plan.caps[i] for i in kept] if plan.caps else None,
     )
     with_them = compute + allreduce_s
-    saved = allreduce_s - ring_allreduce_s(allreduce_s, n, k)
-    return out if saved > train.rebalance_threshold * with_them else []
+    saved = allreduce_s - ring_allreduce_s(allreduce_s, n, k, latency_s)
+    return out if saved > IDLE_RANK_BUDGET * with_them else []
 
 
 def launched_ranks(cluster: ClusterSpec, plan: Plan) -> list[int]:
