@@ -334,6 +334,7 @@ class RankResult(_Record):
     bookkeeping_s: float = 0.0
     cache: CacheCounts = CacheCounts()
     peak_rss_bytes: int = Field(0, description="The rank process's peak resident memory.")
+    start_rss_bytes: int = Field(0, description="That peak before it opened the data.")
     trials: CompressionTrials | None = Field(None, description="'auto''s choice; else none.")
 
 
@@ -359,8 +360,7 @@ class TrainOutcome(_Record):
 
     `metrics` are the run's figures under their MLflow names (`summarize`, then cost and
     launch time); `series` one row per step (`step` and the per-step metrics, `step_series`).
-    Flows return JSON: `model_dump(mode="json")` of it, or of fields of it.
-    """
+    Flows return JSON: `model_dump(mode="json")` of it, or of fields of it."""
 
     variant: str = Field(description="The run's label: MLflow run name and `variant` tag.")
     run_id: str = Field(description="The MLflow run.")

@@ -239,6 +239,8 @@ def test_a_training_run_streams_its_share_and_reports_what_it_read(s3, tmp_path)
     assert sum(per_step[:10]) > 0 and per_step[10] == test_bytes and per_step[11:] == [0] * 14
     assert all(sum(rec.s3_bytes for rec in r.records) <= r.cache.bytes_read for r in result.ranks)
     assert all(r.peak_rss_bytes > 0 and r.cache.hits > 0 for r in result.ranks)
+    # each rank's fixed part, before it opened the data, is recorded apart from its peak
+    assert all(0 < r.start_rss_bytes <= r.peak_rss_bytes for r in result.ranks)
     m = summarize(result, train.global_batch, None)
     assert m["s3_bytes_read"] == sum(r.cache.bytes_read for r in result.ranks) > 0
     assert 0 < m["cache_hit_ratio"] < 1 and m["final_accuracy"] > 0.5

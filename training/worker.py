@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from hetflow.infra.s3 import filesystem
 from hetflow.records import RunResult
 from hetflow.training.comm import WireCounter
-from hetflow.training.data import open_rank_data
+from hetflow.training.data import open_rank_data, peak_rss_bytes
 from hetflow.training.devices import MixedPrecision, rank_device_precision
 from hetflow.training.faults import (
     PREEMPTED_EXIT,
@@ -146,10 +146,12 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
     counter = WireCounter(world)
     counter.install()
     try:
+        start_rss = peak_rss_bytes()  # the process's fixed part: torch, the process group
         # reads no shard: each rank streams its own (token windows of the recipe's context)
         data = open_rank_data(spec.dataset, context=recipe_of(spec.train).context)
         if spec.mode == "train":
             mine, weights = train(spec, data, rank, world, counter, amp)
+            mine.start_rss_bytes = start_rss
         else:
             mine = profile(spec, data, rank, world, counter, amp).model_dump(mode="json")
             weights = None
