@@ -13,7 +13,8 @@ What keeps efficiency below 1 is reported beside it, per variant: the share of t
 spent computing, communicating (the gradient all-reduce, the optimizer), idle (waiting for a
 slower rank) and waiting for data; and `efficiency_vs_ideal_with_allreduce`, against an ideal
 that also pays the profile's measured all-reduce of one gradient (`allreduce_s`) every step,
-which no plan can avoid. `compute_model_error` says, rank by rank, how far the measured
+which no plan can avoid (over the workers the ideal step uses: a plan need not launch the
+others). `compute_model_error` says, rank by rank, how far the measured
 compute per step lies from what the plan's fitted model (a_i + c_i x b_i) predicted.
 
 The workers are emulated (see `hetflow.emulation`): `--time-scale` (default 16, where
@@ -59,7 +60,13 @@ from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import measure_profile, run_workers
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS, summarize
-from hetflow.training.planning import fastest_alone, ideal_throughput, launched, make_plan
+from hetflow.training.planning import (
+    fastest_alone,
+    ideal_throughput,
+    launched,
+    make_plan,
+    ring_allreduce_s,
+)
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.hetero_args import PRECISION, parser
@@ -211,10 +218,19 @@ class Ideals(NamedTuple):
 
 
 def ideals(profile: Profile, bench: Bench) -> Ideals:
-    """The run's Ideals (pure)."""
+    """The run's Ideals (pure). The all-reduce is the profile's median over every worker,
+    priced over the workers the balanced step uses (`ring_allreduce_s`: those whose fixed
+    cost is shorter than that step; the others a plan need not launch)."""
     batch = bench.base.global_batch
     ideal = run_ideal(profile, batch, bench.base.steps, bench.stragglers)
-    allreduce_s = statistics.median(r.grad_allreduce_s for r in profile.ranks)
+    latency, _ = profile.step_models()
+    used = sum(a < batch / ideal for a in latency)
+    allreduce_s = ring_allreduce_s(
+        statistics.median(r.grad_allreduce_s for r in profile.ranks),
+        len(profile.ranks),
+        used,
+        statistics.median(r.allreduce_latency_s for r in profile.ranks),
+    )
     return Ideals(ideal, allreduce_s, batch / (batch / ideal + allreduce_s))
 
 

@@ -168,3 +168,21 @@ def test_keep_results_writes_every_ranks_step_records_of_each_run(tmp_path, hetf
         batches = [x["batch"] for x in r["records"]]
         assert batches == [saved["plan"]["local_batches"][r["rank"]]] * 3
         assert all(x["compute_s"] > 0 for x in r["records"])
+
+
+def test_the_ideal_with_the_all_reduce_prices_it_over_the_workers_the_ideal_uses():
+    from hetflow.config import ClusterSpec, TrainConfig
+
+    from benchmarks.hetero import Bench, ideals
+    from tests.profiles import profile_of, rank_profile
+
+    fig = {"grad_allreduce_s": 0.003, "allreduce_latency_s": 0.003}  # latency-bound
+    fast = [rank_profile(r, 1000.0, **fig) for r in range(2)]
+    hopeless = rank_profile(2, 1000.0, fit_latency_s=10.0, **fig)  # its fixed cost alone: 10 s
+    bench = Bench(ClusterSpec.from_speeds([1, 1, 1]), TrainConfig(global_batch=64), [], [], 1)
+    both = ideals(profile_of([*fast, hopeless]), bench)
+    assert both.samples_per_s == pytest.approx(2000.0, rel=1e-6)
+    assert both.allreduce_s == pytest.approx(0.0015)  # 2 ranks: 1 hop of the ring's 2, not 3 of 3
+    all_three = ideals(profile_of([*fast, rank_profile(2, 1000.0, **fig)]), bench)
+    assert all_three.allreduce_s == pytest.approx(0.003)
+    assert all_three.with_allreduce_samples_per_s == pytest.approx(64 / (64 / 3000.0 + 0.003))
