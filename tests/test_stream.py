@@ -235,8 +235,11 @@ def test_a_training_run_streams_its_share_and_reports_what_it_read(s3, tmp_path)
     per_step = [sum(r.records[t].s3_bytes for r in result.ranks) for t in range(train.steps)]
     test_bytes = sum(s.bytes for s in read_manifest(dataset.url).splits["test"].shards)
     # An epoch is 10 steps; the first evaluation (after step 9) reads the test split, counted
-    # with the step after it; from then on every read is a cache hit.
-    assert sum(per_step[:10]) > 0 and per_step[10] == test_bytes and per_step[11:] == [0] * 14
+    # with the step after it; from then on every read is a cache hit. (Where torchrun restarted
+    # the group, the lost attempt's ranks read the first epoch into the host cache.)
+    seen = f"S3 bytes per step {per_step}, restarts {result.lead.recovery.restarts}"
+    assert sum(per_step[:10]) > 0 or result.lead.recovery.restarts > 0, seen
+    assert per_step[10] == test_bytes and per_step[11:] == [0] * 14, seen
     assert all(sum(rec.s3_bytes for rec in r.records) <= r.cache.bytes_read for r in result.ranks)
     assert all(r.peak_rss_bytes > 0 and r.cache.hits > 0 for r in result.ranks)
     # each rank's fixed part, before it opened the data, is recorded apart from its peak
