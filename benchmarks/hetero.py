@@ -334,16 +334,27 @@ def with_speedups(runs: dict[str, list[dict]]) -> dict[str, dict]:
     return with_time_to_target(results)
 
 
+SAME_LOSS_RTOL = 1e-5  # the variants' gradients are equal, summed in another order
+
+
 def with_time_to_target(results: dict[str, dict]) -> dict[str, dict]:
     """Each variant's training time until its first evaluation that met the figure baseline
     ended at (val_loss at most, or accuracy at least: `time_to_baseline_final_s`, None if it
-    never did) and baseline's time over it (`time_to_target_speedup`) (pure)."""
+    never did) and baseline's time over it (`time_to_target_speedup`) (pure). A val_loss
+    within `SAME_LOSS_RTOL` of the target meets it: the same training on other local batches
+    sums its gradients in another order, and its loss differs in the sixth digit (3.0702174
+    against 3.0702152 on the default gpt)."""
     base = results.get("baseline", {}).get("evals")
     if not base:
         return results
     key = "val_loss" if "val_loss" in base[-1] else "accuracy"
     target = base[-1][key]
-    met = (lambda e: e[key] <= target) if key == "val_loss" else (lambda e: e[key] >= target)
+
+    def met(e: dict) -> bool:
+        if key == "val_loss":
+            return e[key] <= target * (1 + SAME_LOSS_RTOL)
+        return e[key] >= target
+
     base_time = next(e["train_time_s"] for e in base if met(e))
     for r in results.values():
         hit = next((e["train_time_s"] for e in r.get("evals", []) if met(e)), None)

@@ -105,8 +105,10 @@ def test_time_to_target_is_each_variants_time_to_what_baseline_ended_at():
             "baseline": _evals((2.0, 3.0), (4.0, 2.5)),
             "static": _evals((1.0, 2.9), (2.0, 2.4)),
             "dynamic": _evals((1.0, 2.6), (2.0, 2.55)),  # never reaches 2.5
+            "other": _evals((1.0, 2.6), (3.0, 2.500002)),  # 2.5 in another summing order
         }
     )
+    assert out["other"]["time_to_baseline_final_s"] == 3.0
     assert out["baseline"]["time_to_target_speedup"] == 1.0
     assert (out["static"]["time_to_baseline_final_s"], out["static"]["time_to_target_speedup"]) == (
         2.0,
