@@ -260,3 +260,28 @@ def test_the_default_profile_batches_reach_the_shares_slow_workers_get():
     plan = make_plan(_emulated_cpus([1, 1, 2, 4], sizes), cluster, static)
     assert plan.dropped == [] and all(plan.local_batches) and sum(plan.local_batches) == 32
     assert sizes[0] <= min(plan.local_batches)  # the smallest share is timed, not extrapolated
+
+
+@pytest.mark.parametrize(
+    ("allreduce_s", "latency_s", "left_out"),
+    [
+        (0.0, 0.0, False),  # no all-reduce: every sample helps, w2 computes its share
+        # latency-bound 20 ms over 3 ranks: w2's 8 samples buy 3.7 ms of the others' compute,
+        # its hop of the ring costs 10 ms
+        (0.02, 0.02, True),
+        (0.002, 0.0, False),  # a 2 ms bandwidth-bound all-reduce: its hop is worth less
+    ],
+)
+def test_a_worker_whose_samples_buy_less_than_its_hops_of_the_all_reduce_is_left_out(
+    allreduce_s, latency_s, left_out
+):
+    fig = {"grad_allreduce_s": allreduce_s, "allreduce_latency_s": latency_s}
+    fast = [rank_profile(r, 1000.0, fit_latency_s=0.01, **fig) for r in range(2)]
+    slow = rank_profile(2, 333.3, fit_latency_s=0.03, **fig)  # 3x slower, its fixed cost too
+    for schedule in ("proportional", "dynamic"):
+        train = TrainConfig(global_batch=128, schedule=schedule)
+        plan = make_plan(profile_of([*fast, slow]), ClusterSpec.from_speeds([3, 3, 1]), train)
+        assert (plan.local_batches[2] == 0) == left_out
+        assert sum(plan.local_batches) == 128
+        assert any("all-reduce" in why for why in plan.excluded) == left_out
+        assert plan.dropped == (["w2"] if left_out else [])  # never launched, then

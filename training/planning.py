@@ -7,6 +7,7 @@ from hetflow.records import CompressionMethod, Plan, Profile
 from hetflow.training.comm import auto_candidates, choose_compression
 from hetflow.training.scheduler import (
     PlanError,
+    balance_batches,
     balance_with_exclusion,
     balanced_step_time,
     equal_batches,
@@ -39,7 +40,8 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
     """Local batches from the profile's step models (`Profile.step_models`), the workers'
     memory caps (`memory_caps`) and the schedule, with the workers too slow to help left out
     (`scheduler.exclude_slow`, which reads a worker's step at the smallest batch its profile
-    measured in place of its extrapolated fixed cost; never under the equal split), and of
+    measured in place of its extrapolated fixed cost; never under the equal split) or whose
+    samples buy less than their hops of the all-reduce cost (`leave_out_for_comm`), and of
     those the workers not launched (`drop_from_launch`); the compression as
     `plan_compression` plans it for the workers launched ('auto': the candidates they try)."""
     speeds = [r.samples_per_s for r in profile.ranks]
@@ -61,6 +63,10 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
             names,
             min_batches=measured_from,
         )
+        batches, for_comm = leave_out_for_comm(
+            batches, latency, per_sample, caps, train.global_batch, names, *allreduce_of(profile)
+        )
+        excluded += for_comm
     plan = Plan(
         local_batches=batches,
         speeds=speeds,
@@ -69,8 +75,7 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
         caps=caps,
         excluded=excluded,
     )
-    slowest = max(profile.ranks, key=lambda r: r.grad_allreduce_s)
-    dropped = drop_from_launch(plan, train, slowest.grad_allreduce_s, slowest.allreduce_latency_s)
+    dropped = drop_from_launch(plan, train, *allreduce_of(profile))
     plan.dropped = [cluster.workers[i].name for i in dropped]
     method, reason, candidates = plan_compression(profile, launched(cluster, plan)[0], train)
     return plan.model_copy(
@@ -83,6 +88,76 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
 
 
 IDLE_RANK_BUDGET = 0.01  # the share of the step an idle rank kept for a re-plan may cost
+LEAVE_OUT_GAIN = 0.02  # the predicted gain, a share of the step, that leaves a worker out
+
+
+def allreduce_of(profile: Profile) -> tuple[float, float]:
+    """The all-reduce of one gradient over every worker, and its fixed part: the profile's
+    slowest rank's figures (`grad_allreduce_s`, `allreduce_latency_s`)."""
+    slowest = max(profile.ranks, key=lambda r: r.grad_allreduce_s)
+    return slowest.grad_allreduce_s, slowest.allreduce_latency_s
+
+
+def leave_out_for_comm(
+    batches: list[int],
+    latency_s: list[float],
+    per_sample_s: list[float],
+    caps: list[int | None],
+    global_batch: int,
+    names: list[str],
+    allreduce_s: float,
+    allreduce_latency_s: float = 0.0,
+) -> tuple[list[int], list[str]]:
+    """`batches` with the workers left out whose samples buy less than their hops of the
+    all-reduce cost (pure), and why. Greedy: the worker whose leaving shortens the predicted
+    step most goes first, while that gain is more than `LEAVE_OUT_GAIN` of the step; the
+    step is the balanced compute of those computing (`balanced_step_time`) plus the
+    all-reduce over them (`ring_allreduce_s`). The others are balanced anew
+    (`balance_batches`). The scheduler's own rule (`exclude_slow`) prices compute only: a
+    worker whose share is a few samples still adds its hops to every all-reduce.
+
+    >>> leave_out_for_comm([60, 60, 8], [0.01, 0.01, 0.03], [1e-3, 1e-3, 3e-3], [None] * 3,
+    ...                    128, ["a", "b", "c"], 0.02, 0.02)[0]
+    [64, 64, 0]
+    >>> leave_out_for_comm([60, 60, 8], [0.01, 0.01, 0.03], [1e-3, 1e-3, 3e-3], [None] * 3,
+    ...                    128, ["a", "b", "c"], 0.0)[0]
+    [60, 60, 8]
+    """
+    n, batches, why = len(batches), list(batches), []
+
+    def step(ranks: list[int]) -> float:
+        compute = balanced_step_time(
+            [latency_s[i] for i in ranks],
+            [per_sample_s[i] for i in ranks],
+            global_batch,
+            [caps[i] for i in ranks],
+        )
+        return compute + ring_allreduce_s(allreduce_s, n, len(ranks), allreduce_latency_s)
+
+    while allreduce_s > 0:
+        kept = [i for i in range(n) if batches[i] > 0]
+        if len(kept) < 2:
+            break
+        now = step(kept)
+        best = min(kept, key=lambda i: step([j for j in kept if j != i]))
+        rest = [j for j in kept if j != best]
+        after = step(rest)
+        if not now - after > LEAVE_OUT_GAIN * now:
+            break
+        part = balance_batches(
+            [per_sample_s[i] for i in rest],
+            [latency_s[i] for i in rest],
+            global_batch,
+            [caps[i] for i in rest],
+        )
+        batches = [0] * n
+        for i, b in zip(rest, part, strict=True):
+            batches[i] = b
+        why.append(
+            f"{names[best]}: its share buys less than its hops of the all-reduce cost: the "
+            f"step is predicted {after:.3g} s without it against {now:.3g} s with it"
+        )
+    return batches, why
 
 
 def ring_allreduce_s(measured_s: float, world: int, ranks: int, latency_s: float = 0.0) -> float:
