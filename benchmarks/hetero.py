@@ -57,16 +57,11 @@ from hetflow.config import (
     validated,
 )
 from hetflow.records import Plan, Profile, RunResult
+from hetflow.training import planning
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import measure_profile, run_workers
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS, summarize
-from hetflow.training.planning import (
-    fastest_alone,
-    ideal_throughput,
-    launched,
-    make_plan,
-    ring_allreduce_s,
-)
+from hetflow.training.planning import fastest_alone, ideal_throughput, launched, make_plan
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.hetero_args import PRECISION, parser
@@ -225,7 +220,7 @@ def ideals(profile: Profile, bench: Bench) -> Ideals:
     ideal = run_ideal(profile, batch, bench.base.steps, bench.stragglers)
     latency, _ = profile.step_models()
     used = sum(a < batch / ideal for a in latency)
-    allreduce_s = ring_allreduce_s(
+    allreduce_s = planning.ring_allreduce_s(
         statistics.median(r.grad_allreduce_s for r in profile.ranks),
         len(profile.ranks),
         used,
@@ -341,9 +336,8 @@ def with_time_to_target(results: dict[str, dict]) -> dict[str, dict]:
     """Each variant's training time until its first evaluation that met the figure baseline
     ended at (val_loss at most, or accuracy at least: `time_to_baseline_final_s`, None if it
     never did) and baseline's time over it (`time_to_target_speedup`) (pure). A val_loss
-    within `SAME_LOSS_RTOL` of the target meets it: the same training on other local batches
-    sums its gradients in another order, and its loss differs in the sixth digit (3.0702174
-    against 3.0702152 on the default gpt)."""
+    within `SAME_LOSS_RTOL` of the target meets it: other local batches sum the same gradients
+    in another order (3.0702174 against 3.0702152 on the default gpt)."""
     base = results.get("baseline", {}).get("evals")
     if not base:
         return results

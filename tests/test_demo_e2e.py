@@ -101,7 +101,10 @@ def test_mlflow_holds_both_runs_under_one_parent_with_sane_metrics(demo):
         assert run.data.tags["mlflow.parentRunId"] == parent
         assert run.data.tags["prefect_flow_run_id"]
         assert run.data.tags["recipe"] == "digits-cnn"
-        for name in RUN_METRICS + [f"rank{r}/{k}" for r in range(4) for k in RANK_METRICS]:
+        # a worker the plan left out and did not launch has local_batch 0 and no step figures
+        ran = [r for r in range(4) if m.get(f"rank{r}/local_batch") != 0]
+        assert variant == "optimized" or ran == [0, 1, 2, 3]
+        for name in RUN_METRICS + [f"rank{r}/{k}" for r in ran for k in RANK_METRICS]:
             assert name in m, f"{variant} lacks {name}"
         for name in FRACTIONS + [f"rank{r}/busy_fraction" for r in range(4)]:
             assert 0.0 <= m[name] <= 1.0, (name, m[name])
