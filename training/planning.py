@@ -7,7 +7,7 @@ from hetflow.records import CompressionMethod, Plan, Profile
 from hetflow.training.comm import auto_candidates, choose_compression
 from hetflow.training.scheduler import (
     PlanError,
-    balance_batches,
+    balance_among,
     balance_with_exclusion,
     balanced_step_time,
     equal_batches,
@@ -113,7 +113,7 @@ def leave_out_for_comm(
     step most goes first, while that gain is more than `LEAVE_OUT_GAIN` of the step; the
     step is the balanced compute of those computing (`balanced_step_time`) plus the
     all-reduce over them (`ring_allreduce_s`). The others are balanced anew
-    (`balance_batches`). The scheduler's own rule (`exclude_slow`) prices compute only: a
+    (`balance_among`). The scheduler's own rule (`exclude_slow`) prices compute only: a
     worker whose share is a few samples still adds its hops to every all-reduce.
 
     >>> leave_out_for_comm([60, 60, 8], [0.01, 0.01, 0.03], [1e-3, 1e-3, 3e-3], [None] * 3,
@@ -144,15 +144,7 @@ def leave_out_for_comm(
         after = step(rest)
         if not now - after > LEAVE_OUT_GAIN * now:
             break
-        part = balance_batches(
-            [per_sample_s[i] for i in rest],
-            [latency_s[i] for i in rest],
-            global_batch,
-            [caps[i] for i in rest],
-        )
-        batches = [0] * n
-        for i, b in zip(rest, part, strict=True):
-            batches[i] = b
+        batches = balance_among(per_sample_s, latency_s, global_batch, caps, rest)
         why.append(
             f"{names[best]}: its share buys less than its hops of the all-reduce cost: the "
             f"step is predicted {after:.3g} s without it against {now:.3g} s with it"

@@ -246,16 +246,31 @@ def balance_with_exclusion(
         f"{names[i]}: its device holds no sample (memory cap 0)" for i in range(n) if caps[i] == 0
     ] + why
     idx = [i for i, k in zip(able, keep, strict=True) if k]
+    return balance_among(per_sample_s, latency_s, global_batch, caps, idx), why
+
+
+def balance_among(
+    per_sample_s: Sequence[float],
+    latency_s: Sequence[float],
+    global_batch: int,
+    caps: Sequence[int | None],
+    ranks: Sequence[int],
+) -> list[int]:
+    """`balance_batches` over `ranks` alone; 0 for every other rank.
+
+    >>> balance_among([1e-3, 1e-3, 1e-3], [0.0, 0.0, 0.0], 64, [None] * 3, [0, 2])
+    [32, 0, 32]
+    """
     part = balance_batches(
-        [per_sample_s[i] for i in idx],
-        [latency_s[i] for i in idx],
+        [per_sample_s[i] for i in ranks],
+        [latency_s[i] for i in ranks],
         global_batch,
-        [caps[i] for i in idx],
+        [caps[i] for i in ranks],
     )
-    batches = [0] * n
-    for i, b in zip(idx, part, strict=True):
+    batches = [0] * len(per_sample_s)
+    for i, b in zip(ranks, part, strict=True):
         batches[i] = b
-    return batches, why
+    return batches
 
 
 def equal_batches(n: int, global_batch: int) -> list[int]:
