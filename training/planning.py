@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig
 from hetflow.records import CompressionMethod, Plan, Profile
 from hetflow.training.comm import auto_candidates, choose_compression
@@ -63,9 +65,8 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
             names,
             min_batches=measured_from,
         )
-        batches, for_comm = leave_out_for_comm(
-            batches, latency, per_sample, caps, train.global_batch, names, *allreduce_of(profile)
-        )
+        model = StepModel(latency, per_sample, caps, train.global_batch, *allreduce_of(profile))
+        batches, for_comm = leave_out_for_comm(batches, model, names)
         excluded += for_comm
     plan = Plan(
         local_batches=batches,
@@ -98,57 +99,68 @@ def allreduce_of(profile: Profile) -> tuple[float, float]:
     return slowest.grad_allreduce_s, slowest.allreduce_latency_s
 
 
+@dataclass(frozen=True)
+class StepModel:
+    """A synchronous step's predicted time (pure): the balanced compute of the ranks that
+    compute (`balanced_step_time` of a_i + c_i x b_i under the caps) plus the all-reduce of one
+    gradient over the ranks in the ring (`ring_allreduce_s` of the one measured over every
+    worker, `allreduce_s`, whose fixed part is `allreduce_latency_s`)."""
+
+    latency_s: list[float]
+    per_sample_s: list[float]
+    caps: list[int | None]
+    global_batch: int
+    allreduce_s: float = 0.0
+    allreduce_latency_s: float = 0.0
+
+    def step(self, computing: list[int], in_ring: int | None = None) -> float:
+        """The step of the ranks `computing`, in a ring of `in_ring` ranks (those computing
+        unless given: a rank at batch 0 still joins the all-reduce)."""
+        compute = balanced_step_time(
+            [self.latency_s[i] for i in computing],
+            [self.per_sample_s[i] for i in computing],
+            self.global_batch,
+            [self.caps[i] for i in computing],
+        )
+        ring = len(computing) if in_ring is None else in_ring
+        world = len(self.latency_s)
+        return compute + ring_allreduce_s(self.allreduce_s, world, ring, self.allreduce_latency_s)
+
+
 def leave_out_for_comm(
-    batches: list[int],
-    latency_s: list[float],
-    per_sample_s: list[float],
-    caps: list[int | None],
-    global_batch: int,
-    names: list[str],
-    allreduce_s: float,
-    allreduce_latency_s: float = 0.0,
+    batches: list[int], model: StepModel, names: list[str]
 ) -> tuple[list[int], list[str]]:
     """`batches` with the workers left out whose samples buy less than their hops of the
     all-reduce cost (pure), and why. Greedy: the worker whose leaving shortens the predicted
-    step most goes first, while that gain is more than `LEAVE_OUT_GAIN` of the step; the
-    step is the balanced compute of those computing (`balanced_step_time`) plus the
-    all-reduce over them (`ring_allreduce_s`). The others are balanced anew
-    (`balance_among`). The scheduler's own rule (`exclude_slow`) prices compute only: a
-    worker whose share is a few samples still adds its hops to every all-reduce.
+    step (`model.step`) most goes first, while that gain is more than `LEAVE_OUT_GAIN` of the
+    step; the others are balanced anew (`balance_among`). The scheduler's own rule
+    (`exclude_slow`) prices compute only: a worker whose share is a few samples still adds its
+    hops to every all-reduce.
 
-    >>> leave_out_for_comm([60, 60, 8], [0.01, 0.01, 0.03], [1e-3, 1e-3, 3e-3], [None] * 3,
-    ...                    128, ["a", "b", "c"], 0.02, 0.02)[0]
+    >>> m = StepModel([0.01, 0.01, 0.03], [1e-3, 1e-3, 3e-3], [None] * 3, 128, 0.02, 0.02)
+    >>> leave_out_for_comm([60, 60, 8], m, ["a", "b", "c"])[0]
     [64, 64, 0]
-    >>> leave_out_for_comm([60, 60, 8], [0.01, 0.01, 0.03], [1e-3, 1e-3, 3e-3], [None] * 3,
-    ...                    128, ["a", "b", "c"], 0.0)[0]
+    >>> free = StepModel(m.latency_s, m.per_sample_s, m.caps, 128)  # no all-reduce
+    >>> leave_out_for_comm([60, 60, 8], free, ["a", "b", "c"])[0]
     [60, 60, 8]
     """
-    n, batches, why = len(batches), list(batches), []
-
-    def step(ranks: list[int]) -> float:
-        compute = balanced_step_time(
-            [latency_s[i] for i in ranks],
-            [per_sample_s[i] for i in ranks],
-            global_batch,
-            [caps[i] for i in ranks],
-        )
-        return compute + ring_allreduce_s(allreduce_s, n, len(ranks), allreduce_latency_s)
-
-    while allreduce_s > 0:
-        kept = [i for i in range(n) if batches[i] > 0]
-        if len(kept) < 2:
-            break
-        now = step(kept)
-        best = min(kept, key=lambda i: step([j for j in kept if j != i]))
-        rest = [j for j in kept if j != best]
-        after = step(rest)
+    batches, why = list(batches), []
+    kept = [i for i, b in enumerate(batches) if b > 0]
+    now = model.step(kept)
+    while model.allreduce_s > 0 and len(kept) > 1:
+        after, best = min((model.step([j for j in kept if j != i]), i) for i in kept)
         if not now - after > LEAVE_OUT_GAIN * now:
             break
-        batches = balance_among(per_sample_s, latency_s, global_batch, caps, rest)
+        rest = [j for j in kept if j != best]
+        batches = balance_among(
+            model.per_sample_s, model.latency_s, model.global_batch, model.caps, rest
+        )
         why.append(
             f"{names[best]}: its share buys less than its hops of the all-reduce cost: the "
             f"step is predicted {after:.3g} s without it against {now:.3g} s with it"
         )
+        kept = [i for i, b in enumerate(batches) if b > 0]  # a share may round to 0
+        now = model.step(kept)
     return batches, why
 
 
@@ -181,13 +193,11 @@ def drop_from_launch(
     otherwise compute alone), and on a GPU cluster it holds the process group on gloo. Under a
     static plan ('proportional') nothing can bring it back, so it is never launched. Under
     'dynamic' it stays in, at batch 0, so that a re-plan can bring it back, only where that is
-    nearly free: where launching without it is predicted to shorten the step by less than
-    `IDLE_RANK_BUDGET` (1%). The prediction: the step the others compute (`balanced_step_time`
-    of the plan's model) plus the all-reduce over every rank (`allreduce_s`, the profile's,
-    whose fixed part is `latency_s`) against plus the all-reduce over those computing
-    (`ring_allreduce_s`). Keeping them costs every step of the run, for a re-plan that brings
-    them back only when another worker slows past them, so the budget is small. Equal splits
-    leave no rank out.
+    nearly free: where launching without it is predicted (`StepModel.step` on the plan's model,
+    the all-reduce over every rank `allreduce_s` with its fixed part `latency_s`) to shorten
+    the step by less than `IDLE_RANK_BUDGET` (1%). Keeping them costs every step of the run,
+    for a re-plan that brings them back only when another worker slows past them, so the
+    budget is small. Equal splits leave no rank out.
 
     >>> p = Plan(local_batches=[128, 0, 0], latency_s=[0.004, 0.2, 0.2],
     ...          per_sample_s=[1e-5, 1e-3, 1e-3])
@@ -203,17 +213,13 @@ def drop_from_launch(
         return []
     if train.schedule == "proportional":
         return out
-    kept = [i for i, b in enumerate(plan.local_batches) if b > 0]
-    n, k = len(plan.local_batches), len(kept)
-    compute = balanced_step_time(
-        [plan.latency_s[i] for i in kept],
-        [plan.per_sample_s[i] for i in kept],
-        train.global_batch,
-        [plan.caps[i] for i in kept] if plan.caps else None,
+    n, g = len(plan.local_batches), train.global_batch
+    model = StepModel(
+        plan.latency_s, plan.per_sample_s, plan.caps or [None] * n, g, allreduce_s, latency_s
     )
-    with_them = compute + allreduce_s
-    saved = allreduce_s - ring_allreduce_s(allreduce_s, n, k, latency_s)
-    return out if saved > IDLE_RANK_BUDGET * with_them else []
+    kept = [i for i, b in enumerate(plan.local_batches) if b > 0]
+    with_them = model.step(kept, in_ring=n)
+    return out if with_them - model.step(kept) > IDLE_RANK_BUDGET * with_them else []
 
 
 def launched_ranks(cluster: ClusterSpec, plan: Plan) -> list[int]:
