@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, get_args
@@ -204,8 +203,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
 
 class Ideals(NamedTuple):
     """The bounds every variant is measured against, from the profile (see the module
-    docstring): ideal samples/s, the median all-reduce of one gradient, and the ideal that
-    also pays that all-reduce every step."""
+    docstring): ideal samples/s, the all-reduce of one gradient, and the ideal that also pays
+    that all-reduce every step."""
 
     samples_per_s: float
     allreduce_s: float
@@ -213,19 +212,15 @@ class Ideals(NamedTuple):
 
 
 def ideals(profile: Profile, bench: Bench) -> Ideals:
-    """The run's Ideals (pure). The all-reduce is the profile's median over every worker,
-    priced over the workers the balanced step uses (`ring_allreduce_s`: those whose fixed
-    cost is shorter than that step; the others a plan need not launch)."""
+    """The run's Ideals (pure). The all-reduce is the one the plan prices
+    (`planning.allreduce_of`), over the workers the balanced step uses (`ring_allreduce_s`:
+    those whose fixed cost is shorter than that step; the others a plan need not launch)."""
     batch = bench.base.global_batch
     ideal = run_ideal(profile, batch, bench.base.steps, bench.stragglers)
     latency, _ = profile.step_models()
     used = sum(a < batch / ideal for a in latency)
-    allreduce_s = planning.ring_allreduce_s(
-        statistics.median(r.grad_allreduce_s for r in profile.ranks),
-        len(profile.ranks),
-        used,
-        statistics.median(r.allreduce_latency_s for r in profile.ranks),
-    )
+    whole, fixed = planning.allreduce_of(profile)
+    allreduce_s = planning.ring_allreduce_s(whole, len(profile.ranks), used, fixed)
     return Ideals(ideal, allreduce_s, batch / (batch / ideal + allreduce_s))
 
 
