@@ -7,13 +7,11 @@ import random
 import time
 from collections import defaultdict, deque
 
+from hetflow.emulation.costs import SMOOTH_PHASES, SharedCosts
 from hetflow.emulation.link import Link
 
 now = time.perf_counter
-
-# A keyed compute phase is dilated from the least CPU time of its key's last SMOOTH_PHASES
-# phases (see `Emulator`).
-SMOOTH_PHASES = 7
+__all__ = ["SMOOTH_PHASES", "Emulator", "SharedCosts", "now"]
 
 
 class Emulator:
@@ -30,8 +28,11 @@ class Emulator:
     time within a few percent; interference only ever adds time, so the least recent time is
     the estimate nearest the work itself (figures: docs/measurements.md, "Emulation"). A lasting
     rise of the host's cost shows after `SMOOTH_PHASES` phases; a straggler's factor changes
-    `slowdown` itself. Noise on purpose is `jitter`: each keyed phase lasts a log-normal factor
-    (mean 1, coefficient of variation `jitter`) longer or shorter, drawn from `seed`.
+    `slowdown` itself. With `costs` (a `SharedCosts` of the job's ranks on this host) the
+    key's recent CPU times are every rank's, not this process's alone: workers differ by
+    their slowdown, not by the noise of the process that emulates them. Noise on purpose is
+    `jitter`: each keyed phase lasts a log-normal factor (mean 1, coefficient of variation
+    `jitter`) longer or shorter, drawn from `seed`.
 
     On a GPU (`sync` given: a function that waits for the device's queued work) a phase is its
     wall time from the device idle at `start` to the device idle at `finish`: the thread's CPU
@@ -40,10 +41,17 @@ class Emulator:
     """
 
     def __init__(
-        self, slowdown: float, link: Link, jitter: float = 0.0, seed: int = 0, sync=None
+        self,
+        slowdown: float,
+        link: Link,
+        jitter: float = 0.0,
+        seed: int = 0,
+        sync=None,
+        costs: SharedCosts | None = None,
     ) -> None:
         self.slowdown = slowdown
         self.sync = sync
+        self.costs = None if sync is not None else costs  # a GPU's phase is its own wall time
         self.link = link
         self._wall = self._cpu = 0.0
         self._open = False
@@ -71,18 +79,29 @@ class Emulator:
         """Drop every key's recent CPU times: the next phases are dilated from their own alone
         (a compression trial's timed steps, after dense warm-up steps that cost less)."""
         self._cpu_times.clear()
+        if self.costs is not None:
+            self.costs.forget()
 
     def dilated(self, cpu: float, key: object = None) -> float:
         """Seconds a phase of `cpu` CPU seconds here lasts on the emulated device; a keyed
         phase's CPU time joins its key's recent ones. `finish` pads the phase to this."""
         if key is None:
             return self.slowdown * cpu
-        recent = self._cpu_times[key]
-        recent.append(cpu)
         factor = (
             self._rng.lognormvariate(-(self._sigma**2) / 2, self._sigma) if self._sigma else 1.0
         )
+        if self.costs is not None:
+            return self.slowdown * self.costs.add(key, cpu) * factor
+        recent = self._cpu_times[key]
+        recent.append(cpu)
         return self.slowdown * min(recent) * factor
+
+    def _settled(self, key: object) -> float | None:
+        """The key's settled CPU time (the least of its recent phases), None before any."""
+        if self.costs is not None:
+            return self.costs.settled(key)
+        recent = self._cpu_times.get(key)
+        return min(recent) if recent else None
 
     def finish(self) -> float:
         """End the phase begun by `start` (pad it); a second call before the next `start` is a
@@ -107,9 +126,9 @@ class Emulator:
         if not self._open or self.sync is not None or self.slowdown <= 1 or self._key == 0:
             return
         spent = self._clock() - self._cpu
-        recent = self._cpu_times.get(self._key)
-        if recent:
-            spent = min(spent, min(recent))
+        settled = self._settled(self._key)
+        if settled is not None:
+            spent = min(spent, settled)
         pad = self.slowdown * spent - (now() - self._wall)
         if pad > 0:
             time.sleep(pad)

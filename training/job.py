@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from hetflow.emulation.emulator import Emulator
+from hetflow.emulation.emulator import Emulator, SharedCosts
 from hetflow.emulation.link import Link
 from hetflow.records import Plan
 
@@ -99,19 +99,25 @@ def node_id() -> str:
     return os.environ.get("HETFLOW_NODE_ID") or os.uname().nodename
 
 
-def emulator_for(spec: RunSpec, rank: int, sync=None) -> Emulator:
+def emulator_for(spec: RunSpec, rank: int, sync=None, scope: str = "train") -> Emulator:
     """The emulated device of `rank`: its slowdown and link, or none when not emulating.
     `sync` (`training.devices.synchronizer`: a CUDA rank's) times each compute phase to its end
-    on the device, in wall time."""
+    on the device, in wall time. On a CPU its phases' costs are shared with the job's other
+    ranks on this host that compute the same thing (`SharedCosts` under the run directory, one
+    table per `scope` and precision: the training, the profile, each compression trial)."""
     if not spec.cluster.emulate:
         return Emulator(1.0, Link(None, 0.0), sync=sync)
     w = spec.cluster.workers[rank]
+    precision = spec.precisions[rank] if spec.precisions else spec.train.precision
+    folder = Path(spec.run_dir) / "emulator" / f"{scope}-{precision}"
+    world = spec.cluster.world_size
     return Emulator(
         spec.cluster.slowdowns()[rank],
         Link(w.link_gbps, w.link_latency_ms / 1e3),
         jitter=spec.cluster.jitter,
         seed=spec.train.seed * 1009 + rank,
         sync=sync,
+        costs=None if sync is not None else SharedCosts(folder, rank, world),
     )
 
 

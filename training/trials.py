@@ -114,7 +114,7 @@ class Trials:
         amp = self.amp
         if method.name in LOCAL_SGD and amp.scaler.is_enabled():
             return float("inf"), 0.0, NOT_WITH_FP16
-        emu = emulator_for(self.spec, self.rank, synchronizer(amp.device))
+        emu = emulator_for(self.spec, self.rank, synchronizer(amp.device), scope=f"trial-{method}")
         base = emu.slowdown
         try:
             net = build_net(

@@ -86,7 +86,7 @@ def profile(
     """
     amp = amp or MixedPrecision("cpu", "fp32", scaled=False)
     device = amp.device  # the rank's, in the precision it trains in
-    emu = emulator_for(spec, rank, synchronizer(device))
+    emu = emulator_for(spec, rank, synchronizer(device), scope="profile")
     recipe = recipe_of(spec.train)
     info = DataInfo.from_manifest(data.manifest)
     model = seeded_model(recipe, info, spec.train.seed).to(device)

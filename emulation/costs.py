@@ -1,0 +1,74 @@
+"""The host's CPU time of each keyed compute phase, shared by the emulated ranks of one job."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+# A keyed compute phase is dilated from the least CPU time of each rank's last SMOOTH_PHASES
+# phases of its key (see `hetflow.emulation.emulator.Emulator`).
+SMOOTH_PHASES = 7
+
+_RECORD = struct.Struct("<id")  # (rank, CPU seconds): 12 bytes, one os.write with O_APPEND
+
+
+class SharedCosts:
+    """What one compute phase of a key (a batch size) costs this host, as the least CPU time of
+    the last `keep` phases of that key of every rank of the job on this host.
+
+    Emulated workers differ by their slowdown alone: at the same batch they do the same work,
+    so the host's cost of it is one figure for all of them. Measured per process, it is not:
+    the same step's least CPU time moved by 20-30% between processes and over seconds (the
+    host's state, a neighbour, the allocator; docs/measurements.md, "Emulation"), so two
+    workers of one speed read 8% apart in a profile and a balanced plan computed unevenly.
+    Shared, the noise that is left moves every worker alike, which a plan in proportion to
+    speed does not feel. Each rank appends its phases to one small file per key under `folder`
+    (one 12-byte write with O_APPEND, so concurrent ranks do not interleave) and reads the
+    file's tail: no lock, no server, a few microseconds a step. Written for the emulator:
+    torch.distributed has no host-local shared table, and a collective per step would add a
+    synchronization that a real device does not have.
+
+    `forget` starts a new generation of keys (every rank calls it at the same point: the
+    compression trials' timed steps, which must be dilated from their own costs alone).
+    """
+
+    def __init__(self, folder: str | Path, rank: int, world: int, keep: int = SMOOTH_PHASES):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.rank, self.world, self.keep = rank, world, keep
+        self.generation = 0
+
+    def _path(self, key: object) -> Path:
+        return self.folder / f"{self.generation}-{key}"
+
+    def add(self, key: object, cpu_s: float) -> float:
+        """Record that this rank's phase of `key` took `cpu_s` CPU seconds; the key's settled
+        cost (`settled`), this phase included."""
+        fd = os.open(self._path(key), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, _RECORD.pack(self.rank, cpu_s))
+        finally:
+            os.close(fd)
+        return self.settled(key) or cpu_s
+
+    def settled(self, key: object) -> float | None:
+        """The least CPU time of each rank's last `keep` phases of `key`, among the key's last
+        `world` x `keep` phases on this host (None before any)."""
+        try:
+            with open(self._path(key), "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                whole = size - size % _RECORD.size  # a record still being written is skipped
+                tail = min(whole, self.world * self.keep * _RECORD.size)
+                f.seek(whole - tail)
+                data = f.read(tail)
+        except FileNotFoundError:
+            return None
+        recent: dict[int, list[float]] = {}
+        for rank, cpu in _RECORD.iter_unpack(data[: len(data) - len(data) % _RECORD.size]):
+            recent.setdefault(rank, []).append(cpu)
+        return min((t for times in recent.values() for t in times[-self.keep :]), default=None)
+
+    def forget(self) -> None:
+        """Start a new generation: the next phases are dilated from their own costs alone."""
+        self.generation += 1
