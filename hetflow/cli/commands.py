@@ -16,7 +16,7 @@ from hetflow.cli.job import ingest_of, job_of
 from hetflow.config import ConfigError, TrackingConfig
 from hetflow.output import write_json
 
-BENCHMARKS = ("hetero", "comm", "data")
+BENCHMARKS = ("hetero", "comm", "data", "host")
 
 
 def _print_table(table: dict, title: str) -> None:
