@@ -8,7 +8,8 @@ Two figures that bound `hetflow bench hetero` and `hetflow demo` on a small CPU 
 - `allreduce`: gloo's all-reduce of the digits-cnn gradient among W processes on this host,
   timed from the last rank's arrival (the ranks arrive after a pause, as after an emulated
   compute phase) to the last rank's return, and the CPU time each process spent per
-  all-reduce. No plan can shorten it: it is paid every step after the slowest rank computes.
+  all-reduce (with the barrier before it). No plan can shorten it: it is paid every step
+  after the slowest rank computes.
 - `compute`: the least CPU time of one digits-cnn step (forward and backward, one thread) at
   each batch, in `--passes` passes a few seconds apart: how far the host's cost of the same
   step moves between passes (what a profile measured and what training then runs at), and
