@@ -299,10 +299,24 @@ def test_a_worker_whose_fixed_cost_exceeds_the_others_step_is_left_out_with_the_
     names = ["g0", "g1", "g2", "cpu"]
     batches, why = balance_with_exclusion(per_sample, latency, 96, names=names)
     assert batches[3] == 0 and sum(batches) == 96 and min(batches[:3]) >= 31
-    assert len(why) == 1 and why[0].startswith("cpu: its fixed cost of 0.5 s per step")
+    assert len(why) == 1 and why[0].startswith("cpu: its step of 0.55 s at 1 sample, the least")
     # the step with it in is longer than without: the rule is right to drop it
     with_it = balance_batches(per_sample, latency, 96)
     assert max(a + c * b for a, c, b in zip(latency, per_sample, with_it)) > CPU_A
+
+
+def test_a_worker_whose_one_sample_outlasts_the_others_step_is_left_out_below_its_fixed_cost():
+    # rank 3's fixed cost (0.0415 s) is under the 0.042 s step the others take with the whole
+    # batch, but an integer plan gives a rank it keeps 1 sample at least, and there its step
+    # (0.0445 s) is the longest: leaving it out is the shorter step
+    latency, per_sample = [0.01] * 3 + [0.0415], [0.001] * 3 + [0.003]
+    batches, why = balance_with_exclusion(per_sample, latency, 96)
+    assert batches == [32, 32, 32, 0] and len(why) == 1
+    kept = balance_batches(per_sample, latency, 96)
+    assert kept[3] == 1  # balanced with it in, it gets the least share ...
+    step_with = max(a + c * b for a, c, b in zip(latency, per_sample, kept))
+    step_without = max(a + c * b for a, c, b in zip(latency, per_sample, batches) if b)
+    assert step_without < step_with  # ... and is the slowest rank
 
 
 def test_a_slower_worker_that_still_helps_is_kept():

@@ -169,25 +169,27 @@ def exclude_slow(
 
     A rank is left out when its least step is at least the step time the others reach sharing
     the whole global batch (`balanced_step_time`): any sample given to it would make the step
-    longer than leaving it out. Its least step is its fixed cost a_i, or, where `min_batches`
-    gives the smallest batch b_i its step was measured at, a_i + c_i x b_i: below that batch
-    the affine model is extrapolated and under-estimates a real step (a CPU worker beside a
-    GPU, given 1 sample, measured 2-3x its predicted step). Such a rank's share at the balance
-    would be under b_i anyway. Greedy: the worst offender (largest least step / T_without_i)
-    goes first, then the rule is applied again to the rest; one rank always stays, and a rank
-    whose leaving would overflow the others' caps stays. A CPU worker beside a GPU, or a T4
-    beside many H100s, is the case this is for.
+    longer than leaving it out. Its least step is a_i + c_i, at the 1 sample an integer plan
+    gives a rank at least (a_i alone keeps a rank that 1 sample makes the slowest), or, where
+    `min_batches` gives the smallest batch b_i its step was measured at, a_i + c_i x b_i: below
+    it the affine model is extrapolated and under-estimates a real step (a CPU worker beside a
+    GPU, given 1 sample, measured 2-3x its predicted step). Greedy: the worst offender
+    (largest least step / T_without_i) goes first, then the rule is applied again to the rest;
+    one rank always stays, and a rank whose leaving would overflow the others' caps stays. A
+    CPU worker beside a GPU, or a T4 beside many H100s, is the case this is for.
 
     >>> exclude_slow([0.01, 0.01, 0.5], [0.001, 0.001, 0.01], 64)[0]
     [True, True, False]
     >>> exclude_slow([0.01, 0.01, 0.02], [0.001, 0.001, 0.002], 64)[0]
     [True, True, True]
+    >>> exclude_slow([0.01, 0.01, 0.0415], [0.001, 0.001, 0.003], 64)[0]  # 41.5 + 3 > 42 ms
+    [True, True, False]
     """
     n = len(latency_s)
     caps = list(caps) if caps is not None else [None] * n
     names = list(names) if names is not None else [f"rank {i}" for i in range(n)]
     floors = list(min_batches) if min_batches is not None else [None] * n
-    least = [a + c * f if f else a for a, c, f in zip(latency_s, per_sample_s, floors, strict=True)]
+    least = [a + c * (f or 1) for a, c, f in zip(latency_s, per_sample_s, floors, strict=True)]
     included, why = [True] * n, []
     while sum(included) > 1:
         worst, worst_ratio, worst_t = None, 1.0, 0.0
@@ -208,7 +210,7 @@ def exclude_slow(
             f"its step of {least[worst]:.3g} s at {floors[worst]} samples, the fewest it was "
             "measured at,"
             if floors[worst]
-            else f"its fixed cost of {least[worst]:.3g} s per step"
+            else f"its step of {least[worst]:.3g} s at 1 sample, the least share it can take,"
         )
         why.append(
             f"{names[worst]}: {cost} is at least the {worst_t:.3g} s step the others take "
