@@ -11,7 +11,6 @@ from hetflow.emulation.costs import SMOOTH_PHASES, SharedCosts
 from hetflow.emulation.link import Link
 
 now = time.perf_counter
-__all__ = ["SMOOTH_PHASES", "Emulator", "SharedCosts", "now"]
 
 
 class Emulator:

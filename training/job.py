@@ -9,7 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from hetflow.emulation.emulator import Emulator, SharedCosts
+from hetflow.emulation.costs import SharedCosts
+from hetflow.emulation.emulator import Emulator
 from hetflow.emulation.link import Link
 from hetflow.records import Plan
 
@@ -117,7 +118,7 @@ def emulator_for(spec: RunSpec, rank: int, sync=None, scope: str = "train") -> E
         jitter=spec.cluster.jitter,
         seed=spec.train.seed * 1009 + rank,
         sync=sync,
-        costs=None if sync is not None else SharedCosts(folder, rank, world),
+        costs=SharedCosts(folder, rank, world),  # none kept on a GPU (`Emulator`)
     )
 
 
