@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections import defaultdict, deque
 from pathlib import Path
 
 # A keyed compute phase is dilated from the least CPU time of each rank's last SMOOTH_PHASES
@@ -11,6 +12,25 @@ from pathlib import Path
 SMOOTH_PHASES = 7
 
 _RECORD = struct.Struct("<id")  # (rank, CPU seconds): 12 bytes, one os.write with O_APPEND
+
+
+class LocalCosts:
+    """`SharedCosts` for one process alone: the least of a key's last `keep` phases here (a
+    rank with no table to share: a GPU's phases, the emulator's own tests)."""
+
+    def __init__(self, keep: int = SMOOTH_PHASES) -> None:
+        self._recent: dict[object, deque[float]] = defaultdict(lambda: deque(maxlen=keep))
+
+    def add(self, key: object, cpu_s: float) -> float:
+        self._recent[key].append(cpu_s)
+        return min(self._recent[key])
+
+    def settled(self, key: object) -> float | None:
+        recent = self._recent.get(key)
+        return min(recent) if recent else None
+
+    def forget(self) -> None:
+        self._recent.clear()
 
 
 class SharedCosts:
@@ -25,8 +45,8 @@ class SharedCosts:
     Shared, the noise that is left moves every worker alike, which a plan in proportion to
     speed does not feel. Each rank appends its phases to one small file per key under `folder`
     (one 12-byte write with O_APPEND, so concurrent ranks do not interleave) and reads the
-    file's tail: no lock, no server; `add` took 21 us here (2,000 calls over 8 ranks' records,
-    against a step of 50 ms or more). Written for the emulator:
+    file's tail through the same descriptor: no lock, no server; `add` took 13 us here (against
+    a step of 50 ms or more: docs/measurements.md, "Emulation"). Written for the emulator:
     torch.distributed has no host-local shared table, and a collective per step would add a
     synchronization that a real device does not have.
 
@@ -46,27 +66,31 @@ class SharedCosts:
     def add(self, key: object, cpu_s: float) -> float:
         """Record that this rank's phase of `key` took `cpu_s` CPU seconds; the key's settled
         cost (`settled`), this phase included."""
-        fd = os.open(self._path(key), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self._path(key), os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, _RECORD.pack(self.rank, cpu_s))
+            return self._least_in(fd)
         finally:
             os.close(fd)
-        return self.settled(key) or cpu_s
 
     def settled(self, key: object) -> float | None:
         """The least CPU time of each rank's last `keep` phases of `key`, among the key's last
         `world` x `keep` phases on this host (None before any)."""
         try:
-            with open(self._path(key), "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                whole = size - size % _RECORD.size  # a record still being written is skipped
-                tail = min(whole, self.world * self.keep * _RECORD.size)
-                f.seek(whole - tail)
-                data = f.read(tail)
+            fd = os.open(self._path(key), os.O_RDONLY)
         except FileNotFoundError:
             return None
+        try:
+            return self._least_in(fd)
+        finally:
+            os.close(fd)
+
+    def _least_in(self, fd: int) -> float | None:
+        size = os.fstat(fd).st_size
+        whole = size - size % _RECORD.size  # a record still being written is skipped
+        tail = min(whole, self.world * self.keep * _RECORD.size)
         recent: dict[int, list[float]] = {}
-        for rank, cpu in _RECORD.iter_unpack(data[: len(data) - len(data) % _RECORD.size]):
+        for rank, cpu in _RECORD.iter_unpack(os.pread(fd, tail, whole - tail)):
             recent.setdefault(rank, []).append(cpu)
         return min((t for times in recent.values() for t in times[-self.keep :]), default=None)
 

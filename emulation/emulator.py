@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections import defaultdict, deque
 
-from hetflow.emulation.costs import SMOOTH_PHASES, SharedCosts
+from hetflow.emulation.costs import LocalCosts, SharedCosts
 from hetflow.emulation.link import Link
 
 now = time.perf_counter
@@ -51,13 +50,11 @@ class Emulator:
         self.slowdown = slowdown
         self.sync = sync
         self.costs = None if sync is not None else costs  # a GPU's phase is its own wall time
+        self._costs = self.costs or LocalCosts()  # each key's recent phases: shared, or here
         self.link = link
         self._wall = self._cpu = 0.0
         self._open = False
         self._key: object = None
-        self._cpu_times: dict[object, deque[float]] = defaultdict(
-            lambda: deque(maxlen=SMOOTH_PHASES)
-        )
         self._sigma = math.sqrt(math.log1p(jitter**2))
         self._rng = random.Random(seed)
         self.computed_at = self.finished_at = 0.0  # when the last phase's own work / its pad ended
@@ -77,9 +74,7 @@ class Emulator:
     def forget(self) -> None:
         """Drop every key's recent CPU times: the next phases are dilated from their own alone
         (a compression trial's timed steps, after dense warm-up steps that cost less)."""
-        self._cpu_times.clear()
-        if self.costs is not None:
-            self.costs.forget()
+        self._costs.forget()
 
     def dilated(self, cpu: float, key: object = None) -> float:
         """Seconds a phase of `cpu` CPU seconds here lasts on the emulated device; a keyed
@@ -89,18 +84,7 @@ class Emulator:
         factor = (
             self._rng.lognormvariate(-(self._sigma**2) / 2, self._sigma) if self._sigma else 1.0
         )
-        if self.costs is not None:
-            return self.slowdown * self.costs.add(key, cpu) * factor
-        recent = self._cpu_times[key]
-        recent.append(cpu)
-        return self.slowdown * min(recent) * factor
-
-    def _settled(self, key: object) -> float | None:
-        """The key's settled CPU time (the least of its recent phases), None before any."""
-        if self.costs is not None:
-            return self.costs.settled(key)
-        recent = self._cpu_times.get(key)
-        return min(recent) if recent else None
+        return self.slowdown * self._costs.add(key, cpu) * factor
 
     def finish(self) -> float:
         """End the phase begun by `start` (pad it); a second call before the next `start` is a
@@ -125,7 +109,7 @@ class Emulator:
         if not self._open or self.sync is not None or self.slowdown <= 1 or self._key == 0:
             return
         spent = self._clock() - self._cpu
-        settled = self._settled(self._key)
+        settled = self._costs.settled(self._key)
         if settled is not None:
             spent = min(spent, settled)
         pad = self.slowdown * spent - (now() - self._wall)

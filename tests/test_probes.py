@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.emulation.emulator import SMOOTH_PHASES, Emulator
+from hetflow.emulation.costs import SMOOTH_PHASES
+from hetflow.emulation.emulator import Emulator
 from hetflow.emulation.link import Link
 from hetflow.flows.profile_cluster import print_profile_report, profile_report
 from hetflow.records import Profile, RankProfile

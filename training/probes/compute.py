@@ -15,7 +15,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hetflow.emulation.emulator import SMOOTH_PHASES, Emulator, now
+from hetflow.emulation.costs import SMOOTH_PHASES
+from hetflow.emulation.emulator import Emulator, now
 from hetflow.training.devices import MixedPrecision, to_device
 from hetflow.training.fitting import robust_affine
 from hetflow.training.recipes import Recipe
