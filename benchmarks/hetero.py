@@ -15,7 +15,11 @@ slower rank) and waiting for data; and `efficiency_vs_ideal_with_allreduce`, aga
 that also pays the profile's measured all-reduce of one gradient (`allreduce_s`) every step,
 which no plan can avoid (over the workers the ideal step uses: a plan need not launch the
 others). `compute_model_error` says, rank by rank, how far the measured
-compute per step lies from what the plan's fitted model (a_i + c_i x b_i) predicted.
+compute per step lies from what the plan's fitted model (a_i + c_i x b_i) predicted. Its
+median is `host_pace`, the host's pace during the run against the profile's; with it taken
+out, `efficiency_at_run_pace` (against the compute-only ideal at the pace the run computed at)
+and `compute_model_error_at_run_pace` (the ranks' speeds relative to each other:
+`hetero_model.at_run_pace`). The goals of issue 22 use `efficiency`, the compute-only ideal.
 
 The workers are emulated (see `hetflow.emulation`): `--time-scale` (default 16, where
 `hetflow train` uses 8) makes the fastest worker that many times slower than a core of this
@@ -59,11 +63,12 @@ from hetflow.records import Plan, Profile, RunResult
 from hetflow.training import planning
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import measure_profile, run_workers
-from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS, summarize
+from hetflow.training.metrics import summarize
 from hetflow.training.planning import fastest_alone, ideal_throughput, launched, make_plan
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.hetero_args import PRECISION, parser
+from benchmarks.hetero_model import at_run_pace, compute_model_error
 from benchmarks.hetero_table import print_table
 from benchmarks.ray_cluster import local_ray
 
@@ -102,33 +107,6 @@ def run_ideal(profile: Profile, global_batch: int, steps: int, stragglers: list)
                 a[rank], c[rank] = a[rank] * factor, c[rank] * factor
         seconds += (stop - start) * global_batch / ideal_throughput(a, c, global_batch)
     return steps * global_batch / seconds
-
-
-def compute_model_error(
-    result: dict,
-    plan: list[int],
-    latency_s: list[float],
-    per_sample_s: list[float],
-    until_step: int,
-) -> list[float | None]:
-    """Per rank, measured compute per step over the plan's model a_i + c_i x b_i, minus 1 (pure).
-
-    Over the steps that ran the first plan's batch, leaving out step 0 (DDP's set-up) and every
-    step from `until_step` on (a straggler changes the speeds there); None where no step did,
-    and for a rank the plan left at batch 0 (it computes nothing to compare).
-    """
-    out: list[float | None] = []
-    for r in sorted(result["ranks"], key=lambda r: r["rank"]):
-        k = r["rank"]
-        times = [
-            x["compute_s"]
-            for x in r["records"]
-            if THROUGHPUT_SKIP_STEPS <= x["step"] < until_step and x["batch"] == plan[k]
-        ]
-        predicted = latency_s[k] + per_sample_s[k] * plan[k]
-        ok = times and predicted > 0 and plan[k] > 0
-        out.append(sum(times) / len(times) / predicted - 1 if ok else None)
-    return out
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -266,10 +244,14 @@ def variant_figures(
     result = RunResult.model_validate({k: v for k, v in res.items() if k != "wall_s"})
     m = summarize(result, cfg.global_batch, cfg.target_accuracy, cfg.target_val_loss)
     lead = res["ranks"][0]
+    errors = compute_model_error(
+        res, plan.local_batches, plan.latency_s, plan.per_sample_s, until_step
+    )
+    efficiency = m["throughput_samples_per_s"] / ideal.samples_per_s
     return {
         "throughput_samples_per_s": m["throughput_samples_per_s"],
         "ideal_samples_per_s": ideal.samples_per_s,
-        "efficiency": m["throughput_samples_per_s"] / ideal.samples_per_s,
+        "efficiency": efficiency,
         "efficiency_vs_ideal_with_allreduce": m["throughput_samples_per_s"]
         / ideal.with_allreduce_samples_per_s,
         "time_to_target_s": m.get("time_to_target_s"),
@@ -288,9 +270,8 @@ def variant_figures(
         "busy_fraction": m["busy_fraction"],
         "comm_fraction": m["comm_fraction"],
         "data_wait_fraction": m["data_wait_fraction"],
-        "compute_model_error": compute_model_error(
-            res, plan.local_batches, plan.latency_s, plan.per_sample_s, until_step
-        ),
+        "compute_model_error": errors,
+        **at_run_pace(efficiency, errors),  # the host's pace during the run taken out
     }
 
 

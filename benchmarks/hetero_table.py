@@ -18,6 +18,7 @@ def print_table(out: dict) -> None:
         "ideal_samples_per_s",
         "efficiency",
         "efficiency_vs_ideal_with_allreduce",
+        "efficiency_at_run_pace",
         *(["efficiency_runs"] if out.get("repeat", 1) > 1 else []),
         "speedup_vs_baseline",
         "time_to_target_s",
@@ -30,6 +31,8 @@ def print_table(out: dict) -> None:
         "straggler_idle_fraction",
         "data_wait_fraction",
         "compute_model_error",
+        "host_pace",
+        "compute_model_error_at_run_pace",
         "replans",
         "final_plan",
         "run_s",
@@ -43,7 +46,7 @@ def print_table(out: dict) -> None:
         for r in out["variants"].values():
             v = r.get(row)
             if isinstance(v, list) and v and not isinstance(v[0], int):
-                form = "+.2f" if row == "compute_model_error" else ".3f"
+                form = "+.2f" if row.startswith("compute_model_error") else ".3f"
                 v = "[" + ", ".join("-" if e is None else format(e, form) for e in v) + "]"
             cells.append("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v))
         t.add_row(row, *cells)

@@ -8,7 +8,8 @@ from pydantic import ValidationError
 
 from hetflow.config import ConfigError
 
-from benchmarks.hetero import compute_model_error, main, median_run, with_time_to_target
+from benchmarks.hetero import main, median_run, with_time_to_target
+from benchmarks.hetero_model import at_run_pace, compute_model_error
 
 
 def test_compute_model_error_compares_measured_compute_with_the_plans_model():
@@ -34,6 +35,30 @@ def test_compute_model_error_compares_measured_compute_with_the_plans_model():
     # whose batch is not the plan's (a re-plan)
     assert errors == [pytest.approx(0.0), pytest.approx(0.3)]
     assert compute_model_error(result, [3, 4], [0.01, 0.02], [0.02, 0.02], until_step=3)[0] is None
+
+
+def test_the_hosts_pace_is_the_median_ranks_error_and_leaves_the_ranks_spread_around_it():
+    out = at_run_pace(0.8, [0.10, None, 0.12, 0.05])
+    assert out["host_pace"] == pytest.approx(1.10)  # the median of the ranks measured
+    assert out["efficiency_at_run_pace"] == pytest.approx(0.88)
+    spread = out["compute_model_error_at_run_pace"]
+    assert spread[1] is None  # left out: nothing measured
+    assert spread[0] == pytest.approx(0.0)
+    assert spread[2] == pytest.approx(1.12 / 1.10 - 1)
+    assert spread[3] == pytest.approx(1.05 / 1.10 - 1)
+    assert at_run_pace(0.8, [None, None])["efficiency_at_run_pace"] is None
+
+
+@pytest.mark.parametrize("pace", [0.9, 1.17])
+def test_the_ideal_at_the_runs_pace_is_the_profiles_over_the_pace(pace):
+    # what efficiency_at_run_pace = efficiency x pace rests on: every worker's a_i and c_i
+    # scaled alike scales the balanced step alike, a worker left out for its fixed cost included
+    from hetflow.training.planning import ideal_throughput
+
+    latency, per_sample = [0.004, 0.012, 0.030, 0.050], [0.0005, 0.0015, 0.001, 0.003]
+    ideal = ideal_throughput(latency, per_sample, 128)
+    slower = ideal_throughput([pace * a for a in latency], [pace * c for c in per_sample], 128)
+    assert slower == pytest.approx(ideal / pace, rel=1e-6)
 
 
 def test_median_run_keeps_the_median_runs_figures_together_and_lists_every_efficiency():
