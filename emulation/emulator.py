@@ -49,8 +49,9 @@ class Emulator:
     ) -> None:
         self.slowdown = slowdown
         self.sync = sync
-        self.costs = None if sync is not None else costs  # a GPU's phase is its own wall time
-        self._costs = self.costs or LocalCosts()  # each key's recent phases: shared, or here
+        # each key's recent phases: shared by the job's ranks, or kept here (a GPU's phase is
+        # its own wall time: nothing shared)
+        self._costs = costs if costs is not None and sync is None else LocalCosts()
         self.link = link
         self._wall = self._cpu = 0.0
         self._open = False
@@ -58,6 +59,11 @@ class Emulator:
         self._sigma = math.sqrt(math.log1p(jitter**2))
         self._rng = random.Random(seed)
         self.computed_at = self.finished_at = 0.0  # when the last phase's own work / its pad ended
+
+    @property
+    def costs(self) -> SharedCosts | None:
+        """The job's shared table this emulator dilates from; None where it keeps its own."""
+        return self._costs if isinstance(self._costs, SharedCosts) else None
 
     def _clock(self) -> float:
         if self.sync is None:
