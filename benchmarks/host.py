@@ -2,6 +2,7 @@
 
     hetflow bench host --json host.json
     hetflow bench host --worlds 2,4,8 --batches 13,29,32,41,64 --passes 3
+    hetflow bench host --worlds 4,4,4 --gloo-threads 2,1   # gloo's threads, alternated
 
 Two figures that bound `hetflow bench hetero` and `hetflow demo` on a small CPU host:
 
@@ -9,7 +10,8 @@ Two figures that bound `hetflow bench hetero` and `hetflow demo` on a small CPU 
   timed from the last rank's arrival (the ranks arrive after a pause, as after an emulated
   compute phase) to the last rank's return, and the CPU time each process spent per
   all-reduce (with the barrier before it). No plan can shorten it: it is paid every step
-  after the slowest rank computes.
+  after the slowest rank computes. With `--gloo-threads`, every world size runs once with each
+  count of gloo's worker threads per process (`ProcessGroupGloo` options, 2 in torch).
 - `compute`: the least CPU time of one digits-cnn step (forward and backward, one thread) at
   each batch, in `--passes` passes a few seconds apart: how far the host's cost of the same
   step moves between passes (what a profile measured and what training then runs at), and
@@ -48,6 +50,12 @@ def parser() -> argparse.ArgumentParser:
         "--batches", default="8,13,16,29,32,38,41,64,77", help="batches the step is timed at"
     )
     p.add_argument("--passes", type=int, default=2, help="passes over the batches (>= 1)")
+    p.add_argument(
+        "--gloo-threads",
+        dest="gloo_threads",
+        default="2",
+        help="gloo worker threads per process, each tried in turn, e.g. 2,1 (default: torch's 2)",
+    )
     p.add_argument("--json", dest="json_path", help="write the figures here")
     return p
 
@@ -66,10 +74,13 @@ def _cnn() -> torch.nn.Module:
     return get_recipe("digits-cnn").build_model(DataInfo())
 
 
-def _allreduce_rank(rank: int, world: int, port: int, numel: int, out) -> None:
+def _allreduce_rank(rank: int, world: int, port: int, numel: int, threads: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._threads = threads
+    opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+    dist.init_process_group("gloo", rank=rank, world_size=world, pg_options=opts)
     buf, times = torch.zeros(numel), []
     cpu = time.process_time()
     for i in range(REPS):
@@ -84,11 +95,12 @@ def _allreduce_rank(rank: int, world: int, port: int, numel: int, out) -> None:
     dist.destroy_process_group()
 
 
-def allreduce(world: int, numel: int, port: int) -> dict:
-    """One world size's all-reduce figures (W real processes, gloo on loopback)."""
+def allreduce(world: int, numel: int, port: int, threads: int = 2) -> dict:
+    """One world size's all-reduce figures (W real processes, gloo on loopback, `threads`
+    worker threads each)."""
     out = mp.Manager().dict()
     # forked: `benchmarks` is loaded from the checkout, which a spawned child cannot import
-    args = (world, port, numel, out)
+    args = (world, port, numel, threads, out)
     mp.start_processes(_allreduce_rank, args=args, nprocs=world, start_method="fork")
     ranks = [out[r] for r in range(world)]
     took = [
@@ -96,6 +108,7 @@ def allreduce(world: int, numel: int, port: int) -> dict:
     ]
     return {
         "world": world,
+        "gloo_threads": threads,
         "bytes": numel * 4,
         "median_ms": statistics.median(took) * 1e3,
         "p90_ms": sorted(took)[int(0.9 * len(took))] * 1e3,
@@ -139,7 +152,8 @@ def print_figures(out: dict) -> None:
     print("gloo all-reduce of the digits-cnn gradient, from the last rank's arrival:")
     for r in out["allreduce"]:
         print(
-            f"  {r['world']} processes: median {r['median_ms']:.1f} ms (p90 {r['p90_ms']:.1f}),"
+            f"  {r['world']} processes, {r['gloo_threads']} gloo threads: "
+            f"median {r['median_ms']:.1f} ms (p90 {r['p90_ms']:.1f}),"
             f" {r['cpu_ms_per_process']:.2f} ms CPU per process (with a barrier)"
         )
     c = out["compute"]
@@ -155,11 +169,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     worlds = _ints("--worlds", args.worlds)
     batches = sorted(set(_ints("--batches", args.batches)))
+    if len(batches) < 2:
+        raise ConfigError(f"--batches: two distinct batches at least, for a line (got {batches})")
     if args.passes < 1:
         raise ConfigError(f"--passes: must be >= 1 (got {args.passes})")
+    threads = _ints("--gloo-threads", args.gloo_threads)
     numel = sum(p.numel() for p in _cnn().parameters())
+    runs = [(w, t) for w in worlds for t in threads]
     out = {
-        "allreduce": [allreduce(w, numel, 29_500 + w) for w in worlds],
+        # a port per run: a world size given twice (rounds) does not wait on the last one's
+        "allreduce": [allreduce(w, numel, 29_500 + i, t) for i, (w, t) in enumerate(runs)],
         "compute": compute(batches, args.passes),
     }
     print_figures(out)

@@ -23,6 +23,7 @@ def test_bench_host_times_the_all_reduce_of_each_world_and_the_step_at_each_batc
     for r in out["allreduce"]:
         assert r["bytes"] == out["allreduce"][0]["bytes"] > 100_000  # digits-cnn's gradient
         assert 0 < r["median_ms"] <= r["p90_ms"] and r["cpu_ms_per_process"] > 0
+        assert r["gloo_threads"] == 2  # torch's default unless --gloo-threads says otherwise
     c = out["compute"]
     assert c["batches"] == [8, 16, 32]  # sorted
     assert len(c["passes"]) == 2 and len(c["last_over_first"]) == 3
@@ -37,7 +38,9 @@ def test_bench_host_times_the_all_reduce_of_each_world_and_the_step_at_each_batc
     [
         (["--worlds", "2,x"], "--worlds"),
         (["--batches", "0"], "--batches"),
+        (["--batches", "32,32"], "--batches"),  # one batch has no line: refused before running
         (["--passes", "0"], "--passes"),
+        (["--gloo-threads", "0"], "--gloo-threads"),
     ],
 )
 def test_bench_host_refuses_bad_numbers_naming_the_flag(argv, flag):
