@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hetflow.config import ClusterSpec, TrainConfig, WorkerSpec
 from hetflow.infra.s3 import free_port
 from hetflow.records import CompressionMethod, Plan
 from hetflow.training import launch
-from hetflow.training.comm import DENSE_WARMUP_STEPS, allgather_bytes
+from hetflow.training.comm import DENSE_WARMUP_STEPS, allgather_bytes, ring_allreduce_bytes
 from hetflow.training.data import open_rank_data
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers, torchrun_command, worker_env
@@ -224,31 +225,57 @@ def test_a_training_run_averages_hierarchically_across_the_workers_nodes(digits,
     assert all(sent[:DENSE_WARMUP_STEPS]) and sent[DENSE_WARMUP_STEPS:].count(True) == 2, sent
 
 
-def test_a_worker_the_plan_leaves_out_steps_on_batch_0_and_ends_with_the_others_weights(
-    digits, tmp_path, monkeypatch
+def _single_process_steps(spec: RunSpec, plans: list[dict], steps: int):
+    """The reference for `steps` steps: SGD with the run's lr and momentum on each step's global
+    batch (every rank's share under the plan in force, read as the ranks read it), mean loss.
+    Returns the model and the optimizer after each step."""
+    data = open_rank_data(spec.dataset)
+    model = seeded_model(get_recipe(spec.train.recipe), DataInfo(), spec.train.seed)
+    opt = torch.optim.SGD(model.parameters(), lr=spec.train.lr, momentum=spec.train.momentum)
+    after = []
+    for step in range(steps):
+        plan = [p for p in plans if p["step"] <= step][-1]["plan"]
+        shares = [
+            data.reader(r, spec.train.seed).batch(step, plan)
+            for r in range(spec.cluster.world_size)
+        ]
+        x, y = (np.concatenate(a) for a in zip(*shares, strict=True))
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        opt.step()
+        after.append(copy.deepcopy((model.state_dict(), opt.state_dict())))
+    data.close()
+    return after
+
+
+@pytest.mark.parametrize("out", [3, 0], ids=["w3-out", "rank0-out"])
+def test_a_worker_the_plan_leaves_out_leaves_the_all_reduce_and_every_replica_trains_as_one(
+    digits, tmp_path, monkeypatch, out
 ):
-    # w3's fixed cost per step (its profile's latency) is far beyond the step the others take
-    # sharing the global batch: the plan leaves it out, and the dynamic re-balancer, which sees
-    # no speed in its empty steps, keeps it out. Every rank runs a torchrun entry that also saves
-    # its own final weights (tests/rank_weights_worker.py).
+    # The worker's fixed cost per step (its profile's latency) is far beyond the step the others
+    # take sharing the global batch: the plan leaves it out, and the dynamic re-balancer, which
+    # sees no speed in its empty steps, keeps it out. Once DDP has rebuilt its buckets (step 1),
+    # it leaves the gradient's all-reduce. Every rank runs a torchrun entry that also saves its
+    # own final weights (tests/rank_weights_worker.py).
     profile = profile_of(
-        [rank_profile(r, 2000.0, fit_latency_s=0.005) for r in range(3)]
-        + [rank_profile(3, 2000.0, fit_latency_s=5.0)]
+        [rank_profile(r, 2000.0, fit_latency_s=5.0 if r == out else 0.005) for r in range(4)]
     )
-    cluster = ClusterSpec.from_speeds([1.0, 1.0, 1.0, 0.5])
+    cluster = ClusterSpec.from_speeds([0.5 if r == out else 1.0 for r in range(4)])
     train = TrainConfig(
         recipe="digits-mlp",
         global_batch=48,
         steps=8,
+        optimizer="sgd",
+        lr=0.1,
+        momentum=0.9,
         schedule="dynamic",
-        rebalance_every=3,
-        eval_every=100,
-        checkpoint_every=100,
+        eval_every=3,
+        checkpoint_every=3,
         target_accuracy=None,
     )
     plan = make_plan(profile, cluster, train)
-    assert plan.local_batches[3] == 0 and sum(plan.local_batches) == 48, plan
-    assert len(plan.excluded) == 1 and plan.excluded[0].startswith("w3: "), plan.excluded
+    assert plan.local_batches[out] == 0 and sum(plan.local_batches) == 48, plan
+    assert len(plan.excluded) == 1 and plan.excluded[0].startswith(f"w{out}: "), plan.excluded
     spec = RunSpec(
         run_name="left-out",
         variant="optimized",
@@ -268,12 +295,32 @@ def test_a_worker_the_plan_leaves_out_steps_on_batch_0_and_ends_with_the_others_
     result, _ = run_workers(spec, timeout_s=200, max_restarts=0)
     ranks = result["ranks"]
     assert all(len(r["records"]) == train.steps for r in ranks)
-    assert all(rec["batch"] == 0 for rec in ranks[3]["records"])
+    assert all(rec["batch"] == 0 for rec in ranks[out]["records"])
     assert all(sum(r["records"][i]["batch"] for r in ranks) == 48 for i in range(train.steps))
-    weights = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]
-    for other in weights[1:]:  # the left-out rank too: it joined every all-reduce
-        assert other.keys() == weights[0].keys()
-        assert all(torch.equal(other[k], weights[0][k]) for k in other)
-    _assert_same_params(torch.load(tmp_path / "model.pt"), weights[0])
+    # the gradient's all-reduce: over all 4 ranks for steps 0 and 1, then over the 3 others
+    grad = 4 * ranks[0]["params"]
+    for r in ranks:
+        sent = [rec["bytes_sent"] for rec in r["records"]]
+        assert sent[:2] == [ring_allreduce_bytes(grad, 4)] * 2, (r["rank"], sent)
+        later = 0.0 if r["rank"] == out else ring_allreduce_bytes(grad, 3)
+        assert sent[2:] == [later] * (train.steps - 2), (r["rank"], sent)
+    # the left-out rank's steps end with the others': its wait is the step
+    idle = ranks[out]["records"][2:]
+    assert all(rec["wait_s"] > 0.5 * rec["step_s"] > 0 for rec in idle)
+    # every rank ends with the weights of one process stepping on the whole global batch
+    plans = ranks[0]["plans"]
+    reference = _single_process_steps(spec, plans, train.steps)
+    for r in range(4):
+        _assert_same_params(torch.load(tmp_path / f"rank{r}.pt"), reference[-1][0])
+    _assert_same_params(torch.load(tmp_path / "model.pt"), reference[-1][0])
+    # and so do rank 0's checkpoints, taken while the others trained (rank0-out), momentum too
+    for step in (3, 6):
+        saved = torch.load(tmp_path / "checkpoints" / f"ckpt-{step:06d}.pt", weights_only=False)
+        model, opt = reference[step - 1]
+        _assert_same_params(saved["model"], model)
+        momentum = [s["momentum_buffer"] for _, s in sorted(saved["optimizer"]["state"].items())]
+        expected = [s["momentum_buffer"] for _, s in sorted(opt["state"].items())]
+        for a, b in zip(momentum, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     initial = seeded_model(get_recipe(train.recipe), DataInfo(), train.seed).state_dict()
-    assert not torch.allclose(weights[3]["0.weight"], initial["0.weight"])  # it did train
+    assert not torch.allclose(reference[-1][0]["0.weight"], initial["0.weight"])  # it trained

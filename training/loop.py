@@ -18,6 +18,7 @@ from hetflow.records import (
 )
 from hetflow.training.checkpoint import CheckpointStore
 from hetflow.training.comm import WireCounter, comm_state_dict, load_comm_state, new_control_group
+from hetflow.training.computing import ComputingRanks, can_leave, sync_replicas
 from hetflow.training.data import RankData, peak_rss_bytes
 from hetflow.training.devices import MixedPrecision, synchronizer, to_device
 from hetflow.training.faults import Preempted, StepGuard
@@ -46,7 +47,9 @@ class TrainingLoop:
     the recipe's count varies per sample, the evaluation barrier, the checkpoint's gather),
     which gloo needs.
     Every rank re-plans from the same shared figures, so all reach the same plan at the same
-    step. Rank 0 alone evaluates, saves checkpoints, and writes progress.json and recovery.json.
+    step. A rank the plan leaves out (batch 0) leaves the gradient's all-reduce where it can
+    (`computing.ComputingRanks`): its steps then wait for the others' (`idle_step`). Rank 0
+    alone evaluates, saves checkpoints, and writes progress.json and recovery.json.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class TrainingLoop:
         spec = self.spec
         self.net = build_net(spec, data, self.emu, self.recipe, amp.device)
         self.rebalancer = new_rebalancer(spec, world)
+        self.computing = ComputingRanks(world, rank, can_leave(self.net, every))
         self.base_slowdown = self.emu.slowdown
         self.s3_bytes_seen = data.cache.stats.bytes_read  # before the run's reads (trials')
         self.reader = data.reader(rank, cfg.seed)  # this rank's share of each step, streamed
@@ -144,15 +148,20 @@ class TrainingLoop:
         self.counter.take()
         for step in range(self.state.start, cfg.steps):
             self.guard.begin(step)
-            rec = self.timed_step(step)
+            computes = self.computing.computes
+            rec = self.timed_step(step) if computes else self.idle_step(step)
             stop = self.guard.end(rec, step + 1)  # every rank alike: SIGTERM came
-            rec.skipped = rec.skipped or self.amp.last_skipped  # the loss scale's skip
+            # the optimizer's or the loss scale's skip, on a step this rank stepped in
+            rec.skipped = computes and (rec.skipped or self.amp.last_skipped)
             self.record(rec)
             last = step == cfg.steps - 1
             checkpoint_now = ((step + 1) % cfg.checkpoint_every == 0 or stop) and not last
-            self.share(rec, flush=last or checkpoint_now)
+            self.share(rec, flush=last or checkpoint_now, posted=not computes)
             self.rebalance(step, flush=last or checkpoint_now, last=last)
-            if (step + 1) % cfg.eval_every == 0 or last:
+            self.follow(self.state.plan, step + 1)
+            evaluate_now = (step + 1) % cfg.eval_every == 0 or last
+            self.refresh(rank0=evaluate_now or checkpoint_now, everyone=last)
+            if evaluate_now:
                 self.record_eval(step + 1)
             if checkpoint_now:
                 self.checkpoint(step + 1)
@@ -198,6 +207,32 @@ class TrainingLoop:
             s3_bytes=self.s3_bytes_since_last(),
         )
 
+    def idle_step(self, step: int) -> StepRecord:
+        """A step this rank is out of the all-reduce in (`ComputingRanks`): no samples, no
+        collective of the gradient's; its record goes out with the others' at once, and the
+        step ends when every rank's has come in, so that its `step_s` is the step's."""
+        t0 = now()
+        self.reader.batch(step, self.state.plan)  # none of its samples; the stream moves on
+        t1 = now()
+        self.mean.skip()
+        rec = StepRecord(
+            step=step,
+            batch=0,
+            data_s=t1 - t0,
+            compute_s=0.0,
+            wait_s=0.0,
+            step_s=0.0,
+            loss_sum=0.0,
+            count=0,
+            bytes_sent=0.0,
+            s3_bytes=self.s3_bytes_since_last(),
+        )
+        self.shared.post(rec, len(self.state.plans))
+        self.shared.wait_sent()
+        t3 = now()
+        rec.wait_s, rec.step_s = t3 - t1, t3 - t0
+        return rec
+
     def s3_bytes_since_last(self) -> int:
         """Bytes this rank's cache fetched from S3 since the previous step (prefetches too)."""
         total = self.data.cache.stats.bytes_read
@@ -211,10 +246,11 @@ class TrainingLoop:
         state.bookkeeping_s += now() - tb
         state.train_time_s += rec.step_s
 
-    def share(self, rec: StepRecord, flush: bool) -> None:
-        """Post this step's compute time, tagged with the plan it ran, and keep the rows that
-        have come in (all of them when `flush`)."""
-        self.shared.post(rec, len(self.state.plans))
+    def share(self, rec: StepRecord, flush: bool, posted: bool = False) -> None:
+        """Post this step's compute time, tagged with the plan it ran (unless `posted`
+        already), and keep the rows that have come in (all of them when `flush`)."""
+        if not posted:
+            self.shared.post(rec, len(self.state.plans))
         for done, tag, row in self.shared.collect(flush=flush):
             self.state.add_row(tag, done.step, row)
 
@@ -239,6 +275,36 @@ class TrainingLoop:
             new = self.rebalancer.propose(state.plan, step + 1)
             if new is not None:
                 state.adopt(new, step + 1)
+
+    def follow(self, plan: list[int], first: int) -> None:
+        """Run the gradient's all-reduce from step `first` on the ranks `plan` gives samples
+        to, where ranks can leave it (`ComputingRanks`); a rank that returns to it takes the
+        others' replica first. Ranks leave it once DDP has rebuilt its buckets (its second
+        forward in this process); a plan the run started on leaves them then."""
+        if not self.computing.can_leave:
+            return
+        src = self.computing.follow(plan, ready=first - self.state.start >= 2)
+        self.net.hook_state.group = self.computing.group
+        self.mean.world = self.computing.size
+        if src is not None:
+            self.sync_from(src)
+
+    def refresh(self, rank0: bool, everyone: bool) -> None:
+        """Where ranks are out of the all-reduce, their replicas stood still: made the computing
+        ranks' when rank 0 is among them and `rank0` (it evaluates or checkpoints next), or
+        when `everyone` (the run's end: every rank ends with the same weights)."""
+        out = [r for r in range(self.world) if r not in self.computing.ranks]
+        if out and (everyone or (rank0 and out[0] == 0)):
+            self.sync_from(self.computing.ranks[0])
+
+    def sync_from(self, src: int) -> None:
+        """Every rank's replica (model, optimizer, loss scale) made rank `src`'s
+        (`sync_replicas`; every rank calls it); rank 0's training time too, which its evaluations
+        are stamped with."""
+        theirs = sync_replicas(
+            self.net, self.amp, self.mean, src, train_time_s=self.state.train_time_s
+        )
+        self.state.train_time_s = theirs["train_time_s"]
 
     def record_eval(self, step: int) -> None:
         """Rank 0 evaluates on the test split; every rank waits for it, outside the timed step."""

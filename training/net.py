@@ -125,7 +125,8 @@ class MeanOverCounts:
     the MEAN over the global batch's counts (samples, or tokens), whatever each rank counts.
 
     DDP averages the ranks' gradients, so rank r backpropagates S_r x world / N, with S_r its
-    summed loss and N the count summed over every rank.
+    summed loss and N the count summed over every rank; `world` is the number of ranks in the
+    all-reduce (fewer where a plan leaves ranks out of it: `training.computing`).
 
     A recipe whose loss counts the same per sample (`Recipe.count_per_sample`: 1 for a
     classifier, the context for full token windows) needs no communication: N is that times
@@ -170,6 +171,15 @@ class MeanOverCounts:
             self.expected = int(total)
         self._pending = (work, total)
         scale(loss_sum * (self.world / max(self.expected, 1))).backward()
+
+    def skip(self) -> None:
+        """A step this rank computes nothing in and is out of the gradient's all-reduce
+        (`training.computing`): where the count is all-reduced, its count of 0 joins that
+        all-reduce, which every rank issues each step, and `expected` follows it."""
+        if self.per_sample is None:
+            total = torch.zeros(1, dtype=torch.int64)
+            dist.all_reduce(total, group=self.group)
+            self.expected = max(int(total), 1)
 
     def correct(self, model: nn.Module) -> int:
         """Rescale the gradients to this step's N (a no-op when it equals the one backward

@@ -47,6 +47,11 @@ class SharedStepTimes:
         self.pending.append((self.unsent, out, work))
         self.unsent = []
 
+    def wait_sent(self) -> None:
+        """Wait until the newest gather is in: every rank has posted the step it carries."""
+        if self.pending:
+            self.pending[-1][2].wait()
+
     def collect(self, flush: bool = False) -> list[tuple[StepRecord, int, list[float]]]:
         """(record, tag, every rank's compute time) of the steps whose gather is in, oldest first;
         the newest gather stays in flight unless `flush`. Sets each record's idle_s and comm_s."""

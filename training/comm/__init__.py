@@ -35,6 +35,7 @@ from hetflow.training.comm.accounting import (
 from hetflow.training.comm.methods import (
     DENSE_WARMUP_STEPS,
     METHODS,
+    GroupRef,
     comm_state_dict,
     finish_optimizer,
     load_comm_state,
@@ -65,6 +66,7 @@ __all__ = [
     "DENSE_WARMUP_STEPS",
     "DENSITY_STAGE_STEPS",
     "METHODS",
+    "GroupRef",
     "TopKState",
     "WireCounter",
     "allgather_bytes",

@@ -96,8 +96,21 @@ def _powersgd_hook(state, bucket):  # see _bf16_hook
     return fut
 
 
+@dataclass
+class GroupRef:
+    """The state of the hooks that keep none between steps (none, fp16, bf16): the process
+    group their all-reduce runs on, None for every rank. torch's hooks take the group itself
+    as their state, fixed once registered; through this the training loop moves the all-reduce
+    onto the ranks a plan gives samples to (`training.computing.ComputingRanks`)."""
+
+    group: object = None
+
+
 def _stateless(hook) -> Callable:
-    return lambda ddp, method, setup: (None, hook)
+    def on_group(ref, bucket):  # see _bf16_hook
+        return hook(ref.group, bucket)
+
+    return lambda ddp, method, setup: (GroupRef(), on_group)
 
 
 def _stateful_warmup(warmup_steps: int) -> int:
