@@ -188,9 +188,11 @@ def drop_from_launch(
 ) -> list[int]:
     """The ranks the plan leaves at batch 0 that are not launched at all (pure).
 
-    A rank left out of the step at batch 0 still joins every all-reduce, with a zero gradient:
-    it costs the others its hops of the ring (the whole all-reduce where one rank would
-    otherwise compute alone), and on a GPU cluster it holds the process group on gloo. Under a
+    A rank launched at batch 0 joins the all-reduce with a zero gradient: for the whole run
+    where it cannot leave it, else for the first two steps (`training.computing`), and every
+    step's all-gather of step times. This prices it as if it joined every all-reduce, the
+    larger cost: its hops of the ring (the whole all-reduce where one rank would otherwise
+    compute alone); on a GPU cluster it holds the process group on gloo. Under a
     static plan ('proportional') nothing can bring it back, so it is never launched. Under
     'dynamic' it stays in, at batch 0, so that a re-plan can bring it back, only where that is
     nearly free: where launching without it is predicted (`StepModel.step` on the plan's model,
