@@ -115,7 +115,8 @@ class StepModel:
 
     def step(self, computing: list[int], in_ring: int | None = None) -> float:
         """The step of the ranks `computing`, in a ring of `in_ring` ranks (those computing
-        unless given: a rank at batch 0 still joins the all-reduce)."""
+        unless given: a rank at batch 0 joins the all-reduce where it cannot leave it,
+        `training.computing`)."""
         compute = balanced_step_time(
             [self.latency_s[i] for i in computing],
             [self.per_sample_s[i] for i in computing],
