@@ -291,8 +291,8 @@ class TrainingLoop:
 
     def refresh(self, rank0: bool, everyone: bool) -> None:
         """Where ranks are out of the all-reduce, their replicas stood still: made the computing
-        ranks' when rank 0 is among them and `rank0` (it evaluates or checkpoints next), or
-        when `everyone` (the run's end: every rank ends with the same weights)."""
+        ranks' when `rank0` and rank 0 is out (it evaluates or checkpoints next), or when
+        `everyone` (the run's end: every rank ends with the same weights)."""
         out = [r for r in range(self.world) if r not in self.computing.ranks]
         if out and (everyone or (rank0 and out[0] == 0)):
             self.sync_from(self.computing.ranks[0])
