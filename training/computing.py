@@ -1,5 +1,5 @@
 """The ranks a plan gives samples to, and the process group their gradient all-reduce runs on,
-so that a rank a re-plan leaves out (batch 0) leaves the all-reduce too."""
+so that a rank the plan leaves out (batch 0) leaves the all-reduce too."""
 
 from __future__ import annotations
 
@@ -15,17 +15,18 @@ class ComputingRanks:
     """The ranks that compute under the plan in force (`ranks`), and the group the gradient's
     all-reduce runs on (`group`: None for every rank).
 
-    It starts with every rank. When the run adopts a plan that leaves ranks out (`follow`),
-    the all-reduce moves to a group of the others: a rank left out joins no collective of the
-    gradient's, and its model and optimizer stand still. An all-reduce over fewer gloo
-    processes is shorter (4 -> 3 processes on 2 cores: 6.6 -> 2.8 ms, docs/measurements.md),
-    and with a left-out rank in it the computing ranks waited for a rank that adds nothing.
+    It starts with every rank. When the plan in force leaves ranks out (`follow`, which the
+    loop calls after every step), the all-reduce moves to a group of the others: a rank left
+    out joins no collective of the gradient's, and its model and optimizer stand still. An
+    all-reduce over fewer gloo processes is shorter (4 -> 3 processes on 2 cores: 6.6 -> 2.8
+    ms, docs/measurements.md), and with a left-out rank in it the computing ranks waited for a
+    rank that adds nothing.
     Every rank must call `follow` with the same plan at the same step: a new group is a
     collective of every rank (one per set of ranks, kept for the run).
 
-    Before a left-out rank computes again, and before rank 0 evaluates, checkpoints or hands
-    back its weights while it is left out, `sync_replicas` gives every rank the computing ranks'
-    model and optimizer.
+    Before a left-out rank computes again, before rank 0 evaluates or checkpoints while it is
+    left out, and at the run's end, `sync_replicas` gives every rank the computing ranks' model
+    and optimizer.
 
     Ranks leave only where nothing else needs every rank in each step (`can_leave`): a comm hook
     with no state kept between steps (`GroupRef`: none, fp16, bf16; PowerSGD's factors and
