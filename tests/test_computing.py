@@ -4,6 +4,7 @@ from, and the replicas made one (`training.computing`)."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -114,3 +115,25 @@ def count_with_one_left_out(rank: int, world: int, arg) -> dict:
 def test_a_rank_left_out_joins_the_counts_all_reduce_with_none(tmp_path):
     results = run_ranks(count_with_one_left_out, 4, {}, tmp_path)
     assert [r["n"] for r in results] == [8, 8, 8, 8]  # 1 + 3 + 4, on rank 1 too
+
+
+def stalled_member(rank: int, world: int, arg) -> dict:
+    """Ranks 0 and 2 all-reduce on the group of 0, 2, 3; rank 3 never joins."""
+    cr = ComputingRanks(world, rank, can_leave=True, timeout_s=arg["timeout_s"])
+    cr.follow([5, 0, 5, 5])
+    if rank not in (0, 2):
+        time.sleep(arg["timeout_s"] * 6)  # in the group, but not leaving it (its sockets open)
+        return {"raised": None}
+    try:
+        dist.all_reduce(torch.ones(1), group=cr.group)
+    except RuntimeError as e:
+        return {"raised": str(e).splitlines()[0][:200]}
+    return {"raised": None}
+
+
+def test_the_group_of_the_computing_ranks_times_out_a_stalled_member(tmp_path):
+    # the run's stall_timeout_s reaches a group made mid-run, as bound_collectives does for the
+    # groups made before the loop: a peer that never joins fails the all-reduce, not hangs it
+    results = run_ranks(stalled_member, 4, {"timeout_s": 0.5}, tmp_path, timeout_s=60)
+    assert all("timed out" in results[r]["raised"].lower() for r in (0, 2)), results
+    assert results[1]["raised"] is None and results[3]["raised"] is None

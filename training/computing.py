@@ -4,6 +4,7 @@ so that a rank the plan leaves out (batch 0) leaves the all-reduce too."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -22,7 +23,9 @@ class ComputingRanks:
     ms, docs/measurements.md), and with a left-out rank in it the computing ranks waited for a
     rank that adds nothing.
     Every rank must call `follow` with the same plan at the same step: a new group is a
-    collective of every rank (one per set of ranks, kept for the run).
+    collective of every rank (one per set of ranks, kept for the run). Its collectives time out
+    after `timeout_s` (the run's `stall_timeout_s`; `faults.bound_collectives` bounds only the
+    groups that exist when the loop starts).
 
     Before a left-out rank computes again, before rank 0 evaluates or checkpoints while it is
     left out, and at the run's end, `sync_replicas` gives every rank the computing ranks' model
@@ -38,8 +41,10 @@ class ComputingRanks:
     torch offers no way to run a DDP step on a subset of its ranks, hence this class.
     """
 
-    def __init__(self, world: int, rank: int, can_leave: bool) -> None:
-        self.world, self.rank, self.can_leave = world, rank, can_leave
+    def __init__(
+        self, world: int, rank: int, can_leave: bool, timeout_s: float | None = None
+    ) -> None:
+        self.world, self.rank, self.can_leave, self.timeout_s = world, rank, can_leave, timeout_s
         self.ranks: tuple[int, ...] = tuple(range(world))
         self.group = None
         self._groups: dict[tuple[int, ...], object] = {}
@@ -74,7 +79,8 @@ class ComputingRanks:
             self.group = None
         else:
             if new not in self._groups:
-                self._groups[new] = dist.new_group(list(new))
+                timeout = None if self.timeout_s is None else timedelta(seconds=self.timeout_s)
+                self._groups[new] = dist.new_group(list(new), timeout=timeout)
             self.group = self._groups[new]
         return old[0] if any(r not in old for r in new) else None
 

@@ -77,7 +77,9 @@ class TrainingLoop:
         spec = self.spec
         self.net = build_net(spec, data, self.emu, self.recipe, amp.device)
         self.rebalancer = new_rebalancer(spec, world)
-        self.computing = ComputingRanks(world, rank, can_leave(self.net, every))
+        self.computing = ComputingRanks(
+            world, rank, can_leave(self.net, every), timeout_s=cfg.stall_timeout_s
+        )
         self.base_slowdown = self.emu.slowdown
         self.s3_bytes_seen = data.cache.stats.bytes_read  # before the run's reads (trials')
         self.reader = data.reader(rank, cfg.seed)  # this rank's share of each step, streamed
