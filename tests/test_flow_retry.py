@@ -24,7 +24,7 @@ from tests.procs import pids_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-STEPS, EVERY, KILL_AT = 60, 10, 25
+STEPS, EVERY, KILL_AT = 120, 10, 25
 
 
 def _job_pids(home: Path) -> list[int]:
@@ -48,7 +48,7 @@ def _kill_job_when_it_reaches(step: int, home: Path, killed: list, stop: threadi
                         pass
                 killed.append((done, pids))
                 return
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
@@ -64,7 +64,7 @@ def test_killed_job_is_retried_by_prefect_and_resumes_from_checkpoint(
     cluster = ClusterSpec.model_validate(
         {
             "name": "ec2-mix",
-            "time_scale": 2.0,
+            "time_scale": 8.0,
             "workers": [{"name": f"w{i}", "instance_type": t} for i, t in enumerate(types)],
         }
     )
