@@ -54,21 +54,27 @@ def _one_step_spec(dataset, tmp_path, plan, name, nodes=("node0",) * 4):
     )
 
 
-def _single_process_step(spec: RunSpec) -> dict[str, torch.Tensor]:
-    """The reference: one SGD step on the concatenated global batch (every rank's share of step
-    0, read as the ranks read it), mean loss."""
+def _single_process_steps(spec: RunSpec, plans: list[dict], steps: int):
+    """The reference for `steps` steps: SGD with the run's lr and momentum on each step's global
+    batch (every rank's share under the plan in force, read as the ranks read it), mean loss.
+    Returns the model and the optimizer after each step."""
     data = open_rank_data(spec.dataset)
-    shares = [
-        data.reader(r, spec.train.seed).batch(0, spec.plan.local_batches)
-        for r in range(spec.cluster.world_size)
-    ]
-    data.close()
-    x, y = (np.concatenate(a) for a in zip(*shares, strict=True))
     model = seeded_model(get_recipe(spec.train.recipe), DataInfo(), spec.train.seed)
-    opt = torch.optim.SGD(model.parameters(), lr=spec.train.lr)
-    nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
-    opt.step()
-    return model.state_dict()
+    opt = torch.optim.SGD(model.parameters(), lr=spec.train.lr, momentum=spec.train.momentum)
+    after = []
+    for step in range(steps):
+        plan = [p for p in plans if p["step"] <= step][-1]["plan"]
+        shares = [
+            data.reader(r, spec.train.seed).batch(step, plan)
+            for r in range(spec.cluster.world_size)
+        ]
+        x, y = (np.concatenate(a) for a in zip(*shares, strict=True))
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        opt.step()
+        after.append(copy.deepcopy((model.state_dict(), opt.state_dict())))
+    data.close()
+    return after
 
 
 def _assert_same_params(a: dict, b: dict) -> None:
@@ -84,7 +90,7 @@ def test_one_ddp_step_equals_single_process_step_on_the_global_batch(digits, tmp
     spec = _one_step_spec(digits, tmp_path, plan, "ddp")
     run_workers(spec, timeout_s=200)
     trained = torch.load(Path(spec.run_dir) / "model.pt")
-    reference = _single_process_step(spec)
+    reference = _single_process_steps(spec, [{"step": 0, "plan": plan}], 1)[-1][0]
     _assert_same_params(trained, reference)
     # and the step did move the weights: the comparison is not between two initial models
     initial = seeded_model(get_recipe(spec.train.recipe), DataInfo(), spec.train.seed)
@@ -106,7 +112,8 @@ def test_two_nodes_of_two_processes_rendezvous_and_train_the_same_step(digits, t
     ]
     outputs = [n.communicate(timeout=200)[0].decode(errors="replace") for n in nodes]
     assert [n.returncode for n in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
-    _assert_same_params(torch.load(Path(spec.run_dir) / "model.pt"), _single_process_step(spec))
+    reference = _single_process_steps(spec, [{"step": 0, "plan": plan}], 1)[-1][0]
+    _assert_same_params(torch.load(Path(spec.run_dir) / "model.pt"), reference)
 
 
 def test_dynamic_plan_moves_work_off_a_straggler_within_a_few_steps(digits, tmp_path):
@@ -223,29 +230,6 @@ def test_a_training_run_averages_hierarchically_across_the_workers_nodes(digits,
     # after the dense warm-up, only the model averages every 2 steps cross nodes
     sent = [rec["bytes_sent"] > 0 for rec in ranks[0]["records"]]
     assert all(sent[:DENSE_WARMUP_STEPS]) and sent[DENSE_WARMUP_STEPS:].count(True) == 2, sent
-
-
-def _single_process_steps(spec: RunSpec, plans: list[dict], steps: int):
-    """The reference for `steps` steps: SGD with the run's lr and momentum on each step's global
-    batch (every rank's share under the plan in force, read as the ranks read it), mean loss.
-    Returns the model and the optimizer after each step."""
-    data = open_rank_data(spec.dataset)
-    model = seeded_model(get_recipe(spec.train.recipe), DataInfo(), spec.train.seed)
-    opt = torch.optim.SGD(model.parameters(), lr=spec.train.lr, momentum=spec.train.momentum)
-    after = []
-    for step in range(steps):
-        plan = [p for p in plans if p["step"] <= step][-1]["plan"]
-        shares = [
-            data.reader(r, spec.train.seed).batch(step, plan)
-            for r in range(spec.cluster.world_size)
-        ]
-        x, y = (np.concatenate(a) for a in zip(*shares, strict=True))
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
-        opt.step()
-        after.append(copy.deepcopy((model.state_dict(), opt.state_dict())))
-    data.close()
-    return after
 
 
 @pytest.mark.parametrize("out", [3, 0], ids=["w3-out", "rank0-out"])

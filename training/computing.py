@@ -59,8 +59,9 @@ class ComputingRanks:
         return self.rank in self.ranks
 
     @property
-    def everyone(self) -> bool:
-        return len(self.ranks) == self.world
+    def left_out(self) -> tuple[int, ...]:
+        """The ranks out of the all-reduce, in order (none where every rank computes)."""
+        return tuple(r for r in range(self.world) if r not in self.ranks)
 
     def follow(self, plan: Sequence[int], ready: bool = True) -> int | None:
         """Move the all-reduce to the ranks `plan` gives samples to (every rank where ranks

@@ -295,7 +295,7 @@ class TrainingLoop:
         """Where ranks are out of the all-reduce, their replicas stood still: made the computing
         ranks' when `rank0` and rank 0 is out (it evaluates or checkpoints next), or when
         `everyone` (the run's end: every rank ends with the same weights)."""
-        out = [r for r in range(self.world) if r not in self.computing.ranks]
+        out = self.computing.left_out
         if out and (everyone or (rank0 and out[0] == 0)):
             self.sync_from(self.computing.ranks[0])
 
