@@ -135,6 +135,9 @@ def stalled_member(rank: int, world: int, arg) -> dict:
     try:
         dist.all_reduce(torch.ones(1), group=cr.group)
     except RuntimeError as e:
+        # stay up past the other's timeout: an exit here closes its sockets, and the other
+        # would read "Connection closed by peer" before its own timeout fires
+        time.sleep(arg["timeout_s"])
         return {"raised": str(e).splitlines()[0][:200]}
     return {"raised": None}
 
