@@ -48,6 +48,28 @@ def test_the_logged_model_takes_any_batch_size_without_a_warning(caplog):
         assert model(torch.zeros(batch, 64)).shape == (batch, 10)
 
 
+@pytest.mark.slow
+def test_the_model_logged_on_a_gpu_host_validates_its_input_on_the_cpu(caplog, monkeypatch):
+    """MLflow's pyfunc loader picks the GPU where CUDA is available, and a model exported on
+    the CPU cannot move there: on an H100 host the input example's check failed. The host's
+    GPU is what is stood in for here (`torch.cuda.is_available`), nothing of MLflow."""
+    import mlflow.pyfunc
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    tracker = MLflowTracker(TrackingConfig())
+    with caplog.at_level(logging.WARNING):
+        run_id = _logged_run(tracker)
+    assert not [r for r in caplog.records if "validate serving input" in r.getMessage()]
+    (logged,) = tracker.client.search_logged_models(
+        [tracker.experiment_id()], filter_string=f"source_run_id = '{run_id}'"
+    )
+    uri = f"models:/{logged.model_id}"
+    with pytest.raises(Exception, match="can't be loaded on 'cuda'"):
+        mlflow.pyfunc.load_model(uri)  # MLflow's default on a GPU host, as documented
+    model = mlflow.pyfunc.load_model(uri, model_config={"device": "cpu"})
+    assert model.predict(torch.zeros(3, 64).numpy()).shape == (3, 10)
+
+
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """An MLflow server on 127.0.0.1 (SQLite store, local artifacts); yields its URL."""

@@ -21,7 +21,10 @@ from pathlib import Path
 
 import mlflow
 from mlflow.entities import Metric, Param
-from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
+from mlflow.environment_variables import (
+    MLFLOW_DEFAULT_PREDICTION_DEVICE,
+    MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT,
+)
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel
@@ -305,6 +308,12 @@ class MLflowTracker:
 
         `input_example` is a batch of more than one sample: torch.export fixes a dimension of
         size 1 to that size (and warns), so the logged model would take one sample at a time.
+
+        The model is exported on the CPU, and an exported model's weights cannot move: MLflow's
+        pyfunc loader, which picks the GPU wherever CUDA is available, refuses it there. So its
+        input example is checked on the CPU (`MLFLOW_DEFAULT_PREDICTION_DEVICE`), and on a GPU
+        host it loads with `mlflow.pyfunc.load_model(uri, model_config={"device": "cpu"})`
+        (`mlflow.pytorch.load_model` loads it as is).
         """
         import mlflow.pytorch
         import torch
@@ -314,6 +323,7 @@ class MLflowTracker:
         # does after this: printed by `finish` alone, each line appears once.
         with (
             _env(MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name, "true"),
+            _env(MLFLOW_DEFAULT_PREDICTION_DEVICE.name, "cpu"),
             mlflow.start_run(run_id=run_id),
         ):
             mlflow.pytorch.log_model(
