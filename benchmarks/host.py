@@ -12,6 +12,9 @@ Two figures that bound `hetflow bench hetero` and `hetflow demo` on a small CPU 
   all-reduce (with the barrier before it). No plan can shorten it: it is paid every step
   after the slowest rank computes. With `--gloo-threads`, every world size runs once with each
   count of gloo's worker threads per process (`ProcessGroupGloo` options, 2 in torch).
+  Beside it, `tcp_ring_chain_ms`: a one-byte token passed around a ring of W processes over
+  plain loopback TCP (after the same pause), per hop, times the 2(W-1) hops of a ring
+  all-reduce: what the messages cost this host's sockets and scheduler without gloo.
 - `compute`: the least CPU time of one digits-cnn step (forward and backward, one thread) at
   each batch, in `--passes` passes a few seconds apart: how far the host's cost of the same
   step moves between passes (what a profile measured and what training then runs at), and
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import time
 
@@ -113,7 +117,38 @@ def allreduce(world: int, numel: int, port: int, threads: int = 2) -> dict:
         "median_ms": statistics.median(took) * 1e3,
         "p90_ms": sorted(took)[int(0.9 * len(took))] * 1e3,
         "cpu_ms_per_process": statistics.mean(r[1] for r in ranks) * 1e3,
+        "tcp_ring_chain_ms": tcp_ring_chain_ms(world),
     }
+
+
+def _ring_rank(rank: int, world: int, listeners: list[socket.socket], out) -> None:
+    nxt = socket.create_connection(listeners[(rank + 1) % world].getsockname())
+    nxt.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    prev = listeners[rank].accept()[0]
+    laps = []
+    for _ in range(REPS):
+        if rank == 0:
+            time.sleep(PAUSE_S)
+            began = time.perf_counter()
+            nxt.sendall(b"t")
+            prev.recv(1)
+            laps.append(time.perf_counter() - began)
+        else:
+            prev.recv(1)
+            nxt.sendall(b"t")
+    if rank == 0:
+        out[0] = laps[SKIP:]
+
+
+def tcp_ring_chain_ms(world: int) -> float:
+    """The median lap of a token around W processes over loopback TCP, per hop, times the
+    2(W-1) hops of a ring all-reduce (ms)."""
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(world)]
+    out = mp.Manager().dict()
+    mp.start_processes(_ring_rank, args=(world, listeners, out), nprocs=world, start_method="fork")
+    for s in listeners:
+        s.close()
+    return statistics.median(out[0]) / world * 2 * (world - 1) * 1e3
 
 
 def compute(batches: list[int], passes: int) -> dict:
@@ -154,7 +189,8 @@ def print_figures(out: dict) -> None:
         print(
             f"  {r['world']} processes, {r['gloo_threads']} gloo threads: "
             f"median {r['median_ms']:.1f} ms (p90 {r['p90_ms']:.1f}),"
-            f" {r['cpu_ms_per_process']:.2f} ms CPU per process (with a barrier)"
+            f" {r['cpu_ms_per_process']:.2f} ms CPU per process (with a barrier);"
+            f" plain TCP, its 2(W-1) hops: {r['tcp_ring_chain_ms']:.2f} ms"
         )
     c = out["compute"]
     print("least CPU time of a digits-cnn step (ms) by batch, per pass; off its line (%):")

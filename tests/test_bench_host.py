@@ -23,6 +23,7 @@ def test_bench_host_times_the_all_reduce_of_each_world_and_the_step_at_each_batc
     for r in out["allreduce"]:
         assert r["bytes"] == out["allreduce"][0]["bytes"] > 100_000  # digits-cnn's gradient
         assert 0 < r["median_ms"] <= r["p90_ms"] and r["cpu_ms_per_process"] > 0
+        assert r["tcp_ring_chain_ms"] > 0  # the same messages over plain sockets
         assert r["gloo_threads"] == 2  # torch's default unless --gloo-threads says otherwise
     c = out["compute"]
     assert c["batches"] == [8, 16, 32]  # sorted
