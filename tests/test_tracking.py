@@ -31,6 +31,14 @@ def _logged_run(tracker: MLflowTracker) -> str:
     return run_id
 
 
+def _logged_model_uri(tracker: MLflowTracker, run_id: str) -> str:
+    """The `models:/` URI of the one model the run logged."""
+    (logged,) = tracker.client.search_logged_models(
+        [tracker.experiment_id()], filter_string=f"source_run_id = '{run_id}'"
+    )
+    return f"models:/{logged.model_id}"
+
+
 @pytest.mark.slow
 def test_the_logged_model_takes_any_batch_size_without_a_warning(caplog):
     import mlflow.pytorch
@@ -39,11 +47,7 @@ def test_the_logged_model_takes_any_batch_size_without_a_warning(caplog):
     with caplog.at_level(logging.WARNING):
         run_id = _logged_run(tracker)
     assert not [r for r in caplog.records if "specialized" in r.getMessage()]
-    exp = tracker.experiment_id()
-    (logged,) = tracker.client.search_logged_models(
-        [exp], filter_string=f"source_run_id = '{run_id}'"
-    )
-    model = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
+    model = mlflow.pytorch.load_model(_logged_model_uri(tracker, run_id))
     for batch in (1, 5):
         assert model(torch.zeros(batch, 64)).shape == (batch, 10)
 
@@ -54,20 +58,20 @@ def test_the_model_logged_on_a_gpu_host_validates_its_input_on_the_cpu(caplog, m
     the CPU cannot move there: on an H100 host the input example's check failed. The host's
     GPU is what is stood in for here (`torch.cuda.is_available`), nothing of MLflow."""
     import mlflow.pyfunc
+    import mlflow.pytorch
+    from mlflow.exceptions import MlflowException
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     tracker = MLflowTracker(TrackingConfig())
     with caplog.at_level(logging.WARNING):
         run_id = _logged_run(tracker)
     assert not [r for r in caplog.records if "validate serving input" in r.getMessage()]
-    (logged,) = tracker.client.search_logged_models(
-        [tracker.experiment_id()], filter_string=f"source_run_id = '{run_id}'"
-    )
-    uri = f"models:/{logged.model_id}"
-    with pytest.raises(Exception, match="can't be loaded on 'cuda'"):
-        mlflow.pyfunc.load_model(uri)  # MLflow's default on a GPU host, as documented
+    uri = _logged_model_uri(tracker, run_id)
+    with pytest.raises(MlflowException, match="can't be loaded on 'cuda'"):
+        mlflow.pyfunc.load_model(uri)  # MLflow's default on a GPU host: why the docstring says
     model = mlflow.pyfunc.load_model(uri, model_config={"device": "cpu"})
     assert model.predict(torch.zeros(3, 64).numpy()).shape == (3, 10)
+    assert mlflow.pytorch.load_model(uri)(torch.zeros(2, 64)).shape == (2, 10)  # loads as is
 
 
 @pytest.fixture(scope="module")
