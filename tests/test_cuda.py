@@ -15,7 +15,7 @@ from hetflow.training.devices import HostDevices, resolve_precision
 from hetflow.training.job import RunSpec
 from hetflow.training.launch import run_workers
 
-from tests.test_training import _assert_same_params, _single_process_steps
+from tests.test_training import _assert_same_params, _weights_after_one_step
 
 pytestmark = [
     pytest.mark.cuda,
@@ -58,8 +58,7 @@ def test_a_step_on_the_gpu_equals_one_process_on_the_cpu(digits, tmp_path, devic
     expected = "nccl" if devices == ("cuda", "cuda") and torch.cuda.device_count() > 1 else "gloo"
     assert job["backend"] == expected
     trained = torch.load(Path(spec.run_dir) / "model.pt")
-    plans = [{"step": 0, "plan": spec.plan.local_batches}]
-    _assert_same_params(trained, _single_process_steps(spec, plans, 1)[-1][0])
+    _assert_same_params(trained, _weights_after_one_step(spec))
 
 
 def test_auto_precision_on_the_gpu_trains(digits, tmp_path):

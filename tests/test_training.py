@@ -77,6 +77,11 @@ def _single_process_steps(spec: RunSpec, plans: list[dict], steps: int):
     return after
 
 
+def _weights_after_one_step(spec: RunSpec) -> dict[str, torch.Tensor]:
+    """`_single_process_steps` for step 0 under the spec's plan: the model's weights."""
+    return _single_process_steps(spec, [{"step": 0, "plan": spec.plan.local_batches}], 1)[0][0]
+
+
 def _assert_same_params(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k in a:
@@ -90,8 +95,7 @@ def test_one_ddp_step_equals_single_process_step_on_the_global_batch(digits, tmp
     spec = _one_step_spec(digits, tmp_path, plan, "ddp")
     run_workers(spec, timeout_s=200)
     trained = torch.load(Path(spec.run_dir) / "model.pt")
-    reference = _single_process_steps(spec, [{"step": 0, "plan": plan}], 1)[-1][0]
-    _assert_same_params(trained, reference)
+    _assert_same_params(trained, _weights_after_one_step(spec))
     # and the step did move the weights: the comparison is not between two initial models
     initial = seeded_model(get_recipe(spec.train.recipe), DataInfo(), spec.train.seed)
     initial = initial.state_dict()
@@ -112,8 +116,7 @@ def test_two_nodes_of_two_processes_rendezvous_and_train_the_same_step(digits, t
     ]
     outputs = [n.communicate(timeout=200)[0].decode(errors="replace") for n in nodes]
     assert [n.returncode for n in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
-    reference = _single_process_steps(spec, [{"step": 0, "plan": plan}], 1)[-1][0]
-    _assert_same_params(torch.load(Path(spec.run_dir) / "model.pt"), reference)
+    _assert_same_params(torch.load(Path(spec.run_dir) / "model.pt"), _weights_after_one_step(spec))
 
 
 def test_dynamic_plan_moves_work_off_a_straggler_within_a_few_steps(digits, tmp_path):
