@@ -23,7 +23,7 @@ same seed on 4 equal emulated workers whose links have the given bandwidth and l
 
 `chosen` is what the `optimized` variant's `auto` picks on that link, as it does at the start
 of a run: a one-step run with compression `auto` tries each candidate for a few steps
-(`hetflow.training.trials`: `TrainConfig.compression_candidates`, and local SGD with
+(`hetflow.training.loop.trials`: `TrainConfig.compression_candidates`, and local SGD with
 `--allow-local-sgd`) and keeps the one with the shortest measured step; `trials` is its table.
 If the chosen method is not among `--methods`, it is trained too.
 """
@@ -47,11 +47,11 @@ from hetflow.config import (
     link_cluster,
     validated,
 )
-from hetflow.records import CompressionMethod, Plan, RunResult
-from hetflow.training.comm import DENSE_WARMUP_STEPS, auto_candidates, method_warmup_steps
-from hetflow.training.job import RunSpec
-from hetflow.training.launch import run_workers
-from hetflow.training.scheduler import equal_batches
+from hetflow.records import CompressionMethod, Plan
+from hetflow.training.comm import DENSE_WARMUP_STEPS, method_warmup_steps
+from hetflow.training.launch.run import run_plan
+from hetflow.training.plan.balance import equal_batches
+from hetflow.training.plan.compression import auto_candidates
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.comm_figures import method_metrics, method_results, paired_cuts, quality
@@ -192,25 +192,17 @@ class Auto(NamedTuple):
 def trial_and_choose(bench: Bench, dataset: DatasetSpec, tmp: str) -> Auto:
     """Pick as `auto` does at the start of a run: a one-step run with compression `auto`,
     whose workers try the candidates (`auto_candidates`) on the emulated link and keep the one
-    with the shortest measured step (`hetflow.training.trials`)."""
+    with the shortest measured step (`hetflow.training.loop.trials`)."""
     cfg = bench.base.model_copy(
         update={"compression": "auto", "steps": 1, "eval_every": 1, "checkpoint_every": 1}
     )
-    spec = RunSpec(
-        run_name="comm-auto",
-        variant="auto",
-        cluster=bench.cluster,
-        dataset=dataset,
-        train=cfg,
-        plan=Plan(
-            local_batches=equal_batches(WORLD, cfg.global_batch),
-            compression_reason="hetflow bench comm: trials",
-            compression_candidates=auto_candidates(cfg, bench.cluster),
-        ),
-        run_dir=f"{tmp}/auto",
+    plan = Plan(
+        local_batches=equal_batches(WORLD, cfg.global_batch),
+        compression_reason="hetflow bench comm: trials",
+        compression_candidates=auto_candidates(cfg, bench.cluster),
     )
-    res, _ = run_workers(spec)
-    trials = RunResult.model_validate(res).lead.trials
+    ran = run_plan(bench.cluster, plan, cfg, dataset, f"{tmp}/comm-auto", variant="auto")
+    trials = ran.result.lead.trials
     rows = [t.model_dump(mode="json") | {"method": str(t.method)} for t in trials.trials]
     said = ", ".join(
         f"{r['method']} {r['step_s'] * 1e3:.0f} ms" if r["step_s"] else f"{r['method']} failed"
@@ -227,20 +219,14 @@ def _train_method(
     warm-up."""
     label = str(method)  # the method's key in the JSON and the table
     cfg = bench.base.model_copy(update={"compression": label})
-    spec = RunSpec(
-        run_name=f"comm-{_slug(method)}",
-        variant=label,
-        cluster=bench.cluster,
-        dataset=dataset,
-        train=cfg,
-        plan=Plan(
-            local_batches=equal_batches(WORLD, cfg.global_batch),
-            compression=method,
-            compression_reason="hetflow bench comm",
-        ),
-        run_dir=f"{tmp}/{_slug(method)}-{round_}",
+    plan = Plan(
+        local_batches=equal_batches(WORLD, cfg.global_batch),
+        compression=method,
+        compression_reason="hetflow bench comm",
     )
-    res, wall = run_workers(spec)
+    run_dir = f"{tmp}/comm-{_slug(method)}-{round_}"
+    ran = run_plan(bench.cluster, plan, cfg, dataset, run_dir, variant=label)
+    res, wall = ran.raw, ran.wall_s
     timed_from = min(max(bench.skip, method_warmup_steps(method)), max(1, cfg.steps - 1))
     r = {
         **method_metrics(res, cfg.global_batch, timed_from),

@@ -37,11 +37,11 @@ from collections.abc import Iterator
 
 from hetflow.cli.parser import Parser
 from hetflow.config import ConfigError
-from hetflow.infra.cache import ShardCache
-from hetflow.infra.datasets import Manifest, synthetic_source, write_dataset
+from hetflow.infra.data.cache import ShardCache
+from hetflow.infra.data.format import Manifest, synthetic_source, write_dataset
+from hetflow.infra.data.partition import check_plan
+from hetflow.infra.data.reader import RankReader, shard_reads
 from hetflow.infra.s3 import free_port, local_endpoint_environ, local_s3_endpoint
-from hetflow.training.data import RankReader, shard_reads
-from hetflow.training.partition import check_plan
 
 from benchmarks import wide_console, write_json
 

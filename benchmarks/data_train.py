@@ -33,10 +33,9 @@ import time
 
 from hetflow.cli.parser import Parser
 from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrainConfig
-from hetflow.infra.datasets import Manifest, synthetic_source, write_dataset
+from hetflow.infra.data.format import Manifest, synthetic_source, write_dataset
 from hetflow.records import Plan, RunResult
-from hetflow.training.job import RunSpec
-from hetflow.training.launch import run_workers
+from hetflow.training.launch.run import run_plan
 
 from benchmarks import wide_console, write_json
 from benchmarks.data import s3_endpoint
@@ -107,16 +106,12 @@ def train_run(
     )
     share = [batch // a.ranks] * a.ranks
     share[-1] += batch - sum(share)
-    spec = RunSpec(
-        run_name=name,
-        variant=name,
-        cluster=ClusterSpec.from_speeds([1.0] * a.ranks, emulate=not name.startswith("mem")),
-        dataset=data.model_copy(update={"cache_dir": f"{tmp}/{name}/cache"}),
-        train=train,
-        plan=Plan.equal(share),
-        run_dir=f"{tmp}/{name}/run",
-    )
-    return RunResult.model_validate(run_workers(spec, timeout_s=1200)[0])
+    cluster = ClusterSpec.from_speeds([1.0] * a.ranks, emulate=not name.startswith("mem"))
+    dataset = data.model_copy(update={"cache_dir": f"{tmp}/{name}/cache"})
+    run_dir = f"{tmp}/{name}/{name}"
+    return run_plan(
+        cluster, Plan.equal(share), train, dataset, run_dir, variant=name, timeout_s=1200
+    ).result
 
 
 def epoch_figures(result: RunResult, steps_per_epoch: int) -> list[dict]:
@@ -198,9 +193,9 @@ def run_memory(a: argparse.Namespace, tmp: str) -> dict:
 READER_PEAK = """
 import json, re, sys, tempfile
 from pathlib import Path
-from hetflow.infra.cache import ShardCache
-from hetflow.infra.datasets import read_manifest
-from hetflow.training.data import RankReader
+from hetflow.infra.data.cache import ShardCache
+from hetflow.infra.data.format import read_manifest
+from hetflow.infra.data.reader import RankReader
 url, budget, prefetch, batch, ranks = sys.argv[1], *map(int, sys.argv[2:])
 # This process's own peak (VmHWM): getrusage's would be at least the parent's size at fork.
 status = Path("/proc/self/status")
@@ -240,10 +235,10 @@ def index_peak_bytes(manifest: Manifest, batch: int, steps: int) -> int:
     the epoch orders, the shard schedule and the prefetch's next shards), measured with
     tracemalloc as `RankReader.batch` plans each step, reading nothing: the part of a rank's
     memory that could grow with the number of samples (not their size). It is O(shards x
-    classes) plus the within-block permutations in use (training/partition.py)."""
+    classes) plus the within-block permutations in use (infra/data/partition.py)."""
     import tracemalloc
 
-    from hetflow.training.data import RankReader
+    from hetflow.infra.data.reader import RankReader
 
     RankReader(manifest, "train", None, 0, 0).needed(0, [batch])  # imports, first calls
     tracemalloc.start()

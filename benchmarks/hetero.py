@@ -60,11 +60,12 @@ from hetflow.config import (
     validated,
 )
 from hetflow.records import Plan, Profile, RunResult
-from hetflow.training import planning
-from hetflow.training.job import RunSpec
-from hetflow.training.launch import measure_profile, run_workers
+from hetflow.training.launch.local import measure_profile
+from hetflow.training.launch.run import run_plan
 from hetflow.training.metrics import summarize
-from hetflow.training.planning import fastest_alone, ideal_throughput, launched, make_plan
+from hetflow.training.plan import planner
+from hetflow.training.plan.planner import fastest_alone, ideal_throughput, make_plan
+from hetflow.training.plan.ranks import RankMap
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.hetero_args import PRECISION, parser
@@ -191,14 +192,14 @@ class Ideals(NamedTuple):
 
 def ideals(profile: Profile, bench: Bench) -> Ideals:
     """The run's Ideals (pure). The all-reduce is the one the plan prices
-    (`planning.allreduce_of`), over the workers the balanced step uses (`ring_allreduce_s`:
+    (`planner.allreduce_of`), over the workers the balanced step uses (`ring_allreduce_s`:
     those whose fixed cost is shorter than that step; the others a plan need not launch)."""
     batch = bench.base.global_batch
     ideal = run_ideal(profile, batch, bench.base.steps, bench.stragglers)
     latency, _ = profile.step_models()
     used = sum(a < batch / ideal for a in latency)
-    whole, fixed = planning.allreduce_of(profile)
-    allreduce_s = planning.ring_allreduce_s(whole, len(profile.ranks), used, fixed)
+    whole, fixed = planner.allreduce_of(profile)
+    allreduce_s = planner.ring_allreduce_s(whole, len(profile.ranks), used, fixed)
     return Ideals(ideal, allreduce_s, batch / (batch / ideal + allreduce_s))
 
 
@@ -217,23 +218,16 @@ def run_variant(
     planned = make_plan(profile, whole, cfg)
     if base == "fastest":
         planned = fastest_alone(planned, whole, cfg.global_batch)
-    cluster, plan, stragglers = launched(whole, planned, bench.stragglers)
-    spec = RunSpec(
-        run_name=f"{name.replace('@', '-')}-{round_}",
-        variant=name,
-        cluster=cluster,
-        dataset=dataset,
-        train=cfg,
-        plan=plan,
-        stragglers=stragglers,
-        run_dir=f"{tmp}/{name}-{round_}",
+    run_name = f"{name.replace('@', '-')}-{round_}"
+    ran = run_plan(
+        whole, planned, cfg, dataset, f"{tmp}/{run_name}", variant=name, stragglers=bench.stragglers
     )
-    res, wall = run_workers(spec)
+    plan = RankMap(whole, planned).launched()[1]  # the plan the ranks launched started with
     if bench.keep_results:  # every step's records per rank, for reading a run step by step
-        keep = Path(bench.keep_results) / f"{spec.run_name}.json"
+        keep = Path(bench.keep_results) / f"{run_name}.json"
         keep.parent.mkdir(parents=True, exist_ok=True)
-        keep.write_text(json.dumps({"result": res, "plan": plan.model_dump(mode="json")}))
-    return {**res, "wall_s": wall}, plan, cfg  # torchrun's or Ray Train's, start-up included
+        keep.write_text(json.dumps({"result": ran.raw, "plan": plan.model_dump(mode="json")}))
+    return {**ran.raw, "wall_s": ran.wall_s}, plan, cfg  # start-up included
 
 
 def variant_figures(
@@ -259,7 +253,7 @@ def variant_figures(
         "final_val_loss": m.get("final_val_loss"),
         "evals": [e.model_dump(exclude_none=True) for e in result.ranks[0].evals],
         "initial_plan": plan.local_batches,  # of the ranks launched
-        "dropped": plan.dropped,  # workers not launched (`planning.drop_from_launch`)
+        "dropped": plan.dropped,  # workers not launched (`planner.drop_from_launch`)
         "final_plan": lead["plans"][-1]["plan"],
         "replans": len(lead["replans"]),
         "plans": lead["plans"],  # every plan in force, from the step it came in

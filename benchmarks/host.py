@@ -37,7 +37,7 @@ import torch.multiprocessing as mp
 
 from hetflow.cli.parser import Parser
 from hetflow.config import ConfigError
-from hetflow.training.fitting import robust_affine
+from hetflow.training.plan.fitting import robust_affine
 from hetflow.training.recipes import DataInfo, get_recipe
 
 from benchmarks import write_json

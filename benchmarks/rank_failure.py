@@ -13,8 +13,8 @@ import time
 from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.infra.workspace import digits_workspace
 from hetflow.records import Plan
-from hetflow.training.job import Injection, RunSpec
-from hetflow.training.launch import RankFailed, run_workers
+from hetflow.training.launch.local import RankFailed, run_workers
+from hetflow.training.launch.spec import Injection, RunSpec
 
 
 def main(repeat: int = 3) -> None:

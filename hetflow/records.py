@@ -211,9 +211,9 @@ class Plan(_Record):
     speeds: list[float] = []
     latency_s: list[float] = []
     per_sample_s: list[float] = []
-    caps: list[int | None] = []  # each worker's largest local batch (`planning.memory_caps`)
+    caps: list[int | None] = []  # each worker's largest local batch (`planner.memory_caps`)
     excluded: list[str] = []  # workers left out of the synchronous step (batch 0), each with why
-    dropped: list[str] = []  # of those, the workers not launched (`planning.drop_from_launch`)
+    dropped: list[str] = []  # of those, the workers not launched (`planner.drop_from_launch`)
 
     @classmethod
     def equal(cls, local_batches: list[int], why: str = "") -> Plan:

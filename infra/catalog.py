@@ -32,7 +32,6 @@ import math
 import os
 import re
 from collections.abc import Iterable
-from datetime import date
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -229,13 +228,6 @@ def lookup_types(names: Iterable[str], client=None) -> dict[str, InstanceInfo]:
                 ) from None
             raise
     return found
-
-
-def write_snapshot(types: dict[str, InstanceInfo], source: str, path: str | Path = SNAPSHOT):
-    """Write `types` as the snapshot, with where they come from and today's date."""
-    rows = {k: types[k].model_dump() for k in sorted(types)}
-    data = {"source": source, "as_of": date.today().isoformat(), "types": rows}
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
 class Catalog(BaseModel):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -78,57 +77,3 @@ def price_table(data: dict, where: str = "price table") -> PriceTable:
             )
     extra = {k: v for k, v in data.items() if k in ("region", "currency")}
     return PriceTable(source=data["source"], as_of=data["as_of"], prices=prices, **extra)
-
-
-def pricing_api_prices(
-    instance_types: Iterable[str],
-    region: str = DEFAULT_REGION,
-    location: str = "US East (N. Virginia)",
-) -> PriceTable:
-    """On-Demand Linux prices from the AWS Price List API (needs credentials and the network).
-
-    Raises CatalogError when the API cannot be reached or has no price for a type; callers fall
-    back to the shipped table.
-    """
-    import datetime as dt
-
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    config = Config(connect_timeout=3, read_timeout=10, retries={"total_max_attempts": 1})
-    client = boto3.client("pricing", region_name="us-east-1", config=config)
-    prices: dict[str, float] = {}
-    for name in dict.fromkeys(instance_types):
-        filters = [
-            {"Type": "TERM_MATCH", "Field": k, "Value": v}
-            for k, v in {
-                "instanceType": name,
-                "location": location,
-                "operatingSystem": "Linux",
-                "tenancy": "Shared",
-                "preInstalledSw": "NA",
-                "capacitystatus": "Used",
-            }.items()
-        ]
-        try:
-            resp = client.get_products(ServiceCode="AmazonEC2", Filters=filters, MaxResults=10)
-        except (BotoCoreError, ClientError) as e:
-            raise CatalogError(f"AWS Price List API unreachable ({type(e).__name__})") from None
-        for item in resp.get("PriceList", []):
-            product = json.loads(item) if isinstance(item, str) else item
-            for term in product.get("terms", {}).get("OnDemand", {}).values():
-                for dim in term.get("priceDimensions", {}).values():
-                    usd = float(dim.get("pricePerUnit", {}).get("USD", 0) or 0)
-                    if usd > 0:
-                        prices[name] = usd
-        if name not in prices:
-            raise CatalogError(
-                f"{name}: the AWS Price List API has no On-Demand price in {location}"
-            )
-    return PriceTable(
-        source=f"AWS Price List API (AmazonEC2, {location}, Linux, shared, On-Demand)",
-        as_of=dt.date.today().isoformat(),
-        region=region,
-        prices=prices,
-    )

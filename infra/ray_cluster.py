@@ -19,7 +19,7 @@ from hetflow.config import ClusterSpec, ConfigError
 from hetflow.infra.catalog import Catalog
 from hetflow.infra.pricing import DEFAULT_REGION
 
-NODE_LABEL = "hetflow.io/instance-type"  # as hetflow.training.ray_launch places workers
+NODE_LABEL = "hetflow.io/instance-type"  # as hetflow.training.launch.ray_train places workers
 HEAD_INSTANCE = "m5.xlarge"
 REMOTE_CHECKOUT = "~/hetflow"
 

@@ -8,8 +8,8 @@ import tempfile
 from collections.abc import Iterator
 
 from hetflow.config import DatasetSpec
-from hetflow.infra.datasets import digits_source, write_dataset
-from hetflow.infra.ingest import ingest_streamed
+from hetflow.infra.data.format import digits_source, write_dataset
+from hetflow.infra.data.ingest import ingest_streamed
 from hetflow.infra.s3 import local_s3_endpoint
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 
 from hetflow.config import DatasetSpec
-from hetflow.infra.datasets import (
+from hetflow.infra.data.format import (
     DatasetError,
     Manifest,
     MissingDataset,
@@ -16,7 +16,7 @@ from hetflow.infra.datasets import (
     verify_dataset,
     write_dataset,
 )
-from hetflow.infra.ingest import STREAMED_SOURCES, ingest_streamed
+from hetflow.infra.data.ingest import STREAMED_SOURCES, ingest_streamed
 from hetflow.infra.paths import host_lock
 
 

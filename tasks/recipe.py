@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.infra.datasets import Manifest
+from hetflow.infra.data.format import Manifest
 from hetflow.training.devices import check_devices
 from hetflow.training.recipes import check_recipe
 

@@ -9,19 +9,21 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog, cost_usd
-from hetflow.infra.datasets import read_manifest
+from hetflow.infra.data.format import read_manifest
 from hetflow.infra.paths import new_run_dir, runs_dir
 from hetflow.infra.tracking.content import record_training
 from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
-from hetflow.training.job import RunSpec
-from hetflow.training.launch import LaunchError, RankFailed, run_workers
-from hetflow.training.metrics import step_series, summarize
-from hetflow.training.optim import resolve_optimizer
-from hetflow.training.planning import launched, launched_ranks, make_plan
-from hetflow.training.recipes import DataInfo, Recipe, check_recipe, seeded_model
-from hetflow.training.scheduler import PlanError
+from hetflow.training.launch.local import LaunchError, RankFailed
+from hetflow.training.launch.run import Ran, run_plan
+from hetflow.training.loop.optim import resolve_optimizer
+from hetflow.training.metrics import met_target, step_series, summarize
+from hetflow.training.plan.balance import PlanError
+from hetflow.training.plan.planner import make_plan
+from hetflow.training.plan.ranks import RankMap
+from hetflow.training.recipes import DataInfo, Recipe, check_recipe
+from hetflow.training.recipes.export import input_example, trained_model
 
 
 def stable_run_dir(label: str) -> Path:
@@ -94,58 +96,60 @@ def train_variant(
     recipe = check_recipe(train, manifest)
     train = resolve_optimizer(train, recipe)  # MLflow's params name the optimizer that ran
     plan: Plan = make_plan(profile, cluster, train)
-    ranks, ranks_plan, _ = launched(cluster, plan)  # the workers launched: all but plan.dropped
     run_dir = stable_run_dir(variant)
-    spec = RunSpec(
-        run_name=run_dir.name,
-        variant=variant,
-        cluster=ranks,
-        dataset=dataset,
-        train=train,
-        plan=ranks_plan,
-        run_dir=str(run_dir),
-    )
     _print_plan(variant, plan, train)
     tracker = MLflowTracker(tracking)
     run_id = tracker.open_variant_run(
         variant, cluster, dataset, train, plan, run_dir, parent_run_id
     )
-    raw, wall = launch(spec, tracker, run_id)
-    result = RunResult.model_validate(raw)
-    ran = finished_on(plan, result)
-    metrics = summarize(result, train.global_batch, train.target_accuracy, train.target_val_loss)
-    metrics["run_time_s"] = wall
-    metrics.update(cost_metrics(launched(cluster, ran)[0], metrics, train, catalog, epoch_samples))
+    ran = launch(variant, cluster, plan, train, dataset, run_dir, tracker, run_id)
+    ranks = ran.ranks
+    metrics = summarize(
+        ran.result, train.global_batch, train.target_accuracy, train.target_val_loss
+    )
+    metrics["run_time_s"] = ran.wall_s
+    finished_cluster = ranks.launched()[0]
+    metrics |= cost_metrics(finished_cluster, metrics, train, catalog, epoch_samples)
     outcome = TrainOutcome(
         variant=variant,
         run_id=run_id,
         run_dir=str(run_dir),
         plan=plan,
-        metrics=on_cluster_ranks(metrics, cluster, ran),
-        series=[
-            on_cluster_ranks(row, cluster, ran) for row in step_series(result, train.global_batch)
-        ],
-        result=result,
+        metrics=ranks.to_cluster(metrics),
+        series=[ranks.to_cluster(row) for row in step_series(ran.result, train.global_batch)],
+        result=ran.result,
     )
-    info = DataInfo.from_manifest(manifest)
-    name = f"hetflow-{dataset.source}"
-    record_outcome(tracker, outcome, profile, train, name, ranks, (recipe, info))
-    _print_outcome(variant, result, metrics, wall)
+    record_training(tracker, outcome, profile, finished_cluster)
+    register = variant == "optimized" and met_target(outcome.metrics, train)
+    log_trained_model(
+        tracker,
+        outcome,
+        (recipe, DataInfo.from_manifest(manifest)),
+        f"hetflow-{dataset.source}" if register else None,
+    )
+    tracker.finish(run_id)
+    _print_outcome(variant, ran.result, metrics, ran.wall_s)
     return outcome
 
 
-def finished_on(plan: Plan, result: RunResult) -> Plan:
-    """`plan` with the workers the run went on without (`Recovery.left_out`: a lost node under
-    Ray) among its `dropped` too, so that the result's ranks map onto the cluster's workers;
-    a left-out worker's figures are not in the result, only the ranks that finished."""
-    left = [w for w in result.lead.recovery.left_out if w not in plan.dropped]
-    return plan.model_copy(update={"dropped": [*plan.dropped, *left]}) if left else plan
+def log_trained_model(
+    tracker: MLflowTracker,
+    outcome: TrainOutcome,
+    recipe: tuple[Recipe, DataInfo],
+    register_as: str | None,
+) -> None:
+    """The model the ranks saved, rebuilt by its recipe (and the data it read), logged to the
+    variant's run (registered as `register_as`, if given); nothing if no model was saved."""
+    model = trained_model(outcome.run_dir, *recipe)
+    if model is not None:
+        tracker.log_model(outcome.run_id, model, input_example(*recipe), register_as)
 
 
 def launched_labels(cluster: ClusterSpec, outcome: TrainOutcome, profile: Profile) -> list[str]:
     """The labels of the ranks `outcome`'s variant finished on (all but its plan's dropped and
-    the workers a lost node took: `finished_on`), in the order of the result's ranks."""
-    return rank_labels(launched(cluster, finished_on(outcome.plan, outcome.result))[0], profile)
+    the workers a lost node took: `RankMap.finished`), in the order of the result's ranks."""
+    ranks = RankMap(cluster, outcome.plan).finished(outcome.result)
+    return rank_labels(ranks.launched()[0], profile)
 
 
 def _print_plan(variant: str, plan: Plan, train: TrainConfig) -> None:
@@ -160,33 +164,8 @@ def _print_plan(variant: str, plan: Plan, train: TrainConfig) -> None:
     if plan.dropped:
         print(
             f"{variant}: not launched: {', '.join(plan.dropped)} (at batch 0 they would only "
-            "add to every all-reduce; planning.drop_from_launch)"
+            "add to every all-reduce; planner.drop_from_launch)"
         )
-
-
-def on_cluster_ranks(figures: dict, cluster: ClusterSpec, plan: Plan) -> dict:
-    """`figures` with each `rankR/` name renumbered from the ranks launched to the cluster's
-    workers, so that a row of the comparison is one worker in both variants; a dropped worker
-    gets local_batch and busy_fraction 0 (pure).
-
-    >>> c = ClusterSpec.from_speeds([1, 4])
-    >>> on_cluster_ranks({"rank0/local_batch": 64, "loss": 1.0}, c, Plan(local_batches=[0, 64],
-    ...     dropped=["w0"]))
-    {'rank1/local_batch': 64, 'loss': 1.0, 'rank0/local_batch': 0, 'rank0/busy_fraction': 0.0}
-    """
-    if not plan.dropped:
-        return figures
-    keep = launched_ranks(cluster, plan)
-    out = {}
-    for k, v in figures.items():
-        head, sep, rest = k.partition("/")
-        if sep and head.startswith("rank") and head[4:].isdigit():
-            k = f"rank{keep[int(head[4:])]}/{rest}"
-        out[k] = v
-    for i, w in enumerate(cluster.workers):
-        if w.name in plan.dropped:
-            out |= {f"rank{i}/local_batch": 0, f"rank{i}/busy_fraction": 0.0}
-    return out
 
 
 def _print_outcome(variant: str, result: RunResult, metrics: dict, wall: float) -> None:
@@ -210,89 +189,38 @@ def _headline(metrics: dict) -> str:
     return f"{metrics['throughput_samples_per_s']:.0f} samples/s, {quality}"
 
 
-def launch(spec: RunSpec, tracker: MLflowTracker, run_id: str) -> tuple[dict, float]:
-    """run_workers with MLflow system metrics on and a Prefect progress artifact; on a
+def launch(
+    variant: str,
+    cluster: ClusterSpec,
+    plan: Plan,
+    train: TrainConfig,
+    dataset: DatasetSpec,
+    run_dir: Path,
+    tracker: MLflowTracker,
+    run_id: str,
+) -> Ran:
+    """`run_plan` with MLflow system metrics on and a Prefect progress artifact; on a
     failure the MLflow run is marked FAILED with why (the rank, step and exception)."""
-    progress = _progress_reporter(spec.variant, spec.train.steps)
+    progress = _progress_reporter(variant, train.steps)
     # every node of a Ray cluster samples its own system metrics into the run (`node_metrics`)
-    spec = spec.model_copy(update={"metrics_run": (tracker.tracking_uri, run_id)})
     with tracker.system_metrics(run_id):
         try:
-            raw, wall = run_workers(spec, on_progress=progress)
+            ran = run_plan(
+                cluster,
+                plan,
+                train,
+                dataset,
+                run_dir,
+                variant=variant,
+                metrics_run=(tracker.tracking_uri, run_id),
+                on_progress=progress,
+            )
         except LaunchError as e:
             if not _will_retry(e):  # a retry completes the same run
                 tracker.fail(run_id, str(e), failure_tags(e))
             raise
-    progress(spec.train.steps)
-    return raw, wall
-
-
-def record_outcome(
-    tracker: MLflowTracker,
-    outcome: TrainOutcome,
-    profile: Profile,
-    train: TrainConfig,
-    register_as: str,
-    cluster: ClusterSpec | None = None,
-    recipe: tuple[Recipe, DataInfo] | None = None,
-) -> None:
-    """Figures, series, profile, plan and plots (ranks labelled by `cluster`'s workers, if
-    given); the trained model of `recipe` (recipe, the data it read; default: `train`'s on
-    digits), registered as `register_as` when the variant is `optimized` and met its target
-    at its end; then the run is FINISHED."""
-    record_training(tracker, outcome, profile, cluster)
-    recipe, info = recipe or (check_recipe(train), DataInfo())
-    model = _trained_model(Path(outcome.run_dir), recipe, info)
-    if model is not None:
-        register = outcome.variant == "optimized" and _met_target(outcome.metrics, train)
-        tracker.log_model(
-            outcome.run_id,
-            model,
-            model_input_example(recipe, info),
-            register_as if register else None,
-        )
-    tracker.finish(outcome.run_id)
-
-
-def _met_target(metrics: dict, train: TrainConfig) -> bool:
-    """The run's final evaluation met the target of the figure the recipe evaluates."""
-    if "final_accuracy" in metrics and train.target_accuracy is not None:
-        return metrics["final_accuracy"] >= train.target_accuracy
-    if "final_val_loss" in metrics and train.target_val_loss is not None:
-        return metrics["final_val_loss"] <= train.target_val_loss
-    return False
-
-
-def model_input_example(recipe: Recipe | None = None, info: DataInfo | None = None):
-    """The input example a trained model is logged with: two zero samples of the dataset's
-    kind through `recipe.batch` (its first tensor; default: two digits images, flattened).
-    Two, not one: torch.export fixes a batch dimension of size 1, and the logged model would
-    then take one sample at a time (see MLflowTracker.log_model)."""
-    import numpy as np
-
-    info = info or DataInfo()
-    if info.kind == "tokens":
-        x = np.zeros((2, (recipe.context if recipe else 8) + 1), dtype=np.int64)
-    elif info.kind == "images":
-        x = np.zeros((2, *info.shape), dtype=np.uint8)
-    else:
-        x = np.zeros((2, info.features or 64), dtype=np.float32)
-    if recipe is None:
-        return x
-    return recipe.batch(x, np.zeros(2, dtype=np.int64))[0].numpy()
-
-
-def _trained_model(run_dir: Path, recipe: Recipe, info: DataInfo):
-    """The model the workers saved in `run_dir/model.pt`, in eval mode; None if there is none."""
-    import torch
-
-    state = run_dir / "model.pt"
-    if not state.exists():
-        return None
-    model = seeded_model(recipe, info, 0)
-    model.load_state_dict(torch.load(state))
-    model.eval()
-    return model
+    progress(train.steps)
+    return ran
 
 
 def cost_metrics(

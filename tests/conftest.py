@@ -54,7 +54,7 @@ def digits(s3, tmp_path, request):
     """scikit-learn's digits written as shards to the S3 endpoint, in a bucket named after the
     test module; returns the DatasetSpec, with a cache of the test's own."""
     from hetflow.config import DatasetSpec
-    from hetflow.infra.datasets import digits_source, write_dataset
+    from hetflow.infra.data.format import digits_source, write_dataset
 
     bucket = "hetflow-" + request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace(
         "_", "-"

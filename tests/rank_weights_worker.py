@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from hetflow.training import loop, worker
+from hetflow.training import worker
+from hetflow.training.loop import training_loop as loop
 
 _weights = loop.TrainingLoop.weights
 

@@ -53,7 +53,7 @@ def test_the_hosts_pace_is_the_median_ranks_error_and_leaves_the_ranks_spread_ar
 def test_the_ideal_at_the_runs_pace_is_the_profiles_over_the_pace(pace):
     # what efficiency_at_run_pace = efficiency x pace rests on: every worker's a_i and c_i
     # scaled alike scales the balanced step alike, a worker left out for its fixed cost included
-    from hetflow.training.planning import ideal_throughput
+    from hetflow.training.plan.planner import ideal_throughput
 
     latency, per_sample = [0.004, 0.012, 0.030, 0.050], [0.0005, 0.0015, 0.001, 0.003]
     ideal = ideal_throughput(latency, per_sample, 128)
@@ -164,7 +164,7 @@ def test_a_rank_the_plan_left_at_batch_0_has_no_model_error():
 def test_the_fastest_variant_runs_the_quickest_worker_that_holds_the_batch_alone():
     from hetflow.config import ClusterSpec
     from hetflow.records import Plan
-    from hetflow.training.planning import fastest_alone
+    from hetflow.training.plan.planner import fastest_alone
 
     from benchmarks.hetero import parse_args
 

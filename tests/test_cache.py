@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import hetflow.infra.cache as cache_mod
+import hetflow.infra.data.cache as cache_mod
 from hetflow.emulation.store import EmulatedStore
-from hetflow.infra.cache import ChecksumError, ShardCache
-from hetflow.infra.datasets import synthetic_source, write_dataset
+from hetflow.infra.data.cache import ChecksumError, ShardCache
+from hetflow.infra.data.format import synthetic_source, write_dataset
 from hetflow.infra.s3 import local_endpoint_environ
 
 

@@ -128,7 +128,7 @@ def test_resolve_cluster_derives_speeds_and_links_from_instance_types(catalog):
 
 def test_seed_profile_feeds_the_planner(catalog):
     from hetflow.config import TrainConfig
-    from hetflow.training.planning import make_plan
+    from hetflow.training.plan.planner import make_plan
 
     cluster = resolve_cluster(
         ClusterSpec.model_validate(

@@ -9,7 +9,7 @@ from hetflow.cli import main
 from hetflow.config import ClusterSpec, ConfigError, WorkerSpec
 from hetflow.infra.catalog import Catalog
 from hetflow.infra.ray_cluster import NODE_LABEL, ray_cluster_config, validate
-from hetflow.training.ray_launch import NODE_LABEL as PLACED_BY
+from hetflow.training.launch.ray_train import NODE_LABEL as PLACED_BY
 
 pytest.importorskip("ray")
 

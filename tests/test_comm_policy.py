@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from hetflow.records import CompressionMethod
-from hetflow.training.comm import choose_compression
+from hetflow.training.plan.compression import choose_compression
 
 
 def test_auto_keeps_none_when_communication_is_cheap(caplog):
-    caplog.set_level("INFO", logger="hetflow.training.comm")
+    caplog.set_level("INFO", logger="hetflow.training.plan")
     method, reason = choose_compression(0.05)
     assert method == CompressionMethod(name="none") and "5%" in reason
     assert "none" in caplog.text and "5%" in caplog.text  # the reason is logged

@@ -19,8 +19,9 @@ from hetflow.config import (
     validated,
 )
 from hetflow.records import CompressionMethod, MethodTrial, Plan, RunResult
-from hetflow.training.comm import DENSE_WARMUP_STEPS, auto_candidates, choose_from_trials
-from hetflow.training.planning import make_plan
+from hetflow.training.comm import DENSE_WARMUP_STEPS
+from hetflow.training.plan.compression import auto_candidates, choose_from_trials
+from hetflow.training.plan.planner import make_plan
 
 from tests.dist import run_ranks
 from tests.profiles import profile_of, rank_profile
@@ -176,14 +177,14 @@ def train_rank(rank: int, world: int, arg: dict) -> dict:
     """One rank of hetflow's worker on the job `arg` (a RunSpec's JSON); rank 0 writes
     result.json and model.pt."""
     from hetflow.training import worker
-    from hetflow.training.job import RunSpec
+    from hetflow.training.launch.spec import RunSpec
 
     worker.run(RunSpec.model_validate(arg), rank)
     return {}
 
 
 def _spec(dataset: DatasetSpec, run_dir: Path, compression: str, plan: Plan, **knobs):
-    from hetflow.training.job import RunSpec
+    from hetflow.training.launch.spec import RunSpec
 
     workers = [WorkerSpec(name=f"w{i}", speed=1.0, link_gbps=LINK_GBPS) for i in range(WORLD)]
     train = TrainConfig(
@@ -215,7 +216,7 @@ def _spec(dataset: DatasetSpec, run_dir: Path, compression: str, plan: Plan, **k
 def local_digits(tmp_path) -> DatasetSpec:
     """Digits as shards in a folder (the ranks, forked from the test's fork server, need no
     S3 endpoint)."""
-    from hetflow.infra.datasets import digits_source, write_dataset
+    from hetflow.infra.data.format import digits_source, write_dataset
 
     (tmp_path / "digits" / "train").mkdir(parents=True)
     (tmp_path / "digits" / "test").mkdir()

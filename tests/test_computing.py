@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetflow.training.computing import ComputingRanks, sync_replicas
 from hetflow.training.devices import MixedPrecision
-from hetflow.training.net import MeanOverCounts
+from hetflow.training.loop.computing import ComputingRanks, sync_replicas
+from hetflow.training.loop.step import MeanOverCounts
 
 from tests.dist import run_ranks
 

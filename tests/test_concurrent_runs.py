@@ -43,7 +43,7 @@ def _at_once(code: str, args: list[str], n: int) -> list[subprocess.CompletedPro
 
 
 def test_runs_ingesting_one_dataset_at_once_write_it_once(s3, hetflow_home, fault_table):
-    from hetflow.infra.datasets import read_manifest
+    from hetflow.infra.data.format import read_manifest
 
     url = "s3://hetflow-concurrent/digits"
     done = _at_once(INGEST, [url], 2)

@@ -13,8 +13,8 @@ import pytest
 from prefect.states import Completed, Failed
 
 from hetflow.config import DatasetSpec
-from hetflow.infra.cache import ShardCache
-from hetflow.infra.datasets import (
+from hetflow.infra.data.cache import ShardCache
+from hetflow.infra.data.format import (
     ChecksumError,
     DatasetError,
     MissingDataset,
@@ -27,9 +27,9 @@ from hetflow.infra.datasets import (
     verify_dataset,
     write_dataset,
 )
+from hetflow.infra.data.reader import RankReader, check_world, open_rank_data
 from hetflow.infra.s3 import local_endpoint_environ
 from hetflow.tasks.data import _retry_unless_bad_data, ingest_dataset
-from hetflow.training.data import RankReader, check_world, open_rank_data
 
 
 def load_rank_data(spec: DatasetSpec):
@@ -243,7 +243,7 @@ def test_a_shard_holding_other_samples_than_its_manifest_says_is_named(s3, tmp_p
 
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    import hetflow.infra.datasets as d
+    import hetflow.infra.data.format as d
     real = d.filesystem
     def patched(url):
         fs, root = real(url)

@@ -1,5 +1,5 @@
 """Workers a plan leaves at batch 0 and that would only add to every all-reduce are not launched
-(`planning.drop_from_launch`, `planning.launched`): a static plan's always, a dynamic plan's
+(`planner.drop_from_launch`, `planner.launched`): a static plan's always, a dynamic plan's
 where the all-reduce share they cost is more than 1% of the step (`IDLE_RANK_BUDGET`)."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from hetflow.config import ClusterSpec, TrackingConfig, TrainConfig
-from hetflow.training.job import default_profile_batches
-from hetflow.training.planning import launched, make_plan, ring_allreduce_s
+from hetflow.training.launch.spec import default_profile_batches
+from hetflow.training.plan.planner import make_plan, ring_allreduce_s
+from hetflow.training.plan.ranks import RankMap
 
 from tests.profiles import profile_of, rank_profile
 
@@ -72,7 +73,7 @@ def test_launched_renumbers_the_ranks_and_keeps_each_workers_slowdown():
     )
     plan = make_plan(profile, cluster, TrainConfig(global_batch=64, schedule="proportional"))
     assert plan.dropped == ["w1"]
-    sub, sub_plan, stragglers = launched(cluster, plan, [(3, 5, 2.0), (1, 5, 3.0)])
+    sub, sub_plan, stragglers = RankMap(cluster, plan).launched([(3, 5, 2.0), (1, 5, 3.0)])
     assert [w.name for w in sub.workers] == ["w0", "w2", "w3"]
     assert sub_plan.local_batches == [b for i, b in enumerate(plan.local_batches) if i != 1]
     assert sum(sub_plan.local_batches) == 64
@@ -85,7 +86,7 @@ def test_launched_renumbers_the_ranks_and_keeps_each_workers_slowdown():
     # the fastest worker's cap is 0: the time scale follows the fastest one launched
     fast_out = ClusterSpec.from_speeds([4, 1], time_scale=8.0)
     capped = plan.model_copy(update={"dropped": ["w0"], "local_batches": [0, 64]})
-    sub, _, _ = launched(fast_out, capped)
+    sub, _, _ = RankMap(fast_out, capped).launched()
     assert sub.slowdowns() == [fast_out.slowdowns()[1]]
 
 
@@ -152,7 +153,7 @@ def test_a_share_below_the_smallest_measured_batch_goes_to_the_others_when_they_
 
 
 def test_a_share_below_the_measured_batches_stays_where_its_measured_step_is_shorter():
-    from hetflow.training.scheduler import balance_with_exclusion
+    from hetflow.training.plan.balance import balance_with_exclusion
 
     # two equal workers measured from 40 on, sharing 64: either at 40 is quicker than one alone
     batches, why = balance_with_exclusion([0.001, 0.001], [0.01, 0.01], 64, min_batches=[40, 40])
@@ -172,26 +173,25 @@ def test_auto_compression_is_planned_for_the_workers_launched():
 
 def test_a_run_going_on_without_lost_workers_keeps_the_global_batch_and_says_who_and_why():
     """`replan_without` shares the global batch among the workers left (on the plan's step
-    model where it has one, else in the ratio of their shares), and `launched` renumbers them:
+    model where it has one, else in the ratio of their shares), and `RankMap` renumbers them:
     the path a Ray run takes when a lost node has no replacement."""
     from hetflow.records import Plan, RankResult, Recovery, RunResult
-    from hetflow.tasks.train import finished_on, on_cluster_ranks
-    from hetflow.training.planning import replan_without
-    from hetflow.training.scheduler import PlanError
+    from hetflow.training.plan.balance import PlanError
+    from hetflow.training.plan.planner import replan_without
 
     cluster = ClusterSpec.from_speeds([2, 1, 3])
     train = TrainConfig(global_batch=48, schedule="proportional")
     plan = replan_without(cluster, Plan.equal([16, 8, 24]), {"w1": "node lost"}, train)
     assert plan.local_batches == [19, 0, 29] and plan.dropped == ["w1"]
     assert plan.excluded == ["w1: node lost"]
-    sub, sub_plan, _ = launched(cluster, plan)
+    sub, sub_plan, _ = RankMap(cluster, plan).launched()
     assert [w.name for w in sub.workers] == ["w0", "w2"] and sum(sub_plan.local_batches) == 48
     modelled = Plan(local_batches=[16, 16, 16], latency_s=[0.0] * 3, per_sample_s=[1e-3, 1, 5e-4])
     assert replan_without(cluster, modelled, {"w1": "gone"}, train).local_batches == [16, 0, 32]
     # the result's two ranks are the cluster's w0 and w2 in MLflow's per-rank names
     lead = RankResult(rank=0, records=[], plans=[], recovery=Recovery(left_out={"w1": "gone"}))
-    ran = finished_on(Plan.equal([16, 8, 24]), RunResult(ranks=[lead]))
-    assert on_cluster_ranks({"rank1/local_batch": 29}, cluster, ran) == {
+    ran = RankMap(cluster, Plan.equal([16, 8, 24])).finished(RunResult(ranks=[lead]))
+    assert ran.to_cluster({"rank1/local_batch": 29}) == {
         "rank2/local_batch": 29,
         "rank1/local_batch": 0,
         "rank1/busy_fraction": 0.0,
@@ -202,7 +202,7 @@ def test_a_run_going_on_without_lost_workers_keeps_the_global_batch_and_says_who
 
 
 def test_a_checkpoint_resumes_on_fewer_workers_each_keeping_its_own_records():
-    from hetflow.training.loop_state import LoopState, narrowed
+    from hetflow.training.loop.state import LoopState, narrowed
 
     saved = {
         "step": 9,

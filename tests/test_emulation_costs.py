@@ -12,7 +12,7 @@ from hetflow.emulation.costs import SMOOTH_PHASES, SharedCosts
 from hetflow.emulation.emulator import Emulator
 from hetflow.emulation.link import Link
 from hetflow.records import Plan
-from hetflow.training.job import RunSpec, emulator_for
+from hetflow.training.launch.spec import RunSpec, emulator_for
 
 
 def _post(folder: str, rank: int, world: int, times: list[float], start) -> None:

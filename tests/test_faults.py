@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from hetflow.infra.cache import ShardCache
-from hetflow.infra.datasets import (
+from hetflow.infra.data.cache import ShardCache
+from hetflow.infra.data.format import (
     DatasetError,
     decode_shard,
     digits_source,
     read_manifest,
     write_dataset,
 )
-from hetflow.training.checkpoint import CheckpointStore
+from hetflow.training.loop.checkpoint import CheckpointStore
 
 from tests.faults import FaultProxy
 

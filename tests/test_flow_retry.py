@@ -17,7 +17,7 @@ import pytest
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.catalog import Catalog
-from hetflow.infra.datasets import read_manifest
+from hetflow.infra.data.format import read_manifest
 from hetflow.infra.paths import runs_dir
 
 from tests.procs import pids_with

@@ -12,11 +12,11 @@ import pytest
 from PIL import Image
 
 from hetflow.config import DatasetSpec
-from hetflow.infra.datasets import DatasetError, MissingDataset, check_shards, read_manifest
-from hetflow.infra.ingest import ingest_streamed
+from hetflow.infra.data.format import DatasetError, MissingDataset, check_shards, read_manifest
+from hetflow.infra.data.ingest import ingest_streamed
+from hetflow.infra.data.reader import open_rank_data
 from hetflow.infra.s3 import filesystem
 from hetflow.tasks.data import ingest_params
-from hetflow.training.data import open_rank_data
 
 
 def _ingest(**kw) -> object:
@@ -136,8 +136,8 @@ def test_a_bad_source_is_refused_in_one_line_before_anything_is_written(tmp_path
 
 
 def test_ingest_memory_stays_bounded_on_a_corpus_many_shards_large(tmp_path, monkeypatch):
-    monkeypatch.setattr("hetflow.infra.ingest.TOKEN_SHARD_BYTES", 1 << 18)
-    monkeypatch.setattr("hetflow.infra.ingest.PIECE_BYTES", 1 << 18)
+    monkeypatch.setattr("hetflow.infra.data.ingest.TOKEN_SHARD_BYTES", 1 << 18)
+    monkeypatch.setattr("hetflow.infra.data.ingest.PIECE_BYTES", 1 << 18)
     (tmp_path / "big").mkdir()
     _text_corpus(tmp_path / "big", files=12, size=1_500_000)  # 18 MB: 69 shards of 256 KiB
     tracemalloc.start()

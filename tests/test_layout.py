@@ -74,13 +74,7 @@ def hetflow_imports(tree: ast.AST) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
             node.body = []
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-        elif isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-    return {n for n in names if n == "hetflow" or n.startswith("hetflow.")}
+    return {n for n in all_imports(tree) if n == "hetflow" or n.startswith("hetflow.")}
 
 
 @pytest.mark.parametrize("module, path", sources(), ids=[m for m, _ in sources()])
@@ -94,6 +88,37 @@ def test_layers_import_downward_only(module, path):
         if layer(name) not in ALLOWED[own] | {own}
     )
     assert not bad, f"{module} ({own}) imports {bad}"
+
+
+def all_imports(tree: ast.AST) -> set[str]:
+    """Every module a module imports (at run time or not): a room kept pure is kept so for
+    type checkers too."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+PURE_ROOM = "hetflow.training.plan"
+
+
+@pytest.mark.parametrize(
+    "module, path",
+    [(m, p) for m, p in sources() if m.startswith(PURE_ROOM)],
+    ids=[m for m, _ in sources() if m.startswith(PURE_ROOM)],
+)
+def test_the_plan_room_is_pure(module, path):
+    """The plan imports neither torch nor the rest of `training` (which would bring torch)."""
+    bad = sorted(
+        n
+        for n in all_imports(ast.parse(path.read_text()))
+        if n.split(".")[0] == "torch"
+        or (n.startswith("hetflow.training") and not n.startswith(PURE_ROOM))
+    )
+    assert not bad, f"{module} imports {bad}"
 
 
 def test_the_layer_rule_catches_an_upward_import():

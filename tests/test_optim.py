@@ -1,4 +1,4 @@
-"""The optimizer a run trains with (`hetflow.training.optim`): the config's choice where it
+"""The optimizer a run trains with (`hetflow.training.loop.optim`): the config's choice where it
 makes one, else the recipe's own (AdamW for gpt, SGD for the classifiers); weight decay on
 weight matrices only."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hetflow.config import TrainConfig
-from hetflow.training.optim import build_optimizer, resolve_optimizer
+from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
 from hetflow.training.recipes import DataInfo, get_recipe
 
 CASES = {

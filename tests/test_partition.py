@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hetflow.training.partition import (
+from hetflow.infra.data.partition import (
     PartitionError,
     SampleIndex,
     ShardSchedule,

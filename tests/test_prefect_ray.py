@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from hetflow.training.ray_launch import NODE_LABEL
+from hetflow.training.launch.ray_train import NODE_LABEL
 
 from tests.test_stack_and_deploy import deployed, stack, start_worker, stop_worker  # noqa: F401 (fixtures)
 

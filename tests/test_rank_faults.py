@@ -17,11 +17,11 @@ import torch
 
 from hetflow.config import ClusterSpec, TrackingConfig, TrainConfig
 from hetflow.records import Plan, RankFailure, RunResult
-from hetflow.training.faults import ranks_dir
-from hetflow.training.job import Injection, RunSpec
-from hetflow.training.launch import LaunchError, RankFailed, run_workers
+from hetflow.training.faults.records import ranks_dir
+from hetflow.training.faults.watch import JobWatch
+from hetflow.training.launch.local import LaunchError, RankFailed, run_workers
+from hetflow.training.launch.spec import Injection, RunSpec
 from hetflow.training.metrics import summarize
-from hetflow.training.watch import JobWatch
 
 from tests.profiles import profile_of, rank_profile
 
@@ -93,7 +93,9 @@ def test_a_raising_rank_fails_the_flow_and_its_mlflow_run_at_once_naming_rank_an
     from hetflow.infra.tracking.tracker import MLflowTracker
 
     boom = Injection(rank=1, step=3, kind="raise")
-    monkeypatch.setattr(train_task, "RunSpec", functools.partial(RunSpec, inject=[boom]))
+    from hetflow.training.launch import run as run_module
+
+    monkeypatch.setattr(run_module, "RunSpec", functools.partial(RunSpec, inject=[boom]))
     cluster = ClusterSpec.from_speeds([1, 1], emulate=False)
     cfg = TrainConfig(recipe="digits-mlp", global_batch=32, steps=STEPS, eval_every=100)
     profile = profile_of([rank_profile(0, 1e4), rank_profile(1, 1e4)], model="mlp")
@@ -112,7 +114,7 @@ def test_a_raising_rank_fails_the_flow_and_its_mlflow_run_at_once_naming_rank_an
     tags = run.data.tags
     assert (tags["failed_rank"], tags["failed_step"], tags["failure"]) == ("1", "3", "error")
     note = tags["mlflow.note.content"]
-    assert "RuntimeError: injected fault at step 3" in note and "faults.py" in note  # last lines
+    assert "RuntimeError: injected fault at step 3" in note and "inject.py" in note  # last lines
     assert _task_run_counts(state.state_details.flow_run_id) == {"train boom": 1}  # no retry
     row = ("rank raises at step 3", "train task in a flow (2 ranks)", "failed at once")
     fault_table.append((*row, 0, "-", 1))

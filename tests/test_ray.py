@@ -13,9 +13,9 @@ import torch
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, WorkerSpec
 from hetflow.infra.s3 import filesystem
 from hetflow.records import Plan, RunResult
-from hetflow.training.job import RunSpec
-from hetflow.training.launch import run_workers
-from hetflow.training.ray_launch import NODE_LABEL, connect, label_selectors
+from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.ray_train import NODE_LABEL, connect, label_selectors
+from hetflow.training.launch.spec import RunSpec
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

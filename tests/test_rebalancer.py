@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from hetflow.training.rebalancer import Rebalancer
-from hetflow.training.scheduler import balance_batches
+from hetflow.training.plan.balance import balance_batches
+from hetflow.training.plan.rebalancer import Rebalancer
 
 B, EVERY = 128, 10
 

@@ -1,5 +1,5 @@
 """Recipes: the built-ins build, count and evaluate; a user's recipe is one file found by its
-import path (the README's own example); a bad one is refused in one line naming the field."""
+import path (the docs' own example); a bad one is refused in one line naming the field."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from hetflow.config import BUILTIN_RECIPES, ConfigError, TrainConfig
-from hetflow.infra.datasets import digits_source
-from hetflow.training.models import parameter_count
+from hetflow.infra.data.format import digits_source
 from hetflow.training.recipes import (
     DataInfo,
     check_fits,
@@ -21,10 +20,11 @@ from hetflow.training.recipes import (
     eval_batches,
     evaluate,
     get_recipe,
+    parameter_count,
     seeded_model,
 )
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "recipes.md"  # the recipe's page
 TOKENS = DataInfo(kind="tokens", vocab=256)
 SMALL_GPT = {"n_layer": 1, "n_head": 2, "n_embd": 32, "context": 16}
 
@@ -100,8 +100,8 @@ def test_resnet_reads_uint8_images_and_learns_them(source):
 
 
 def readme_recipe() -> tuple[str, str]:
-    """(file name, source) of the recipe in the README's 'Your own recipe' section."""
-    section = README.read_text().split("## Your own recipe", 1)[1]
+    """(file name, source) of the recipe on the docs' 'Your own recipe' page."""
+    section = README.read_text().split("# Your own recipe", 1)[1]
     match = re.search(r"```python\n# (\w+\.py)\n(.*?)```", section, re.S)
     return match.group(1), match.group(2)
 

@@ -15,9 +15,9 @@ import torch
 
 from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.records import Plan, RunResult
-from hetflow.training.checkpoint import CheckpointStore
-from hetflow.training.job import RunSpec
-from hetflow.training.launch import run_workers
+from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.spec import RunSpec
+from hetflow.training.loop.checkpoint import CheckpointStore
 from hetflow.training.metrics import summarize
 
 from tests.procs import pids_with

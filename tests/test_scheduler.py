@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetflow.training.rebalancer import Rebalancer
-from hetflow.training.scheduler import (
+from hetflow.training.plan.balance import (
     PlanError,
     balance_batches,
     balance_with_exclusion,
@@ -18,6 +17,7 @@ from hetflow.training.scheduler import (
     exclude_slow,
     plan_batches,
 )
+from hetflow.training.plan.rebalancer import Rebalancer
 
 speeds_st = st.lists(
     st.floats(min_value=0.05, max_value=50, allow_nan=False), min_size=1, max_size=16
@@ -258,8 +258,8 @@ def test_sudden_change_needs_two_steps_beyond_three_thresholds(factor):
 
 def test_make_plan_balances_the_profiles_step_models_and_leaves_auto_to_the_workers_trials():
     from hetflow.config import ClusterSpec, TrainConfig
-    from hetflow.training.comm import choose_compression
-    from hetflow.training.planning import make_plan
+    from hetflow.training.plan.compression import choose_compression
+    from hetflow.training.plan.planner import make_plan
 
     from tests.profiles import profile_of, rank_profile
 
@@ -346,7 +346,7 @@ def test_the_rebalancer_brings_a_left_out_worker_back_when_the_others_slow_down(
 
 def test_measured_caps_bound_the_plan_and_a_declared_cap_wins_only_when_lower():
     from hetflow.config import ClusterSpec, ConfigError, TrainConfig
-    from hetflow.training.planning import make_plan
+    from hetflow.training.plan.planner import make_plan
 
     from tests.profiles import profile_of, rank_profile
 
@@ -387,7 +387,7 @@ def test_a_replan_brings_a_left_out_worker_back_once_its_fixed_cost_drops():
 
 def test_a_worker_measured_to_hold_no_sample_is_left_out_and_cannot_declare_more():
     from hetflow.config import ClusterSpec, ConfigError, TrainConfig
-    from hetflow.training.planning import make_plan
+    from hetflow.training.plan.planner import make_plan
 
     from tests.profiles import profile_of, rank_profile
 

@@ -15,7 +15,7 @@ from hetflow.config import ConfigError
 from hetflow.infra.catalog import Catalog, InstanceInfo
 from hetflow.infra.pricing import PriceTable
 from hetflow.records import Profile
-from hetflow.training.scheduler import balance_batches
+from hetflow.training.plan.balance import balance_batches
 
 RESNET = sim.MODELS["resnet50"]
 
@@ -378,8 +378,7 @@ def test_a_profile_json_is_read_as_the_typed_profile():
 
 
 def test_local_model_figures_match_the_digits_recipes():
-    from hetflow.training.models import parameter_count
-    from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
+    from hetflow.training.recipes import DataInfo, get_recipe, parameter_count, seeded_model
 
     for old, name in (
         ("mlp", "digits-mlp"),

@@ -8,8 +8,8 @@ import io
 import numpy as np
 import pytest
 
-from hetflow.infra.cache import ShardCache
-from hetflow.infra.datasets import (
+from hetflow.infra.data.cache import ShardCache
+from hetflow.infra.data.format import (
     DatasetError,
     Manifest,
     ShardInfo,
@@ -19,9 +19,9 @@ from hetflow.infra.datasets import (
     synthetic_source,
     write_dataset,
 )
+from hetflow.infra.data.reader import RankReader
+from hetflow.infra.data.shards import check_context, split_layout, token_windows, windows_in
 from hetflow.infra.s3 import filesystem
-from hetflow.training.data import RankReader
-from hetflow.training.shards import check_context, split_layout, token_windows, windows_in
 
 
 class TokenShard(ShardInfo):
@@ -212,8 +212,8 @@ def test_a_training_run_streams_its_share_and_reports_what_it_read(s3, tmp_path)
     the ranks' peak memory in the result, and the run's figures made from them."""
     from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
     from hetflow.records import Plan, RunResult
-    from hetflow.training.job import RunSpec
-    from hetflow.training.launch import run_workers
+    from hetflow.training.launch.local import run_workers
+    from hetflow.training.launch.spec import RunSpec
     from hetflow.training.metrics import summarize
 
     dataset = DatasetSpec(url="s3://hetflow-stream/run", cache_dir=str(tmp_path / "cache"))

@@ -18,15 +18,16 @@ import torch
 from hetflow.config import TrackingConfig
 from hetflow.infra.s3 import free_port
 from hetflow.infra.tracking.tracker import MLflowTracker, RunNotFound
-from hetflow.tasks.train import model_input_example
 from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
+from hetflow.training.recipes.export import input_example
 
 
 def _logged_run(tracker: MLflowTracker) -> str:
     """A new run holding an MLP logged as the training task logs it, then finished; its id."""
     run_id = tracker.client.create_run(tracker.experiment_id()).info.run_id
-    model = seeded_model(get_recipe("digits-mlp"), DataInfo(), 0).eval()
-    tracker.log_model(run_id, model, model_input_example())
+    recipe = get_recipe("digits-mlp")
+    model = seeded_model(recipe, DataInfo(), 0).eval()
+    tracker.log_model(run_id, model, input_example(recipe, DataInfo()))
     tracker.finish(run_id)
     return run_id
 

@@ -12,14 +12,14 @@ import torch
 from torch import nn
 
 from hetflow.config import ClusterSpec, TrainConfig, WorkerSpec
+from hetflow.infra.data.reader import open_rank_data
 from hetflow.infra.s3 import free_port
 from hetflow.records import CompressionMethod, Plan
-from hetflow.training import launch
 from hetflow.training.comm import DENSE_WARMUP_STEPS, allgather_bytes, ring_allreduce_bytes
-from hetflow.training.data import open_rank_data
-from hetflow.training.job import RunSpec
-from hetflow.training.launch import run_workers, torchrun_command, worker_env
-from hetflow.training.planning import make_plan
+from hetflow.training.launch import local as launch
+from hetflow.training.launch.local import run_workers, torchrun_command, worker_env
+from hetflow.training.launch.spec import RunSpec
+from hetflow.training.plan.planner import make_plan
 from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
 from tests.profiles import profile_of, rank_profile

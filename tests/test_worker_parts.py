@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 
 from hetflow.records import EvalPoint, PlanChange, Recovery, StepRecord
-from hetflow.training.loop_state import SETTLE_STEPS, SUDDEN_ROWS, LoopState
-from hetflow.training.net import straggler_factor
-from hetflow.training.progress import ProgressFile, note_recovery
-from hetflow.training.step_times import SharedStepTimes, column_means
+from hetflow.training.loop.progress import ProgressFile, note_recovery
+from hetflow.training.loop.state import SETTLE_STEPS, SUDDEN_ROWS, LoopState
+from hetflow.training.loop.step import straggler_factor
+from hetflow.training.loop.step_times import SharedStepTimes, column_means
 
 
 def _rec(step: int, compute_s: float = 0.02, wait_s: float = 0.005) -> StepRecord:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig
-from hetflow.training.faults import MAX_SKIPPED_IN_A_ROW, NonFiniteGradient
+from hetflow.training.faults.guard import SkipCount
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 NATIVE_BF16_CAPABILITY = (8, 0)
@@ -188,8 +188,11 @@ class MixedPrecision:
         self.scaler = torch.amp.GradScaler(
             torch.device(device).type, init_scale=init_scale, enabled=scaled
         )
-        self.last_skipped = False
-        self.in_a_row = 0
+        self.skips = SkipCount()
+
+    @property
+    def last_skipped(self) -> bool:
+        return self.skips.last
 
     def autocast(self):
         return autocast(self.device, self.precision)
@@ -206,13 +209,13 @@ class MixedPrecision:
         before = self.scaler.get_scale()
         self.scaler.step(opt)
         self.scaler.update()
-        self.last_skipped = self.scaler.get_scale() < before
-        self.in_a_row = self.in_a_row + 1 if self.last_skipped else 0
-        if self.in_a_row >= MAX_SKIPPED_IN_A_ROW:
-            raise NonFiniteGradient(
-                f"{self.in_a_row} steps in a row skipped with the loss scale down to "
+        self.skips.note(
+            self.scaler.get_scale() < before,
+            lambda n: (
+                f"{n} steps in a row skipped with the loss scale down to "
                 f"{self.scaler.get_scale():g}: the gradient is NaN/Inf whatever the scale"
-            )
+            ),
+        )
 
     def state_dict(self) -> dict:
         return self.scaler.state_dict() if self.scaler.is_enabled() else {}

@@ -8,6 +8,7 @@ waiting for data. `train_loop_s` is the training loop's time: the sum of rank 0'
 
 from __future__ import annotations
 
+from hetflow.config import TrainConfig
 from hetflow.records import EvalPoint, RankResult, RunResult
 
 THROUGHPUT_SKIP_STEPS = 1  # the first step includes DDP's bucket rebuild; throughput skips it
@@ -132,3 +133,12 @@ def step_series(result: RunResult, global_batch: int) -> list[dict]:
             row[f"rank{r.rank}/local_batch"] = rec.batch
         series.append(row)
     return series
+
+
+def met_target(metrics: dict, train: TrainConfig) -> bool:
+    """The run's final evaluation met the target of the figure the recipe evaluates."""
+    if "final_accuracy" in metrics and train.target_accuracy is not None:
+        return metrics["final_accuracy"] >= train.target_accuracy
+    if "final_val_loss" in metrics and train.target_val_loss is not None:
+        return metrics["final_val_loss"] <= train.target_val_loss
+    return False

@@ -26,20 +26,20 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from hetflow.infra.data.reader import open_rank_data, peak_rss_bytes
 from hetflow.infra.s3 import filesystem
 from hetflow.records import RunResult
 from hetflow.training.comm import WireCounter
-from hetflow.training.data import open_rank_data, peak_rss_bytes
 from hetflow.training.devices import MixedPrecision, rank_device_precision
-from hetflow.training.faults import (
+from hetflow.training.faults.records import (
     PREEMPTED_EXIT,
     STARTUP_TIMEOUT_S,
     Preempted,
     write_failure,
     write_pid,
 )
-from hetflow.training.job import RunSpec
-from hetflow.training.loop import train
+from hetflow.training.launch.spec import RunSpec
+from hetflow.training.loop.training_loop import train
 from hetflow.training.probes import profile
 from hetflow.training.recipes import recipe_of
 

@@ -26,8 +26,8 @@ __all__ = ["UsageError", "build_parser", "main"]
 # Errors of bad input raised past validation (a plan the cluster cannot run, a dataset that is
 # not there), by module: a module not yet imported cannot have raised its error.
 LATER_ERRORS = (
-    ("hetflow.training.scheduler", "PlanError"),
-    ("hetflow.infra.datasets", "DatasetError"),
+    ("hetflow.training.plan.balance", "PlanError"),
+    ("hetflow.infra.data.format", "DatasetError"),
     ("hetflow.stack.layout", "StackError"),
 )
 

@@ -1,6 +1,6 @@
 """`hetflow simulate --calibrate`: small real runs made here, each predicted from its own profile.
 
-With torchrun (`hetflow.training.launch.run_workers`): a profile, then the equal split and
+With torchrun (`hetflow.training.launch.local.run_workers`): a profile, then the equal split and
 hetflow's plan on emulated speeds 1,1,2,4 (cnn), and one run on 4 workers behind emulated
 1 Gbit/s links (digits-wide-mlp); each run is predicted from its own profile. The per-step overhead
 (optimizer, DDP, Python: what a profile does not measure) is the one fitted figure, estimated
@@ -177,7 +177,7 @@ def _jobs(steps: int) -> dict[str, tuple[ClusterSpec, TrainConfig]]:
 
 def _profile(label: str, cluster: ClusterSpec, cfg: TrainConfig, dataset, tmp: str) -> Profile:
     """The cluster profiled by its own workers (a profile-mode run)."""
-    from hetflow.training.launch import measure_profile
+    from hetflow.training.launch.local import measure_profile
 
     profile = measure_profile(cluster, dataset, cfg, f"{tmp}/{label}-profile")
     print(f"{label}: profiled in {profile.profiling_time_s:.0f}s", flush=True)
@@ -194,21 +194,12 @@ def _train(
     profile: Profile,
     sim_plan: str,
 ) -> dict:
-    """One training run with this plan, as `calibration_errors` takes it."""
-    from hetflow.training.job import RunSpec
-    from hetflow.training.launch import run_workers
+    """One training run with this plan (the workers it drops not launched: `run_plan`), as
+    `calibration_errors` takes it."""
+    from hetflow.training.launch.run import run_plan
 
-    result, wall = run_workers(
-        RunSpec(
-            run_name=name,
-            variant=name,
-            cluster=cluster,
-            dataset=dataset,
-            train=cfg,
-            plan=plan,
-            run_dir=f"{tmp}/{name}",
-        )
-    )
+    ran = run_plan(cluster, plan, cfg, dataset, f"{tmp}/{name}", variant=name)
+    result, wall = ran.raw, ran.wall_s
     run = {
         "profile": profile,
         "model": cfg.recipe,
@@ -227,7 +218,7 @@ def _train(
 
 def _hetero_runs(cluster, cfg, dataset, tmp: str) -> tuple[Profile, dict[str, dict]]:
     """The hetero job profiled, then run with the equal split and with hetflow's plan."""
-    from hetflow.training.planning import make_plan
+    from hetflow.training.plan.planner import make_plan
 
     profile = _profile("hetero", cluster, cfg, dataset, tmp)
     runs = {}

@@ -2,7 +2,7 @@
 
 Frozen dataclasses, each checked on construction: a figure the simulator cannot use raises a
 `SimulationError` (a `ConfigError`) naming the field. No I/O and no torch: the local models'
-figures are counted by hand (tests check them against `hetflow.training.models`).
+figures are counted by hand (tests check them against `hetflow.training.recipes`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from hetflow.simulator.model import (
     WorkerModel,
     check_workers,
 )
-from hetflow.training.scheduler import balance_batches, equal_batches
+from hetflow.training.plan.balance import balance_batches, equal_batches
 
 PLANS = ("baseline", "optimized")
 

@@ -48,11 +48,6 @@ def on_port(url: str, port: int) -> str:
     return url.replace(f"http://127.0.0.1:{UI_PORT}", f"http://127.0.0.1:{port}", 1)
 
 
-def experiment_url(tracking_uri: str, experiment_id: str) -> str:
-    """The experiment's runs table."""
-    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs?{VIEW}"
-
-
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """One run's page.
 

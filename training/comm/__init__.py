@@ -1,4 +1,4 @@
-"""Gradient communication: DDP comm hooks by method, wire-byte accounting, the 'auto' policy.
+"""Gradient communication: DDP comm hooks by method and wire-byte accounting.
 
 Methods (a `CompressionMethod`, parsed from `TrainConfig.compression`), registered by name in
 `methods.METHODS`:
@@ -22,8 +22,9 @@ of B bytes over n ranks sends 2(n-1)/n x B from each rank, an all-gather of a B-
 contribution (n-1) x B.
 
 Rooms: `accounting` (bytes, process groups), `topk` (the top-k hook), `methods` (the registry,
-registering a method on a DDP model, its optimizer and checkpointed state), `policy` ('auto':
-its candidates, and the choice from their trials, which `training.trials` runs).
+registering a method on a DDP model, its optimizer and checkpointed state). Which method to
+use ('auto': its candidates, the choice from their trials) is planning:
+`hetflow.training.plan.compression`.
 """
 
 from hetflow.training.comm.accounting import (
@@ -43,12 +44,6 @@ from hetflow.training.comm.methods import (
     register_compression,
     wrap_optimizer,
 )
-from hetflow.training.comm.policy import (
-    COMPRESS_ABOVE,
-    auto_candidates,
-    choose_compression,
-    choose_from_trials,
-)
 from hetflow.training.comm.topk import (
     DENSITY_STAGE_STEPS,
     TopKState,
@@ -62,7 +57,6 @@ from hetflow.training.comm.topk import (
 )
 
 __all__ = [
-    "COMPRESS_ABOVE",
     "DENSE_WARMUP_STEPS",
     "DENSITY_STAGE_STEPS",
     "METHODS",
@@ -70,9 +64,6 @@ __all__ = [
     "TopKState",
     "WireCounter",
     "allgather_bytes",
-    "auto_candidates",
-    "choose_compression",
-    "choose_from_trials",
     "comm_state_dict",
     "decode_topk_into",
     "encode_topk",

@@ -53,19 +53,18 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from hetflow.emulation.emulator import now
+from hetflow.infra.data.reader import RankData
 from hetflow.records import RankProfile
 from hetflow.training.comm import WireCounter
-from hetflow.training.data import RankData
 from hetflow.training.devices import MixedPrecision, synchronizer
-from hetflow.training.job import RunSpec, default_profile_batches, emulator_for, node_id
-from hetflow.training.models import parameter_count
-from hetflow.training.optim import resolve_optimizer
+from hetflow.training.launch.spec import RunSpec, default_profile_batches, emulator_for, node_id
+from hetflow.training.loop.optim import resolve_optimizer
 from hetflow.training.probes.compute import COMPUTE_BUDGET_S, probe_compute, solo_ddp
 from hetflow.training.probes.device import probe_matmul, probe_memory_bandwidth
 from hetflow.training.probes.memory import probe_memory
 from hetflow.training.probes.network import probe_allreduce, probe_link
 from hetflow.training.probes.s3 import probe_s3
-from hetflow.training.recipes import DataInfo, recipe_of, seeded_model
+from hetflow.training.recipes import DataInfo, parameter_count, recipe_of, seeded_model
 
 __all__ = ["profile"]
 

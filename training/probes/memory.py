@@ -11,8 +11,7 @@ import os
 import torch
 from torch import nn
 
-from hetflow.training.models import parameter_count
-from hetflow.training.recipes import Recipe
+from hetflow.training.recipes import Recipe, parameter_count
 from hetflow.training.recipes.digits import Classifier
 
 MEMORY_HEADROOM = 0.8  # the activations' share of the available memory the cap may fill

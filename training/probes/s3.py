@@ -8,8 +8,8 @@ from __future__ import annotations
 import statistics
 
 from hetflow.emulation.emulator import now
+from hetflow.infra.data.reader import RankData
 from hetflow.infra.s3 import filesystem
-from hetflow.training.data import RankData
 
 S3_BUDGET_S = 0.1  # wall time of the whole-shard reads
 

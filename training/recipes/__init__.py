@@ -15,6 +15,7 @@ from hetflow.training.recipes.base import (
     eval_batches,
     evaluate,
     get_recipe,
+    parameter_count,
     seeded_model,
 )
 
@@ -26,6 +27,7 @@ __all__ = [
     "eval_batches",
     "evaluate",
     "get_recipe",
+    "parameter_count",
     "recipe_of",
     "seeded_model",
 ]

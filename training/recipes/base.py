@@ -82,7 +82,7 @@ class Recipe:
     # the context: full token windows); None when it varies (padding, masks), and the ranks
     # then all-reduce their counts every step.
     count_per_sample: int | None = None
-    # How the model trains unless the TrainConfig says otherwise (hetflow.training.optim):
+    # How the model trains unless the TrainConfig says otherwise (hetflow.training.loop.optim):
     # "sgd" (with the config's momentum), "adam" or "adamw"; weight decay on weight matrices.
     optimizer: str = "sgd"
     lr: float = 0.05
@@ -188,3 +188,8 @@ def evaluate(
 def eval_batches(recipe: Recipe, x: np.ndarray, y: np.ndarray, size: int = 512) -> list[tuple]:
     """A split's samples as `recipe.batch` tensors, `size` samples at a time."""
     return [recipe.batch(x[i : i + size], y[i : i + size]) for i in range(0, len(x), size)]
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Parameters of `model`, each shared tensor once (a tied embedding counts once)."""
+    return sum(p.numel() for p in model.parameters())

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from hetflow.config import DatasetSpec
-from hetflow.infra.datasets import (
+from hetflow.infra.data.format import (
     MANIFEST,
     DatasetError,
     Manifest,

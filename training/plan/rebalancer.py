@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hetflow.training.scheduler import balance_with_exclusion
+from hetflow.training.plan.balance import balance_with_exclusion
 
 # Steps in a row that a rank's time must lie beyond `Rebalancer.jump` to count as a sudden change;
 # the re-plan after one is made from these steps alone.

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from hetflow.training.job import RunSpec, node_id
+from hetflow.training.launch.spec import RunSpec, node_id
 
 SAMPLING_INTERVAL_S = 2.0
 

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from hetflow.emulation.emulator import now
+from hetflow.infra.data.reader import RankData, peak_rss_bytes
 from hetflow.records import (
     CacheCounts,
     CompressionTrials,
@@ -16,27 +17,26 @@ from hetflow.records import (
     Recovery,
     StepRecord,
 )
-from hetflow.training.checkpoint import CheckpointStore
 from hetflow.training.comm import WireCounter, comm_state_dict, load_comm_state, new_control_group
-from hetflow.training.computing import ComputingRanks, can_leave, sync_replicas
-from hetflow.training.data import RankData, peak_rss_bytes
 from hetflow.training.devices import MixedPrecision, synchronizer, to_device
-from hetflow.training.faults import Preempted, StepGuard
-from hetflow.training.job import RunSpec, emulator_for, node_id
-from hetflow.training.loop_state import LoopState, narrowed
-from hetflow.training.models import parameter_count
-from hetflow.training.net import (
+from hetflow.training.faults.guard import StepGuard
+from hetflow.training.faults.records import Preempted
+from hetflow.training.launch.spec import RunSpec, emulator_for, node_id
+from hetflow.training.loop.checkpoint import CheckpointStore
+from hetflow.training.loop.computing import ComputingRanks, can_leave, sync_replicas
+from hetflow.training.loop.progress import ProgressFile, note_recovery
+from hetflow.training.loop.state import LoopState, narrowed
+from hetflow.training.loop.step import (
     MeanOverCounts,
     build_net,
     new_rebalancer,
     straggler_factor,
     train_step,
 )
-from hetflow.training.progress import ProgressFile, note_recovery
-from hetflow.training.rebalancer import SUDDEN_STEPS
-from hetflow.training.recipes import evaluate, recipe_of
-from hetflow.training.step_times import SharedStepTimes, column_means
-from hetflow.training.trials import Trials
+from hetflow.training.loop.step_times import SharedStepTimes, column_means
+from hetflow.training.loop.trials import Trials
+from hetflow.training.plan.rebalancer import SUDDEN_STEPS
+from hetflow.training.recipes import evaluate, parameter_count, recipe_of
 
 
 class TrainingLoop:
@@ -92,7 +92,7 @@ class TrainingLoop:
 
     def on_these_workers(self, saved: dict | None) -> dict | None:
         """The checkpoint `saved` for this run's workers: as saved where it was taken on them
-        (or names none), else narrowed onto them with the spec's plan (`loop_state.narrowed`:
+        (or names none), else narrowed onto them with the spec's plan (`state.narrowed`:
         the run went on without the workers of a lost node)."""
         names = [w.name for w in self.spec.cluster.workers]
         if saved is None or saved.get("workers", names) == names:

@@ -13,12 +13,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hetflow.emulation.emulator import Emulator
+from hetflow.infra.data.reader import RankData
 from hetflow.records import CompressionMethod
 from hetflow.training.comm import register_compression, wrap_optimizer
-from hetflow.training.data import RankData
-from hetflow.training.job import RunSpec
-from hetflow.training.optim import build_optimizer, resolve_optimizer
-from hetflow.training.rebalancer import Rebalancer
+from hetflow.training.launch.spec import RunSpec
+from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
+from hetflow.training.plan.rebalancer import Rebalancer
 from hetflow.training.recipes import DataInfo, Recipe, check_fits, seeded_model
 
 

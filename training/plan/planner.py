@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig
 from hetflow.records import CompressionMethod, Plan, Profile
-from hetflow.training.comm import auto_candidates, choose_compression
-from hetflow.training.scheduler import (
+from hetflow.training.plan.balance import (
     PlanError,
     balance_among,
     balance_with_exclusion,
@@ -15,6 +14,8 @@ from hetflow.training.scheduler import (
     equal_batches,
     plan_batches,
 )
+from hetflow.training.plan.compression import auto_candidates, choose_compression
+from hetflow.training.plan.ranks import RankMap
 
 
 def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
@@ -41,7 +42,7 @@ def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
 def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
     """Local batches from the profile's step models (`Profile.step_models`), the workers'
     memory caps (`memory_caps`) and the schedule, with the workers too slow to help left out
-    (`scheduler.exclude_slow`, which reads a worker's step at the smallest batch its profile
+    (`balance.exclude_slow`, which reads a worker's step at the smallest batch its profile
     measured in place of its extrapolated fixed cost; never under the equal split) or whose
     samples buy less than their hops of the all-reduce cost (`leave_out_for_comm`), and of
     those the workers not launched (`drop_from_launch`); the compression as
@@ -78,7 +79,9 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
     )
     dropped = drop_from_launch(plan, train, *allreduce_of(profile))
     plan.dropped = [cluster.workers[i].name for i in dropped]
-    method, reason, candidates = plan_compression(profile, launched(cluster, plan)[0], train)
+    method, reason, candidates = plan_compression(
+        profile, RankMap(cluster, plan).launched()[0], train
+    )
     return plan.model_copy(
         update={
             "compression": method,
@@ -225,53 +228,13 @@ def drop_from_launch(
     return out if with_them - model.step(kept) > IDLE_RANK_BUDGET * with_them else []
 
 
-def launched_ranks(cluster: ClusterSpec, plan: Plan) -> list[int]:
-    """The cluster's rank of each rank launched, in order: every worker but `plan.dropped`."""
-    return [i for i, w in enumerate(cluster.workers) if w.name not in plan.dropped]
-
-
-def launched(
-    cluster: ClusterSpec, plan: Plan, stragglers: list[tuple[int, int, float]] | None = None
-) -> tuple[ClusterSpec, Plan, list[tuple[int, int, float]]]:
-    """The cluster, plan and stragglers (rank, step, factor) of the ranks launched: the
-    plan's `dropped` workers removed and the rest renumbered in order; each kept emulated
-    worker keeps its own slowdown (the time scale follows the fastest worker launched)."""
-    stragglers = list(stragglers or [])
-    if not plan.dropped:
-        return cluster, plan, stragglers
-    keep = launched_ranks(cluster, plan)
-    fastest = max(w.speed for w in cluster.workers)
-    kept_fastest = max(cluster.workers[i].speed for i in keep)
-    sub = cluster.model_copy(
-        update={
-            "workers": [cluster.workers[i] for i in keep],
-            "time_scale": cluster.time_scale * fastest / kept_fastest,
-        }
-    )
-
-    def pick(values: list) -> list:
-        return [values[i] for i in keep] if values else []
-
-    sub_plan = plan.model_copy(
-        update={
-            "local_batches": pick(plan.local_batches),
-            "speeds": pick(plan.speeds),
-            "latency_s": pick(plan.latency_s),
-            "per_sample_s": pick(plan.per_sample_s),
-            "caps": pick(plan.caps),
-        }
-    )
-    renumber = {old: new for new, old in enumerate(keep)}
-    moved = [(renumber[r], s, f) for r, s, f in stragglers if r in renumber]
-    return sub, sub_plan, moved
-
-
 def replan_without(
     cluster: ClusterSpec, plan: Plan, lost: dict[str, str], train: TrainConfig
 ) -> Plan:
     """`plan` over `cluster` with the workers `lost` names (name -> why) left out, and
     `train.global_batch` shared anew by the others (pure): at batch 0, the lost workers join
-    `dropped` (so `launched` leaves them out and renumbers the rest) and `excluded` with why.
+    `dropped` (so `RankMap.launched` leaves them out and renumbers the rest) and `excluded`
+    with why.
     The others' shares: equal under the 'equal' schedule; balanced on the plan's step model
     where it has one (`balance_with_exclusion`, which may leave more at batch 0, each in
     `excluded`); else in the ratio of their shares in `plan` (a share of 0 counts as 1). A

@@ -276,16 +276,6 @@ def _unique_in_order(values: np.ndarray) -> list[int]:
     return [int(v) for v in values[np.sort(first)]]
 
 
-def window_indices(
-    stream: Stream, step: int, n_steps: int, plan: Sequence[int], rank: int
-) -> np.ndarray:
-    """The sample indices rank `rank` reads at steps [step, step + n_steps), in order."""
-    a, b = rank_slices(plan)[rank]
-    if n_steps <= 0 or b == a:
-        return np.empty(0, dtype=np.int64)
-    return np.concatenate([stream.step_indices(t, plan, rank) for t in range(step, step + n_steps)])
-
-
 def shard_schedule(
     stream: Stream, step: int, n_steps: int, plan: Sequence[int], rank: int
 ) -> list[list[int]]:

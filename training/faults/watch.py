@@ -1,7 +1,7 @@
 """What the launcher sees of a torchrun job's ranks while it runs, and what it does about it.
 
 Each rank writes its pid at start and a `RankFailure` before it exits on an exception
-(`hetflow.training.faults`, under RUN_DIR/ranks/attempt-A/). The launcher polls them:
+(`hetflow.training.faults.records`, under RUN_DIR/ranks/attempt-A/). The launcher polls them:
 
 - the first 'error' or 'nonfinite' record ends the job at once (`JobWatch.fatal`): an
   exception in a rank's own code is deterministic, and torchrun would only restart it;
@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from hetflow.records import RankFailure
-from hetflow.training.faults import ranks_dir
+from hetflow.training.faults.records import ranks_dir
 
 FATAL = ("error", "nonfinite")
 

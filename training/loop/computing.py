@@ -24,7 +24,7 @@ class ComputingRanks:
     rank that adds nothing.
     Every rank must call `follow` with the same plan at the same step: a new group is a
     collective of every rank (one per set of ranks, kept for the run). Its collectives time out
-    after `timeout_s` (the run's `stall_timeout_s`; `faults.bound_collectives` bounds only the
+    after `timeout_s` (the run's `stall_timeout_s`; `faults.guard.bound_collectives` bounds only the
     groups that exist when the loop starts).
 
     Before a left-out rank computes again, before rank 0 evaluates or checkpoints while it is

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetflow.infra.datasets import DatasetError, Manifest, ShardInfo
-from hetflow.training.partition import SampleIndex
+from hetflow.infra.data.format import DatasetError, Manifest, ShardInfo
+from hetflow.infra.data.partition import SampleIndex
 
 KINDS = ("tabular", "images", "tokens")
 
@@ -80,10 +80,6 @@ class SplitLayout:
     @property
     def total(self) -> int:
         return self.index.n
-
-    def labels_of(self, idx: np.ndarray) -> np.ndarray:
-        """The label value of each sample index."""
-        return self.classes[self.index.class_of(idx)]
 
 
 def check_context(manifest: Manifest, context: int | None, split: str = "train") -> None:
@@ -152,7 +148,7 @@ def decode_samples(
             )
         x = token_windows(tokens, context)
         return x, np.zeros(len(x), dtype=np.int64)
-    from hetflow.infra.datasets import check_shard, decode_shard
+    from hetflow.infra.data.format import check_shard, decode_shard
 
     if kind_of(manifest) == "images":
         x, y = _decode_images(data, name, tuple(getattr(manifest, "shape", ()) or ()))

@@ -1,10 +1,10 @@
 """A rank's view of the dataset: its share of each step, streamed from S3 through the cache.
 
 Nothing is loaded whole. `open_rank_data(spec)` reads the manifest and opens the host's shard
-cache (bounded, checksum-validated, shared by the host's ranks: infra/cache.py); then
+cache (bounded, checksum-validated, shared by the host's ranks: infra/data/cache.py); then
 
 - `RankReader` hands out one rank's batches step by step, shard by shard, in the shard-local
-  stream order (training/partition.py): it holds in memory only the shards the current step
+  stream order (infra/data/partition.py): it holds in memory only the shards the current step
   needs, and a background reader brings the shards of its next steps through the cache and
   decodes them while the step computes. A rank's memory for data is therefore those shards plus
   `prefetch` decoded shards, whatever the dataset's size; the cache's budget bounds its disk.
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetflow.config import DatasetSpec
-from hetflow.infra.cache import ShardCache
-from hetflow.infra.datasets import DatasetError, Manifest, ShardInfo, check_shards, read_manifest
+from hetflow.infra.data.cache import ShardCache
+from hetflow.infra.data.format import DatasetError, Manifest, ShardInfo, check_shards, read_manifest
+from hetflow.infra.data.partition import PartitionError, ShardSchedule, Stream, check_plan
+from hetflow.infra.data.shards import check_context, decode_samples, empty_samples, split_layout
 from hetflow.infra.paths import default_cache_dir
-from hetflow.training.partition import PartitionError, ShardSchedule, Stream, check_plan
-from hetflow.training.shards import check_context, decode_samples, empty_samples, split_layout
 
 
 @dataclass

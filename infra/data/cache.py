@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetflow.emulation.store import EmulatedStore
-from hetflow.infra.datasets import ChecksumError
-from hetflow.infra.datasets import sha256 as sha256_of
+from hetflow.infra.data.format import ChecksumError
+from hetflow.infra.data.format import sha256 as sha256_of
 from hetflow.infra.s3 import filesystem
 
 __all__ = ["CacheStats", "ChecksumError", "ShardCache"]

@@ -35,12 +35,13 @@ import torch
 import torch.distributed as dist
 
 from hetflow.emulation.emulator import now
+from hetflow.infra.data.reader import RankData
 from hetflow.records import LOCAL_SGD, CompressionMethod, CompressionTrials, MethodTrial
-from hetflow.training.comm import WireCounter, choose_from_trials
-from hetflow.training.data import RankData
+from hetflow.training.comm import WireCounter
 from hetflow.training.devices import MixedPrecision, synchronizer, to_device
-from hetflow.training.job import RunSpec, emulator_for
-from hetflow.training.net import MeanOverCounts, build_net, straggler_factor, train_step
+from hetflow.training.launch.spec import RunSpec, emulator_for
+from hetflow.training.loop.step import MeanOverCounts, build_net, straggler_factor, train_step
+from hetflow.training.plan.compression import choose_from_trials
 from hetflow.training.recipes import Recipe
 
 # A trial's dense warm-up: DDP rebuilds its buckets after the first step, and PowerSGD and

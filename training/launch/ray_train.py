@@ -31,9 +31,10 @@ from pathlib import Path
 from hetflow.config import ClusterSpec, ConfigError
 from hetflow.infra.preflight import ray_problem
 from hetflow.infra.s3 import LOCAL_CREDENTIALS, filesystem
-from hetflow.training.job import RunSpec
-from hetflow.training.planning import launched, launched_ranks, replan_without
-from hetflow.training.scheduler import PlanError
+from hetflow.training.launch.spec import RunSpec
+from hetflow.training.plan.balance import PlanError
+from hetflow.training.plan.planner import replan_without
+from hetflow.training.plan.ranks import RankMap
 
 NODE_LABEL = "hetflow.io/instance-type"
 # How many times Ray Train tries to place a restarted worker group (each for Ray's start
@@ -94,7 +95,7 @@ def rank_main(config: dict) -> None:
     import ray
     import ray.train
 
-    from hetflow.training.node_metrics import node_metrics
+    from hetflow.training.launch.node_metrics import node_metrics
     from hetflow.training.worker import place_rank, serve_rank
 
     spec = RunSpec.model_validate_json(config["spec"])
@@ -127,7 +128,7 @@ def run_workers_ray(
     """
     import ray
 
-    from hetflow.training.launch import LaunchError
+    from hetflow.training.launch.local import LaunchError
 
     connect(ray_address(spec.cluster))
     label_selectors(spec.cluster, ray.nodes())  # a one-line error before anything is placed
@@ -225,13 +226,14 @@ def unplaceable(cluster: ClusterSpec, nodes: list[dict], use_gpu: bool) -> dict[
 
 def go_on_without(spec: RunSpec, lost: dict[str, str]) -> RunSpec:
     """`spec` as the run goes on without the workers `lost` names (name -> why): the global
-    batch shared anew by the others (`planning.replan_without`), their ranks removed and the
-    rest renumbered (`planning.launched`, stragglers too), their precisions and injected
+    batch shared anew by the others (`planner.replan_without`), their ranks removed and the
+    rest renumbered (`RankMap.launched`, stragglers too), their precisions and injected
     faults dropped, and `left_out` naming them with why. The run resumes from the last
-    checkpoint (`loop_state.narrowed`). Said on stdout; a PlanError when none is left."""
+    checkpoint (`state.narrowed`). Said on stdout; a PlanError when none is left."""
     plan = replan_without(spec.cluster, spec.plan, lost, spec.train)
-    keep = launched_ranks(spec.cluster, plan)
-    cluster, sub_plan, stragglers = launched(spec.cluster, plan, spec.stragglers)
+    ranks = RankMap(spec.cluster, plan)
+    keep = ranks.workers
+    cluster, sub_plan, stragglers = ranks.launched(spec.stragglers)
     renumber = {old: new for new, old in enumerate(keep)}
     print(
         f"{spec.run_name}: going on without {', '.join(lost)} ({'; '.join(lost.values())}): "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetflow.records import EvalPoint, PlanChange, StepRecord
-from hetflow.training.rebalancer import narrowed_state
+from hetflow.training.plan.rebalancer import narrowed_state
 
 # Steps of the plan in force kept for `Rebalancer.sudden_change` (it compares a rank's last
 # SUDDEN_STEPS with its median over the rest).

@@ -13,8 +13,8 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.infra.s3 import free_port
 from hetflow.records import Profile, RankFailure
 from hetflow.training.devices import check_devices
-from hetflow.training.job import RunSpec
-from hetflow.training.watch import JobWatch, job_pids, kill_job
+from hetflow.training.faults.watch import JobWatch, job_pids, kill_job
+from hetflow.training.launch.spec import RunSpec
 
 
 class LaunchError(RuntimeError):
@@ -79,7 +79,7 @@ def run_workers(
     Each worker's device and precision are checked on this host first (`check_devices`),
     which also sets the backend: NCCL when every rank has a CUDA device of its own, else gloo.
     Under `cluster.launcher == "ray"` the job runs on Ray Train instead
-    (`ray_launch.run_workers_ray`), its state in the dataset's bucket.
+    (`ray_train.run_workers_ray`), its state in the dataset's bucket.
 
     torchrun restarts the workers up to `max_restarts` times when one dies or stalls; they
     resume from the last checkpoint. A rank that raises ends the job at once (`RankFailed`).
@@ -91,7 +91,7 @@ def run_workers(
         update={"backend": placement.backend, "precisions": placement.precisions}
     )
     if spec.cluster.launcher == "ray":
-        from hetflow.training.ray_launch import run_workers_ray, with_shared_state
+        from hetflow.training.launch.ray_train import run_workers_ray, with_shared_state
 
         return run_workers_ray(with_shared_state(spec), timeout_s, max_restarts)
     run_dir = Path(spec.run_dir)

@@ -76,7 +76,7 @@ class RunSpec(BaseModel):
     def _plan_fits(self) -> RunSpec:
         if self.mode == "train" and self.plan is None:
             raise ValueError(
-                "plan: a training run needs a plan (hetflow.training.planning.make_plan)"
+                "plan: a training run needs a plan (hetflow.training.plan.planner.make_plan)"
             )
         if self.plan is not None and len(self.plan.local_batches) != self.cluster.world_size:
             raise ValueError(
@@ -126,7 +126,7 @@ def default_profile_batches(global_batch: int, world: int) -> list[int]:
     """The powers of two a profile times a step at: from the largest at most a quarter of an
     equal share (global_batch / (4 x world), at least 1; an eighth of the top one at most) to
     the largest at most the global batch and 64. The planner extrapolates a worker's step
-    below the smallest of them, and trusts it less there (`scheduler.exclude_slow`), so they
+    below the smallest of them, and trusts it less there (`balance.exclude_slow`), so they
     reach down to the shares a slow worker gets; above 64 a step is as affine as at 64 and
     costs the probe more (pure).
 

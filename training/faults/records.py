@@ -1,0 +1,92 @@
+"""What a rank leaves behind when something goes wrong, for the launcher to read.
+
+A rank writes, under RUN_DIR/ranks/attempt-A/ (A: torchrun's restart count), where the launcher
+reads them (`hetflow.training.faults.watch`)::
+
+    rank1.pid             its process id, at start
+    rank1.failure.json    a `RankFailure`, when it exits on an exception
+
+The first 'error' or 'nonfinite' record ends the job at once: an exception in the rank's own
+code is deterministic and not worth torchrun's restarts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from pathlib import Path
+
+import torch.distributed as dist
+
+from hetflow.records import FailureKind, RankFailure
+
+# Until the training loop starts (rendezvous, data, the model's broadcast), a collective may
+# wait this long: ranks load their shards at different speeds. In the loop: the stall timeout.
+STARTUP_TIMEOUT_S = 300.0
+# Exit status of a rank that checkpointed on SIGTERM: non-zero, so that torchrun restarts.
+PREEMPTED_EXIT = 143
+TRACEBACK_LINES = 8
+
+STEP: dict[str, int | None] = {"now": None}  # the step this process's loop is in
+
+
+def attempt() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def ranks_dir(run_dir: str | Path, attempt_no: int | None = None) -> Path:
+    """RUN_DIR/ranks, or the folder of one attempt in it."""
+    base = Path(run_dir) / "ranks"
+    return base if attempt_no is None else base / f"attempt-{attempt_no}"
+
+
+def write_pid(run_dir: str | Path, rank: int) -> None:
+    folder = ranks_dir(run_dir, attempt())
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"rank{rank}.pid").write_text(str(os.getpid()))
+
+
+def failure_kind(exc: BaseException) -> FailureKind:
+    """'peer_lost' or 'timed_out' for a collective that failed because of another rank (gloo
+    raises a plain RuntimeError naming its transport), 'nonfinite', else 'error'."""
+    if isinstance(exc, NonFiniteGradient):
+        return "nonfinite"
+    text = str(exc)
+    if isinstance(exc, dist.DistError) or "gloo/transport" in text:
+        return "timed_out" if "Timed out" in text or "timed out" in text else "peer_lost"
+    return "error"
+
+
+def write_failure(run_dir: str | Path, rank: int, exc: BaseException) -> RankFailure:
+    """Record why this rank stops (written whole: a temporary name, then renamed)."""
+    lines = traceback.format_exception(exc)
+    tail = "".join(lines[:-1]).rstrip().splitlines()[-TRACEBACK_LINES:]
+    failure = RankFailure(
+        rank=rank,
+        attempt=attempt(),
+        kind=failure_kind(exc),
+        step=STEP["now"],
+        exception=type(exc).__name__,
+        message=str(exc).strip().splitlines()[0][:500] if str(exc).strip() else "",
+        traceback=tail,
+        time=time.time(),
+    )
+    folder = ranks_dir(run_dir, failure.attempt)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".rank{rank}.failure.tmp"
+    tmp.write_text(failure.model_dump_json())
+    tmp.replace(folder / f"rank{rank}.failure.json")
+    return failure
+
+
+class Preempted(Exception):
+    """Every rank checkpointed at `step` after a SIGTERM: exit for torchrun's restart."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"preempted (SIGTERM): checkpointed at step {step}")
+        self.step = step
+
+
+class NonFiniteGradient(RuntimeError):
+    """The all-reduced gradient holds NaN or Inf (`nonfinite='fail'`)."""
