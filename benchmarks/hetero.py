@@ -28,7 +28,7 @@ because the host's own all-reduce cost among processes that outnumber its cores 
 host, not to the plan. One run's efficiencies move from run to run: compare variants within one
 run, or take `--repeat 3`, which runs the variants round by round and reports each one's median
 run, with every run's efficiency beside it. Figures, and why `ideal_samples_per_s` reads a few
-percent low: docs/measurements.md, "Heterogeneity scheduler".
+percent low: docs/measurements/scheduler.md.
 
 Variants side by side in one invocation: `--launcher ray` runs each also on Ray Train
 (`VARIANT@ray`; on a local cluster of one node per worker, or `--ray-address`), with the runs'

@@ -40,7 +40,7 @@ def at_run_pace(efficiency: float, errors: list[float | None]) -> dict:
 
     The ideal is planned from the profile, measured seconds to minutes before the run; the host
     (2 shared cores here) computes the same batch up to 31% faster or slower from one moment to
-    the next (docs/measurements.md, "The host's own costs"), and every emulated worker moves with
+    the next (docs/measurements/host.md), and every emulated worker moves with
     it. `host_pace` is the median rank's measured over predicted compute (`errors`, from
     `compute_model_error`): how much slower than profiled this host ran during the run, whatever
     the plan. Scaling every worker's a_i and c_i by it scales the balanced step by it and keeps

@@ -20,7 +20,7 @@ Two figures that bound `hetflow bench hetero` and `hetflow demo` on a small CPU 
   step moves between passes (what a profile measured and what training then runs at), and
   how far it lies from a line through the batches (a step is not affine in its batch).
 
-Figures: docs/measurements.md, "The host's own costs".
+Figures: docs/measurements/host.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ raising `RankFailed` with every process gone (4 emulated ranks, rank 3 raises at
 
     python benchmarks/rank_failure.py
 
-Figures: docs/measurements.md, "A rank that raises".
+Figures: docs/measurements/faults.md, "A rank that raises".
 """
 
 from __future__ import annotations

@@ -40,13 +40,13 @@ class SharedCosts:
     Emulated workers differ by their slowdown alone: at the same batch they do the same work,
     so the host's cost of it is one figure for all of them. Measured per process, it is not:
     the same step's least CPU time moved by 20-30% between processes and over seconds (which
-    part of the host moves it is not pinned down; docs/measurements.md, "Emulation"), so two
+    part of the host moves it is not pinned down; docs/measurements/emulation.md), so two
     workers of one speed read 8% apart in a profile and a balanced plan computed unevenly.
     Shared, the noise that is left moves every worker alike, which a plan in proportion to
     speed does not feel. Each rank appends its phases to one small file per key under `folder`
     (one 12-byte write with O_APPEND, so concurrent ranks do not interleave) and reads the
     file's tail through the same descriptor: no lock, no server; `add` took 13 us here (against
-    a step of 50 ms or more: docs/measurements.md, "Emulation"). Written for the emulator:
+    a step of 50 ms or more: docs/measurements/emulation.md). Written for the emulator:
     torch.distributed has no host-local shared table, and a collective per step would add a
     synchronization that a real device does not have.
 

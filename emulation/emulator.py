@@ -24,7 +24,7 @@ class Emulator:
     included. The host's step-to-step CPU noise would otherwise be multiplied by the slowdown,
     making the emulated device noisy as well as slow, where a real accelerator repeats a step's
     time within a few percent; interference only ever adds time, so the least recent time is
-    the estimate nearest the work itself (figures: docs/measurements.md, "Emulation"). A lasting
+    the estimate nearest the work itself (figures: docs/measurements/emulation.md). A lasting
     rise of the host's cost shows after `SMOOTH_PHASES` phases; a straggler's factor changes
     `slowdown` itself. With `costs` (a `SharedCosts` of the job's ranks on this host) the
     key's recent CPU times are every rank's, not this process's alone: workers differ by

@@ -34,7 +34,7 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
 
     One filesystem (one S3 client) per process, protocol and AWS_* environment (endpoint,
     credentials, retry settings): a new client per read costs more than the read itself
-    (docs/measurements.md, "S3"), and a changed endpoint or credentials (tests,
+    (docs/measurements/data.md, "S3 clients"), and a changed endpoint or credentials (tests,
     `local_s3_endpoint`, a proxy) gets a client of its own. Listings are
     not cached, so an object another writer put or removed is seen at once.
     """

@@ -128,7 +128,7 @@ def test_a_static_plan_launches_without_the_worker_it_leaves_out(
 def _gpu_and_cpus(cpu_batches: list[int]):
     """A GPU (7 ms a step, almost flat in the batch) beside three CPU workers (2 ms + 6.5 ms a
     sample), each measured at `cpu_batches`: the shape of the H100 + 3 CPU run of the small gpt
-    in docs/measurements.md, whose plan was [125, 1, 1, 1]."""
+    in docs/measurements/gpu.md, whose plan was [125, 1, 1, 1]."""
     gpu = rank_profile(0, 3700.0, fit_latency_s=0.007, fit_s_per_sample=4e-5)
     cpus = [
         rank_profile(r, 150.0, fit_latency_s=0.002, fit_s_per_sample=0.0065) for r in range(1, 4)
@@ -248,7 +248,7 @@ def _emulated_cpus(speeds: list[float], measured: list[int]):
 
 
 def test_the_default_profile_batches_reach_the_shares_slow_workers_get():
-    """The small gpt of docs/measurements.md at a global batch of 32 on speeds 1,1,2,4: timed
+    """The small gpt (docs/measurements/recipes.md), global batch 32, speeds 1,1,2,4: timed
     from batch 8 only, the slow pair's step at 8 (210 ms) passes what the others take without
     them, so the static plan left out two workers that the re-balancer then brought back; timed
     where the profile now starts at that batch (2), both stay, sharing a 105 ms step."""

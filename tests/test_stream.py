@@ -191,7 +191,7 @@ def _index_peak_bytes(manifest: Manifest, steps: list[int], batch: int = 512) ->
 def test_the_sample_index_does_not_grow_with_the_number_of_samples():
     """A rank's index and epoch orders are O(shards x classes) plus the within-block
     permutations of the blocks in use (4 bytes per sample of a block's class): for 303,104
-    samples (as in docs/measurements.md) under 1 MB, where a table per sample and an epoch's
+    samples (as in docs/measurements/data.md) under 1 MB, where a table per sample and an epoch's
     order cost 16 bytes a sample kept (4.8 MB) and 11.7 MB at the peak; ten times the samples in
     ten times the shards stay under 2 MB (112 MB before)."""
     _index_peak_bytes(_sorted_labels_manifest(8, 64), list(range(20)))  # imports, first calls

@@ -1,5 +1,5 @@
 """From the ranks' step records to the run's figures (pure), under the one name each figure has in
-MLflow, the README and benchmark JSON (docs/architecture.md, "Names").
+MLflow, the docs and benchmark JSON (docs/metrics.md).
 
 busy_fraction is compute time over training time, per rank (`rank{r}/busy_fraction`) and over
 all ranks (`busy_fraction`); the rest is communication, waiting for the slowest rank (idle) and

@@ -33,7 +33,7 @@ def topk_density(
     Deep Gradient Compression (Lin et al., 2018) warms up by sending 25%, then 6.25%, 1.56%, ...
     (a quarter less each stage) before the final ratio: sending `ratio` from the first
     compressed step leaves most of the early, large gradients in the residuals, and costs
-    accuracy (measured: docs/measurements.md). `stage_steps` 0: no stages.
+    accuracy (measured: docs/measurements/comm.md). `stage_steps` 0: no stages.
     """
     if stage_steps <= 0:
         return ratio
@@ -242,7 +242,7 @@ def topk_hook(state, bucket):  # (TopKState, GradBucket) -> Future; unannotated:
     Without it, plain error feedback on gradients. DGC's momentum factor masking (clearing u
     where it sent) is left out: it drops momentum at exactly the entries sent, so that at a
     density of 1 the method would be SGD without momentum, and it cost accuracy (measured:
-    docs/measurements.md). After the dense warm-up the density follows `topk_density`.
+    docs/measurements/comm.md). After the dense warm-up the density follows `topk_density`.
     Works in place on per-bucket buffers kept across steps: allocating and faulting in fresh
     bucket-sized tensors every step costs more than the selection.
     """

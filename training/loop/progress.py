@@ -14,7 +14,7 @@ class ProgressFile:
 
     The launcher polls it for the Prefect progress artifact and a restart reads it to count the
     steps redone. A pwrite in place, not a write to a temporary file and a rename, because it
-    runs every step inside the training loop (measured: docs/measurements.md). The file holds
+    runs every step inside the training loop (measured: docs/measurements/loop.md). The file holds
     `start` from the moment it is opened, so a restart never finds it empty.
     """
 

@@ -12,7 +12,7 @@ from hetflow.training.plan.rebalancer import narrowed_state
 # SUDDEN_STEPS with its median over the rest).
 SUDDEN_ROWS = 12
 # Steps that run new batch shapes, at the start and after each re-plan, pay one-off costs (the
-# allocator, kernel choice) well above the settled time (measured: docs/measurements.md). The
+# allocator, kernel choice) well above the settled time (docs/measurements/emulation.md). The
 # re-balancer does not see them, or it takes the first settled steps for a sudden speed-up.
 SETTLE_STEPS = 2
 

@@ -23,7 +23,7 @@ class SharedStepTimes:
     The dynamic schedule shares every step (`every=1`), so that a sudden change of speed is
     acted on within a few steps (`Rebalancer.sudden_change`); the others every K steps, because
     a collective per step slows short steps on a shared host (`benchmarks/step_sharing.py`;
-    measured: docs/measurements.md). torch has no per-step sharing of metrics.
+    measured: docs/measurements/loop.md). torch has no per-step sharing of metrics.
 
     Every rank must post and collect the same steps with the same `flush`, in the same order:
     each send is a collective.

@@ -27,13 +27,13 @@ COMPUTE_BUDGET_S = 2.0  # wall time of the compute probe (every rank alike)
 # SMOOTH_PHASES steps at that size: as many rounds as that, and the probe's best round is the
 # same statistic as a settled training step (the least of SMOOTH_PHASES, not of fewer).
 # How far training's step still lies from the profile: `compute_model_error` of
-# `hetflow bench hetero` (measured: docs/measurements.md).
+# `hetflow bench hetero` (measured: docs/measurements/emulation.md).
 COMPUTE_MIN_ROUNDS = SMOOTH_PHASES
 COMPUTE_MAX_ROUNDS = 15
 # Every timed step starts at least this long after the previous one finished computing (an
 # emulated worker's dilation pause counts). In training a worker computes after the all-reduce
 # and the wait for the others, and caches cool in that pause; without it the fastest worker
-# (short pauses) would look faster than it trains (measured: docs/measurements.md).
+# (short pauses) would look faster than it trains (measured: docs/measurements/emulation.md).
 COMPUTE_PAUSE_S = 0.08
 
 
@@ -126,7 +126,7 @@ def probe_compute(
     times, rounds = _timed_rounds(timed_step, sizes, budget_s)
     # Interference on a shared host only ever adds time (a core taken, caches thrashed), so the
     # best of the rounds is the estimate nearest the worker's own speed; the median let one
-    # burst of load spoil a slow worker's few rounds (measured: docs/measurements.md).
+    # burst of load spoil a slow worker's few rounds (measured: docs/measurements/emulation.md).
     best = [min(times[b]) for b in sizes]
     intercept, slope, dropped = robust_affine(sizes, best)
     if slope <= 0:  # a flat or noisy curve: fall back to the largest batch's throughput

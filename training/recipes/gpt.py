@@ -101,7 +101,7 @@ class GPT(Recipe):
 
     kind = "tokens"
     # AdamW as nanoGPT trains (its small character-level model: lr 1e-3); SGD with momentum
-    # makes this model's loss spike (docs/measurements.md, "The default gpt ... on bench comm").
+    # makes this model's loss spike (docs/measurements/recipes.md, "The default gpt ... comm").
     optimizer, lr, weight_decay = "adamw", 1e-3, 0.1
 
     def __init__(
