@@ -4,7 +4,7 @@
     hetflow bench data --train --s3-latency-ms 80   # inside training runs (data_train.py)
 
 One invocation, one synthetic dataset in S3 (moto on loopback unless AWS_ENDPOINT_URL is set),
-one rank of a plan (default rank 0 of 32,32,64) read with `training.data.RankReader` in the
+one rank of a plan (default rank 0 of 32,32,64) read with `infra.data.reader.RankReader` in the
 shard-local stream order. A training-like loop per variant: each step waits for the rank's
 samples, then "computes" for a fixed time (sleep, so that a background reader can overlap it).
 Variants, each with a cold cache directory of its own:

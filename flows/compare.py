@@ -25,9 +25,8 @@ from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.report import comparison, headline, markdown, summary
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.data import ingest_dataset
-from hetflow.tasks.preflight import reach_services
+from hetflow.tasks.preflight import check_training, reach_services
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
-from hetflow.tasks.recipe import check_train_devices, check_train_recipe
 from hetflow.tasks.train import launched_labels, train_variant
 
 VARIANTS = ("baseline", "optimized")
@@ -41,8 +40,7 @@ def compare(
     tracking: TrackingConfig = TrackingConfig(),
 ) -> dict:
     check_job(cluster, train)
-    check_train_recipe(train)
-    check_train_devices(cluster, train)
+    check_training(train, cluster)
     knobs = train.model_dump(exclude={"schedule", "compression"})
     configs = {v: TrainConfig.variant(v, **knobs) for v in VARIANTS}
     for cfg in configs.values():  # the variant's own knobs: 'auto' may try local SGD
@@ -52,7 +50,7 @@ def compare(
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         manifest = ingest_dataset(dataset)
-        check_train_recipe(train, manifest)
+        check_training(train, manifest=manifest)
         epoch_samples = manifest.splits["train"].samples
         profile = profile_workers(cluster, dataset, train)
         tracker = MLflowTracker(tracking)

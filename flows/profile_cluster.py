@@ -27,7 +27,7 @@ from hetflow.infra.catalog import cost_usd
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.records import Profile
 from hetflow.tasks.data import ingest_dataset
-from hetflow.tasks.preflight import reach_services
+from hetflow.tasks.preflight import check_training, reach_services
 from hetflow.tasks.profile import (
     profile_history,
     profile_stamp,
@@ -38,7 +38,6 @@ from hetflow.tasks.profile import (
     speed_drift,
     store_profile,
 )
-from hetflow.tasks.recipe import check_train_devices, check_train_recipe
 
 
 def profile_report(profile: Profile, cluster: ClusterSpec) -> dict:
@@ -146,14 +145,13 @@ def profile_cluster(
     (`profile_report`) beside the fields.
     """
     check_job(cluster, train)
-    check_train_recipe(train)
-    check_train_devices(cluster, train)
+    check_training(train, cluster)
     if not drift_threshold > 0:
         raise ConfigError(f"drift_threshold: must be > 0 (got {drift_threshold})")
     reach_services(dataset, tracking if record else None)
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)
-        check_train_recipe(train, ingest_dataset(dataset))
+        check_training(train, manifest=ingest_dataset(dataset))
         profile = profile_workers(cluster, dataset, train)
         profile.created_at = profile_stamp()
         profile.cluster_spec = cluster.model_dump(mode="json")

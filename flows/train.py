@@ -14,9 +14,8 @@ from hetflow.config import (
 )
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset
-from hetflow.tasks.preflight import reach_services
+from hetflow.tasks.preflight import check_training, reach_services
 from hetflow.tasks.profile import profile_workers, resolve_instance_types
-from hetflow.tasks.recipe import check_train_devices, check_train_recipe
 from hetflow.tasks.train import train_variant
 
 PRESETS = ("baseline", "optimized")
@@ -48,14 +47,13 @@ def train(
     Returns {"run_id": the MLflow run, "metrics": the run's figures}.
     """
     check_job(cluster, train)
-    check_train_recipe(train)
-    check_train_devices(cluster, train)
+    check_training(train, cluster)
     label = variant or run_label(train)
     reach_services(dataset, tracking)  # before anything is written: one line if a service is dead
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         manifest = ingest_dataset(dataset)
-        check_train_recipe(train, manifest)
+        check_training(train, manifest=manifest)
         epoch_samples = manifest.splits["train"].samples
         profile = profile_workers(cluster, dataset, train)
         outcome = train_variant(

@@ -23,9 +23,9 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
     RECIPE_NOTES,
     RECIPE_PATTERN,
     ConfigError,
-    _finite_positive,
-    _Model,
+    ConfigModel,
     describe_validation_error,
+    finite_positive,
     load_mapping,
     parse_speeds,
     validated,
@@ -38,7 +38,7 @@ from hetflow.records import LOCAL_SGD, CompressionMethod
 AUTO_CANDIDATES = ("none", "fp16", "bf16", "powersgd:4")
 
 
-class WorkerSpec(_Model):
+class WorkerSpec(ConfigModel):
     """One worker of the cluster: a cloud instance, or one emulated on this machine."""
 
     name: str = Field(title="Name", description="Unique worker name, e.g. 'w0' or 'g5-a'.")
@@ -77,15 +77,15 @@ class WorkerSpec(_Model):
     @field_validator("speed")
     @classmethod
     def _speed(cls, v: float) -> float:
-        return _finite_positive("speed", v)
+        return finite_positive("speed", v)
 
     @field_validator("link_gbps")
     @classmethod
     def _link(cls, v: float | None) -> float | None:
-        return _finite_positive("link_gbps", v)
+        return finite_positive("link_gbps", v)
 
 
-class ClusterSpec(_Model):
+class ClusterSpec(ConfigModel):
     """The workers of one job, and how this machine emulates them."""
 
     name: str = Field("local", title="Cluster name")
@@ -163,7 +163,7 @@ class ClusterSpec(_Model):
         return cls.model_validate(load_mapping(path))
 
 
-class TrainConfig(_Model):
+class TrainConfig(ConfigModel):
     """What to train and how the batch is shared: the same for every variant but the knobs."""
 
     recipe: str = Field(
@@ -171,8 +171,8 @@ class TrainConfig(_Model):
         title="Recipe",
         description="The model and loss: a built-in ("
         + "; ".join(f"'{k}': {v}" for k, v in RECIPE_NOTES.items())
-        + ") or the import path 'package.module:Name' of your own Recipe class (README, "
-        "'Your own recipe').",
+        + ") or the import path 'package.module:Name' of your own Recipe class "
+        "(docs/recipes.md).",
         pattern=RECIPE_PATTERN,
         json_schema_extra={"examples": list(BUILTIN_RECIPES)},
     )

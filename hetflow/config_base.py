@@ -29,11 +29,15 @@ def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
     return lines[0] if len(lines) == 1 else "; ".join(lines)
 
 
-class _Model(BaseModel):
+class ConfigModel(BaseModel):
+    """The base of every config model: an unknown field is an error, and so is an assignment
+    that breaks a field's rule."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def _finite_positive(name: str, v: float | None) -> float | None:
+def finite_positive(name: str, v: float | None) -> float | None:
+    """`v` if it is None or a finite number > 0; else a ValueError naming `name`."""
     if v is not None and (not math.isfinite(v) or v <= 0):
         raise ValueError(f"{name} must be a finite number > 0")
     return v

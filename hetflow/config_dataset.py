@@ -9,12 +9,12 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from hetflow.config_base import _Model
+from hetflow.config_base import ConfigModel
 
 _URL = re.compile(r"^(s3|memory)://[^/].*$|^file://.+$")
 
 
-class DatasetSpec(_Model):
+class DatasetSpec(ConfigModel):
     """Where a dataset lives (shards + manifest) and how workers read it."""
 
     source: Literal["digits", "synthetic", "stdlib", "text", "parquet", "images", "existing"] = (
@@ -75,7 +75,7 @@ class DatasetSpec(_Model):
         return v.rstrip("/")
 
 
-class TrackingConfig(_Model):
+class TrackingConfig(ConfigModel):
     """Where runs are recorded. Empty fields defer to MLFLOW_* variables, then local defaults."""
 
     tracking_uri: str | None = Field(

@@ -11,7 +11,7 @@ from hetflow.config import ConfigError, TrainConfig
 from hetflow.training.comm import ring_allreduce_bytes
 
 from benchmarks.comm import main, parse_methods
-from benchmarks.comm_figures import combine_repeats, method_metrics, paired_cuts
+from benchmarks.comm.figures import combine_repeats, method_metrics, paired_cuts
 
 KEYS = {
     "bytes_per_step",

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from hetflow.config import ConfigError
 
 from benchmarks.hetero import main, median_run, with_time_to_target
-from benchmarks.hetero_model import at_run_pace, compute_model_error
+from benchmarks.hetero.model import at_run_pace, compute_model_error
 
 
 def test_compute_model_error_compares_measured_compute_with_the_plans_model():

@@ -202,16 +202,23 @@ def test_a_run_going_on_without_lost_workers_keeps_the_global_batch_and_says_who
 
 
 def test_a_checkpoint_resumes_on_fewer_workers_each_keeping_its_own_records():
-    from hetflow.training.loop.state import LoopState, narrowed
+    from hetflow.records import StepRecord
+    from hetflow.training.loop.state import Checkpoint, LoopState
+
+    def rec(step_s: float) -> dict:
+        fields = {"data_s": 0.0, "wait_s": 0.0, "loss_sum": 1.0, "bytes_sent": 0.0}
+        return StepRecord(step=8, batch=1, compute_s=step_s, step_s=step_s, **fields).model_dump()
 
     saved = {
         "step": 9,
         "workers": ["a", "b", "c"],
+        "model": {},
+        "optimizer": {},
         "plan": [16, 8, 24],
         "plans": [{"step": 0, "plan": [16, 8, 24]}],
         "evals": [],
         "train_time": 1.0,
-        "records": [["ra"], ["rb"], ["rc"]],
+        "records": [[rec(0.1)], [rec(0.2)], [rec(0.3)]],
         "rebalancer": {
             "per_sample_s": [1.0, 2.0, 3.0],
             "points": [[(16, 0.1)], [(8, 0.2)], [(24, 0.3)]],
@@ -223,15 +230,19 @@ def test_a_checkpoint_resumes_on_fewer_workers_each_keeping_its_own_records():
             "errors": [0.1],
         },
     }
-    out = narrowed(saved, ["a", "c"], [19, 29])
-    assert out["records"] == [["ra"], ["rc"]] and out["plan"] == [19, 29]
-    assert out["plans"][-1] == {"step": 9, "plan": [19, 29]}
-    reb = out["rebalancer"]
+    ckpt = Checkpoint.from_dict(saved, ["a", "b", "c"])
+    out = ckpt.narrowed(["a", "c"], [19, 29])
+    assert [r[0].step_s for r in out.records] == [0.1, 0.3] and out.plan == [19, 29]
+    assert out.plans[-1].model_dump() == {"step": 9, "plan": [19, 29]}
+    reb = out.rebalancer
     assert reb["per_sample_s"] == [1.0, 3.0] and reb["latest"] == [16, 24]
     assert reb["rejected"] == [] and reb["revert_to"] is None and reb["errors"] == [0.1]
-    assert LoopState(plan=out["plan"], plans=[]).plan == [19, 29]
+    state = LoopState.from_checkpoint(out, 1)
+    assert state.plan == [19, 29] and state.start == 9 and state.records[0].step_s == 0.3
+    again = Checkpoint.from_dict(out.to_dict(), [])  # what the store saves reads back alike
+    assert again == out
     with pytest.raises(ValueError, match=r"workers \['d'\] were not in the run"):
-        narrowed(saved, ["a", "d"], [24, 24])
+        ckpt.narrowed(["a", "d"], [24, 24])
 
 
 def _emulated_cpus(speeds: list[float], measured: list[int]):

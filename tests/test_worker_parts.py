@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from hetflow.records import EvalPoint, PlanChange, Recovery, StepRecord
 from hetflow.training.loop.progress import ProgressFile, note_recovery
-from hetflow.training.loop.state import SETTLE_STEPS, SUDDEN_ROWS, LoopState
+from hetflow.training.loop.state import SETTLE_STEPS, SUDDEN_ROWS, Checkpoint, LoopState
 from hetflow.training.loop.step import straggler_factor
 from hetflow.training.loop.step_times import SharedStepTimes, column_means
 
@@ -69,20 +69,31 @@ def test_loop_state_comes_back_from_a_checkpoint_as_it_was_saved():
     state.evals.append(EvalPoint(step=5, train_time_s=1.25, accuracy=0.5))
     state.records.extend(_rec(s) for s in range(6))
     state.train_time_s = 1.5
-    other_rank = [_rec(s, compute_s=0.04).model_dump() for s in range(6)]
-    saved = {
-        "step": 6,
-        **state.saved(),
-        "records": [[r.model_dump() for r in state.records], other_rank],
-    }
+    other_rank = [_rec(s, compute_s=0.04) for s in range(6)]
+    ckpt = Checkpoint(
+        step=6,
+        workers=["w0", "w1"],
+        model={"w": torch.ones(2)},
+        optimizer={},
+        plan=state.plan,
+        plans=state.plans,
+        evals=state.evals,
+        train_time_s=state.train_time_s,
+        rebalancer={},
+        comm=None,
+        trials=None,
+        scaler={},
+        records=[state.records, other_rank],
+    )
     buf = io.BytesIO()
-    torch.save(saved, buf)  # as CheckpointStore does: plain dicts and lists inside
-    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
+    torch.save(ckpt.to_dict(), buf)  # as CheckpointStore does: plain dicts and lists inside
+    loaded = Checkpoint.from_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True), [])
 
     again = LoopState.from_checkpoint(loaded, rank=0)
     assert (again.plan, again.plans, again.evals) == (state.plan, state.plans, state.evals)
     assert again.records == state.records and again.train_time_s == 1.5 and again.start == 6
     assert LoopState.from_checkpoint(loaded, rank=1).records[0].compute_s == 0.04
+    assert loaded.workers == ["w0", "w1"] and loaded.model["w"].tolist() == [1.0, 1.0]
 
 
 def test_step_times_go_out_every_k_posts_and_the_newest_gather_stays_in_flight(tmp_path):

@@ -41,6 +41,7 @@ from hetflow.training.faults.records import (
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.training_loop import train
 from hetflow.training.probes import profile
+from hetflow.training.rank import RankContext
 from hetflow.training.recipes import recipe_of
 
 
@@ -157,11 +158,12 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
         start_rss = peak_rss_bytes()  # the process's fixed part: torch, the process group
         # reads no shard: each rank streams its own (token windows of the recipe's context)
         data = open_rank_data(spec.dataset, context=recipe_of(spec.train).context)
+        ctx = RankContext(spec, rank, world, data, amp, counter)
         if spec.mode == "train":
-            mine, weights = train(spec, data, rank, world, counter, amp)
+            mine, weights = train(ctx)
             mine.start_rss_bytes = start_rss
         else:
-            mine = profile(spec, data, rank, world, counter, amp).model_dump(mode="json")
+            mine = profile(ctx).model_dump(mode="json")
             weights = None
         data.close()
         gathered: list = [None] * world

@@ -3,9 +3,9 @@ records and evaluations, and the rows of compute times the re-balancer is fed fr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from hetflow.records import EvalPoint, PlanChange, StepRecord
+from hetflow.records import CompressionTrials, EvalPoint, PlanChange, StepRecord
 from hetflow.training.plan.rebalancer import narrowed_state
 
 # Steps of the plan in force kept for `Rebalancer.sudden_change` (it compares a rank's last
@@ -25,7 +25,7 @@ class LoopState:
     `current` and `window` hold rows of compute times (rank by rank) of the steps run on the
     plan in force, its first SETTLE_STEPS left out: since the plan came in or the last sudden
     change (`current`, at most SUDDEN_ROWS), and since the last look at the plan (`window`).
-    A checkpoint keeps all but the rows (`saved`), which start empty on resume.
+    A checkpoint keeps all but the rows (`Checkpoint`), which start empty on resume.
     """
 
     plan: list[int]
@@ -43,25 +43,17 @@ class LoopState:
         return cls(plan=list(plan), plans=[PlanChange(step=0, plan=list(plan))])
 
     @classmethod
-    def from_checkpoint(cls, saved: dict, rank: int) -> LoopState:
-        """The state a checkpoint holds (`saved()` and the gathered records) for `rank`."""
+    def from_checkpoint(cls, ckpt: Checkpoint, rank: int) -> LoopState:
+        """The state `ckpt` holds for `rank`: the plan in force, its history, the evaluations,
+        the training time and this rank's step records; the rows start empty."""
         return cls(
-            plan=saved["plan"],
-            start=saved["step"],
-            train_time_s=saved["train_time"],
-            plans=[PlanChange.model_validate(p) for p in saved["plans"]],
-            evals=[EvalPoint.model_validate(e) for e in saved["evals"]],
-            records=[StepRecord.model_validate(r) for r in saved["records"][rank]],
+            plan=list(ckpt.plan),
+            start=ckpt.step,
+            train_time_s=ckpt.train_time_s,
+            plans=list(ckpt.plans),
+            evals=list(ckpt.evals),
+            records=list(ckpt.records[rank]),
         )
-
-    def saved(self) -> dict:
-        """What a checkpoint keeps of the state, records apart (every rank's, gathered)."""
-        return {
-            "plan": self.plan,
-            "plans": [p.model_dump() for p in self.plans],
-            "evals": [e.model_dump() for e in self.evals],
-            "train_time": self.train_time_s,
-        }
 
     def add_row(self, tag: int, step: int, row: list[float]) -> None:
         """Keep every rank's compute time of `step`, run under plan number `tag` (the length of
@@ -77,30 +69,88 @@ class LoopState:
         self.current = []
 
 
-def narrowed(saved: dict, workers: list[str], plan: list[int]) -> dict:
-    """A checkpoint taken on the workers `saved["workers"]` as resumed on `workers`, some of
-    them in the same order (a run that goes on without the workers of a lost node:
-    `ray_launch`), with `plan`, of the same global batch, in force from its step (pure).
+@dataclass
+class Checkpoint:
+    """What a checkpoint holds after `step` steps on `workers`: the model, optimizer, comm
+    hook, loss scale and re-balancer state (as their `state_dict`s give them, the same on every
+    rank or rank 0's), the loop's plan, plans, evaluations and training time, 'auto''s trials,
+    and every rank's step records. `to_dict` is what `CheckpointStore` saves, `from_dict` reads
+    it back: the one place its keys are written."""
 
-    Model, optimizer, comm hook, scaler, evaluations and trials are the same on every rank (or
-    rank 0's, as a checkpoint keeps them) and are kept whole; each rank's step records and
-    re-balancer figures are its worker's (`narrowed_state`). The data stream needs nothing:
-    step t reads positions [t x B, (t + 1) x B) whatever the plan is, so with B kept every
-    sample is still read once per epoch. A ValueError naming a worker the checkpoint lacks.
-    """
-    old = list(saved["workers"])
-    new = [w for w in workers if w not in old]
-    if new:
-        raise ValueError(
-            f"checkpoint: workers {new} were not in the run it was taken on ({old}); a run "
-            "goes on with fewer workers, never new ones"
+    step: int
+    workers: list[str]
+    model: dict
+    optimizer: dict
+    plan: list[int]
+    plans: list[PlanChange]
+    evals: list[EvalPoint]
+    train_time_s: float
+    rebalancer: dict
+    comm: dict | None
+    trials: CompressionTrials | None
+    scaler: dict
+    records: list[list[StepRecord]]  # rank by rank
+
+    def to_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "workers": list(self.workers),
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "plan": list(self.plan),
+            "plans": [p.model_dump() for p in self.plans],
+            "evals": [e.model_dump() for e in self.evals],
+            "train_time": self.train_time_s,
+            "rebalancer": self.rebalancer,
+            "comm": self.comm,
+            "trials": self.trials.model_dump(mode="json") if self.trials else None,
+            "scaler": self.scaler,
+            "records": [[r.model_dump() for r in rank] for rank in self.records],
+        }
+
+    @classmethod
+    def from_dict(cls, saved: dict, workers: list[str]) -> Checkpoint:
+        """A checkpoint as `to_dict` wrote it; one that names no workers was taken on
+        `workers`."""
+        trials = saved.get("trials")
+        return cls(
+            step=saved["step"],
+            workers=list(saved.get("workers", workers)),
+            model=saved["model"],
+            optimizer=saved["optimizer"],
+            plan=list(saved["plan"]),
+            plans=[PlanChange.model_validate(p) for p in saved["plans"]],
+            evals=[EvalPoint.model_validate(e) for e in saved["evals"]],
+            train_time_s=saved["train_time"],
+            rebalancer=saved["rebalancer"],
+            comm=saved.get("comm"),
+            trials=CompressionTrials.model_validate(trials) if trials else None,
+            scaler=saved.get("scaler", {}),
+            records=[[StepRecord.model_validate(r) for r in rank] for rank in saved["records"]],
         )
-    keep = [old.index(w) for w in workers]
-    return {
-        **saved,
-        "workers": list(workers),
-        "plan": list(plan),
-        "plans": [*saved["plans"], PlanChange(step=saved["step"], plan=list(plan)).model_dump()],
-        "records": [saved["records"][i] for i in keep],
-        "rebalancer": narrowed_state(saved["rebalancer"], keep),
-    }
+
+    def narrowed(self, workers: list[str], plan: list[int]) -> Checkpoint:
+        """This checkpoint as resumed on `workers`, some of its own in the same order (a run
+        that goes on without the workers of a lost node: `ray_train`), with `plan`, of the
+        same global batch, in force from its step (pure).
+
+        Model, optimizer, comm hook, scaler, evaluations and trials are kept whole; each
+        rank's step records and re-balancer figures are its worker's (`narrowed_state`). The
+        data stream needs nothing: step t reads positions [t x B, (t + 1) x B) whatever the
+        plan is, so with B kept every sample is still read once per epoch. A ValueError naming
+        a worker the checkpoint lacks."""
+        new = [w for w in workers if w not in self.workers]
+        if new:
+            raise ValueError(
+                f"checkpoint: workers {new} were not in the run it was taken on "
+                f"({self.workers}); a run goes on with fewer workers, never new ones"
+            )
+        keep = [self.workers.index(w) for w in workers]
+        return replace(
+            self,
+            workers=list(workers),
+            plan=list(plan),
+            plans=[*self.plans, PlanChange(step=self.step, plan=list(plan))],
+            records=[self.records[i] for i in keep],
+            rebalancer=narrowed_state(self.rebalancer, keep),
+        )

@@ -74,35 +74,39 @@ def build_net(
     return Net(model, ddp, opt, hook_state, device)
 
 
-def train_step(
-    net: Net,
-    emu: Emulator,
-    mean: MeanOverCounts,
-    amp,
-    counter,
-    recipe: Recipe,
-    batch,
-    n: int,
-    global_batch: int,
-) -> tuple[torch.Tensor, int, float]:
-    """One step on a batch of `n` samples already on the device: forward, backward and the comm
-    hook up to its last bucket (a compute phase of `emu`, keyed by `n`, which the hook ends),
-    the collectives (each carried by the emulated link where DDP issued it, when one is attached
-    to `counter`, a `WireCounter`) and the optimizer's step through `amp` (`MixedPrecision`).
-    Returns (this rank's summed loss, what it sums over, the bytes `counter` charged since its
-    last `take`)."""
-    emu.start(key=n)
-    with amp.autocast():
-        loss_sum, count = recipe.loss(net.ddp, batch)
-    count = int(count)
-    # DDP averages over ranks: weighted so that the result is the mean over the global
-    # batch's counts (samples, or tokens); times the shared loss scale where one is used
-    mean.backward(loss_sum, count, n, global_batch, amp.scale)
-    mean.correct(net.model)
-    amp.step(net.opt)
-    net.opt.zero_grad(set_to_none=True)
-    nbytes, _ = counter.take()
-    return loss_sum, count, nbytes
+@dataclass
+class Stepper:
+    """One rank's step, on what stays fixed for a run (or one trial): the model (`net`), its
+    emulator, the loss's mean over counts, the precision (`MixedPrecision`), the wire counter
+    (`WireCounter`) and the recipe."""
+
+    net: Net
+    emu: Emulator
+    mean: MeanOverCounts
+    amp: object
+    counter: object
+    recipe: Recipe
+
+    def step(self, batch, n: int, global_batch: int) -> tuple[torch.Tensor, int, float]:
+        """One step on a batch of `n` samples already on the device: forward, backward and the
+        comm hook up to its last bucket (a compute phase of `emu`, keyed by `n`, which the hook
+        ends), the collectives (each carried by the emulated link where DDP issued it, when
+        one is attached to the counter) and the optimizer's step through `amp`. Returns (this
+        rank's summed loss, what it sums over, the bytes the counter charged since its last
+        `take`)."""
+        net, amp = self.net, self.amp
+        self.emu.start(key=n)
+        with amp.autocast():
+            loss_sum, count = self.recipe.loss(net.ddp, batch)
+        count = int(count)
+        # DDP averages over ranks: weighted so that the result is the mean over the global
+        # batch's counts (samples, or tokens); times the shared loss scale where one is used
+        self.mean.backward(loss_sum, count, n, global_batch, amp.scale)
+        self.mean.correct(net.model)
+        amp.step(net.opt)
+        net.opt.zero_grad(set_to_none=True)
+        nbytes, _ = self.counter.take()
+        return loss_sum, count, nbytes
 
 
 def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:

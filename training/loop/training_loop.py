@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from hetflow.emulation.emulator import now
-from hetflow.infra.data.reader import RankData, peak_rss_bytes
+from hetflow.infra.data.reader import peak_rss_bytes
 from hetflow.records import (
     CacheCounts,
     CompressionTrials,
@@ -17,25 +17,26 @@ from hetflow.records import (
     Recovery,
     StepRecord,
 )
-from hetflow.training.comm import WireCounter, comm_state_dict, load_comm_state, new_control_group
-from hetflow.training.devices import MixedPrecision, synchronizer, to_device
+from hetflow.training.comm import comm_state_dict, load_comm_state, new_control_group
+from hetflow.training.devices import synchronizer, to_device
 from hetflow.training.faults.guard import StepGuard
 from hetflow.training.faults.records import Preempted
-from hetflow.training.launch.spec import RunSpec, emulator_for, node_id
+from hetflow.training.launch.spec import emulator_for, node_id
 from hetflow.training.loop.checkpoint import CheckpointStore
 from hetflow.training.loop.computing import ComputingRanks, can_leave, sync_replicas
 from hetflow.training.loop.progress import ProgressFile, note_recovery
-from hetflow.training.loop.state import LoopState, narrowed
+from hetflow.training.loop.state import Checkpoint, LoopState
 from hetflow.training.loop.step import (
     MeanOverCounts,
+    Stepper,
     build_net,
     new_rebalancer,
     straggler_factor,
-    train_step,
 )
 from hetflow.training.loop.step_times import SharedStepTimes, column_means
 from hetflow.training.loop.trials import Trials
 from hetflow.training.plan.rebalancer import SUDDEN_STEPS
+from hetflow.training.rank import RankContext
 from hetflow.training.recipes import evaluate, parameter_count, recipe_of
 
 
@@ -52,18 +53,11 @@ class TrainingLoop:
     alone evaluates, saves checkpoints, and writes progress.json and recovery.json.
     """
 
-    def __init__(
-        self,
-        spec: RunSpec,
-        data: RankData,
-        rank: int,
-        world: int,
-        counter: WireCounter,
-        amp: MixedPrecision | None = None,
-    ) -> None:
-        cfg = self.cfg = spec.train
-        self.spec, self.data, self.rank, self.world, self.counter = spec, data, rank, world, counter
-        self.amp = amp = amp or MixedPrecision("cpu", "fp32", scaled=False)
+    def __init__(self, ctx: RankContext) -> None:
+        spec, data, rank, world, amp = ctx.spec, ctx.data, ctx.rank, ctx.world, ctx.amp
+        self.ctx, cfg = ctx, ctx.train
+        self.cfg, self.spec, self.data, self.rank, self.world = cfg, spec, data, rank, world
+        self.counter, self.amp, counter = ctx.counter, amp, ctx.counter
         self.emu = emulator_for(spec, rank, synchronizer(amp.device))
         counter.link = self.emu.link  # from here (trials too) collectives cost the link's time
         self.recipe = recipe_of(cfg)
@@ -76,6 +70,7 @@ class TrainingLoop:
         self.trials = self.resolve_compression(saved)  # 'auto': self.spec's plan now has it
         spec = self.spec
         self.net = build_net(spec, data, self.emu, self.recipe, amp.device)
+        self.stepper = Stepper(self.net, self.emu, self.mean, amp, counter, self.recipe)
         self.rebalancer = new_rebalancer(spec, world)
         self.computing = ComputingRanks(
             world, rank, can_leave(self.net, every), timeout_s=cfg.stall_timeout_s
@@ -90,22 +85,25 @@ class TrainingLoop:
         self.progress = ProgressFile(run_dir / "progress.json", start) if rank == 0 else None
         self.guard = StepGuard(spec, rank, self.net)  # last: every process group exists
 
-    def on_these_workers(self, saved: dict | None) -> dict | None:
-        """The checkpoint `saved` for this run's workers: as saved where it was taken on them
-        (or names none), else narrowed onto them with the spec's plan (`state.narrowed`:
+    def on_these_workers(self, saved: dict | None) -> Checkpoint | None:
+        """The store's newest checkpoint `saved` for this run's workers: as saved where it was
+        taken on them, else narrowed onto them with the spec's plan (`Checkpoint.narrowed`:
         the run went on without the workers of a lost node)."""
         names = [w.name for w in self.spec.cluster.workers]
-        if saved is None or saved.get("workers", names) == names:
-            return saved
+        if saved is None:
+            return None
+        ckpt = Checkpoint.from_dict(saved, names)
+        if ckpt.workers == names:
+            return ckpt
         if self.rank == 0:
             print(
-                f"rank 0: resuming step {saved['step']} of {saved['workers']} on {names}, "
+                f"rank 0: resuming step {ckpt.step} of {ckpt.workers} on {names}, "
                 f"local batches {self.spec.plan.local_batches}",
                 flush=True,
             )
-        return narrowed(saved, names, self.spec.plan.local_batches)
+        return ckpt.narrowed(names, self.spec.plan.local_batches)
 
-    def resolve_compression(self, saved: dict | None) -> CompressionTrials | None:
+    def resolve_compression(self, saved: Checkpoint | None) -> CompressionTrials | None:
         """For 'auto' (the plan lists `compression_candidates`): the trials' table and choice,
         run now (`trials.Trials`), or the resumed checkpoint's `saved` (a resumed run keeps its
         method); `self.spec`'s plan then carries the chosen method and why. None, and the plan
@@ -113,36 +111,27 @@ class TrainingLoop:
         plan = self.spec.plan
         if not plan.compression_candidates:
             return None
-        if saved is not None and saved.get("trials"):
-            trials = CompressionTrials.model_validate(saved["trials"])
+        if saved is not None and saved.trials is not None:
+            trials = saved.trials
         else:
-            trials = Trials(
-                self.spec,
-                self.data,
-                self.recipe,
-                self.amp,
-                self.counter,
-                self.rank,
-                self.mean.group,
-                self.shared.group,
-            ).run()
+            trials = Trials(self.ctx, self.recipe, self.mean.group, self.shared.group).run()
         if self.rank == 0:
             print(f"compression 'auto' -> {trials.chosen}: {trials.reason}", flush=True)
         chosen = {"compression": trials.chosen, "compression_reason": trials.reason}
         self.spec = self.spec.model_copy(update={"plan": plan.model_copy(update=chosen)})
         return trials
 
-    def resume(self, saved: dict | None) -> LoopState:
+    def resume(self, saved: Checkpoint | None) -> LoopState:
         """The checkpoint `saved` (the store's newest) loaded into the model, optimizer, comm
         hook and re-balancer, and the loop's state from it; a fresh state on the spec's plan
         when there is none."""
         if saved is None:
             return LoopState.fresh(self.spec.plan.local_batches)
-        self.net.model.load_state_dict(saved["model"])
-        self.net.opt.load_state_dict(saved["optimizer"])
-        load_comm_state(self.net.hook_state, saved["comm"])
-        self.amp.load_state_dict(saved.get("scaler", {}))
-        self.rebalancer.restore(saved["rebalancer"])
+        self.net.model.load_state_dict(saved.model)
+        self.net.opt.load_state_dict(saved.optimizer)
+        load_comm_state(self.net.hook_state, saved.comm)
+        self.amp.load_state_dict(saved.scaler)
+        self.rebalancer.restore(saved.rebalancer)
         return LoopState.from_checkpoint(saved, self.rank)
 
     def run(self) -> None:
@@ -183,17 +172,7 @@ class TrainingLoop:
         xs, ys = self.reader.batch(step, self.state.plan)
         batch = to_device(self.recipe.batch(xs, ys), net.device)
         t1 = now()
-        loss_sum, count, nbytes = train_step(
-            net,
-            emu,
-            self.mean,
-            self.amp,
-            self.counter,
-            self.recipe,
-            batch,
-            len(ys),
-            sum(self.state.plan),
-        )
+        loss_sum, count, nbytes = self.stepper.step(batch, len(ys), sum(self.state.plan))
         t3 = now()
         computed = emu.finish()  # when the comm hook ended the phase at the last bucket
         return StepRecord(
@@ -325,24 +304,25 @@ class TrainingLoop:
         """Gather every rank's step records; rank 0 saves them with the model, optimizer, comm
         hook, re-balancer and loop state, as the checkpoint of `step` steps done."""
         everyone: list = [None] * self.world
-        dist.all_gather_object(everyone, [r.model_dump() for r in self.state.records])
+        dist.all_gather_object(everyone, self.state.records)
         if self.rank == 0:
-            net = self.net
-            self.store.save(
-                step,
-                {
-                    "step": step,
-                    "workers": [w.name for w in self.spec.cluster.workers],
-                    "model": net.model.state_dict(),
-                    "optimizer": net.opt.state_dict(),
-                    **self.state.saved(),
-                    "rebalancer": self.rebalancer.state(),
-                    "comm": comm_state_dict(net.hook_state),
-                    "trials": self.trials.model_dump(mode="json") if self.trials else None,
-                    "scaler": self.amp.state_dict(),
-                    "records": everyone,
-                },
+            net, state = self.net, self.state
+            ckpt = Checkpoint(
+                step=step,
+                workers=[w.name for w in self.spec.cluster.workers],
+                model=net.model.state_dict(),
+                optimizer=net.opt.state_dict(),
+                plan=state.plan,
+                plans=state.plans,
+                evals=state.evals,
+                train_time_s=state.train_time_s,
+                rebalancer=self.rebalancer.state(),
+                comm=comm_state_dict(net.hook_state),
+                trials=self.trials,
+                scaler=self.amp.state_dict(),
+                records=everyone,
             )
+            self.store.save(step, ckpt.to_dict())
 
     def write_progress(self, step: int) -> None:
         if self.progress is not None:
@@ -377,16 +357,9 @@ class TrainingLoop:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.net.model.state_dict().items()}
 
 
-def train(
-    spec: RunSpec,
-    data: RankData,
-    rank: int,
-    world: int,
-    counter: WireCounter,
-    amp: MixedPrecision | None = None,
-) -> tuple[RankResult, dict[str, torch.Tensor] | None]:
-    """Train to `spec.train.steps` steps on `amp`'s device and precision; this rank's result,
-    and rank 0's trained weights (on the CPU)."""
-    loop = TrainingLoop(spec, data, rank, world, counter, amp)
+def train(ctx: RankContext) -> tuple[RankResult, dict[str, torch.Tensor] | None]:
+    """Train to `spec.train.steps` steps on the rank's device and precision; this rank's
+    result, and rank 0's trained weights (on the CPU)."""
+    loop = TrainingLoop(ctx)
     loop.run()
     return loop.result(), loop.weights()

@@ -35,13 +35,12 @@ import torch
 import torch.distributed as dist
 
 from hetflow.emulation.emulator import now
-from hetflow.infra.data.reader import RankData
 from hetflow.records import LOCAL_SGD, CompressionMethod, CompressionTrials, MethodTrial
-from hetflow.training.comm import WireCounter
 from hetflow.training.devices import MixedPrecision, synchronizer, to_device
-from hetflow.training.launch.spec import RunSpec, emulator_for
-from hetflow.training.loop.step import MeanOverCounts, build_net, straggler_factor, train_step
+from hetflow.training.launch.spec import emulator_for
+from hetflow.training.loop.step import MeanOverCounts, Stepper, build_net, straggler_factor
 from hetflow.training.plan.compression import choose_from_trials
+from hetflow.training.rank import RankContext
 from hetflow.training.recipes import Recipe
 
 # A trial's dense warm-up: DDP rebuilds its buckets after the first step, and PowerSGD and
@@ -58,26 +57,18 @@ NOT_WITH_FP16 = "not tried: fp16's loss scale needs the gradient all-reduced eve
 
 
 class Trials:
-    """What the trials of one rank share: the run's spec (its plan's candidates and local
-    batches), the data, recipe and device's precision (`amp`), the wire counter, the control
-    group of the loss's count (`MeanOverCounts.group`; None where it is fixed), and the control
-    group the ranks agree on the table over (`new_control_group`; None: the default group)."""
+    """What the trials of one rank share: the rank (`RankContext`: its spec's plan has the
+    candidates and local batches), the recipe, the control group of the loss's count
+    (`MeanOverCounts.group`; None where it is fixed), and the control group the ranks agree on
+    the table over (`new_control_group`; None: the default group)."""
 
     def __init__(
-        self,
-        spec: RunSpec,
-        data: RankData,
-        recipe: Recipe,
-        amp: MixedPrecision,
-        counter: WireCounter,
-        rank: int,
-        count_group=None,
-        control_group=None,
+        self, ctx: RankContext, recipe: Recipe, count_group=None, control_group=None
     ) -> None:
-        self.spec, self.data, self.recipe, self.amp = spec, data, recipe, amp
-        self.counter, self.rank, self.count_group = counter, rank, count_group
+        self.spec, self.data, self.recipe, self.amp = ctx.spec, ctx.data, recipe, ctx.amp
+        self.counter, self.rank, self.count_group = ctx.counter, ctx.rank, count_group
         self.control_group = control_group
-        self.world = dist.get_world_size()
+        self.world = ctx.world
 
     def run(self) -> CompressionTrials:
         """Try every candidate in the plan's order; the table every rank agrees on and the
@@ -130,6 +121,7 @@ class Trials:
             )
             scaled = MixedPrecision(amp.device, amp.precision, scaled=amp.scaler.is_enabled())
             mean = MeanOverCounts(self.world, self.recipe.count_per_sample, self.count_group)
+            stepper = Stepper(net, emu, mean, scaled, self.counter, self.recipe)
             times, sent = [], []
             global_batch = sum(self.spec.plan.local_batches)
             for step, (batch, n) in enumerate(batches):
@@ -137,9 +129,7 @@ class Trials:
                     emu.forget()
                 emu.slowdown = base * straggler_factor(self.spec.stragglers, self.rank, step)
                 t0 = now()
-                _, _, nbytes = train_step(
-                    net, emu, mean, scaled, self.counter, self.recipe, batch, n, global_batch
-                )
+                _, _, nbytes = stepper.step(batch, n, global_batch)
                 emu.finish()
                 if step >= TRIAL_UNTIMED_STEPS:
                     times.append(now() - t0)

@@ -53,37 +53,30 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from hetflow.emulation.emulator import now
-from hetflow.infra.data.reader import RankData
 from hetflow.records import RankProfile
-from hetflow.training.comm import WireCounter
-from hetflow.training.devices import MixedPrecision, synchronizer
-from hetflow.training.launch.spec import RunSpec, default_profile_batches, emulator_for, node_id
+from hetflow.training.devices import synchronizer
+from hetflow.training.launch.spec import default_profile_batches, emulator_for, node_id
 from hetflow.training.loop.optim import resolve_optimizer
 from hetflow.training.probes.compute import COMPUTE_BUDGET_S, probe_compute, solo_ddp
 from hetflow.training.probes.device import probe_matmul, probe_memory_bandwidth
 from hetflow.training.probes.memory import probe_memory
 from hetflow.training.probes.network import probe_allreduce, probe_link
 from hetflow.training.probes.s3 import probe_s3
+from hetflow.training.rank import RankContext
 from hetflow.training.recipes import DataInfo, parameter_count, recipe_of, seeded_model
 
 __all__ = ["profile"]
 
 
-def profile(
-    spec: RunSpec,
-    data: RankData,
-    rank: int,
-    world: int,
-    counter: WireCounter,
-    amp: MixedPrecision | None = None,
-) -> RankProfile:
+def profile(ctx: RankContext) -> RankProfile:
     """Measure this rank as training will run it: compute, memory, all-reduce, link, S3 reads.
 
     Collective: every rank of the job calls it (the barriers, the all-reduce and the link ring).
     Returns this rank's figures with `rank` and `node` filled; `worker` and `relative_speed`
     are the flow's to set, once every rank is known.
     """
-    amp = amp or MixedPrecision("cpu", "fp32", scaled=False)
+    spec, data, rank, world = ctx.spec, ctx.data, ctx.rank, ctx.world
+    amp, counter = ctx.amp, ctx.counter
     device = amp.device  # the rank's, in the precision it trains in
     emu = emulator_for(spec, rank, synchronizer(device), scope="profile")
     recipe = recipe_of(spec.train)

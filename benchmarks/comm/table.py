@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from benchmarks import wide_console
-from benchmarks.comm_figures import quality
+from benchmarks.comm.figures import quality
 
 if TYPE_CHECKING:
     from rich.table import Table

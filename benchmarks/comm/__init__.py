@@ -54,8 +54,8 @@ from hetflow.training.plan.balance import equal_batches
 from hetflow.training.plan.compression import auto_candidates
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
-from benchmarks.comm_figures import method_metrics, method_results, paired_cuts, quality
-from benchmarks.comm_table import print_tables
+from benchmarks.comm.figures import method_metrics, method_results, paired_cuts, quality
+from benchmarks.comm.table import print_tables
 
 DEFAULT_METHODS = "none,fp16,bf16,powersgd:4,topk:0.01,localsgd:4"
 WORLD = 4

@@ -19,7 +19,7 @@ compute per step lies from what the plan's fitted model (a_i + c_i x b_i) predic
 median is `host_pace`, the host's pace during the run against the profile's; with it taken
 out, `efficiency_at_run_pace` (against the compute-only ideal at the pace the run computed at)
 and `compute_model_error_at_run_pace` (the ranks' speeds relative to each other:
-`hetero_model.at_run_pace`). The goals of issue 22 use `efficiency`, the compute-only ideal.
+`hetero.model.at_run_pace`). The goals of issue 22 use `efficiency`, the compute-only ideal.
 
 The workers are emulated (see `hetflow.emulation`): `--time-scale` (default 16, where
 `hetflow train` uses 8) makes the fastest worker that many times slower than a core of this
@@ -68,9 +68,9 @@ from hetflow.training.plan.planner import fastest_alone, ideal_throughput, make_
 from hetflow.training.plan.ranks import RankMap
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
-from benchmarks.hetero_args import PRECISION, parser
-from benchmarks.hetero_model import at_run_pace, compute_model_error
-from benchmarks.hetero_table import print_table
+from benchmarks.hetero.args import PRECISION, parser
+from benchmarks.hetero.model import at_run_pace, compute_model_error
+from benchmarks.hetero.table import print_table
 from benchmarks.ray_cluster import local_ray
 
 VARIANTS = {
