@@ -1,25 +1,11 @@
 """The EC2 catalog: what an instance type offers, what it costs, and how fast it should be.
 
-- Instance types come from a snapshot shipped with the project (`infra/instance_types.json`:
-  the GPU families users train on, with its source and date), so that they resolve offline;
-  from the EC2 API through boto3 (`describe_instance_types`: vCPUs, memory, GPUs and their
-  memory, network performance) for types it lacks, and for every type with real AWS
-  credentials (a refresh). `AWS_ENDPOINT_URL` points boto3 at a local endpoint (moto serves
-  the EC2 API next to S3).
-- Hourly prices come from `hetflow.infra.pricing`: a table shipped with the project
-  (`infra/prices.json`) that says where and when its figures come from, or the AWS Price List
-  API where it is reachable (opt-in).
-- Peak FLOP/s per device seed a plan before anything is measured: the devices' FP32 peak from
-  NVIDIA's datasheets (`DEVICE_PEAK_TFLOPS`), or for CPU-only instances an estimate from the
-  cores and clock that EC2 reports. Measurement (the profile) then replaces the seed.
-
-A worker is one process on one device, as torchrun runs it: on an instance with n GPUs a
-worker is one GPU and its share of the instance (1/n of the price and of the network); on a
-CPU-only instance a worker is the whole instance.
-
-Pure functions over a `Catalog` (no I/O): `resolve_cluster` fills an emulated cluster's speeds
-and links from the instance types it names, `seed_profile` gives the planner a profile before
-a measurement exists, `cost_usd` prices a run.
+Instance types come from the snapshot shipped in `infra/instance_types.json`, else from the EC2
+API (boto3; with real AWS credentials EC2 answers for every type); prices from
+`hetflow.infra.pricing`; peak FP32 FLOP/s from NVIDIA's datasheets (`DEVICE_PEAK_TFLOPS`), or
+cores x clock for a CPU-only instance. A worker is one device: on an instance of n GPUs, one GPU
+with 1/n of the price and network. Pure functions over a `Catalog`: `resolve_cluster` (speeds
+and links of the named types), `seed_profile`, `cost_usd` (docs/ray.md).
 
     >>> network_gbps("Up to 25 Gigabit"), network_gbps("4x 100 Gigabit"), network_gbps("Moderate")
     (25.0, 400.0, 0.75)

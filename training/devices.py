@@ -1,29 +1,14 @@
 """Where each rank computes and in what precision: its device, the process group's backend,
 the autocast dtype, and the loss scale every rank shares.
 
-The policy, decided before launch for every worker (`check_devices`, one-line `ConfigError`
-naming the worker) and again by each rank for itself (`rank_device`, `rank_precision`):
-
-- **device** (`WorkerSpec.device`): 'auto' is the local rank's CUDA device where the host has
-  one (local rank modulo the devices: emulated workers share a GPU), else the CPU; 'cuda' is
-  that device, and an error on a host without CUDA; 'cpu' is the CPU.
-- **backend**: NCCL when every rank has a CUDA device of its own, gloo otherwise. gloo carries
-  CUDA tensors too, so a cluster of GPU and CPU workers (or of emulated workers sharing one GPU)
-  trains over gloo.
-- **precision** (`TrainConfig.precision`, or the worker's own `WorkerSpec.precision`): 'auto' is
-  bf16 where the device computes it natively (CUDA compute capability 8.0 or higher: A10G, A100,
-  L4, H100), fp16 with a loss scaler on older CUDA devices (T4, V100), and fp32 on a CPU.
-  `torch.cuda.is_bf16_supported()` answers True on a T4, where bf16 is emulated: the capability
-  is what is read. 'bf16' on a CUDA device below 8.0 is an error. A CPU runs bf16 and fp16
-  under CPU autocast (tests use it to mix precisions on one host).
-
-Exact gradients across precisions: a rank's precision only changes how its forward and
-backward compute; DDP all-reduces the gradients, so every rank steps on the same gradient.
-When any rank computes in fp16, every rank scales its loss by the same `torch.amp.GradScaler`
-scale (the same initial scale and growth rules): the all-reduced scaled gradient is the same on
-every rank, so every rank finds the same Inf/NaN, skips the same steps and moves its scale
-alike. That holds only where the gradient is all-reduced every step: `check_job` refuses fp16
-with local SGD.
+Decided before launch for every worker (`check_devices`: a one-line `ConfigError` naming the
+worker) and again by each rank for itself (`rank_device_precision`). Device 'auto': the
+local rank's CUDA device modulo the host's, else the CPU. Backend: NCCL when every rank has a
+CUDA device of its own, else gloo. Precision 'auto': bf16 at CUDA compute capability 8.0 or
+more (the capability is read: `torch.cuda.is_bf16_supported()` says True on a T4), fp16 with a
+loss scaler below it, fp32 on a CPU. When any rank computes in fp16, every rank scales its loss
+by one shared `GradScaler` scale, so all skip the same steps; `check_job` refuses fp16 with
+local SGD. The policy for users: docs/gpus.md.
 """
 
 from __future__ import annotations

@@ -3,29 +3,12 @@
     hetflow bench comm --link-gbps 1 --json comm.json
     hetflow bench comm --methods none,fp16,topk:0.01 --link-gbps 0 --steps 30   # loopback
 
-Every method trains the same recipe (default `digits-wide-mlp`, 4.3M parameters, on digits) from the
-same seed on 4 equal emulated workers whose links have the given bandwidth and latency
-(`--link-gbps 0`: loopback, no emulated link). Then:
-
-- `bytes_per_step`: bytes one rank puts on the wire per step (WireCounter), after the methods'
-  warm-up (`hetflow.training.comm.DENSE_WARMUP_STEPS` steps of plain all-reduce; for top-k also
-  its density stages, `hetflow.training.comm.topk_warmup_steps`), from the method's
-  `timed_from_step` on;
-  `run_bytes_per_step` includes the warm-up;
-- `compression_ratio`: bytes_per_step of `none` over the method's;
-- `step_time_s`, `compute_time_s`, `comm_time_s`: means over the same post-warm-up steps on
-  rank 0 (comm = time after backward's compute that is not waiting for a slower rank: the
-  collectives, the emulated link, the optimizer). On a shared host one run's step time moves
-  by about 10% from run to run; `--repeat N` runs every method N times, round by round, and
-  reports the median, each run's step time and the chosen method's cut per round;
-- `final_loss` (global mean loss of the last step), `final_accuracy` (test set, rank 0's model)
-  and `accuracy_delta_pp` (percentage points against `none`).
-
-`chosen` is what the `optimized` variant's `auto` picks on that link, as it does at the start
-of a run: a one-step run with compression `auto` tries each candidate for a few steps
-(`hetflow.training.loop.trials`: `TrainConfig.compression_candidates`, and local SGD with
-`--allow-local-sgd`) and keeps the one with the shortest measured step; `trials` is its table.
-If the chosen method is not among `--methods`, it is trained too.
+Every method trains the same recipe (default `digits-wide-mlp`) from the same seed on 4 equal
+emulated workers behind the given link. Per method: bytes per step after its warm-up and
+`compression_ratio` against `none`, rank 0's step, compute and comm time, the final loss and
+accuracy and its change against `none`; `chosen` and `trials`, what `auto` picks on that link
+by its trials (trained too if it is not among `--methods`). Every figure: docs/benchmarks.md;
+figures measured: docs/measurements/comm.md.
 """
 
 from __future__ import annotations

@@ -4,40 +4,11 @@
     hetflow bench hetero --speeds 1,1,2,4 --straggler 3:60:4 --json straggler.json
     hetflow bench hetero --speeds 1,2,3,6 --repeat 3 --json mix.json
 
-All variants share one profile, the dataset (digits) and the seed. `ideal_samples_per_s` is
-what the workers' profiled speeds allow with no idle time and no communication: the balanced
-step time of the fitted model a_i + c_i x b_i (with a straggler, per phase of the run).
-`efficiency` = throughput / ideal.
-
-What keeps efficiency below 1 is reported beside it, per variant: the share of the ranks' time
-spent computing, communicating (the gradient all-reduce, the optimizer), idle (waiting for a
-slower rank) and waiting for data; and `efficiency_vs_ideal_with_allreduce`, against an ideal
-that also pays the profile's measured all-reduce of one gradient (`allreduce_s`) every step,
-which no plan can avoid (over the workers the ideal step uses: a plan need not launch the
-others). `compute_model_error` says, rank by rank, how far the measured
-compute per step lies from what the plan's fitted model (a_i + c_i x b_i) predicted. Its
-median is `host_pace`, the host's pace during the run against the profile's; with it taken
-out, `efficiency_at_run_pace` (against the compute-only ideal at the pace the run computed at)
-and `compute_model_error_at_run_pace` (the ranks' speeds relative to each other:
-`hetero.model.at_run_pace`). The goals of issue 22 use `efficiency`, the compute-only ideal.
-
-The workers are emulated (see `hetflow.emulation`): `--time-scale` (default 16, where
-`hetflow train` uses 8) makes the fastest worker that many times slower than a core of this
-machine, and `--jitter` adds step-to-step noise to every worker's compute. The default is 16
-because the host's own all-reduce cost among processes that outnumber its cores belongs to the
-host, not to the plan. One run's efficiencies move from run to run: compare variants within one
-run, or take `--repeat 3`, which runs the variants round by round and reports each one's median
-run, with every run's efficiency beside it. Figures, and why `ideal_samples_per_s` reads a few
-percent low: docs/measurements/scheduler.md.
-
-Variants side by side in one invocation: `--launcher ray` runs each also on Ray Train
-(`VARIANT@ray`; on a local cluster of one node per worker, or `--ray-address`), with the runs'
-wall time and its start-up part (`run_s`, `startup_s`); `--precision fp32,auto` runs each in
-every precision given (`VARIANT@auto`). On a GPU machine, `--devices cuda,cpu,cpu --no-emulate`
-is real heterogeneity (no time dilation), `--devices cuda` emulated speeds on GPU workers.
-`--variants fastest` adds the fastest worker alone with the whole batch and the others not
-launched (`fastest_alone`): what dropping the slow workers gives, which no plan should fall
-below, in the same invocation.
+All variants share one profile, the dataset and the seed. Per variant: `efficiency` =
+throughput / `ideal_samples_per_s` (the balanced step of the profiled a_i + c_i x b_i, with no
+idle time and no communication), where the rest of the ranks' time went, and how far the
+plan's model missed (`compute_model_error`, `host_pace`). Every figure and flag:
+docs/benchmarks.md; figures measured: docs/measurements/scheduler.md.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the EC2 API (infra.catalog; a local moto endpoint when no AWS endpoint or creden
 configured) and priced from infra/prices.json. `--workers` scales the cluster, keeping its mix.
 
 Compute of an instance type never measured: per-sample FLOPs / (FP32 peak x `--fraction`);
-a profile's ranks bring their own fitted a + c x batch. See `hetflow.simulator` for the model,
+a profile's ranks bring their own fitted a + c x batch. See docs/benchmarks.md for the model,
 `hetflow.simulator.calibrate` for what `--calibrate` runs.
 """
 

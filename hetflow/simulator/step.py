@@ -2,7 +2,7 @@
 
     step = max_i (data_i + compute_i) x (1 + jitter x z_n) + overhead + exposed_comm
 
-Pure functions of the `model` dataclasses (the formulas are set out in `hetflow.simulator`).
+Pure functions of the `model` dataclasses (the formulas: docs/benchmarks.md).
 `simulate_step` is the one entry; `sweep` runs it for several worker counts and plans.
 """
 

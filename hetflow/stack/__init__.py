@@ -1,37 +1,14 @@
 """A persistent local stack on 127.0.0.1: an S3 endpoint, a Prefect server, an MLflow server.
 
-    hetflow stack up       start what is not running, create the `hetflow-local` process work
-                           pool that prefect.yaml deploys to, and print the `export ...` lines
-                           that point a shell at the stack (`eval "$(hetflow stack up)"` works:
-                           progress goes to stderr)
+    hetflow stack up       start what is not running, create the `hetflow-local` work pool and
+                           print the `export ...` lines (`eval "$(hetflow stack up)"` works)
     hetflow stack status   one line per service: up or down, pid, URL, log file
     hetflow stack down     stop the services (SIGTERM to each process group, then SIGKILL)
 
-All state lives in one directory, `$HETFLOW_HOME/stack` (`~/.hetflow/stack` by default):
-
-    env.sh                  the export lines that `up` prints (`. ~/.hetflow/stack/env.sh`)
-    stack.json              the ports the services were started on
-    <service>.pid           the pid of each service, the leader of its own process group
-    logs/<service>.log      each service's output
-    s3/recording.jsonl      the S3 endpoint's state (see below)
-    prefect/                PREFECT_HOME of the server, with its SQLite database
-    mlflow/mlflow.db        MLflow's backend store; artifacts go to s3://hetflow-mlflow/artifacts
-
-The S3 endpoint is moto's server, which keeps its state in memory. moto's recorder appends
-every request to `s3/recording.jsonl`; `up` replays that file into a fresh server before
-anything else can reach it. `down` first compacts the file into one PutObject per object that
-exists (so the file does not grow without bound, and objects uploaded in several parts, which
-a replay of the raw requests cannot rebuild, survive too). What a compaction keeps: buckets,
-objects with their content type and user metadata; not bucket settings such as versioning or
-policies, and not old versions. If the endpoint dies without `down`, objects uploaded in parts
-since the last `down` are lost; everything else is replayed. Between two `down`s the file holds
-every request (reads too), and a replay reads it whole: fine for a local stack of a few GB.
-
-Ports: `HETFLOW_STACK_S3_PORT`, `HETFLOW_STACK_PREFECT_PORT`, `HETFLOW_STACK_MLFLOW_PORT`,
-else the ports of the last `up`, else 5555 (S3), 4200 (Prefect), 5000 (MLflow). A port in use
-is an error that names the variable to set. `HETFLOW_STACK_TIMEOUT` (seconds,
-default 180) bounds the wait for each service to answer. Everything binds to 127.0.0.1 only;
-the only credentials printed are the fixed fake ones of the local endpoint.
+State lives in `$HETFLOW_HOME/stack` (`~/.hetflow/stack`); the S3 endpoint (moto) keeps its
+objects across restarts by replaying its recorded requests. Ports: `HETFLOW_STACK_S3_PORT`,
+`HETFLOW_STACK_PREFECT_PORT`, `HETFLOW_STACK_MLFLOW_PORT`, else the last `up`'s, else 5555,
+4200, 5000. What the directory holds and what a restart keeps: docs/deploy.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """A local shard cache: byte budget with LRU eviction, checksum-validated, atomic, multi-process.
 
-What fsspec gives and what is written here. fsspec's `simplecache`/`filecache` filesystems
-download whole files to a local directory, but they have no byte budget, do not validate content
-against a known checksum, and their metadata file is not safe when several ranks on one host
-share the directory. So the transfer is fsspec's (`fs.cat_file`, s3fs underneath, with
-botocore's retries) and this module adds only what those lack:
-
-- one file per shard named by a hash of its source URL, so a key such as `../../etc/passwd`
-  cannot name a path outside the directory;
-- SHA-256 checked on every read: a corrupt or truncated file is fetched again; bytes that fail
-  the check at the source raise ChecksumError naming the object;
-- writes to a temporary `.part` file, fsync, rename: a crash never leaves a half file under a
-  shard's name (stale `.part` files of killed processes are removed when a cache opens);
-- an exclusive `fcntl` lock per entry (`<name>.lock`, empty, left in place: removing a lock
-  file that another process may be about to lock is a race), shared by every process on the
-  host: two ranks that miss the same shard fetch it once, and eviction never removes a file
-  while it is being read;
-- LRU eviction by modification time (set from `time.time_ns()`; the kernel's file timestamps
-  are too coarse to order reads that are milliseconds apart) down to the byte budget, with the
-  shard just read always kept;
-- prefetch: a small thread pool that reads the next shards of a schedule into the cache;
-- an emulated object store (latency per request, a bandwidth shared by this process's
-  transfers), so that the effect of caching and prefetch shows on loopback.
-
-A budget of 0 disables the local copy: every read goes to the source (the `no_cache` baseline).
+The transfer is fsspec's (`fs.cat_file`: s3fs, with botocore's retries); this adds what its
+`simplecache`/`filecache` lack: a byte budget, SHA-256 checked on every read (a bad local copy
+is fetched again; bytes that fail at the source raise ChecksumError), and one directory shared
+safely by the ranks of a host. Each shard is a file named by a hash of its URL, written to a
+`.part` file and renamed, under an `fcntl` lock per entry: two ranks that miss one shard fetch
+it once, and eviction (least recently used, down to the budget) never removes a file being
+read. `prefetch` reads the next shards of a schedule in a thread pool; an emulated object
+store (latency per request, shared bandwidth) shows caching's effect on loopback. A budget of
+0 reads every shard from the source (the `no_cache` baseline).
 """
 
 from __future__ import annotations
@@ -252,6 +237,7 @@ class ShardCache:
 
 
 def _touch(path: Path) -> None:
+    # time_ns, set here: the kernel's file timestamps are too coarse to order reads ms apart
     t = time.time_ns()
     os.utime(path, ns=(t, t))
 
@@ -289,7 +275,10 @@ def _remove_stale_parts(directory: Path) -> None:
 
 
 class _locked:
-    """An exclusive `fcntl` lock on `<path>.lock`, shared by every process on the host."""
+    """An exclusive `fcntl` lock on `<path>.lock`, shared by every process on the host.
+
+    The empty lock file stays: removing one that another process may be about to lock is a race.
+    """
 
     def __init__(self, path: Path) -> None:
         self.lock_path = path.with_suffix(".lock")

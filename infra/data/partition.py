@@ -1,24 +1,10 @@
 """Which samples each rank reads at each step (pure, deterministic for a seed).
 
-Samples are numbered shard by shard and, within a shard, class by class (`SampleIndex`): the
-index is the per-shard class counts, O(shards x classes), never a table per sample.
-
-The epoch order is a stratified shuffle: class c's n_c samples sit at keys (k + u_c) / n_c,
-k = 0 .. n_c - 1, u_c ~ U(0, 1) drawn per epoch, and the epoch reads them in the order of their
-keys (ties: the smaller class first), so any window of the order has the class mix of the whole.
-Which sample is a class's k-th is shard-local: the shards are shuffled per epoch and cut into
-blocks of `block` shards; each class walks through its samples block by block in that order,
-shuffled only within a block (a permutation drawn from (seed, epoch, block, class) when a step
-first needs it). A window of the stream therefore needs only the few shards around its position.
-
-Training reads the orders as one stream, epoch after epoch; step t takes stream positions
-[t*B, (t+1)*B) and rank r takes its plan's slice of them. Every sample is therefore read exactly
-once per epoch whatever the plan is, also when the plan changes mid-epoch, and each rank's share
-is its local batch. Any position is computed on its own from (seed, epoch, position) and the
-index, in O(classes + window) time and memory plus the permutation of each (block, class) it
-first touches: nothing of size n is drawn, so a restart at any step needs no state, and a rank's
-memory for the order does not grow with the number of samples (only `block=None`, one block of
-all shards, has O(n) per-class permutations: the unlocal order, kept for comparison).
+The epoch order is a stratified, shard-local shuffle computed position by position from (seed,
+epoch, position) and the per-shard class counts (`SampleIndex`), never a table per sample.
+Step t reads stream positions [t*B, (t+1)*B) and rank r its plan's slice of them: every sample
+is read once per epoch whatever the plan, also when it changes mid-epoch, and a restart needs
+no state. How the order is drawn: docs/data.md ("How ranks read it").
 
     >>> rank_slices([16, 16, 32, 64])
     [(0, 16), (16, 32), (32, 64), (64, 128)]
@@ -125,7 +111,7 @@ class _Epoch:
 
 
 class Stream:
-    """Stream positions -> sample indices over consecutive epoch orders (see the module).
+    """Stream positions -> sample indices over consecutive epoch orders (docs/data.md).
 
     `index`: a SampleIndex or its counts. `block`: shards per block of the shard-local order
     (None: one block of all shards, the unlocal stratified shuffle, O(n) per epoch). The

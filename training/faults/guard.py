@@ -52,7 +52,7 @@ class Preemption:
 
     The rank that got the signal writes `stop_at` = its next step boundary + slack into
     torchrun's store (first writer wins); every rank reads the store at each boundary (one
-    round trip, ~20 us: no collective per step, docs/measurements/loop.md) and stops at `stop_at`.
+    round trip, no collective per step: docs/measurements/loop.md) and stops at `stop_at`.
     That is the same boundary for all: a rank cannot finish step b+1 before the signalled rank,
     at boundary b, has written and joined step b+1's all-reduce. Local SGD lets ranks run up to
     H steps apart, hence the slack. A second SIGTERM kills at once (the default action).

@@ -19,9 +19,8 @@ class ComputingRanks:
     It starts with every rank. When the plan in force leaves ranks out (`follow`, which the
     loop calls after every step), the all-reduce moves to a group of the others: a rank left
     out joins no collective of the gradient's, and its model and optimizer stand still. An
-    all-reduce over fewer gloo processes is shorter (4 -> 3 processes on 2 cores: 6.6 -> 2.8
-    ms, docs/measurements/host.md), and with a left-out rank in it the computing ranks waited for a
-    rank that adds nothing.
+    all-reduce over fewer gloo processes is shorter (docs/measurements/host.md), and with a
+    left-out rank in it the computing ranks waited for a rank that adds nothing.
     Every rank must call `follow` with the same plan at the same step: a new group is a
     collective of every rank (one per set of ranks, kept for the run). Its collectives time out
     after `timeout_s` (the run's `stall_timeout_s`; `faults.guard.bound_collectives` bounds only the

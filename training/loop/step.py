@@ -140,8 +140,8 @@ class MeanOverCounts:
     step's N, the same on every rank, and `correct` rescales the averaged gradient by (that N)
     / (this step's N) where they differ, before the optimizer step. Waiting for N before
     backward would stall every rank's compute phase until the slowest rank's forward pass
-    ended; the first step (no previous N) waits for it. A collective per step costs ~10% of a
-    short CPU step (docs/measurements/loop.md, "Step-time sharing"), hence the fixed-count path.
+    ended; the first step (no previous N) waits for it. A collective per step slows a short
+    CPU step (docs/measurements/loop.md, "Step-time sharing"), hence the fixed-count path.
     Exact for all-reduce and fp16/bf16; with compression that keeps state (PowerSGD's and
     top-k's error feedback) the state is in units of the previous N, a difference of
     (N_prev / N - 1) on one step's residual.

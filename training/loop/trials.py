@@ -1,30 +1,14 @@
-"""'auto' by measurement: at the start of a run, every candidate method (the plan's
+"""'auto' by measurement: at the start of a run every candidate method (the plan's
 `compression_candidates`) is tried for a few steps on the run's own process group, emulated
-devices and links, and the one with the shortest measured step is kept, as cuDNN's benchmark
-mode picks a kernel.
+devices and links, and the one with the shortest step is kept, as cuDNN's benchmark mode picks
+a kernel (docs/concepts.md, "Compression and `auto`").
 
-Each candidate trains a throwaway replica: the recipe's model at the run's seed under a DDP
-of its own with that method's hook (warm-up cut to `TRIAL_WARMUP_STEPS`, top-k with no density
-stages), its own optimizer, loss scale and emulator (a fresh one of the rank's device, so that the
-run's own dilation keeps no trace; the collectives go over the run's emulated link, attached
-to the wire counter), on the run's first `TRIAL_STEPS` batches read
-by a reader of its own. The first `TRIAL_UNTIMED_STEPS` steps (the warm-up and the first
-step that compresses) are not timed, and the emulator then forgets them (`Emulator.forget`):
-it dilates a compute phase from the least recent CPU time of its batch size, and a dense
-step's is less than a compressing step's. A step is timed from the start of its compute phase
-to the end of its collectives on the emulated link, as a training step's compute and wait; a
-method's step is the mean of its timed steps (local SGD's cheap steps and its averaging one
-at the rate they run).
-Torch's random state is restored afterwards and the wire counts are put back
-(`WireCounter.apart`), so the run then trains from the initial weights, data and state it
-would have had with the chosen method set from the start.
-
-Every rank times its own steps; a method's step is the slowest rank's (an all-reduce with MAX
-on a control group, off the emulated link and the gradient bytes, which also spreads a
-failure), so every rank holds the same table and
-`choose_from_trials` makes the same choice on each. A candidate that raises on every rank
-alike (one that cannot be built here) is recorded as failed and skipped; a failure on some
-ranks only leaves the others inside a collective, and the run fails as on a failed step.
+Each candidate trains a throwaway replica (the recipe's model at the run's seed, its own DDP,
+hook, optimizer, loss scale and emulator) on the run's first `TRIAL_STEPS` batches; its step is
+the slowest rank's mean timed step, so every rank holds the same table and makes the same
+choice. Torch's random state and the wire counts are then restored: the run trains as if the
+chosen method had been set from the start. A candidate that raises on every rank is recorded
+as failed and skipped; one that fails on some ranks only fails the run, as a failed step does.
 """
 
 from __future__ import annotations
@@ -125,8 +109,8 @@ class Trials:
             times, sent = [], []
             global_batch = sum(self.spec.plan.local_batches)
             for step, (batch, n) in enumerate(batches):
-                if step == TRIAL_UNTIMED_STEPS:  # time the method's settled steps alone
-                    emu.forget()
+                if step == TRIAL_UNTIMED_STEPS:  # time the method's settled steps alone:
+                    emu.forget()  # dilation uses a batch's least CPU time; a dense step's is less
                 emu.slowdown = base * straggler_factor(self.spec.stragglers, self.rank, step)
                 t0 = now()
                 _, _, nbytes = stepper.step(batch, n, global_batch)

@@ -29,8 +29,9 @@ class Rebalancer:
     every batch size, latency included, and a slope re-fitted from nearby batches would be mostly
     noise. Once a rank has run batches whose times differ by more than a factor `jump`, its line
     is fitted through them: the profile times batches from about a quarter of an equal share
-    (8 to 64 for 128 samples on 4 workers: `job.default_profile_batches`), and a slow worker's
-    time at batch 1 or 2 can lie 30% off that line, which scaling alone cannot express. A rank
+    (8 to 64 for 128 samples on 4 workers: `launch.spec.default_profile_batches`), and a slow
+    worker's time at batch 1 or 2 can lie far off that line (docs/measurements/host.md,
+    gpu.md), which scaling alone cannot express. A rank
     whose time at a batch it ran before moves by more than a factor `jump` (1 + 3 x
     `threshold`, far beyond noise) has changed speed: its older points are dropped. Without a
     profiled c_i (`per_sample_s` None), the first window sets it.

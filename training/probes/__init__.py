@@ -1,49 +1,14 @@
 """Probes that measure a worker as training will run it (inside the cluster, under torchrun).
 
-Probes of an emulated worker measure the emulation, never read its settings: compute phases are
-dilated by the worker's `Emulator` exactly as in a training step, each collective pays this
-worker's own `Link` delay through the `WireCounter`, and S3 reads pay the cache's emulated
-object store when there is one. The same code measures a real instance when emulation is off.
+An emulated worker is measured through its emulation, never read from its settings: compute is
+dilated by its `Emulator` as in a training step, each collective pays its own `Link` delay
+through the `WireCounter`, S3 reads pay the cache's emulated store. With emulation off the same
+code measures a real instance.
 
-What each figure is and how it is taken (every rank runs every probe; `profile` returns this
-rank's `RankProfile`, which the worker gathers on rank 0):
-
-- **compute** (`compute.py`: `samples_per_s`, `fit_latency_s`, `fit_s_per_sample`,
-  `step_compute_s`): forward+backward of the job's model through DDP at `spec.profile_batches`,
-  in interleaved rounds (every batch size once per round, the order alternating) for a fixed
-  wall-time budget that starts on all ranks at once, so that every rank samples the same
-  stretch of the host's load (at least `COMPUTE_MIN_ROUNDS` rounds; a slow worker does fewer
-  rounds than a fast one). Each step follows a pause of at least `COMPUTE_PAUSE_S` since the
-  previous one computed, as in training. Per batch size the best time (interference only adds
-  time); `time = a + b x batch` fitted by least squares to those, leaving out the one batch size
-  that lies more than 30% off the line through the others (`fitting.robust_affine`: a burst of
-  load on a shared host). `samples_per_s` is the throughput at the reference batch
-  `global_batch / world`.
-- **memory** (`memory.py`: `memory_per_sample_bytes`, `memory_fixed_bytes`,
-  `memory_cap_batch`): the bytes autograd saves for backward (`saved_tensors_hooks`, storages
-  counted once, parameters left out) at two batch sizes give the bytes per sample; the fixed
-  part is parameters + gradients + optimizer state. The cap is the largest batch whose
-  activations fit in `MEMORY_HEADROOM` of the memory available to this rank: free device memory
-  on CUDA, else the host's `MemAvailable` shared by the ranks of the host (`LOCAL_WORLD_SIZE`).
-- **device** (`device.py`: `matmul_gflops` of a 256 x 256 fp32 matmul, `memory_gbps` of a copy
-  of 8 MiB): best of 2, dilated like a compute phase.
-- **all-reduce** (`network.py`: `allreduce_latency_s`, `allreduce_gbps`, `grad_allreduce_s`):
-  messages of `ALLREDUCE_SIZES` and the gradient's size. Each is timed on every rank from the
-  barrier before it to the end of this rank's own link delay, so a worker's slow link shows in
-  its own figure (rank by rank). Per size the median, fitted to `latency + wire bytes /
-  bandwidth` (`fitting.fit_transfer`: least-squares slope, latency from the smallest message);
-  wire bytes are the ring's 2(n-1)/n x B, so the bandwidth is the all-reduce "bus bandwidth" of
-  nccl-tests. `grad_allreduce_s` is the fit at the gradient size.
-- **link** (`network.py`: `link_gbps`, `link_latency_s`): this worker's own link, from a ring
-  of point-to-point sends (`LINK_SIZES`), each timed on its sender from the receiver's "ready"
-  to the end of the send and the sender's link delay; the best of `LINK_REPS` per size, fitted
-  like the all-reduce. It is measured in series with the real transport (loopback here), so an
-  emulated link reads slightly slower than its setting: 1/measured = 1/link + 1/transport.
-- **S3** (`s3.py`: `s3_first_byte_s`, `s3_read_mbps`): 1-byte range reads of two shards
-  (median), then whole shards, largest first, for up to `S3_BUDGET_S`, through fsspec at the
-  dataset URL.
-
-`probe_s` records how long each probe took on this rank.
+Every rank runs every probe; `profile` returns this rank's `RankProfile`, which the worker
+gathers on rank 0. One module per probe, each naming its figures: `compute`, `memory`,
+`device`, `network` (the all-reduce and the link), `s3`; `probe_s` is each probe's duration.
+How each figure is taken: docs/concepts.md ("Profile").
 """
 
 from __future__ import annotations
