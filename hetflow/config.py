@@ -73,6 +73,13 @@ class WorkerSpec(ConfigModel):
     precision: Literal["fp32", "bf16", "fp16", "auto"] | None = Field(
         None, title="Precision", description="This worker's own; empty: the train config's."
     )
+    cpus: int | None = Field(
+        None,
+        ge=1,
+        title="CPU cores",
+        description="Cores of its own this worker's process is pinned to, with as many torch "
+        "threads (local launcher); empty: not pinned, `threads_per_rank` threads.",
+    )
 
     @field_validator("speed")
     @classmethod

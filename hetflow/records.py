@@ -336,6 +336,7 @@ class RankResult(_Record):
     peak_rss_bytes: int = Field(0, description="The rank process's peak resident memory.")
     start_rss_bytes: int = Field(0, description="That peak before it opened the data.")
     trials: CompressionTrials | None = Field(None, description="'auto''s choice; else none.")
+    cores: list[int] = Field([], description="The CPU cores the rank's process could run on.")
 
 
 class RunResult(_Record):

@@ -12,6 +12,7 @@ from prefect import task
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.data.format import Manifest
 from hetflow.infra.preflight import check_services
+from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.devices import check_devices
 from hetflow.training.recipes import check_recipe
 
@@ -29,8 +30,9 @@ def check_training(
 ) -> None:
     """Before anything launches: the recipe `train` names imports, has what a Recipe needs and
     reads what `manifest` (if given) holds; every worker of `cluster` (if given) can have its
-    device and precision on this host. A one-line ConfigError naming the field otherwise
+    device, precision and cores on this host. A one-line ConfigError naming the field otherwise
     (`train.recipe`; `device: cuda` where there is no CUDA, `bf16` on a GPU without it)."""
     check_recipe(train, manifest)
     if cluster is not None:
         check_devices(cluster, train)
+        core_sets(cluster, host_cores())

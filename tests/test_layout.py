@@ -31,7 +31,7 @@ ALLOWED = {
     "hetflow.tasks": {"hetflow.records", "hetflow.config", "hetflow.infra", "hetflow.training"},
     "hetflow.flows": {"hetflow.records", "hetflow.config", "hetflow.infra", "hetflow.tasks"},
 }
-MAX_MODULE_LINES = 400
+MAX_MODULE_LINES = 450  # a concept that needs 450 lines is one file, not two
 MAX_FUNCTION_LINES = 60
 
 

@@ -30,6 +30,7 @@ from hetflow.infra.data.reader import open_rank_data, peak_rss_bytes
 from hetflow.infra.s3 import filesystem
 from hetflow.records import RunResult
 from hetflow.training.comm import WireCounter
+from hetflow.training.cores import host_cores, pin_rank
 from hetflow.training.devices import MixedPrecision, rank_device_precision
 from hetflow.training.faults.records import (
     PREEMPTED_EXIT,
@@ -118,6 +119,7 @@ def place_rank(spec: RunSpec, rank: int, local_rank: int) -> tuple[str, str]:
     """This rank's torch threads, device (made current) and precision, before its process group
     exists (NCCL needs the device first)."""
     torch.set_num_threads(spec.train.threads_per_rank)
+    pin_rank(spec.cluster, rank)  # a worker's own cores and threads, where it sets `cpus`
     device, precision = rank_device_precision(
         spec.cluster, spec.train, rank, local_rank, spec.backend
     )
@@ -162,6 +164,7 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
         if spec.mode == "train":
             mine, weights = train(ctx)
             mine.start_rss_bytes = start_rss
+            mine.cores = host_cores()
         else:
             mine = profile(ctx).model_dump(mode="json")
             weights = None

@@ -31,6 +31,7 @@ from hetflow.config import (
     validated,
 )
 from hetflow.records import Plan, Profile, RunResult
+from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.launch.local import measure_profile
 from hetflow.training.launch.run import run_plan
 from hetflow.training.metrics import summarize
@@ -65,6 +66,23 @@ def parse_straggler(text: str, world: int) -> tuple[int, int, float]:
     if not out[2] > 0:
         raise ConfigError(f"--straggler: factor must be > 0 (got {out[2]})")
     return out
+
+
+def parse_cpus(text: str | None, world: int) -> list[int | None]:
+    """`--cpus`: each worker's cores, or none pinned (pure).
+
+    >>> parse_cpus("1,2", 2), parse_cpus(None, 2)
+    ([1, 2], [None, None])
+    """
+    if text is None:
+        return [None] * world
+    try:
+        cpus = [int(c) for c in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--cpus: expected whole numbers, e.g. 1,2,4,8 (got {text!r})") from None
+    if len(cpus) != world or min(cpus) < 1:
+        raise ConfigError(f"--cpus: {world} counts of 1 or more expected (got {text!r})")
+    return cpus
 
 
 def run_ideal(profile: Profile, global_batch: int, steps: int, stragglers: list) -> float:
@@ -127,6 +145,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         raise ConfigError(f"--devices: {len(devices)} devices for {cluster.world_size} workers")
     for i, w in enumerate(cluster.workers):
         w.device = devices[i % len(devices)]
+    for w, cpus in zip(cluster.workers, parse_cpus(args.cpus, cluster.world_size), strict=True):
+        w.cpus = cpus
+    core_sets(cluster, host_cores())  # the cores asked for exist here, before anything starts
     knobs = {
         "precision": precisions[0],
         "recipe": recipe_flag(args),

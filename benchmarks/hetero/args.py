@@ -46,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
         help="dynamic: imbalance (max/mean - 1) that triggers a re-plan",
     )
     _add_emulation_and_launch(p)
+    _add_hardware(p)
     return p
 
 
@@ -82,6 +83,23 @@ def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
         help="with --launcher ray: an existing Ray cluster (default: a local one, one node per "
         "worker, started for the bench)",
     )
+    p.add_argument("--json", dest="json_path")
+    p.add_argument(
+        "--keep-results",
+        dest="keep_results",
+        metavar="DIR",
+        help="write each run's result.json (every rank's step records) and first plan to "
+        "DIR/VARIANT-ROUND.json",
+    )
+
+
+def _add_hardware(p: argparse.ArgumentParser) -> None:
+    """Each worker's cores, device and precision, and whether its speed is emulated."""
+    p.add_argument(
+        "--cpus",
+        help="each worker's own CPU cores, comma-separated (e.g. 1,2,4,8): its process pinned "
+        "to them, with as many torch threads; with --no-emulate, real mixed speeds",
+    )
     p.add_argument(
         "--devices",
         help="each worker's device, comma-separated (auto, cuda, cpu), or one for all "
@@ -98,12 +116,4 @@ def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
         dest="emulate",
         action="store_false",
         help="real heterogeneity (e.g. one CUDA worker beside CPU workers): no time dilation",
-    )
-    p.add_argument("--json", dest="json_path")
-    p.add_argument(
-        "--keep-results",
-        dest="keep_results",
-        metavar="DIR",
-        help="write each run's result.json (every rank's step records) and first plan to "
-        "DIR/VARIANT-ROUND.json",
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.infra.s3 import free_port
 from hetflow.records import Profile, RankFailure
+from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.devices import check_devices
 from hetflow.training.faults.watch import JobWatch, job_pids, kill_job
 from hetflow.training.launch.spec import RunSpec
@@ -87,6 +88,7 @@ def run_workers(
     rank 0's progress.json).
     """
     placement = check_devices(spec.cluster, spec.train)  # a one-line error before launch
+    core_sets(spec.cluster, host_cores())  # the cores asked for exist here
     spec = spec.model_copy(
         update={"backend": placement.backend, "precisions": placement.precisions}
     )
