@@ -277,6 +277,7 @@ class EvalPoint(_Record):
 
     step: int
     train_time_s: float
+    wall_s: float | None = Field(None, description="Seconds since the run was submitted.")
     accuracy: float | None = None
     val_loss: float | None = None
     perplexity: float | None = None
@@ -289,11 +290,13 @@ class EvalPoint(_Record):
         return self
 
     @classmethod
-    def of(cls, step: int, train_time_s: float, figures: dict[str, float]) -> EvalPoint:
+    def of(
+        cls, step: int, train_time_s: float, figures: dict[str, float], wall_s: float | None = None
+    ) -> EvalPoint:
         """The point of `figures` (a recipe's `evaluate`), its named figures as fields."""
         named = {k: v for k, v in figures.items() if k in ("accuracy", "val_loss", "perplexity")}
         more = {k: v for k, v in figures.items() if k not in named}
-        return cls(step=step, train_time_s=train_time_s, **named, more=more)
+        return cls(step=step, train_time_s=train_time_s, wall_s=wall_s, **named, more=more)
 
     def figures(self) -> dict[str, float]:
         """Every figure of the point by name, e.g. {'accuracy': 0.9}."""
@@ -317,6 +320,20 @@ class Recovery(_Record):
     left_out: dict[str, str] = {}
 
 
+class Timeline(_Record):
+    """A rank's wall clock through its run, in seconds since the run was submitted
+    (`RunSpec.submitted_at`): when its first step began, when the steps that throughput counts
+    began (after the warm-up), when its loop ended, and what the loop spent in 'auto''s
+    trials, evaluations and checkpoints. All 0: not recorded."""
+
+    first_step_s: float = 0.0
+    steady_from_s: float = 0.0
+    loop_end_s: float = 0.0
+    trials_s: float = 0.0
+    eval_s: float = 0.0
+    checkpoint_s: float = 0.0
+
+
 class RankResult(_Record):
     """What one rank of a training run returns."""
 
@@ -337,6 +354,7 @@ class RankResult(_Record):
     start_rss_bytes: int = Field(0, description="That peak before it opened the data.")
     trials: CompressionTrials | None = Field(None, description="'auto''s choice; else none.")
     cores: list[int] = Field([], description="The CPU cores the rank's process could run on.")
+    timeline: Timeline = Timeline()
 
 
 class RunResult(_Record):

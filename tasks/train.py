@@ -18,7 +18,13 @@ from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.training.launch.local import LaunchError, RankFailed
 from hetflow.training.launch.run import Ran, run_plan
 from hetflow.training.loop.optim import resolve_optimizer
-from hetflow.training.metrics import met_target, step_series, summarize
+from hetflow.training.metrics import (
+    end_to_end,
+    met_target,
+    needs_profile,
+    step_series,
+    summarize,
+)
 from hetflow.training.plan.balance import PlanError
 from hetflow.training.plan.planner import make_plan
 from hetflow.training.plan.ranks import RankMap
@@ -108,6 +114,8 @@ def train_variant(
         ran.result, train.global_batch, train.target_accuracy, train.target_val_loss
     )
     metrics["run_time_s"] = ran.wall_s
+    profiled = profile.profiling_time_s if needs_profile(train) else 0.0
+    metrics |= end_to_end(metrics, ran.wall_s, profiled)
     finished_cluster = ranks.launched()[0]
     metrics |= cost_metrics(finished_cluster, metrics, train, catalog, epoch_samples)
     outcome = TrainOutcome(

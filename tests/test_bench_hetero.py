@@ -154,6 +154,25 @@ def test_time_to_target_is_each_variants_time_to_what_baseline_ended_at():
     )
 
 
+def test_end_to_end_time_to_target_counts_the_profile_only_the_planned_variant_paid():
+    walled = [{"step": 10, "train_time_s": 1.0, "wall_s": 20.0, "accuracy": 0.8}]
+    out = with_time_to_target(
+        {
+            "baseline": {"evals": walled, "profiling_time_s": 0.0},
+            "static": {
+                "evals": [{"step": 10, "train_time_s": 0.5, "wall_s": 16.0, "accuracy": 0.8}],
+                "profiling_time_s": 6.0,
+            },
+        }
+    )
+    # twice as fast in its steps, yet later end to end: its profile cost more than it saved
+    assert out["static"]["time_to_target_speedup"] == 2.0
+    assert out["static"]["end_to_end_time_to_baseline_final_s"] == 22.0
+    assert out["static"]["end_to_end_time_to_target_speedup"] == pytest.approx(20.0 / 22.0)
+    unwalled = with_time_to_target({"baseline": _evals((1.0, 2.0)), "s": _evals((1.0, 2.0))})
+    assert unwalled["s"]["end_to_end_time_to_baseline_final_s"] is None
+
+
 def test_a_rank_the_plan_left_at_batch_0_has_no_model_error():
     records = [{"step": s, "batch": 0, "compute_s": 0.0001} for s in range(4)]
     result = {"ranks": [{"rank": 0, "records": records}]}

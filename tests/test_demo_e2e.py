@@ -123,6 +123,20 @@ def test_mlflow_holds_both_runs_under_one_parent_with_sane_metrics(demo):
     assert {"comparison.json", "comparison.md"} <= artifacts
 
 
+def test_the_table_leads_with_end_to_end_time_and_the_profile_is_optimizeds_cost(demo):
+    """Every cost counted: the printed table starts with the time from the job's start; the
+    profile is charged to the optimized variant, whose plan it made, and not to the equal
+    split; 'auto''s trials only the optimized run pays."""
+    _, table, stdout = demo
+    first = next(line for line in stdout.splitlines() if line.count("│") == 5)
+    assert first.split("│")[1].strip().startswith("end_to_end")
+    base, opt = table["baseline"], table["optimized"]
+    assert base["profiling_time_s"] == 0.0 and opt["profiling_time_s"] > 0
+    assert base["trials_s"] == 0.0 and opt["trials_s"] > 0
+    for m in (base, opt):
+        assert m["end_to_end_s"] > m["profiling_time_s"] + m["startup_s"] and m["startup_s"] > 0
+
+
 def test_the_experiment_is_marked_as_model_training(demo):
     home, _, _ = demo
     exp = MlflowClient(f"sqlite:///{home}/mlflow.db").get_experiment_by_name("hetflow")

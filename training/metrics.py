@@ -1,6 +1,10 @@
 """From the ranks' step records to the run's figures (pure), under the one name each figure has in
 MLflow, the docs and benchmark JSON (docs/metrics.md).
 
+`throughput_samples_per_s` counts the steps' own times (rank 0's `step_s`);
+`steady_samples_per_s` their wall clock, what happens between them included; `end_to_end`
+adds what the variant paid before its first step (profile, launch, trials).
+
 busy_fraction is compute time over training time, per rank (`rank{r}/busy_fraction`) and over
 all ranks (`busy_fraction`); the rest is communication, waiting for the slowest rank (idle) and
 waiting for data. `train_loop_s` is the training loop's time: the sum of rank 0's step times.
@@ -54,11 +58,61 @@ def summarize(
     m["tracking_overhead_fraction"] = max(r.bookkeeping_s for r in ranks) / loop
     m["data_wait_fraction"] = sum(m[f"rank{r.rank}/data_wait_s"] for r in ranks) / (world * loop)
     m.update(eval_figures(lead.evals, target_accuracy, target_val_loss))
+    m.update(wall_figures(lead, global_batch, steps))
     hits = sum(r.cache.hits for r in ranks)
     misses = sum(r.cache.misses for r in ranks)
     m["s3_bytes_read"] = sum(r.cache.bytes_read for r in ranks)
     m["cache_hit_ratio"] = hits / (hits + misses) if hits + misses else 0.0
     return m
+
+
+def wall_figures(lead: RankResult, global_batch: int, steps: int) -> dict[str, float]:
+    """Rank 0's wall clock (`Timeline`), where it was recorded: `startup_s` (from submit to the
+    first step: launch, set-up, 'auto''s trials), `trials_s`, `eval_s`, `checkpoint_s`,
+    `steps_wall_s` (first step to the loop's end, everything between the steps included) and
+    `steady_samples_per_s` (the samples of the steps after the warm-up over their wall clock,
+    the time between them included, evaluations and checkpoints not).
+
+    >>> from hetflow.records import Timeline
+    >>> line = Timeline(first_step_s=5.0, steady_from_s=5.5, loop_end_s=9.0, eval_s=0.5)
+    >>> w = wall_figures(RankResult(rank=0, records=[], plans=[], timeline=line), 100, 31)
+    >>> w["startup_s"], w["steps_wall_s"], w["steady_samples_per_s"]
+    (5.0, 4.0, 1000.0)
+    """
+    line = lead.timeline
+    if line.loop_end_s <= 0:
+        return {}
+    steady = line.loop_end_s - line.steady_from_s - line.eval_s - line.checkpoint_s
+    counted = steps - THROUGHPUT_SKIP_STEPS if steps > THROUGHPUT_SKIP_STEPS else steps
+    return {
+        "startup_s": line.first_step_s,
+        "trials_s": line.trials_s,
+        "eval_s": line.eval_s,
+        "checkpoint_s": line.checkpoint_s,
+        "steps_wall_s": line.loop_end_s - line.first_step_s,
+        "steady_samples_per_s": global_batch * counted / steady if steady > 0 else 0.0,
+    }
+
+
+def end_to_end(metrics: dict, run_s: float, profiling_time_s: float) -> dict[str, float]:
+    """What a variant paid from the start of its job: `profiling_time_s` (its profile, 0 where
+    its plan needs none or reuses one), `end_to_end_s` (profile, then the run from submit to
+    its result, launch included) and `end_to_end_time_to_target_s` (profile, then submit to
+    the evaluation that met the target), where the run recorded when that evaluation was.
+
+    >>> end_to_end({"time_to_target_wall_s": 7.0}, run_s=12.0, profiling_time_s=3.0)
+    {'profiling_time_s': 3.0, 'end_to_end_s': 15.0, 'end_to_end_time_to_target_s': 10.0}
+    """
+    out = {"profiling_time_s": profiling_time_s, "end_to_end_s": profiling_time_s + run_s}
+    if metrics.get("time_to_target_wall_s") is not None:
+        out["end_to_end_time_to_target_s"] = profiling_time_s + metrics["time_to_target_wall_s"]
+    return out
+
+
+def needs_profile(train: TrainConfig) -> bool:
+    """Whether a variant's plan is made from a profile: any schedule but the equal split, and
+    'auto' compression (its candidates are planned from it)."""
+    return train.schedule != "equal" or train.compression == "auto"
 
 
 def eval_figures(
@@ -84,6 +138,8 @@ def eval_figures(
     hit = next((e for e in evals if _met(e, target_accuracy, target_val_loss)), None)
     if hit is not None:
         m["time_to_target_s"] = hit.train_time_s
+        if hit.wall_s is not None:
+            m["time_to_target_wall_s"] = hit.wall_s
     return m
 
 

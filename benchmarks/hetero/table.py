@@ -14,6 +14,15 @@ def print_table(out: dict) -> None:
         f"all-reduce {out['allreduce_s'] * 1e3:.1f} ms"
     )
     rows = [
+        "end_to_end_time_to_baseline_final_s",
+        "end_to_end_time_to_target_speedup",
+        "end_to_end_time_to_target_s",
+        "end_to_end_s",
+        "end_to_end_speedup",
+        "profiling_time_s",
+        "startup_s",
+        "trials_s",
+        "steady_samples_per_s",
         "throughput_samples_per_s",
         "ideal_samples_per_s",
         "efficiency",
@@ -36,7 +45,6 @@ def print_table(out: dict) -> None:
         "replans",
         "final_plan",
         "run_s",
-        "startup_s",
     ]
     t.add_column("metric")
     for name in out["variants"]:

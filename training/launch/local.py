@@ -90,7 +90,11 @@ def run_workers(
     placement = check_devices(spec.cluster, spec.train)  # a one-line error before launch
     core_sets(spec.cluster, host_cores())  # the cores asked for exist here
     spec = spec.model_copy(
-        update={"backend": placement.backend, "precisions": placement.precisions}
+        update={
+            "backend": placement.backend,
+            "precisions": placement.precisions,
+            "submitted_at": spec.submitted_at or time.time(),
+        }
     )
     if spec.cluster.launcher == "ray":
         from hetflow.training.launch.ray_train import run_workers_ray, with_shared_state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -13,6 +14,8 @@ from hetflow.emulation.costs import SharedCosts
 from hetflow.emulation.emulator import Emulator
 from hetflow.emulation.link import Link
 from hetflow.records import Plan
+
+_STARTED = time.time()  # this process's start, near enough (the module is imported early)
 
 
 class Injection(BaseModel):
@@ -66,6 +69,11 @@ class RunSpec(BaseModel):
         description="The batches the profile times each worker's step at; none: "
         "`default_profile_batches` of the global batch and the world.",
     )
+    submitted_at: float | None = Field(
+        None,
+        description="time.time() when the run was handed to the launcher (`run_workers`): the "
+        "ranks' timelines count from it.",
+    )
     left_out: dict[str, str] = Field(
         default_factory=dict,
         description="Workers of the run the cluster goes on without, name -> why (a lost node "
@@ -92,6 +100,12 @@ class RunSpec(BaseModel):
     @classmethod
     def read(cls, path: str | Path) -> RunSpec:
         return cls.model_validate_json(Path(path).read_text())
+
+
+def since_submit(spec: RunSpec) -> float:
+    """Seconds since `spec` was submitted (since this process started where it names no time:
+    a job file written by hand)."""
+    return time.time() - (spec.submitted_at or _STARTED)
 
 
 def node_id() -> str:

@@ -16,12 +16,13 @@ from hetflow.records import (
     RankResult,
     Recovery,
     StepRecord,
+    Timeline,
 )
 from hetflow.training.comm import comm_state_dict, load_comm_state, new_control_group
 from hetflow.training.devices import synchronizer, to_device
 from hetflow.training.faults.guard import StepGuard
 from hetflow.training.faults.records import Preempted
-from hetflow.training.launch.spec import emulator_for, node_id
+from hetflow.training.launch.spec import emulator_for, node_id, since_submit
 from hetflow.training.loop.checkpoint import CheckpointStore
 from hetflow.training.loop.computing import ComputingRanks, can_leave, sync_replicas
 from hetflow.training.loop.progress import ProgressFile, note_recovery
@@ -35,6 +36,7 @@ from hetflow.training.loop.step import (
 )
 from hetflow.training.loop.step_times import SharedStepTimes, column_means
 from hetflow.training.loop.trials import Trials
+from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS
 from hetflow.training.plan.rebalancer import SUDDEN_STEPS
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import evaluate, parameter_count, recipe_of
@@ -67,7 +69,10 @@ class TrainingLoop:
         self.mean = MeanOverCounts(world, per_sample, None if per_sample else new_control_group())
         self.store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
         saved = self.on_these_workers(self.store.load())
+        self.timeline = Timeline()
+        t = since_submit(spec)
         self.trials = self.resolve_compression(saved)  # 'auto': self.spec's plan now has it
+        self.timeline.trials_s = since_submit(spec) - t if self.trials and not saved else 0.0
         spec = self.spec
         self.net = build_net(spec, data, self.emu, self.recipe, amp.device)
         self.stepper = Stepper(self.net, self.emu, self.mean, amp, counter, self.recipe)
@@ -137,7 +142,11 @@ class TrainingLoop:
     def run(self) -> None:
         cfg = self.cfg
         self.counter.take()
-        for step in range(self.state.start, cfg.steps):
+        line, first = self.timeline, self.state.start
+        line.first_step_s = line.steady_from_s = since_submit(self.spec)
+        for step in range(first, cfg.steps):
+            if step == first + THROUGHPUT_SKIP_STEPS:  # the steps throughput counts begin
+                line.steady_from_s = since_submit(self.spec)
             self.guard.begin(step)
             computes = self.computing.computes
             rec = self.timed_step(step) if computes else self.idle_step(step)
@@ -153,12 +162,19 @@ class TrainingLoop:
             evaluate_now = (step + 1) % cfg.eval_every == 0 or last
             self.refresh(rank0=evaluate_now or checkpoint_now, everyone=last)
             if evaluate_now:
-                self.record_eval(step + 1)
+                line.eval_s += self.timed(self.record_eval, step + 1)
             if checkpoint_now:
-                self.checkpoint(step + 1)
+                line.checkpoint_s += self.timed(self.checkpoint, step + 1)
             self.write_progress(step + 1)
             if stop and not last:
                 raise Preempted(step + 1)
+        line.loop_end_s = since_submit(self.spec)
+
+    def timed(self, fn, *args) -> float:
+        """The wall seconds `fn(*args)` took."""
+        t = since_submit(self.spec)
+        fn(*args)
+        return since_submit(self.spec) - t
 
     def timed_step(self, step: int) -> StepRecord:
         """One step on the plan in force: picking its data (`data_s`); forward, backward and the
@@ -297,7 +313,8 @@ class TrainingLoop:
                 for x, y in self.data.eval_batches(batch=max(self.state.plan))
             )
             figures = evaluate(recipe, self.net.model, batches)
-            self.state.evals.append(EvalPoint.of(step, self.state.train_time_s, figures))
+            wall = since_submit(self.spec)
+            self.state.evals.append(EvalPoint.of(step, self.state.train_time_s, figures, wall))
         dist.barrier()  # the others wait here, outside the timed step
 
     def checkpoint(self, step: int) -> None:
@@ -348,6 +365,7 @@ class TrainingLoop:
             cache=CacheCounts(hits=stats.hits, misses=stats.misses, bytes_read=stats.bytes_read),
             peak_rss_bytes=peak_rss_bytes(),
             trials=self.trials,
+            timeline=self.timeline,
         )
 
     def weights(self) -> dict[str, torch.Tensor] | None:
