@@ -5,6 +5,7 @@ scans for the fake AWS credentials it was given."""
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
@@ -38,6 +39,9 @@ def test_demo_prints_the_table_and_where_to_look(demo):
     assert "throughput_samples_per_s" in stdout and "rank3/busy_fraction" in stdout
     assert f"mlflow ui --backend-store-uri sqlite:///{home}/mlflow.db" in stdout
     assert "?workflowType=machine_learning" in stdout  # each run's page, in the training view
+    # one address: the printed command serves where the links inside MLflow point (issue 39)
+    ports = set(re.findall(r"http://127\.0\.0\.1:(\d+)/#/experiments", stdout))
+    assert ports and ports == set(re.findall(r"mlflow ui .* --port (\d+)", stdout))
 
 
 def test_the_printed_table_has_units(demo):

@@ -41,22 +41,25 @@ def _print_table(table: dict, title: str) -> None:
 def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None) -> None:
     """Where the runs can be seen: the MLflow UI (with each run's page, from `urls`), Prefect.
 
-    A store that is no server gets the `mlflow ui` command on a port free now (5000, MLflow's
-    default, is the local stack's when it is up), and the run links follow it there."""
-    from hetflow.infra.s3 import free_port
+    A store that is no server gets the `mlflow ui` command on MLflow's default port, the one
+    the links inside the runs (descriptions, comparison.md) point at, so that one address
+    serves both; where that port is taken now, the line says so."""
     from hetflow.infra.tracking import links
     from hetflow.infra.tracking.tracker import MLflowTracker
 
     uri = MLflowTracker(tracking).tracking_uri
     print("\nWhere to look:")
-    port = None
     if links.served(uri):
         print(f"  MLflow UI:  {uri}  (experiment '{tracking.experiment}')")
     else:
-        port = free_port()
-        print(f"  MLflow UI:  {links.ui_hint(uri, port)}   then open {links.ui_base(uri, port)}")
+        print(f"  MLflow UI:  {links.ui_hint(uri)}   then open {links.ui_base(uri)}")
+        if not port_free(links.UI_PORT):
+            print(
+                f"    (port {links.UI_PORT} is in use now: free it first, or the run pages' "
+                "links will not open)"
+            )
     for label, url in (urls or {}).items():
-        print(f"    {label}: {links.on_port(url, port) if port else url}")
+        print(f"    {label}: {url}")
     api = os.environ.get("PREFECT_API_URL")
     if api:
         print(f"  Prefect UI: {api.removesuffix('/api')}/runs")
@@ -65,6 +68,18 @@ def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None)
             "  Prefect UI: `hetflow stack up`, export the variables it prints, "
             "and re-run to see flows there"
         )
+
+
+def port_free(port: int) -> bool:
+    """Whether a server could listen on `port` of 127.0.0.1 now."""
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def reachable(

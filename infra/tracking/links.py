@@ -39,15 +39,6 @@ def ui_hint(tracking_uri: str, port: int = UI_PORT) -> str | None:
     return f"mlflow ui --backend-store-uri {tracking_uri} --port {port}"
 
 
-def on_port(url: str, port: int) -> str:
-    """A link made for `mlflow ui`'s default port, moved to `port`.
-
-    >>> on_port("http://127.0.0.1:5000/#/experiments/1?workflowType=machine_learning", 5123)
-    'http://127.0.0.1:5123/#/experiments/1?workflowType=machine_learning'
-    """
-    return url.replace(f"http://127.0.0.1:{UI_PORT}", f"http://127.0.0.1:{port}", 1)
-
-
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """One run's page.
 
