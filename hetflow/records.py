@@ -227,6 +227,7 @@ class MethodTrial(_Record):
 
     method: CompressionMethod
     step_s: float | None = None
+    spread_s: float = Field(0.0, description="Its timed steps' standard deviation (slowest rank).")
     bytes_per_step: float = 0.0
     error: str = ""
 

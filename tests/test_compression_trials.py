@@ -55,6 +55,19 @@ def test_of_equal_steps_the_earlier_candidate_is_kept_whatever_the_order_of_the_
     )
 
 
+def test_a_lossy_method_does_not_win_on_the_trials_noise():
+    """'none' is kept unless another's step is shorter by more than two standard deviations
+    of the noisier trial (and at least 2%): the demo chose none, fp16 or bf16 across runs."""
+    none = MethodTrial(method=M("none"), step_s=0.400, spread_s=0.020)
+    within = MethodTrial(method=M("fp16"), step_s=0.370, spread_s=0.010)  # 30 ms < 2 x 20 ms
+    method, reason = choose_from_trials([none, within])
+    assert method == M("none") and "no other was shorter by more than the trials' noise" in reason
+    beyond = MethodTrial(method=M("bf16"), step_s=0.350, spread_s=0.010)  # 50 ms > 40 ms
+    assert choose_from_trials([none, within, beyond])[0] == M("bf16")
+    quiet = MethodTrial(method=M("fp16"), step_s=0.395)  # no spread: 1.25% < the 2% floor
+    assert choose_from_trials([trial("none", 0.400), quiet])[0] == M("none")
+
+
 def test_a_failed_trial_is_never_kept_even_when_it_looks_fastest():
     table = [
         trial("none", 0.5),

@@ -84,12 +84,15 @@ class Trials:
         finally:
             reader.close()
 
-    def try_method(self, method: CompressionMethod, batches: list) -> tuple[float, float, str]:
-        """(mean timed step s, mean bytes sent per timed step, '') of `method` on this rank;
-        (inf, 0, why) where it cannot run or raised."""
+    def try_method(
+        self, method: CompressionMethod, batches: list
+    ) -> tuple[float, float, float, str]:
+        """(mean timed step s, mean bytes sent per timed step, the timed steps' standard
+        deviation, '') of `method` on this rank; (inf, 0, 0, why) where it cannot run or
+        raised."""
         amp = self.amp
         if method.name in LOCAL_SGD and amp.scaler.is_enabled():
-            return float("inf"), 0.0, NOT_WITH_FP16
+            return float("inf"), 0.0, 0.0, NOT_WITH_FP16
         emu = emulator_for(self.spec, self.rank, synchronizer(amp.device), scope=f"trial-{method}")
         base = emu.slowdown
         try:
@@ -119,23 +122,27 @@ class Trials:
                     times.append(now() - t0)
                     sent.append(nbytes)
         except Exception as e:  # recorded as the trial's failure
-            return float("inf"), 0.0, f"{type(e).__name__}: {e}"
-        return statistics.fmean(times), statistics.fmean(sent), ""
+            return float("inf"), 0.0, 0.0, f"{type(e).__name__}: {e}"
+        spread = statistics.stdev(times) if len(times) > 1 else 0.0
+        return statistics.fmean(times), statistics.fmean(sent), spread, ""
 
     def agree(
-        self, methods: list[CompressionMethod], own: list[tuple[float, float, str]]
+        self, methods: list[CompressionMethod], own: list[tuple[float, float, float, str]]
     ) -> list[MethodTrial]:
-        """Every rank's figures reduced with MAX (the slowest rank's step; a failure anywhere
-        is infinite): the same table on every rank."""
-        figures = torch.tensor([[s, b] for s, b, _ in own], dtype=torch.float64)
+        """Every rank's figures reduced with MAX (the slowest rank's step and spread; a failure
+        anywhere is infinite): the same table on every rank."""
+        figures = torch.tensor([[s, b, d] for s, b, d, _ in own], dtype=torch.float64)
         dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=self.control_group)
         trials = []
-        for m, (step_s, nbytes), (_, _, error) in zip(methods, figures.tolist(), own, strict=True):
+        for m, (step_s, nbytes, spread), (*_, error) in zip(
+            methods, figures.tolist(), own, strict=True
+        ):
             failed = step_s == float("inf")
             trials.append(
                 MethodTrial(
                     method=m,
                     step_s=None if failed else step_s,
+                    spread_s=0.0 if failed else spread,
                     bytes_per_step=0.0 if failed else nbytes,
                     error=(error or "failed on another rank") if failed else "",
                 )

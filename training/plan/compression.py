@@ -18,6 +18,11 @@ STRONG_METHOD = CompressionMethod(name="powersgd", rank=4)
 # What `allow_local_sgd` adds to 'auto''s candidates: local SGD, and hierarchical averaging
 # where the workers span several nodes (on one node it would keep every byte off the link).
 LOCAL_SGD_PERIOD = 4
+# A candidate replaces the first (least lossy) one only where its step is shorter by more than
+# NOISE_SIGMAS standard deviations of the trials' timed steps and by at least MIN_GAIN: a
+# lossy method must not win on noise.
+NOISE_SIGMAS = 2.0
+MIN_GAIN = 0.02
 
 
 def auto_candidates(train: TrainConfig, cluster: ClusterSpec) -> list[CompressionMethod]:
@@ -42,19 +47,36 @@ def _said(t: MethodTrial) -> str:
     return f"{t.method} {t.step_s * 1e3:.1f} ms" if _measured(t) else f"{t.method} failed"
 
 
+def beats(t: MethodTrial, first: MethodTrial) -> bool:
+    """Whether `t`'s step is shorter than `first`'s by more than the trials' noise: by
+    NOISE_SIGMAS standard deviations of the noisier of the two, and at least MIN_GAIN of
+    `first`'s step (pure)."""
+    margin = max(NOISE_SIGMAS * max(t.spread_s, first.spread_s), MIN_GAIN * first.step_s)
+    return first.step_s - t.step_s > margin
+
+
 def choose_from_trials(trials: list[MethodTrial]) -> tuple[CompressionMethod, str]:
-    """The method with the shortest measured step, and why (pure: the same on every rank for
-    the same table). A trial that failed (`step_s` None or not finite) is never kept; of equal
-    steps the earlier trial is kept (the candidates' order: least lossy first). ValueError
-    naming `train.compression_candidates` when no trial measured a step."""
+    """The method kept, and why (pure: the same on every rank for the same table). The first
+    measured trial (the candidates' order: least lossy first) is kept unless another's step is
+    shorter by more than the trials' noise (`beats`); of those that are, the shortest (the
+    earlier of equal ones). A trial that failed (`step_s` None or not finite) is never kept.
+    ValueError naming `train.compression_candidates` when no trial measured a step."""
     measured = [(t.step_s, i) for i, t in enumerate(trials) if _measured(t)]
     if not measured:
         failed = "; ".join(f"{t.method}: {t.error or 'no step measured'}" for t in trials)
         raise ValueError(f"train.compression_candidates: every trial failed ({failed})")
-    _, best = min(measured)
+    first = trials[measured[0][1]]
+    better = [(s, i) for s, i in measured if beats(trials[i], first)]
+    _, best = min(better) if better else measured[0]
     others = ", ".join(_said(t) for i, t in enumerate(trials) if i != best)
     chosen = trials[best].method
-    reason = f"shortest measured step of the {len(trials)} tried: {_said(trials[best])}"
+    if better:
+        reason = f"shortest measured step of the {len(trials)} tried: {_said(trials[best])}"
+    else:
+        reason = (
+            f"the first candidate, {_said(first)}: no other was shorter by more than the "
+            "trials' noise"
+        )
     reason += f" (against {others})" if others else ""
     log.info("compression 'auto' -> %s: %s", chosen, reason)
     return chosen, reason
