@@ -233,3 +233,22 @@ def test_the_ideal_with_the_all_reduce_prices_it_over_the_workers_the_ideal_uses
     all_three = ideals(profile_of([*fast, rank_profile(2, 1000.0, **fig)]), bench)
     assert all_three.allreduce_s == pytest.approx(0.003)
     assert all_three.with_allreduce_samples_per_s == pytest.approx(64 / (64 / 3000.0 + 0.003))
+
+
+@pytest.mark.slow
+def test_the_bound_times_each_worker_alone_at_the_batches_the_plans_gave_it(
+    tmp_path, hetflow_home, capsys
+):
+    """--bound: after the round, each worker of the equal split runs alone at its share (16
+    samples), and the variant's efficiency is its throughput over the sum of those rates."""
+    import json
+
+    argv = ["--speeds", "1,2", "--steps", "3", "--global-batch", "32", "--variants", "baseline"]
+    main([*argv, "--bound", "--json", str(tmp_path / "x.json")])
+    printed = capsys.readouterr().out
+    assert "bound: w0 alone at batch 16" in printed and "bound: w1 alone at batch 16" in printed
+    run = json.loads((tmp_path / "x.json").read_text())["variants"]["baseline"]
+    assert run["bound_samples_per_s"] == run["plan_bound_samples_per_s"] > 0
+    assert run["efficiency_vs_bound"] == pytest.approx(
+        run["throughput_samples_per_s"] / run["bound_samples_per_s"]
+    )

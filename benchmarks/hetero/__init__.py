@@ -41,6 +41,7 @@ from hetflow.training.plan.ranks import RankMap
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.hetero.args import PRECISION, parser
+from benchmarks.hetero.bound import bound_figures, solo_rates
 from benchmarks.hetero.model import at_run_pace, compute_model_error
 from benchmarks.hetero.table import print_table
 from benchmarks.ray_cluster import local_ray
@@ -122,6 +123,7 @@ class Bench:
     variants: list[str]
     repeat: int
     keep_results: str | None = None  # a folder for each run's result.json (--keep-results)
+    bound: bool = False  # time each worker alone at its batches: the measured bound (--bound)
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
@@ -171,7 +173,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         variants = [name for v in variants for name in (v, f"{v}@ray")]
     if len(precisions) > 1:
         variants = [f"{v}@{p}" for v in variants for p in precisions]
-    return args, Bench(cluster, base, stragglers, variants, args.repeat, args.keep_results)
+    return args, Bench(
+        cluster, base, stragglers, variants, args.repeat, args.keep_results, args.bound
+    )
 
 
 class Ideals(NamedTuple):
@@ -221,7 +225,8 @@ def run_variant(
         keep = Path(bench.keep_results) / f"{run_name}.json"
         keep.parent.mkdir(parents=True, exist_ok=True)
         keep.write_text(json.dumps({"result": ran.raw, "plan": plan.model_dump(mode="json")}))
-    return {**ran.raw, "wall_s": ran.wall_s}, plan, cfg  # start-up included
+    # start-up included; the first plan over the whole cluster (0 where not launched) too
+    return {**ran.raw, "wall_s": ran.wall_s}, plan, cfg, planned.local_batches
 
 
 def variant_figures(
@@ -271,16 +276,29 @@ def run_rounds(
     every variant alike): per variant, each run's figures in the order they ran."""
     until = min([bench.base.steps, *[at for _, at, _ in bench.stragglers]])
     runs: dict[str, list[dict]] = {name: [] for name in bench.variants}
-    for round_, name in itertools.product(range(bench.repeat), bench.variants):
-        res, plan, cfg = run_variant(name, round_, bench, profile, dataset, tmp)
-        figures = variant_figures(res, plan, cfg, ideal, until, profile.profiling_time_s)
-        runs[name].append(figures)
-        print(
-            f"{name}: {figures['throughput_samples_per_s']:.0f} samples/s "
-            f"(efficiency {figures['efficiency']:.2f}), plan {plan.local_batches}"
-            f" -> {figures['final_plan']}",
-            flush=True,
-        )
+    for round_ in range(bench.repeat):
+        planned = {}
+        for name in bench.variants:
+            res, plan, cfg, planned[name] = run_variant(name, round_, bench, profile, dataset, tmp)
+            figures = variant_figures(res, plan, cfg, ideal, until, profile.profiling_time_s)
+            runs[name].append(figures)
+            print(
+                f"{name}: {figures['throughput_samples_per_s']:.0f} samples/s "
+                f"(efficiency {figures['efficiency']:.2f}), plan {plan.local_batches}"
+                f" -> {figures['final_plan']}",
+                flush=True,
+            )
+        if bench.bound:  # each worker alone at the batches this round's plans gave it
+            rates = solo_rates(bench, list(planned.values()), dataset, tmp, round_)
+            for name, batches in planned.items():
+                figures = runs[name][-1]
+                figures |= bound_figures(
+                    figures["throughput_samples_per_s"],
+                    batches,
+                    rates,
+                    bench.base.global_batch,
+                    ideal.allreduce_s,
+                )
     return runs
 
 

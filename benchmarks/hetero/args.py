@@ -83,6 +83,12 @@ def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
         help="with --launcher ray: an existing Ray cluster (default: a local one, one node per "
         "worker, started for the bench)",
     )
+    p.add_argument(
+        "--bound",
+        action="store_true",
+        help="after each round, time every worker alone at the batches the plans gave it: "
+        "the bound each variant is graded against, measured, not modelled (efficiency_vs_bound)",
+    )
     p.add_argument("--json", dest="json_path")
     p.add_argument(
         "--keep-results",
