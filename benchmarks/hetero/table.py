@@ -50,7 +50,7 @@ def print_table(out: dict) -> None:
         "final_plan",
         "run_s",
     ]
-    t.add_column("metric")
+    t.add_column("metric", no_wrap=True)
     for name in out["variants"]:
         t.add_column(name, justify="right")
     for row in rows:
@@ -62,4 +62,4 @@ def print_table(out: dict) -> None:
                 v = "[" + ", ".join("-" if e is None else format(e, form) for e in v) + "]"
             cells.append("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v))
         t.add_row(row, *cells)
-    wide_console(110).print(t)
+    wide_console(140).print(t)
