@@ -325,8 +325,10 @@ class Timeline(_Record):
     """A rank's wall clock through its run, in seconds since the run was submitted
     (`RunSpec.submitted_at`): when its first step began, when the steps that throughput counts
     began (after the warm-up), when its loop ended, and what the loop spent in 'auto''s
-    trials, evaluations and checkpoints. All 0: not recorded."""
+    trials, evaluations and checkpoints; `first_step` is the step its loop began at (past 0 on
+    a resumed run). All 0: not recorded."""
 
+    first_step: int = 0
     first_step_s: float = 0.0
     steady_from_s: float = 0.0
     loop_end_s: float = 0.0

@@ -44,6 +44,14 @@ def test_the_steps_wall_clock_counts_what_happens_between_them_but_not_evaluatio
     assert (m["startup_s"], m["trials_s"], m["steps_wall_s"]) == (4.0, 1.5, pytest.approx(2.8))
 
 
+def test_a_resumed_run_counts_only_the_steps_its_own_wall_clock_covers():
+    """Resumed at step 6 of 11: its records hold steps 0-10, its clock only 6-10; the steady
+    rate counts steps 7-10 (after this process's warm-up step) over their 1 s."""
+    line = Timeline(first_step=6, first_step_s=4.0, steady_from_s=4.2, loop_end_s=5.2)
+    m = summarize(_result(line, []), global_batch=64)
+    assert m["steady_samples_per_s"] == pytest.approx(64 * 4 / 1.0)
+
+
 def test_a_run_that_recorded_no_timeline_has_no_wall_figures():
     assert "startup_s" not in summarize(_result(Timeline(), []), global_batch=64)
 

@@ -58,7 +58,7 @@ def summarize(
     m["tracking_overhead_fraction"] = max(r.bookkeeping_s for r in ranks) / loop
     m["data_wait_fraction"] = sum(m[f"rank{r.rank}/data_wait_s"] for r in ranks) / (world * loop)
     m.update(eval_figures(lead.evals, target_accuracy, target_val_loss))
-    m.update(wall_figures(lead, global_batch, steps))
+    m.update(wall_figures(lead, global_batch))
     hits = sum(r.cache.hits for r in ranks)
     misses = sum(r.cache.misses for r in ranks)
     m["s3_bytes_read"] = sum(r.cache.bytes_read for r in ranks)
@@ -66,16 +66,17 @@ def summarize(
     return m
 
 
-def wall_figures(lead: RankResult, global_batch: int, steps: int) -> dict[str, float]:
+def wall_figures(lead: RankResult, global_batch: int) -> dict[str, float]:
     """Rank 0's wall clock (`Timeline`), where it was recorded: `startup_s` (from submit to the
     first step: launch, set-up, 'auto''s trials), `trials_s`, `eval_s`, `checkpoint_s`,
     `steps_wall_s` (first step to the loop's end, everything between the steps included) and
-    `steady_samples_per_s` (the samples of the steps after the warm-up over their wall clock,
-    the time between them included, evaluations and checkpoints not).
+    `steady_samples_per_s` (the samples of the steps this process ran after the warm-up over
+    their wall clock, the time between them included, evaluations and checkpoints not).
 
-    >>> from hetflow.records import Timeline
+    >>> from hetflow.records import StepRecord, Timeline
     >>> line = Timeline(first_step_s=5.0, steady_from_s=5.5, loop_end_s=9.0, eval_s=0.5)
-    >>> w = wall_figures(RankResult(rank=0, records=[], plans=[], timeline=line), 100, 31)
+    >>> records = [StepRecord.model_construct(step=s) for s in range(31)]
+    >>> w = wall_figures(RankResult(rank=0, records=records, plans=[], timeline=line), 100)
     >>> w["startup_s"], w["steps_wall_s"], w["steady_samples_per_s"]
     (5.0, 4.0, 1000.0)
     """
@@ -83,7 +84,9 @@ def wall_figures(lead: RankResult, global_batch: int, steps: int) -> dict[str, f
     if line.loop_end_s <= 0:
         return {}
     steady = line.loop_end_s - line.steady_from_s - line.eval_s - line.checkpoint_s
-    counted = steps - THROUGHPUT_SKIP_STEPS if steps > THROUGHPUT_SKIP_STEPS else steps
+    # the steps this process ran after its warm-up: a resumed run's records start before it
+    counted = sum(r.step >= line.first_step + THROUGHPUT_SKIP_STEPS for r in lead.records)
+    counted = counted or sum(r.step >= line.first_step for r in lead.records)
     return {
         "startup_s": line.first_step_s,
         "trials_s": line.trials_s,

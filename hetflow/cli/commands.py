@@ -46,6 +46,7 @@ def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None)
     serves both; where that port is taken now, the line says so."""
     from hetflow.infra.tracking import links
     from hetflow.infra.tracking.tracker import MLflowTracker
+    from hetflow.stack.processes import port_open
 
     uri = MLflowTracker(tracking).tracking_uri
     print("\nWhere to look:")
@@ -53,7 +54,7 @@ def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None)
         print(f"  MLflow UI:  {uri}  (experiment '{tracking.experiment}')")
     else:
         print(f"  MLflow UI:  {links.ui_hint(uri)}   then open {links.ui_base(uri)}")
-        if not port_free(links.UI_PORT):
+        if port_open(links.UI_PORT):
             print(
                 f"    (port {links.UI_PORT} is in use now: free it first, or the run pages' "
                 "links will not open)"
@@ -68,18 +69,6 @@ def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None)
             "  Prefect UI: `hetflow stack up`, export the variables it prints, "
             "and re-run to see flows there"
         )
-
-
-def port_free(port: int) -> bool:
-    """Whether a server could listen on `port` of 127.0.0.1 now."""
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def reachable(

@@ -143,7 +143,8 @@ class TrainingLoop:
         cfg = self.cfg
         self.counter.take()
         line, first = self.timeline, self.state.start
-        line.first_step_s = line.steady_from_s = since_submit(self.spec)
+        line.first_step, line.first_step_s = first, since_submit(self.spec)
+        line.steady_from_s = line.first_step_s
         for step in range(first, cfg.steps):
             if step == first + THROUGHPUT_SKIP_STEPS:  # the steps throughput counts begin
                 line.steady_from_s = since_submit(self.spec)
