@@ -10,6 +10,12 @@ from hetflow.emulation.costs import LocalCosts, SharedCosts
 from hetflow.emulation.link import Link
 
 now = time.perf_counter
+# A pause (`Emulator.pauses`) makes a step last this many times its time.
+PAUSE_FACTOR = 3.0
+
+
+def _flat(batch: int) -> float:
+    return 1.0
 
 
 class Emulator:
@@ -26,11 +32,14 @@ class Emulator:
     time within a few percent; interference only ever adds time, so the least recent time is
     the estimate nearest the work itself (figures: docs/measurements/emulation.md). A lasting
     rise of the host's cost shows after `SMOOTH_PHASES` phases; a straggler's factor changes
-    `slowdown` itself. With `costs` (a `SharedCosts` of the job's ranks on this host) the
-    key's recent CPU times are every rank's, not this process's alone: workers differ by
+    `slowdown` itself. `shape(key)` (a worker's own curve: `hetflow.emulation.presets`)
+    multiplies a keyed phase's time, so a worker is not the host's curve times a scalar. With
+    `costs` (a `SharedCosts` of the job's ranks on this host) the key's recent CPU times
+    are every rank's, not this process's alone: workers differ by
     their slowdown, not by the noise of the process that emulates them. Noise on purpose is
     `jitter`: each keyed phase lasts a log-normal factor (mean 1, coefficient of variation
-    `jitter`) longer or shorter, drawn from `seed`.
+    `jitter`) longer or shorter, and with probability `pauses` PAUSE_FACTOR times longer (a
+    host's hiccup), both drawn from `seed`.
 
     On a GPU (`sync` given: a function that waits for the device's queued work) a phase is its
     wall time from the device idle at `start` to the device idle at `finish`: the thread's CPU
@@ -46,8 +55,12 @@ class Emulator:
         seed: int = 0,
         sync=None,
         costs: SharedCosts | None = None,
+        shape=None,
+        pauses: float = 0.0,
     ) -> None:
         self.slowdown = slowdown
+        self.shape = shape if shape is not None else _flat
+        self.pauses = pauses
         self.sync = sync
         # each key's recent phases: shared by the job's ranks, or kept here (a GPU's phase is
         # its own wall time: nothing shared)
@@ -90,7 +103,13 @@ class Emulator:
         factor = (
             self._rng.lognormvariate(-(self._sigma**2) / 2, self._sigma) if self._sigma else 1.0
         )
-        return self.slowdown * self._costs.add(key, cpu) * factor
+        if self.pauses and self._rng.random() < self.pauses:
+            factor *= PAUSE_FACTOR
+        return self._factor(key) * self._costs.add(key, cpu) * factor
+
+    def _factor(self, key: object) -> float:
+        """The dilation of a phase of `key` before noise: `slowdown` x the worker's shape."""
+        return self.slowdown * (self.shape(key) if isinstance(key, int) else 1.0)
 
     def finish(self) -> float:
         """End the phase begun by `start` (pad it); a second call before the next `start` is a
@@ -118,7 +137,7 @@ class Emulator:
         settled = self._costs.settled(self._key)
         if settled is not None:
             spent = min(spent, settled)
-        pad = self.slowdown * spent - (now() - self._wall)
+        pad = self._factor(self._key) * spent - (now() - self._wall)
         if pad > 0:
             time.sleep(pad)
 

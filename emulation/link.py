@@ -14,7 +14,10 @@ now = time.perf_counter
 @dataclass
 class Link:
     """An emulated network link: a transfer of `nbytes` in `collectives` collectives costs
-    bytes / bandwidth + collectives x latency, and transfers queue behind each other.
+    `scale` x (bytes / bandwidth + collectives x latency), and transfers queue behind each
+    other. `scale` is the cluster's time scale: compute runs that many times slower than the
+    device it emulates, and so does the link, so that the share of the step spent
+    communicating is the cluster's whatever the time scale.
 
     `delay` sleeps the cost at once (a probe timing one all-reduce). `deliver` emulates a
     collective issued asynchronously, as DDP issues each gradient bucket's during backward: the
@@ -26,6 +29,7 @@ class Link:
 
     gbps: float | None
     latency_s: float = 0.0
+    scale: float = 1.0
     free_at: float = field(default=0.0, repr=False)  # when the last queued transfer ends
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -37,7 +41,8 @@ class Link:
         """Seconds the link takes to carry `nbytes` in `collectives` collectives."""
         if not self.emulated:
             return 0.0
-        return collectives * self.latency_s + (nbytes * 8 / (self.gbps * 1e9) if self.gbps else 0)
+        wire = nbytes * 8 / (self.gbps * 1e9) if self.gbps else 0.0
+        return self.scale * (collectives * self.latency_s + wire)
 
     def delay(self, nbytes: float, collectives: int) -> float:
         """Sleep the cost of a transfer (not queued: nothing else is in flight); the seconds."""

@@ -44,7 +44,8 @@ def profile_report(profile: Profile, cluster: ClusterSpec) -> dict:
     """Measured next to emulated, per worker; speeds relative to the fastest worker (= 1.0).
 
     `emulated_speed` and `link_gbps_emulated` are the cluster's settings (None when the cluster
-    is not emulated; a None link is loopback); every other figure is measured. `link_gbps_measured`
+    is not emulated; a None link is loopback), the link on the emulated clock (its bandwidth
+    over the time scale, as the compute); every other figure is measured. `link_gbps_measured`
     and `link_latency_ms` are the fit of the worker's own point-to-point sends (latency +
     bytes / bandwidth); `memory_cap_batch` the largest local batch that fits its memory.
     """
@@ -63,7 +64,9 @@ def profile_report(profile: Profile, cluster: ClusterSpec) -> dict:
                 "instance_type": w.instance_type,
                 "emulated_speed": w.speed / top if cluster.emulate else None,
                 "measured_speed": r.samples_per_s / fastest,
-                "link_gbps_emulated": w.link_gbps if cluster.emulate else None,
+                "link_gbps_emulated": (
+                    w.link_gbps / cluster.time_scale if cluster.emulate and w.link_gbps else None
+                ),
                 "link_gbps_measured": r.link_gbps,
                 "link_latency_ms": (
                     r.link_latency_s if r.link_latency_s is not None else r.allreduce_latency_s

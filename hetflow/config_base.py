@@ -43,19 +43,30 @@ def finite_positive(name: str, v: float | None) -> float | None:
     return v
 
 
-def parse_speeds(text: str) -> list[float]:
-    """`"1,1,2,4"` -> [1.0, 1.0, 2.0, 4.0], with a one-line error naming `--speeds`."""
-    try:
-        speeds = [float(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(
-            f"--speeds: expected numbers separated by commas (got {text!r})"
-        ) from None
+def parse_speeds(text: str) -> list[float | str]:
+    """`"1,1,2,4"` -> [1.0, 1.0, 2.0, 4.0]; a device preset's name stays a name (`"t4,2"` ->
+    ["t4", 2.0]); a one-line error naming `--speeds`."""
+    from hetflow.emulation.presets import PRESETS
+
+    speeds: list[float | str] = []
+    for i, s in enumerate(p.strip() for p in text.split(",") if p.strip()):
+        if s.lower() in PRESETS:
+            speeds.append(s.lower())
+            continue
+        try:
+            speed = float(s)
+        except ValueError:
+            raise ConfigError(
+                f"--speeds: worker {i}: expected a number or a preset ({', '.join(PRESETS)}), "
+                f"got {s!r}"
+            ) from None
+        if not math.isfinite(speed) or speed <= 0:
+            raise ConfigError(
+                f"--speeds: worker {i} speed must be a finite number > 0 (got {speed})"
+            )
+        speeds.append(speed)
     if not speeds:
         raise ConfigError("--speeds: at least one speed is needed")
-    for i, s in enumerate(speeds):
-        if not math.isfinite(s) or s <= 0:
-            raise ConfigError(f"--speeds: worker {i} speed must be a finite number > 0 (got {s})")
     return speeds
 
 

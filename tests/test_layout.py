@@ -22,9 +22,15 @@ FOLDERS = {
 # (under hetflow/) sit on top and may import anything.
 ALLOWED = {
     "hetflow.records": set(),
-    "hetflow.config_base": set(),
+    "hetflow.config_base": {"hetflow.emulation"},
     "hetflow.config_dataset": {"hetflow.config_base"},
-    "hetflow.config": {"hetflow.records", "hetflow.config_base", "hetflow.config_dataset"},
+    "hetflow.config_cluster": {"hetflow.config_base", "hetflow.emulation"},
+    "hetflow.config": {
+        "hetflow.records",
+        "hetflow.config_base",
+        "hetflow.config_dataset",
+        "hetflow.config_cluster",
+    },
     "hetflow.emulation": set(),
     "hetflow.infra": {"hetflow.records", "hetflow.config", "hetflow.emulation"},
     "hetflow.training": {"hetflow.records", "hetflow.config", "hetflow.emulation", "hetflow.infra"},

@@ -16,7 +16,7 @@ from hetflow.cli.job import ingest_of, job_of
 from hetflow.config import ConfigError, TrackingConfig
 from hetflow.output import write_json
 
-BENCHMARKS = ("hetero", "comm", "data", "host")
+BENCHMARKS = ("hetero", "comm", "data", "host", "noise")
 
 
 def _print_table(table: dict, title: str) -> None:

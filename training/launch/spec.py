@@ -128,8 +128,10 @@ def emulator_for(spec: RunSpec, rank: int, sync=None, scope: str = "train") -> E
     world = spec.cluster.world_size
     return Emulator(
         spec.cluster.slowdowns()[rank],
-        Link(w.link_gbps, w.link_latency_ms / 1e3),
+        Link(w.link_gbps, w.link_latency_ms / 1e3, scale=spec.cluster.time_scale),
         jitter=spec.cluster.jitter,
+        pauses=spec.cluster.pauses,
+        shape=w.shape,
         seed=spec.train.seed * 1009 + rank,
         sync=sync,
         costs=SharedCosts(folder, rank, world),  # none kept on a GPU (`Emulator`)

@@ -1,0 +1,86 @@
+"""How noisy a real worker's step is: the level the emulator's noise defaults are taken from.
+
+    hetflow bench noise [--ranks 2] [--steps 600] [--batch 32] [--recipe digits-cnn]
+
+Runs real CPU workers (no emulation, each pinned to its own core) on an equal plan and reports,
+per rank, from its sixth step on: the median compute time, the step-to-step coefficient of
+variation (robust: 1.4826 x median absolute deviation / median, so that pauses do not inflate
+it), and the pauses: the share of steps longer than PAUSE_AT x the median, and their mean
+length in medians. `ClusterSpec.jitter` and `.pauses` default to what this reported
+(docs/measurements/emulation.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+from hetflow.cli.job import add_recipe_arg
+from hetflow.cli.parser import Parser
+from hetflow.config import ClusterSpec, TrainConfig, WorkerSpec
+from hetflow.infra.workspace import digits_workspace
+from hetflow.records import Plan
+from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.spec import RunSpec
+
+PAUSE_AT = 2.0  # a step this many times the median is a pause
+SKIP = 5  # the first steps build the model's kernels and caches
+
+
+def step_noise(compute_s: list[float]) -> dict:
+    """The figures above for one rank's compute times (pure).
+
+    >>> f = step_noise([1.0] * 5 + [1.0, 1.1, 0.9, 1.0, 3.0] * 4)
+    >>> f["median_s"], f["pause_share"], f["pause_length"]
+    (1.0, 0.2, 3.0)
+    """
+    xs = compute_s[SKIP:]
+    med = statistics.median(xs)
+    mad = statistics.median(abs(x - med) for x in xs)
+    paused = [x / med for x in xs if x > PAUSE_AT * med]
+    return {
+        "steps": len(xs),
+        "median_s": round(med, 6),
+        "cv": round(1.4826 * mad / med, 4),
+        "pause_share": round(len(paused) / len(xs), 4),
+        "pause_length": round(statistics.fmean(paused), 2) if paused else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(prog="hetflow bench noise", description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=2, help="workers, one core each (default 2)")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch", type=int, default=32, help="local batch of every worker")
+    p.add_argument("--json", help="also write the figures to this file")
+    add_recipe_arg(p, "digits-cnn")
+    a: argparse.Namespace = p.parse_args(argv)
+    workers = [WorkerSpec(name=f"w{i}", cpus=1) for i in range(a.ranks)]
+    with digits_workspace("noise") as (tmp, dataset):
+        spec = RunSpec(
+            run_name="noise",
+            variant="real",
+            cluster=ClusterSpec(name="noise", workers=workers, emulate=False),
+            dataset=dataset,
+            train=TrainConfig(
+                recipe=a.recipe, global_batch=a.batch * a.ranks, steps=a.steps, eval_every=10**6
+            ),
+            plan=Plan.equal([a.batch] * a.ranks),
+            run_dir=f"{tmp}/run",
+        )
+        result, _ = run_workers(spec)
+    figures = [
+        {"rank": r["rank"], **step_noise([rec["compute_s"] for rec in r["records"]])}
+        for r in result["ranks"]
+    ]
+    for f in figures:
+        print(
+            f"rank {f['rank']}: median {f['median_s'] * 1e3:.2f} ms, cv {f['cv']:.3f}, "
+            f"pauses {f['pause_share']:.3f} of steps (mean {f['pause_length']} x median) "
+            f"over {f['steps']} steps"
+        )
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"recipe": a.recipe, "batch": a.batch, "ranks": figures}, fh, indent=1)
+    return 0

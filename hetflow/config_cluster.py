@@ -1,0 +1,219 @@
+"""What a user writes about the machines of a job: each worker (`WorkerSpec`: a cloud
+instance, or a device emulated on this host with a curve of its own) and the cluster
+(`ClusterSpec`: how it is launched, how it is emulated); re-exported by `hetflow.config`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from hetflow.config_base import ConfigModel, finite_positive, load_mapping
+from hetflow.emulation.presets import PRESETS, knee_shape
+
+# The emulator's noise by default (`ClusterSpec.jitter`, `.pauses`): what real CPU workers
+# showed step to step (`hetflow bench noise`; docs/measurements/emulation.md).
+NOISE_JITTER = 0.03
+NOISE_PAUSES = 0.01
+
+
+class WorkerSpec(ConfigModel):
+    """One worker of the cluster: a cloud instance, or one emulated on this machine."""
+
+    name: str = Field(title="Name", description="Unique worker name, e.g. 'w0' or 'g5-a'.")
+    instance_type: str | None = Field(
+        None, title="Instance type", description="EC2 instance type, e.g. 'g5.xlarge' (optional)."
+    )
+    speed: float = Field(
+        1.0,
+        title="Relative speed (emulation)",
+        description="Emulated compute speed relative to the other workers; the profiler must "
+        "rediscover it by measurement. Ignored in the cloud.",
+    )
+    link_gbps: float | None = Field(
+        None,
+        title="Link bandwidth, Gbit/s (emulation)",
+        description="Emulated network bandwidth of this worker; empty means loopback speed.",
+    )
+    link_latency_ms: float = Field(
+        0.0, ge=0, title="Link latency, ms (emulation)", description="Added per collective."
+    )
+    memory_cap_batch: int | None = Field(
+        None, ge=1, title="Max local batch", description="Largest local batch that fits memory."
+    )
+    node: str = Field(
+        "node0", title="Node", description="Host this worker runs on (for hierarchical averaging)."
+    )
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto",
+        title="Device",
+        description="'auto': the local rank's CUDA device where the host has one, else the CPU.",
+    )
+    precision: Literal["fp32", "bf16", "fp16", "auto"] | None = Field(
+        None, title="Precision", description="This worker's own; empty: the train config's."
+    )
+    cpus: int | None = Field(
+        None,
+        ge=1,
+        title="CPU cores",
+        description="Cores of its own this worker's process is pinned to, with as many torch "
+        "threads (local launcher); empty: not pinned, `threads_per_rank` threads.",
+    )
+
+    preset: str | None = Field(
+        None,
+        title="Device preset (emulation)",
+        description="An emulated device whose step time follows a published per-batch curve: "
+        f"{', '.join(PRESETS)} (hetflow/emulation/presets.py cites each); sets `speed` to its "
+        "peak samples/s / 1000 unless `speed` is given.",
+    )
+    knee_batch: int | None = Field(
+        None,
+        ge=1,
+        title="Knee batch (emulation)",
+        description="A step below this local batch lasts as long as at it (a GPU not filled); "
+        "empty: the host's own curve. Not with a preset.",
+    )
+    fixed_samples: float = Field(
+        0.0,
+        ge=0.0,
+        title="Fixed cost per step, in samples (emulation)",
+        description="Every step also pays this many samples' worth of the worker's compute (a "
+        "launch or optimizer cost that does not grow with the batch). Not with a preset.",
+    )
+
+    @field_validator("speed")
+    @classmethod
+    def _speed(cls, v: float) -> float:
+        return finite_positive("speed", v)
+
+    @field_validator("preset")
+    @classmethod
+    def _preset(cls, v: str | None) -> str | None:
+        if v is not None and v not in PRESETS:
+            raise ValueError(f"{v!r} is not one of {', '.join(PRESETS)}")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_speed(cls, data):
+        """A preset's worker runs at its peak samples/s / 1000 unless it names a speed."""
+        if isinstance(data, dict) and data.get("preset") in PRESETS and "speed" not in data:
+            data = {**data, "speed": round(PRESETS[data["preset"]].peak_samples_per_s / 1e3, 4)}
+        return data
+
+    @model_validator(mode="after")
+    def _preset_or_own_curve(self) -> WorkerSpec:
+        if self.preset is not None:
+            for own in ("knee_batch", "fixed_samples"):
+                if own in self.model_fields_set:
+                    raise ValueError(f"{own}: not with a preset, whose curve is published")
+        return self
+
+    def shape(self, batch: int) -> float:
+        """How much longer than the host's curve x `speed` a step of `batch` lasts here (>= 1;
+        `hetflow.emulation.presets`)."""
+        if self.preset is not None:
+            return PRESETS[self.preset].shape(batch)
+        return knee_shape(batch, self.knee_batch, self.fixed_samples)
+
+    @field_validator("link_gbps")
+    @classmethod
+    def _link(cls, v: float | None) -> float | None:
+        return finite_positive("link_gbps", v)
+
+
+class ClusterSpec(ConfigModel):
+    """The workers of one job, and how this machine emulates them."""
+
+    name: str = Field("local", title="Cluster name")
+    workers: list[WorkerSpec] = Field(min_length=1, title="Workers")
+    emulate: bool = Field(
+        True,
+        title="Emulate",
+        description="Dilate time on this machine to emulate the workers' speeds and links. "
+        "Off in the cloud, where the same code measures real instances.",
+    )
+    time_scale: float = Field(
+        8.0,
+        ge=1.0,
+        title="Time scale (emulation)",
+        description="The fastest emulated worker runs this many times slower than one core of "
+        "this machine, so that the ranks do not fight over the cores.",
+    )
+    jitter: float = Field(
+        NOISE_JITTER,
+        ge=0.0,
+        le=1.0,
+        title="Step-time jitter (emulation)",
+        description="Coefficient of variation of each emulated compute step's time, drawn "
+        "afresh every step (default: measured, docs/measurements/emulation.md); 0 runs every "
+        "step of a batch size at the worker's own pace.",
+    )
+    pauses: float = Field(
+        NOISE_PAUSES,
+        ge=0.0,
+        le=0.5,
+        title="Pauses per step (emulation)",
+        description="Probability that an emulated compute step lasts 3x its time (a host's "
+        "hiccup; default: measured, docs/measurements/emulation.md); 0: none.",
+    )
+
+    launcher: Literal["local", "ray"] = Field(
+        default_factory=lambda: os.environ.get("HETFLOW_LAUNCHER") or "local",
+        validate_default=True,
+        title="Launcher",
+        description="'local': torchrun on this host; 'ray': Ray Train on the Ray cluster at the "
+        "Ray address, each worker on a node labelled with its instance type. Empty: "
+        "$HETFLOW_LAUNCHER where the cluster is read (the flow run's), else 'local'.",
+    )
+    ray_address: str | None = Field(
+        None,
+        title="Ray address",
+        description="'auto', HOST:6379 or ray://HOST:10001; empty: $RAY_ADDRESS where the flow "
+        "runs (the Prefect worker's), else 'auto'.",
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ClusterSpec:
+        seen: set[str] = set()
+        for w in self.workers:
+            if w.name in seen:
+                raise ValueError(f"worker name {w.name!r} appears twice")
+            seen.add(w.name)
+        typed = [w.name for w in self.workers if w.instance_type]
+        if self.launcher == "ray" and typed and len(typed) < len(self.workers):
+            loose = next(w.name for w in self.workers if not w.instance_type)
+            raise ValueError(
+                f"workers[{loose}].instance_type: under the ray launcher every worker names its "
+                f"instance type or none does ({', '.join(typed)} do); a worker with none could "
+                "take a node another worker needs"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return len(self.workers)
+
+    def slowdowns(self) -> list[float]:
+        """Time dilation per worker: the fastest runs `time_scale` times slower than a core."""
+        fastest = max(w.speed for w in self.workers)
+        return [self.time_scale * fastest / w.speed for w in self.workers]
+
+    @classmethod
+    def from_speeds(cls, speeds: list[float | str], **kw) -> ClusterSpec:
+        """Workers `w0`, `w1`, ... of these relative speeds, or of these presets (a name:
+        `w2-t4`), in order."""
+        workers = [
+            WorkerSpec(name=f"w{i}-{s}", preset=s)
+            if isinstance(s, str)
+            else WorkerSpec(name=f"w{i}", speed=s)
+            for i, s in enumerate(speeds)
+        ]
+        return cls(workers=workers, **kw)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ClusterSpec:
+        return cls.model_validate(load_mapping(path))
