@@ -196,8 +196,7 @@ def plot(out: dict, path: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(
-        "hetflow simulate: efficiency against workers"
-        + (" (dashed: published, over their first row)" if pub else "")
+        "hetflow simulate: efficiency against workers" + (" (dashed: published)" if pub else "")
     )
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
