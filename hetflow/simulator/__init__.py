@@ -7,8 +7,9 @@ per epoch of the equal split (`baseline`) and hetflow's plan (`optimized`). The 
 term: docs/benchmarks.md; its error: docs/measurements/simulator.md.
 
 Modules: `model` (what is simulated), `step` (one step, a sweep), `clusters` (workers from the
-EC2 catalog or a profile), `published` (the field's tables), `calibrate` (runs made here),
-`cli` and `report` (`hetflow simulate --help`). The names below are the package's API.
+EC2 catalog or a profile), `published` (published throughput tables: fit rows, held-out error),
+`calibrate` (runs made here), `cli` and `report` (`hetflow simulate --help`). The names below
+are the package's API.
 """
 
 from hetflow.simulator.clusters import (
@@ -41,14 +42,9 @@ from hetflow.simulator.model import (
     check_workers,
 )
 from hetflow.simulator.published import (
-    BERT_SETUP,
-    PUBLISHED_EFFICIENCY,
-    PUBLISHED_V100_EPOCH_MIN,
-    RESNET_SETUP,
-    PublishedSetup,
+    TABLES,
+    PublishedTable,
     published_comparison,
-    published_gap,
-    v100_fraction_from_epoch,
 )
 from hetflow.simulator.step import (
     PLANS,
@@ -62,7 +58,6 @@ from hetflow.simulator.step import (
 )
 
 __all__ = [
-    "BERT_SETUP",
     "DDP_BUCKET_BYTES",
     "DDP_FIRST_BUCKET_BYTES",
     "DEFAULT_INTRA_GBPS",
@@ -71,13 +66,11 @@ __all__ = [
     "MIB",
     "MODELS",
     "PLANS",
-    "PUBLISHED_EFFICIENCY",
-    "PUBLISHED_V100_EPOCH_MIN",
-    "RESNET_SETUP",
+    "TABLES",
     "Job",
     "ModelSpec",
     "Network",
-    "PublishedSetup",
+    "PublishedTable",
     "SimulationError",
     "StepPrediction",
     "WorkerModel",
@@ -93,7 +86,6 @@ __all__ = [
     "profile_alpha_s",
     "profile_workers",
     "published_comparison",
-    "published_gap",
     "replicate",
     "resized",
     "ring_allreduce_time",
@@ -102,5 +94,4 @@ __all__ = [
     "spec_cluster",
     "spec_instance_types",
     "sweep",
-    "v100_fraction_from_epoch",
 ]

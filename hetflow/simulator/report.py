@@ -85,40 +85,39 @@ def print_rows(out: dict) -> None:
 
 
 def print_published(pub: dict) -> None:
-    """The published comparison: epoch minutes, efficiency, the assumptions and the gap."""
+    """Each published row beside ours with the role it played in the fit, the sources, the
+    fitted figures, and the error on the held-out rows."""
     from rich.table import Table
 
     console = _console()
-    t = Table(title="ResNet-50 on V100s, minutes per epoch: published vs simulated")
-    for c in ("GPUs", "theirs", "ours", "error", "our efficiency"):
-        t.add_column(c, justify="right")
-    for r in pub["resnet50_v100_epoch"]:
+    t = Table(title="Published training throughput (samples/s) vs simulated")
+    for c in ("table", "GPUs", "nodes", "role", "theirs", "ours", "error", "comm share"):
+        t.add_column(c, justify="left" if c in ("table", "role") else "right")
+    for r in pub["rows"]:
         t.add_row(
+            r["table"],
             str(r["gpus"]),
-            f"{r['theirs_min']:.0f}",
-            f"{r['ours_min']:.1f}",
-            f"{r['rel_error']:+.1%}",
-            f"{r['ours_efficiency']:.3f}",
-        )
-    console.print(t)
-    e = Table(title="Scaling efficiency at 16-1024 nodes: published vs simulated")
-    for c in ("model", "nodes", "theirs", "ours", "error", "comm share"):
-        e.add_column(c, justify="left" if c == "model" else "right")
-    for r in pub["scaling_efficiency"]:
-        e.add_row(
-            r["model"],
             str(r["nodes"]),
-            f"{r['theirs']:.2f}",
-            f"{r['ours']:.3f}",
+            r["role"],
+            f"{r['theirs_samples_per_s']:,.2f}",
+            f"{r['ours_samples_per_s']:,.2f}",
             f"{r['rel_error']:+.1%}",
             f"{r['comm_share']:.1%}",
         )
-    console.print(e)
-    for name, a in pub["assumptions"].items():
-        figures = ", ".join(f"{k}={v}" for k, v in a.items() if k != "note")
-        console.print(f"[bold]{name}[/bold]: " + figures)
-        console.print(f"  {a['note']}")
-    console.print(pub["gap"])
+    console.print(t)
+    for info in pub["tables"]:
+        link = info["fitted_node_gbps"]
+        fitted = f"c {info['fitted_per_sample_ms']:.3g} ms/sample" + (
+            f", link {link:.0f} Gbit/s per node" if link else ""
+        )
+        console.print(f"[bold]{info['key']}[/bold]: {info['source']} ({info['section']}); {fitted}")
+    console.print(f"fitted alpha {pub['fitted']['alpha_us']:.1f} µs per hop per bucket")
+    console.print("assumed: " + "; ".join(pub["assumptions"]))
+    console.print(
+        f"held-out error (rows not fitted): max {pub['held_out_max_abs_error']:.1%}, "
+        f"mean {pub['held_out_mean_abs_error']:.1%} over {pub['held_out_rows']} rows; "
+        f"fit rows: max {pub['fit_max_abs_error']:.1%} over {pub['fit_rows']}"
+    )
 
 
 def print_calibration(cal: dict) -> None:
@@ -158,15 +157,16 @@ def print_calibration(cal: dict) -> None:
 
 
 def _plot_published(ax, pub: dict) -> None:
-    for model in ("resnet50", "bert-large"):
-        rs = [r for r in pub["scaling_efficiency"] if r["model"] == model]
-        ax.plot([r["nodes"] for r in rs], [r["theirs"] for r in rs], "k--", alpha=0.5)
-        ax.plot(
-            [r["nodes"] for r in rs],
-            [r["ours"] for r in rs],
-            "x:",
-            label=f"{model}: ours (published setup)",
-        )
+    """Theirs (dashed) and ours (dotted) against GPUs, as throughput over n / n0 x the first
+    row's, for the tables with more than two rows."""
+    keys = dict.fromkeys(r["table"] for r in pub["rows"])
+    for key in keys:
+        rs = [r for r in pub["rows"] if r["table"] == key]
+        if len(rs) < 3:
+            continue
+        gpus = [r["gpus"] for r in rs]
+        (line,) = ax.plot(gpus, [r["ours_scaling"] for r in rs], "x:", label=f"{key}: ours")
+        ax.plot(gpus, [r["theirs_scaling"] for r in rs], "--", color=line.get_color(), alpha=0.6)
 
 
 def plot(out: dict, path: str) -> None:
