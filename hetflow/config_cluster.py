@@ -108,7 +108,7 @@ class WorkerSpec(ConfigModel):
     def _preset_or_own_curve(self) -> WorkerSpec:
         if self.preset is not None:
             for own in ("knee_batch", "fixed_samples"):
-                if own in self.model_fields_set:
+                if getattr(self, own):  # not None, not 0 (a job file writes both)
                     raise ValueError(f"{own}: not with a preset, whose curve is published")
         return self
 

@@ -39,6 +39,8 @@ def test_speeds_name_presets_and_the_preset_sets_the_speed():
     )
     assert t4.shape(8) == PRESETS["t4"].shape(8) > 2 and plain.shape(8) == 1.0
     assert WorkerSpec(name="fast-t4", preset="t4", speed=9).speed == 9  # a given speed stays
+    # as the job file carries it to the workers
+    assert ClusterSpec.model_validate_json(cluster.model_dump_json()) == cluster
 
 
 @pytest.mark.parametrize(
