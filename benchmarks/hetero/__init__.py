@@ -138,6 +138,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         name=f"bench-{args.speeds}",
         time_scale=args.time_scale,
         jitter=args.jitter,
+        pauses=args.pauses,
         emulate=args.emulate,
     )
     precisions = args.precision.split(",")
@@ -370,6 +371,7 @@ def summary(
         "stragglers": bench.stragglers,
         "time_scale": args.time_scale,
         "jitter": args.jitter,
+        "pauses": args.pauses,
         "repeat": args.repeat,
         "measured_speeds": [round(r.samples_per_s, 2) for r in profile.ranks],
         "allreduce_s": ideal.allreduce_s,

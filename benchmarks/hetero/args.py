@@ -63,7 +63,14 @@ def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
         "--jitter",
         type=float,
         default=ClusterSpec.model_fields["jitter"].default,
-        help="emulation: coefficient of variation of every compute step's time",
+        help="emulation: coefficient of variation of every compute step's time (default: "
+        "measured, see `hetflow bench noise`)",
+    )
+    p.add_argument(
+        "--pauses",
+        type=float,
+        default=ClusterSpec.model_fields["pauses"].default,
+        help="emulation: probability that a compute step lasts 3x its time (default: measured)",
     )
     p.add_argument(
         "--repeat",
