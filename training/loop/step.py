@@ -108,6 +108,28 @@ class Stepper:
         nbytes, _ = self.counter.take()
         return loss_sum, count, nbytes
 
+    def warm_up(self, batch) -> None:
+        """One forward and backward pass on `batch`, untimed and without effect on the run: on
+        the bare model (no collective, no comm hook, no emulated dilation), its gradients
+        dropped, its buffers (BatchNorm's statistics) and the RNGs put back. Every variant runs
+        it before its first timed step, so that none pays a cold first step (kernels chosen
+        and compiled, the allocator's first blocks) that another has already paid."""
+        model = self.net.model
+        buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+        cuda = self.net.device.startswith("cuda")
+        rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None
+        with self.amp.autocast():
+            loss_sum, _ = self.recipe.loss(model, batch)
+        loss_sum.float().backward()
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for k, v in model.named_buffers():
+                v.copy_(buffers[k])
+        torch.set_rng_state(rng[0])
+        if cuda:
+            torch.cuda.set_rng_state_all(rng[1])
+            torch.cuda.synchronize()
+
 
 def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:
     """A re-balancer that starts from the plan's step model and memory caps (measured, or

@@ -83,6 +83,7 @@ class TrainingLoop:
         self.base_slowdown = self.emu.slowdown
         self.s3_bytes_seen = data.cache.stats.bytes_read  # before the run's reads (trials')
         self.reader = data.reader(rank, cfg.seed)  # this rank's share of each step, streamed
+        self.first_batch: tuple | None = None  # (step, plan, xs, ys) read by `warm_up`
         self.state = self.resume(saved)
         run_dir, start = Path(spec.run_dir), self.state.start
         self.recovery = note_recovery(run_dir, start) if rank == 0 else Recovery()
@@ -139,8 +140,20 @@ class TrainingLoop:
         self.rebalancer.restore(saved.rebalancer)
         return LoopState.from_checkpoint(saved, self.rank)
 
+    def warm_up(self) -> None:
+        """Before the first timed step, its batch read (kept for that step: the data is read
+        once) and one untimed pass on it (`Stepper.warm_up`), on a rank the plan gives samples;
+        the same for every variant, counted in the run's start-up, not its steps."""
+        first, plan = self.state.start, self.state.plan
+        if plan[self.rank] == 0 or first >= self.cfg.steps:
+            return
+        xs, ys = self.reader.batch(first, plan)
+        self.first_batch = (first, list(plan), xs, ys)
+        self.stepper.warm_up(to_device(self.recipe.batch(xs, ys), self.net.device))
+
     def run(self) -> None:
         cfg = self.cfg
+        self.warm_up()
         self.counter.take()
         line, first = self.timeline, self.state.start
         line.first_step, line.first_step_s = first, since_submit(self.spec)
@@ -186,7 +199,11 @@ class TrainingLoop:
         emu, net = self.emu, self.net
         emu.slowdown = self.base_slowdown * straggler_factor(self.spec.stragglers, self.rank, step)
         t0 = now()
-        xs, ys = self.reader.batch(step, self.state.plan)
+        kept, self.first_batch = self.first_batch, None
+        if kept is not None and kept[:2] == (step, self.state.plan):
+            xs, ys = kept[2:]
+        else:
+            xs, ys = self.reader.batch(step, self.state.plan)
         batch = to_device(self.recipe.batch(xs, ys), net.device)
         t1 = now()
         loss_sum, count, nbytes = self.stepper.step(batch, len(ys), sum(self.state.plan))
