@@ -19,7 +19,7 @@ from hetflow.training.comm import register_compression, wrap_optimizer
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
 from hetflow.training.plan.rebalancer import Rebalancer
-from hetflow.training.recipes import DataInfo, Recipe, check_fits, seeded_model
+from hetflow.training.recipes import DataInfo, Recipe, check_fits, seed_rank, seeded_model
 
 
 def straggler_factor(stragglers: list[tuple[int, int, float]], rank: int, step: int) -> float:
@@ -51,18 +51,22 @@ def build_net(
     recipe: Recipe,
     device: str = "cpu",
     method: CompressionMethod | None = None,
+    *,
+    rank: int,
     **warmup,
 ) -> Net:
     """The recipe's model at the run's seed on `device`, DDP with the comm hook of `method`
     (default: the plan's; its compute phase dilated by `emu`; `warmup`: `warmup_steps` and
     `density_stage_steps` of `register_compression`), and the configured optimizer wrapped as
     the hook needs: parameters, gradients and optimizer state all on `device`. Seeds torch's
-    generator (`seeded_model`)."""
+    generators: the run's seed for the weights (`seeded_model`: the same on every rank), then
+    (seed, `rank`)'s for what the rank draws in training (`seed_rank`: its own dropout masks)."""
     cfg = spec.train
     method = spec.plan.compression if method is None else method
     info = DataInfo.from_manifest(data.manifest)
     check_fits(recipe, info, data.manifest.url)
     model = seeded_model(recipe, info, cfg.seed).to(device)
+    seed_rank(cfg.seed, rank)
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ids = [torch.device(device)] if device != "cpu" else None

@@ -74,7 +74,7 @@ class TrainingLoop:
         self.trials = self.resolve_compression(saved)  # 'auto': self.spec's plan now has it
         self.timeline.trials_s = since_submit(spec) - t if self.trials and not saved else 0.0
         spec = self.spec
-        self.net = build_net(spec, data, self.emu, self.recipe, amp.device)
+        self.net = build_net(spec, data, self.emu, self.recipe, amp.device, rank=rank)
         self.stepper = Stepper(self.net, self.emu, self.mean, amp, counter, self.recipe)
         self.rebalancer = new_rebalancer(spec, world)
         self.computing = ComputingRanks(

@@ -103,6 +103,7 @@ class Trials:
                 self.recipe,
                 amp.device,
                 method,
+                rank=self.rank,
                 warmup_steps=TRIAL_WARMUP_STEPS,
                 density_stage_steps=0,
             )
