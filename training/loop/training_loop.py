@@ -189,7 +189,7 @@ class TrainingLoop:
         xs, ys = self.reader.batch(step, self.state.plan)
         batch = to_device(self.recipe.batch(xs, ys), net.device)
         t1 = now()
-        loss_sum, count, nbytes = self.stepper.step(batch, len(ys), sum(self.state.plan))
+        loss_sum, count, nbytes = self.stepper.step(batch, len(ys), self.state.plan)
         t3 = now()
         computed = emu.finish()  # when the comm hook ended the phase at the last bucket
         return StepRecord(
