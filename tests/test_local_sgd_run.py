@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from hetflow.records import CompressionMethod, Plan
-from hetflow.training.comm import DENSE_WARMUP_STEPS
+from hetflow.records import CompressionMethod, Plan, RunResult
+from hetflow.training.comm import DENSE_WARMUP_STEPS, ring_allreduce_bytes
 
 from tests.dist import run_ranks
 
@@ -69,6 +69,10 @@ def _trained(dataset: DatasetSpec, run_dir: Path, method: str) -> dict[str, torc
     return torch.load(run_dir / "model.pt")
 
 
+def _result(run_dir: Path) -> RunResult:
+    return RunResult.model_validate_json((run_dir / "result.json").read_text())
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_local_sgd_of_period_one_trains_as_the_all_reduce_with_unequal_batches(
@@ -82,3 +86,15 @@ def test_local_sgd_of_period_one_trains_as_the_all_reduce_with_unequal_batches(
     assert local.keys() == dense.keys()
     for k in local:
         torch.testing.assert_close(local[k], dense[k], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_run_ending_between_averages_averages_once_more_in_its_last_step(local_digits, tmp_path):
+    # localsgd:4 averages after step 10 (the warm-up's end), then would after step 14: steps
+    # 11 and 12 leave the replicas apart, and the run's end averages them, in step 12's time
+    weights = _trained(local_digits, tmp_path / "local", "localsgd:4")
+    params = sum(v.numel() for k, v in weights.items() if k.endswith(("weight", "bias")))
+    average = ring_allreduce_bytes(4 * params, len(PLAN))
+    sent = [r.bytes_sent for r in _result(tmp_path / "local").lead.records]
+    assert sent[DENSE_WARMUP_STEPS:] == [average, 0.0, average]
