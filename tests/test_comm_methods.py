@@ -10,6 +10,7 @@ algorithm must send.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,9 +20,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from hetflow.records import METHOD_NAMES, CompressionMethod
 from hetflow.training.comm import (
     METHODS,
+    SampleWeightedAverager,
     WireCounter,
     allgather_bytes,
     finish_optimizer,
+    local_averager,
     method_warmup_steps,
     register_compression,
     ring_allreduce_bytes,
@@ -41,6 +44,9 @@ SHAPES = [(128, 64), (128,), (10, 128), (10,)]  # the tiny MLP's parameters
 ALL_BUT_NAMED = "topk:0.99999"  # a ratio below 1 that still keeps all 9,610 entries
 GRAD_BYTES = 4 * sum(math.prod(s) for s in SHAPES)
 NONE_BYTES = ring_allreduce_bytes(GRAD_BYTES, WORLD)  # 2(n-1)/n x gradient bytes
+# every rank's local batch at each step: averaged after steps 2 and 4, where the batches at
+# the step, the samples since the last average and equal weights all differ; rank 1 left out
+UNEQUAL = [[4, 4, 4, 4], [4, 4, 4, 4], [2, 0, 6, 8], [8, 0, 4, 4], [4, 0, 12, 0], [4, 4, 4, 4]]
 
 
 def tiny_model() -> torch.nn.Module:
@@ -62,7 +68,12 @@ def _seen(hook, buckets: set[int]):
     return wrapped
 
 
-def _train_one(counter, rank: int, method: str, bucket_mb, stage_steps: int, momentum: float):
+def _train_one(
+    counter, rank: int, method: str, bucket_mb, stage_steps: int, momentum: float, batches=None
+):
+    """`batches[step]`: every rank's local batch at that step (default 16 each), noted with the
+    averager of local SGD and hierarchical averaging; each rank's loss is the mean over its own
+    batch (0 without samples)."""
     parsed = CompressionMethod.parse(method)
     model = tiny_model()
     ddp = DDP(model) if bucket_mb is None else DDP(model, bucket_cap_mb=bucket_mb)
@@ -80,38 +91,59 @@ def _train_one(counter, rank: int, method: str, bucket_mb, stage_steps: int, mom
     gen = torch.Generator().manual_seed(100 + rank)
     counter.take()
     intra0 = counter.intra_node_bytes
-    per_step, spread = [], []
-    for _ in range(STEPS):
-        x, y = torch.randn(16, 64, generator=gen), torch.randint(0, 10, (16,), generator=gen)
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
+    averager = local_averager(opt)
+    per_step, spread, before, after = [], [], [], []
+    for step in range(STEPS):
+        plan = batches[step] if batches else [16] * WORLD
+        n = plan[rank]
+        x, y = torch.randn(n, 64, generator=gen), torch.randint(0, 10, (n,), generator=gen)
+        loss = torch.nn.functional.cross_entropy(ddp(x), y, reduction="sum") / max(n, 1)
+        loss.backward()
+        if averager is None:
+            opt.step()
+        else:  # PostLocalSGDOptimizer.step, with the replica before its averaging kept
+            averager.trained(n, sum(plan))
+            opt.optim.step()
+            before.append(_flat(model))
+            averager.average_parameters(opt.param_groups)
         opt.zero_grad(set_to_none=True)
         per_step.append(counter.take()[0])
-        flat = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+        flat = _flat(model)
+        after.append(flat)
         everyone = [torch.zeros_like(flat) for _ in range(WORLD)]
         dist.all_gather(everyone, flat)
         counter.take()  # the check above is not training traffic
         spread.append(max(float((e - everyone[0]).abs().max()) for e in everyone))
     finish_optimizer(opt, model)
     counter.take()
-    return {
+    out = {
         "buckets": len(buckets),
         "bytes": per_step,
         "intra_bytes": counter.intra_node_bytes - intra0,
         "replica_spread": spread,
-        "params": torch.cat([q.detach().reshape(-1) for q in model.parameters()]).tolist(),
+        "params": _flat(model).tolist(),
     }
+    if batches:  # every step's replica before and after the averager
+        out["before"] = [t.tolist() for t in before]
+        out["after"] = [t.tolist() for t in after]
+    return out
+
+
+def _flat(model) -> torch.Tensor:
+    return torch.cat([q.detach().reshape(-1) for q in model.parameters()]).clone()
 
 
 def train_runs(rank: int, world: int, runs: list) -> dict:
-    """Each run [label, method, DDP bucket cap MB, top-k density stage steps, SGD momentum]
-    trained in turn under a `WireCounter`; {label: what it measured}."""
+    """Each run [label, method, DDP bucket cap MB, top-k density stage steps, SGD momentum,
+    per-step local batches] trained in turn under a `WireCounter`; {label: what it measured}."""
     counter = WireCounter(world)
     counter.install()
     out: dict = {}
     try:
-        for label, method, bucket_mb, stage_steps, momentum in runs:
-            out[label] = _train_one(counter, rank, method, bucket_mb, stage_steps, momentum)
+        for label, method, bucket_mb, stage_steps, momentum, batches in runs:
+            out[label] = _train_one(
+                counter, rank, method, bucket_mb, stage_steps, momentum, batches
+            )
             dist.barrier()
     finally:
         counter.uninstall()
@@ -122,8 +154,16 @@ def train_runs(rank: int, world: int, runs: list) -> dict:
 # one launch per method
 
 
-def _run(method: str, label: str | None = None, *, bucket_mb=None, stage_steps=0, momentum=0.0):
-    return [label or method, method, bucket_mb, stage_steps, momentum]
+def _run(
+    method: str,
+    label: str | None = None,
+    *,
+    bucket_mb=None,
+    stage_steps=0,
+    momentum=0.0,
+    batches=None,
+):
+    return [label or method, method, bucket_mb, stage_steps, momentum, batches]
 
 
 def _launch(tmp_path_factory, name: str, runs: list) -> list[dict]:
@@ -183,7 +223,11 @@ def topk_ranks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def localsgd_ranks(tmp_path_factory):
-    return _launch(tmp_path_factory, "localsgd", [_run("localsgd:2")])
+    return _launch(
+        tmp_path_factory,
+        "localsgd",
+        [_run("localsgd:2"), _run("localsgd:2", "localsgd:2@unequal", batches=UNEQUAL)],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -367,6 +411,36 @@ def test_localsgd_averages_the_model_every_h_steps(localsgd_ranks):
     assert all(torch.allclose(f, finals[0], atol=1e-6) for f in finals)
 
 
+def _sample_weights(batches: list[list[int]], steps: range) -> list[float]:
+    """Each rank's samples over `steps`, over every rank's."""
+    own = [sum(batches[t][r] for t in steps) for r in range(WORLD)]
+    return [s / sum(own) for s in own]
+
+
+@pytest.mark.slow
+def test_localsgd_weights_each_replica_by_its_samples_since_the_last_average(localsgd_ranks):
+    run = [r["localsgd:2@unequal"] for r in localsgd_ranks]
+    assert run[0]["bytes"] == localsgd_ranks[0]["localsgd:2"]["bytes"]  # no collective added
+    before = [torch.tensor(r["before"]) for r in run]  # [rank][step]: replica before averaging
+    for step, since in [(2, range(2, 3)), (4, range(3, 5))]:
+        weights = _sample_weights(UNEQUAL, since)
+        expected = sum(w * b[step] for w, b in zip(weights, before, strict=True))
+        for r in run:
+            torch.testing.assert_close(torch.tensor(r["after"][step]), expected)
+        equal = sum(b[step] for b in before) / WORLD
+        assert (equal - expected).abs().max() > 1e-4  # not equal weights
+    # after step 4, nor the batches of the step alone (after step 2 they are the samples since)
+    at_step = sum(n / 16 * b[4] for n, b in zip(UNEQUAL[4], before, strict=True))
+    assert (at_step - torch.tensor(run[0]["after"][4])).abs().max() > 1e-4
+    # rank 1, left out since step 2, weighs nothing: its replica (the warm-up's) is not pulled in
+    assert _sample_weights(UNEQUAL, range(3, 5))[1] == 0
+    assert not torch.allclose(before[1][4], before[0][4], atol=1e-4)
+    # finish_optimizer after step 5 (equal batches): the replicas' plain mean
+    finals = [torch.tensor(r["params"]) for r in run]
+    torch.testing.assert_close(finals[0], sum(torch.tensor(r["after"][5]) for r in run) / WORLD)
+    assert all(torch.equal(f, finals[0]) for f in finals)
+
+
 @pytest.mark.slow
 def test_hierarchical_keeps_intra_node_traffic_off_the_link(hierarchical_ranks):
     run = hierarchical_ranks[0]["hierarchical:2"]
@@ -375,6 +449,56 @@ def test_hierarchical_keeps_intra_node_traffic_off_the_link(hierarchical_ranks):
     # steps 2..5: gradients all-reduced inside each 2-rank node, off the link
     assert run["intra_bytes"] == 4 * ring_allreduce_bytes(GRAD_BYTES, 2)
     assert run["replica_spread"][3] > 1e-4  # the two nodes drift apart between averagings
+
+
+# ---------------------------------------------------------------------------------------------
+# local SGD's weights (pure: the averaging's all-reduce replaced by a record of the weights)
+
+
+class _Weights(SampleWeightedAverager):
+    def __init__(self, period: int, warmup: int, rank: int = 0, mates=(0,)) -> None:
+        super().__init__(period, warmup, rank, list(mates), process_group=object())
+        self.averaged: list[tuple[int, float | None]] = []  # (step, this rank's weight)
+
+    def _average(self, params, weight) -> None:
+        self.averaged.append((self.step, weight))
+
+
+def _steps(averager, own: list[int], totals: list[int]) -> list[tuple[int, float | None]]:
+    for n, total in zip(own, totals, strict=True):
+        averager.trained(n, total)
+        averager.average_parameters([])
+    return averager.averaged
+
+
+def test_a_rank_weighs_its_samples_since_the_last_average_over_everyones():
+    # warm-up 2, period 3: averages after steps 2 and 5; the warm-up's samples do not count
+    got = _steps(_Weights(3, 2), [9, 9, 1, 2, 3, 4, 0], [20, 20, 10, 10, 10, 20, 20])
+    assert got == [(2, 1 / 10), (5, (2 + 3 + 4) / (10 + 10 + 20))]
+    left_out = _steps(_Weights(2, 0), [0, 0, 0, 5], [8, 8, 8, 8])
+    assert left_out == [(0, 0.0), (2, 0.0)]  # batch 0 since the last average: weight 0
+
+
+def test_the_last_average_weighs_the_steps_since_the_previous_one_and_only_if_any():
+    avg = _Weights(4, 0)
+    _steps(avg, [1, 3, 3], [4, 4, 4])  # averaged after step 0; steps 1 and 2 drift apart
+    finish_optimizer(SimpleNamespace(averager=avg), torch.nn.Linear(1, 1))
+    assert avg.averaged == [(0, 1 / 4), (3, 6 / 8)]
+    finish_optimizer(SimpleNamespace(averager=avg), torch.nn.Linear(1, 1))  # nothing new
+    assert len(avg.averaged) == 2
+    assert _steps(_Weights(2, 0), [2], [0]) == [(0, None)]  # nothing noted: equal weights
+
+
+def test_a_local_step_is_each_rank_s_own_mean_and_a_node_s_over_its_samples():
+    alone = _Weights(2, 0, rank=1, mates=[1])
+    assert alone.loss_scale(count=48, plan=[4, 6, 2]) == 1 / 48  # 6 samples of 8 tokens
+    assert alone.loss_scale(count=0, plan=[4, 0, 2]) == 0.0
+    node = _Weights(2, 0, rank=1, mates=[0, 1])  # its mate's gradient is averaged with its own
+    k, mine, theirs = 2, 6, 4
+    assert node.loss_scale(count=6, plan=[4, 6, 2]) == pytest.approx(k * mine / (10 * 6))
+    # the intra-node mean of both ranks' scaled sums is their summed losses over 10 samples
+    assert (k * theirs / (10 * 4) + k * mine / (10 * 6)) / k == pytest.approx(2 / 10)
+    assert _Weights(2, 2).local() is False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,11 +15,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from hetflow.emulation.emulator import Emulator
 from hetflow.infra.data.reader import RankData
 from hetflow.records import CompressionMethod
-from hetflow.training.comm import register_compression, wrap_optimizer
+from hetflow.training.comm import local_averager, register_compression, wrap_optimizer
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
 from hetflow.training.plan.rebalancer import Rebalancer
-from hetflow.training.recipes import DataInfo, Recipe, check_fits, seeded_model
+from hetflow.training.recipes import DataInfo, Recipe, check_fits, seed_rank, seeded_model
 
 
 def straggler_factor(stragglers: list[tuple[int, int, float]], rank: int, step: int) -> float:
@@ -51,18 +51,22 @@ def build_net(
     recipe: Recipe,
     device: str = "cpu",
     method: CompressionMethod | None = None,
+    *,
+    rank: int,
     **warmup,
 ) -> Net:
     """The recipe's model at the run's seed on `device`, DDP with the comm hook of `method`
     (default: the plan's; its compute phase dilated by `emu`; `warmup`: `warmup_steps` and
     `density_stage_steps` of `register_compression`), and the configured optimizer wrapped as
     the hook needs: parameters, gradients and optimizer state all on `device`. Seeds torch's
-    generator (`seeded_model`)."""
+    generators: the run's seed for the weights (`seeded_model`: the same on every rank), then
+    (seed, `rank`)'s for what the rank draws in training (`seed_rank`: its own dropout masks)."""
     cfg = spec.train
     method = spec.plan.compression if method is None else method
     info = DataInfo.from_manifest(data.manifest)
     check_fits(recipe, info, data.manifest.url)
     model = seeded_model(recipe, info, cfg.seed).to(device)
+    seed_rank(cfg.seed, rank)
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ids = [torch.device(device)] if device != "cpu" else None
@@ -87,22 +91,32 @@ class Stepper:
     counter: object
     recipe: Recipe
 
-    def step(self, batch, n: int, global_batch: int) -> tuple[torch.Tensor, int, float]:
-        """One step on a batch of `n` samples already on the device: forward, backward and the
-        comm hook up to its last bucket (a compute phase of `emu`, keyed by `n`, which the hook
-        ends), the collectives (each carried by the emulated link where DDP issued it, when
-        one is attached to the counter) and the optimizer's step through `amp`. Returns (this
-        rank's summed loss, what it sums over, the bytes the counter charged since its last
-        `take`)."""
+    def step(self, batch, n: int, plan: list[int]) -> tuple[torch.Tensor, int, float]:
+        """One step on a batch of `n` samples already on the device, this rank's share of the
+        local batches `plan`: forward, backward and the comm hook up to its last bucket (a
+        compute phase of `emu`, keyed by `n`, which the hook ends), the collectives (each
+        carried by the emulated link where DDP issued it, when one is attached to the counter)
+        and the optimizer's step through `amp`. Returns (this rank's summed loss, what it sums
+        over, the bytes the counter charged since its last `take`)."""
         net, amp = self.net, self.amp
+        averager = local_averager(net.opt)  # local SGD, hierarchical averaging
         self.emu.start(key=n)
         with amp.autocast():
             loss_sum, count = self.recipe.loss(net.ddp, batch)
         count = int(count)
-        # DDP averages over ranks: weighted so that the result is the mean over the global
-        # batch's counts (samples, or tokens); times the shared loss scale where one is used
-        self.mean.backward(loss_sum, count, n, global_batch, amp.scale)
-        self.mean.correct(net.model)
+        if averager is not None and averager.local():
+            # no all-reduce over every rank: the rank (node) steps on its own mean, and the
+            # averager weights its replica by its samples (`SampleWeightedAverager`); every
+            # rank is past the warm-up at the same step, so none waits for the count's
+            self.mean.check(count, n)
+            amp.scale(loss_sum * averager.loss_scale(count, plan)).backward()
+        else:
+            # DDP averages over ranks: weighted so that the result is the mean over the global
+            # batch's counts (samples, or tokens); times the shared loss scale where one is used
+            self.mean.backward(loss_sum, count, n, sum(plan), amp.scale)
+            self.mean.correct(net.model)
+        if averager is not None:
+            averager.trained(n, sum(plan))
         amp.step(net.opt)
         net.opt.zero_grad(set_to_none=True)
         nbytes, _ = self.counter.take()
@@ -181,12 +195,8 @@ class MeanOverCounts:
         of the plan's `global_batch`; `scale` (the shared loss scale, `MixedPrecision.scale`)
         applied to it first."""
         scale = scale or (lambda t: t)
+        self.check(count, batch)
         if self.per_sample is not None:
-            if count != batch * self.per_sample:
-                raise ValueError(
-                    f"train.recipe: its loss counted {count} for {batch} samples, not the "
-                    f"{self.per_sample} per sample its count_per_sample says"
-                )
             self.expected = global_batch * self.per_sample
             scale(loss_sum * (self.world / max(self.expected, 1))).backward()
             return
@@ -197,6 +207,14 @@ class MeanOverCounts:
             self.expected = int(total)
         self._pending = (work, total)
         scale(loss_sum * (self.world / max(self.expected, 1))).backward()
+
+    def check(self, count: int, batch: int) -> None:
+        """That a recipe with a fixed count per sample counted `count` for `batch` samples."""
+        if self.per_sample is not None and count != batch * self.per_sample:
+            raise ValueError(
+                f"train.recipe: its loss counted {count} for {batch} samples, not the "
+                f"{self.per_sample} per sample its count_per_sample says"
+            )
 
     def skip(self) -> None:
         """A step this rank computes nothing in and is out of the gradient's all-reduce

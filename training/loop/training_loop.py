@@ -18,7 +18,12 @@ from hetflow.records import (
     StepRecord,
     Timeline,
 )
-from hetflow.training.comm import comm_state_dict, load_comm_state, new_control_group
+from hetflow.training.comm import (
+    comm_state_dict,
+    finish_optimizer,
+    load_comm_state,
+    new_control_group,
+)
 from hetflow.training.devices import synchronizer, to_device
 from hetflow.training.faults.guard import StepGuard
 from hetflow.training.faults.records import Preempted
@@ -74,7 +79,7 @@ class TrainingLoop:
         self.trials = self.resolve_compression(saved)  # 'auto': self.spec's plan now has it
         self.timeline.trials_s = since_submit(spec) - t if self.trials and not saved else 0.0
         spec = self.spec
-        self.net = build_net(spec, data, self.emu, self.recipe, amp.device)
+        self.net = build_net(spec, data, self.emu, self.recipe, amp.device, rank=rank)
         self.stepper = Stepper(self.net, self.emu, self.mean, amp, counter, self.recipe)
         self.rebalancer = new_rebalancer(spec, world)
         self.computing = ComputingRanks(
@@ -164,6 +169,8 @@ class TrainingLoop:
             self.guard.begin(step)
             computes = self.computing.computes
             rec = self.timed_step(step) if computes else self.idle_step(step)
+            if step == cfg.steps - 1:
+                self.last_average(rec)
             stop = self.guard.end(rec, step + 1)  # every rank alike: SIGTERM came
             # the optimizer's or the loss scale's skip, on a step this rank stepped in
             rec.skipped = computes and (rec.skipped or self.amp.last_skipped)
@@ -206,7 +213,7 @@ class TrainingLoop:
             xs, ys = self.reader.batch(step, self.state.plan)
         batch = to_device(self.recipe.batch(xs, ys), net.device)
         t1 = now()
-        loss_sum, count, nbytes = self.stepper.step(batch, len(ys), sum(self.state.plan))
+        loss_sum, count, nbytes = self.stepper.step(batch, len(ys), self.state.plan)
         t3 = now()
         computed = emu.finish()  # when the comm hook ended the phase at the last bucket
         return StepRecord(
@@ -221,6 +228,19 @@ class TrainingLoop:
             bytes_sent=nbytes,
             s3_bytes=self.s3_bytes_since_last(),
         )
+
+    def last_average(self, rec: StepRecord) -> None:
+        """After the run's last step, where replicas drifted apart since they were last
+        averaged (local SGD, hierarchical averaging), their average weighted by samples
+        (`finish_optimizer`): the model rank 0 evaluates and saves is every rank's, not its
+        own. Its time and bytes are the last step's (`rec`)."""
+        t0 = now()
+        finish_optimizer(self.net.opt, self.net.model)
+        nbytes, _ = self.counter.take()
+        spent = now() - t0
+        rec.bytes_sent += nbytes
+        rec.wait_s += spent
+        rec.step_s += spent
 
     def idle_step(self, step: int) -> StepRecord:
         """A step this rank is out of the all-reduce in (`ComputingRanks`): no samples, no

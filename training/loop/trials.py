@@ -103,6 +103,7 @@ class Trials:
                 self.recipe,
                 amp.device,
                 method,
+                rank=self.rank,
                 warmup_steps=TRIAL_WARMUP_STEPS,
                 density_stage_steps=0,
             )
@@ -110,13 +111,13 @@ class Trials:
             mean = MeanOverCounts(self.world, self.recipe.count_per_sample, self.count_group)
             stepper = Stepper(net, emu, mean, scaled, self.counter, self.recipe)
             times, sent = [], []
-            global_batch = sum(self.spec.plan.local_batches)
+            plan = list(self.spec.plan.local_batches)
             for step, (batch, n) in enumerate(batches):
                 if step == TRIAL_UNTIMED_STEPS:  # time the method's settled steps alone:
                     emu.forget()  # dilation uses a batch's least CPU time; a dense step's is less
                 emu.slowdown = base * straggler_factor(self.spec.stragglers, self.rank, step)
                 t0 = now()
-                _, _, nbytes = stepper.step(batch, n, global_batch)
+                _, _, nbytes = stepper.step(batch, n, plan)
                 emu.finish()
                 if step >= TRIAL_UNTIMED_STEPS:
                     times.append(now() - t0)

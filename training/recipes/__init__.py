@@ -16,6 +16,8 @@ from hetflow.training.recipes.base import (
     evaluate,
     get_recipe,
     parameter_count,
+    rank_seed,
+    seed_rank,
     seeded_model,
 )
 
@@ -28,7 +30,9 @@ __all__ = [
     "evaluate",
     "get_recipe",
     "parameter_count",
+    "rank_seed",
     "recipe_of",
+    "seed_rank",
     "seeded_model",
 ]
 

@@ -168,9 +168,33 @@ def check_fits(recipe: Recipe, info: DataInfo, where: str = "the dataset") -> No
 
 def seeded_model(recipe: Recipe, info: DataInfo, seed: int) -> nn.Module:
     """`recipe.build_model(info)` with torch seeded first: the same initial weights on every
-    rank and in every variant for a given seed."""
+    rank and in every variant for a given seed. A rank reseeds after it (`seed_rank`)."""
     torch.manual_seed(seed)
     return recipe.build_model(info)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank `rank`'s torch generators once its model is built: numpy's
+    `SeedSequence` of (seed, rank), so that no two ranks of a run share it and none restarts
+    the stream its initial weights were drawn from (as seed + rank would on rank 0).
+
+    >>> rank_seed(0, 0) != rank_seed(0, 1) and rank_seed(0, 1) == rank_seed(0, 1)
+    True
+    """
+    entropy = [seed % 2**64, rank]  # SeedSequence takes no negative seed
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0])
+
+
+def seed_rank(seed: int, rank: int) -> None:
+    """Seed torch's generators, CPU and every CUDA device's, for what rank `rank` draws after
+    its model is built (`seeded_model`): dropout masks and any other randomness in training.
+
+    Contract: ranks start from the same weights (the seed's, which DDP broadcasts as well),
+    then each draws its own masks; the same (seed, rank) draws the same masks in every run.
+    Seeded with the run's seed alone, every rank would draw the same masks (sample i of each
+    rank's batch losing the same units): noise repeated across the global batch, not drawn.
+    """
+    torch.manual_seed(rank_seed(seed, rank))  # seeds every CUDA device too
 
 
 def evaluate(
