@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from hetflow.cli.checks import before_flow, check_ingest_source
 from hetflow.cli.job import ingest_of, job_of
 from hetflow.config import ConfigError, TrackingConfig
 from hetflow.output import write_json
@@ -90,6 +91,7 @@ def cmd_demo(args) -> int:
     cluster, train, dataset = job_of(args)
     tracking = TrackingConfig()
     reachable(dataset.url, tracking, cluster)
+    before_flow(cluster, train, dataset)
     speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
     print(
         f"hetflow demo: {cluster.world_size} emulated workers (speeds {speeds}), "
@@ -114,6 +116,7 @@ def cmd_train(args) -> int:
     # the flow trains what it is given
     cluster, cfg, dataset = job_of(args, variant=args.variant)
     reachable(dataset.url, TrackingConfig(), cluster)
+    before_flow(cluster, cfg, dataset)
     from hetflow.flows.train import train as train_flow
 
     out = train_flow(cluster=cluster, dataset=dataset, train=cfg, variant=args.variant)
@@ -125,6 +128,7 @@ def cmd_train(args) -> int:
 def cmd_profile(args) -> int:
     cluster, cfg, dataset = job_of(args)
     reachable(dataset.url, TrackingConfig(), cluster)
+    before_flow(cluster, cfg, dataset)
     from hetflow.flows.profile_cluster import print_profile_report, profile_cluster
 
     profile = profile_cluster(cluster=cluster, dataset=dataset, train=cfg)
@@ -160,6 +164,7 @@ def cmd_compare(args) -> int:
 def cmd_data_ingest(args) -> int:
     spec = ingest_of(args)
     reachable(spec.url)
+    check_ingest_source(spec)
     from hetflow.flows.prepare_dataset import prepare_dataset
 
     manifest = prepare_dataset(dataset=spec, overwrite=True)
