@@ -11,6 +11,7 @@ from hetflow.infra.data.format import (
     MissingDataset,
     check_shards,
     digits_source,
+    read_existing,
     read_manifest,
     synthetic_source,
     verify_dataset,
@@ -93,14 +94,7 @@ def ingest_dataset(spec: DatasetSpec, overwrite: bool = False) -> Manifest:
     # runs started at once on one dataset take turns: the second finds the first's dataset
     # instead of deleting its manifest to write the same shards again under a running job
     if spec.source == "existing":
-        try:
-            manifest = read_manifest(spec.url)
-        except MissingDataset as e:
-            raise DatasetError(
-                f"{e} (write it first: hetflow data ingest --to {spec.url})"
-            ) from None
-        check_shards(manifest)
-        return manifest
+        return read_existing(spec.url)
     with host_lock(f"dataset {spec.url}"):
         if not overwrite:
             manifest = _existing(spec)

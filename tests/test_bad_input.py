@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from hetflow.cli import main
 from hetflow.config import ConfigError, DatasetSpec, TrainConfig, load_mapping, validated
+
+from tests.procs import run_cli
 
 CASES = {
     "negative speed": (["--speeds", "1,-1,2"], "--speeds: worker 1 speed"),
@@ -110,3 +114,164 @@ def test_the_launcher_left_empty_is_hetflow_launchers_and_a_bad_one_is_named(mon
     with pytest.raises(ConfigError) as e:
         validated(ClusterSpec, workers, "cluster")
     assert "cluster.launcher" in str(e.value) and "\n" not in str(e.value)
+
+
+# -- the real command, as a user runs it: one line, no traceback, before any flow starts -------
+
+
+def _hetflow(tmp_path, *args: str, s3: str | None = None) -> str:
+    """`hetflow ARGS` in a subprocess, nothing configured but the S3 endpoint `s3` (the moto
+    server's, with its fake credentials, where given); asserts it was refused in one line
+    with exit status 2, no traceback and no flow started; that line."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AWS_", "MLFLOW_", "PREFECT_API", "RAY_"))
+    }
+    env.update(
+        HETFLOW_HOME=str(tmp_path / "home"),
+        PREFECT_HOME=str(tmp_path / "home" / "prefect"),
+        AWS_EC2_METADATA_DISABLED="true",  # no instance-role lookup on a machine that is none
+    )
+    if s3:
+        env.update({k: os.environ[k] for k in os.environ if k.startswith("AWS_")})
+    proc = run_cli(list(args), env, timeout=120)
+    out = proc.stdout + proc.stderr
+    errors = [line for line in out.splitlines() if "hetflow: error:" in line]
+    assert proc.returncode == 2, out
+    assert len(errors) == 1 and proc.stderr.strip() == errors[0], out
+    assert "Traceback" not in out and "temporary server" not in out, out  # no flow started
+    return errors[0]
+
+
+def test_a_parquet_column_the_files_lack_is_one_line(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "pq").mkdir()
+    table = pa.table({"a": np.ones(8), "y": np.arange(8) % 2})
+    pq.write_table(table, tmp_path / "pq" / "p.parquet")
+    line = _hetflow(
+        tmp_path,
+        *("data", "ingest", "--source", "parquet", "--from", str(tmp_path / "pq")),
+        *("--columns", "a,b", "--label-column", "y", "--to", f"file://{tmp_path}/out"),
+    )
+    assert "p.parquet: no column 'b'" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_bucket_is_one_line(tmp_path, s3):
+    line = _hetflow(tmp_path, "demo", "--dataset-url", "s3://no-such-bucket-hf/x", s3=s3)
+    assert "s3://no-such-bucket-hf: no such bucket" in line
+    assert "hetflow data ingest --to s3://no-such-bucket-hf/x" in line
+
+
+def test_an_image_folder_without_class_subfolders_is_one_line(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "flat").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "flat" / "a.png")
+    line = _hetflow(
+        tmp_path,
+        *("data", "ingest", "--source", "images", "--from", str(tmp_path / "flat")),
+        *("--to", f"file://{tmp_path}/out"),
+    )
+    assert "flat: no images in class subfolders" in line
+
+
+def test_an_unknown_ray_instance_type_is_one_line_without_a_ray_cluster(tmp_path, s3):
+    from hetflow.infra.s3 import free_port
+
+    cluster = tmp_path / "ray.yaml"
+    cluster.write_text(
+        "launcher: ray\nworkers:\n"
+        "  - {name: a, instance_type: g5.xlarge}\n  - {name: b, instance_type: x9.nonesuch}\n"
+    )
+    # an address where no Ray cluster answers: the type is refused before Ray is asked
+    address = f"127.0.0.1:{free_port()}"
+    line = _hetflow(tmp_path, "demo", "--cluster", str(cluster), "--ray-address", address, s3=s3)
+    assert "instance_type" in line and "x9.nonesuch" in line and "g5.xlarge" not in line
+
+
+# A user error raised inside a flow, by the `hetflow demo` command's own path (`main`,
+# `commands.start_flow_logs`): the flow stands in for one whose check can only run inside it.
+IN_A_FLOW = """
+import sys
+from hetflow.cli import commands, main
+from hetflow.config import ConfigError
+
+def cmd_demo(args):
+    commands.start_flow_logs(args)  # before Prefect is imported, as the commands do
+    from prefect import flow, task
+
+    @task(retries=1)
+    def ingest():
+        raise ConfigError("dataset.url: the bad value, in one line")
+
+    @flow
+    def compare():
+        ingest()
+
+    compare()
+
+commands.cmd_demo = cmd_demo
+sys.argv = ["hetflow", "demo"]
+sys.exit(main())
+"""
+
+
+@pytest.mark.slow
+def test_a_user_error_inside_a_flow_is_one_line_and_its_traceback_is_in_the_log(tmp_path):
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "PREFECT_LOG"))}
+    env.update(
+        HETFLOW_HOME=str(home),
+        PREFECT_HOME=str(home / "prefect"),
+        PREFECT_LOGGING_LEVEL="INFO",  # as a user sees it
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",  # a loaded test host
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", IN_A_FLOW], env=env, capture_output=True, text=True, timeout=240
+    )
+    out = proc.stdout + proc.stderr
+    errors = [line for line in out.splitlines() if "hetflow: error:" in line]
+    assert proc.returncode == 2, out
+    assert len(errors) == 1 and "dataset.url: the bad value, in one line" in errors[0], out
+    assert "Traceback" not in out and "ConfigError" not in out, out
+    assert "Beginning flow run" in out  # the flow's progress still shows
+    log = home / "logs" / errors[0].rsplit("(traceback in ", 1)[1].rstrip(")").rsplit("/", 1)[1]
+    text = log.read_text()
+    assert "Traceback" in text and "ConfigError: dataset.url: the bad value" in text
+    assert "Finished in state Failed" in text  # Prefect's records of the failure, kept there
+
+
+def test_the_console_filter_keeps_user_errors_off_the_terminal_and_bugs_on_it():
+    import logging
+
+    import hetflow.infra.data.format  # DatasetError: a type the filter knows once imported
+    import hetflow.infra.pricing  # noqa: F401 (CatalogError, a ConfigError)
+    from hetflow.cli.logs import HANDLER, UserErrorFilter, prefect_config
+
+    def record(name, message, exc=None):
+        info = (type(exc), exc, None) if exc else None
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, message, (), info)
+
+    keep = UserErrorFilter().filter
+    assert not keep(record("prefect.flow_runs", "Encountered exception", ConfigError("bad")))
+    assert keep(record("prefect.flow_runs", "Encountered exception", ZeroDivisionError("bug")))
+    state = "Finished in state Failed('Task run encountered an exception {}: x')"
+    assert not keep(record("prefect.task_runs", state.format("DatasetError")))
+    assert not keep(record("prefect.flow_runs", state.format("CatalogError")))  # a ConfigError
+    assert keep(record("prefect.task_runs", state.format("KeyError")))
+    retry = "Task run failed with exception: {}('x') - Retry 1/2 will start immediately"
+    assert not keep(record("prefect.task_runs", retry.format("ChecksumError")))
+    assert keep(record("prefect.task_runs", retry.format("OSError")))
+    assert keep(record("prefect.flow_runs", "Beginning flow run"))
+    config = prefect_config()  # Prefect's default, with the run's log and the filter added
+    assert HANDLER in config["root"]["handlers"] and "console" in config["root"]["handlers"]
+    assert config["handlers"]["console"]["filters"] == ["hetflow_user_errors"]
+    assert config["loggers"]["prefect"]["level"] == "${PREFECT_LOGGING_LEVEL}"

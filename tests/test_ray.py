@@ -109,6 +109,30 @@ def test_a_type_no_node_carries_is_refused_naming_the_types(ray_cluster):
         assert all(t in str(e) for t in TYPES)
 
 
+def test_the_cli_refuses_a_type_no_node_carries_before_the_flow_starts(ray_cluster, tmp_path):
+    """`hetflow demo` asks the Ray cluster's node labels before its flow starts: one line
+    naming the worker and the types the cluster has, no traceback, no Prefect server."""
+    import os
+
+    from tests.procs import run_cli
+
+    cluster = tmp_path / "ray.yaml"
+    cluster.write_text(
+        "launcher: ray\nworkers:\n"
+        "  - {name: t4, instance_type: g4dn.xlarge}\n  - {name: big, instance_type: p4d.24xlarge}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PREFECT_API"))}
+    env.update(HETFLOW_HOME=str(tmp_path / "home"), PREFECT_HOME=str(tmp_path / "prefect"))
+    args = ["demo", "--cluster", str(cluster), "--ray-address", ray_cluster.address]
+    proc = run_cli(args, env, timeout=120)
+    out = proc.stdout + proc.stderr
+    errors = [line for line in out.splitlines() if "hetflow: error:" in line]
+    assert proc.returncode == 2 and len(errors) == 1, out
+    assert "workers[big].instance_type: no node of the Ray cluster carries" in errors[0]
+    assert all(t in errors[0] for t in TYPES)
+    assert "Traceback" not in out and "temporary server" not in out, out
+
+
 def test_a_dead_address_is_one_line():
     from hetflow.infra.s3 import free_port
 

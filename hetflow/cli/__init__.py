@@ -129,15 +129,21 @@ def main(argv: list[str] | None = None) -> int:
     # Prefect makes PREFECT_HOME but not its parents; its SQLite database then cannot open
     if os.environ.get("PREFECT_HOME"):
         os.makedirs(os.path.expanduser(os.environ["PREFECT_HOME"]), exist_ok=True)
+    as_program = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["simulate"]:  # its flags are its own; argparse's REMAINDER would not take them
         argv = ["simulate", "--", *argv[1:]]
     try:
         args = build_parser().parse_args(argv)
+        args.run_log = as_program  # a flow's log to the run's log file (commands.start_flow_logs)
         return args.func(args)
     except Exception as e:
         message = one_line(e)
         if message is None:
-            raise
-        print(f"hetflow: error: {message}", file=sys.stderr)
+            raise  # a bug: its traceback
+        from hetflow.cli.logs import record_user_error
+
+        log = record_user_error(e, message)
+        where = f" (traceback in {log})" if log else ""
+        print(f"hetflow: error: {message}{where}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from hetflow.cli.checks import before_flow, check_ingest_source
 from hetflow.cli.job import ingest_of, job_of
 from hetflow.config import ConfigError, TrackingConfig
 from hetflow.output import write_json
@@ -86,10 +87,24 @@ def reachable(
     check_services(dataset_url, tracking, prefect=True, ray_address=ray)
 
 
+def start_flow_logs(args) -> None:
+    """Called as the program (`main` sets `args.run_log`), before the command imports its
+    flow: Prefect's log goes to the run's log file too, and a user error's records stay off
+    the terminal (`hetflow.cli.logs`). Called from Python (tests), the caller's logging is
+    left as it is."""
+    if getattr(args, "run_log", False):
+        from hetflow.cli.logs import route_prefect_logs
+
+        name = "-".join(filter(None, (args.command, getattr(args, "data_command", None))))
+        route_prefect_logs(name)
+
+
 def cmd_demo(args) -> int:
     cluster, train, dataset = job_of(args)
     tracking = TrackingConfig()
     reachable(dataset.url, tracking, cluster)
+    before_flow(cluster, train, dataset)
+    start_flow_logs(args)
     speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
     print(
         f"hetflow demo: {cluster.world_size} emulated workers (speeds {speeds}), "
@@ -114,6 +129,8 @@ def cmd_train(args) -> int:
     # the flow trains what it is given
     cluster, cfg, dataset = job_of(args, variant=args.variant)
     reachable(dataset.url, TrackingConfig(), cluster)
+    before_flow(cluster, cfg, dataset)
+    start_flow_logs(args)
     from hetflow.flows.train import train as train_flow
 
     out = train_flow(cluster=cluster, dataset=dataset, train=cfg, variant=args.variant)
@@ -125,6 +142,8 @@ def cmd_train(args) -> int:
 def cmd_profile(args) -> int:
     cluster, cfg, dataset = job_of(args)
     reachable(dataset.url, TrackingConfig(), cluster)
+    before_flow(cluster, cfg, dataset)
+    start_flow_logs(args)
     from hetflow.flows.profile_cluster import print_profile_report, profile_cluster
 
     profile = profile_cluster(cluster=cluster, dataset=dataset, train=cfg)
@@ -160,6 +179,8 @@ def cmd_compare(args) -> int:
 def cmd_data_ingest(args) -> int:
     spec = ingest_of(args)
     reachable(spec.url)
+    check_ingest_source(spec)
+    start_flow_logs(args)
     from hetflow.flows.prepare_dataset import prepare_dataset
 
     manifest = prepare_dataset(dataset=spec, overwrite=True)

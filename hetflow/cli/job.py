@@ -13,6 +13,7 @@ from typing import get_args
 
 from pydantic import ValidationError
 
+from hetflow.cli.checks import check_instance_types
 from hetflow.config import (
     BUILTIN_RECIPES,
     DEFAULT_SPEEDS,
@@ -259,6 +260,7 @@ def job_of(args, variant: str | None = None) -> tuple[ClusterSpec, TrainConfig, 
     check_job(cluster, train)
     check_recipe_import(train)
     check_devices_asked(cluster, train)
+    check_instance_types(cluster)
     return cluster, train, dataset
 
 

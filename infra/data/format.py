@@ -346,6 +346,17 @@ def check_shards(manifest: Manifest) -> None:
                 )
 
 
+def read_existing(url: str) -> Manifest:
+    """The manifest of a dataset a run reads as it is (`DatasetSpec.source` 'existing'), its
+    shards there; a one-line DatasetError that says how to write it where there is none."""
+    try:
+        manifest = read_manifest(url)
+    except MissingDataset as e:
+        raise DatasetError(f"{e} (write it first: hetflow data ingest --to {url})") from None
+    check_shards(manifest)
+    return manifest
+
+
 def verify_bytes(manifest_url: str, shard: ShardInfo, data: bytes) -> None:
     """Bytes fetched for `shard` are what the manifest promises, else ChecksumError."""
     if len(data) != shard.bytes or sha256(data) != shard.sha256:

@@ -198,6 +198,19 @@ def _image_chunks(spec: DatasetSpec) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         yield x, np.asarray([classes.index(path.rsplit("/", 2)[-2])], dtype=np.int64)
 
 
+def check_source(spec: DatasetSpec) -> None:
+    """`spec`'s source (one of STREAMED_SOURCES) can be read, up to its first chunk (a Parquet
+    batch, an image, a MiB of text), without writing anything: a one-line DatasetError naming
+    it otherwise (no such folder, no files to ingest, a column the files lack, no class
+    subfolders, an image PIL cannot read)."""
+    chunks = {"parquet": _parquet_chunks, "images": _image_chunks}.get(spec.source, _text_chunks)
+    first = chunks(spec)
+    try:
+        next(first, None)
+    finally:
+        first.close()  # the file it holds open
+
+
 def ingest_streamed(spec: DatasetSpec, ingest: dict) -> Manifest:
     """Write `spec`'s source (one of STREAMED_SOURCES) to `spec.url` as shards + manifest."""
     url = spec.url.rstrip("/")
@@ -209,9 +222,7 @@ def ingest_streamed(spec: DatasetSpec, ingest: dict) -> Manifest:
     kind = {"text": "tokens", "stdlib": "tokens", "parquet": "tabular"}.get(spec.source, "images")
     per_shard = TOKEN_SHARD_BYTES if kind == "tokens" else spec.shard_samples
     chunks = {"parquet": _parquet_chunks, "images": _image_chunks}.get(spec.source)
-    first = next(iter(chunks(spec))) if chunks else None  # bad input before anything is deleted
-    if chunks is None:
-        next(iter(_text_chunks(spec)))
+    check_source(spec)  # bad input before anything is deleted
     with contextlib.suppress(FileNotFoundError):
         fs.rm_file(f"{root}/{MANIFEST}")
     writers = {s: _SplitWriter(fs, root, s, kind, per_shard) for s in ("train", "test")}
@@ -226,7 +237,6 @@ def ingest_streamed(spec: DatasetSpec, ingest: dict) -> Manifest:
             writers["test"].add(x[test], y[test])
             writers["train"].add(x[~test], y[~test])
             seen += len(x)
-    del first
     splits = {name: w.close() for name, w in writers.items()}
     classes = max(max(s.labels) for s in splits.values()) + 1
     manifest = Manifest(
