@@ -1,9 +1,10 @@
 """Flow: baseline and optimized on the same cluster, data and seed, side by side.
 
 Both variants are children of one MLflow parent run, which holds the job as params, both
-variants' headline figures and their ratios as metrics, the comparison table as its
-description, and the plots of both on one time axis. The same table, with links to the three
-MLflow runs, is the flow run's Prefect markdown artifact.
+variants' headline figures and their ratios as metrics, the comparison table (with its notes:
+the workers a variant ran without, why communication grew) as its description, and the plots
+of both on one time axis. The same table, with links to the three MLflow runs, is the flow
+run's Prefect markdown artifact.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from hetflow.config import (
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.infra.tracking.content import finish_comparison
 from hetflow.infra.tracking.plots import rank_labels
-from hetflow.infra.tracking.report import comparison, headline, markdown, summary
+from hetflow.infra.tracking.report import (
+    comparison,
+    headline,
+    markdown,
+    notes,
+    summary,
+    workers_left,
+)
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.preflight import check_training, reach_services
@@ -72,19 +80,32 @@ def compare(
                 tracker.fail(parent, f"{variant}: {e}")
                 raise
     baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
-    table = comparison(baseline, optimized)
+    table = comparison(
+        baseline,
+        optimized,
+        start_batches={v: o.plan.local_batches for v, o in outcomes.items()},
+        target_accuracy=train.target_accuracy,
+        target_val_loss=train.target_val_loss,
+    )
+    left = {
+        v: workers_left(o.plan.excluded, o.plan.dropped, o.result.lead.recovery.left_out)
+        for v, o in outcomes.items()
+    }
+    said = notes(baseline, optimized, left)
     runs = {"compare": parent, **{v: outcomes[v].run_id for v in VARIANTS}}
     md = markdown(
         table,
         f"{cluster.name}: baseline vs optimized",
         before=summary(headline(baseline, optimized)),
         after=tracker.links_markdown(runs),
+        notes=said,
     )
     create_markdown_artifact(md, key="comparison", description="baseline vs optimized")
     ran = {v: launched_labels(cluster, o, profile) for v, o in outcomes.items()}
     finish_comparison(tracker, parent, outcomes, table, md, rank_labels(cluster, profile), ran)
     return {
         "table": table,
+        "notes": said,
         "parent_run_id": parent,
         "run_ids": {v: outcomes[v].run_id for v in VARIANTS},
         "mlflow_urls": {label: tracker.run_url(rid) for label, rid in runs.items()},

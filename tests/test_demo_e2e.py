@@ -51,12 +51,28 @@ def test_the_printed_table_has_units(demo):
         for line in stdout.splitlines()
         if line.count("│") == 5
     }
-    assert rows["rank0/local_batch"][0] == "32"  # a count, not 32.000
+    batch = "rank0/local_batch (start = end plan)"
+    replanned = batch not in rows
+    # a count, not 32.000; labelled for what it is: the plan at the start and at the end
+    assert rows["rank0/local_batch (start plan)" if replanned else batch][0] == "32"
     assert rows["comm_bytes_total"][0].endswith(("MB", "GB"))
     assert rows["train_loop_s"][0].endswith(" s")
     assert rows["throughput_samples_per_s"][1].endswith("samples/s")
     assert rows["busy_fraction"][0].endswith("%") and rows["busy_fraction"][2].endswith(" pp")
     assert rows["train_loop_s"][2].endswith("%") and not rows["train_loop_s"][2].endswith("pp")
+
+
+def test_the_table_explains_itself(demo):
+    """Issue 39: the target named, "not reached" rather than a missing row; the runs one a
+    line; nothing of Prefect's after "Where to look"."""
+    home, table, stdout = demo
+    assert "time_to_target_s (accuracy ≥ 95.0%)" in stdout
+    assert table["baseline"]["target_accuracy"] == 0.95 and "time_to_target_s" in table["optimized"]
+    runs = stdout.splitlines()[stdout.splitlines().index("MLflow runs:") + 1 :][:3]
+    assert [line.split()[0] for line in runs] == ["compare", "baseline", "optimized"]
+    assert "{'baseline'" not in stdout
+    assert "Stopping temporary server" not in (home / "demo.out").read_text()
+    assert stdout.rstrip().splitlines()[-1].startswith("  Prefect UI:")
 
 
 def test_demo_json_has_both_variants_with_design_metric_names(demo):

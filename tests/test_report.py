@@ -1,4 +1,5 @@
-"""The comparison table's cells and change column, the UI links, the plots' rank labels (pure)."""
+"""The comparison table's cells, labels, change column and notes, the UI links, the plots' rank
+labels (pure)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,21 @@ from hetflow.config import ClusterSpec, WorkerSpec
 from hetflow.infra.tracking import links
 from hetflow.infra.tracking.plots import rank_labels, same_lines
 from hetflow.infra.tracking.report import (
+    LEGEND,
     change,
     comparison,
     fmt,
     headline,
     markdown,
+    notes,
     rows,
     summary,
     unit,
+    workers_left,
 )
-from hetflow.records import Profile, RankProfile
+from hetflow.records import Plan, Profile, RankProfile
+
+from tests.run_records import CLUSTER, EQUAL, figures_of, run_of
 
 BASELINE = {
     "throughput_samples_per_s": 400.0,
@@ -48,7 +54,8 @@ OPTIMIZED = {
 
 def test_cells_carry_units_counts_are_whole_and_fractions_are_percent():
     by_name = {m: (a, b, c) for m, a, b, c in rows(comparison(BASELINE, OPTIMIZED))}
-    assert by_name["rank1/local_batch"] == ("32", "48", "+50.0%")  # 32.0 from MLflow is 32
+    # 32.0 from MLflow is 32; with no start plan known, the batch is the last step's
+    assert by_name["rank1/local_batch (last step)"] == ("32", "48", "+50.0%")
     assert by_name["comm_bytes_total"][:2] == ("726.3 MB", "2.1 GB")
     assert by_name["train_loop_s"][0] == "9.60 s"
     assert by_name["throughput_samples_per_s"] == ("400 samples/s", "1000 samples/s", "+150.0%")
@@ -168,3 +175,100 @@ def test_equal_lines_are_drawn_once_and_named_together():
     groups = same_lines({"w0": [32, 32], "w1": [32, 32], "w2": [32, 32], "w3": [32, 32]})
     assert groups == [(["w0", "w1", "w2", "w3"], [32, 32])]
     assert len(same_lines({"w0": [16, 20], "w1": [48, 44]})) == 2
+
+
+# -- a table that explains itself (issue 39), from run records as the workers return them ----
+
+
+def test_a_replanned_local_batch_shows_the_start_plan_and_the_end_plan():
+    base = figures_of(run_of([[32] * 4] * 6, 0.2), CLUSTER, EQUAL)
+    start = Plan.equal([8, 8, 32, 80])
+    opt = figures_of(run_of([[8, 8, 32, 80]] * 3 + [[10, 9, 32, 77]] * 3, 0.1), CLUSTER, start)
+    table = comparison(
+        base, opt, start_batches={"baseline": EQUAL.local_batches, "optimized": [8, 8, 32, 80]}
+    )
+    by_label = {m: (a, b) for m, a, b, _ in rows(table)}
+    assert by_label["rank0/local_batch (start plan)"] == ("32", "8")  # what the log said
+    assert by_label["rank0/local_batch (end plan)"] == ("32", "10")  # the last step's
+    assert by_label["rank3/local_batch (end plan)"] == ("32", "77")
+    assert not any(m.startswith("rank0/local_batch") and "plan)" not in m for m in by_label)
+    # the JSON keeps the names: the start plan beside the last step's batch
+    assert table["optimized"]["rank1/start_local_batch"] == 8
+    assert table["optimized"]["rank1/local_batch"] == 9
+    # no re-plan changed a batch: one row a worker, saying so
+    same = comparison(
+        base,
+        figures_of(run_of([[8, 8, 32, 80]] * 6, 0.1), CLUSTER, start),
+        start_batches={"baseline": EQUAL.local_batches, "optimized": [8, 8, 32, 80]},
+    )
+    labels = [m for m, _, _, _ in rows(same) if "local_batch" in m]
+    assert labels == [f"rank{r}/local_batch (start = end plan)" for r in range(4)]
+
+
+def test_a_target_not_reached_is_said_with_the_target_not_left_out():
+    base = figures_of(run_of([[32] * 4] * 6, 0.2, accuracies=(0.5, 0.8)), CLUSTER, EQUAL)
+    opt = figures_of(run_of([[8, 8, 32, 80]] * 6, 0.1, accuracies=(0.9, 0.97)), CLUSTER, EQUAL)
+    assert "time_to_target_s" not in base and opt["time_to_target_s"] == pytest.approx(0.6)
+    table = comparison(base, opt, target_accuracy=0.95)
+    by_label = {m: (a, b, c) for m, a, b, c in rows(table)}
+    assert by_label["time_to_target_s (accuracy ≥ 95.0%)"] == ("not reached", "0.600 s", "-")
+    assert table["baseline"]["time_to_target_s"] is None  # the JSON: None, the row kept
+    assert table["optimized"]["target_accuracy"] == 0.95
+    assert "target_accuracy" not in by_label  # stated in the label, not as a row of its own
+    # neither reached it: the row is still there
+    neither = comparison(base, base, target_accuracy=0.99)
+    cells = {m: (a, b) for m, a, b, _ in rows(neither)}
+    assert cells["time_to_target_s (accuracy ≥ 99.0%)"] == ("not reached", "not reached")
+    md = markdown(neither, "t")
+    assert "| time_to_target_s (accuracy ≥ 99.0%) | not reached | not reached | - |" in md
+    # no target set: no row timed to one
+    assert "time_to_target_s" not in {m for m, _, _, _ in rows(comparison(base, base))}
+
+
+def test_a_loss_target_is_named_by_its_figure():
+    table = comparison({"final_val_loss": 3.1}, {"final_val_loss": 2.4}, target_val_loss=2.5)
+    assert rows(table)[0] == ("time_to_target_s (val_loss ≤ 2.500)", *("not reached",) * 2, "-")
+
+
+def test_a_variant_that_ran_on_fewer_workers_gets_a_note_saying_which_and_why():
+    why = "w0: its step of 0.082 s at 8 samples is at least the 0.081 s step the others take"
+    plan = Plan.equal([0, 0, 0, 128]).model_copy(
+        update={"excluded": [why, "w1: same", "w2: same"], "dropped": ["w0", "w1", "w2"]}
+    )
+    base = figures_of(run_of([[32] * 4] * 6, 0.2), CLUSTER, EQUAL)
+    opt = figures_of(run_of([[128]] * 6, 0.05), CLUSTER, plan)  # launched: w3 alone
+    assert opt["comm_bytes_total"] == 0 and opt["rank0/local_batch"] == 0
+    left = {
+        "baseline": workers_left(EQUAL.excluded, EQUAL.dropped, {}),
+        "optimized": workers_left(plan.excluded, plan.dropped, {}),
+    }
+    said = notes(base, opt, left)
+    assert len(said) == 1, said
+    assert said[0].startswith("optimized ran without 3 of its 4 workers: w0 not launched: its")
+    assert "no all-reduce" in said[0] and "compare one worker's run with 4" in said[0]
+    # from MLflow's figures alone (hetflow compare): the workers at batch 0, still said
+    alone = notes(base, opt)
+    assert alone[0].startswith("optimized ran without 3 of its 4 workers: rank0 at batch 0")
+    # a node lost during the run, and a worker kept at batch 0
+    lost = workers_left(["w2: slow"], [], {"w1": "node lost"})
+    assert lost == {
+        "w2": "at batch 0 from the start, kept in the all-reduce: slow",
+        "w1": "lost during the run: node lost",
+    }
+    md = markdown(comparison(base, opt), "t", notes=said, after="LINKS")
+    assert f"\n- {said[0]}\n" in md and md.index(LEGEND) < md.index(said[0]) < md.index("LINKS")
+
+
+def test_a_rise_in_the_share_of_communication_says_why():
+    # the same 10 ms all-reduce each step; the optimized step is half as long (no straggler)
+    base = figures_of(run_of([[32] * 4] * 6, 0.2, comm_s=0.01), CLUSTER, EQUAL)
+    opt = figures_of(run_of([[8, 8, 32, 80]] * 6, 0.1, comm_s=0.01), CLUSTER, EQUAL)
+    assert opt["comm_fraction"] > base["comm_fraction"]
+    (note,) = notes(base, opt)
+    assert note.startswith("comm_fraction rose from 5.0% to 10.0% although each step's")
+    assert "10.0 ms to 10.0 ms per worker" in note and "200.0 ms to 100.0 ms" in note
+    # communication that itself took longer is said so, with the bytes
+    slower = figures_of(run_of([[8, 8, 32, 80]] * 6, 0.1, comm_s=0.03), CLUSTER, EQUAL)
+    (note,) = notes(base, slower)
+    assert "took longer (10.0 ms to 30.0 ms per worker; 4.0 MB to 4.0 MB sent per step)" in note
+    assert notes(opt, base) == []  # it fell: nothing to explain

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from hetflow.output import write_json
 BENCHMARKS = ("hetero", "comm", "data", "host", "noise")
 
 
-def _print_table(table: dict, title: str) -> None:
+def _print_table(table: dict, title: str, notes: list[str] | tuple[str, ...] = ()) -> None:
+    """The table, its legend, and under it the `notes` (`report.notes`), one bullet each."""
     from rich.table import Table
 
     from hetflow.infra.tracking.report import LEGEND, rows
@@ -36,7 +38,32 @@ def _print_table(table: dict, title: str) -> None:
         t.add_column(col, justify=justify)
     for row in rows(table):
         t.add_row(*row)
-    wide_console(100).print(t)
+    console = wide_console(100)
+    console.print(t)
+    for note in notes:
+        print(textwrap.fill(note, console.width, initial_indent="- ", subsequent_indent="  "))
+
+
+def _print_runs(parent: str, run_ids: dict[str, str]) -> None:
+    """The MLflow runs of a comparison, one a line, and the command that prints the table again."""
+    print("MLflow runs:")
+    print(f"  {'compare':<10} {parent}  (parent)")
+    for variant, run_id in run_ids.items():
+        print(f"  {variant:<10} {run_id}")
+    print(f"  the table again: hetflow compare {' '.join(run_ids.values())}")
+
+
+def _quiet_temporary_server() -> None:
+    """Leave out the line Prefect logs when it stops its temporary (ephemeral) server at exit:
+    it would come after everything the command printed ("Where to look"). Its start was
+    logged; the server stops as before."""
+    import logging
+
+    class _NotTheStop(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not str(record.msg).startswith("Stopping temporary server")
+
+    logging.getLogger("prefect").addFilter(_NotTheStop())
 
 
 def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None) -> None:
@@ -114,11 +141,10 @@ def cmd_demo(args) -> int:
 
     t = time.perf_counter()
     out = compare(cluster=cluster, dataset=dataset, train=train, tracking=tracking)
-    _print_table(out["table"], f"{cluster.name}: baseline vs optimized")
-    print(
-        f"demo finished in {time.perf_counter() - t:.0f}s; "
-        f"MLflow runs: {out['run_ids']} (parent {out['parent_run_id']})"
-    )
+    _quiet_temporary_server()
+    _print_table(out["table"], f"{cluster.name}: baseline vs optimized", out["notes"])
+    print(f"demo finished in {time.perf_counter() - t:.0f}s")
+    _print_runs(out["parent_run_id"], out["run_ids"])
     write_json(args.json_path, out["table"])
     _where_to_look(tracking, out["mlflow_urls"])
     return 0
@@ -156,7 +182,7 @@ def cmd_profile(args) -> int:
 
 def cmd_compare(args) -> int:
     reachable(tracking=TrackingConfig())
-    from hetflow.infra.tracking.report import comparison
+    from hetflow.infra.tracking.report import comparison, notes
     from hetflow.infra.tracking.tracker import MLflowTracker, RunNotFound
 
     tracker = MLflowTracker(TrackingConfig())
@@ -171,7 +197,8 @@ def cmd_compare(args) -> int:
         raise ConfigError(f"compare: no {runs} in MLflow at {tracker.tracking_uri}")
     (name_a, a), (name_b, b) = found[args.run_a], found[args.run_b]
     table = comparison(a, b)
-    _print_table(table, f"{name_a} ({args.run_a[:8]}) vs {name_b} ({args.run_b[:8]})")
+    title = f"{name_a} ({args.run_a[:8]}) vs {name_b} ({args.run_b[:8]})"
+    _print_table(table, title, notes(a, b, names=(name_a, name_b)))
     write_json(args.json_path, table)
     return 0
 

@@ -1,5 +1,11 @@
 """The side-by-side table of two runs (pure): the same rows in the terminal, Prefect and MLflow.
 
+A row says what it is: a worker's local batch is the plan in force at the start and the one
+in force at the end, where a re-plan changed it (`rank{r}/start_local_batch` beside
+`rank{r}/local_batch`, the last step's); the time to the target names the target and reads
+"not reached" where no evaluation met it. `notes` says, under the table, what the figures do
+not: the workers a variant ran without, and why the share of communication grew.
+
 A cell carries its metric's unit, read from the name (`unit`): counts as integers, bytes in
 decimal units (1 MB = 10^6 bytes), seconds with `s`, fractions as percentages, rates in
 samples/s, costs in dollars. The change column is relative (`+12.3%`), except for fractions,
@@ -10,6 +16,7 @@ to 0.8% is `+0.5 pp`, not `+166%`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 HEADLINE = [
     "end_to_end_time_to_target_s",
@@ -46,28 +53,94 @@ RATIOS = {
     "comm_bytes_ratio": "comm_bytes_total",
     "cost_ratio": "cost_usd",
 }
-COUNTS = {"steps", "replans", "restarts", "steps_redone", "workers_left_out", "local_batch"}
-FRACTIONS = {"final_accuracy", "test_accuracy", "cache_hit_ratio"}
+START_BATCH = "start_local_batch"  # a worker's local batch in the plan the run started with
+COUNTS = {
+    "steps",
+    "replans",
+    "restarts",
+    "steps_redone",
+    "workers_left_out",
+    "local_batch",
+    START_BATCH,
+}
+FRACTIONS = {"final_accuracy", "test_accuracy", "cache_hit_ratio", "target_accuracy"}
+# the rows timed to the target, and the target of each figure a recipe evaluates: (name in
+# the table, the figure it is met on, how it is met)
+TO_TARGET = ("end_to_end_time_to_target_s", "time_to_target_s")
+TARGETS = {
+    "final_accuracy": ("target_accuracy", "accuracy", ">="),
+    "final_val_loss": ("target_val_loss", "val_loss", "<="),
+}
+NOT_REACHED = "not reached"
 LEGEND = (
     "change: relative to baseline; for percentages, the difference in percentage points (pp). "
     "1 MB = 10^6 bytes."
 )
 
 
-def table_metrics(metrics: dict[str, float]) -> list[str]:
-    """Headline metrics, then per-rank busy fraction and local batch, in rank order."""
-    ranks = sorted({int(k.split("/")[0][4:]) for k in metrics if k.startswith("rank")})
-    per_rank = [f"rank{r}/{m}" for m in ("busy_fraction", "local_batch") for r in ranks]
+def table_metrics(metrics: Mapping[str, float | None]) -> list[str]:
+    """Headline metrics, then per-rank busy fraction and local batch (at the start, then at the
+    end), in rank order."""
+    ranks = sorted({r for k in metrics if (r := _rank_of(k)) is not None})
+    per_rank = [
+        f"rank{r}/{m}" for m in ("busy_fraction", START_BATCH, "local_batch") for r in ranks
+    ]
     return [k for k in HEADLINE + per_rank if k in metrics]
 
 
-def comparison(baseline: dict[str, float], optimized: dict[str, float]) -> dict:
-    """{'baseline': {...}, 'optimized': {...}} restricted to the table's metrics."""
-    keys = [k for k in table_metrics({**baseline, **optimized})]
-    return {
-        "baseline": {k: baseline.get(k) for k in keys},
-        "optimized": {k: optimized.get(k) for k in keys},
-    }
+def comparison(
+    baseline: Mapping[str, float],
+    optimized: Mapping[str, float],
+    *,
+    start_batches: Mapping[str, Sequence[int]] | None = None,
+    target_accuracy: float | None = None,
+    target_val_loss: float | None = None,
+) -> dict:
+    """{'baseline': {...}, 'optimized': {...}} restricted to the table's metrics.
+
+    `start_batches` (variant -> each cluster worker's local batch in the plan it started with)
+    adds `rank{r}/start_local_batch`. The target of the figure the runs evaluate
+    (`target_accuracy` for `final_accuracy`, `target_val_loss` for `final_val_loss`) is kept
+    under its name, and the rows timed to it are there, None where it was not reached, even
+    where neither variant reached it.
+
+    >>> t = comparison({"final_accuracy": 0.9}, {"final_accuracy": 0.96}, target_accuracy=0.95)
+    >>> t["baseline"]
+    {'time_to_target_s': None, 'final_accuracy': 0.9, 'target_accuracy': 0.95}
+    """
+    variants = {"baseline": dict(baseline), "optimized": dict(optimized)}
+    for name, metrics in variants.items():
+        for r, batch in enumerate((start_batches or {}).get(name) or []):
+            metrics[f"rank{r}/{START_BATCH}"] = batch
+    both = {**variants["baseline"], **variants["optimized"]}
+    given = {"target_accuracy": target_accuracy, "target_val_loss": target_val_loss}
+    target = _target(both, given)
+    keys = table_metrics({**both, **dict.fromkeys(TO_TARGET if target else ())})
+    if target:
+        # the end-to-end row only where a variant has end-to-end figures at all
+        if "end_to_end_s" not in both and "end_to_end_time_to_target_s" not in both:
+            keys.remove("end_to_end_time_to_target_s")
+        keys.append(target[0])
+        for metrics in variants.values():
+            metrics[target[0]] = target[1]
+    return {name: {k: m.get(k) for k in keys} for name, m in variants.items()}
+
+
+def _target(
+    metrics: Mapping[str, float | None], given: Mapping[str, float | None]
+) -> tuple[str, float] | None:
+    """(name, value) of the target of the figure `metrics` evaluate, given or kept in them."""
+    for figure, (name, _, _) in TARGETS.items():
+        value = given.get(name)
+        value = value if value is not None else metrics.get(name)
+        if figure in metrics and value is not None:
+            return name, value
+    return None
+
+
+def _rank_of(key: str) -> int | None:
+    head, sep, _ = key.partition("/")
+    return int(head[4:]) if sep and head.startswith("rank") and head[4:].isdigit() else None
 
 
 def unit(name: str) -> str:
@@ -160,12 +233,76 @@ def change(a: float | None, b: float | None, name: str = "") -> str:
 
 
 def rows(table: dict) -> list[tuple[str, str, str, str]]:
-    """(metric, baseline, optimized, change) as text, in the table's order."""
+    """(row, baseline, optimized, change) as text, in the table's order, each row labelled for
+    what it is (`label`): the start plan's local batches only where a re-plan changed one, the
+    target's value hidden in the label of the rows timed to it."""
+    base, opt = table["baseline"], table["optimized"]
+    target = _target(base, {}) or _target(opt, {})
+    replanned = _replanned(table)
     out = []
-    for k in table["baseline"]:
-        a, b = table["baseline"][k], table["optimized"][k]
-        out.append((k, fmt(a, k), fmt(b, k), change(a, b, k)))
+    for k in base:
+        if k in _TARGET_NAMES or (k.endswith(f"/{START_BATCH}") and not replanned):
+            continue
+        a, b = base[k], opt[k]
+        out.append(
+            (
+                label(k, target, replanned),
+                _cell(base, k, target),
+                _cell(opt, k, target),
+                change(a, b, k),
+            )
+        )
     return out
+
+
+_TARGET_NAMES = {name for name, _, _ in TARGETS.values()}
+
+
+def label(name: str, target: tuple[str, float] | None = None, replanned: bool | None = None):
+    """A row's label: the metric's name, and what it is where the name does not say.
+
+    A worker's `local_batch` is the plan in force at its last step: `(end plan)` beside its
+    `(start plan)` where a re-plan changed some worker's (`replanned`), `(start = end plan)`
+    where none did, `(last step)` where the start plan is not known (None). A row timed to the
+    target names it.
+
+    >>> label("rank2/start_local_batch"), label("rank2/local_batch", replanned=True)
+    ('rank2/local_batch (start plan)', 'rank2/local_batch (end plan)')
+    >>> label("time_to_target_s", ("target_accuracy", 0.95))
+    'time_to_target_s (accuracy ≥ 95.0%)'
+    """
+    head, _, base = name.rpartition("/")
+    if base == START_BATCH:
+        return f"{head}/local_batch (start plan)"
+    if base == "local_batch" and head:
+        what = {None: "last step", True: "end plan", False: "start = end plan"}[replanned]
+        return f"{name} ({what})"
+    if name in TO_TARGET and target is not None:
+        figure, op = next((f, o) for n, f, o in TARGETS.values() if n == target[0])
+        return f"{name} ({figure} {'≥' if op == '>=' else '≤'} {fmt(target[1], target[0])})"
+    return name
+
+
+def _replanned(table: dict) -> bool | None:
+    """Whether a re-plan changed a worker's local batch in either variant (its start plan
+    differs from its last step's); None where the table has no start plan."""
+    starts = [k for k in table["baseline"] if k.endswith(f"/{START_BATCH}")]
+    if not starts:
+        return None
+    return any(
+        m.get(k) != m.get(k.replace(START_BATCH, "local_batch"))
+        for m in table.values()
+        for k in starts
+    )
+
+
+def _cell(metrics: dict, name: str, target: tuple[str, float] | None) -> str:
+    """`fmt`, with "not reached" for a row timed to a target this variant did not meet."""
+    v = metrics.get(name)
+    if v is None and target is not None and name in TO_TARGET:
+        if metrics.get("time_to_target_s") is None:  # not a missing wall clock: not met
+            return NOT_REACHED
+    return fmt(v, name)
 
 
 def headline(baseline: dict[str, float], optimized: dict[str, float]) -> dict[str, float]:
@@ -214,17 +351,135 @@ def summary(figures: dict[str, float]) -> str:
     return f"optimized: {'; '.join(parts)}." if parts else ""
 
 
+def workers_left(
+    excluded: Sequence[str], dropped: Sequence[str], went_without: Mapping[str, str]
+) -> dict[str, str]:
+    """Worker -> what became of it, for `notes`: the plan's `dropped` were not launched, its
+    other `excluded` ("NAME: why") ran at batch 0 in the all-reduce, `went_without` (name ->
+    why: `Recovery.left_out`) were lost during the run.
+
+    >>> workers_left(["w1: too slow", "w2: too slow"], ["w1"], {"w3": "node lost"})
+    {'w1': 'not launched: too slow', 'w2': 'at batch 0 from the start, kept in the all-reduce: \
+too slow', 'w3': 'lost during the run: node lost'}
+    """
+    why = dict(e.split(": ", 1) if ": " in e else (e, "") for e in excluded)
+    out = {}
+    for name, reason in why.items():
+        what = (
+            "not launched"
+            if name in dropped
+            else ("at batch 0 from the start, kept in the all-reduce")
+        )
+        out[name] = f"{what}: {reason}" if reason else what
+    for name in dropped:
+        out.setdefault(name, "not launched")
+    for name, reason in went_without.items():
+        out[name] = f"lost during the run: {reason}"
+    return out
+
+
+def notes(
+    baseline: Mapping[str, float],
+    optimized: Mapping[str, float],
+    left: Mapping[str, Mapping[str, str]] | None = None,
+    names: tuple[str, str] = ("baseline", "optimized"),
+) -> list[str]:
+    """What the table's figures do not say, one sentence each: the workers a run ran without
+    (`left`: its name in `names` -> `workers_left`; else the workers at batch 0 at its last
+    step), with a warning where that left one worker, which paid no all-reduce; and, where the
+    share of communication grew from the first run to the second, why (`_comm_note`). Both
+    runs' full figures."""
+    out = []
+    for name, m in zip(names, (baseline, optimized), strict=True):
+        ranks = sorted({r for k in m if (r := _rank_of(k)) is not None})
+        if left is not None:
+            gone = dict(left.get(name) or {})
+        else:
+            gone = {
+                f"rank{r}": "at batch 0 at the last step"
+                for r in ranks
+                if m.get(f"rank{r}/local_batch") == 0
+            }
+        if not gone:
+            continue
+        n = len(ranks) or len(gone)
+        who = "; ".join(f"{w} {why}" for w, why in gone.items())
+        text = f"{name} ran without {len(gone)} of its {n} workers: {who}."
+        other = optimized if m is baseline else baseline
+        if m.get("comm_bytes_total") == 0 and (other.get("comm_bytes_total") or 0) > 0:
+            working = sum(bool(v) for k, v in other.items() if k.endswith("/local_batch"))
+            text += (
+                " On the one worker left it sent no gradients (no all-reduce): its changes "
+                f"compare one worker's run with {working} workers' sharing each step, not the "
+                "same work split better."
+            )
+        out.append(text)
+    comm = _comm_note(baseline, optimized)
+    return out + ([comm] if comm else [])
+
+
+COMM_NOTE_PP = 0.005  # comm_fraction's rise (0.5 pp) from which `notes` says why
+
+
+def _comm_note(baseline: Mapping[str, float], optimized: Mapping[str, float]) -> str | None:
+    """Why comm_fraction rose in the optimized run: each step's communication (per worker) and
+    the step, both variants; None where it did not rise or the figures are missing.
+
+    >>> base = {"comm_fraction": 0.09, "train_loop_s": 34.0, "steps": 200}
+    >>> note = _comm_note(base, {**base, "comm_fraction": 0.134, "train_loop_s": 20.0})
+    >>> note.startswith("comm_fraction rose from 9.0% to 13.4%"), "took no longer" in note
+    (True, True)
+    """
+    need = ("comm_fraction", "train_loop_s", "steps")
+    if any(m.get(k) is None for m in (baseline, optimized) for k in need):
+        return None
+    a, b = baseline["comm_fraction"], optimized["comm_fraction"]
+    if b - a < COMM_NOTE_PP or not (baseline["steps"] and optimized["steps"]):
+        return None
+    step_a, step_b = (m["train_loop_s"] / m["steps"] for m in (baseline, optimized))
+    comm_a, comm_b = a * step_a, b * step_b
+    rose = f"comm_fraction rose from {fmt(a, 'comm_fraction')} to {fmt(b, 'comm_fraction')}"
+    steps = f"{_ms(step_a)} to {_ms(step_b)}"
+    if comm_b <= comm_a * 1.1:
+        return (
+            f"{rose} although each step's communication took no longer ({_ms(comm_a)} to "
+            f"{_ms(comm_b)} per worker): the steps got shorter ({steps}), the workers waiting "
+            "less for the slowest, so the same all-reduce is a larger share of each step."
+        )
+    sent = ""
+    if baseline.get("comm_bytes_per_step") is not None:
+        sent = (
+            f"; {_bytes(baseline['comm_bytes_per_step'])} to "
+            f"{_bytes(optimized.get('comm_bytes_per_step') or 0.0)} sent per step"
+        )
+    return (
+        f"{rose}: each step's communication took longer ({_ms(comm_a)} to {_ms(comm_b)} per "
+        f"worker{sent}), while the steps took {steps}."
+    )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
 def markdown(
-    table: dict, title: str = "baseline vs optimized", before: str = "", after: str = ""
+    table: dict,
+    title: str = "baseline vs optimized",
+    before: str = "",
+    after: str = "",
+    notes: Sequence[str] = (),
 ) -> str:
-    """The table as markdown under `### title`, with `before` between title and table (a
-    summary) and `after` below the legend (links)."""
+    """The table as a markdown table under `### title` (MLflow renders it in the run's
+    description, Prefect in its artifact), with `before` between title and table (a summary),
+    the legend and `notes` (a list) below it, and `after` last (links)."""
     lines = [f"### {title}", ""]
     if before:
         lines += [before, ""]
     lines += ["| metric | baseline | optimized | change |", "|---|---:|---:|---:|"]
     lines += [f"| {m} | {a} | {b} | {c} |" for m, a, b, c in rows(table)]
     lines += ["", LEGEND]
+    if notes:
+        lines += ["", *(f"- {n}" for n in notes)]
     if after:
         lines += ["", after]
     return "\n".join(lines) + "\n"
