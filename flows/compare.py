@@ -22,15 +22,9 @@ from hetflow.config import (
 )
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.infra.tracking.content import finish_comparison
+from hetflow.infra.tracking.notes import notes, workers_left
 from hetflow.infra.tracking.plots import rank_labels
-from hetflow.infra.tracking.report import (
-    comparison,
-    headline,
-    markdown,
-    notes,
-    summary,
-    workers_left,
-)
+from hetflow.infra.tracking.report import comparison, headline, markdown, summary
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.preflight import check_training, reach_services
@@ -38,6 +32,23 @@ from hetflow.tasks.profile import profile_workers, resolve_instance_types
 from hetflow.tasks.train import launched_labels, train_variant
 
 VARIANTS = ("baseline", "optimized")
+
+
+def table_and_notes(outcomes: dict, train: TrainConfig) -> tuple[dict, list[str]]:
+    """The side-by-side table of the variants' `outcomes` (start plans, the target) and the
+    notes under it (the workers each went without, why communication grew)."""
+    table = comparison(
+        outcomes["baseline"].metrics,
+        outcomes["optimized"].metrics,
+        start_batches={v: o.plan.local_batches for v, o in outcomes.items()},
+        target_accuracy=train.target_accuracy,
+        target_val_loss=train.target_val_loss,
+    )
+    left = {
+        v: workers_left(o.plan.excluded, o.plan.dropped, o.result.lead.recovery.left_out)
+        for v, o in outcomes.items()
+    }
+    return table, notes(outcomes["baseline"].metrics, outcomes["optimized"].metrics, left)
 
 
 @flow(name="compare", log_prints=True)
@@ -80,18 +91,7 @@ def compare(
                 tracker.fail(parent, f"{variant}: {e}")
                 raise
     baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
-    table = comparison(
-        baseline,
-        optimized,
-        start_batches={v: o.plan.local_batches for v, o in outcomes.items()},
-        target_accuracy=train.target_accuracy,
-        target_val_loss=train.target_val_loss,
-    )
-    left = {
-        v: workers_left(o.plan.excluded, o.plan.dropped, o.result.lead.recovery.left_out)
-        for v, o in outcomes.items()
-    }
-    said = notes(baseline, optimized, left)
+    table, said = table_and_notes(outcomes, train)
     runs = {"compare": parent, **{v: outcomes[v].run_id for v in VARIANTS}}
     md = markdown(
         table,

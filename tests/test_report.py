@@ -7,6 +7,7 @@ import pytest
 
 from hetflow.config import ClusterSpec, WorkerSpec
 from hetflow.infra.tracking import links
+from hetflow.infra.tracking.notes import notes, workers_left
 from hetflow.infra.tracking.plots import rank_labels, same_lines
 from hetflow.infra.tracking.report import (
     LEGEND,
@@ -15,11 +16,9 @@ from hetflow.infra.tracking.report import (
     fmt,
     headline,
     markdown,
-    notes,
     rows,
     summary,
     unit,
-    workers_left,
 )
 from hetflow.records import Plan, Profile, RankProfile
 

@@ -182,7 +182,8 @@ def cmd_profile(args) -> int:
 
 def cmd_compare(args) -> int:
     reachable(tracking=TrackingConfig())
-    from hetflow.infra.tracking.report import comparison, notes
+    from hetflow.infra.tracking.notes import notes
+    from hetflow.infra.tracking.report import comparison
     from hetflow.infra.tracking.tracker import MLflowTracker, RunNotFound
 
     tracker = MLflowTracker(TrackingConfig())
