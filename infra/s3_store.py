@@ -112,7 +112,7 @@ def _lock(root: Path):
 def load(endpoint: str, root: Path | None = None) -> Snapshot:
     """Put every bucket and object of the folder `root` (`store_dir()`) into the S3 at
     `endpoint`; the snapshot that `save` compares with."""
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError, ParamValidationError
 
     root = root or store_dir()
     s3 = _client(endpoint)
@@ -124,12 +124,12 @@ def load(endpoint: str, root: Path | None = None) -> Snapshot:
             bucket = bucket_dir.name
             try:
                 s3.create_bucket(Bucket=bucket)
-            except ClientError as e:  # already there: a second endpoint in this process
-                if e.response.get("Error", {}).get("Code") not in (
-                    "BucketAlreadyOwnedByYou",
-                    "BucketAlreadyExists",
-                ):
-                    raise
+            except (ClientError, ParamValidationError) as e:
+                code = e.response.get("Error", {}).get("Code") if isinstance(e, ClientError) else ""
+                if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    # a folder put there by hand, whose name is no bucket name
+                    print(f"S3: {bucket_dir} not loaded: not a bucket name", file=sys.stderr)
+                    continue
             for path in sorted(bucket_dir.rglob("*")):
                 if not path.is_file() or PARTIAL in path.name:
                     continue
