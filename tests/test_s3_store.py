@@ -178,3 +178,23 @@ def test_data_ls_refuses_an_unknown_protocol_in_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hetflow: error: data ls: URL: ")
     assert "ftp://" in lines[0] and "s3://" in lines[0]
+
+
+def test_data_ls_of_a_dead_configured_endpoint_says_so_in_one_line(tmp_path):
+    env = {**_env(tmp_path / "home"), "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    proc = run_cli(["data", "ls"], env, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "AWS_ENDPOINT_URL" in lines[0] and "127.0.0.1:9" in lines[0]
+
+
+def test_data_ls_lists_a_configured_endpoint(digits, capsys):
+    """With AWS_ENDPOINT_URL set (the local stack's, say), `data ls` lists there, not the store."""
+    from hetflow.cli import main
+
+    bucket = digits.url.removeprefix("s3://").split("/", 1)[0]
+    for argv in (["data", "ls", f"s3://{bucket}"], ["data", "ls"]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert "S3 at http://127.0.0.1:" in out.splitlines()[0]
+        assert f"\n{digits.url}  tabular (64 features, 10 classes)  samples: train " in out

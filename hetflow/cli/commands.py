@@ -172,10 +172,11 @@ def cmd_data_ls(args) -> int:
     disk (`infra.s3_store`), no endpoint started."""
     from hetflow.infra.data.listing import find_datasets, s3_target
 
-    if args.url and args.url.startswith("s3://") and s3_target(args.url) is not None:
+    if (not args.url or args.url.startswith("s3://")) and s3_target(args.url) is not None:
         from hetflow.infra.preflight import check_services
+        from hetflow.infra.s3 import DEFAULT_DATASET_URL
 
-        check_services(args.url)
+        check_services(args.url or DEFAULT_DATASET_URL)  # a configured S3 answers, or one line
     where, found = find_datasets(args.url)
     if not found:
         print(
