@@ -109,7 +109,7 @@ def s3_endpoint(in_process: bool) -> Iterator[str]:
     A configured endpoint (AWS_ENDPOINT_URL or credentials) is used as it is.
     """
     if in_process or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ACCESS_KEY_ID"):
-        with local_s3_endpoint() as endpoint:
+        with local_s3_endpoint(keep=False) as endpoint:
             yield endpoint
         return
     port = free_port()

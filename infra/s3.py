@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -120,7 +121,7 @@ def s3_target(dataset_url: str | None = None) -> str | None:
 
 
 @contextlib.contextmanager
-def local_s3_endpoint(dataset_url: str | None = None) -> Iterator[str]:
+def local_s3_endpoint(dataset_url: str | None = None, keep: bool = True) -> Iterator[str]:
     """The S3 a run uses, announced in one line before anything is written.
 
     `AWS_ENDPOINT_URL` when it is set; real AWS only when the user named a dataset URL of their
@@ -130,6 +131,11 @@ def local_s3_endpoint(dataset_url: str | None = None) -> Iterator[str]:
     the default bucket may belong to anyone. The local endpoint and its fake credentials are put
     in `os.environ` so that child processes (torchrun ranks) reach the same endpoint; what was
     there is put back after.
+
+    The local endpoint starts with the objects of the local store, `$HETFLOW_HOME/s3`, and what
+    the context wrote is kept there when it ends (`infra.s3_store`), so that one command's
+    dataset is there for the next; `keep=False` (throwaway data: benchmarks, the EC2 catalog)
+    neither loads nor keeps it.
     """
     bucket = bucket_of(dataset_url)
     target = s3_target(dataset_url)
@@ -151,8 +157,26 @@ def local_s3_endpoint(dataset_url: str | None = None) -> Iterator[str]:
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
     try:
-        with local_endpoint_environ(endpoint):
-            print(f"S3: a local endpoint at {endpoint} (moto, for this run), bucket {bucket}")
-            yield endpoint
+        if not keep:
+            with local_endpoint_environ(endpoint):
+                print(f"S3: a local endpoint at {endpoint} (moto, for this run), bucket {bucket}")
+                yield endpoint
+            return
+        from hetflow.infra import s3_store
+
+        root = s3_store.store_dir()
+        snapshot = s3_store.load(endpoint, root)
+        print(
+            f"S3: a local endpoint at {endpoint} (moto), bucket {bucket}, "
+            f"objects kept in {root} ({len(snapshot.etags)} there)"
+        )
+        try:
+            with local_endpoint_environ(endpoint):
+                yield endpoint
+        finally:
+            try:
+                s3_store.report(s3_store.save(endpoint, snapshot, root), root)
+            except Exception as e:  # the command's own outcome stands; say what was not kept
+                print(f"S3: could not keep this command's objects in {root} ({e})", file=sys.stderr)
     finally:
         server.stop()

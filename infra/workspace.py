@@ -19,10 +19,10 @@ def digits_workspace(
 ) -> Iterator[tuple[str, DatasetSpec]]:
     """(folder, DatasetSpec): the digits (or, with `text_mb`, that many MB of the standard
     library's source as byte tokens) written to `s3://hetflow-bench/NAME` on a local S3
-    endpoint started for the block (unless one is configured), cached under the folder, a
-    temporary one unless `work_dir` is given."""
+    endpoint started for the block and not kept in the local store (unless one is configured),
+    cached under the folder, a temporary one unless `work_dir` is given."""
     folder = contextlib.nullcontext(work_dir) if work_dir else tempfile.TemporaryDirectory()
-    with folder as tmp, local_s3_endpoint():
+    with folder as tmp, local_s3_endpoint(keep=False):
         url, cache = f"s3://hetflow-bench/{name}", f"{tmp}/cache"
         if text_mb:
             dataset = DatasetSpec(source="stdlib", url=url, cache_dir=cache, max_mb=text_mb)

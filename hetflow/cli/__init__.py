@@ -1,7 +1,7 @@
 """The `hetflow` command line.
 
     hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH]
-    hetflow train | profile | compare RUN_ID RUN_ID | data ingest | stack up|down|status
+    hetflow train | profile | compare RUN_ID RUN_ID | data ingest|ls | stack up|down|status
     hetflow bench NAME ... | simulate ...
 
 `hetflow COMMAND --help` lists a command's options with their defaults. Bad input, from a
@@ -71,6 +71,15 @@ def _add_other_commands(sub) -> None:
     ing = _command(dsub, "ingest", "write a dataset as shards + manifest")
     add_ingest_args(ing)
     ing.set_defaults(func=commands.cmd_data_ingest)
+    ls = _command(dsub, "ls", "list the datasets under a URL (default: the local S3 store)")
+    ls.add_argument(
+        "url",
+        nargs="?",
+        metavar="URL",
+        help="s3://BUCKET/PREFIX, file:// or a folder (default: every dataset in S3: with none "
+        "configured, the local store under $HETFLOW_HOME/s3)",
+    )
+    ls.set_defaults(func=commands.cmd_data_ls)
 
     bench = _command(sub, "bench", "benchmarks that compare variants in one run")
     bench.add_argument("name", choices=commands.BENCHMARKS, help="the benchmark")

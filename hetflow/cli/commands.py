@@ -216,6 +216,30 @@ def cmd_data_ingest(args) -> int:
     return 0
 
 
+def cmd_data_ls(args) -> int:
+    """One line per dataset under the URL; with no S3 configured, read from the local store on
+    disk (`infra.s3_store`), no endpoint started."""
+    from hetflow.infra.data.listing import find_datasets, s3_target
+
+    if (not args.url or args.url.startswith("s3://")) and s3_target(args.url) is not None:
+        from hetflow.infra.preflight import check_services
+        from hetflow.infra.s3 import DEFAULT_DATASET_URL
+
+        check_services(args.url or DEFAULT_DATASET_URL)  # a configured S3 answers, or one line
+    where, found = find_datasets(args.url)
+    if not found:
+        print(
+            f"no datasets under {args.url or 's3://'} in {where} "
+            "(write one: hetflow data ingest --to s3://BUCKET/PREFIX)"
+        )
+        return 0
+    n = f"{len(found)} dataset{'s' if len(found) > 1 else ''}"
+    print(f"# {n} in {where} (train on one with --dataset-url URL)")
+    for f in found:
+        print(f.line())
+    return 0
+
+
 def cmd_stack(args) -> int:
     from hetflow import stack
 

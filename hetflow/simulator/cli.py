@@ -194,7 +194,7 @@ def _catalog(types: list[str]):
     from hetflow.infra.catalog import Catalog
     from hetflow.infra.s3 import local_s3_endpoint
 
-    with local_s3_endpoint():
+    with local_s3_endpoint(keep=False):
         return Catalog.for_types(types)
 
 
