@@ -9,7 +9,8 @@ The model, term by term (docs/recommend.md):
   The preset is the GPU the catalog lists: T4 (g4dn.*), V100 (p3.*, p3dn.*), A100 (p4d.*,
   p4de.*). Other GPUs have no curve and are refused (`curve_for`). The curve is made
   non-decreasing (a step of b samples never beats one of fewer), and past the last published
-  batch it grows in proportion to b. Memory is not checked.
+  batch it grows in proportion to b (`PUBLISHED_BATCH`). Memory is not checked: a largest
+  local batch can be given (`max_batch`).
 - A mix's step: the balanced compute time T, the least T at which every device taking the most
   samples its curve finishes within T holds the global batch (the planner's equal-finish rule,
   `training.plan.balance`, on the curve itself rather than an affine fit of it; a type whose
@@ -48,6 +49,7 @@ from hetflow.simulator.step import ring_allreduce_time
 PRESET_OF_GPU = {"T4": "t4", "V100": "v100", "A100": "a100"}
 TRAIN_OVER_INFERENCE = 3.0  # forward + backward ~ 3 x forward (as the simulator counts FLOPs)
 CURVE_MODEL = "resnet50"  # the model the presets' curves were published for
+PUBLISHED_BATCH = max(max(p.latency_ms) for p in PRESETS.values())  # beyond: extrapolated
 OBJECTIVES = ("cost", "deadline", "budget")
 EXHAUSTIVE = 20_000  # mixes evaluated one by one when the candidates allow no more than this
 PRUNED_TYPES = 3  # beyond it: mixes of at most this many types, on GRID counts
@@ -150,6 +152,8 @@ def balanced_compute_s(
     used = [(c, c.devices * n) for c, n in zip(cands, counts, strict=True) if n]
     if not used or sum(d for _, d in used) > global_batch:
         return None
+    if sum(d * len(c.step_s) for c, d in used) < global_batch:
+        return None  # the devices' largest batches do not hold it
     lo, hi = 0, len(levels) - 1
     while lo < hi:
         mid = (lo + hi) // 2
@@ -380,8 +384,9 @@ def search(cands: Sequence[Candidate], job: Job, objective: Objective) -> Recomm
     preds = ev.predictions()
     if not preds:
         raise RecommendError(
-            f"--global-batch: {job.global_batch} samples are fewer than the GPUs of any "
-            "candidate instance; raise it"
+            f"--global-batch: no mix of the candidates takes {job.global_batch} samples a step: "
+            "fewer than the GPUs of any one instance, or more than all of them hold at "
+            "--max-local-batch"
         )
     ranked = sorted(preds, key=objective.key)
     if not objective.feasible(ranked[0]):

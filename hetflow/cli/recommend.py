@@ -59,6 +59,13 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="write the chosen mix's cluster file (ClusterSpec YAML) here",
     )
+    p.add_argument(
+        "--max-local-batch",
+        type=int,
+        dest="max_local_batch",
+        metavar="N",
+        help="the largest local batch a GPU holds (memory is not modelled; default: any)",
+    )
     p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the figures here")
 
 
@@ -83,7 +90,7 @@ def job_and_objective(args):
     return job, Objective("cost")
 
 
-def candidates_of(text: str, job):
+def candidates_of(text: str, job, max_local_batch: int | None = None):
     """The Candidates of --candidates, from the shipped catalog (offline); one line naming a
     type the catalog lacks, one without a price, one without a step-time curve."""
     from hetflow.cli.parser import suggestion
@@ -98,6 +105,7 @@ def candidates_of(text: str, job):
     except SimulationError as e:
         raise ConfigError(str(e).replace("--mix", "--candidates")) from None
     types, prices = load_snapshot(), load_prices()
+    max_batch = min(job.global_batch, max_local_batch or job.global_batch)
     out = []
     for name, count in mix:
         if name not in types:
@@ -107,7 +115,7 @@ def candidates_of(text: str, job):
                 f"{families}){suggestion(name, types)}"
             )
         info = types[name]
-        preset, steps = curve_for(name, info.gpu_name, job.model, job.global_batch)
+        preset, steps = curve_for(name, info.gpu_name, job.model, max_batch)
         if name not in prices.prices:
             raise ConfigError(
                 f"--candidates: {name} has no on-demand price in infra/prices.json "
@@ -174,6 +182,25 @@ def _mixing_line(rec) -> str:
     )
 
 
+def _outside(rec, batches) -> list[str]:
+    """Where the prediction leaves what was published."""
+    from hetflow.recommend import CURVE_MODEL, PUBLISHED_BATCH
+
+    notes = []
+    if rec.job.model.name != CURVE_MODEL:
+        notes.append(
+            f"the curves were published for {CURVE_MODEL}; {rec.job.model.name}'s are scaled by "
+            "FLOPs per sample, latency floor included: absolute times are rough"
+        )
+    top = max(max(bs) for bs in batches if bs)
+    if top > PUBLISHED_BATCH:
+        notes.append(
+            f"local batches up to {top}, past the largest published one ({PUBLISHED_BATCH}): "
+            "extrapolated in proportion, memory not checked (--max-local-batch caps them)"
+        )
+    return notes
+
+
 def _shown(rec) -> list:
     """The chosen mix, the next best ones, and the best of each type alone."""
     rows = rec.ranked[:SHOWN]
@@ -204,6 +231,8 @@ def print_recommendation(rec, batches, prices, seconds: float) -> None:
         if bs:
             print(f"  local batches on {c.instance_type}: {', '.join(map(str, bs))}")
     print(f"  {_mixing_line(rec)}")
+    for note in _outside(rec, batches):
+        print(f"  note: {note}")
     table = Table(title=f"the best mixes ({rec.evaluated} priced in {seconds:.2f} s)")
     for col in ("mix", "GPUs", "step ms", "hours", "cost $", "$/h", "why it loses"):
         table.add_column(col, justify="left" if col in ("mix", "why it loses") else "right")
@@ -279,7 +308,8 @@ def cmd_recommend(args) -> int:
     from hetflow.recommend import local_batches, search
 
     job, objective = job_and_objective(args)
-    cands, prices = candidates_of(args.candidates, job)
+    cap = _positive("--max-local-batch", args.max_local_batch, int)
+    cands, prices = candidates_of(args.candidates, job, cap)
     t = time.perf_counter()
     rec = search(cands, job, objective)
     batches = local_batches(cands, rec.best, job.global_batch)
