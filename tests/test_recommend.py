@@ -177,6 +177,7 @@ def test_the_cluster_file_round_trips_and_names_the_presets(tmp_path, capsys):
     out, figures = tmp_path / "c.yaml", tmp_path / "r.json"
     flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "2048"]
     flags += ["--steps", "1000", "--budget", "20", "-o", str(out), "--json", str(figures)]
+    flags += ["--plot", str(tmp_path / "front.png")]
     assert main(["recommend", *flags]) == 0
     printed = capsys.readouterr().out
     assert "a mix helps" in printed and "why it loses" in printed
@@ -190,6 +191,7 @@ def test_the_cluster_file_round_trips_and_names_the_presets(tmp_path, capsys):
     data = json.loads(figures.read_text())
     assert sum(map(sum, data["chosen"]["local_batches"])) == 2048
     assert data["chosen"]["mix"] == {"g4dn.xlarge": 2, "p3.2xlarge": 1}
+    assert (tmp_path / "front.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_multi_gpu_instance_is_one_node_of_several_workers(tmp_path, capsys):

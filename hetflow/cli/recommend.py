@@ -66,6 +66,9 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the largest local batch a GPU holds (memory is not modelled; default: any)",
     )
+    p.add_argument(
+        "--plot", metavar="PATH", help="also plot cost against time, Pareto front marked (PNG)"
+    )
     p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the figures here")
 
 
@@ -303,6 +306,37 @@ def write_cluster(path: str, rec, batches) -> None:
     )
 
 
+def plot_front(path: str, rec) -> None:
+    """Every mix priced as a point of time and cost, the Pareto front joined, the choice ringed."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    preds = rec.ranked
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([p.hours for p in preds], [p.cost_usd for p in preds], s=6, c="0.7", label="mixes")
+    front = rec.front
+    ax.plot([p.hours for p in front], [p.cost_usd for p in front], "o-", ms=4, label="Pareto front")
+    best = rec.best
+    ax.plot([best.hours], [best.cost_usd], "o", ms=12, mfc="none", mec="C3", label="chosen")
+    ax.annotate(best.label(rec.cands), (best.hours, best.cost_usd), fontsize=8)
+    if rec.objective.kind == "deadline":
+        ax.axvline(rec.objective.deadline_h, color="C3", ls=":", label="deadline")
+    if rec.objective.kind == "budget":
+        ax.axhline(rec.objective.budget_usd, color="C3", ls=":", label="budget")
+    ax.set(xscale="log", yscale="log", xlabel="predicted time (h)", ylabel="predicted cost ($)")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_title(f"{rec.job.model.name}, {rec.job.steps} steps of {rec.job.global_batch}")
+    ax.legend(fontsize=8)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
 def cmd_recommend(args) -> int:
     from hetflow.output import write_json
     from hetflow.recommend import local_batches, search
@@ -317,4 +351,6 @@ def cmd_recommend(args) -> int:
     print_recommendation(rec, batches, prices, seconds)
     write_cluster(args.output, rec, batches)
     write_json(args.json_path, _figures(rec, batches, seconds))
+    if args.plot:
+        plot_front(args.plot, rec)
     return 0
