@@ -2,7 +2,7 @@
 
     hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH]
     hetflow train | profile | compare RUN_ID RUN_ID | data ingest|ls | stack up|down|status
-    hetflow bench NAME ... | simulate ...
+    hetflow bench NAME ... | simulate ... | recommend [--candidates TYPE:N,...]
 
 `hetflow COMMAND --help` lists a command's options with their defaults. Bad input, from a
 mistyped option to a run id MLflow does not hold, is refused in one line on stderr,
@@ -19,6 +19,7 @@ import sys
 from hetflow.cli import commands
 from hetflow.cli.job import add_ingest_args, add_job_args
 from hetflow.cli.parser import Parser, UsageError
+from hetflow.cli.recommend import add_recommend_args, cmd_recommend
 from hetflow.config import ConfigError, describe_validation_error
 
 __all__ = ["UsageError", "build_parser", "main"]
@@ -98,6 +99,10 @@ def _add_other_commands(sub) -> None:
     conf.add_argument("--region", default="us-east-1", help="AWS region (default us-east-1)")
     conf.add_argument("--image-id", dest="image_id", help="the AMI (default: Ray's for the region)")
     conf.set_defaults(func=commands.cmd_cluster_config)
+
+    rec = _command(sub, "recommend", "which instances to rent for a job, and its batch plan")
+    add_recommend_args(rec)
+    rec.set_defaults(func=cmd_recommend)
 
     st = _command(sub, "stack", "a persistent local stack on 127.0.0.1")
     st.add_argument("action", choices=["up", "down", "status"], help="what to do with it")

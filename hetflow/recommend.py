@@ -1,0 +1,401 @@
+"""Which machines to rent (issue 38): how many of each candidate instance type, and the batch
+plan among them, for a job of `steps` steps of `global_batch` samples (pure, no I/O).
+
+The model, term by term (docs/recommend.md):
+
+- One device's compute step at local batch b is a published per-batch curve: the emulator's
+  presets (`hetflow.emulation.presets`: ResNet-50 v1.5 inference latency, mixed precision) x 3
+  (forward + backward, the simulator's rule) x the model's FLOPs per sample over ResNet-50's.
+  The preset is the GPU the catalog lists: T4 (g4dn.*), V100 (p3.*, p3dn.*), A100 (p4d.*,
+  p4de.*). Other GPUs have no curve and are refused (`curve_for`). The curve is made
+  non-decreasing (a step of b samples never beats one of fewer), and past the last published
+  batch it grows in proportion to b (`PUBLISHED_BATCH`). Memory is not checked: a largest
+  local batch can be given (`max_batch`).
+- A mix's step: the balanced compute time T, the least T at which every device taking the most
+  samples its curve finishes within T holds the global batch (the planner's equal-finish rule,
+  `training.plan.balance`, on the curve itself rather than an affine fit of it; a type whose
+  one-sample step exceeds T takes nothing, the rule of `exclude_slow`), plus the ring
+  all-reduce of the fp32 gradient (`hetflow.simulator.step.ring_allreduce_time`: the slowest
+  NIC between instances, the GPU family's bus inside one; no overlap with compute).
+- Cost: every rented instance's on-demand hourly price x the predicted time (per-second
+  billing; start-up, data loading and evaluation are not counted).
+
+`search` picks the mix for an objective: 'cost' (least cost, i.e. per sample), 'deadline'
+(least cost within `deadline_h`), 'budget' (least time within `budget_usd`). It evaluates every
+mix where the candidates allow few (`EXHAUSTIVE`), else every mix of up to `PRUNED_TYPES`
+types on a geometric grid of counts, every count of each type alone, then improves the best
+ones by +-1 instance steps. A RecommendError (one line) says when no mix satisfies the objective.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from hetflow.config import ConfigError
+from hetflow.emulation.presets import PRESETS
+from hetflow.simulator.model import (
+    DEFAULT_INTRA_GBPS,
+    INTRA_NODE_GBPS,
+    MODELS,
+    ModelSpec,
+    Network,
+)
+from hetflow.simulator.step import ring_allreduce_time
+
+PRESET_OF_GPU = {"T4": "t4", "V100": "v100", "A100": "a100"}
+TRAIN_OVER_INFERENCE = 3.0  # forward + backward ~ 3 x forward (as the simulator counts FLOPs)
+CURVE_MODEL = "resnet50"  # the model the presets' curves were published for
+PUBLISHED_BATCH = max(max(p.latency_ms) for p in PRESETS.values())  # beyond: extrapolated
+OBJECTIVES = ("cost", "deadline", "budget")
+EXHAUSTIVE = 20_000  # mixes evaluated one by one when the candidates allow no more than this
+PRUNED_TYPES = 3  # beyond it: mixes of at most this many types, on GRID counts
+GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+CLIMB_FROM = 5  # the best mixes of the grid each climbed by +-1 instance steps
+
+
+class RecommendError(ConfigError):
+    """A job or a set of candidates no recommendation can be made for: one line."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One instance type that may be rented: up to `available` instances, each of `devices`
+    GPUs (workers) whose step at local batch b is `step_s[b - 1]` (non-decreasing)."""
+
+    instance_type: str
+    available: int
+    usd_per_hour: float  # one instance
+    devices: int
+    gpu: str
+    preset: str
+    nic_gbps: float  # one instance's network, all its GPUs together
+    step_s: tuple[float, ...] = field(repr=False)
+
+    @property
+    def intra_gbps(self) -> float:
+        return INTRA_NODE_GBPS.get(self.gpu, DEFAULT_INTRA_GBPS)
+
+    def batch_within(self, t: float) -> int:
+        """The most samples one device computes within t seconds (0: not even one)."""
+        return bisect.bisect_right(self.step_s, t)
+
+
+def curve_for(instance_type: str, gpu: str | None, model: ModelSpec, max_batch: int):
+    """(preset name, step seconds for b = 1..max_batch) of one device of this GPU, or a
+    RecommendError naming the type and what would give it a curve."""
+    preset = PRESETS.get(PRESET_OF_GPU.get(gpu or "", ""))
+    if preset is None:
+        known = ", ".join(f"{g} ({p})" for g, p in PRESET_OF_GPU.items())
+        raise RecommendError(
+            f"--candidates: {instance_type} ({gpu or 'no GPU'}) has no step-time curve: "
+            f"published curves exist for {known} (hetflow/emulation/presets.py); a profile of "
+            f"one {instance_type} (`hetflow profile --cluster ONE.yaml`) would give one, but "
+            "recommend does not read profiles yet: drop it from --candidates"
+        )
+    scale = TRAIN_OVER_INFERENCE * model.per_sample_flops / MODELS[CURVE_MODEL].per_sample_flops
+    per_sample_best = preset.best_ms_per_sample
+    steps, top = [], 0.0
+    for b in range(1, max_batch + 1):
+        top = max(top, preset.shape(b) * b * per_sample_best * scale / 1e3)
+        steps.append(top)
+    return preset.name, tuple(steps)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One mix (instances per candidate, in the candidates' order) as the model predicts it."""
+
+    counts: tuple[int, ...]
+    step_s: float
+    compute_s: float
+    comm_s: float
+    hours: float
+    cost_usd: float
+    usd_per_hour: float
+
+    def label(self, cands: Sequence[Candidate]) -> str:
+        return " + ".join(
+            f"{c.instance_type} x{n}" for c, n in zip(cands, self.counts, strict=True) if n
+        )
+
+    def types(self) -> int:
+        return sum(1 for n in self.counts if n)
+
+
+def comm_s(cands: Sequence[Candidate], counts: Sequence[int], model: ModelSpec) -> float:
+    """One step's ring all-reduce of the fp32 gradient over every rented GPU (the simulator's
+    ring: the slowest NIC between instances, the slowest bus inside them)."""
+    used = [(c, n) for c, n in zip(cands, counts, strict=True) if n]
+    devices = sum(c.devices * n for c, n in used)
+    if devices <= 1:
+        return 0.0
+    net = Network()
+    nodes = sum(n for _, n in used)
+    edges = [c.intra_gbps for c, _ in used if c.devices > 1]
+    if nodes > 1:
+        edges += [c.nic_gbps for c, _ in used]
+    alpha = net.alpha_s if nodes > 1 else net.intra_alpha_s
+    grad = model.grad_bytes
+    return ring_allreduce_time(grad, devices, alpha, min(edges), net.buckets(grad))
+
+
+def balanced_compute_s(
+    cands: Sequence[Candidate], counts: Sequence[int], global_batch: int, levels: Sequence[float]
+) -> float | None:
+    """The least step time (one of `levels`, every curve's values sorted) at which the rented
+    devices hold the global batch; None when some rented type would take no sample or some
+    device none (the mix without it is as fast and cheaper)."""
+    used = [(c, c.devices * n) for c, n in zip(cands, counts, strict=True) if n]
+    if not used or sum(d for _, d in used) > global_batch:
+        return None
+    if sum(d * len(c.step_s) for c, d in used) < global_batch:
+        return None  # the devices' largest batches do not hold it
+    lo, hi = 0, len(levels) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sum(d * c.batch_within(levels[mid]) for c, d in used) >= global_batch:
+            hi = mid
+        else:
+            lo = mid + 1
+    t = levels[lo]
+    if any(c.batch_within(t) == 0 for c, _ in used):
+        return None
+    return t
+
+
+@dataclass(frozen=True)
+class Job:
+    """What is trained: the model's figures, the global batch and the number of steps."""
+
+    model: ModelSpec
+    global_batch: int
+    steps: int
+
+
+class Evaluator:
+    """Predictions of mixes of `cands` for `job`, each computed once."""
+
+    def __init__(self, cands: Sequence[Candidate], job: Job):
+        self.cands, self.job = list(cands), job
+        self.levels = sorted({s for c in cands for s in c.step_s})
+        self.seen: dict[tuple[int, ...], Prediction | None] = {}
+
+    def __call__(self, counts: Sequence[int]) -> Prediction | None:
+        key = tuple(counts)
+        if key not in self.seen:
+            self.seen[key] = self._predict(key)
+        return self.seen[key]
+
+    def _predict(self, counts: tuple[int, ...]) -> Prediction | None:
+        if any(n < 0 or n > c.available for c, n in zip(self.cands, counts, strict=True)):
+            return None
+        job = self.job
+        compute = balanced_compute_s(self.cands, counts, job.global_batch, self.levels)
+        if compute is None:
+            return None
+        comm = comm_s(self.cands, counts, job.model)
+        step = compute + comm
+        hours = step * job.steps / 3600
+        rate = sum(c.usd_per_hour * n for c, n in zip(self.cands, counts, strict=True))
+        return Prediction(counts, step, compute, comm, hours, rate * hours, rate)
+
+    def predictions(self) -> list[Prediction]:
+        return [p for p in self.seen.values() if p is not None]
+
+    def priced(self) -> int:
+        """How many mixes within the candidates' availability were looked at."""
+        return sum(
+            all(0 <= n <= c.available for c, n in zip(self.cands, k, strict=True))
+            for k in self.seen
+        )
+
+
+def local_batches(cands: Sequence[Candidate], p: Prediction, global_batch: int) -> list[list[int]]:
+    """Each rented device's local batch, per candidate (instance by instance, GPU by GPU):
+    the most its curve computes within the balanced step, less the surplus, taken one sample
+    at a time from the devices whose step is longest."""
+    pairs = zip(cands, p.counts, strict=True)
+    out = [[c.batch_within(p.compute_s)] * (c.devices * n) for c, n in pairs]
+    surplus = sum(map(sum, out)) - global_batch
+    while surplus > 0:
+        i, j = max(
+            ((i, j) for i, bs in enumerate(out) for j in range(len(bs)) if bs[j] > 1),
+            key=lambda ij: (cands[ij[0]].step_s[out[ij[0]][ij[1]] - 1], -ij[1]),
+        )
+        out[i][j] -= 1
+        surplus -= 1
+    return out
+
+
+# -- the objective ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What 'best' means: the least cost ('cost'), the least cost within `deadline_h`
+    ('deadline'), the least time within `budget_usd` ('budget')."""
+
+    kind: str = "cost"
+    deadline_h: float | None = None
+    budget_usd: float | None = None
+
+    def feasible(self, p: Prediction) -> bool:
+        if self.kind == "deadline":
+            return p.hours <= self.deadline_h
+        if self.kind == "budget":
+            return p.cost_usd <= self.budget_usd
+        return True
+
+    def key(self, p: Prediction) -> tuple:
+        """Smaller is better; an infeasible mix sorts after every feasible one."""
+        main = (p.hours, p.cost_usd) if self.kind == "budget" else (p.cost_usd, p.hours)
+        return (not self.feasible(p), *main, p.types(), sum(p.counts))
+
+    def why_loses(self, p: Prediction, best: Prediction) -> str:
+        """Why `p` is not `best`, in a few words."""
+        if self.kind == "deadline" and not self.feasible(p):
+            return f"misses the deadline ({p.hours:.3g} > {self.deadline_h:g} h)"
+        if self.kind == "budget" and not self.feasible(p):
+            return f"over the budget (${p.cost_usd:,.2f} > ${self.budget_usd:,.2f})"
+        if self.kind == "budget":
+            return f"takes {p.hours / best.hours:.2f}x as long" if p.hours > best.hours else "ties"
+        if p.cost_usd > best.cost_usd * (1 + 1e-9):
+            return f"costs {p.cost_usd / best.cost_usd:.2f}x"
+        return "same cost, more instances or slower"
+
+
+# -- the search -------------------------------------------------------------------------------
+
+
+def candidate_mixes(cands: Sequence[Candidate]) -> Iterable[tuple[int, ...]]:
+    """The mixes evaluated before the climb: all of them where there are at most EXHAUSTIVE;
+    else every count of each type alone and every mix of 2..PRUNED_TYPES types whose counts
+    are on GRID (or a type's whole availability)."""
+    k = len(cands)
+    if math.prod(c.available + 1 for c in cands) <= EXHAUSTIVE:
+        yield from itertools.product(*(range(c.available + 1) for c in cands))
+        return
+    for i, c in enumerate(cands):
+        for n in range(1, c.available + 1):
+            yield tuple(n if j == i else 0 for j in range(k))
+    grids = [sorted({n for n in GRID if n <= c.available} | {c.available}) for c in cands]
+    for r in range(2, min(PRUNED_TYPES, k) + 1):
+        for idx in itertools.combinations(range(k), r):
+            for ns in itertools.product(*(grids[i] for i in idx)):
+                counts = [0] * k
+                for i, n in zip(idx, ns, strict=True):
+                    counts[i] = n
+                yield tuple(counts)
+
+
+def climb(evaluate: Evaluator, start: Prediction, key) -> Prediction:
+    """From `start`, one instance more or less of one type at a time while `key` improves."""
+    best, improved = start, True
+    while improved:
+        improved = False
+        for i, d in itertools.product(range(len(best.counts)), (-1, 1)):
+            counts = list(best.counts)
+            counts[i] += d
+            p = evaluate(counts)
+            if p is not None and key(p) < key(best):
+                best, improved = p, True
+    return best
+
+
+def pareto(preds: Iterable[Prediction]) -> list[Prediction]:
+    """The mixes no other mix beats on both time and cost, fastest first."""
+    front: list[Prediction] = []
+    for p in sorted(preds, key=lambda p: (p.hours, p.cost_usd)):
+        if not front or p.cost_usd < front[-1].cost_usd:
+            front.append(p)
+    return front
+
+
+def by_hours(p: Prediction) -> tuple:
+    return (p.hours, p.cost_usd, sum(p.counts))
+
+
+def by_cost(p: Prediction) -> tuple:
+    return (p.cost_usd, p.hours, sum(p.counts))
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The chosen mix, every mix evaluated in the objective's order, the best of each type
+    alone (by candidate), the Pareto front of time and cost, and how many mixes were priced."""
+
+    objective: Objective
+    cands: list[Candidate]
+    job: Job
+    best: Prediction
+    ranked: list[Prediction]
+    singles: dict[str, Prediction]
+    front: list[Prediction]
+    evaluated: int
+
+    def mixing_helps(self) -> bool:
+        return self.best.types() > 1
+
+
+def check_budget(cands: Sequence[Candidate], budget_usd: float) -> None:
+    """A budget below one hour of the cheapest candidate instance is refused, in one line."""
+    cheapest = min(cands, key=lambda c: c.usd_per_hour)
+    if budget_usd < cheapest.usd_per_hour:
+        raise RecommendError(
+            f"--budget: ${budget_usd:g} is less than one instance-hour of the cheapest "
+            f"candidate, {cheapest.instance_type} (${cheapest.usd_per_hour:g}/h); raise it or "
+            "add a cheaper type"
+        )
+
+
+def _infeasible(objective: Objective, preds: list[Prediction], cands, job: Job) -> RecommendError:
+    if objective.kind == "deadline":
+        p = min(preds, key=by_hours)
+        return RecommendError(
+            f"--deadline-h: no mix of the candidates finishes {job.steps} steps in "
+            f"{objective.deadline_h:g} h: the fastest, {p.label(cands)}, is predicted "
+            f"{p.hours:.3g} h (${p.cost_usd:,.2f}); allow more time, or more or faster instances"
+        )
+    p = min(preds, key=by_cost)
+    return RecommendError(
+        f"--budget: no mix of the candidates finishes {job.steps} steps within "
+        f"${objective.budget_usd:g}: the cheapest, {p.label(cands)}, is predicted "
+        f"${p.cost_usd:,.2f} ({p.hours:.3g} h); raise the budget or train fewer steps"
+    )
+
+
+def search(cands: Sequence[Candidate], job: Job, objective: Objective) -> Recommendation:
+    """The mix of `cands` that is best for `objective` under the model (module docstring);
+    a RecommendError when none is feasible, naming the fastest (deadline) or cheapest (budget)
+    mix and its prediction."""
+    cands = list(cands)
+    if objective.kind == "budget":
+        check_budget(cands, objective.budget_usd)
+    ev = Evaluator(cands, job)
+    for counts in candidate_mixes(cands):
+        ev(counts)
+    for key in (objective.key, by_hours, by_cost):
+        for start in sorted(ev.predictions(), key=key)[:CLIMB_FROM]:
+            climb(ev, start, key)
+    preds = ev.predictions()
+    if not preds:
+        raise RecommendError(
+            f"--global-batch: no mix of the candidates takes {job.global_batch} samples a step: "
+            "fewer than the GPUs of any one instance, or more than all of them hold at "
+            "--max-local-batch"
+        )
+    ranked = sorted(preds, key=objective.key)
+    if not objective.feasible(ranked[0]):
+        raise _infeasible(objective, preds, cands, job)
+    singles = {}
+    for i, c in enumerate(cands):
+        alone = [p for p in ranked if p.counts[i] and p.types() == 1]
+        if alone:
+            singles[c.instance_type] = alone[0]
+    return Recommendation(
+        objective, cands, job, ranked[0], ranked, singles, pareto(preds), ev.priced()
+    )

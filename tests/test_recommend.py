@@ -1,0 +1,242 @@
+"""`hetflow recommend`: the mix search under its model (pure), bad input through the real CLI,
+and the cluster file it writes read back by ClusterSpec."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hetflow.cli import main
+from hetflow.cli.recommend import _mixing_line, candidates_of
+from hetflow.config import ClusterSpec
+from hetflow.recommend import (
+    Candidate,
+    Evaluator,
+    Job,
+    Objective,
+    RecommendError,
+    local_batches,
+    search,
+)
+from hetflow.simulator.model import MODELS
+
+RESNET = MODELS["resnet50"]
+MIX = "g4dn.xlarge:8,p3.2xlarge:8,p4d.24xlarge:4"
+
+
+def catalog_cands(text: str, job: Job) -> list[Candidate]:
+    return candidates_of(text, job)[0]
+
+
+def affine(name, available, usd, latency_s, per_sample_s, batch, devices=1, nic=1e6):
+    """A made-up type whose step is latency + per_sample x b (a fast network by default)."""
+    steps = tuple(latency_s + per_sample_s * b for b in range(1, batch + 1))
+    return Candidate(name, available, usd, devices, "A100", "a100", nic, steps)
+
+
+def singles(cands, job):
+    """Every count of every type alone, as the model predicts it."""
+    ev = Evaluator(cands, job)
+    for i, c in enumerate(cands):
+        for n in range(1, c.available + 1):
+            p = ev(tuple(n if j == i else 0 for j in range(len(cands))))
+            if p is not None:
+                yield p
+
+
+# -- the search, pure ---------------------------------------------------------------------------
+
+
+def test_with_plenty_of_a100s_the_cheaper_types_are_not_worth_adding():
+    job = Job(RESNET, 1024, 10_000)
+    cands = catalog_cands(MIX, job)
+    rec = search(cands, job, Objective("deadline", deadline_h=0.15))
+    assert rec.best.label(cands) == "p4d.24xlarge x2"
+    assert not rec.mixing_helps()
+
+
+def test_under_a_tight_budget_the_cheap_type_wins():
+    job = Job(RESNET, 256, 10_000)
+    cands = catalog_cands(MIX, job)
+    cheap = Evaluator(cands, job)((1, 0, 0))
+    rec = search(cands, job, Objective("budget", budget_usd=cheap.cost_usd * 1.05))
+    assert rec.best.counts == (1, 0, 0)
+    loose = search(cands, job, Objective("budget", budget_usd=1000))
+    assert loose.best.hours < rec.best.hours and loose.best.counts[2] > 0
+
+
+@pytest.mark.parametrize("deadline_h", [0.2, 0.5, 1.0, 3.0])
+def test_the_deadline_is_respected_at_the_least_cost(deadline_h):
+    job = Job(RESNET, 512, 10_000)
+    cands = catalog_cands(MIX, job)
+    rec = search(cands, job, Objective("deadline", deadline_h=deadline_h))
+    assert rec.best.hours <= deadline_h
+    meets = [p for p in rec.ranked if p.hours <= deadline_h]
+    assert rec.best.cost_usd == min(p.cost_usd for p in meets)
+
+
+def test_a_deadline_no_mix_meets_names_the_fastest():
+    job = Job(RESNET, 1024, 10_000)
+    cands = catalog_cands("p3.2xlarge:1,g4dn.xlarge:1", job)
+    with pytest.raises(RecommendError, match=r"the fastest, .* is predicted [\d.]+ h"):
+        search(cands, job, Objective("deadline", deadline_h=0.01))
+
+
+OBJECTIVES = [
+    Objective(),
+    Objective("deadline", deadline_h=0.4),
+    Objective("budget", budget_usd=5.0),
+]
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES, ids=lambda o: o.kind)
+@pytest.mark.parametrize("mix", [MIX, "g4dn.xlarge:40,g4dn.12xlarge:8,p3.2xlarge:30,p3.8xlarge:6"])
+def test_the_chosen_mix_is_never_worse_than_any_single_type(objective, mix):
+    """Exhaustive or pruned (the second mix allows too many mixes to price them all)."""
+    job = Job(RESNET, 512, 10_000)
+    cands = catalog_cands(mix, job)
+    rec = search(cands, job, objective)
+    for alone in singles(cands, job):
+        assert objective.key(rec.best) <= objective.key(alone), alone.label(cands)
+
+
+def test_a_mix_wins_where_neither_type_alone_meets_the_deadline():
+    job = Job(RESNET, 256, 1000)
+    fast = affine("fast", 1, 10.0, 0.01, 0.001, 256)  # 266 ms at 256
+    slow = affine("slow", 4, 1.0, 0.01, 0.004, 256)  # 4 of them: 266 ms
+    cands = [fast, slow]
+    alone = min(p.hours for p in singles(cands, job))
+    rec = search(cands, job, Objective("deadline", deadline_h=alone * 0.8))
+    assert rec.mixing_helps() and rec.best.hours <= alone * 0.8
+    assert "a mix helps" in _mixing_line(rec)
+
+
+def test_a_type_too_slow_to_take_a_sample_is_not_rented():
+    job = Job(RESNET, 64, 100)
+    fast = affine("fast", 1, 1.0, 0.001, 0.0001, 64)  # 7.4 ms for the whole batch
+    crawl = affine("crawl", 2, 0.01, 1.0, 0.1, 64)  # 1.1 s for one sample
+    ev = Evaluator([fast, crawl], job)
+    assert ev((1, 1)) is None  # it would idle: the mix without it is as fast and cheaper
+    rec = search([fast, crawl], job, Objective("budget", budget_usd=100))
+    assert rec.best.counts == (1, 0)
+
+
+@pytest.mark.parametrize("batch", [7, 100, 1000])
+def test_the_batch_plan_sums_to_the_global_batch_and_finishes_together(batch):
+    job = Job(RESNET, batch, 10)
+    cands = [affine("a", 2, 1.0, 0.002, 0.001, batch), affine("b", 3, 1.0, 0.002, 0.003, batch)]
+    ev = Evaluator(cands, job)
+    p = ev((2, 3))
+    plan = local_batches(cands, p, batch)
+    assert sum(map(sum, plan)) == batch and min(map(min, plan)) >= 1
+    steps = [c.step_s[b - 1] for c, bs in zip(cands, plan, strict=True) for b in bs]
+    assert max(steps) == pytest.approx(p.compute_s)
+    # T is the least: a hair less, and the devices hold fewer samples than the global batch
+    held = sum(c.batch_within(p.compute_s * (1 - 1e-9)) * len(bs) for c, bs in zip(cands, plan))
+    assert held < batch
+
+
+def test_the_pareto_front_is_sorted_and_undominated():
+    job = Job(RESNET, 512, 10_000)
+    rec = search(catalog_cands(MIX, job), job, Objective())
+    hours = [p.hours for p in rec.front]
+    costs = [p.cost_usd for p in rec.front]
+    assert hours == sorted(hours) and costs == sorted(costs, reverse=True)
+    assert rec.best in rec.front  # the least cost is on it
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+BAD = [
+    (["--candidates", "g9.xlarge:2"], "g9.xlarge is not in the offline catalog"),
+    (["--candidates", "g5.xlarge:2,p3.2xlarge:1"], "g5.xlarge (A10G) has no step-time curve"),
+    (["--candidates", "g4dn.xlarge:0"], "--candidates: expected TYPE:COUNT"),
+    (["--budget", "0.3"], "less than one instance-hour of the cheapest candidate, g4dn.xlarge"),
+    (["--deadline-h", "0.001"], "no mix of the candidates finishes 10000 steps in 0.001 h"),
+    (["--budget", "1", "--steps", "10000000"], "no mix of the candidates finishes 10000000"),
+    (["--steps", "0"], "--steps: must be a finite number > 0"),
+    (["--budget", "5", "--deadline-h", "2"], "not allowed with argument"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD, ids=[m[:30] for _, m in BAD])
+def test_bad_input_is_one_line(flags, message, capsys, tmp_path):
+    out = tmp_path / "c.yaml"
+    assert main(["recommend", "-o", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hetflow: error: ") and err.count("\n") == 1
+    assert message in err
+    assert not out.exists()
+
+
+def test_the_cluster_file_round_trips_and_names_the_presets(tmp_path, capsys):
+    out, figures = tmp_path / "c.yaml", tmp_path / "r.json"
+    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "2048"]
+    flags += ["--steps", "1000", "--budget", "20", "-o", str(out), "--json", str(figures)]
+    flags += ["--plot", str(tmp_path / "front.png")]
+    assert main(["recommend", *flags]) == 0
+    printed = capsys.readouterr().out
+    assert "a mix helps" in printed and "why it loses" in printed
+    cluster = ClusterSpec.from_file(out)
+    assert [(w.instance_type, w.preset) for w in cluster.workers] == [
+        ("g4dn.xlarge", "t4"),
+        ("g4dn.xlarge", "t4"),
+        ("p3.2xlarge", "v100"),
+    ]
+    assert len({w.node for w in cluster.workers}) == 3
+    data = json.loads(figures.read_text())
+    assert sum(map(sum, data["chosen"]["local_batches"])) == 2048
+    assert data["chosen"]["mix"] == {"g4dn.xlarge": 2, "p3.2xlarge": 1}
+    assert (tmp_path / "front.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_multi_gpu_instance_is_one_node_of_several_workers(tmp_path, capsys):
+    out = tmp_path / "c.yaml"
+    flags = ["--candidates", "p3.8xlarge:1", "--steps", "100", "-o", str(out)]
+    assert main(["recommend", *flags]) == 0
+    cluster = ClusterSpec.from_file(out)
+    assert cluster.world_size == 4 and {w.node for w in cluster.workers} == {"p3-8xlarge-0"}
+
+
+def test_recommend_imports_neither_torch_prefect_nor_mlflow(tmp_path):
+    code = (
+        "import json, sys\n"
+        "from hetflow.cli import main\n"
+        f"main(['recommend', '-o', {str(tmp_path / 'c.yaml')!r}])\n"
+        "print(json.dumps([m for m in ('torch', 'prefect', 'mlflow') if m in sys.modules]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(proc.stdout.splitlines()[-1]) == []
+
+
+PRUNED = [
+    Objective("deadline", deadline_h=0.06),
+    Objective("budget", budget_usd=4.0),
+    Objective("budget", budget_usd=8.0),
+]
+
+
+@pytest.mark.parametrize("objective", PRUNED, ids=lambda o: f"{o.kind}")
+def test_the_pruned_search_finds_what_the_exhaustive_one_finds(objective, monkeypatch):
+    """On made-up types where mixing pays (a fast network): pricing every one of the 1,620
+    mixes, and pricing the grid then climbing, choose alike."""
+    job = Job(RESNET, 512, 10_000)
+    cands = [
+        affine("big", 2, 30.0, 0.004, 0.0004, 512, devices=8),
+        affine("mid", 11, 3.0, 0.004, 0.0008, 512),
+        affine("small", 8, 0.5, 0.008, 0.004, 512),
+        affine("tiny", 4, 0.2, 0.02, 0.01, 512),
+    ]
+    full = search(cands, job, objective)
+    monkeypatch.setattr("hetflow.recommend.EXHAUSTIVE", 10)
+    pruned = search(cands, job, objective)
+    assert pruned.evaluated < full.evaluated
+    assert objective.key(pruned.best) == objective.key(full.best)
+    if objective.kind == "budget":
+        assert pruned.mixing_helps()
