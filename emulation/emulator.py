@@ -10,8 +10,9 @@ from hetflow.emulation.costs import LocalCosts, SharedCosts
 from hetflow.emulation.link import Link
 
 now = time.perf_counter
-# A pause (`Emulator.pauses`) makes a step last this many times its time.
-PAUSE_FACTOR = 3.0
+# A pause (`Emulator.pauses`) makes a step last this many times its time: the mean length of
+# the pauses `hetflow bench noise` saw (2.1-2.4 x the median; docs/measurements/emulation.md).
+PAUSE_FACTOR = 2.3
 
 
 def _flat(batch: int) -> float:

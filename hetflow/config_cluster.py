@@ -13,10 +13,11 @@ from pydantic import Field, field_validator, model_validator
 from hetflow.config_base import ConfigModel, finite_positive, load_mapping
 from hetflow.emulation.presets import PRESETS, knee_shape
 
-# The emulator's noise by default (`ClusterSpec.jitter`, `.pauses`): what real CPU workers
-# showed step to step (`hetflow bench noise`; docs/measurements/emulation.md).
-NOISE_JITTER = 0.03
-NOISE_PAUSES = 0.01
+# The emulator's noise by default (`ClusterSpec.jitter`, `.pauses`): what a real CPU worker
+# alone on this 2-core host showed step to step, CV 0.039-0.045 and 0-0.3% of steps paused
+# (`hetflow bench noise --ranks 1`; docs/measurements/emulation.md).
+NOISE_JITTER = 0.04
+NOISE_PAUSES = 0.003
 
 
 class WorkerSpec(ConfigModel):
@@ -157,7 +158,7 @@ class ClusterSpec(ConfigModel):
         ge=0.0,
         le=0.5,
         title="Pauses per step (emulation)",
-        description="Probability that an emulated compute step lasts 3x its time (a host's "
+        description="Probability that an emulated compute step lasts 2.3x its time (a host's "
         "hiccup; default: measured, docs/measurements/emulation.md); 0: none.",
     )
 

@@ -70,7 +70,7 @@ def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
         "--pauses",
         type=float,
         default=ClusterSpec.model_fields["pauses"].default,
-        help="emulation: probability that a compute step lasts 3x its time (default: measured)",
+        help="emulation: probability that a compute step lasts 2.3x its time (default: measured)",
     )
     p.add_argument(
         "--repeat",
