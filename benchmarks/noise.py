@@ -48,14 +48,18 @@ def step_noise(compute_s: list[float]) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = Parser(prog="hetflow bench noise", description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=2, help="workers, one core each (default 2)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch", type=int, default=32, help="local batch of every worker")
     p.add_argument("--json", help="also write the figures to this file")
     add_recipe_arg(p, "digits-cnn")
-    a: argparse.Namespace = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
     workers = [WorkerSpec(name=f"w{i}", cpus=1) for i in range(a.ranks)]
     with digits_workspace("noise") as (tmp, dataset):
         spec = RunSpec(

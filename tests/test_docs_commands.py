@@ -56,6 +56,10 @@ def bench_parser(name: str, rest: list[str]):
         from benchmarks.host import parser
 
         return parser()
+    if name == "noise":
+        from benchmarks.noise import parser
+
+        return parser()
     if "--train" in rest:
         from benchmarks import data_train
 
