@@ -16,15 +16,29 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 
 def readable_now(url: str | None) -> bool:
     """Whether `url` can be read before the flow starts: a local path, `file://` or
-    `memory://` (this process's), or S3 at a configured endpoint or AWS; not S3 in the
-    endpoint a run starts for itself."""
+    `memory://` (this process's), S3 at a configured endpoint or AWS, or S3 in the endpoint a
+    run starts for itself, read from the local store it is loaded from (`in_store`)."""
     from hetflow.infra.s3 import s3_target
 
     if not url or "://" not in url:
         return True
     if url.startswith("s3://"):
-        return s3_target(url) is not None
+        return s3_target(url) is not None or in_store(url) is not None
     return True
+
+
+def in_store(url: str) -> str | None:
+    """Where no S3 is configured, the `file://` URL of `s3://BUCKET/KEY` in the local store
+    the run's own endpoint loads (`infra.s3_store`); None for S3 elsewhere, or a key the
+    store cannot hold."""
+    from hetflow.infra.s3 import s3_target
+    from hetflow.infra.s3_store import object_path, store_dir
+
+    if not url.startswith("s3://") or s3_target(url) is not None:
+        return None
+    bucket, _, key = url.removeprefix("s3://").partition("/")
+    path = object_path(store_dir(), bucket, key.rstrip("/"))
+    return f"file://{path}" if path is not None else None
 
 
 def check_instance_types(cluster: ClusterSpec) -> None:
@@ -58,10 +72,15 @@ def check_dataset(dataset: DatasetSpec, train: TrainConfig) -> None:
     dataset the flow writes itself, or one it alone can reach (`readable_now`)."""
     if dataset.source != "existing" or not readable_now(dataset.url):
         return
-    from hetflow.infra.data.format import read_existing
+    from hetflow.infra.data.format import DatasetError, read_existing
     from hetflow.training.recipes import check_recipe
 
-    check_recipe(train, read_existing(dataset.url))
+    stored = in_store(dataset.url)
+    try:
+        manifest = read_existing(stored or dataset.url)
+    except DatasetError as e:  # named as the user wrote it, not as the store holds it
+        raise DatasetError(str(e).replace(stored, dataset.url) if stored else str(e)) from None
+    check_recipe(train, manifest)
 
 
 def check_ingest_source(spec: DatasetSpec) -> None:
