@@ -137,7 +137,9 @@ def local_s3_endpoint(dataset_url: str | None = None, keep: bool = True) -> Iter
     dataset is there for the next; `keep=False` (throwaway data: benchmarks, the EC2 catalog)
     neither loads nor keeps it.
     """
-    bucket = bucket_of(dataset_url)
+    # the dataset's bucket, or where it is when that is not S3 (the run's checkpoints still are)
+    on_s3 = (dataset_url or DEFAULT_DATASET_URL).startswith("s3://")
+    bucket = bucket_of(dataset_url) if on_s3 else f"none: the dataset is at {dataset_url}"
     target = s3_target(dataset_url)
     if target == "aws":
         print(f"S3: AWS with the environment's credentials, bucket {bucket} (the dataset's URL)")

@@ -198,3 +198,14 @@ def test_data_ls_lists_a_configured_endpoint(digits, capsys):
         out = capsys.readouterr().out
         assert "S3 at http://127.0.0.1:" in out.splitlines()[0]
         assert f"\n{digits.url}  tabular (64 features, 10 classes)  samples: train " in out
+
+
+def test_the_s3_line_names_the_bucket_or_says_the_dataset_is_elsewhere(capsys):
+    from hetflow.infra.s3 import local_s3_endpoint
+
+    for url in ("file:///tmp/hetflow-elsewhere", "s3://their-bucket/x"):
+        with local_s3_endpoint(url, keep=False):
+            pass
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.endswith("bucket none: the dataset is at file:///tmp/hetflow-elsewhere")
+    assert second.endswith("bucket their-bucket")

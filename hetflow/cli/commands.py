@@ -135,7 +135,8 @@ def cmd_demo(args) -> int:
     speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
     print(
         f"hetflow demo: {cluster.world_size} emulated workers (speeds {speeds}), "
-        f"{train.recipe} on {dataset.source}, {train.steps} steps per variant"
+        f"{train.recipe} on {dataset.url if dataset.source == 'existing' else dataset.source}, "
+        f"{train.steps} steps per variant"
     )
     from hetflow.flows.compare import compare
 
