@@ -64,6 +64,19 @@ def digits(s3, tmp_path, request):
     return spec
 
 
+@pytest.fixture
+def local_digits(tmp_path):
+    """Digits as shards in a folder (the forked ranks need no S3 endpoint)."""
+    from hetflow.config import DatasetSpec
+    from hetflow.infra.data.format import digits_source, write_dataset
+
+    (tmp_path / "digits" / "train").mkdir(parents=True)
+    (tmp_path / "digits" / "test").mkdir()
+    spec = DatasetSpec(url=(tmp_path / "digits").as_uri(), cache_dir=str(tmp_path / "cache"))
+    write_dataset(spec.url, digits_source(spec.test_fraction, spec.seed), spec.shard_samples)
+    return spec
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness

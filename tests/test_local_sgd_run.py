@@ -28,18 +28,6 @@ def train_rank(rank: int, world: int, arg: dict) -> dict:
     return {}
 
 
-@pytest.fixture
-def local_digits(tmp_path) -> DatasetSpec:
-    """Digits as shards in a folder (the forked ranks need no S3 endpoint)."""
-    from hetflow.infra.data.format import digits_source, write_dataset
-
-    (tmp_path / "digits" / "train").mkdir(parents=True)
-    (tmp_path / "digits" / "test").mkdir()
-    spec = DatasetSpec(url=(tmp_path / "digits").as_uri(), cache_dir=str(tmp_path / "cache"))
-    write_dataset(spec.url, digits_source(spec.test_fraction, spec.seed), spec.shard_samples)
-    return spec
-
-
 def _trained(dataset: DatasetSpec, run_dir: Path, method: str) -> dict[str, torch.Tensor]:
     from hetflow.training.launch.spec import RunSpec
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.records import Plan
 from hetflow.training.recipes import DataInfo, get_recipe, rank_seed, seed_rank, seeded_model
 
@@ -67,18 +67,6 @@ def net_draws(rank: int, world: int, arg: dict) -> dict:
         return {"weights": weights.tolist(), "draws": torch.rand(8).tolist()}
     finally:
         data.close()
-
-
-@pytest.fixture
-def local_digits(tmp_path) -> DatasetSpec:
-    """Digits as shards in a folder (the forked ranks need no S3 endpoint)."""
-    from hetflow.infra.data.format import digits_source, write_dataset
-
-    (tmp_path / "digits" / "train").mkdir(parents=True)
-    (tmp_path / "digits" / "test").mkdir()
-    spec = DatasetSpec(url=(tmp_path / "digits").as_uri(), cache_dir=str(tmp_path / "cache"))
-    write_dataset(spec.url, digits_source(spec.test_fraction, spec.seed), spec.shard_samples)
-    return spec
 
 
 @pytest.mark.slow
