@@ -26,6 +26,7 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
     finite_positive,
     load_mapping,
     parse_speeds,
+    suggestion,
     validated,
 )
 from hetflow.config_cluster import ClusterSpec, WorkerSpec
