@@ -14,9 +14,9 @@ import argparse
 import time
 from pathlib import Path
 
-from hetflow.config import ConfigError
+from hetflow.config import DEFAULT_RENTABLE, ConfigError
 
-DEFAULT_CANDIDATES = "g4dn.xlarge:4,p3.2xlarge:2,p4d.24xlarge:1"
+DEFAULT_CANDIDATES = ",".join(f"{t}:{n}" for t, n in DEFAULT_RENTABLE)
 
 
 def add_recommend_args(p: argparse.ArgumentParser) -> None:
@@ -105,8 +105,7 @@ def candidates_of(text: str, job, max_local_batch: int | None = None):
         mix = parse_mix(text)
     except SimulationError as e:
         raise ConfigError(str(e).replace("--mix", "--candidates")) from None
-    max_batch = min(job.global_batch, max_local_batch or job.global_batch)
-    return candidates(mix, job.model, max_batch)
+    return candidates(mix, job, max_local_batch)
 
 
 def print_recommendation(rec, batches, prices, seconds: float) -> None:

@@ -14,6 +14,7 @@ from hetflow.training.plan.recommend import (
     CURVE_MODEL,
     PUBLISHED_BATCH,
     Candidate,
+    Job,
     Prediction,
     Recommendation,
     RecommendError,
@@ -34,14 +35,18 @@ def model_of(recipe: str) -> ModelSpec:
     return MODELS[recipe]
 
 
-def candidates(mix: Sequence[tuple[str, int]], model: ModelSpec, max_batch: int):
+def candidates(mix: Sequence[tuple[str, int]], job: Job, max_local_batch: int | None = None):
     """(Candidates of `mix`, (name, count) pairs, from the shipped catalog, offline; the price
-    table) with step curves up to `max_batch`; one line naming a type the catalog lacks, one
-    without a price, one without a step-time curve."""
+    table) with step curves up to the global batch or `max_local_batch`; one line naming a type
+    the catalog lacks, one without a price, one without a step-time curve."""
     from hetflow.infra.catalog import load_snapshot
     from hetflow.infra.pricing import load_prices
 
+    names = [name for name, _ in mix]
+    if len(set(names)) != len(names):
+        raise RecommendError(f"--candidates: an instance type appears twice ({names})")
     types, prices = load_snapshot(), load_prices()
+    max_batch = min(job.global_batch, max_local_batch or job.global_batch)
     out = []
     for name, count in mix:
         if name not in types:
@@ -51,7 +56,7 @@ def candidates(mix: Sequence[tuple[str, int]], model: ModelSpec, max_batch: int)
                 f"{families}){suggestion(name, types)}"
             )
         info = types[name]
-        preset, steps = curve_for(name, info.gpu_name, model, max_batch)
+        preset, steps = curve_for(name, info.gpu_name, job.model, max_batch)
         if name not in prices.prices:
             raise RecommendError(
                 f"--candidates: {name} has no on-demand price in infra/prices.json "
