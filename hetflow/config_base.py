@@ -4,6 +4,7 @@ config file or a `--speeds` list, and the built-in recipes' names (re-exported b
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from pathlib import Path
@@ -14,6 +15,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 class ConfigError(ValueError):
     """A bad configuration value: the message is one line and names the field."""
+
+
+def suggestion(word: str, candidates) -> str:
+    """`"; did you mean X?"` for the candidate closest to `word`, or "" if none is close."""
+    close = difflib.get_close_matches(word, [str(c) for c in candidates], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def describe_validation_error(err: ValidationError, prefix: str = "") -> str:

@@ -10,9 +10,10 @@ import sys
 import pytest
 
 from hetflow.cli import main
-from hetflow.cli.recommend import _mixing_line, candidates_of
+from hetflow.cli.recommend import candidates_of
 from hetflow.config import ClusterSpec
-from hetflow.recommend import (
+from hetflow.training.plan.models import MODELS
+from hetflow.training.plan.recommend import (
     Candidate,
     Evaluator,
     Job,
@@ -21,7 +22,7 @@ from hetflow.recommend import (
     local_batches,
     search,
 )
-from hetflow.simulator.model import MODELS
+from hetflow.training.plan.rental import mixing_line
 
 RESNET = MODELS["resnet50"]
 MIX = "g4dn.xlarge:8,p3.2xlarge:8,p4d.24xlarge:4"
@@ -111,7 +112,7 @@ def test_a_mix_wins_where_neither_type_alone_meets_the_deadline():
     alone = min(p.hours for p in singles(cands, job))
     rec = search(cands, job, Objective("deadline", deadline_h=alone * 0.8))
     assert rec.mixing_helps() and rec.best.hours <= alone * 0.8
-    assert "a mix helps" in _mixing_line(rec)
+    assert "a mix helps" in mixing_line(rec)
 
 
 def test_a_type_too_slow_to_take_a_sample_is_not_rented():
@@ -234,7 +235,7 @@ def test_the_pruned_search_finds_what_the_exhaustive_one_finds(objective, monkey
         affine("tiny", 4, 0.2, 0.02, 0.01, 512),
     ]
     full = search(cands, job, objective)
-    monkeypatch.setattr("hetflow.recommend.EXHAUSTIVE", 10)
+    monkeypatch.setattr("hetflow.training.plan.recommend.EXHAUSTIVE", 10)
     pruned = search(cands, job, objective)
     assert pruned.evaluated < full.evaluated
     assert objective.key(pruned.best) == objective.key(full.best)

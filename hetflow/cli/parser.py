@@ -10,19 +10,13 @@ reports every other bad input. A mistyped option, command or choice gets the clo
 from __future__ import annotations
 
 import argparse
-import difflib
 
 from hetflow.config import ConfigError
+from hetflow.config_base import suggestion
 
 
 class UsageError(ConfigError):
     """A command line the parser refuses; the message is one line."""
-
-
-def suggestion(word: str, candidates) -> str:
-    """`"; did you mean X?"` for the candidate closest to `word`, or "" if none is close."""
-    close = difflib.get_close_matches(word, [str(c) for c in candidates], n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -24,6 +24,7 @@ from hetflow.simulator.model import (
     check_workers,
 )
 from hetflow.training.plan.balance import balance_batches, equal_batches
+from hetflow.training.plan.collective import ring_allreduce_time
 
 PLANS = ("baseline", "optimized")
 
@@ -70,21 +71,6 @@ class StepPrediction:
 
 
 # -- communication ----------------------------------------------------------------------------
-
-
-def ring_allreduce_time(
-    nbytes: float, n: int, alpha_s: float, gbps: float, collectives: int = 1
-) -> float:
-    """Ring all-reduce of `nbytes` over n ranks:
-    collectives x 2(n-1) x alpha + 2(n-1)/n x bytes x beta.
-
-    beta = 1 / bandwidth (bytes/s). Same wire bytes as `hetflow.training.comm.ring_allreduce_bytes`.
-    """
-    if n < 1:
-        raise SimulationError(f"workers: must be >= 1 (got {n})")
-    if n == 1:
-        return 0.0
-    return collectives * 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * nbytes * 8 / (gbps * 1e9)
 
 
 def _nodes(workers: Sequence[WorkerModel]) -> dict[str, list[WorkerModel]]:

@@ -210,6 +210,41 @@ def busy_comparison(
     return _save(fig, path)
 
 
+def cost_time_front(
+    path,
+    points: Sequence[tuple[float, float]],
+    front: Sequence[tuple[float, float]],
+    chosen: tuple[float, float, str],
+    title: str,
+    deadline_h: float | None = None,
+    budget_usd: float | None = None,
+) -> Path:
+    """Predicted cost against time (log-log) of every mix priced (`points`, hours and dollars),
+    the Pareto front joined, the chosen mix ringed and labelled, the deadline or budget dotted
+    (`hetflow recommend --plot`, the recommend flow's MLflow image)."""
+    import matplotlib.ticker
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([h for h, _ in points], [c for _, c in points], s=6, c="0.7", label="mixes")
+    ax.plot([h for h, _ in front], [c for _, c in front], "o-", ms=4, label="Pareto front")
+    hours, cost, label = chosen
+    ax.plot([hours], [cost], "o", ms=12, mfc="none", mec="C3", label="chosen")
+    ax.annotate(label, (hours, cost), fontsize=8)
+    if deadline_h is not None:
+        ax.axvline(deadline_h, color="C3", ls=":", label="deadline")
+    if budget_usd is not None:
+        ax.axhline(budget_usd, color="C3", ls=":", label="budget")
+    ax.set(xscale="log", yscale="log", xlabel="predicted time (h)", ylabel="predicted cost ($)")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -15,7 +15,7 @@ The model, term by term (docs/recommend.md):
   samples its curve finishes within T holds the global batch (the planner's equal-finish rule,
   `training.plan.balance`, on the curve itself rather than an affine fit of it; a type whose
   one-sample step exceeds T takes nothing, the rule of `exclude_slow`), plus the ring
-  all-reduce of the fp32 gradient (`hetflow.simulator.step.ring_allreduce_time`: the slowest
+  all-reduce of the fp32 gradient (`collective.ring_allreduce_time`, the simulator's: the slowest
   NIC between instances, the GPU family's bus inside one; no overlap with compute).
 - Cost: every rented instance's on-demand hourly price x the predicted time (per-second
   billing; start-up, data loading and evaluation are not counted).
@@ -37,14 +37,15 @@ from dataclasses import dataclass, field
 
 from hetflow.config import ConfigError
 from hetflow.emulation.presets import PRESETS
-from hetflow.simulator.model import (
+from hetflow.training.plan.collective import (
     DEFAULT_INTRA_GBPS,
     INTRA_NODE_GBPS,
-    MODELS,
-    ModelSpec,
-    Network,
+    RING_ALPHA_S,
+    RING_INTRA_ALPHA_S,
+    ddp_buckets,
+    ring_allreduce_time,
 )
-from hetflow.simulator.step import ring_allreduce_time
+from hetflow.training.plan.models import MODELS, ModelSpec
 
 PRESET_OF_GPU = {"T4": "t4", "V100": "v100", "A100": "a100"}
 TRAIN_OVER_INFERENCE = 3.0  # forward + backward ~ 3 x forward (as the simulator counts FLOPs)
@@ -133,14 +134,13 @@ def comm_s(cands: Sequence[Candidate], counts: Sequence[int], model: ModelSpec) 
     devices = sum(c.devices * n for c, n in used)
     if devices <= 1:
         return 0.0
-    net = Network()
     nodes = sum(n for _, n in used)
     edges = [c.intra_gbps for c, _ in used if c.devices > 1]
     if nodes > 1:
         edges += [c.nic_gbps for c, _ in used]
-    alpha = net.alpha_s if nodes > 1 else net.intra_alpha_s
+    alpha = RING_ALPHA_S if nodes > 1 else RING_INTRA_ALPHA_S
     grad = model.grad_bytes
-    return ring_allreduce_time(grad, devices, alpha, min(edges), net.buckets(grad))
+    return ring_allreduce_time(grad, devices, alpha, min(edges), ddp_buckets(grad))
 
 
 def balanced_compute_s(

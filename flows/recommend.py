@@ -1,0 +1,57 @@
+"""Flow: which instances to rent for a job (`hetflow recommend` as a Prefect flow, issue 38).
+
+Its parameters are typed forms: the job (`RecommendJob`), the candidate instance types with how
+many of each can be had (`RentableType`), the objective (`RecommendObjective`) and where MLflow
+is (`TrackingConfig`). It runs the command's search (`hetflow.tasks.recommend`), records an
+MLflow run (the chosen mix's predicted time and cost as metrics; the table, the figures, the
+cluster file and the plot of cost against time with its Pareto front as artifacts), makes the
+same table the flow run's Prefect markdown artifact, and returns the cluster file's text, which
+`hetflow demo --cluster` takes as is. Bad input fails the flow with the command's one line.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+
+from hetflow.config import (
+    RecommendJob,
+    RecommendObjective,
+    RentableType,
+    TrackingConfig,
+    default_rentable,
+)
+from hetflow.infra.tracking.tracker import MLflowTracker
+from hetflow.tasks.recommend import recommend_mix, record_recommendation
+
+
+@flow(name="recommend", log_prints=True)
+def recommend(
+    job: RecommendJob = RecommendJob(),
+    candidates: list[RentableType] = default_rentable(),
+    objective: RecommendObjective = RecommendObjective(),
+    tracking: TrackingConfig = TrackingConfig(),
+) -> dict:
+    """The mix of `candidates` that is best for `objective` on `job` (docs/recommend.md).
+
+    Returns {"cluster_file": its text, "mix": {type: instances}, "predicted_hours",
+    "predicted_cost_usd", "mlflow_run_id", "mlflow_url"}.
+    """
+    out = recommend_mix(job, candidates, objective)
+    run_id = record_recommendation(out, job, objective, tracking)
+    tracker = MLflowTracker(tracking)
+    links = tracker.links_markdown({"recommend": run_id})
+    create_markdown_artifact(
+        out.markdown + "\n" + links + "\n\n```yaml\n" + out.cluster_yaml + "```\n",
+        key="recommendation",
+        description="the chosen mix and the best alternatives",
+    )
+    print(out.summary)
+    return {
+        "cluster_file": out.cluster_yaml,
+        "mix": out.mix,
+        "predicted_hours": out.hours,
+        "predicted_cost_usd": out.cost_usd,
+        "mlflow_run_id": run_id,
+        "mlflow_url": tracker.run_url(run_id),
+    }

@@ -1,0 +1,107 @@
+"""Recommend tasks: which instances to rent (the search of `hetflow recommend`,
+`hetflow.training.plan.recommend`) and its MLflow run.
+
+The flow gets back a `Recommended`: the search's result and everything shown of it, as text
+(the markdown table, the cluster file), so that it needs nothing of the plan layer itself.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from hetflow.config import RecommendJob, RecommendObjective, RentableType, TrackingConfig
+from hetflow.infra.tracking.tracker import MLflowTracker
+from hetflow.training.plan import rental
+from hetflow.training.plan.recommend import Job, Objective, local_batches, search
+
+
+@dataclass(frozen=True)
+class Recommended:
+    """The chosen mix, its local batches, and what the command would print and write."""
+
+    rec: object = field(repr=False)  # a training.plan.recommend.Recommendation
+    batches: list[list[int]]
+    seconds: float
+    mix: dict[str, int]
+    hours: float
+    cost_usd: float
+    summary: str  # 'chosen: MIX: predicted H h, $C (...)'
+    markdown: str = field(repr=False)
+    cluster_yaml: str = field(repr=False)
+    figures: dict = field(repr=False)
+
+    def draw(self, path) -> None:
+        """The plot of cost against time, the Pareto front marked (`rental.plot_front`)."""
+        rental.plot_front(path, self.rec)
+
+
+@task(task_run_name="recommend ({objective.kind})", retries=0, cache_policy=NO_CACHE)
+def recommend_mix(
+    job: RecommendJob, candidates: list[RentableType], objective: RecommendObjective
+) -> Recommended:
+    """The search for `objective` over `candidates`, as `hetflow recommend` runs it; the same
+    one-line RecommendError on bad input (an unknown type, a deadline or budget no mix meets)."""
+    spec = Job(rental.model_of(job.recipe), job.global_batch, job.steps)
+    goal = Objective(objective.kind, objective.deadline_h, objective.budget_usd)
+    mix = [(c.instance_type, c.count) for c in candidates]
+    cands, _ = rental.candidates(mix, spec, job.max_local_batch)
+    t = time.perf_counter()
+    rec = search(cands, spec, goal)
+    batches = local_batches(cands, rec.best, spec.global_batch)
+    seconds = time.perf_counter() - t
+    figures = rental.figures(rec, batches, seconds)
+    return Recommended(
+        rec,
+        batches,
+        seconds,
+        figures["chosen"]["mix"],
+        rec.best.hours,
+        rec.best.cost_usd,
+        rental.chosen_line(rec),
+        rental.markdown(rec, batches),
+        rental.cluster_yaml(rec, batches),
+        figures,
+    )
+
+
+@task(task_run_name="record the recommendation in MLflow", cache_policy=NO_CACHE)
+def record_recommendation(
+    out: Recommended, job: RecommendJob, objective: RecommendObjective, tracking: TrackingConfig
+) -> str:
+    """An MLflow run named 'recommend': the job and objective as params, the chosen mix's
+    predicted time and cost as metrics, the table (markdown), the figures (JSON), the cluster
+    file and the plot of cost against time as artifacts. Its id."""
+    tracker = MLflowTracker(tracking)
+    tags = {"variant": "recommend", "recipe": job.recipe, **tracker.flow_run_tags()}
+    run = tracker.client.create_run(tracker.experiment_id(), run_name="recommend", tags=tags)
+    run_id = run.info.run_id
+    try:
+        params = {f"job.{k}": str(v) for k, v in job.model_dump().items()}
+        params |= {f"objective.{k}": str(v) for k, v in objective.model_dump().items()}
+        params["chosen.mix"] = ", ".join(f"{t} x{n}" for t, n in out.mix.items())
+        tracker.log_params(run_id, params)
+        chosen = out.figures["chosen"]
+        tracker.log_metrics(
+            run_id,
+            {
+                "predicted_hours": out.hours,
+                "predicted_cost_usd": out.cost_usd,
+                "predicted_step_s": chosen["step_s"],
+                "usd_per_hour": chosen["usd_per_hour"],
+                "instances": sum(out.mix.values()),
+                "mixes_priced": out.figures["mixes_priced"],
+            },
+        )
+        tracker.log_text(run_id, "recommendation.md", out.markdown)
+        tracker.log_json(run_id, "recommendation.json", out.figures)
+        tracker.log_text(run_id, "recommended-cluster.yaml", out.cluster_yaml)
+        tracker.log_plots(run_id, {"cost_vs_time.png": out.draw})
+    except Exception as e:
+        tracker.fail(run_id, str(e))
+        raise
+    tracker.finish(run_id)
+    return run_id

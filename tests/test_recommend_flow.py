@@ -1,0 +1,115 @@
+"""The `recommend` flow: the command's choice, recorded in a Prefect artifact and an MLflow run
+(metrics, table, plot), its bad input failing the flow in the command's one line, and its
+deployment in prefect.yaml."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hetflow.config import ConfigError, RecommendJob, RecommendObjective, RentableType
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(flags: list[str], tmp_path, capsys) -> tuple[int, dict, str, str]:
+    """`hetflow recommend FLAGS`: (exit status, its --json figures, its cluster file, stderr)."""
+    from hetflow.cli import main
+
+    out, figures = tmp_path / "cli.yaml", tmp_path / "cli.json"
+    code = main(["recommend", *flags, "-o", str(out), "--json", str(figures)])
+    err = capsys.readouterr().err
+    if code:
+        return code, {}, "", err
+    return code, json.loads(figures.read_text()), out.read_text(), err
+
+
+def test_the_recommend_deployment_resolves_to_the_flow_and_its_forms():
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.utilities.callables import parameter_schema
+
+    spec = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    (dep,) = [d for d in spec["deployments"] if d["name"] == "recommend"]
+    assert dep["work_pool"]["name"] == "hetflow-local" and dep["schedules"] == []
+    flow = load_flow_from_entrypoint(str(REPO / dep["entrypoint"]))
+    assert flow.name == "recommend"
+    schema = parameter_schema(flow.fn).model_dump_for_openapi()
+    assert set(schema["properties"]) == {"job", "candidates", "objective", "tracking"}
+    assert {"RecommendJob", "RentableType", "RecommendObjective", "TrackingConfig"} <= set(
+        schema["definitions"]
+    )
+    with pytest.raises(ValueError, match="objective 'deadline' needs deadline_h"):
+        RecommendObjective(kind="deadline")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_flow_records_the_commands_choice_and_fails_as_it_does(
+    prefect_harness, tmp_path, capsys
+):
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from hetflow.config import TrackingConfig
+    from hetflow.flows.recommend import recommend
+    from hetflow.infra.tracking.tracker import MLflowTracker
+
+    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "2048"]
+    code, want, cluster_text, _ = cli(
+        [*flags, "--steps", "1000", "--budget", "20"], tmp_path, capsys
+    )
+    assert code == 0 and want["chosen"]["mix"] == {"g4dn.xlarge": 2, "p3.2xlarge": 1}
+    out = recommend(
+        job=RecommendJob(global_batch=2048, steps=1000),
+        candidates=[
+            RentableType(instance_type="g4dn.xlarge", count=2),
+            RentableType(instance_type="p3.2xlarge", count=1),
+        ],
+        objective=RecommendObjective(kind="budget", budget_usd=20),
+    )
+    assert out["mix"] == want["chosen"]["mix"]
+    assert out["predicted_hours"] == pytest.approx(want["chosen"]["hours"])
+    assert out["predicted_cost_usd"] == pytest.approx(want["chosen"]["cost_usd"])
+    assert out["cluster_file"] == cluster_text  # `hetflow demo --cluster` takes it as is
+
+    client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
+    run = client.get_run(out["mlflow_run_id"])
+    assert run.data.tags["variant"] == "recommend" and run.info.status == "FINISHED"
+    assert run.data.metrics["predicted_hours"] == pytest.approx(want["chosen"]["hours"])
+    assert run.data.metrics["predicted_cost_usd"] == pytest.approx(want["chosen"]["cost_usd"])
+    assert run.data.params["chosen.mix"] == "g4dn.xlarge x2, p3.2xlarge x1"
+    plot = Path(client.download_artifacts(run.info.run_id, "plots/cost_vs_time.png", tmp_path))
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    table = Path(client.download_artifacts(run.info.run_id, "recommendation.md", tmp_path))
+    assert "| g4dn.xlarge x2 + p3.2xlarge x1 | 3 |" in table.read_text()
+
+    with get_client(sync_client=True) as prefect:
+        arts = prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["recommendation"]))
+        )
+    assert arts and arts[0].type == "markdown"
+    assert "chosen: g4dn.xlarge x2 + p3.2xlarge x1" in arts[0].data
+    assert "why it loses" in arts[0].data and out["mlflow_run_id"] in arts[0].data
+
+    unknown = [RentableType(instance_type="g9.xlarge", count=2)]
+    bad = [  # (flags, the flow's arguments): the flow fails with the command's line
+        (["--candidates", "g9.xlarge:2"], {"candidates": unknown}),
+        (
+            ["--deadline-h", "0.001"],
+            {"objective": RecommendObjective(kind="deadline", deadline_h=1e-3)},
+        ),
+        (["--budget", "0.3"], {"objective": RecommendObjective(kind="budget", budget_usd=0.3)}),
+    ]
+    for flags, kwargs in bad:
+        code, _, _, err = cli(flags, tmp_path, capsys)
+        assert code == 2
+        last = err.strip().splitlines()[-1]  # MLflow may have logged above it
+        assert last.startswith("hetflow: error: ")
+        line = last.removeprefix("hetflow: error: ")
+        with pytest.raises(ConfigError) as raised:
+            recommend(**kwargs)
+        assert str(raised.value) == line

@@ -1,0 +1,278 @@
+"""What `hetflow recommend` and the `recommend` flow share around the search (`recommend.search`):
+the candidates read from the offline catalog, the table of the best mixes and its notes, the
+figures, and the cluster file of the choice. The command prints them; the flow puts them in a
+Prefect artifact and an MLflow run. Bad input is one line (a RecommendError), the same in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hetflow.config import suggestion
+from hetflow.training.plan.models import MODELS, ModelSpec
+from hetflow.training.plan.recommend import (
+    CURVE_MODEL,
+    PUBLISHED_BATCH,
+    Candidate,
+    Job,
+    Prediction,
+    Recommendation,
+    RecommendError,
+    curve_for,
+)
+
+SHOWN = 6  # alternatives in the table
+COLUMNS = ("mix", "GPUs", "step ms", "hours", "cost $", "$/h", "why it loses")
+
+
+def model_of(recipe: str) -> ModelSpec:
+    """The figures of `recipe` (the simulator's models), or one line naming the choices."""
+    if recipe not in MODELS:
+        raise RecommendError(
+            f"--recipe: {recipe!r} is not a model recommend knows ({', '.join(sorted(MODELS))})"
+            f"{suggestion(recipe, MODELS)}"
+        )
+    return MODELS[recipe]
+
+
+def candidates(mix: Sequence[tuple[str, int]], job: Job, max_local_batch: int | None = None):
+    """(Candidates of `mix`, (name, count) pairs, from the shipped catalog, offline; the price
+    table) with step curves up to the global batch or `max_local_batch`; one line naming a type
+    the catalog lacks, one without a price, one without a step-time curve."""
+    from hetflow.infra.catalog import load_snapshot
+    from hetflow.infra.pricing import load_prices
+
+    names = [name for name, _ in mix]
+    if len(set(names)) != len(names):
+        raise RecommendError(f"--candidates: an instance type appears twice ({names})")
+    types, prices = load_snapshot(), load_prices()
+    max_batch = min(job.global_batch, max_local_batch or job.global_batch)
+    out = []
+    for name, count in mix:
+        if name not in types:
+            families = ", ".join(sorted({k.split(".")[0] for k in types}))
+            raise RecommendError(
+                f"--candidates: {name} is not in the offline catalog (infra/instance_types.json: "
+                f"{families}){suggestion(name, types)}"
+            )
+        info = types[name]
+        preset, steps = curve_for(name, info.gpu_name, job.model, max_batch)
+        if name not in prices.prices:
+            raise RecommendError(
+                f"--candidates: {name} has no on-demand price in infra/prices.json "
+                f"({prices.source}, as of {prices.as_of}); add it there"
+            )
+        out.append(
+            Candidate(
+                name,
+                count,
+                prices.prices[name],
+                info.devices,
+                info.device,
+                preset,
+                info.network_gbps,
+                steps,
+            )
+        )
+    return out, prices
+
+
+# -- what is shown ----------------------------------------------------------------------------
+
+
+def goal(objective) -> str:
+    if objective.kind == "deadline":
+        return f"least cost that finishes within {objective.deadline_h:g} h"
+    if objective.kind == "budget":
+        return f"least time within ${objective.budget_usd:g}"
+    return "least cost per sample"
+
+
+def mixing_line(rec: Recommendation) -> str:
+    """Whether a mix helps: the chosen one against the best of each type alone."""
+    best, cands = rec.best, rec.cands
+    others = [p for name, p in rec.singles.items() if p.counts != best.counts]
+    if not rec.mixing_helps():
+        return (
+            f"a mix does not help: {best.label(cands)} alone is best; every mix of types "
+            "priced is worse under this objective"
+        )
+    if not others:
+        return "a mix helps: no type alone meets the objective"
+    alone = min(others, key=rec.objective.key)
+    return f"a mix helps: the best type alone, {alone.label(cands)}, " + rec.objective.why_loses(
+        alone, best
+    )
+
+
+def outside(rec: Recommendation, batches) -> list[str]:
+    """Where the prediction leaves what was published."""
+    notes = []
+    if rec.job.model.name != CURVE_MODEL:
+        notes.append(
+            f"the curves were published for {CURVE_MODEL}; {rec.job.model.name}'s are scaled by "
+            "FLOPs per sample, latency floor included: absolute times are rough"
+        )
+    top = max(max(bs) for bs in batches if bs)
+    if top > PUBLISHED_BATCH:
+        notes.append(
+            f"local batches up to {top}, past the largest published one ({PUBLISHED_BATCH}): "
+            "extrapolated in proportion, memory not checked (--max-local-batch caps them)"
+        )
+    return notes
+
+
+def shown(rec: Recommendation) -> list[Prediction]:
+    """The chosen mix, the next best ones, and the best of each type alone."""
+    rows = rec.ranked[:SHOWN]
+    rows += [p for p in rec.singles.values() if p not in rows]
+    return rows
+
+
+def table_rows(rec: Recommendation) -> list[tuple[str, ...]]:
+    """The table of the best mixes (`COLUMNS`), as text."""
+    out = []
+    for p in shown(rec):
+        gpus = sum(c.devices * n for c, n in zip(rec.cands, p.counts, strict=True))
+        why = "chosen" if p is rec.best else rec.objective.why_loses(p, rec.best)
+        out.append(
+            (
+                p.label(rec.cands),
+                str(gpus),
+                f"{p.step_s * 1e3:.1f}",
+                f"{p.hours:.3g}",
+                f"{p.cost_usd:,.2f}",
+                f"{p.usd_per_hour:,.2f}",
+                why,
+            )
+        )
+    return out
+
+
+def chosen_line(rec: Recommendation) -> str:
+    best = rec.best
+    return (
+        f"chosen: {best.label(rec.cands)}: predicted {best.hours:.3g} h, ${best.cost_usd:,.2f} "
+        f"(${best.usd_per_hour:,.2f}/h; step {best.step_s * 1e3:.1f} ms = compute "
+        f"{best.compute_s * 1e3:.1f} + all-reduce {best.comm_s * 1e3:.1f})"
+    )
+
+
+def markdown(rec: Recommendation, batches) -> str:
+    """The choice, its notes and the table of the best mixes as markdown (the flow's Prefect
+    artifact and MLflow text; the command prints the same)."""
+    job = rec.job
+    lines = [
+        f"### hetflow recommend: {job.model.name}, global batch {job.global_batch}, "
+        f"{job.steps} steps",
+        "",
+        f"objective: {goal(rec.objective)}",
+        "",
+        f"**{chosen_line(rec)}**",
+        "",
+        *(
+            f"- local batches on {c.instance_type}: {', '.join(map(str, bs))}"
+            for c, bs in zip(rec.cands, batches, strict=True)
+            if bs
+        ),
+        f"- {mixing_line(rec)}",
+        *(f"- note: {n}" for n in outside(rec, batches)),
+        "",
+        f"| {' | '.join(COLUMNS)} |",
+        "|" + "|".join("---" if c in ("mix", "why it loses") else "---:" for c in COLUMNS) + "|",
+        *(f"| {' | '.join(r)} |" for r in table_rows(rec)),
+        "",
+        f"{rec.evaluated} mixes priced.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# -- what is written --------------------------------------------------------------------------
+
+
+def figures(rec: Recommendation, batches, seconds: float) -> dict:
+    """The choice, the alternatives, each type alone and the Pareto front, as JSON figures."""
+
+    def row(p: Prediction) -> dict:
+        return {
+            "mix": {c.instance_type: n for c, n in zip(rec.cands, p.counts, strict=True) if n},
+            "step_s": p.step_s,
+            "compute_s": p.compute_s,
+            "comm_s": p.comm_s,
+            "hours": p.hours,
+            "cost_usd": p.cost_usd,
+            "usd_per_hour": p.usd_per_hour,
+        }
+
+    return {
+        "objective": vars(rec.objective),
+        "job": {
+            "recipe": rec.job.model.name,
+            "global_batch": rec.job.global_batch,
+            "steps": rec.job.steps,
+        },
+        "chosen": {**row(rec.best), "local_batches": batches},
+        "mixing_helps": rec.mixing_helps(),
+        "alternatives": [row(p) for p in rec.ranked[1:SHOWN]],
+        "alone": {k: row(p) for k, p in rec.singles.items()},
+        "pareto": [row(p) for p in rec.front],
+        "mixes_priced": rec.evaluated,
+        "time_to_recommend_s": seconds,
+    }
+
+
+def cluster_file(rec: Recommendation) -> dict:
+    """The chosen mix as a ClusterSpec mapping: one worker per GPU, named and noded by its
+    instance, with its instance type and the preset that emulates it (`hetflow demo --cluster`
+    takes it as is; `hetflow cluster config` makes its Ray launcher YAML)."""
+    workers = []
+    for c, n in zip(rec.cands, rec.best.counts, strict=True):
+        stem = c.instance_type.replace(".", "-")
+        for i in range(n):
+            for g in range(c.devices):
+                name = f"{stem}-{i}" + (f"-gpu{g}" if c.devices > 1 else "")
+                workers.append(
+                    {
+                        "name": name,
+                        "instance_type": c.instance_type,
+                        "preset": c.preset,
+                        "node": f"{stem}-{i}",
+                    }
+                )
+    return {"name": "recommended", "workers": workers}
+
+
+def cluster_yaml(rec: Recommendation, batches) -> str:
+    """The cluster file's text, checked by ClusterSpec, with the plan and prediction as
+    comments."""
+    import yaml
+
+    from hetflow.config import ClusterSpec
+
+    data = cluster_file(rec)
+    ClusterSpec.model_validate(data)
+    plan = "; ".join(
+        f"{c.instance_type}: {bs}" for c, bs in zip(rec.cands, batches, strict=True) if bs
+    )
+    head = (
+        f"# hetflow recommend: {rec.best.label(rec.cands)}, predicted {rec.best.hours:.3g} h, "
+        f"${rec.best.cost_usd:,.2f}\n# local batches (global {rec.job.global_batch}): {plan}\n"
+    )
+    return head + yaml.safe_dump(data, sort_keys=False)
+
+
+def plot_front(path, rec: Recommendation) -> None:
+    """Every mix priced as a point of time and cost, the Pareto front joined, the choice ringed
+    (`hetflow.infra.tracking.plots.cost_time_front`)."""
+    from hetflow.infra.tracking.plots import cost_time_front
+
+    obj = rec.objective
+    cost_time_front(
+        path,
+        [(p.hours, p.cost_usd) for p in rec.ranked],
+        [(p.hours, p.cost_usd) for p in rec.front],
+        (rec.best.hours, rec.best.cost_usd, rec.best.label(rec.cands)),
+        f"{rec.job.model.name}, {rec.job.steps} steps of {rec.job.global_batch}",
+        deadline_h=obj.deadline_h if obj.kind == "deadline" else None,
+        budget_usd=obj.budget_usd if obj.kind == "budget" else None,
+    )
