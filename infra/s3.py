@@ -106,6 +106,14 @@ def bucket_of(dataset_url: str | None) -> str:
     return (dataset_url or DEFAULT_DATASET_URL).split("://", 1)[-1].split("/", 1)[0]
 
 
+def _bucket_line(dataset_url: str | None) -> str:
+    """The dataset's bucket, or where the dataset is when that is not S3 (the run's
+    checkpoints are still written to S3)."""
+    if (dataset_url or DEFAULT_DATASET_URL).startswith("s3://"):
+        return bucket_of(dataset_url)
+    return f"none: the dataset is at {dataset_url}"
+
+
 def s3_target(dataset_url: str | None = None) -> str | None:
     """The S3 a run with `dataset_url` uses: `AWS_ENDPOINT_URL` when set; "aws" for a bucket of
     the user's own (a dataset URL other than the default) with AWS credentials in the
@@ -137,9 +145,7 @@ def local_s3_endpoint(dataset_url: str | None = None, keep: bool = True) -> Iter
     dataset is there for the next; `keep=False` (throwaway data: benchmarks, the EC2 catalog)
     neither loads nor keeps it.
     """
-    # the dataset's bucket, or where it is when that is not S3 (the run's checkpoints still are)
-    on_s3 = (dataset_url or DEFAULT_DATASET_URL).startswith("s3://")
-    bucket = bucket_of(dataset_url) if on_s3 else f"none: the dataset is at {dataset_url}"
+    bucket = _bucket_line(dataset_url)
     target = s3_target(dataset_url)
     if target == "aws":
         print(f"S3: AWS with the environment's credentials, bucket {bucket} (the dataset's URL)")
