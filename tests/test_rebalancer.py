@@ -88,3 +88,19 @@ def test_a_proposal_must_beat_the_models_demonstrated_error():
     assert reb.propose([80, 48], 20) is None
     reb.observe([80, 48], [0.120, 0.050])
     assert reb.propose([80, 48], 30) is not None
+
+
+def test_a_straggler_during_a_trial_does_not_stop_later_replans():
+    # Worker 1 slows 3x while a trial plan runs (bench hetero --straggler, main cd4e9f5: the
+    # trial failed, its error of +240% became the margin a proposal had to beat, and the plan
+    # never moved off the straggler). The trial is reverted; once the old plan shows worker
+    # 1's new speed, the model's errors from before the change no longer count.
+    reb = Rebalancer(B, [None] * 2, [0.0, 0.0], [0.002, 0.001], threshold=0.1)
+    reb.observe([43, 85], [0.086, 0.085])
+    reb.trial = {"plan": [43, 85], "step_s": 0.086, "predicted_s": 0.08}
+    reb.observe([38, 90], [0.076, 0.27])  # 3x slower: the straggler, not the plan
+    assert reb.propose([38, 90], 20) == [43, 85]  # reverted
+    reb.observe([43, 85], [0.086, 0.255])
+    assert reb.margin == pytest.approx(0.05)
+    new = reb.propose([43, 85], 30)
+    assert new is not None and new[0] > 43, new  # work moves off the straggler

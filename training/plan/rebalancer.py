@@ -33,7 +33,8 @@ class Rebalancer:
     worker's time at batch 1 or 2 can lie far off that line (docs/measurements/host.md,
     gpu.md), which scaling alone cannot express. A rank
     whose time at a batch it ran before moves by more than a factor `jump` (1 + 3 x
-    `threshold`, far beyond noise) has changed speed: its older points are dropped. Without a
+    `threshold`, far beyond noise) has changed speed: its older points are dropped, and with
+    them the model's recorded errors and rejected plans (they measured other speeds). Without a
     profiled c_i (`per_sample_s` None), the first window sets it.
 
     Every rank holds one and feeds it the same all-gathered figures (a window's means; after a
@@ -145,6 +146,7 @@ class Rebalancer:
             ):  # speed changed
                 pts.clear()
                 self.rejected = []  # what failed before may work now
+                self.errors = []  # and what the model got wrong before says nothing now
             pts[b] = w * t + (1 - w) * pts[b] if b in pts else t
         self.latest = latest
 
