@@ -19,7 +19,12 @@ def parser() -> argparse.ArgumentParser:
         description="equal split vs static plan vs dynamic re-balancing, in one run",
         formatter_class=argparse.HelpFormatter,  # its help states the defaults itself
     )
-    p.add_argument("--speeds", default="1,1,2,4")
+    p.add_argument(
+        "--speeds",
+        default="1,1,2,4",
+        help="relative speeds, or device presets (t4, v100, a100), comma-separated "
+        "(default: 1,1,2,4)",
+    )
     p.add_argument("--steps", type=int, default=150)
     add_recipe_arg(p, "digits-cnn")
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")

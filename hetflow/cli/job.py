@@ -119,7 +119,8 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     speeds = ",".join(f"{s:g}" for s in DEFAULT_SPEEDS)
     p.add_argument(
         "--speeds",
-        help="relative speeds of the emulated workers, one per worker, comma-separated "
+        help="relative speeds of the emulated workers, one per worker, comma-separated, or "
+        "device presets (t4, v100, a100: published per-batch curves) "
         f"(default: {speeds}, unless --cluster is given)",
     )
     p.add_argument(
