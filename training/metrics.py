@@ -29,7 +29,6 @@ def summarize(
     time until the first evaluation that met the target of the figure the recipe evaluates),
     cache."""
     ranks = sorted(result.ranks, key=lambda r: r.rank)
-    world = len(ranks)
     lead = ranks[0]
     steps = len(lead.records)
     step_times = [r.step_s for r in lead.records]
@@ -50,13 +49,16 @@ def summarize(
     }
     for r in ranks:
         m.update(_rank_figures(r))
-    # where the ranks' time went, summed over ranks: compute + comm + idle + data wait ~ 1
-    m["busy_fraction"] = sum(m[f"rank{r.rank}/compute_s"] for r in ranks) / (world * loop)
-    m["comm_fraction"] = sum(m[f"rank{r.rank}/comm_s"] for r in ranks) / (world * loop)
-    m["straggler_idle_fraction"] = sum(m[f"rank{r.rank}/idle_s"] for r in ranks) / (world * loop)
+    # where the ranks' time went, over every rank's own steps: compute + comm + idle + data
+    # wait = 1 (a rank's step is data + compute + wait, its wait idle + comm). Rank 0's loop
+    # times the world is not that sum: on a loaded host the ranks' totals differ by a few %.
+    ranks_s = sum(sum(rec.step_s for rec in r.records) for r in ranks) or 1.0
+    m["busy_fraction"] = sum(m[f"rank{r.rank}/compute_s"] for r in ranks) / ranks_s
+    m["comm_fraction"] = sum(m[f"rank{r.rank}/comm_s"] for r in ranks) / ranks_s
+    m["straggler_idle_fraction"] = sum(m[f"rank{r.rank}/idle_s"] for r in ranks) / ranks_s
     # share of the training loop spent recording figures (rank 0 writes progress each step)
     m["tracking_overhead_fraction"] = max(r.bookkeeping_s for r in ranks) / loop
-    m["data_wait_fraction"] = sum(m[f"rank{r.rank}/data_wait_s"] for r in ranks) / (world * loop)
+    m["data_wait_fraction"] = sum(m[f"rank{r.rank}/data_wait_s"] for r in ranks) / ranks_s
     m.update(eval_figures(lead.evals, target_accuracy, target_val_loss))
     m.update(wall_figures(lead, global_batch))
     hits = sum(r.cache.hits for r in ranks)
