@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 SOURCE = (
     "NVIDIA DeepLearningExamples MxNet/Classification/RN50v1.5/README.md @134510b4, "
@@ -37,7 +38,7 @@ class Preset:
     latency_ms: dict[int, float]
     memory_gib: int
 
-    @property
+    @cached_property  # each emulated step asks (`shape`)
     def best_ms_per_sample(self) -> float:
         return min(ms / b for b, ms in self.latency_ms.items())
 

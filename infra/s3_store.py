@@ -65,6 +65,23 @@ def object_path(root: Path, bucket: str, key: str) -> Path | None:
     return root.joinpath(bucket, *parts)
 
 
+def local_url(url: str) -> str | None:
+    """The `file://` URL in the store of `s3://BUCKET[/KEY]` (the store itself for `s3://`),
+    or None for a bucket or key the store cannot hold.
+
+    >>> local_url("s3://b/corpus/").endswith("/s3/b/corpus"), local_url("s3://b/a//c")
+    (True, None)
+    """
+    bucket, _, key = url.removeprefix("s3://").strip("/").partition("/")
+    root = store_dir()
+    if not bucket:
+        return root.as_uri()
+    if not key:
+        return (root / bucket).as_uri() if _bucket_ok(bucket) else None
+    path = object_path(root, bucket, key)
+    return path.as_uri() if path is not None else None
+
+
 def _bucket_ok(bucket: str) -> bool:
     return bool(bucket) and "/" not in bucket and bucket not in (".", "..")
 

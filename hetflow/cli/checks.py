@@ -32,13 +32,11 @@ def in_store(url: str) -> str | None:
     the run's own endpoint loads (`infra.s3_store`); None for S3 elsewhere, or a key the
     store cannot hold."""
     from hetflow.infra.s3 import s3_target
-    from hetflow.infra.s3_store import object_path, store_dir
+    from hetflow.infra.s3_store import local_url
 
     if not url.startswith("s3://") or s3_target(url) is not None:
         return None
-    bucket, _, key = url.removeprefix("s3://").partition("/")
-    path = object_path(store_dir(), bucket, key.rstrip("/"))
-    return f"file://{path}" if path is not None else None
+    return local_url(url)
 
 
 def check_instance_types(cluster: ClusterSpec) -> None:

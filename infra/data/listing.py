@@ -16,7 +16,7 @@ from pathlib import Path
 from hetflow.config import ConfigError
 from hetflow.infra.data.format import MANIFEST, DatasetError, Manifest, read_manifest
 from hetflow.infra.s3 import filesystem, s3_target
-from hetflow.infra.s3_store import store_dir
+from hetflow.infra.s3_store import local_url, store_dir
 
 PROTOCOLS = ("s3", "file", "memory")
 
@@ -59,8 +59,10 @@ def where(url: str | None) -> tuple[str, str, str]:
     target = s3_target(url)
     rel = (url or "s3://").removeprefix("s3://").strip("/")
     if target is None:  # the embedded endpoint's objects: its store, on disk
-        root = store_dir()
-        return (root / rel).as_uri(), f"s3://{rel}", f"the local S3 store {root}"
+        local = local_url(f"s3://{rel}")
+        if local is None:
+            raise ConfigError(f"data ls: URL: s3://{rel} is no bucket or key the store holds")
+        return local, f"s3://{rel}", f"the local S3 store {store_dir()}"
     shown = "AWS" if target == "aws" else f"{target} (AWS_ENDPOINT_URL)"
     return f"s3://{rel}", f"s3://{rel}", f"S3 at {shown}"
 
