@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from hetflow.infra.tracking.report import _bytes, _rank_of, fmt
+from hetflow.infra.tracking.report import byte_size, fmt, rank_of
 
 
 def workers_left(
@@ -48,7 +48,7 @@ def notes(
     runs' full figures."""
     out = []
     for name, m in zip(names, (baseline, optimized), strict=True):
-        ranks = sorted({r for k in m if (r := _rank_of(k)) is not None})
+        ranks = sorted({r for k in m if (r := rank_of(k)) is not None})
         if left is not None:
             gone = dict(left.get(name) or {})
         else:
@@ -106,8 +106,8 @@ def _comm_note(baseline: Mapping[str, float], optimized: Mapping[str, float]) ->
     sent = ""
     if baseline.get("comm_bytes_per_step") is not None:
         sent = (
-            f"; {_bytes(baseline['comm_bytes_per_step'])} to "
-            f"{_bytes(optimized.get('comm_bytes_per_step') or 0.0)} sent per step"
+            f"; {byte_size(baseline['comm_bytes_per_step'])} to "
+            f"{byte_size(optimized.get('comm_bytes_per_step') or 0.0)} sent per step"
         )
     return (
         f"{rose}: each step's communication took longer ({_ms(comm_a)} to {_ms(comm_b)} per "

@@ -81,7 +81,7 @@ LEGEND = (
 def table_metrics(metrics: Mapping[str, float | None]) -> list[str]:
     """Headline metrics, then per-rank busy fraction and local batch (at the start, then at the
     end), in rank order."""
-    ranks = sorted({r for k in metrics if (r := _rank_of(k)) is not None})
+    ranks = sorted({r for k in metrics if (r := rank_of(k)) is not None})
     per_rank = [
         f"rank{r}/{m}" for m in ("busy_fraction", START_BATCH, "local_batch") for r in ranks
     ]
@@ -138,7 +138,7 @@ def _target(
     return None
 
 
-def _rank_of(key: str) -> int | None:
+def rank_of(key: str) -> int | None:
     head, sep, _ = key.partition("/")
     return int(head[4:]) if sep and head.startswith("rank") and head[4:].isdigit() else None
 
@@ -194,7 +194,7 @@ def fmt(v: float | None, name: str = "") -> str:
     if kind == "count":
         return f"{round(v):d}"
     if kind == "bytes":
-        return _bytes(v)
+        return byte_size(v)
     if kind == "fraction":
         return f"{v * 100:.1f}%"
     if kind == "usd":
@@ -210,7 +210,7 @@ def fmt(v: float | None, name: str = "") -> str:
     return f"{v:.3f}"
 
 
-def _bytes(v: float) -> str:
+def byte_size(v: float) -> str:
     for size, suffix in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
         if abs(v) >= size:
             return f"{v / size:.1f} {suffix}"
