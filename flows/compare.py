@@ -37,9 +37,10 @@ VARIANTS = ("baseline", "optimized")
 def table_and_notes(outcomes: dict, train: TrainConfig) -> tuple[dict, list[str]]:
     """The side-by-side table of the variants' `outcomes` (start plans, the target) and the
     notes under it (the workers each went without, why communication grew)."""
+    baseline, optimized = (outcomes[v].metrics.flat() for v in VARIANTS)
     table = comparison(
-        outcomes["baseline"].metrics,
-        outcomes["optimized"].metrics,
+        baseline,
+        optimized,
         start_batches={v: o.plan.local_batches for v, o in outcomes.items()},
         target_accuracy=train.target_accuracy,
         target_val_loss=train.target_val_loss,
@@ -48,7 +49,7 @@ def table_and_notes(outcomes: dict, train: TrainConfig) -> tuple[dict, list[str]
         v: workers_left(o.plan.excluded, o.plan.dropped, o.result.lead.recovery.left_out)
         for v, o in outcomes.items()
     }
-    return table, notes(outcomes["baseline"].metrics, outcomes["optimized"].metrics, left)
+    return table, notes(baseline, optimized, left)
 
 
 @flow(name="compare", log_prints=True)
@@ -90,7 +91,7 @@ def compare(
             except Exception as e:
                 tracker.fail(parent, f"{variant}: {e}")
                 raise
-    baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
+    baseline, optimized = (outcomes[v].metrics.flat() for v in VARIANTS)
     table, said = table_and_notes(outcomes, train)
     runs = {"compare": parent, **{v: outcomes[v].run_id for v in VARIANTS}}
     md = markdown(

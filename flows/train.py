@@ -66,4 +66,4 @@ def train(
             catalog=catalog,
             epoch_samples=epoch_samples,
         )
-    return {"run_id": outcome.run_id, "metrics": outcome.metrics}
+    return {"run_id": outcome.run_id, "metrics": outcome.metrics.flat()}

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hetflow.figures import RunMetrics, StepFigures
+
 if TYPE_CHECKING:
     from hetflow.config import ClusterSpec
 
@@ -374,22 +376,20 @@ class RunResult(_Record):
 
 # -- train outcome ----------------------------------------------------------------------------
 
-Figures = dict[str, int | float]  # metric name -> value (counts stay int, as summarize made them)
-
 
 class TrainOutcome(_Record):
     """One trained variant, as the train task hands it to the tracker and the flows.
 
-    `metrics` are the run's figures under their MLflow names (`summarize`, then cost and
-    launch time); `series` one row per step (`step` and the per-step metrics, `step_series`).
+    `metrics` are the run's figures (`summarize`, then launch time and cost) and `series` one
+    record per step (`step_series`), each worker numbered as in the cluster.
     Flows return JSON: `model_dump(mode="json")` of it, or of fields of it."""
 
     variant: str = Field(description="The run's label: MLflow run name and `variant` tag.")
     run_id: str = Field(description="The MLflow run.")
     run_dir: str
     plan: Plan = Field(description="The plan the run started with.")
-    metrics: Figures
-    series: list[Figures] = []
+    metrics: RunMetrics
+    series: list[StepFigures] = []
     result: RunResult
 
 

@@ -8,6 +8,7 @@ from prefect import runtime, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrackingConfig, TrainConfig
+from hetflow.figures import RunMetrics
 from hetflow.infra.catalog import Catalog, cost_usd
 from hetflow.infra.data.format import read_manifest
 from hetflow.infra.paths import new_run_dir, runs_dir
@@ -113,11 +114,10 @@ def train_variant(
     metrics = summarize(
         ran.result, train.global_batch, train.target_accuracy, train.target_val_loss
     )
-    metrics["run_time_s"] = ran.wall_s
     profiled = profile.profiling_time_s if needs_profile(train) else 0.0
-    metrics |= end_to_end(metrics, ran.wall_s, profiled)
+    metrics = end_to_end(metrics, ran.wall_s, profiled)
     finished_cluster = ranks.launched()[0]
-    metrics |= cost_metrics(finished_cluster, metrics, train, catalog, epoch_samples)
+    metrics = with_cost(finished_cluster, metrics, train, catalog, epoch_samples)
     outcome = TrainOutcome(
         variant=variant,
         run_id=run_id,
@@ -176,7 +176,7 @@ def _print_plan(variant: str, plan: Plan, train: TrainConfig) -> None:
         )
 
 
-def _print_outcome(variant: str, result: RunResult, metrics: dict, wall: float) -> None:
+def _print_outcome(variant: str, result: RunResult, metrics: RunMetrics, wall: float) -> None:
     """What 'auto' chose by trials (also in MLflow: compression_trials.json), and the
     headline figures."""
     trials = result.lead.trials
@@ -187,14 +187,14 @@ def _print_outcome(variant: str, result: RunResult, metrics: dict, wall: float) 
     print(f"{variant}: {_headline(metrics)}, {wall:.0f}s with launch")
 
 
-def _headline(metrics: dict) -> str:
+def _headline(m: RunMetrics) -> str:
     """'N samples/s, accuracy A' (or 'val_loss L')."""
     quality = (
-        f"accuracy {metrics['final_accuracy']:.3f}"
-        if "final_accuracy" in metrics
-        else f"val_loss {metrics.get('final_val_loss', float('nan')):.3f}"
+        f"accuracy {m.final_accuracy:.3f}"
+        if m.final_accuracy is not None
+        else f"val_loss {m.final_val_loss if m.final_val_loss is not None else float('nan'):.3f}"
     )
-    return f"{metrics['throughput_samples_per_s']:.0f} samples/s, {quality}"
+    return f"{m.throughput_samples_per_s:.0f} samples/s, {quality}"
 
 
 def launch(
@@ -231,27 +231,30 @@ def launch(
     return ran
 
 
-def cost_metrics(
+def with_cost(
     cluster: ClusterSpec,
-    metrics: dict,
+    metrics: RunMetrics,
     train: TrainConfig,
     catalog: Catalog | None,
     epoch_samples: int | None,
-) -> dict[str, float]:
-    """`cost_usd`, `cost_per_epoch_usd` and `rank{i}/cost_usd` of the training loop's time
-    (`train_loop_s`; price x instance-hours, a GPU instance's price shared by its GPUs), when
-    the workers name EC2 instance types; nothing for workers that name none (a local emulation
-    has no price)."""
+) -> RunMetrics:
+    """`metrics` with `cost_usd`, `cost_per_epoch_usd` and each launched rank's `cost_usd` of
+    the training loop's time (`train_loop_s`; price x instance-hours, a GPU instance's price
+    shared by its GPUs), when the workers name EC2 instance types; unchanged for workers that
+    name none (a local emulation has no price). `cluster`: the workers the run finished on."""
     if catalog is None or not catalog.types:
-        return {}
-    epochs = metrics["steps"] * train.global_batch / epoch_samples if epoch_samples else None
-    cost = cost_usd(cluster, metrics["train_loop_s"], catalog, epochs=epochs)
-    out = {"cost_usd": cost["total_usd"]}
-    if cost.get("per_epoch_usd") is not None:
-        out["cost_per_epoch_usd"] = cost["per_epoch_usd"]
-    for i, w in enumerate(cluster.workers):
-        out[f"rank{i}/cost_usd"] = cost["by_worker"][w.name]
-    return out
+        return metrics
+    epochs = metrics.steps * train.global_batch / epoch_samples if epoch_samples else None
+    cost = cost_usd(cluster, metrics.train_loop_s, catalog, epochs=epochs)
+    by_rank = [cost["by_worker"][w.name] for w in cluster.workers]
+    ranks = [r.model_copy(update={"cost_usd": by_rank[r.rank]}) for r in metrics.ranks]
+    return metrics.model_copy(
+        update={
+            "cost_usd": cost["total_usd"],
+            "cost_per_epoch_usd": cost.get("per_epoch_usd"),
+            "ranks": ranks,
+        }
+    )
 
 
 def _progress_reporter(variant: str, steps: int):

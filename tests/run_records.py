@@ -61,9 +61,9 @@ def run_of(
 
 
 def figures_of(result: RunResult, cluster: ClusterSpec, plan: Plan, target=0.95) -> dict:
-    """The run's figures as the train task hands them on: `summarize`, ranks named as the
-    cluster's workers (a worker the plan did not launch at batch 0)."""
-    return RankMap(cluster, plan).to_cluster(summarize(result, 128, target_accuracy=target))
+    """The run's figures under their MLflow names, as the train task records them:
+    `summarize`, ranks numbered as the cluster's workers (one not launched at batch 0)."""
+    return RankMap(cluster, plan).to_cluster(summarize(result, 128, target_accuracy=target)).flat()
 
 
 CLUSTER = ClusterSpec.from_speeds([1, 1, 2, 4])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hetflow.config import ClusterSpec, TrackingConfig, TrainConfig
+from hetflow.figures import RankFigures, RunMetrics
 from hetflow.training.launch.spec import default_profile_batches
 from hetflow.training.plan.planner import make_plan, ring_allreduce_s
 from hetflow.training.plan.ranks import RankMap
@@ -191,10 +192,15 @@ def test_a_run_going_on_without_lost_workers_keeps_the_global_batch_and_says_who
     # the result's two ranks are the cluster's w0 and w2 in MLflow's per-rank names
     lead = RankResult(rank=0, records=[], plans=[], recovery=Recovery(left_out={"w1": "gone"}))
     ran = RankMap(cluster, Plan.equal([16, 8, 24])).finished(RunResult(ranks=[lead]))
-    assert ran.to_cluster({"rank1/local_batch": 29}) == {
-        "rank2/local_batch": 29,
+    launched = RunMetrics(ranks=[RankFigures(rank=r, local_batch=b, busy_fraction=0.5)
+                                 for r, b in ((0, 19), (1, 29))])
+    assert {k: v for k, v in ran.to_cluster(launched).flat().items() if "/" in k} == {
+        "rank0/local_batch": 19,
+        "rank0/busy_fraction": 0.5,
         "rank1/local_batch": 0,
         "rank1/busy_fraction": 0.0,
+        "rank2/local_batch": 29,
+        "rank2/busy_fraction": 0.5,
     }
     everyone = {"w0": "gone", "w1": "gone", "w2": "gone"}
     with pytest.raises(PlanError, match=r"^cluster: no worker is left to go on with: w0: gone;"):

@@ -39,9 +39,9 @@ def _result(timeline: Timeline, evals: list[EvalPoint]) -> RunResult:
 def test_the_steps_wall_clock_counts_what_happens_between_them_but_not_evaluation():
     line = Timeline(first_step_s=4.0, steady_from_s=4.3, loop_end_s=6.8, trials_s=1.5, eval_s=0.5)
     m = summarize(_result(line, []), global_batch=64)
-    assert m["throughput_samples_per_s"] == pytest.approx(640.0)  # 10 steps of 0.1 s
-    assert m["steady_samples_per_s"] == pytest.approx(64 * 10 / 2.0)  # 2.5 s less 0.5 of eval
-    assert (m["startup_s"], m["trials_s"], m["steps_wall_s"]) == (4.0, 1.5, pytest.approx(2.8))
+    assert m.throughput_samples_per_s == pytest.approx(640.0)  # 10 steps of 0.1 s
+    assert m.steady_samples_per_s == pytest.approx(64 * 10 / 2.0)  # 2.5 s less 0.5 of eval
+    assert (m.startup_s, m.trials_s, m.steps_wall_s) == (4.0, 1.5, pytest.approx(2.8))
 
 
 def test_a_resumed_run_counts_only_the_steps_its_own_wall_clock_covers():
@@ -49,23 +49,20 @@ def test_a_resumed_run_counts_only_the_steps_its_own_wall_clock_covers():
     rate counts steps 7-10 (after this process's warm-up step) over their 1 s."""
     line = Timeline(first_step=6, first_step_s=4.0, steady_from_s=4.2, loop_end_s=5.2)
     m = summarize(_result(line, []), global_batch=64)
-    assert m["steady_samples_per_s"] == pytest.approx(64 * 4 / 1.0)
+    assert m.steady_samples_per_s == pytest.approx(64 * 4 / 1.0)
 
 
 def test_a_run_that_recorded_no_timeline_has_no_wall_figures():
-    assert "startup_s" not in summarize(_result(Timeline(), []), global_batch=64)
+    assert summarize(_result(Timeline(), []), global_batch=64).startup_s is None
 
 
 def test_end_to_end_time_to_target_adds_the_profile_to_the_wall_clock_of_the_hit():
     hit = EvalPoint(step=10, train_time_s=1.0, wall_s=7.5, accuracy=0.9)
     m = summarize(_result(Timeline(loop_end_s=8.0), [hit]), 64, target_accuracy=0.85)
-    assert (m["time_to_target_s"], m["time_to_target_wall_s"]) == (1.0, 7.5)
+    assert (m.time_to_target_s, m.time_to_target_wall_s) == (1.0, 7.5)
     e2e = end_to_end(m, run_s=9.0, profiling_time_s=4.0)
-    assert e2e == {
-        "profiling_time_s": 4.0,
-        "end_to_end_s": 13.0,
-        "end_to_end_time_to_target_s": 11.5,
-    }
+    assert (e2e.profiling_time_s, e2e.end_to_end_s) == (4.0, 13.0)
+    assert (e2e.run_time_s, e2e.end_to_end_time_to_target_s) == (9.0, 11.5)
 
 
 def test_only_a_plan_made_from_the_profile_pays_for_it():

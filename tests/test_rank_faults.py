@@ -199,10 +199,10 @@ def test_a_stopped_rank_is_named_and_the_group_restarts_from_the_checkpoint(
     thread.join(timeout=120)
     assert "result" in outcome, outcome
     m = summarize(RunResult.model_validate(outcome["result"]), 32, None)
-    assert m["steps"] == 24 and m["restarts"] >= 1
+    assert m.steps == 24 and m.restarts >= 1
     assert "rank 1 stalled" in capsys.readouterr().out
     row = ("SIGSTOP of a rank", "training, stall 3 s", "rank named, restarted")
-    fault_table.append((*row, m["steps_redone"], "none", 1))
+    fault_table.append((*row, m.steps_redone, "none", 1))
 
 
 @_launches
@@ -217,13 +217,13 @@ def test_a_sigterm_checkpoints_at_the_next_step_and_redoes_at_most_one(
     thread.join(timeout=120)
     assert "result" in outcome, outcome
     m = summarize(RunResult.model_validate(outcome["result"]), 32, None)
-    assert m["steps"] == 24
-    assert m["restarts"] == 1 and m["steps_redone"] <= 1
+    assert m.steps == 24
+    assert m.restarts == 1 and m.steps_redone <= 1
     log = (run_dir / "workers.log").read_text()
     stops = re.findall(r"rank (\d): preempted \(SIGTERM\): checkpointed at step (\d+)", log)
     assert sorted(r for r, _ in stops) == ["0", "1"] and len({s for _, s in stops}) == 1
     row = ("SIGTERM of a worker", "training (2 ranks)", "checkpointed, restarted")
-    fault_table.append((*row, m["steps_redone"], "none", 1))
+    fault_table.append((*row, m.steps_redone, "none", 1))
 
 
 def test_skipping_nonfinite_steps_is_refused_where_the_gradient_is_not_all_reduced_every_step():

@@ -236,7 +236,7 @@ def test_a_node_lost_with_no_replacement_the_run_goes_on_with_the_workers_left(
         assert {x.batch for x in r.records[resumed:]} == {batch}
     assert lead.recovery.restarts == 1
     assert 0 <= lead.recovery.steps_redone <= spec.train.checkpoint_every
-    assert summarize(result, spec.train.global_batch)["workers_left_out"] == 1
+    assert summarize(result, spec.train.global_batch).workers_left_out == 1
 
 
 def _run_past_step_5(spec: RunSpec):

@@ -80,9 +80,9 @@ def test_sigkilled_worker_resumes_from_checkpoint_and_finishes(digits, tmp_path,
     thread.join(timeout=240)
 
     m = summarize(RunResult.model_validate(outcome["result"]), 64, None)
-    assert m["steps"] == STEPS
-    assert m["restarts"] >= 1
-    assert 1 <= m["steps_redone"] <= EVERY
+    assert m.steps == STEPS
+    assert m.restarts >= 1
+    assert 1 <= m.steps_redone <= EVERY
     got = torch.load(Path(spec.run_dir) / "model.pt")
     want = torch.load(Path(reference.run_dir) / "model.pt")
     for k in want:
@@ -92,7 +92,7 @@ def test_sigkilled_worker_resumes_from_checkpoint_and_finishes(digits, tmp_path,
             "SIGKILL of a worker mid-run",
             "training (4 ranks)",
             f"finished, {m['restarts']} restart(s)",
-            m["steps_redone"],
+            m.steps_redone,
             "none (same final weights)",
             1,
         )

@@ -245,8 +245,8 @@ def test_a_training_run_streams_its_share_and_reports_what_it_read(s3, tmp_path)
     # each rank's fixed part, before it opened the data, is recorded apart from its peak
     assert all(0 < r.start_rss_bytes <= r.peak_rss_bytes for r in result.ranks)
     m = summarize(result, train.global_batch, None)
-    assert m["s3_bytes_read"] == sum(r.cache.bytes_read for r in result.ranks) > 0
-    assert 0 < m["cache_hit_ratio"] < 1 and m["final_accuracy"] > 0.5
+    assert m.s3_bytes_read == sum(r.cache.bytes_read for r in result.ranks) > 0
+    assert 0 < m.cache_hit_ratio < 1 and m.final_accuracy > 0.5
 
 
 def test_image_shards_stream_as_uint8_images_each_once_per_epoch(tmp_path):

@@ -84,7 +84,7 @@ def test_the_parent_run_holds_the_job_the_headline_figures_the_table_and_the_plo
     m, p = run.data.metrics, run.data.params
     assert m["speedup"] == pytest.approx(2.0)
     assert m["baseline/throughput_samples_per_s"] == pytest.approx(
-        outcomes["baseline"].metrics["throughput_samples_per_s"]
+        outcomes["baseline"].metrics.throughput_samples_per_s
     )
     for name in ("train_loop_s", "comm_bytes_total", "straggler_idle_fraction", "busy_fraction"):
         assert f"baseline/{name}" in m and f"optimized/{name}" in m, name
@@ -122,8 +122,8 @@ def test_a_variant_run_records_the_workers_the_plan_leaves_out_and_why(tracker, 
     assert params["plan.excluded"] == f'["{why}"]' and params["plan.local_batches"] == "[24, 24, 0]"
     # and the run's figures have a rank that computed nothing: no division by its zero
     figures = outcome("optimized", rid, [24, 24, 0], 0.1).metrics
-    assert figures["rank2/samples_per_s"] == 0.0 and figures["rank2/local_batch"] == 0
-    assert figures["rank0/samples_per_s"] > 0
+    assert figures.rank(2).samples_per_s == 0.0 and figures.rank(2).local_batch == 0
+    assert figures.rank(0).samples_per_s > 0
 
 
 def test_a_variant_run_that_chose_its_compression_by_trials_holds_the_table_and_the_choice(

@@ -13,6 +13,7 @@ waiting for data. `train_loop_s` is the training loop's time: the sum of rank 0'
 from __future__ import annotations
 
 from hetflow.config import TrainConfig
+from hetflow.figures import RankFigures, RunMetrics, StepFigures, StepRank
 from hetflow.records import EvalPoint, RankResult, RunResult
 
 THROUGHPUT_SKIP_STEPS = 1  # the first step includes DDP's bucket rebuild; throughput skips it
@@ -23,49 +24,48 @@ def summarize(
     global_batch: int,
     target_accuracy: float | None = None,
     target_val_loss: float | None = None,
-) -> dict:
+) -> RunMetrics:
     """The run's figures: throughput, time, bytes, where the ranks' time went, the recipe's
     evaluation (`final_accuracy` or `final_val_loss`, and `time_to_target_s`: the training
     time until the first evaluation that met the target of the figure the recipe evaluates),
-    cache."""
+    cache; each launched rank's `RankFigures`, numbered as launched (`RankMap.to_cluster`
+    renumbers them as the cluster's workers)."""
     ranks = sorted(result.ranks, key=lambda r: r.rank)
     lead = ranks[0]
     steps = len(lead.records)
     step_times = [r.step_s for r in lead.records]
     loop = sum(step_times)
     timed = step_times[THROUGHPUT_SKIP_STEPS:] or step_times
-    throughput = global_batch * len(timed) / sum(timed)
     bytes_total = sum(sum(rec.bytes_sent for rec in r.records) for r in ranks)
-    m: dict[str, float] = {
-        "throughput_samples_per_s": throughput,
-        "train_loop_s": loop,
-        "comm_bytes_total": bytes_total,
-        "comm_bytes_per_step": bytes_total / steps,
-        "steps": steps,
-        "replans": len(lead.replans),
-        "restarts": lead.recovery.restarts,
-        "steps_redone": lead.recovery.steps_redone,
-        "workers_left_out": len(lead.recovery.left_out),
-    }
-    for r in ranks:
-        m.update(_rank_figures(r))
+    per_rank = [_rank_figures(r) for r in ranks]
     # where the ranks' time went, over every rank's own steps: compute + comm + idle + data
     # wait = 1 (a rank's step is data + compute + wait, its wait idle + comm). Rank 0's loop
     # times the world is not that sum: on a loaded host the ranks' totals differ by a few %.
     ranks_s = sum(sum(rec.step_s for rec in r.records) for r in ranks) or 1.0
-    m["busy_fraction"] = sum(m[f"rank{r.rank}/compute_s"] for r in ranks) / ranks_s
-    m["comm_fraction"] = sum(m[f"rank{r.rank}/comm_s"] for r in ranks) / ranks_s
-    m["straggler_idle_fraction"] = sum(m[f"rank{r.rank}/idle_s"] for r in ranks) / ranks_s
-    # share of the training loop spent recording figures (rank 0 writes progress each step)
-    m["tracking_overhead_fraction"] = max(r.bookkeeping_s for r in ranks) / loop
-    m["data_wait_fraction"] = sum(m[f"rank{r.rank}/data_wait_s"] for r in ranks) / ranks_s
-    m.update(eval_figures(lead.evals, target_accuracy, target_val_loss))
-    m.update(wall_figures(lead, global_batch))
     hits = sum(r.cache.hits for r in ranks)
     misses = sum(r.cache.misses for r in ranks)
-    m["s3_bytes_read"] = sum(r.cache.bytes_read for r in ranks)
-    m["cache_hit_ratio"] = hits / (hits + misses) if hits + misses else 0.0
-    return m
+    return RunMetrics(
+        throughput_samples_per_s=global_batch * len(timed) / sum(timed),
+        train_loop_s=loop,
+        comm_bytes_total=bytes_total,
+        comm_bytes_per_step=bytes_total / steps,
+        steps=steps,
+        replans=len(lead.replans),
+        restarts=lead.recovery.restarts,
+        steps_redone=lead.recovery.steps_redone,
+        workers_left_out=len(lead.recovery.left_out),
+        busy_fraction=sum(r.compute_s for r in per_rank) / ranks_s,
+        comm_fraction=sum(r.comm_s for r in per_rank) / ranks_s,
+        straggler_idle_fraction=sum(r.idle_s for r in per_rank) / ranks_s,
+        # share of the training loop spent recording figures (rank 0 writes progress each step)
+        tracking_overhead_fraction=max(r.bookkeeping_s for r in ranks) / loop,
+        data_wait_fraction=sum(r.data_wait_s for r in per_rank) / ranks_s,
+        s3_bytes_read=sum(r.cache.bytes_read for r in ranks),
+        cache_hit_ratio=hits / (hits + misses) if hits + misses else 0.0,
+        ranks=per_rank,
+        **eval_figures(lead.evals, target_accuracy, target_val_loss),
+        **wall_figures(lead, global_batch),
+    )
 
 
 def wall_figures(lead: RankResult, global_batch: int) -> dict[str, float]:
@@ -99,19 +99,25 @@ def wall_figures(lead: RankResult, global_batch: int) -> dict[str, float]:
     }
 
 
-def end_to_end(metrics: dict, run_s: float, profiling_time_s: float) -> dict[str, float]:
-    """What a variant paid from the start of its job: `profiling_time_s` (its profile, 0 where
-    its plan needs none or reuses one), `end_to_end_s` (profile, then the run from submit to
-    its result, launch included) and `end_to_end_time_to_target_s` (profile, then submit to
-    the evaluation that met the target), where the run recorded when that evaluation was.
+def end_to_end(metrics: RunMetrics, run_s: float, profiling_time_s: float) -> RunMetrics:
+    """`metrics` with what the variant paid from the start of its job: `run_time_s` (submit
+    to result, launch included), `profiling_time_s` (its profile, 0 where its plan needs none
+    or reuses one), `end_to_end_s` (the two) and `end_to_end_time_to_target_s` (profile, then
+    submit to the evaluation that met the target), where the run recorded when that was.
 
-    >>> end_to_end({"time_to_target_wall_s": 7.0}, run_s=12.0, profiling_time_s=3.0)
-    {'profiling_time_s': 3.0, 'end_to_end_s': 15.0, 'end_to_end_time_to_target_s': 10.0}
+    >>> m = end_to_end(RunMetrics(time_to_target_wall_s=7.0), run_s=12.0, profiling_time_s=3.0)
+    >>> m.end_to_end_s, m.end_to_end_time_to_target_s
+    (15.0, 10.0)
     """
-    out = {"profiling_time_s": profiling_time_s, "end_to_end_s": profiling_time_s + run_s}
-    if metrics.get("time_to_target_wall_s") is not None:
-        out["end_to_end_time_to_target_s"] = profiling_time_s + metrics["time_to_target_wall_s"]
-    return out
+    wall = metrics.time_to_target_wall_s
+    return metrics.model_copy(
+        update={
+            "run_time_s": run_s,
+            "profiling_time_s": profiling_time_s,
+            "end_to_end_s": profiling_time_s + run_s,
+            "end_to_end_time_to_target_s": None if wall is None else profiling_time_s + wall,
+        }
+    )
 
 
 def needs_profile(train: TrainConfig) -> bool:
@@ -156,26 +162,26 @@ def _met(e: EvalPoint, target_accuracy: float | None, target_val_loss: float | N
     return False
 
 
-def _rank_figures(r: RankResult) -> dict[str, float]:
-    """One rank's `rank{r}/...` figures over the whole run."""
+def _rank_figures(r: RankResult) -> RankFigures:
+    """One rank's figures over the whole run."""
     recs = r.records
     total = sum(x.step_s for x in recs)
     compute = sum(x.compute_s for x in recs)
     samples = sum(x.batch for x in recs)
-    k = r.rank
-    return {
-        f"rank{k}/busy_fraction": compute / total,
-        f"rank{k}/compute_s": compute,
-        f"rank{k}/comm_s": sum(x.comm_s for x in recs),
-        f"rank{k}/data_wait_s": sum(x.data_s for x in recs),
-        f"rank{k}/idle_s": sum(x.idle_s for x in recs),
-        f"rank{k}/local_batch": recs[-1].batch,
-        f"rank{k}/samples_per_s": samples / compute if compute else 0.0,
-        f"rank{k}/comm_bytes": sum(x.bytes_sent for x in recs),
-    }
+    return RankFigures(
+        rank=r.rank,
+        busy_fraction=compute / total,
+        compute_s=compute,
+        comm_s=sum(x.comm_s for x in recs),
+        data_wait_s=sum(x.data_s for x in recs),
+        idle_s=sum(x.idle_s for x in recs),
+        local_batch=recs[-1].batch,
+        samples_per_s=samples / compute if compute else 0.0,
+        comm_bytes=sum(x.bytes_sent for x in recs),
+    )
 
 
-def step_series(result: RunResult, global_batch: int) -> list[dict]:
+def step_series(result: RunResult, global_batch: int) -> list[StepFigures]:
     """Per step: global mean loss (over the counts the recipe's loss sums over), step time
     (rank 0), and per-rank busy fraction and batch."""
     ranks = sorted(result.ranks, key=lambda r: r.rank)
@@ -183,23 +189,28 @@ def step_series(result: RunResult, global_batch: int) -> list[dict]:
     for i, lead in enumerate(ranks[0].records):
         counts = [r.records[i].count for r in ranks]
         over = global_batch if None in counts else max(sum(counts), 1)
-        row = {
-            "step": lead.step,
-            "loss": sum(r.records[i].loss_sum for r in ranks) / over,
-            "step_time_s": lead.step_s,
-        }
-        for r in ranks:
-            rec = r.records[i]
-            row[f"rank{r.rank}/busy_fraction"] = rec.compute_s / rec.step_s
-            row[f"rank{r.rank}/local_batch"] = rec.batch
-        series.append(row)
+        series.append(
+            StepFigures(
+                step=lead.step,
+                loss=sum(r.records[i].loss_sum for r in ranks) / over,
+                step_time_s=lead.step_s,
+                ranks=[
+                    StepRank(
+                        rank=r.rank,
+                        busy_fraction=r.records[i].compute_s / r.records[i].step_s,
+                        local_batch=r.records[i].batch,
+                    )
+                    for r in ranks
+                ],
+            )
+        )
     return series
 
 
-def met_target(metrics: dict, train: TrainConfig) -> bool:
+def met_target(metrics: RunMetrics, train: TrainConfig) -> bool:
     """The run's final evaluation met the target of the figure the recipe evaluates."""
-    if "final_accuracy" in metrics and train.target_accuracy is not None:
-        return metrics["final_accuracy"] >= train.target_accuracy
-    if "final_val_loss" in metrics and train.target_val_loss is not None:
-        return metrics["final_val_loss"] <= train.target_val_loss
+    if metrics.final_accuracy is not None and train.target_accuracy is not None:
+        return metrics.final_accuracy >= train.target_accuracy
+    if metrics.final_val_loss is not None and train.target_val_loss is not None:
+        return metrics.final_val_loss <= train.target_val_loss
     return False

@@ -48,6 +48,8 @@ from benchmarks.ray_cluster import local_ray
 
 # the wall-clock figures of `summarize` a variant's row shows (`metrics.wall_figures`)
 WALL_FIGURES = ("startup_s", "trials_s", "eval_s", "checkpoint_s", "steady_samples_per_s")
+# what the variant paid from the start of its job (`metrics.end_to_end`)
+E2E_FIGURES = ("profiling_time_s", "end_to_end_s", "end_to_end_time_to_target_s")
 VARIANTS = {
     "baseline": "equal",
     "static": "proportional",
@@ -237,20 +239,21 @@ def variant_figures(
     time went, the plans and re-plans, and the compute model's error before `until_step`."""
     result = RunResult.model_validate({k: v for k, v in res.items() if k != "wall_s"})
     m = summarize(result, cfg.global_batch, cfg.target_accuracy, cfg.target_val_loss)
+    m = end_to_end(m, res["wall_s"], profiled_s if needs_profile(cfg) else 0.0)
     lead = res["ranks"][0]
     errors = compute_model_error(
         res, plan.local_batches, plan.latency_s, plan.per_sample_s, until_step
     )
-    efficiency = m["throughput_samples_per_s"] / ideal.samples_per_s
+    efficiency = m.throughput_samples_per_s / ideal.samples_per_s
     return {
-        "throughput_samples_per_s": m["throughput_samples_per_s"],
+        "throughput_samples_per_s": m.throughput_samples_per_s,
         "ideal_samples_per_s": ideal.samples_per_s,
         "efficiency": efficiency,
-        "efficiency_vs_ideal_with_allreduce": m["throughput_samples_per_s"]
+        "efficiency_vs_ideal_with_allreduce": m.throughput_samples_per_s
         / ideal.with_allreduce_samples_per_s,
-        "time_to_target_s": m.get("time_to_target_s"),
-        "final_accuracy": m.get("final_accuracy"),
-        "final_val_loss": m.get("final_val_loss"),
+        "time_to_target_s": m.time_to_target_s,
+        "final_accuracy": m.final_accuracy,
+        "final_val_loss": m.final_val_loss,
         "evals": [e.model_dump(exclude_none=True) for e in result.ranks[0].evals],
         "initial_plan": plan.local_batches,  # of the ranks launched
         "dropped": plan.dropped,  # workers not launched (`planner.drop_from_launch`)
@@ -259,12 +262,11 @@ def variant_figures(
         "plans": lead["plans"],  # every plan in force, from the step it came in
         "replan_log": lead["replans"],  # why: imbalance, predicted speedup, reverts
         "run_s": res["wall_s"],
-        **{k: m.get(k) for k in WALL_FIGURES},
-        **end_to_end(m, res["wall_s"], profiled_s if needs_profile(cfg) else 0.0),
-        "straggler_idle_fraction": m["straggler_idle_fraction"],
-        "busy_fraction": m["busy_fraction"],
-        "comm_fraction": m["comm_fraction"],
-        "data_wait_fraction": m["data_wait_fraction"],
+        **{k: getattr(m, k) for k in WALL_FIGURES + E2E_FIGURES},
+        "straggler_idle_fraction": m.straggler_idle_fraction,
+        "busy_fraction": m.busy_fraction,
+        "comm_fraction": m.comm_fraction,
+        "data_wait_fraction": m.data_wait_fraction,
         "compute_model_error": errors,
         **at_run_pace(efficiency, errors),  # the host's pace during the run taken out
     }

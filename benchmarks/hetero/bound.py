@@ -39,7 +39,7 @@ def solo_rate(bench, worker: int, batch: int, dataset: DatasetSpec, run_dir: str
         }
     )
     ran = run_plan(bench.cluster, plan, cfg, dataset, run_dir, variant="bound")
-    return summarize(ran.result, batch)["throughput_samples_per_s"]
+    return summarize(ran.result, batch).throughput_samples_per_s
 
 
 def solo_rates(

@@ -50,7 +50,7 @@ def measured_run(result: dict, global_batch: int) -> dict:
     from hetflow.training.metrics import summarize
 
     run = RunResult.model_validate(result)
-    throughput = summarize(run, global_batch, None)["throughput_samples_per_s"]
+    throughput = summarize(run, global_batch, None).throughput_samples_per_s
     ranks = sorted(run.ranks, key=lambda r: r.rank)
     steady = [r.records[1:] or r.records for r in ranks]
     return {

@@ -24,10 +24,13 @@ def record_training(
     history as JSON, and its plots (ranks labelled by the cluster's workers, if given). Leaves
     the run open."""
     rid, lead = outcome.run_id, outcome.result.lead
-    tracker.log_metrics(rid, outcome.metrics, step=int(outcome.metrics["steps"]))
+    tracker.log_metrics(rid, outcome.metrics.flat(), step=outcome.metrics.steps)
     tracker.log_series(
         rid,
-        [*outcome.series, *({"step": e.step, **_eval_series(e)} for e in lead.evals)],
+        [
+            *(row.flat() for row in outcome.series),
+            *({"step": e.step, **_eval_series(e)} for e in lead.evals),
+        ],
     )
     reason = lead.trials.reason if lead.trials else outcome.plan.compression_reason
     tracker.client.set_tag(rid, "compression_reason", reason)
@@ -98,7 +101,7 @@ def finish_comparison(
     `comparison.json`, and the plots of both variants (`side_by_side.png`, the ranks each
     variant launched labelled `launched_labels`, else `labels`; `busy_fraction.png`, the
     cluster's ranks labelled `labels`); then FINISHED."""
-    baseline, optimized = outcomes["baseline"].metrics, outcomes["optimized"].metrics
+    baseline, optimized = (outcomes[v].metrics.flat() for v in ("baseline", "optimized"))
     tracker.log_metrics(run_id, report.headline(baseline, optimized))
     tracker.client.set_tag(run_id, NOTE, markdown)
     tracker.log_json(run_id, "comparison.json", table)

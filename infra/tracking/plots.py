@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from hetflow.config import ClusterSpec
+from hetflow.figures import StepFigures
 from hetflow.records import Profile, StepRecord
 
 PARTS = (
@@ -112,20 +113,20 @@ def same_lines(series: Mapping[str, Sequence[float]]) -> list[tuple[list[str], S
 
 
 def step_series(
-    series: Sequence[Mapping[str, float]],
+    series: Sequence[StepFigures],
     path: Path,
     title: str = "",
     labels: Sequence[str] | None = None,
 ) -> Path:
     """Step time and per-rank local batch over the run: how the plan evolved. Ranks whose
     batches are equal throughout share one line, named after all of them."""
-    steps = [row["step"] for row in series]
+    steps = [row.step for row in series]
     fig, (a, b) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    a.plot(steps, [row["step_time_s"] for row in series], color="#1565c0")
+    a.plot(steps, [row.step_time_s for row in series], color="#1565c0")
     a.set_ylabel("step time (s)")
-    ranks = sorted(int(k[4:].split("/")[0]) for k in series[0] if k.endswith("/local_batch"))
+    ranks = sorted(r.rank for r in series[0].ranks)
     names = _labels(labels, len(ranks))
-    lines = {names[r]: [row[f"rank{r}/local_batch"] for row in series] for r in ranks}
+    lines = {names[r]: [row.ranks[i].local_batch for row in series] for i, r in enumerate(ranks)}
     for group, values in same_lines(lines):
         names_only = ", ".join(g.split(" · ")[0] for g in group)
         label = group[0] if len(group) == 1 else f"{names_only}: equal, one line for all"

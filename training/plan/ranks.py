@@ -4,34 +4,20 @@ A plan covers every worker of the cluster; the workers it drops (`Plan.dropped`)
 launched, so the launched ranks are the other workers renumbered in order. A run that goes on
 without a lost node (`Recovery.left_out`) finishes on fewer still. `RankMap` is the one place
 that knows this: it gives the launched cluster, plan and stragglers, and renames a run's
-per-rank figures (`rank{r}/NAME`) back to the cluster's workers.
+per-rank figures back to the cluster's workers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from hetflow.config import ClusterSpec
+from hetflow.figures import RunMetrics, StepFigures
 from hetflow.records import Plan, RunResult
 
+M = TypeVar("M", RunMetrics, StepFigures)
 Stragglers = list[tuple[int, int, float]]  # (rank, step, factor)
-
-
-def rank_key(rank: int, name: str) -> str:
-    """The name of rank `rank`'s figure `name`, as MLflow shows it: `rank{rank}/{name}`."""
-    return f"rank{rank}/{name}"
-
-
-def split_rank_key(key: str) -> tuple[int, str] | None:
-    """(rank, name) of a `rank{r}/NAME` figure; None for a figure of the whole run.
-
-    >>> split_rank_key("rank3/local_batch"), split_rank_key("loss")
-    ((3, 'local_batch'), None)
-    """
-    head, sep, rest = key.partition("/")
-    if sep and head.startswith("rank") and head[4:].isdigit():
-        return int(head[4:]), rest
-    return None
 
 
 @dataclass(frozen=True)
@@ -42,9 +28,10 @@ class RankMap:
     ...     dropped=["w0"]))
     >>> m.workers
     [1, 2]
-    >>> m.to_cluster({"rank0/local_batch": 48, "loss": 1.0})  # doctest: +NORMALIZE_WHITESPACE
-    {'rank1/local_batch': 48, 'loss': 1.0, 'rank0/local_batch': 0,
-     'rank0/busy_fraction': 0.0}
+    >>> from hetflow.figures import RankFigures
+    >>> run = RunMetrics(ranks=[RankFigures(rank=0, local_batch=48, busy_fraction=0.9)])
+    >>> [(r.rank, r.local_batch) for r in m.to_cluster(run).ranks]
+    [(0, 0), (1, 48)]
     """
 
     cluster: ClusterSpec
@@ -92,18 +79,16 @@ class RankMap:
         plan = self.plan.model_copy(update={"dropped": [*self.plan.dropped, *left]})
         return RankMap(self.cluster, plan)
 
-    def to_cluster(self, figures: dict) -> dict:
-        """`figures` with each `rank{r}/` name renumbered from the launched ranks to the
-        cluster's workers, so that a row of a comparison is one worker in every variant; a
-        dropped worker gets local_batch and busy_fraction 0."""
+    def to_cluster(self, metrics: M) -> M:
+        """`metrics` (a `RunMetrics` or a `StepFigures`) with each rank's figures renumbered
+        from the launched ranks to the cluster's workers, so that a row of a comparison is one
+        worker in every variant; a worker not launched gets local batch and busy fraction 0."""
         if not self.plan.dropped:
-            return figures
+            return metrics
         keep = self.workers
-        out = {}
-        for key, value in figures.items():
-            parsed = split_rank_key(key)
-            out[rank_key(keep[parsed[0]], parsed[1]) if parsed else key] = value
+        ranks = [r.model_copy(update={"rank": keep[r.rank]}) for r in metrics.ranks]
+        kind = type(metrics.ranks[0]) if metrics.ranks else None
         for i, w in enumerate(self.cluster.workers):
-            if w.name in self.plan.dropped:
-                out |= {rank_key(i, "local_batch"): 0, rank_key(i, "busy_fraction"): 0.0}
-        return out
+            if w.name in self.plan.dropped and kind is not None:
+                ranks.append(kind(rank=i, local_batch=0, busy_fraction=0.0))
+        return metrics.model_copy(update={"ranks": sorted(ranks, key=lambda r: r.rank)})
