@@ -40,7 +40,7 @@ class RankFigures(_Figures):
     data_wait_s: float | None = None
     idle_s: float | None = None
     samples_per_s: float | None = Field(None, description="Samples over its compute time.")
-    comm_bytes: int | None = None
+    comm_bytes: float | None = Field(None, description="Bytes on the wire (a share of a ring's).")
     cost_usd: float | None = None
 
     def flat(self) -> Figures:
@@ -52,7 +52,7 @@ class RunMetrics(_Figures):
 
     throughput_samples_per_s: float = 0.0
     train_loop_s: float = 0.0
-    comm_bytes_total: int = 0
+    comm_bytes_total: float = 0.0
     comm_bytes_per_step: float = 0.0
     steps: int = 0
     replans: int = 0

@@ -192,8 +192,9 @@ def test_a_run_going_on_without_lost_workers_keeps_the_global_batch_and_says_who
     # the result's two ranks are the cluster's w0 and w2 in MLflow's per-rank names
     lead = RankResult(rank=0, records=[], plans=[], recovery=Recovery(left_out={"w1": "gone"}))
     ran = RankMap(cluster, Plan.equal([16, 8, 24])).finished(RunResult(ranks=[lead]))
-    launched = RunMetrics(ranks=[RankFigures(rank=r, local_batch=b, busy_fraction=0.5)
-                                 for r, b in ((0, 19), (1, 29))])
+    launched = RunMetrics(
+        ranks=[RankFigures(rank=r, local_batch=b, busy_fraction=0.5) for r, b in ((0, 19), (1, 29))]
+    )
     assert {k: v for k, v in ran.to_cluster(launched).flat().items() if "/" in k} == {
         "rank0/local_batch": 19,
         "rank0/busy_fraction": 0.5,

@@ -94,3 +94,13 @@ def test_the_comparison_leads_with_end_to_end_time_and_says_what_it_includes():
     assert h["end_to_end_time_to_target_ratio"] == pytest.approx(1.25)  # slower, all counted
     assert h["speedup"] == 2.0
     assert summary(h).startswith("optimized: reaches the target in 1.25x the time from submit")
+
+
+def test_bytes_on_the_wire_keep_a_ring_share_s_fraction():
+    """A ring all-reduce counts 2(n-1)/n of the bytes from each rank: not a whole number."""
+    result = _result(Timeline(), [])
+    for rec in result.ranks[0].records:
+        rec.bytes_sent = 1000 * 2 * 2 / 3
+    m = summarize(result, global_batch=64)
+    assert m.comm_bytes_total == pytest.approx(11 * 4000 / 3)
+    assert m.flat()["rank0/comm_bytes"] == m.comm_bytes_total

@@ -91,7 +91,7 @@ def test_sigkilled_worker_resumes_from_checkpoint_and_finishes(digits, tmp_path,
         (
             "SIGKILL of a worker mid-run",
             "training (4 ranks)",
-            f"finished, {m['restarts']} restart(s)",
+            f"finished, {m.restarts} restart(s)",
             m.steps_redone,
             "none (same final weights)",
             1,

@@ -140,6 +140,10 @@ def one_line(e: Exception) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect's temporary server gets 20 s to start by default: on a busy 2-core host that is
+    # not always enough ("Timed out while attempting to connect to ephemeral Prefect API
+    # server"), so wait as long as the test harness does; a value the user set is kept
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # Prefect makes PREFECT_HOME but not its parents; its SQLite database then cannot open
     if os.environ.get("PREFECT_HOME"):
         os.makedirs(os.path.expanduser(os.environ["PREFECT_HOME"]), exist_ok=True)
