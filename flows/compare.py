@@ -13,13 +13,13 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from hetflow.config import (
-    ClusterSpec,
     DatasetSpec,
     TrackingConfig,
     TrainConfig,
     check_job,
     default_cluster,
 )
+from hetflow.flows.forms import Cluster, Train
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.infra.tracking.content import finish_comparison
 from hetflow.infra.tracking.notes import notes, workers_left
@@ -54,9 +54,9 @@ def table_and_notes(outcomes: dict, train: TrainConfig) -> tuple[dict, list[str]
 
 @flow(name="compare", log_prints=True)
 def compare(
-    cluster: ClusterSpec = default_cluster(),
+    cluster: Cluster = default_cluster(),
     dataset: DatasetSpec = DatasetSpec(),
-    train: TrainConfig = TrainConfig(),
+    train: Train = TrainConfig(),
     tracking: TrackingConfig = TrackingConfig(),
 ) -> dict:
     check_job(cluster, train)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from prefect import flow
 from prefect.artifacts import create_table_artifact
+from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config import (
     ClusterSpec,
@@ -23,6 +24,7 @@ from hetflow.config import (
     check_job,
     default_cluster,
 )
+from hetflow.flows.forms import Cluster, Train
 from hetflow.infra.catalog import cost_usd
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.records import Profile
@@ -134,11 +136,11 @@ def print_profile_report(report: dict, console=None) -> None:
 
 @flow(name="profile-cluster", log_prints=True)
 def profile_cluster(
-    cluster: ClusterSpec = default_cluster(),
+    cluster: Cluster = default_cluster(),
     dataset: DatasetSpec = DatasetSpec(),
-    train: TrainConfig = TrainConfig(),
+    train: Train = TrainConfig(),
     tracking: TrackingConfig = TrackingConfig(),
-    profiles_url: str | None = None,
+    profiles_url: str | SkipJsonSchema[None] = "",
     drift_threshold: float = 0.15,
     record: bool = True,
 ) -> dict:

@@ -11,24 +11,32 @@ same table the flow run's Prefect markdown artifact, and returns the cluster fil
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from hetflow.config import (
+    FormChoices,
     RecommendJob,
     RecommendObjective,
     RentableType,
     TrackingConfig,
     default_rentable,
 )
+from hetflow.flows.forms import by_size
 from hetflow.infra.tracking.tracker import MLflowTracker
-from hetflow.tasks.recommend import recommend_mix, record_recommendation
+from hetflow.tasks.recommend import form_choices, recommend_mix, record_recommendation
+
+MODELS, RENTABLE = form_choices()
+Job = Annotated[RecommendJob, FormChoices("recipe", MODELS)]
+Rentable = Annotated[RentableType, FormChoices("instance_type", sorted(RENTABLE, key=by_size))]
 
 
 @flow(name="recommend", log_prints=True)
 def recommend(
-    job: RecommendJob = RecommendJob(),
-    candidates: list[RentableType] = default_rentable(),
+    job: Job = RecommendJob(),
+    candidates: list[Rentable] = default_rentable(),
     objective: RecommendObjective = RecommendObjective(),
     tracking: TrackingConfig = TrackingConfig(),
 ) -> dict:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from prefect import flow
+from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config import (
-    ClusterSpec,
     DatasetSpec,
     TrackingConfig,
     TrainConfig,
     check_job,
     default_cluster,
 )
+from hetflow.flows.forms import Cluster, Train
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.preflight import check_training, reach_services
@@ -35,11 +36,11 @@ def run_label(train: TrainConfig) -> str:
 # exception is deterministic (a retry would profile and fail again).
 @flow(name="train", log_prints=True)
 def train(
-    cluster: ClusterSpec = default_cluster(),
+    cluster: Cluster = default_cluster(),
     dataset: DatasetSpec = DatasetSpec(),
-    train: TrainConfig = TrainConfig(),
+    train: Train = TrainConfig(),
     tracking: TrackingConfig = TrackingConfig(),
-    variant: str | None = None,
+    variant: str | SkipJsonSchema[None] = "",
 ) -> dict:
     """Train with `train` as given (its batch schedule and gradient communication included).
 

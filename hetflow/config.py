@@ -22,6 +22,7 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
     RECIPE_PATTERN,
     ConfigError,
     ConfigModel,
+    FormChoices,
     describe_validation_error,
     finite_positive,
     load_mapping,

@@ -1,13 +1,15 @@
-"""What every configuration model shares: the one-line error, the base model, reading a
-config file or a `--speeds` list, and the built-in recipes' names (re-exported by
-`hetflow.config`, where the models live)."""
+"""What every configuration model shares: the one-line error, the base model and how its
+JSON schema reads as a Prefect form, reading a config file or a `--speeds` list, and the
+built-in recipes' names (re-exported by `hetflow.config`, where the models live)."""
 
 from __future__ import annotations
 
 import difflib
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -36,11 +38,91 @@ def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
     return lines[0] if len(lines) == 1 else "; ".join(lines)
 
 
+def form_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """A config model's JSON schema as the Prefect form reads it (changes the schema only;
+    validation is the model's own, the same from YAML, the CLI or a flow run).
+
+    - A field whose empty value means "the natural default" (`X | None = None`: the recipe's
+      learning rate, no instance type) is shown as X alone, with no `default`: left empty, the
+      form sends nothing and the model fills in None. Prefect's server accepts null for such
+      a field too (it allows null for a property that has no default).
+    - A field that takes None besides another default (`target_accuracy`) keeps the choice,
+      its None branch titled "none" rather than a bare null.
+    - An enum field that may be None is left out of dumps when it is (`exclude_if`): a
+      flow's default parameter is the model's dump, the form starts from it, and Prefect's
+      server refuses a null that is not one of the enum's values.
+    - Fields marked `SkipJsonSchema` are left out of the form; they stay valid in YAML, JSON
+      and a deployment run's parameters (`additionalProperties` is true, the model still
+      refuses an unknown field), and the model's description names them.
+    """
+    props = schema.get("properties", {})
+    for prop in props.values():
+        branches = prop.get("anyOf", [])
+        kept = [b for b in branches if b.get("type") != "null"]
+        if not branches or len(kept) == len(branches):
+            continue
+        if "default" in prop and prop["default"] is None:
+            del prop["anyOf"], prop["default"]
+            prop.update(kept[0] if len(kept) == 1 else {"anyOf": kept})
+        else:
+            prop["anyOf"] = [
+                b if b.get("type") != "null" else {**b, "title": "none"} for b in branches
+            ]
+    hidden = [name for name in model.model_fields if name not in props]
+    if hidden:
+        schema["additionalProperties"] = True
+        said = (schema.get("description") or "").rstrip()
+        schema["description"] = f"{said} Also settable in YAML or JSON: {', '.join(hidden)}."
+
+
+def offer_choices(prop: dict[str, Any], values: Iterable[str], listed: str, other: str | None):
+    """`prop`, a string field's schema, offering `values` in a list: an enum, or with `other`
+    a choice between the list (titled `listed`) and a free string (titled `other`, with the
+    field's own pattern). Idempotent: a field that already offers a list is left as it is."""
+    if "anyOf" in prop or "enum" in prop:
+        return prop
+    rules = {k: prop[k] for k in ("pattern", "minLength", "maxLength") if k in prop}
+    rest = {k: v for k, v in prop.items() if k not in rules}  # its "type" stays: Prefect's
+    # server then accepts null where the field has no default (a worker's empty instance type)
+    choices = {"type": "string", "enum": list(values)}
+    if other is None:
+        return {**rest, **choices}
+    return {
+        **rest,
+        "anyOf": [{**choices, "title": listed}, {"type": "string", **rules, "title": other}],
+    }
+
+
+class FormChoices:
+    """`Annotated[SomeConfigModel, FormChoices("workers.instance_type", names, ...)]`: in the
+    JSON schema of a flow parameter of that type, the field at that dotted path (through
+    nested models and lists of them) offers `names` (`offer_choices`). For choices the config
+    layer cannot know (the EC2 catalog lives in `hetflow.infra`); validation is unchanged.
+    Pydantic sets a nested field's schema only from its own model: this walks the parameter's
+    schema through `handler.resolve_ref_schema`, pydantic's hook for it."""
+
+    def __init__(self, path: str, values: Iterable[str], listed: str = "list", other=None):
+        self.path, self.values, self.listed, self.other = path, tuple(values), listed, other
+
+    def __get_pydantic_json_schema__(self, core_schema, handler):
+        json_schema = handler(core_schema)
+        node = handler.resolve_ref_schema(json_schema)
+        *parents, leaf = self.path.split(".")
+        for name in parents:
+            node = node["properties"][name]
+            node = handler.resolve_ref_schema(node.get("items", node))
+        props = node["properties"]
+        props[leaf] = offer_choices(props[leaf], self.values, self.listed, self.other)
+        return json_schema
+
+
 class ConfigModel(BaseModel):
     """The base of every config model: an unknown field is an error, and so is an assignment
-    that breaks a field's rule."""
+    that breaks a field's rule; its JSON schema is a Prefect form (`form_schema`)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, json_schema_extra=form_schema
+    )
 
 
 def finite_positive(name: str, v: float | None) -> float | None:

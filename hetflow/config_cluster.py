@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config_base import ConfigModel, finite_positive, load_mapping
 from hetflow.emulation.presets import PRESETS, knee_shape
@@ -38,13 +39,13 @@ class WorkerSpec(ConfigModel):
         title="Link bandwidth, Gbit/s (emulation)",
         description="Emulated network bandwidth of this worker; empty means loopback speed.",
     )
-    link_latency_ms: float = Field(
+    link_latency_ms: SkipJsonSchema[float] = Field(
         0.0, ge=0, title="Link latency, ms (emulation)", description="Added per collective."
     )
-    memory_cap_batch: int | None = Field(
+    memory_cap_batch: SkipJsonSchema[int | None] = Field(
         None, ge=1, title="Max local batch", description="Largest local batch that fits memory."
     )
-    node: str = Field(
+    node: SkipJsonSchema[str] = Field(
         "node0", title="Node", description="Host this worker runs on (for hierarchical averaging)."
     )
     device: Literal["auto", "cuda", "cpu"] = Field(
@@ -52,10 +53,10 @@ class WorkerSpec(ConfigModel):
         title="Device",
         description="'auto': the local rank's CUDA device where the host has one, else the CPU.",
     )
-    precision: Literal["fp32", "bf16", "fp16", "auto"] | None = Field(
+    precision: SkipJsonSchema[Literal["fp32", "bf16", "fp16", "auto"] | None] = Field(
         None, title="Precision", description="This worker's own; empty: the train config's."
     )
-    cpus: int | None = Field(
+    cpus: SkipJsonSchema[int | None] = Field(
         None,
         ge=1,
         title="CPU cores",
@@ -69,15 +70,19 @@ class WorkerSpec(ConfigModel):
         description="An emulated device whose step time follows a published per-batch curve: "
         f"{', '.join(PRESETS)} (hetflow/emulation/presets.py cites each); sets `speed` to its "
         "peak samples/s / 1000 unless `speed` is given.",
+        json_schema_extra={"enum": list(PRESETS)},
+        # Left out of dumps when empty: the Prefect form starts from the default cluster's
+        # dump, and its server refuses a null that is not one of the enum's values.
+        exclude_if=lambda v: v is None,
     )
-    knee_batch: int | None = Field(
+    knee_batch: SkipJsonSchema[int | None] = Field(
         None,
         ge=1,
         title="Knee batch (emulation)",
         description="A step below this local batch lasts as long as at it (a GPU not filled); "
         "empty: the host's own curve. Not with a preset.",
     )
-    fixed_samples: float = Field(
+    fixed_samples: SkipJsonSchema[float] = Field(
         0.0,
         ge=0.0,
         title="Fixed cost per step, in samples (emulation)",
@@ -144,7 +149,7 @@ class ClusterSpec(ConfigModel):
         description="The fastest emulated worker runs this many times slower than one core of "
         "this machine, so that the ranks do not fight over the cores.",
     )
-    jitter: float = Field(
+    jitter: SkipJsonSchema[float] = Field(
         NOISE_JITTER,
         ge=0.0,
         le=1.0,
@@ -153,7 +158,7 @@ class ClusterSpec(ConfigModel):
         "afresh every step (default: measured, docs/measurements/emulation.md); 0 runs every "
         "step of a batch size at the worker's own pace.",
     )
-    pauses: float = Field(
+    pauses: SkipJsonSchema[float] = Field(
         NOISE_PAUSES,
         ge=0.0,
         le=0.5,

@@ -8,6 +8,7 @@ import re
 from typing import Literal
 
 from pydantic import Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config_base import ConfigModel
 
@@ -47,23 +48,23 @@ class DatasetSpec(ConfigModel):
     test_fraction: float = Field(0.2, gt=0, lt=1, title="Test fraction")
     synthetic_samples: int = Field(10_000, ge=1, title="Synthetic samples")
     seed: int = Field(0, title="Split seed")
-    cache_dir: str | None = Field(
+    cache_dir: SkipJsonSchema[str | None] = Field(
         None, title="Cache directory", description="Local shard cache; default under HETFLOW_HOME."
     )
-    cache_mb: float = Field(256.0, gt=0, title="Cache budget (MB)")
-    prefetch: int = Field(
+    cache_mb: SkipJsonSchema[float] = Field(256.0, gt=0, title="Cache budget (MB)")
+    prefetch: SkipJsonSchema[int] = Field(
         2,
         ge=0,
         title="Prefetch depth (shards)",
         description="Shards each rank reads and decodes ahead of the step that needs them.",
     )
-    s3_latency_ms: float = Field(
+    s3_latency_ms: SkipJsonSchema[float] = Field(
         0.0,
         ge=0,
         title="Emulated S3 latency (ms)",
         description="Added to every shard fetched from the source (0: none; for measurements).",
     )
-    s3_mbps: float | None = Field(
+    s3_mbps: SkipJsonSchema[float | None] = Field(
         None, gt=0, title="Emulated S3 bandwidth (Mbit/s)", description="None: unlimited."
     )
 

@@ -39,6 +39,22 @@ class Recommended:
         rental.plot_front(path, self.rec)
 
 
+def form_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(The models `recommend` knows, the instance types of the offline catalog it can time
+    and price): what the flow's form lists."""
+    from hetflow.infra.catalog import load_snapshot
+
+    job = Job(rental.model_of("resnet50"), 1, 1)
+    types = []
+    for name in load_snapshot():
+        try:
+            rental.candidates([(name, 1)], job)
+        except rental.RecommendError:  # no price, or no published step-time curve
+            continue
+        types.append(name)
+    return tuple(rental.MODELS), tuple(types)
+
+
 @task(task_run_name="recommend ({objective.kind})", retries=0, cache_policy=NO_CACHE)
 def recommend_mix(
     job: RecommendJob, candidates: list[RentableType], objective: RecommendObjective

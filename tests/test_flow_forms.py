@@ -1,0 +1,188 @@
+"""The Prefect run forms (issue 39): each flow's parameter schema, as `prefect deploy` stores it
+and the UI renders it, offers lists where the values are known, shows an optional field as one
+input, keeps a worker to a few fields; and Prefect's server still accepts what it did."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from prefect.utilities.callables import parameter_schema
+from prefect.utilities.schema_tools.validation import ValidationError, validate
+
+from hetflow.config import (
+    BUILTIN_RECIPES,
+    ClusterSpec,
+    DatasetSpec,
+    TrainConfig,
+    WorkerSpec,
+)
+from hetflow.emulation.presets import PRESETS
+from hetflow.flows.compare import compare
+from hetflow.flows.forms import COMPRESSION_CHOICES
+from hetflow.flows.prepare_dataset import prepare_dataset
+from hetflow.flows.profile_cluster import profile_cluster
+from hetflow.flows.recommend import recommend
+from hetflow.flows.train import train
+from hetflow.infra.catalog import load_snapshot
+
+FLOWS = {f.name: f for f in (train, compare, profile_cluster, prepare_dataset, recommend)}
+# A worker's fields in the form: its name, what it is (an EC2 type, a device preset or a
+# relative speed), its device and its emulated link. Six, so that the demo's 4 workers are 24
+# fields, not 52; the rest (node, precision, cores, memory cap, link latency, the emulated
+# curve's knee and fixed cost) override what is measured or derived, and stay in YAML.
+WORKER_FIELDS = 6
+
+
+def schema_of(flow) -> dict:
+    """What `prefect deploy` stores as the deployment's parameter_openapi_schema."""
+    return parameter_schema(flow.fn).model_dump_for_openapi()
+
+
+def resolve(prop: dict, defs: dict) -> dict:
+    return {**defs[prop["$ref"].split("/")[-1]], **prop} if "$ref" in prop else prop
+
+
+def fields(schema: dict) -> dict[str, dict]:
+    """Every input the form draws, by dotted path (`cluster.workers[].name`): the leaves under
+    the parameters, through nested models and lists of models."""
+    defs, out = schema.get("definitions", {}), {}
+
+    def walk(prop: dict, path: str) -> None:
+        prop = resolve(prop, defs)
+        items = resolve(prop.get("items", {}), defs)
+        if "properties" in items:
+            prop, path = items, path + "[]"
+        if "properties" not in prop:
+            out[path] = prop
+            return
+        for name, sub in prop["properties"].items():
+            walk(sub, f"{path}.{name}" if path else name)
+
+    walk(schema, "")
+    return out
+
+
+def listed(prop: dict) -> list:
+    """The values a field offers in a list (its enum, or its list branch)."""
+    return prop.get("enum") or next((b["enum"] for b in prop.get("anyOf", []) if "enum" in b), [])
+
+
+@pytest.fixture(scope="module")
+def schemas() -> dict[str, dict]:
+    return {name: schema_of(f) for name, f in FLOWS.items()}
+
+
+def test_an_optional_field_is_one_input_not_a_none_toggle(schemas):
+    for name, schema in schemas.items():
+        for path, prop in fields(schema).items():
+            where = f"{name}: {path}"
+            assert prop.get("default", ...) is not None, f"{where}: the form would fill in null"
+            nulls = [b for b in prop.get("anyOf", []) if b.get("type") == "null"]
+            if nulls:  # None besides another default (target_accuracy): a choice, titled
+                assert "default" in prop and nulls[0].get("title") == "none", where
+    toggles = [
+        (name, path)
+        for name, schema in schemas.items()
+        for path, prop in fields(schema).items()
+        if any(b.get("type") == "null" for b in prop.get("anyOf", []))
+    ]
+    assert {path for _, path in toggles} == {"train.target_accuracy"}, toggles
+    lr = fields(schemas["train"])["train.lr"]  # empty: the recipe's
+    assert lr["type"] == "number" and "default" not in lr and "Empty" in lr["description"]
+
+
+def test_known_sets_are_lists_with_the_catalogs_values(schemas):
+    form = fields(schemas["compare"])
+    instance = form["cluster.workers[].instance_type"]
+    assert sorted(listed(instance)) == sorted(load_snapshot())  # the catalog, offline
+    assert [b["title"] for b in instance["anyOf"]] == ["catalog", "another EC2 type"]
+    assert listed(form["cluster.workers[].preset"]) == list(PRESETS)
+    assert listed(form["cluster.workers[].device"]) == ["auto", "cuda", "cpu"]
+    assert listed(form["cluster.launcher"]) == ["local", "ray"]
+    recipe = form["train.recipe"]
+    assert listed(recipe) == list(BUILTIN_RECIPES)
+    assert (
+        recipe["anyOf"][1]["pattern"]
+        == TrainConfig.model_json_schema()["properties"]["recipe"]["pattern"]
+    )  # your own Recipe class, by import path
+    assert listed(form["train.compression"]) == list(COMPRESSION_CHOICES)
+    for method in COMPRESSION_CHOICES:  # each one listed is one the config takes as it is
+        assert TrainConfig(compression=method).compression == method
+
+
+def test_recommend_lists_exactly_what_it_can_price_and_time(schemas):
+    from hetflow.training.plan import rental
+    from hetflow.training.plan.models import MODELS
+    from hetflow.training.plan.recommend import Job
+
+    form = fields(schemas["recommend"])
+    assert listed(form["job.recipe"]) == list(MODELS)
+    offered = listed(form["candidates[].instance_type"])
+    job = Job(rental.model_of("resnet50"), 8, 1)
+    rental.candidates([(t, 1) for t in offered], job)  # every one listed can be recommended
+    for t in set(load_snapshot()) - set(offered):
+        with pytest.raises(rental.RecommendError):
+            rental.candidates([(t, 1)], job)
+
+
+def test_a_worker_is_a_few_fields_and_the_rest_stay_settable(schemas):
+    form = fields(schemas["train"])
+    worker = [p for p in form if p.startswith("cluster.workers[].")]
+    assert len(worker) <= WORKER_FIELDS, worker
+    assert len(worker) * 2 <= len(WorkerSpec.model_fields)  # the demo's 4 workers: half
+    defs = schemas["train"]["definitions"]
+    for model in (WorkerSpec, ClusterSpec, DatasetSpec):  # hidden, named, still accepted
+        shown = defs[model.__name__]
+        hidden = set(model.model_fields) - set(shown["properties"])
+        assert hidden and shown["additionalProperties"] is True, model
+        assert all(n in shown["description"] for n in hidden), model
+
+
+YAML_CLUSTER = """
+name: mixed
+jitter: 0
+pauses: 0
+workers:
+  - {name: a, instance_type: g5.xlarge, node: n1, precision: bf16, cpus: 1}
+  - {name: b, instance_type: c5.xlarge, memory_cap_batch: 64, link_latency_ms: 0.5}
+  - {name: c, preset: t4}
+  - {name: d, speed: 2, knee_batch: 16, fixed_samples: 4, link_gbps: 10}
+"""
+
+
+def parameters_from_yaml_and_cli() -> dict[str, dict]:
+    """Per flow, parameters as a deployment run sends them: from a cluster file with the
+    fields the form leaves out, an EC2 type off the catalog's list, your own recipe, a
+    compression argument off the list, None where Python took it."""
+    cluster = yaml.safe_load(YAML_CLUSTER)
+    train_cfg = {"recipe": "my_pkg.recipes:Tiny", "compression": "powersgd:8", "lr": None}
+    dataset = {"url": "s3://b/x", "shard_samples": 512, "s3_mbps": 100, "cache_dir": None}
+    common = {"cluster": cluster, "dataset": dataset, "train": train_cfg}
+    return {
+        "train": {**common, "variant": "mine"},
+        "compare": common,
+        "profile-cluster": {**common, "profiles_url": "s3://b/p", "record": False},
+        "prepare-dataset": {"dataset": dataset, "overwrite": True},
+        "recommend": {
+            "job": {"recipe": "bert-large", "max_local_batch": None},
+            "candidates": [{"instance_type": "p3.2xlarge", "count": 2}],
+            "objective": {"kind": "budget", "budget_usd": 100, "deadline_h": None},
+        },
+    }
+
+
+def test_prefects_server_check_takes_the_forms_defaults_and_yaml_values(schemas):
+    """With enforce_parameter_schema (Prefect's default), the server validates a run's
+    parameters against the schema as `validate` does here."""
+    given = parameters_from_yaml_and_cli()
+    for name, schema in schemas.items():
+        defaults = {k: p["default"] for k, p in schema["properties"].items() if "default" in p}
+        validate(defaults, schema, raise_on_error=True)  # what the form starts from
+        validate(given[name], schema, raise_on_error=True)
+        ran = FLOWS[name].validate_parameters(given[name])  # and the flow takes them as before
+        if "cluster" in ran:
+            assert ran["cluster"].workers[3].knee_batch == 16 and ran["cluster"].jitter == 0
+            assert ran["cluster"].workers[1].instance_type == "c5.xlarge"
+    with pytest.raises(ValidationError, match="workers"):  # the schema still checks types
+        validate({"cluster": {"workers": [{"name": "a", "speed": "fast"}]}}, schemas["train"], True)
+    assert train.validate_parameters({"variant": None})["variant"] is None  # the CLI's default
