@@ -283,3 +283,27 @@ def test_the_console_filter_keeps_user_errors_off_the_terminal_and_bugs_on_it():
     assert HANDLER in config["root"]["handlers"] and "console" in config["root"]["handlers"]
     assert config["handlers"]["console"]["filters"] == ["hetflow_user_errors"]
     assert config["loggers"]["prefect"]["level"] == "${PREFECT_LOGGING_LEVEL}"
+
+
+def test_a_validation_error_of_hetflow_s_own_records_is_a_bug_not_bad_input():
+    """A run's figures that fail their own record's rules come from hetflow's code: the CLI
+    shows the traceback (as for any bug), and the console filter lets it through."""
+    import logging
+
+    from pydantic import ValidationError
+
+    from hetflow.cli import one_line
+    from hetflow.cli.logs import UserErrorFilter
+    from hetflow.figures import RankFigures
+
+    with pytest.raises(ValidationError) as own:
+        RankFigures(rank=0, local_batch=1.5, busy_fraction=0.5)
+    with pytest.raises(ValidationError) as users:
+        TrainConfig(global_batch=0)
+    assert one_line(own.value) is None
+    assert one_line(users.value).startswith("global_batch")
+    record = logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, "x", (), None)
+    record.exc_info = (ValidationError, own.value, None)
+    assert UserErrorFilter().filter(record)
+    record.exc_info = (ValidationError, users.value, None)
+    assert not UserErrorFilter().filter(record)

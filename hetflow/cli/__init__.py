@@ -122,6 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def of_own_records(e: Exception) -> bool:
+    """A pydantic error of one of hetflow's own records (a `RunResult`, a `RunMetrics`: what
+    the code made, not what a user wrote): a bug, not bad input."""
+    from hetflow.figures import _Figures
+    from hetflow.records import _Record
+
+    own, todo = set(), [_Record, _Figures]
+    while todo:
+        cls = todo.pop()
+        own.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return getattr(e, "title", None) in own
+
+
 def one_line(e: Exception) -> str | None:
     """The one-line message of an error of bad input; None for any other error (a bug)."""
     from pydantic import ValidationError
@@ -129,7 +143,7 @@ def one_line(e: Exception) -> str | None:
     if isinstance(e, ConfigError):
         return str(e)
     if isinstance(e, ValidationError):
-        return describe_validation_error(e)
+        return None if of_own_records(e) else describe_validation_error(e)
     later = tuple(
         cls
         for module, name in LATER_ERRORS

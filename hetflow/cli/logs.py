@@ -87,7 +87,9 @@ class UserErrorFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None:
-            return not isinstance(exc, user_error_types())
+            from hetflow.cli import of_own_records
+
+            return not isinstance(exc, user_error_types()) or of_own_records(exc)
         if record.name.startswith(("prefect.task_runs", "prefect.flow_runs")):
             found = _STATE_EXCEPTION.search(record.getMessage())
             if found and found.group(1) in _names(user_error_types()):
