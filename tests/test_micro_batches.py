@@ -214,3 +214,44 @@ def test_a_share_past_its_cap_trains_as_micro_batches_like_one_process(digits, t
     plans = [{"step": 0, "plan": spec.plan.local_batches}]
     reference = _single_process_steps(spec, plans, 3)
     _assert_same_params(torch.load(Path(spec.run_dir) / "model.pt"), reference[-1][0])
+
+
+def test_the_rebalancer_moves_a_capped_share_past_the_cap_and_back_when_it_slows():
+    """Simulated ranks whose step is a + c x b per micro-batch of at most their cap: from the
+    capped plan the re-balancer (micro) gives the fast rank more than its cap, then settles; a
+    4x slow-down of that rank moves work off it again."""
+    from hetflow.training.plan.rebalancer import Rebalancer
+
+    latency, per_sample, caps = [2e-3] * 4, [4e-4, 4e-4, 2e-4, 1e-4], [None, None, None, 16]
+
+    def times(plan, slow=1.0):
+        return [
+            micro_cost(a, c, b, k, True) * (slow if i == 3 else 1.0)
+            for i, (a, c, b, k) in enumerate(zip(latency, per_sample, plan, caps, strict=True))
+        ]
+
+    plan = balance_batches(per_sample, latency, 128, caps)
+    reb = Rebalancer(128, caps, latency, per_sample, micro=True)
+    reb.observe(plan, times(plan))
+    new = reb.propose(plan, 10)
+    assert new is not None and new[3] > 16 and sum(new) == 128
+    assert max(times(new)) < max(times(plan))
+    reb.observe(new, times(new))
+    assert reb.propose(new, 20) is None  # balanced: it stays
+    reb.observe(new, times(new, slow=4.0))
+    slowed = reb.propose(new, 30)
+    assert slowed is not None and slowed[3] < new[3]
+
+
+def test_bench_hetero_takes_memory_caps_and_micro_variants_and_refuses_bad_caps():
+    from benchmarks.hetero import baseline_of, parse_args
+
+    _, bench = parse_args(["--memory-caps", ",,,16", "--variants", "baseline@micro,static@micro"])
+    assert [w.memory_cap_batch for w in bench.cluster.workers] == [None, None, None, 16]
+    assert bench.variants == ["baseline@micro", "static@micro"]
+    assert baseline_of({"baseline@micro": {"x": 1}, "static": {}}) == {"x": 1}
+    for bad in (",,,0", "1,2", "a,,,"):
+        with pytest.raises(ConfigError, match="^--memory-caps: "):
+            parse_args(["--memory-caps", bad])
+    with pytest.raises(ConfigError, match="--variants"):
+        parse_args(["--variants", "static@nano"])
