@@ -251,10 +251,13 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
                 f"steps must be the same on every rank, which {local[1]} (no all-reduce "
                 f"every step; {local[0]}) cannot promise; use bf16 or fp32"
             )
-    if train.accumulate == "auto" and local is not None:
+    # 'auto' compression may be set per variant (the demo's optimized one): allow_local_sgd
+    # alone is enough to refuse
+    averaging = local or (("train.allow_local_sgd", "local SGD") if train.allow_local_sgd else None)
+    if train.accumulate == "auto" and averaging is not None:
         raise ConfigError(
             f"train.accumulate: 'auto' accumulates micro-batches for one all-reduce per step, "
-            f"which {local[1]} does not make ({local[0]}); use 'off'"
+            f"which {averaging[1]} does not make ({averaging[0]}); use 'off'"
         )
     caps = [w.memory_cap_batch for w in cluster.workers]
     if (

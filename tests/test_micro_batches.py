@@ -119,10 +119,18 @@ def test_bad_accumulate_values_and_caps_under_one_sample_are_one_line_naming_the
         check_job(small, TrainConfig(global_batch=64))
 
 
-def test_the_demo_refuses_a_bad_accumulate_flag_in_one_line(capsys, hetflow_home):
-    assert main(["demo", "--accumulate", "sometimes"]) == 2
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--accumulate", "sometimes"], "--accumulate"),
+        (["--accumulate", "auto", "--allow-local-sgd"], "train.accumulate"),
+    ],
+    ids=["bad-value", "with-local-sgd"],
+)
+def test_the_demo_refuses_bad_accumulate_flags_in_one_line(argv, expected, capsys, hetflow_home):
+    assert main(["demo", *argv]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--accumulate" in err and len(err.splitlines()) == 1
+    assert expected in err and len(err.splitlines()) == 1
     assert not (hetflow_home / "runs").exists()
 
 
