@@ -42,6 +42,10 @@ class Emulator:
     `jitter`) longer or shorter, and with probability `pauses` PAUSE_FACTOR times longer (a
     host's hiccup), both drawn from `seed`.
 
+    A share run as micro-batches (`train.accumulate`) is one keyed phase per micro-batch, keyed
+    by its size: a real device runs each as a pass of its own, paying its fixed cost each
+    time, and DDP's comm hook, which ends a phase, runs on the last one's backward alone.
+
     On a GPU (`sync` given: a function that waits for the device's queued work) a phase is its
     wall time from the device idle at `start` to the device idle at `finish`: the thread's CPU
     time there is the launches', not the work's. Emulated ranks sharing one GPU wait for it as

@@ -134,6 +134,13 @@ class TrainConfig(ConfigModel):
     rebalance_threshold: float = Field(
         0.10, gt=0, title="Re-balance threshold", description="Imbalance (max/mean - 1) to act."
     )
+    accumulate: Literal["off", "auto"] = Field(
+        "off",
+        title="Micro-batches",
+        description="'auto': a worker whose share passes its memory cap runs it as micro-batches "
+        "(each at most the cap) and accumulates their gradients, and the plan gives it more "
+        "than its cap where that shortens the step; 'off': no share passes its cap.",
+    )
     precision: Literal["fp32", "bf16", "fp16", "auto"] = Field(
         "fp32",
         title="Precision",
@@ -245,11 +252,24 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
                 f"steps must be the same on every rank, which {local[1]} (no all-reduce "
                 f"every step; {local[0]}) cannot promise; use bf16 or fp32"
             )
+    # 'auto' compression may be set per variant (the demo's optimized one): allow_local_sgd
+    # alone is enough to refuse
+    averaging = local or (("train.allow_local_sgd", "local SGD") if train.allow_local_sgd else None)
+    if train.accumulate == "auto" and averaging is not None:
+        raise ConfigError(
+            f"train.accumulate: 'auto' accumulates micro-batches for one all-reduce per step, "
+            f"which {averaging[1]} does not make ({averaging[0]}); use 'off'"
+        )
     caps = [w.memory_cap_batch for w in cluster.workers]
-    if all(c is not None for c in caps) and sum(caps) < train.global_batch:
+    if (
+        train.accumulate == "off"
+        and all(c is not None for c in caps)
+        and sum(caps) < train.global_batch
+    ):
         raise ConfigError(
             f"cluster.workers.memory_cap_batch: the caps sum to {sum(caps)}, less than "
-            f"train.global_batch={train.global_batch}"
+            f"train.global_batch={train.global_batch} (train.accumulate 'auto' runs the rest "
+            "as micro-batches)"
         )
 
 

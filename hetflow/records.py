@@ -204,7 +204,9 @@ class Plan(_Record):
     """What a variant runs with: each worker's local batch and the gradient communication.
     `latency_s` and `per_sample_s` are the step model it was balanced with (empty when no
     profile was used); the re-balancer starts from them. `compression_candidates` ('auto'): the
-    workers try each at the start of the run and keep the fastest (`CompressionTrials`)."""
+    workers try each at the start of the run and keep the fastest (`CompressionTrials`).
+    `micro_batch`, `micro_count`: the plan's micro-batches at the start (a re-plan splits its
+    shares by the same caps)."""
 
     local_batches: list[int]
     compression: CompressionMethod = CompressionMethod()
@@ -216,6 +218,11 @@ class Plan(_Record):
     caps: list[int | None] = []  # each worker's largest local batch (`planner.memory_caps`)
     excluded: list[str] = []  # workers left out of the synchronous step (batch 0), each with why
     dropped: list[str] = []  # of those, the workers not launched (`planner.drop_from_launch`)
+    # `train.accumulate: auto`: each worker's largest micro-batch and how many it runs per step
+    # (`balance.micro_split` of its share under its cap; 0 at batch 0); empty: one pass each.
+    # The counts may differ between ranks: DDP makes one all-reduce per step whatever they are.
+    micro_batch: list[int] = []
+    micro_count: list[int] = []
 
     @classmethod
     def equal(cls, local_batches: list[int], why: str = "") -> Plan:
@@ -265,6 +272,9 @@ class StepRecord(_Record):
     comm_s: float = 0.0
     s3_bytes: int = 0  # fetched from S3 by this rank's cache since its previous step
     skipped: bool = Field(False, description="The gradient was not finite: no optimizer step.")
+    micro_batches: int = Field(
+        1, description="The micro-batches the batch ran as, one backward each (train.accumulate)."
+    )
 
 
 class PlanChange(_Record):

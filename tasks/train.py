@@ -167,6 +167,11 @@ def _print_plan(variant: str, plan: Plan, train: TrainConfig) -> None:
         f"{'auto' if plan.compression_candidates else plan.compression} "
         f"({plan.compression_reason}); training {train.steps} steps"
     )
+    if any(c > 1 for c in plan.micro_count):
+        print(
+            f"{variant}: micro-batches per step {plan.micro_count} of at most "
+            f"{plan.micro_batch} samples (train.accumulate 'auto')"
+        )
     for why in plan.excluded:
         print(f"{variant}: left out of the synchronous step: {why}")
     if plan.dropped:

@@ -3,6 +3,7 @@
     hetflow bench hetero --speeds 1,1,2,4 --steps 150 --json hetero.json
     hetflow bench hetero --speeds 1,1,2,4 --straggler 3:60:4 --json straggler.json
     hetflow bench hetero --speeds 1,2,3,6 --repeat 3 --json mix.json
+    hetflow bench hetero --memory-caps ,,,16 --variants baseline@micro,static,static@micro
 
 All variants share one profile, the dataset and the seed. Per variant: `efficiency` =
 throughput / `ideal_samples_per_s` (the balanced step of the profiled a_i + c_i x b_i, with no
@@ -90,6 +91,27 @@ def parse_cpus(text: str | None, world: int) -> list[int | None]:
     return cpus
 
 
+def parse_caps(text: str | None, world: int) -> list[int | None]:
+    """`--memory-caps`: each worker's declared memory cap, None where left empty (pure).
+
+    >>> parse_caps(",,,16", 4), parse_caps(None, 2)
+    ([None, None, None, 16], [None, None])
+    """
+    if text is None:
+        return [None] * world
+    try:
+        caps = [int(c) if c.strip() else None for c in text.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"--memory-caps: expected whole numbers, e.g. ,,,16 (got {text!r})"
+        ) from None
+    if len(caps) != world or min((c for c in caps if c is not None), default=1) < 1:
+        raise ConfigError(
+            f"--memory-caps: {world} caps of 1 sample or more (or empty) expected (got {text!r})"
+        )
+    return caps
+
+
 def run_ideal(profile: Profile, global_batch: int, steps: int, stragglers: list) -> float:
     """Ideal samples/s over the whole run, phase by phase when a worker's speed changes."""
     latency, per_sample = profile.step_models()
@@ -154,6 +176,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         w.device = devices[i % len(devices)]
     for w, cpus in zip(cluster.workers, parse_cpus(args.cpus, cluster.world_size), strict=True):
         w.cpus = cpus
+    for w, cap in zip(
+        cluster.workers, parse_caps(args.memory_caps, cluster.world_size), strict=True
+    ):
+        w.memory_cap_batch = cap
     core_sets(cluster, host_cores())  # the cores asked for exist here, before anything starts
     knobs = {
         "precision": precisions[0],
@@ -169,7 +195,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
     check_bench_recipe(base)
     stragglers = [parse_straggler(s, cluster.world_size) for s in args.straggler]
     variants = [v for v in args.variants.split(",") if v]
-    unknown = sorted(set(variants) - set(VARIANTS))
+    unknown = sorted({v.removesuffix("@micro") for v in variants} - set(VARIANTS))
     if unknown:
         raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
     if args.launcher == "ray":
@@ -213,7 +239,9 @@ def run_variant(
     base, *tags = name.split("@")
     launcher = "ray" if "ray" in tags else ""
     knobs = {"schedule": VARIANTS[base], "compression": "none"}
-    precision = [t for t in tags if t != "ray"]
+    if "micro" in tags:
+        knobs["accumulate"] = "auto"
+    precision = [t for t in tags if t not in ("ray", "micro")]
     cfg = bench.base.model_copy(update=knobs | ({"precision": precision[0]} if precision else {}))
     whole = bench.cluster.model_copy(update={"launcher": launcher or "local"})
     planned = make_plan(profile, whole, cfg)
@@ -241,8 +269,9 @@ def variant_figures(
     m = summarize(result, cfg.global_batch, cfg.target_accuracy, cfg.target_val_loss)
     m = end_to_end(m, res["wall_s"], profiled_s if needs_profile(cfg) else 0.0)
     lead = res["ranks"][0]
+    caps = plan.caps if plan.micro_count else None  # micro-batches: a_i for each
     errors = compute_model_error(
-        res, plan.local_batches, plan.latency_s, plan.per_sample_s, until_step
+        res, plan.local_batches, plan.latency_s, plan.per_sample_s, until_step, caps
     )
     efficiency = m.throughput_samples_per_s / ideal.samples_per_s
     return {
@@ -309,13 +338,19 @@ def with_speedups(runs: dict[str, list[dict]]) -> dict[str, dict]:
     """Each variant's median run (`median_run`) with its throughput over the baseline's
     (`speedup_vs_baseline`, None without a baseline) (pure)."""
     results = {name: median_run(rs) for name, rs in runs.items()}
-    base = results.get("baseline", {})
+    base = baseline_of(results)
     base_tp, base_e2e = base.get("throughput_samples_per_s"), base.get("end_to_end_s")
     for r in results.values():
         r["speedup_vs_baseline"] = r["throughput_samples_per_s"] / base_tp if base_tp else None
         e2e = r.get("end_to_end_s")
         r["end_to_end_speedup"] = base_e2e / e2e if base_e2e and e2e else None
     return with_time_to_target(results)
+
+
+def baseline_of(results: dict[str, dict]) -> dict:
+    """The variant the others are compared with: 'baseline', else 'baseline@micro' (the equal
+    split with micro-batches, where a worker's share passes its memory cap); {} without one."""
+    return results.get("baseline") or results.get("baseline@micro") or {}
 
 
 SAME_LOSS_RTOL = 1e-5  # the variants' gradients are equal, summed in another order
@@ -329,7 +364,7 @@ def with_time_to_target(results: dict[str, dict]) -> dict[str, dict]:
     `end_to_end_time_to_target_speedup`) (pure). A val_loss
     within `SAME_LOSS_RTOL` of the target meets it: other local batches sum the same gradients
     in another order (3.0702174 against 3.0702152 on the default gpt)."""
-    base = results.get("baseline", {}).get("evals")
+    base = baseline_of(results).get("evals")
     if not base:
         return results
     key = "val_loss" if "val_loss" in base[-1] else "accuracy"
@@ -341,7 +376,7 @@ def with_time_to_target(results: dict[str, dict]) -> dict[str, dict]:
         return e[key] >= target
 
     base_time = next(e["train_time_s"] for e in base if met(e))
-    base_e2e = _end_to_end_at(results["baseline"], next(e for e in base if met(e)))
+    base_e2e = _end_to_end_at(baseline_of(results), next(e for e in base if met(e)))
     for r in results.values():
         e = next((e for e in r.get("evals", []) if met(e)), None)
         hit = e["train_time_s"] if e else None
@@ -375,6 +410,7 @@ def summary(
         "jitter": args.jitter,
         "pauses": args.pauses,
         "repeat": args.repeat,
+        "memory_caps": [w.memory_cap_batch for w in bench.cluster.workers],
         "measured_speeds": [round(r.samples_per_s, 2) for r in profile.ranks],
         "allreduce_s": ideal.allreduce_s,
         "ideal_with_allreduce_samples_per_s": ideal.with_allreduce_samples_per_s,

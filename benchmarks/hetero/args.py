@@ -34,7 +34,14 @@ def parser() -> argparse.ArgumentParser:
         default=",".join(VARIANTS),
         help="comma-separated: baseline (equal split), static, dynamic, and fastest (the "
         "fastest worker alone with the whole batch, the others not launched: what dropping "
-        f"the slow workers gives) (default: {','.join(VARIANTS)})",
+        "the slow workers gives); VARIANT@micro runs it with train.accumulate 'auto' (shares "
+        f"past a memory cap as micro-batches) (default: {','.join(VARIANTS)})",
+    )
+    p.add_argument(
+        "--memory-caps",
+        dest="memory_caps",
+        help="each worker's declared memory cap (its largest batch in one pass), "
+        "comma-separated, empty for none: e.g. ,,,16 (default: none)",
     )
     p.add_argument(
         "--rebalance-every",

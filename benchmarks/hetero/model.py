@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS
+from hetflow.training.plan.balance import micro_cost
 
 
 def compute_model_error(
@@ -14,8 +15,10 @@ def compute_model_error(
     latency_s: list[float],
     per_sample_s: list[float],
     until_step: int,
+    caps: list[int | None] | None = None,
 ) -> list[float | None]:
-    """Per rank, measured compute per step over the plan's model a_i + c_i x b_i, minus 1.
+    """Per rank, measured compute per step over the plan's model a_i + c_i x b_i, minus 1;
+    given `caps` (a plan with micro-batches), a_i once per micro-batch (`micro_cost`).
 
     Over the steps that ran the first plan's batch, leaving out step 0 (DDP's set-up) and every
     step from `until_step` on (a straggler changes the speeds there); None where no step did,
@@ -29,7 +32,8 @@ def compute_model_error(
             for x in r["records"]
             if THROUGHPUT_SKIP_STEPS <= x["step"] < until_step and x["batch"] == plan[k]
         ]
-        predicted = latency_s[k] + per_sample_s[k] * plan[k]
+        cap = caps[k] if caps else None
+        predicted = micro_cost(latency_s[k], per_sample_s[k], plan[k], cap, caps is not None)
         ok = times and predicted > 0 and plan[k] > 0
         out.append(sum(times) / len(times) / predicted - 1 if ok else None)
     return out

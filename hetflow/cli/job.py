@@ -115,6 +115,17 @@ def add_compression_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_accumulate_arg(p: argparse.ArgumentParser) -> None:
+    """--accumulate (`TrainConfig.accumulate`)."""
+    p.add_argument(
+        "--accumulate",
+        choices=choices(TrainConfig, "accumulate"),
+        default=TRAIN.accumulate,
+        help="auto: a worker whose share passes its memory cap runs it as micro-batches, and "
+        "the plan may give it more than its cap where that shortens the step (default: off)",
+    )
+
+
 def add_job_args(p: argparse.ArgumentParser) -> None:
     speeds = ",".join(f"{s:g}" for s in DEFAULT_SPEEDS)
     p.add_argument(
@@ -148,6 +159,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
         help="the forward pass's autocast: auto is bf16 on GPUs that have it natively, fp16 "
         "with a shared loss scale on older ones, fp32 on a CPU",
     )
+    add_accumulate_arg(p)
     p.add_argument(
         "--launcher",
         choices=choices(ClusterSpec, "launcher"),
@@ -231,6 +243,7 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
         "seed": args.seed,
         "precision": getattr(args, "precision", TRAIN.precision),
         "allow_local_sgd": getattr(args, "allow_local_sgd", TRAIN.allow_local_sgd),
+        "accumulate": getattr(args, "accumulate", TRAIN.accumulate),
     }
     try:
         return TrainConfig.variant(variant, **knobs) if variant else TrainConfig(**knobs)

@@ -4,6 +4,7 @@ and the emulated stragglers' slowdown."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from hetflow.records import CompressionMethod
 from hetflow.training.comm import local_averager, register_compression, wrap_optimizer
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
+from hetflow.training.plan.balance import micro_split
 from hetflow.training.plan.rebalancer import Rebalancer
 from hetflow.training.recipes import DataInfo, Recipe, check_fits, seed_rank, seeded_model
 
@@ -78,11 +80,36 @@ def build_net(
     return Net(model, ddp, opt, hook_state, device)
 
 
+def micro_cap(spec: RunSpec, rank: int) -> int | None:
+    """The largest micro-batch of `rank` (launched rank order, as the spec's plan): its memory
+    cap where `train.accumulate` is 'auto' (the plan's caps, else the cluster file's); None
+    where its share runs in one pass (accumulation off, or no cap known)."""
+    if spec.train.accumulate != "auto":
+        return None
+    caps = list(spec.plan.caps) or [w.memory_cap_batch for w in spec.cluster.workers]
+    return caps[rank]
+
+
+def micro_count(n: int, cap: int | None) -> int:
+    """How many passes a batch of `n` samples runs as under `cap` (1 for an empty one)."""
+    return max(len(micro_split(n, cap)), 1)
+
+
+def split_batch(batch: tuple[torch.Tensor, ...], n: int, cap: int | None) -> list[tuple]:
+    """A recipe's batch of `n` samples as its micro-batches (`balance.micro_split` under
+    `cap`): each tensor sliced along its first dimension, the samples' (`Recipe.batch`)."""
+    sizes = micro_split(n, cap)
+    if len(sizes) <= 1:
+        return [batch]
+    return list(zip(*(torch.split(t, sizes) for t in batch), strict=True))
+
+
 @dataclass
 class Stepper:
     """One rank's step, on what stays fixed for a run (or one trial): the model (`net`), its
     emulator, the loss's mean over counts, the precision (`MixedPrecision`), the wire counter
-    (`WireCounter`) and the recipe."""
+    (`WireCounter`) and the recipe; `cap`: the largest micro-batch (`micro_cap`; None: a share
+    runs in one pass)."""
 
     net: Net
     emu: Emulator
@@ -90,6 +117,7 @@ class Stepper:
     amp: object
     counter: object
     recipe: Recipe
+    cap: int | None = None
 
     def step(self, batch, n: int, plan: list[int]) -> tuple[torch.Tensor, int, float]:
         """One step on a batch of `n` samples already on the device, this rank's share of the
@@ -97,13 +125,60 @@ class Stepper:
         compute phase of `emu`, keyed by `n`, which the hook ends), the collectives (each
         carried by the emulated link where DDP issued it, when one is attached to the counter)
         and the optimizer's step through `amp`. Returns (this rank's summed loss, what it sums
-        over, the bytes the counter charged since its last `take`)."""
+        over, the bytes the counter charged since its last `take`).
+
+        A share past `cap` runs as micro-batches (`split_batch`), their gradients accumulated
+        (`accumulate`): one all-reduce per step whatever their count."""
         net, amp = self.net, self.amp
         averager = local_averager(net.opt)  # local SGD, hierarchical averaging
+        parts = split_batch(batch, n, self.cap)
+        if len(parts) > 1:
+            if averager is not None:  # train.check_job refuses the combination before launch
+                raise ValueError("train.accumulate: 'auto' cannot run with local SGD")
+            loss_sum, count = self.accumulate(parts, plan)
+            return self.finish(loss_sum, count, n, plan, None, accumulated=True)
         self.emu.start(key=n)
         with amp.autocast():
             loss_sum, count = self.recipe.loss(net.ddp, batch)
         count = int(count)
+        return self.finish(loss_sum, count, n, plan, averager)
+
+    def accumulate(self, parts: list[tuple], plan: list[int]) -> tuple[torch.Tensor, int]:
+        """Forward and backward of each micro-batch of `parts`, their gradients summed in
+        place: under `ddp.no_sync()` but the last, so that DDP's all-reduce (and the comm
+        hook, which ends the emulator's phase) runs once, on the last backward, on the sum; on
+        every rank one per step, whatever its count (under DDP the counts may differ between
+        ranks; FSDP's forward all-gathers, so there every rank must run the same count, the
+        plan's max of `Plan.micro_count`). Each micro-batch is an emulated compute phase of its
+        own, keyed by its size: the step's compute is the sum of the dilated micro-steps, each
+        paying the device's per-pass cost as a real device does. `MeanOverCounts` weights each
+        micro-batch's summed loss as a whole share's. Returns (the summed loss, its count)."""
+        net, amp, emu = self.net, self.amp, self.emu
+        total_loss, total = None, 0
+        for j, part in enumerate(parts):
+            last = j == len(parts) - 1
+            size = len(part[0])
+            emu.start(key=size)
+            with nullcontext() if last else net.ddp.no_sync():
+                with amp.autocast():
+                    loss_sum, count = self.recipe.loss(net.ddp, part)
+                total += int(count)
+                self.mean.backward(
+                    loss_sum, int(count), size, sum(plan), amp.scale, last=last, total=total
+                )
+            if not last:
+                emu.finish()  # the last one's is ended by the comm hook
+            summed = loss_sum.detach().float()
+            total_loss = summed if total_loss is None else total_loss + summed
+        return total_loss, total
+
+    def finish(
+        self, loss_sum, count: int, n: int, plan: list[int], averager, accumulated: bool = False
+    ) -> tuple[torch.Tensor, int, float]:
+        """The rest of a step once its forward pass is done: its backward (not where the
+        micro-batches' ran, `accumulated`), the gradient's correction to this step's count,
+        the optimizer's step; (summed loss, count, bytes the counter charged)."""
+        net, amp = self.net, self.amp
         if averager is not None and averager.local():
             # no all-reduce over every rank: the rank (node) steps on its own mean, and the
             # averager weights its replica by its samples (`SampleWeightedAverager`); every
@@ -113,7 +188,8 @@ class Stepper:
         else:
             # DDP averages over ranks: weighted so that the result is the mean over the global
             # batch's counts (samples, or tokens); times the shared loss scale where one is used
-            self.mean.backward(loss_sum, count, n, sum(plan), amp.scale)
+            if not accumulated:
+                self.mean.backward(loss_sum, count, n, sum(plan), amp.scale)
             self.mean.correct(net.model)
         if averager is not None:
             averager.trained(n, sum(plan))
@@ -157,6 +233,7 @@ def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:
         latency,
         list(plan.per_sample_s) or None,
         threshold=cfg.rebalance_threshold,
+        micro=cfg.accumulate == "auto",
     )
 
 
@@ -180,32 +257,53 @@ class MeanOverCounts:
     CPU step (docs/measurements/loop.md, "Step-time sharing"), hence the fixed-count path.
     Exact for all-reduce and fp16/bf16; with compression that keeps state (PowerSGD's and
     top-k's error feedback) the state is in units of the previous N, a difference of
-    (N_prev / N - 1) on one step's residual.
+    (N_prev / N - 1) on one step's residual. With `accumulate` (`train.accumulate` 'auto') the
+    first step too backpropagates with an N every rank knows, the global batch's samples, and
+    `correct` rescales it: a rank's earlier micro-batches go back before its count is known.
     """
 
-    def __init__(self, world: int, per_sample: int | None, group=None) -> None:
+    def __init__(
+        self, world: int, per_sample: int | None, group=None, accumulate: bool = False
+    ) -> None:
         self.world, self.per_sample, self.group = world, per_sample, group
+        self.accumulate = accumulate
         self.expected: int | None = None  # N of the previous step: what backward scales by
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
 
     def backward(
-        self, loss_sum: torch.Tensor, count: int, batch: int, global_batch: int, scale=None
+        self,
+        loss_sum: torch.Tensor,
+        count: int,
+        batch: int,
+        global_batch: int,
+        scale=None,
+        *,
+        last: bool = True,
+        total: int | None = None,
     ) -> None:
         """Backward of loss_sum x world / N for this rank's `count` over its `batch` samples,
         of the plan's `global_batch`; `scale` (the shared loss scale, `MixedPrecision.scale`)
-        applied to it first."""
+        applied to it first. A share run as micro-batches calls it once for each: `last` False
+        on all but the last, which all-reduce no count; the last passes `total`, the count of
+        them all, the one all-reduced. Every micro-batch is scaled by the same N, so their
+        summed gradient is the share's (and `correct` rescales it as a whole)."""
         scale = scale or (lambda t: t)
         self.check(count, batch)
         if self.per_sample is not None:
             self.expected = global_batch * self.per_sample
             scale(loss_sum * (self.world / max(self.expected, 1))).backward()
             return
-        total = torch.tensor([int(count)], dtype=torch.int64)
-        work = dist.all_reduce(total, group=self.group, async_op=True)
-        if self.expected is None:
-            work.wait()
-            self.expected = int(total)
-        self._pending = (work, total)
+        if self.expected is None and self.accumulate:
+            # a rank's first micro-batches go back before its count is known: every rank takes
+            # the global batch as N on the first step, and `correct` rescales to the true one
+            self.expected = global_batch
+        if last:
+            counted = torch.tensor([int(count if total is None else total)], dtype=torch.int64)
+            work = dist.all_reduce(counted, group=self.group, async_op=True)
+            if self.expected is None:
+                work.wait()
+                self.expected = int(counted)
+            self._pending = (work, counted)
         scale(loss_sum * (self.world / max(self.expected, 1))).backward()
 
     def check(self, count: int, batch: int) -> None:

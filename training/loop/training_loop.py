@@ -36,7 +36,10 @@ from hetflow.training.loop.step import (
     MeanOverCounts,
     Stepper,
     build_net,
+    micro_cap,
+    micro_count,
     new_rebalancer,
+    split_batch,
     straggler_factor,
 )
 from hetflow.training.loop.step_times import SharedStepTimes, column_means
@@ -71,7 +74,9 @@ class TrainingLoop:
         every = 1 if cfg.schedule == "dynamic" else cfg.rebalance_every
         self.shared = SharedStepTimes(world, new_control_group(), every)
         per_sample = self.recipe.count_per_sample
-        self.mean = MeanOverCounts(world, per_sample, None if per_sample else new_control_group())
+        accumulate = cfg.accumulate == "auto"
+        group = None if per_sample else new_control_group()
+        self.mean = MeanOverCounts(world, per_sample, group, accumulate=accumulate)
         self.store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
         saved = self.on_these_workers(self.store.load())
         self.timeline = Timeline()
@@ -80,7 +85,8 @@ class TrainingLoop:
         self.timeline.trials_s = since_submit(spec) - t if self.trials and not saved else 0.0
         spec = self.spec
         self.net = build_net(spec, data, self.emu, self.recipe, amp.device, rank=rank)
-        self.stepper = Stepper(self.net, self.emu, self.mean, amp, counter, self.recipe)
+        cap = micro_cap(spec, rank)
+        self.stepper = Stepper(self.net, self.emu, self.mean, amp, counter, self.recipe, cap)
         self.rebalancer = new_rebalancer(spec, world)
         self.computing = ComputingRanks(
             world, rank, can_leave(self.net, every), timeout_s=cfg.stall_timeout_s
@@ -154,7 +160,8 @@ class TrainingLoop:
             return
         xs, ys = self.reader.batch(first, plan)
         self.first_batch = (first, list(plan), xs, ys)
-        self.stepper.warm_up(to_device(self.recipe.batch(xs, ys), self.net.device))
+        batch = to_device(self.recipe.batch(xs, ys), self.net.device)
+        self.stepper.warm_up(split_batch(batch, len(ys), self.stepper.cap)[0])  # what fits
 
     def run(self) -> None:
         cfg = self.cfg
@@ -227,6 +234,7 @@ class TrainingLoop:
             count=count,
             bytes_sent=nbytes,
             s3_bytes=self.s3_bytes_since_last(),
+            micro_batches=micro_count(len(ys), self.stepper.cap),
         )
 
     def last_average(self, rec: StepRecord) -> None:

@@ -22,7 +22,13 @@ from hetflow.emulation.emulator import now
 from hetflow.records import LOCAL_SGD, CompressionMethod, CompressionTrials, MethodTrial
 from hetflow.training.devices import MixedPrecision, synchronizer, to_device
 from hetflow.training.launch.spec import emulator_for
-from hetflow.training.loop.step import MeanOverCounts, Stepper, build_net, straggler_factor
+from hetflow.training.loop.step import (
+    MeanOverCounts,
+    Stepper,
+    build_net,
+    micro_cap,
+    straggler_factor,
+)
 from hetflow.training.plan.compression import choose_from_trials
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import Recipe
@@ -108,8 +114,12 @@ class Trials:
                 density_stage_steps=0,
             )
             scaled = MixedPrecision(amp.device, amp.precision, scaled=amp.scaler.is_enabled())
-            mean = MeanOverCounts(self.world, self.recipe.count_per_sample, self.count_group)
-            stepper = Stepper(net, emu, mean, scaled, self.counter, self.recipe)
+            accumulate = self.spec.train.accumulate == "auto"
+            mean = MeanOverCounts(
+                self.world, self.recipe.count_per_sample, self.count_group, accumulate=accumulate
+            )
+            cap = micro_cap(self.spec, self.rank)
+            stepper = Stepper(net, emu, mean, scaled, self.counter, self.recipe, cap)
             times, sent = [], []
             plan = list(self.spec.plan.local_batches)
             for step, (batch, n) in enumerate(batches):

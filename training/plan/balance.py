@@ -6,6 +6,8 @@
 [22, 22, 44, 40]
 >>> balance_batches([0.04, 0.04, 0.02, 0.01], [0.4, 0.4, 0.2, 0.1], 128)
 [11, 11, 32, 74]
+>>> micro_split(15, 4), micro_split(8, 4), micro_split(3, None), micro_split(0, 4)
+([4, 4, 4, 3], [4, 4], [3], [])
 """
 
 from __future__ import annotations
@@ -18,7 +20,50 @@ class PlanError(ValueError):
     """Inputs no plan can satisfy; the message names the field."""
 
 
-def _check(speeds: Sequence[float], global_batch: int, caps: Sequence[int | None]) -> None:
+def micro_split(share: int, cap: int | None) -> list[int]:
+    """The micro-batches a rank runs its `share` of the step as under its memory cap `cap`
+    (accumulating their gradients): ceil(share / cap) of them, as equal as integers allow, so
+    each is at most `cap`; the share in one pass where `cap` is None or holds it; none for 0."""
+    if share <= 0:
+        return []
+    count = 1 if cap is None or cap >= share else math.ceil(share / cap)
+    size, extra = divmod(share, count)
+    return [size + 1] * extra + [size] * (count - extra)
+
+
+def micro_cost(a: float, c: float, b: float, cap: int | None, micro: bool = False) -> float:
+    """A rank's compute time for `b` samples: a + c x b in one pass; with micro-batches
+    (`micro`), each of the ceil(b / cap) micro-batches pays the fixed cost `a` once.
+
+    >>> micro_cost(0.1, 0.01, 10, 4, micro=True), micro_cost(0.1, 0.01, 10, 4)
+    (0.4, 0.2)
+    """
+    count = math.ceil(b / cap) if micro and cap is not None and b > cap else 1
+    return a * count + c * b
+
+
+def micro_share(t: float, a: float, c: float, cap: int | None) -> float:
+    """The most samples (continuous) a rank computes within `t` seconds when it runs them as
+    micro-batches of at most `cap` (the inverse of `micro_cost` with `micro`): with k of them,
+    b <= k x cap and k x a + c x b <= t; the k-th can begin once k x a + c x (k - 1) x cap < t.
+
+    >>> round(micro_share(0.4, 0.1, 0.01, 4), 6), micro_share(0.45, 0.1, 0.01, 4)
+    (10.0, 12)
+    """
+    if c <= 0:
+        return math.inf
+    if cap is None or t <= a:
+        return (t - a) / c
+    k = max(1, math.ceil((t + c * cap) / (a + c * cap)) - 1)
+    return min(k * cap, (t - k * a) / c)
+
+
+def _check(
+    speeds: Sequence[float],
+    global_batch: int,
+    caps: Sequence[int | None],
+    micro: bool = False,
+) -> None:
     n = len(speeds)
     if n == 0:
         raise PlanError("speeds: at least one worker is needed")
@@ -32,7 +77,7 @@ def _check(speeds: Sequence[float], global_batch: int, caps: Sequence[int | None
     for i, c in enumerate(caps):
         if c is not None and c < 1:
             raise PlanError(f"caps[{i}]: must be >= 1 (got {c})")
-    if all(c is not None for c in caps) and sum(caps) < global_batch:
+    if not micro and all(c is not None for c in caps) and sum(caps) < global_batch:
         raise PlanError(f"caps: they sum to {sum(caps)}, less than global_batch={global_batch}")
 
 
@@ -54,17 +99,34 @@ def balance_batches(
     latency_s: Sequence[float],
     global_batch: int,
     caps: Sequence[int | None] | None = None,
+    micro: bool = False,
 ) -> list[int]:
     """Local batches that equalize predicted compute times a_i + c_i * b_i across ranks.
 
     With every latency a_i = 0 this is `plan_batches` with speeds 1 / c_i. A per-step fixed
     cost matters on slow devices, where it is paid at the device's pace: sizing by throughput
     at one batch size alone would starve them, step after step.
+
+    `micro`: a rank's share may pass its cap, run as micro-batches (`micro_split`) that each pay
+    a_i (`micro_cost`), so a rank gets more than its cap only where that shortens the step.
+
+    >>> balance_batches([1e-3, 1e-4], [0.01, 0.01], 128, [None, 16])
+    [112, 16]
+    >>> balance_batches([1e-3, 1e-4], [0.01, 0.01], 128, [None, 16], micro=True)  # 5 x 16
+    [48, 80]
     """
     caps = list(caps) if caps is not None else [None] * len(per_sample_s)
     speeds = [1.0 / c if c > 0 else math.inf for c in per_sample_s]
-    _check(speeds, global_batch, caps)
+    _check(speeds, global_batch, caps, micro)
     lat = [max(0.0, a) for a in latency_s]
+    if micro:
+        return _apportion(
+            lambda t: [micro_share(t, *r) for r in zip(lat, per_sample_s, caps, strict=True)],
+            speeds,
+            global_batch,
+            [None] * len(caps),
+            cost=lambda i, b: micro_cost(lat[i], per_sample_s[i], b, caps[i], True),
+        )
     return _apportion(
         lambda t: [(t - a) / c for a, c in zip(lat, per_sample_s, strict=True)],
         speeds,
@@ -133,16 +195,23 @@ def balanced_step_time(
     per_sample_s: Sequence[float],
     global_batch: int,
     caps: Sequence[int | None] | None = None,
+    micro: bool = False,
 ) -> float:
     """The step time T at which ranks computing a_i + c_i x b_i share `global_batch` with no
     rank waiting: sum_i clip((T - a_i) / c_i, 0, cap_i) = global_batch (continuous; inf when
-    the caps cannot hold the batch)."""
+    the caps cannot hold the batch). `micro`: no cap limits a share, each micro-batch pays a_i
+    (`micro_share`)."""
     caps = list(caps) if caps is not None else [None] * len(latency_s)
-    hi_caps = [math.inf if c is None else float(c) for c in caps]
+    hi_caps = [math.inf if c is None or micro else float(c) for c in caps]
     if sum(hi_caps) < global_batch:
         return math.inf
 
     def held(t: float) -> float:
+        if micro:
+            return sum(
+                max(0.0, micro_share(t, a, c, cap))
+                for a, c, cap in zip(latency_s, per_sample_s, caps, strict=True)
+            )
         return sum(
             min(cap, max(0.0, (t - a) / c))
             for a, c, cap in zip(latency_s, per_sample_s, hi_caps, strict=True)
@@ -164,8 +233,10 @@ def exclude_slow(
     caps: Sequence[int | None] | None = None,
     names: Sequence[str] | None = None,
     min_batches: Sequence[int | None] | None = None,
+    micro: bool = False,
 ) -> tuple[list[bool], list[str]]:
-    """Which ranks take part in the synchronous step, and why each other one does not.
+    """Which ranks take part in the synchronous step, and why each other one does not
+    (`micro`: shares past the caps as micro-batches, `balanced_step_time`'s).
 
     A rank is left out when its least step is at least the step time the others reach sharing
     the whole global batch (`balanced_step_time`): any sample given to it would make the step
@@ -189,7 +260,10 @@ def exclude_slow(
     caps = list(caps) if caps is not None else [None] * n
     names = list(names) if names is not None else [f"rank {i}" for i in range(n)]
     floors = list(min_batches) if min_batches is not None else [None] * n
-    least = [a + c * (f or 1) for a, c, f in zip(latency_s, per_sample_s, floors, strict=True)]
+    least = [
+        micro_cost(a, c, f or 1, cap, micro)
+        for a, c, f, cap in zip(latency_s, per_sample_s, floors, caps, strict=True)
+    ]
     included, why = [True] * n, []
     while sum(included) > 1:
         worst, worst_ratio, worst_t = None, 1.0, 0.0
@@ -200,23 +274,28 @@ def exclude_slow(
                 [per_sample_s[j] for j in rest],
                 global_batch,
                 [caps[j] for j in rest],
+                micro,
             )
             if math.isfinite(t) and least[i] >= t * worst_ratio:
                 worst, worst_ratio, worst_t = i, least[i] / t, t
         if worst is None:
             break
         included[worst] = False
-        cost = (
-            f"its step of {least[worst]:.3g} s at {floors[worst]} samples, the fewest it was "
-            "measured at,"
-            if floors[worst]
-            else f"its step of {least[worst]:.3g} s at 1 sample, the least share it can take,"
-        )
-        why.append(
-            f"{names[worst]}: {cost} is at least the {worst_t:.3g} s step the others take "
-            "sharing the global batch"
-        )
+        why.append(_why_slow(names[worst], least[worst], floors[worst], worst_t))
     return included, why
+
+
+def _why_slow(name: str, least: float, floor: int | None, others_s: float) -> str:
+    """Why `exclude_slow` left a rank out: its least step against the others' step."""
+    cost = (
+        f"its step of {least:.3g} s at {floor} samples, the fewest it was measured at,"
+        if floor
+        else f"its step of {least:.3g} s at 1 sample, the least share it can take,"
+    )
+    return (
+        f"{name}: {cost} is at least the {others_s:.3g} s step the others take sharing the "
+        "global batch"
+    )
 
 
 def balance_with_exclusion(
@@ -226,10 +305,11 @@ def balance_with_exclusion(
     caps: Sequence[int | None] | None = None,
     names: Sequence[str] | None = None,
     min_batches: Sequence[int | None] | None = None,
+    micro: bool = False,
 ) -> tuple[list[int], list[str]]:
     """`balance_batches` over the ranks `exclude_slow` keeps; 0 for the others, and why. A rank
     whose cap is 0 (its device holds no sample of the model) is left out first; a PlanError
-    when every rank's is. `min_batches`: as `exclude_slow` takes them."""
+    when every rank's is. `min_batches` and `micro`: as `exclude_slow` takes them."""
     n = len(per_sample_s)
     caps = list(caps) if caps is not None else [None] * n
     names = list(names) if names is not None else [f"rank {i}" for i in range(n)]
@@ -243,12 +323,13 @@ def balance_with_exclusion(
         [caps[i] for i in able],
         [names[i] for i in able],
         [min_batches[i] for i in able] if min_batches is not None else None,
+        micro,
     )
     why = [
         f"{names[i]}: its device holds no sample (memory cap 0)" for i in range(n) if caps[i] == 0
     ] + why
     idx = [i for i, k in zip(able, keep, strict=True) if k]
-    return balance_among(per_sample_s, latency_s, global_batch, caps, idx), why
+    return balance_among(per_sample_s, latency_s, global_batch, caps, idx, micro), why
 
 
 def balance_among(
@@ -257,8 +338,9 @@ def balance_among(
     global_batch: int,
     caps: Sequence[int | None],
     ranks: Sequence[int],
+    micro: bool = False,
 ) -> list[int]:
-    """`balance_batches` over `ranks` alone; 0 for every other rank.
+    """`balance_batches` over `ranks` alone (`micro`: as it takes it); 0 for every other rank.
 
     >>> balance_among([1e-3, 1e-3, 1e-3], [0.0, 0.0, 0.0], 64, [None] * 3, [0, 2])
     [32, 0, 32]
@@ -268,6 +350,7 @@ def balance_among(
         [latency_s[i] for i in ranks],
         global_batch,
         [caps[i] for i in ranks],
+        micro,
     )
     batches = [0] * len(per_sample_s)
     for i, b in zip(ranks, part, strict=True):

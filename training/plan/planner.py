@@ -12,6 +12,7 @@ from hetflow.training.plan.balance import (
     balance_with_exclusion,
     balanced_step_time,
     equal_batches,
+    micro_split,
     plan_batches,
 )
 from hetflow.training.plan.compression import auto_candidates, choose_compression
@@ -46,10 +47,13 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
     measured in place of its extrapolated fixed cost; never under the equal split) or whose
     samples buy less than their hops of the all-reduce cost (`leave_out_for_comm`), and of
     those the workers not launched (`drop_from_launch`); the compression as
-    `plan_compression` plans it for the workers launched ('auto': the candidates they try)."""
+    `plan_compression` plans it for the workers launched ('auto': the candidates they try).
+    With `train.accumulate` 'auto' a share may pass its worker's cap, as micro-batches that
+    each pay the worker's fixed cost (`balance.micro_cost`; `with_micro` records them)."""
     speeds = [r.samples_per_s for r in profile.ranks]
     latency, per_sample = profile.step_models()
     caps = memory_caps(profile, cluster)
+    micro = train.accumulate == "auto"
     excluded: list[str] = []
     if train.schedule == "equal":
         batches = equal_batches(cluster.world_size, train.global_batch)
@@ -65,17 +69,23 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
             caps,
             names,
             min_batches=measured_from,
+            micro=micro,
         )
-        model = StepModel(latency, per_sample, caps, train.global_batch, *allreduce_of(profile))
+        model = StepModel(
+            latency, per_sample, caps, train.global_batch, *allreduce_of(profile), micro=micro
+        )
         batches, for_comm = leave_out_for_comm(batches, model, names)
         excluded += for_comm
-    plan = Plan(
-        local_batches=batches,
-        speeds=speeds,
-        latency_s=latency,
-        per_sample_s=per_sample,
-        caps=caps,
-        excluded=excluded,
+    plan = with_micro(
+        Plan(
+            local_batches=batches,
+            speeds=speeds,
+            latency_s=latency,
+            per_sample_s=per_sample,
+            caps=caps,
+            excluded=excluded,
+        ),
+        train,
     )
     dropped = drop_from_launch(plan, train, *allreduce_of(profile))
     plan.dropped = [cluster.workers[i].name for i in dropped]
@@ -87,6 +97,28 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
             "compression": method,
             "compression_reason": reason,
             "compression_candidates": candidates,
+        }
+    )
+
+
+def with_micro(plan: Plan, train: TrainConfig) -> Plan:
+    """`plan` with each worker's micro-batches recorded (`Plan.micro_batch`, `micro_count`:
+    `balance.micro_split` of its share under its cap) where `train.accumulate` is 'auto';
+    `plan` as it is otherwise.
+
+    >>> p = with_micro(Plan(local_batches=[3, 15, 0], caps=[4, 4, None]),
+    ...                TrainConfig(accumulate="auto"))
+    >>> p.micro_batch, p.micro_count
+    ([3, 4, 0], [1, 4, 0])
+    """
+    if train.accumulate != "auto":
+        return plan
+    caps = plan.caps or [None] * len(plan.local_batches)
+    parts = [micro_split(b, c) for b, c in zip(plan.local_batches, caps, strict=True)]
+    return plan.model_copy(
+        update={
+            "micro_batch": [max(p, default=0) for p in parts],
+            "micro_count": list(map(len, parts)),
         }
     )
 
@@ -115,6 +147,7 @@ class StepModel:
     global_batch: int
     allreduce_s: float = 0.0
     allreduce_latency_s: float = 0.0
+    micro: bool = False  # shares past the caps, as micro-batches (`balanced_step_time`)
 
     def step(self, computing: list[int], in_ring: int | None = None) -> float:
         """The step of the ranks `computing`, in a ring of `in_ring` ranks (those computing
@@ -125,6 +158,7 @@ class StepModel:
             [self.per_sample_s[i] for i in computing],
             self.global_batch,
             [self.caps[i] for i in computing],
+            self.micro,
         )
         ring = len(computing) if in_ring is None else in_ring
         world = len(self.latency_s)
@@ -157,7 +191,7 @@ def leave_out_for_comm(
             break
         rest = [j for j in kept if j != best]
         batches = balance_among(
-            model.per_sample_s, model.latency_s, model.global_batch, model.caps, rest
+            model.per_sample_s, model.latency_s, model.global_batch, model.caps, rest, model.micro
         )
         why.append(
             f"{names[best]}: its share buys less than its hops of the all-reduce cost: the "
@@ -221,7 +255,13 @@ def drop_from_launch(
         return out
     n, g = len(plan.local_batches), train.global_batch
     model = StepModel(
-        plan.latency_s, plan.per_sample_s, plan.caps or [None] * n, g, allreduce_s, latency_s
+        plan.latency_s,
+        plan.per_sample_s,
+        plan.caps or [None] * n,
+        g,
+        allreduce_s,
+        latency_s,
+        micro=train.accumulate == "auto",
     )
     kept = [i for i, b in enumerate(plan.local_batches) if b > 0]
     with_them = model.step(kept, in_ring=n)
@@ -265,21 +305,28 @@ def replan_without(
         part = equal_batches(len(keep), g)
     elif plan.latency_s and plan.per_sample_s:
         part, why = balance_with_exclusion(
-            pick(plan.per_sample_s), pick(plan.latency_s), g, caps, names
+            pick(plan.per_sample_s),
+            pick(plan.latency_s),
+            g,
+            caps,
+            names,
+            micro=train.accumulate == "auto",
         )
         excluded += why
     else:
-        part = plan_batches([max(b, 1) for b in pick(plan.local_batches)], g, caps)
+        micro = train.accumulate == "auto"  # shares past the caps run as micro-batches
+        part = plan_batches(
+            [max(b, 1) for b in pick(plan.local_batches)], g, None if micro else caps
+        )
     batches = [0] * len(cluster.workers)
     for i, b in zip(keep, part, strict=True):
         batches[i] = b
-    return plan.model_copy(
-        update={
-            "local_batches": batches,
-            "excluded": [*plan.excluded, *excluded],
-            "dropped": [*plan.dropped, *lost],
-        }
-    )
+    update = {
+        "local_batches": batches,
+        "excluded": [*plan.excluded, *excluded],
+        "dropped": [*plan.dropped, *lost],
+    }
+    return with_micro(plan.model_copy(update=update), train)
 
 
 def plan_compression(

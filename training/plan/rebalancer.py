@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hetflow.training.plan.balance import balance_with_exclusion
+from hetflow.training.plan.balance import balance_with_exclusion, micro_cost
 
 # Steps in a row that a rank's time must lie beyond `Rebalancer.jump` to count as a sudden change;
 # the re-plan after one is made from these steps alone.
@@ -46,6 +46,12 @@ class Rebalancer:
     plan whose first window is slower than the old plan's last
     (by more than `threshold / 2`) is reverted and not proposed again until the speeds change;
     what it measured stays in `points`, so the next proposal knows the model was wrong there.
+
+    `micro` (`train.accumulate` 'auto'): a share may pass its rank's cap, run as micro-batches
+    that each pay a_i (`balance.micro_cost`); a rank's time is then scaled from its profile's
+    fit at that cost, and its line is re-fitted only through batches run as as many
+    micro-batches (a line through points of different counts would fold their latencies into
+    its slope).
     """
 
     global_batch: int
@@ -63,6 +69,7 @@ class Rebalancer:
     last_step_s: float = 0.0
     excluded: list[str] = field(default_factory=list)  # why the last proposal left ranks out
     errors: list[float] = field(default_factory=list)  # measured / predicted step - 1, per re-plan
+    micro: bool = False  # shares past the caps, as micro-batches
 
     @property
     def margin(self) -> float:
@@ -86,21 +93,26 @@ class Rebalancer:
         """(a_i, c_i) per rank: each rank's compute time per step is a_i + c_i x batch."""
         assert self.per_sample_s is not None and self.points is not None and self.latest is not None
         latency, per_sample = [], []
-        for a0, c0, pts, b in zip(
-            self.latency_s, self.per_sample_s, self.points, self.latest, strict=True
+        for a0, c0, pts, b, cap in zip(
+            self.latency_s, self.per_sample_s, self.points, self.latest, self.caps, strict=True
         ):
             if not pts or b not in pts:  # never measured with samples (left out): the profile's
                 latency.append(a0)
                 per_sample.append(c0)
                 continue
             times = list(pts.values())
-            if len(pts) >= 2 and max(times) > min(times) * self.jump:
+            if (
+                len(pts) >= 2
+                and max(times) > min(times) * self.jump
+                and len({micro_cost(1, 0, x, cap, self.micro) for x in pts}) == 1
+            ):
                 c, a = statistics.linear_regression(list(pts), times)
                 if c > 0 and a >= 0:
                     latency.append(a)
                     per_sample.append(c)
                     continue
-            scale = pts[b] / (a0 + c0 * b) if a0 + c0 * b > 0 else 1.0
+            model = micro_cost(a0, c0, b, cap, self.micro)
+            scale = pts[b] / model if model > 0 else 1.0
             latency.append(scale * a0)
             per_sample.append(scale * c0)
         return latency, per_sample
@@ -108,7 +120,10 @@ class Rebalancer:
     def step_times(self, plan: Sequence[int]) -> list[float]:
         latency, per_sample = self.model()
         # a rank left out (batch 0) computes nothing and waits for no one
-        return [a + c * b if b else 0.0 for a, c, b in zip(latency, per_sample, plan, strict=True)]
+        return [
+            micro_cost(a, c, b, cap, self.micro) if b else 0.0
+            for a, c, b, cap in zip(latency, per_sample, plan, self.caps, strict=True)
+        ]
 
     def observe(self, plan: Sequence[int], compute_s_per_step: Sequence[float]) -> None:
         """Feed each rank's mean compute time per step over a window in which it ran `plan`."""
@@ -201,7 +216,7 @@ class Rebalancer:
             return None
         latency, per_sample = self.model()
         new, self.excluded = balance_with_exclusion(
-            per_sample, latency, self.global_batch, self.caps
+            per_sample, latency, self.global_batch, self.caps, micro=self.micro
         )
         before, after = max(self.step_times(plan)), max(self.step_times(new))
         gain = before / after - 1 if after > 0 else 0.0

@@ -70,7 +70,9 @@ class Recipe:
 
     A step's samples arrive as numpy: tabular x (B, F) float32; images x (B, C, H, W) uint8;
     tokens x (B, context + 1) int64 windows (targets x[:, 1:]); y int64 labels (zeros for
-    tokens). `loss` returns (the loss SUMMED over what it counts, that count as an int);
+    tokens); `batch`'s tensors keep the samples on their first dimension (a share run as
+    micro-batches, `train.accumulate`, is split along it). `loss` returns (the loss SUMMED
+    over what it counts, that count as an int);
     set `count_per_sample` when that count is the same for every sample, which spares the
     ranks a collective per step.
     """
