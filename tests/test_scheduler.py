@@ -325,6 +325,25 @@ def test_a_slower_worker_that_still_helps_is_kept():
     assert keep == [True] * 4 and why == []
 
 
+def test_two_workers_of_one_speed_are_not_split_by_their_profiles_noise():
+    """w0 and w1 are one speed, their profiles 10% apart at 8 samples (the fewest measured):
+    w1's step there is 3% over the others' step without it. It stays (within EXCLUDE_MARGIN);
+    15% apart, 8% over, it goes, and the reason says by how much."""
+    from hetflow.training.plan.balance import EXCLUDE_MARGIN, balanced_step_time
+
+    latency, floors = [0.0, 0.0, 0.03], [8, 8, 8]
+    per_sample = [0.0100, 0.0110, 0.001]
+    over = 8 * per_sample[1] / balanced_step_time([0.0, 0.03], [0.0100, 0.001], 64) - 1
+    assert 0 < over < EXCLUDE_MARGIN
+    assert exclude_slow(latency, per_sample, 64, min_batches=floors) == ([True] * 3, [])
+    keep, why = exclude_slow(latency, [0.0100, 0.0115, 0.001], 64, min_batches=floors)
+    assert keep == [True, False, True]
+    assert why == [
+        "rank 1: its step of 0.092 s at 8 samples, the fewest it was measured at, is 8% over "
+        "the 0.0855 s step the others take sharing the global batch"
+    ]
+
+
 def test_a_worker_the_others_caps_cannot_spare_is_kept():
     latency, per_sample = [GPU_A] * 3 + [CPU_A], [GPU_C] * 3 + [CPU_C]
     keep, _ = exclude_slow(latency, per_sample, 96, caps=[30, 30, 30, None])
