@@ -281,15 +281,19 @@ def default_cluster() -> ClusterSpec:
     return ClusterSpec.from_speeds(DEFAULT_SPEEDS, name="demo-1-1-2-4")
 
 
-def link_cluster(gbps: float, latency_ms: float, world: int = 4) -> ClusterSpec:
+def link_cluster(
+    gbps: float, latency_ms: float, world: int = 4, time_scale: float | None = None
+) -> ClusterSpec:
     """`world` equal emulated workers, each behind a link of `gbps` (0: loopback) and
-    `latency_ms`: where communication is what differs (`hetflow bench comm`, calibration)."""
+    `latency_ms`, at `time_scale` (default: the cluster's): where communication is what
+    differs (`hetflow bench comm`, calibration)."""
     workers = [
         WorkerSpec(name=f"w{i}", speed=1.0, link_gbps=gbps or None, link_latency_ms=latency_ms)
         for i in range(world)
     ]
     name = f"comm-{gbps:g}gbps" if gbps else "comm-loopback"
-    return ClusterSpec(name=name, workers=workers)
+    scale = {} if time_scale is None else {"time_scale": time_scale}
+    return ClusterSpec(name=name, workers=workers, **scale)
 
 
 # -- which machines to rent (the `recommend` flow; `hetflow recommend` takes the same as flags) --

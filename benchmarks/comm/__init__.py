@@ -90,6 +90,14 @@ def _parser() -> argparse.ArgumentParser:
         help="emulated latency per collective, ms (default 0)",
     )
     p.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        dest="time_scale",
+        help="the emulated workers' time scale, the link's cost on the same clock "
+        "(default: the cluster's, 8)",
+    )
+    p.add_argument(
         "--steps",
         type=int,
         default=59,
@@ -142,7 +150,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         raise ConfigError(f"--latency-ms: must be >= 0 (got {args.latency_ms})")
     if args.repeat < 1:
         raise ConfigError(f"--repeat: must be >= 1 (got {args.repeat})")
-    cluster = link_cluster(args.link_gbps, args.latency_ms)
+    if args.time_scale is not None and not args.time_scale >= 1:
+        raise ConfigError(f"--time-scale: must be >= 1 (got {args.time_scale})")
+    cluster = link_cluster(args.link_gbps, args.latency_ms, time_scale=args.time_scale)
     knobs = {
         "recipe": recipe_flag(args),
         "recipe_options": recipe_options(args),
@@ -258,6 +268,7 @@ def summary(
         "chosen_step_time_cut_runs": paired_cuts(results, picked),
         "repeat": args.repeat,
         "link_gbps": args.link_gbps or None,
+        "time_scale": bench.cluster.time_scale,
         "latency_ms": args.latency_ms,
         "recipe": args.recipe,
         "params": results[picked]["params"],  # the same model for every method
