@@ -111,13 +111,14 @@ class Size:
 
 # nanoGPT's shakespeare_char (lr 1e-3 at 64 windows of 256 bytes) for the small default; GPT-3's
 # Medium, Large and XL shapes and learning rates (Brown et al. 2020, table 2.1: 0.5M, 0.5M and
-# 1M tokens a batch), at a context of 1024 bytes. XL has 16 heads of 128 (the table's 24 heads
-# of 128 do not make its width of 2048). With vocab 256, parameters and the bytes of fp32
+# 1M tokens a batch), at a context of 1024 bytes: GPT-3 trained them on BPE tokens at 2048, so
+# they are a starting point on bytes, not tuned here. XL has 16 heads of 128 (the table's 24
+# heads of 128 do not make its width of 2048). With vocab 256, parameters and the bytes of fp32
 # weights, gradients and AdamW's two moments (16 per parameter) are:
 #   small   3.2M     0.05 GB
 #   medium  304M     4.9 GB   fits one 16 GB device with DDP: ~5 windows of 1024 a step
 #   large   681M    10.9 GB   DDP on a 16 GB device: no room for 2 windows -> shard it
-#   xl      1.21B   19.3 GB   the state alone is over 16 GB (and 24 GB's usable) -> shard it
+#   xl      1.21B   19.4 GB   the state alone is over 16 GB -> shard it (24 GB: ~1 window)
 # Activations (Korthikanti et al. 2022: ~34 x context x width bytes per layer and window in
 # 16 bits with a fused attention, ~twice that in fp32) add, a window of 1024 in fp32: medium
 # 1.7 GB, large 2.6 GB, xl 3.4 GB; AdamW's foreach step holds about one more fp32 copy of
