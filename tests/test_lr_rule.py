@@ -1,5 +1,5 @@
 """The learning rate follows the global batch (`training.loop.optim`): the recipe's rule
-(linear for the SGD classifiers, square root for gpt's AdamW) from the batch it was tuned at,
+(square root for the digits classifiers and gpt, linear for resnet) from the batch it was tuned at,
 a linear warm-up where it rises, the config's overrides, a resume that keeps the warm-up's
 place, one-line errors; and gpt's larger sizes, counted on the meta device."""
 
@@ -38,10 +38,15 @@ def _lrs(train: TrainConfig, steps: int) -> list[float]:
 
 # (config, {step: lr}): the lr a step runs at
 RULES = {
-    # digits: 0.05 at 128, linear: 0.2 at 512, reached by a warm-up of 50 steps from 0.05
+    # resnet: 0.05 at 128, linear: 0.2 at 512, reached by a warm-up of 10 steps from 0.05
     "linear, 4x the batch": (
+        TrainConfig(recipe="resnet", global_batch=512),
+        {0: 0.05, 5: 0.125, 10: 0.2, 14: 0.2},
+    ),
+    # digits: 0.05 at 128, square root: 0.1 at 512, over 10 steps
+    "sqrt (SGD), 4x the batch": (
         TrainConfig(recipe="digits-mlp", global_batch=512),
-        {0: 0.05, 25: 0.125, 50: 0.2, 70: 0.2},
+        {0: 0.05, 5: 0.075, 10: 0.1, 14: 0.1},
     ),
     # gpt: 1e-3 at 128 windows of 128 bytes, square root: 2e-3 at 512, over 100 steps
     "sqrt, 4x the batch": (
@@ -49,7 +54,7 @@ RULES = {
         {0: 1e-3, 50: 1.5e-3, 100: 2e-3, 120: 2e-3},
     ),
     # a smaller batch: a smaller lr from the first step, nothing to warm up
-    "linear, half the batch": (TrainConfig(recipe="digits-mlp", global_batch=64), {0: 0.025}),
+    "linear, half the batch": (TrainConfig(recipe="resnet", global_batch=64), {0: 0.025}),
     "sqrt, a quarter of the batch": (TrainConfig(recipe="gpt", global_batch=32), {0: 5e-4}),
     # the tuned batch: the lr as it always was
     "the tuned batch": (TrainConfig(recipe="gpt", global_batch=128), {0: 1e-3, 60: 1e-3}),
@@ -66,7 +71,7 @@ RULES = {
         {0: 0.01, 2: 0.015, 4: 0.02, 9: 0.02},
     ),
     "the config's tuned batch and no warm-up": (
-        TrainConfig(recipe="digits-mlp", global_batch=512, lr_tuned_batch=256, lr_warmup_steps=0),
+        TrainConfig(recipe="resnet", global_batch=512, lr_tuned_batch=256, lr_warmup_steps=0),
         {0: 0.1, 9: 0.1},
     ),
 }
@@ -88,7 +93,7 @@ def test_another_optimizer_than_the_recipes_takes_its_usual_lr_unscaled():
 def test_resolving_fills_the_rule_once_and_again_changes_nothing():
     recipe = get_recipe("resnet")
     t = resolve_optimizer(TrainConfig(recipe="resnet", global_batch=256), recipe)
-    assert (t.lr_scaling, t.lr_tuned_batch, t.lr_warmup_steps) == ("linear", 128, 50)
+    assert (t.lr_scaling, t.lr_tuned_batch, t.lr_warmup_steps) == ("linear", 128, 10)
     assert resolve_optimizer(t, recipe) == t  # the ranks resolve what the driver resolved
 
 

@@ -25,7 +25,7 @@ the start.
     >>> t = resolve_optimizer(TrainConfig(recipe="gpt", optimizer="sgd"), get_recipe("gpt"))
     >>> (t.optimizer, t.lr, t.weight_decay, t.lr_scaling)
     ('sgd', 0.05, 0.0, 'none')
-    >>> t = resolve_optimizer(TrainConfig(global_batch=512), get_recipe("digits-cnn"))
+    >>> t = resolve_optimizer(TrainConfig(global_batch=512), get_recipe("resnet"))
     >>> (t.lr, t.lr_scaling, t.lr_tuned_batch, t.scaled_lr())
     (0.05, 'linear', 128, 0.2)
 """
