@@ -17,7 +17,7 @@ tuned lr to it over `lr_warmup_steps` (`build_scheduler`: Goyal et al. 2017's gr
 The re-balancer changes local batches, never the global one, so the rule is applied once, at
 the start.
 
-    >>> from hetflow.config import ConfigError, TrainConfig
+    >>> from hetflow.config import TrainConfig
     >>> from hetflow.training.recipes import get_recipe
     >>> t = resolve_optimizer(TrainConfig(recipe="gpt"), get_recipe("gpt"))
     >>> (t.optimizer, t.lr, t.weight_decay, t.lr_scaling, t.lr_tuned_batch)
