@@ -121,8 +121,10 @@ class Size:
 #   xl      1.21B   19.4 GB   the state alone is over 16 GB -> shard it (24 GB: ~1 window)
 # Activations (Korthikanti et al. 2022: ~34 x context x width bytes per layer and window in
 # 16 bits with a fused attention, ~twice that in fp32) add, a window of 1024 in fp32: medium
-# 1.7 GB, large 2.6 GB, xl 3.4 GB; AdamW's foreach step holds about one more fp32 copy of
-# the parameters for a moment. Counted from the built model in tests/test_lr_rule.py.
+# 1.7 GB, large 2.6 GB, xl 3.4 GB (estimates). Measured on a CPU, one process training medium
+# on a window of 1024 in fp32 peaked at 5.7 GB, at AdamW's step: its 4.9 GB of state and the
+# runtime (benchmarks/gpt_memory.py, docs/measurements/recipes.md). The counts: the built
+# model's, in tests/test_lr_rule.py.
 SIZES = {
     "small": Size(4, 4, 256, 128, 1e-3, 64 * 256),
     "medium": Size(24, 16, 1024, 1024, 3e-4, 2**19),
