@@ -12,6 +12,7 @@ that JSON Schema cannot express (a global batch smaller than the cluster) live i
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -37,6 +38,21 @@ from hetflow.records import LOCAL_SGD, CompressionMethod
 # What 'auto' tries by default (`TrainConfig.compression_candidates`): the methods that keep
 # plain SGD's semantics, from the least lossy to the strongest compression.
 AUTO_CANDIDATES = ("none", "fp16", "bf16", "powersgd:4")
+# How a learning rate tuned at one global batch follows another (`lr_factor`).
+LR_RULES = ("linear", "sqrt", "none")
+
+
+def lr_factor(rule: str, global_batch: int, tuned_batch: int | None) -> float:
+    """What `rule` multiplies a learning rate tuned at `tuned_batch` by at `global_batch`:
+    the ratio ('linear'), its square root ('sqrt'), or 1 ('none', or no tuned batch).
+
+    >>> lr_factor("linear", 512, 128), lr_factor("sqrt", 512, 128), lr_factor("none", 512, 128)
+    (4.0, 2.0, 1.0)
+    """
+    if rule == "none" or tuned_batch is None:
+        return 1.0
+    ratio = global_batch / tuned_batch
+    return ratio if rule == "linear" else math.sqrt(ratio)
 
 
 class TrainConfig(ConfigModel):
@@ -70,8 +86,30 @@ class TrainConfig(ConfigModel):
         None,
         gt=0,
         title="Learning rate",
-        description="Empty: the recipe's, when the optimizer is the recipe's; else the "
-        "optimizer's usual one (sgd 0.05, adam/adamw 0.001).",
+        description="Empty: the recipe's, when the optimizer is the recipe's, scaled to the "
+        "global batch by the recipe's rule (lr_scaling); else the optimizer's usual one (sgd "
+        "0.05, adam/adamw 0.001). Set: used as given, unless lr_scaling is set too.",
+    )
+    lr_scaling: Literal["linear", "sqrt", "none"] | None = Field(
+        None,
+        title="Learning rate scaling",
+        description="How the lr follows the global batch: lr x (global_batch / tuned batch) "
+        "('linear'), x its square root ('sqrt'), or as given ('none'). Empty: the recipe's rule "
+        "when the lr is the recipe's; 'none' when lr is set here. Set with lr, lr is read as "
+        "the lr at the tuned batch.",
+    )
+    lr_tuned_batch: int | None = Field(
+        None,
+        ge=1,
+        title="Batch the lr was tuned for",
+        description="The global batch lr was tuned at. Empty: the recipe's (Recipe.tuned_batch).",
+    )
+    lr_warmup_steps: int | None = Field(
+        None,
+        ge=0,
+        title="Learning rate warm-up steps",
+        description="Steps over which the lr rises linearly from the tuned lr to the scaled one "
+        "(where scaling raises it). Empty: the recipe's.",
     )
     momentum: float = Field(0.9, ge=0, lt=1, title="SGD momentum")
     weight_decay: float | None = Field(
@@ -203,6 +241,15 @@ class TrainConfig(ConfigModel):
                 "optimizer computes: set allow_local_sgd to let 'auto' try it"
             )
         return [str(m) for m in methods]
+
+    def scaled_lr(self) -> float:
+        """The lr of a resolved config (`training.loop.optim.resolve_optimizer`) at its global
+        batch: `lr` x `lr_factor(lr_scaling, global_batch, lr_tuned_batch)`; what the warm-up
+        ends at. The re-balancer changes local batches, never the global one: it applies at
+        the start and holds for the whole run."""
+        if self.lr is None or self.lr_scaling is None:
+            raise ValueError("scaled_lr needs a resolved TrainConfig (resolve_optimizer)")
+        return self.lr * lr_factor(self.lr_scaling, self.global_batch, self.lr_tuned_batch)
 
     def compression_method(self) -> CompressionMethod | None:
         """The method set here, parsed; None for 'auto', which the workers resolve by trials."""

@@ -124,6 +124,9 @@ def test_a_static_plan_launches_without_the_worker_it_leaves_out(
     assert run.data.params["plan.local_batches"] == str(out.plan.local_batches)
     # the optimizer that ran, resolved from the recipe's own (the config left it to the recipe)
     assert (run.data.params["train.optimizer"], run.data.params["train.lr"]) == ("sgd", "0.05")
+    # and the lr it trained at: the recipe's 0.05 at 128, square root, at this run's batch of 48
+    assert float(run.data.params["lr_scaled"]) == pytest.approx(0.05 * (48 / 128) ** 0.5)
+    assert (run.data.params["lr_scaling"], run.data.params["lr_tuned_batch"]) == ("sqrt", "128")
 
 
 def _gpu_and_cpus(cpu_batches: list[int]):

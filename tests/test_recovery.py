@@ -1,5 +1,6 @@
 """A worker killed with SIGKILL mid-training: torchrun restarts the group, training resumes
-from the last checkpoint, finishes every step, and ends where an uninterrupted run ends."""
+from the last checkpoint (the lr's warm-up where it was), finishes every step, and ends where
+an uninterrupted run ends."""
 
 from __future__ import annotations
 
@@ -37,7 +38,12 @@ def _spec(dataset, run_dir: Path) -> RunSpec:
         schedule="proportional",
         checkpoint_every=EVERY,
         eval_every=10,
+        # the lr warms up from 0.05 to 0.1 (64 / 32, linear) over 30 steps: the checkpoint
+        # of step 10 is taken mid-warm-up, and a resume that restarted it would end elsewhere
         lr=0.05,
+        lr_scaling="linear",
+        lr_tuned_batch=32,
+        lr_warmup_steps=30,
     )
     return RunSpec(
         run_name=run_dir.name,

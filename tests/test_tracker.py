@@ -126,6 +126,22 @@ def test_a_variant_run_records_the_workers_the_plan_leaves_out_and_why(tracker, 
     assert figures.rank(0).samples_per_s > 0
 
 
+def test_a_variant_run_records_the_learning_rate_rule_it_trains_by(tracker, tmp_path):
+    from hetflow.training.loop.optim import resolve_optimizer
+    from hetflow.training.recipes import get_recipe
+
+    train = resolve_optimizer(TrainConfig(recipe="gpt", global_batch=512), get_recipe("gpt"))
+    cluster, dataset = ClusterSpec.from_speeds([1, 1]), DatasetSpec(url="s3://bucket/text")
+    rid = tracker.open_variant_run(
+        "optimized", cluster, dataset, train, Plan.equal([256, 256]), tmp_path
+    )
+    params = tracker.client.get_run(rid).data.params
+    got = {k: params[k] for k in params if k.startswith("lr_")}
+    want = {"lr_base": 1e-3, "lr_tuned_batch": 128, "lr_scaled": 2e-3, "lr_warmup_steps": 100}
+    assert {k: float(got[k]) for k in want} == pytest.approx(want)
+    assert got["lr_scaling"] == "sqrt" and len(got) == 5
+
+
 def test_a_variant_run_that_chose_its_compression_by_trials_holds_the_table_and_the_choice(
     tracker, tmp_path
 ):

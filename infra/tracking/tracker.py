@@ -58,6 +58,26 @@ COMPARISON_KNOBS = (
 Draw = Callable[[Path], object]  # draws a figure into the file it is given
 
 
+def lr_params(train: TrainConfig) -> dict[str, str]:
+    """The learning rate a resolved `train` runs at (`training.loop.optim`), as params:
+    `lr_base` (at the tuned batch), `lr_tuned_batch`, `lr_scaling`, `lr_scaled` (at the global
+    batch) and `lr_warmup_steps`; none for a config not resolved yet.
+
+    >>> t = TrainConfig(lr=0.05, lr_scaling="linear", lr_tuned_batch=128, lr_warmup_steps=50)
+    >>> lr_params(t.model_copy(update={"global_batch": 256}))["lr_scaled"]
+    '0.1'
+    """
+    if train.lr is None or train.lr_scaling is None:
+        return {}
+    return {
+        "lr_base": str(train.lr),
+        "lr_tuned_batch": str(train.lr_tuned_batch),
+        "lr_scaling": train.lr_scaling,
+        "lr_scaled": str(train.scaled_lr()),
+        "lr_warmup_steps": str(train.lr_warmup_steps),
+    }
+
+
 class RunNotFound(LookupError):
     """A run id the tracking store does not hold; the message names the id and the store."""
 
@@ -178,8 +198,8 @@ class MLflowTracker:
         parent_run_id: str | None = None,
     ) -> str:
         """The variant's run, created before training (so that system metrics land in it) with
-        the job as params, or the one a previous attempt of the same flow run created: its id
-        is kept in `run_dir/mlflow_run_id`."""
+        the job as params (and `lr_params` of a resolved `train`), or the one a previous
+        attempt of the same flow run created: its id is kept in `run_dir/mlflow_run_id`."""
         marker = run_dir / "mlflow_run_id"
         if marker.exists():
             return marker.read_text().strip()
@@ -191,6 +211,7 @@ class MLflowTracker:
                 **flatten("dataset", dataset.model_dump()),
                 **flatten("train", train.model_dump()),
                 **flatten("plan", plan.model_dump(mode="json")),
+                **lr_params(train),
             },
         )
         marker.write_text(rid)

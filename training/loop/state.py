@@ -71,11 +71,11 @@ class LoopState:
 
 @dataclass
 class Checkpoint:
-    """What a checkpoint holds after `step` steps on `workers`: the model, optimizer, comm
-    hook, loss scale and re-balancer state (as their `state_dict`s give them, the same on every
-    rank or rank 0's), the loop's plan, plans, evaluations and training time, 'auto''s trials,
-    and every rank's step records. `to_dict` is what `CheckpointStore` saves, `from_dict` reads
-    it back: the one place its keys are written."""
+    """What a checkpoint holds after `step` steps on `workers`: the model, optimizer, lr
+    scheduler, comm hook, loss scale and re-balancer state (as their `state_dict`s give them,
+    the same on every rank or rank 0's), the loop's plan, plans, evaluations and training
+    time, 'auto''s trials, and every rank's step records. `to_dict` is what `CheckpointStore`
+    saves, `from_dict` reads it back: the one place its keys are written."""
 
     step: int
     workers: list[str]
@@ -90,6 +90,7 @@ class Checkpoint:
     trials: CompressionTrials | None
     scaler: dict
     records: list[list[StepRecord]]  # rank by rank
+    scheduler: dict | None = None  # the lr scheduler's position; None in an older checkpoint
 
     def to_dict(self) -> dict:
         return {
@@ -106,6 +107,7 @@ class Checkpoint:
             "trials": self.trials.model_dump(mode="json") if self.trials else None,
             "scaler": self.scaler,
             "records": [[r.model_dump() for r in rank] for rank in self.records],
+            "scheduler": self.scheduler,
         }
 
     @classmethod
@@ -127,6 +129,7 @@ class Checkpoint:
             trials=CompressionTrials.model_validate(trials) if trials else None,
             scaler=saved.get("scaler", {}),
             records=[[StepRecord.model_validate(r) for r in rank] for rank in saved["records"]],
+            scheduler=saved.get("scheduler"),
         )
 
     def narrowed(self, workers: list[str], plan: list[int]) -> Checkpoint:

@@ -30,6 +30,7 @@ from hetflow.training.faults.records import Preempted
 from hetflow.training.launch.spec import emulator_for, node_id, since_submit
 from hetflow.training.loop.checkpoint import CheckpointStore
 from hetflow.training.loop.computing import ComputingRanks, can_leave, sync_replicas
+from hetflow.training.loop.optim import build_scheduler, resolve_optimizer, step_scheduler
 from hetflow.training.loop.progress import ProgressFile, note_recovery
 from hetflow.training.loop.state import Checkpoint, LoopState
 from hetflow.training.loop.step import (
@@ -51,7 +52,8 @@ from hetflow.training.recipes import evaluate, parameter_count, recipe_of
 
 
 class TrainingLoop:
-    """One rank's training run, resumed from the newest checkpoint if there is one.
+    """One rank's training run, resumed from the newest checkpoint if there is one, its
+    learning rate warmed up by a scheduler stepped once per step (`optim.build_scheduler`).
 
     Every rank runs the same loop and so issues the same collectives in the same order ('auto''s
     compression trials first, then DDP's, the shared step times, the count's all-reduce when
@@ -87,6 +89,7 @@ class TrainingLoop:
         self.net = build_net(spec, data, self.emu, self.recipe, amp.device, rank=rank)
         cap = micro_cap(spec, rank)
         self.stepper = Stepper(self.net, self.emu, self.mean, amp, counter, self.recipe, cap)
+        self.lr_schedule = build_scheduler(self.net.opt, resolve_optimizer(cfg, self.recipe))
         self.rebalancer = new_rebalancer(spec, world)
         self.computing = ComputingRanks(
             world, rank, can_leave(self.net, every), timeout_s=cfg.stall_timeout_s
@@ -149,6 +152,8 @@ class TrainingLoop:
         load_comm_state(self.net.hook_state, saved.comm)
         self.amp.load_state_dict(saved.scaler)
         self.rebalancer.restore(saved.rebalancer)
+        if saved.scheduler is not None:
+            self.lr_schedule.load_state_dict(saved.scheduler)
         return LoopState.from_checkpoint(saved, self.rank)
 
     def warm_up(self) -> None:
@@ -176,6 +181,7 @@ class TrainingLoop:
             self.guard.begin(step)
             computes = self.computing.computes
             rec = self.timed_step(step) if computes else self.idle_step(step)
+            step_scheduler(self.lr_schedule)  # every rank: its position is the steps run
             if step == cfg.steps - 1:
                 self.last_average(rec)
             stop = self.guard.end(rec, step + 1)  # every rank alike: SIGTERM came
@@ -384,6 +390,7 @@ class TrainingLoop:
                 trials=self.trials,
                 scaler=self.amp.state_dict(),
                 records=everyone,
+                scheduler=self.lr_schedule.state_dict(),
             )
             self.store.save(step, ckpt.to_dict())
 

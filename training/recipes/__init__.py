@@ -8,6 +8,7 @@ resolves either, and `check_recipe` does so for a TrainConfig before anything la
 from __future__ import annotations
 
 from hetflow.config import TrainConfig
+from hetflow.training.loop.optim import resolve_optimizer
 from hetflow.training.recipes.base import (
     DataInfo,
     Recipe,
@@ -43,9 +44,11 @@ def recipe_of(train: TrainConfig) -> Recipe:
 
 
 def check_recipe(train: TrainConfig, manifest=None) -> Recipe:
-    """`recipe_of(train)`, and that the dataset's `manifest` (if given) holds what it reads;
-    a one-line ConfigError naming `train.recipe` otherwise. Call it before launching."""
+    """`recipe_of(train)`, that the dataset's `manifest` (if given) holds what it reads, and
+    that its learning-rate rule resolves (`resolve_optimizer`); a one-line ConfigError naming
+    `train.recipe` (or `train.lr_scaling`) otherwise. Call it before launching."""
     recipe = recipe_of(train)
+    resolve_optimizer(train, recipe)
     if manifest is not None:
         check_fits(
             recipe, DataInfo.from_manifest(manifest), getattr(manifest, "url", "the dataset")

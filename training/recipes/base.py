@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetflow.config import BUILTIN_RECIPES, ConfigError
+from hetflow.config import BUILTIN_RECIPES, LR_RULES, ConfigError
 
 KINDS = ("tabular", "tokens", "images")
 REQUIRED = ("build_model", "loss", "evaluate")  # what a recipe must define itself
@@ -89,6 +89,12 @@ class Recipe:
     optimizer: str = "sgd"
     lr: float = 0.05
     weight_decay: float = 0.0
+    # The global batch `lr` was tuned at, and how it follows another (`hetflow.config.LR_RULES`:
+    # "linear", "sqrt" or "none"), rising to it over `lr_warmup_steps` where it grows
+    # (training.loop.optim). None: no tuned batch, the lr is used as it is at every batch.
+    tuned_batch: int | None = None
+    lr_scaling: str = "none"
+    lr_warmup_steps: int = 0
 
     def build_model(self, info: DataInfo) -> nn.Module:
         raise NotImplementedError
@@ -118,6 +124,7 @@ def get_recipe(name_or_path: str, **options) -> Recipe:
     except (TypeError, ValueError) as e:
         raise ConfigError(f"train.recipe_options: {name_or_path}: {e}") from None
     recipe.name = name_or_path
+    _check_lr_rule(name_or_path, recipe)
     if recipe.kind == "tokens" and not (isinstance(recipe.context, int) and recipe.context > 0):
         raise ConfigError(f"train.recipe: {name_or_path} reads tokens but has no context > 0")
     return recipe
@@ -156,6 +163,22 @@ def _check_interface(name: str, cls: type) -> None:
         raise ConfigError(
             f"train.recipe: {name!r} has kind {getattr(cls, 'kind', None)!r}; "
             f"expected one of {', '.join(KINDS)}"
+        )
+
+
+def _check_lr_rule(name: str, recipe: Recipe) -> None:
+    """A one-line ConfigError naming `train.recipe` where the recipe's learning-rate rule is
+    not one: an unknown rule, a tuned batch under 1, a negative warm-up."""
+    tuned, rule, warmup = recipe.tuned_batch, recipe.lr_scaling, recipe.lr_warmup_steps
+    if rule not in LR_RULES:
+        raise ConfigError(
+            f"train.recipe: {name} has lr_scaling {rule!r}; expected one of {', '.join(LR_RULES)}"
+        )
+    if tuned is not None and not (isinstance(tuned, int) and tuned >= 1):
+        raise ConfigError(f"train.recipe: {name} has tuned_batch {tuned!r}; expected an int >= 1")
+    if not (isinstance(warmup, int) and warmup >= 0):
+        raise ConfigError(
+            f"train.recipe: {name} has lr_warmup_steps {warmup!r}; expected an int >= 0"
         )
 
 

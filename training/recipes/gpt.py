@@ -2,9 +2,9 @@
 `model.py` (pre-norm blocks, causal self-attention, GELU MLP, tied embeddings).
 
 Byte-level (vocab 256), so it needs no tokenizer. The default (4 layers, 4 heads, 256 wide,
-a context of 128) has 3.2M parameters. Its loss is summed over the target tokens and counts
-them; a target of -1 is padding, neither predicted nor counted (a subclass whose windows are
-padded sets `count_per_sample = None`).
+a context of 128) has 3.2M parameters; `size` names larger presets, up to 1.2B (`SIZES`). Its
+loss is summed over the target tokens and counts them; a target of -1 is padding, neither
+predicted nor counted (a subclass whose windows are padded sets `count_per_sample = None`).
 
     >>> import numpy as np
     >>> from hetflow.training.recipes import get_recipe
@@ -19,6 +19,7 @@ padded sets `count_per_sample = None`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -96,24 +97,80 @@ class GPTModel(nn.Module):
         return self.head(self.ln_f(x))
 
 
+@dataclass(frozen=True)
+class Size:
+    """A named shape of the model, and the lr and batch (in tokens) it was tuned at."""
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    context: int
+    lr: float
+    tuned_tokens: int
+
+
+# nanoGPT's shakespeare_char (lr 1e-3 at 64 windows of 256 bytes) for the small default; GPT-3's
+# Medium, Large and XL shapes and learning rates (Brown et al. 2020, table 2.1: 0.5M, 0.5M and
+# 1M tokens a batch), at a context of 1024 bytes: GPT-3 trained them on BPE tokens at 2048, so
+# they are a starting point on bytes, not tuned here. XL has 16 heads of 128 (the table's 24
+# heads of 128 do not make its width of 2048). With vocab 256, parameters and the bytes of fp32
+# weights, gradients and AdamW's two moments (16 per parameter) are:
+#   small   3.2M     0.05 GB
+#   medium  304M     4.9 GB   fits one 16 GB device with DDP: ~5 windows of 1024 a step
+#   large   681M    10.9 GB   DDP on a 16 GB device: no room for 2 windows -> shard it
+#   xl      1.21B   19.4 GB   the state alone is over 16 GB -> shard it (24 GB: ~1 window)
+# Activations (Korthikanti et al. 2022: ~34 x context x width bytes per layer and window in
+# 16 bits with a fused attention, ~twice that in fp32) add, a window of 1024 in fp32: medium
+# 1.7 GB, large 2.6 GB, xl 3.4 GB (estimates). Measured on a CPU, one process training medium
+# on a window of 1024 in fp32 peaked at 5.7 GB, at AdamW's step: its 4.9 GB of state and the
+# runtime (benchmarks/gpt_memory.py, docs/measurements/recipes.md). The counts: the built
+# model's, in tests/test_lr_rule.py.
+SIZES = {
+    "small": Size(4, 4, 256, 128, 1e-3, 64 * 256),
+    "medium": Size(24, 16, 1024, 1024, 3e-4, 2**19),
+    "large": Size(24, 16, 1536, 1024, 2.5e-4, 2**19),
+    "xl": Size(24, 16, 2048, 1024, 2e-4, 2**20),
+}
+
+
+def _int(value: int | None, default: int) -> int:
+    return int(default if value is None else value)
+
+
 class GPT(Recipe):
-    """Options: n_layer, n_head, n_embd, context (tokens per window), dropout."""
+    """Options: size (a preset of `SIZES`: 'small', the default, 'medium', 'large', 'xl'),
+    and n_layer, n_head, n_embd, context (tokens per window), dropout, each overriding the
+    size's.
+
+    AdamW as nanoGPT trains; SGD with momentum makes this model's loss spike
+    (docs/measurements/recipes.md, "The default gpt ... comm"). The size's lr is tuned for a
+    batch of `Size.tuned_tokens` tokens, `tuned_batch` = that / context windows (at least 1),
+    and follows the global batch by its square root: the rule for adaptive optimizers
+    (Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms";
+    Hoffer et al. 2017), with nanoGPT's 100 warm-up steps where it rises.
+    """
 
     kind = "tokens"
-    # AdamW as nanoGPT trains (its small character-level model: lr 1e-3); SGD with momentum
-    # makes this model's loss spike (docs/measurements/recipes.md, "The default gpt ... comm").
-    optimizer, lr, weight_decay = "adamw", 1e-3, 0.1
+    optimizer, weight_decay = "adamw", 0.1
+    lr_scaling, lr_warmup_steps = "sqrt", 100
 
     def __init__(
         self,
-        n_layer: int = 4,
-        n_head: int = 4,
-        n_embd: int = 256,
-        context: int = 128,
+        size: str = "small",
+        n_layer: int | None = None,
+        n_head: int | None = None,
+        n_embd: int | None = None,
+        context: int | None = None,
         dropout: float = 0.0,
     ) -> None:
-        self.n_layer, self.n_head, self.n_embd = int(n_layer), int(n_head), int(n_embd)
-        self.context, self.dropout = int(context), float(dropout)
+        if size not in SIZES:
+            raise TypeError(f"size must be one of {', '.join(SIZES)} (got {size!r})")
+        shape = SIZES[size]
+        self.size, self.n_layer = size, _int(n_layer, shape.n_layer)
+        self.n_head, self.n_embd = _int(n_head, shape.n_head), _int(n_embd, shape.n_embd)
+        self.context, self.dropout = _int(context, shape.context), float(dropout)
+        self.lr = shape.lr
+        self.tuned_batch = max(1, shape.tuned_tokens // max(self.context, 1))
         self.count_per_sample = self.context  # full windows; a padded recipe sets None
         if min(self.n_layer, self.n_head, self.n_embd, self.context) < 1:
             raise TypeError("n_layer, n_head, n_embd and context must be >= 1")
