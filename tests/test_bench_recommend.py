@@ -19,6 +19,7 @@ from benchmarks.recommend.figures import (
     link_for,
     measured_row,
     naive_mixes,
+    phases,
     pooled_cpu_per_sample,
     typical_settled,
     versus_naive,
@@ -139,3 +140,12 @@ def test_one_short_run_reports_every_choice_measured_against_its_prediction(tmp_
             row["measured_hours"] / row["predicted_hours"]
         )
     assert figures["max_abs_error"] >= abs(figures["choices"]["recommended"]["hours_error"])
+
+
+def test_phases_take_the_slowest_ranks_medians_after_the_first_steps():
+    fast = [{"compute_s": c, "data_s": 0.001, "step_s": 0.1} for c in (9.0, 0.02, 0.03, 0.04)]
+    slow = [{"compute_s": c, "data_s": 0.002, "step_s": 0.1} for c in (9.0, 0.05, 0.07, 0.06)]
+    went = phases([fast, slow, []], skip=1)
+    assert went["compute_s"] == pytest.approx(0.06)
+    assert went["data_s"] == pytest.approx(0.002)
+    assert went["step_s"] == pytest.approx(0.1)

@@ -46,6 +46,7 @@ from benchmarks.recommend.figures import (
     link_for,
     measured_row,
     naive_mixes,
+    phases,
     pooled_cpu_per_sample,
     typical_settled,
     versus_naive,
@@ -141,12 +142,13 @@ def table_cpu(run_dir: Path, batches: list[int], world: int) -> dict[int, float]
 
 
 PILOT_STEPS = 6  # the pilot run that reads the host's CPU cost of each local batch
+SKIP_STEPS = 3  # a run's first steps, left out of `figures.phases`
 
 
-def run_once(cluster, flat, args, steps, dataset, run_dir) -> tuple[float, dict[int, float]]:
+def run_once(cluster, flat, args, steps, dataset, run_dir) -> tuple[float, dict, dict]:
     """One emulated run of `steps` steps at local batches `flat`: (its steady step, the wall
     clock between steps after the warm-up; the CPU time its emulator dilated from per local
-    batch, `table_cpu`)."""
+    batch, `table_cpu`; where its steps went, `figures.phases`)."""
     knobs = {
         "recipe": args.stand_in,
         "steps": steps,
@@ -161,7 +163,12 @@ def run_once(cluster, flat, args, steps, dataset, run_dir) -> tuple[float, dict[
     ran = run_plan(cluster, Plan(local_batches=flat), cfg, dataset, run_dir, variant=cluster.name)
     result = RunResult.model_validate(ran.raw)
     m = summarize(result, cfg.global_batch, cfg.target_accuracy, cfg.target_val_loss)
-    return cfg.global_batch / m.steady_samples_per_s, table_cpu(run_dir, flat, len(flat))
+    records = [[r.model_dump() for r in rank.records] for rank in result.ranks]
+    return (
+        cfg.global_batch / m.steady_samples_per_s,
+        table_cpu(run_dir, flat, len(flat)),
+        phases(records, skip=min(SKIP_STEPS, steps // 2)),
+    )
 
 
 def run_choice(name, round_, cands, choice, args, dataset, tmp) -> dict:
@@ -183,10 +190,10 @@ def run_choice(name, round_, cands, choice, args, dataset, tmp) -> dict:
 
     base = Path(tmp) / f"{name}-{round_}"
     bare = emulated_cluster(name, cands, counts, batches, args, 1.0, 0.0)
-    _, pilot = run_once(bare, flat, args, PILOT_STEPS, dataset, base / "pilot")
+    _, pilot, _ = run_once(bare, flat, args, PILOT_STEPS, dataset, base / "pilot")
     k_pilot = clock(pilot)
     linked = emulated_cluster(name, cands, counts, batches, args, k_pilot, pred.comm_s)
-    step, cpu = run_once(linked, flat, args, args.run_steps, dataset, base / "run")
+    step, cpu, went = run_once(linked, flat, args, args.run_steps, dataset, base / "run")
     return {
         "emulated_step_s": step,
         "k": clock(cpu),
@@ -194,6 +201,7 @@ def run_choice(name, round_, cands, choice, args, dataset, tmp) -> dict:
         "link_gbps": linked.workers[0].link_gbps,
         "host_drift": pooled_cpu_per_sample(cpu, flat) / pooled_cpu_per_sample(pilot, flat) - 1,
         "cpu_s": cpu,
+        **{f"emulated_{key}": v for key, v in went.items()},
     }
 
 
@@ -221,11 +229,14 @@ def main(argv: list[str] | None = None) -> int:
             "mix": pred.label(cands),
             "local_batches": batches,
             **{f"predicted_{k}": v for k, v in predicted.items()},
+            "predicted_compute_s": pred.compute_s,
             "predicted_comm_s": pred.comm_s,
             **measured_row(
                 predicted, med["emulated_step_s"], med["k"], args.steps, pred.usd_per_hour
             ),
             **med,
+            "measured_compute_s": med["emulated_compute_s"] * med["k"],
+            "measured_data_s": med["emulated_data_s"] * med["k"],
             "emulated_step_runs_s": [r["emulated_step_s"] for r in runs[name]],
         }
     out = {

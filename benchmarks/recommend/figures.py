@@ -119,3 +119,14 @@ def typical_settled(records: Sequence[tuple[int, float]], world: int, keep: int)
     window = world * keep
     cpus = [cpu for _, cpu in records]
     return statistics.median(min(cpus[max(0, i - window + 1) : i + 1]) for i in range(len(cpus)))
+
+
+def phases(ranks: Sequence[Sequence[Mapping]], skip: int) -> dict[str, float]:
+    """Where a run's step went, in emulated seconds, from each rank's step records after the
+    first `skip`: the slowest rank's median compute phase (`compute_s`) and data wait
+    (`data_s`), and the median step (`step_s`) of the rank whose median step is longest."""
+
+    def median_of(key: str) -> float:
+        return max(statistics.median(r[key] for r in recs[skip:]) for recs in ranks if recs)
+
+    return {key: median_of(key) for key in ("compute_s", "data_s", "step_s")}

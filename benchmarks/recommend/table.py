@@ -8,6 +8,8 @@ COLUMNS = (
     ("mix", "mix", "{}"),
     ("predicted_step_s", "pred step ms", "ms"),
     ("measured_step_s", "meas step ms", "ms"),
+    ("predicted_compute_s", "pred compute ms", "ms"),
+    ("measured_compute_s", "meas compute ms", "ms"),
     ("predicted_hours", "pred h", "{:.3f}"),
     ("measured_hours", "meas h", "{:.3f}"),
     ("predicted_cost_usd", "pred $", "{:.2f}"),
@@ -38,7 +40,7 @@ def print_table(out: dict) -> None:
         t.add_column(head, justify="left" if head == "mix" else "right")
     for name, row in out["choices"].items():
         t.add_row(name, *(cell(row[key], fmt) for key, _, fmt in COLUMNS))
-    wide_console(150).print(t)
+    wide_console(190).print(t)
     vs = out["versus_naive"]
     if vs["best_naive"] is None:
         print("no naive choice met the deadline (measured)")
