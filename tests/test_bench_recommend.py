@@ -16,6 +16,7 @@ from hetflow.training.plan.recommend import curve_for
 from benchmarks.recommend import main, parser, plan_choices
 from benchmarks.recommend.figures import (
     device_seconds_per_emulated,
+    even_host_peaks,
     link_for,
     measured_row,
     naive_mixes,
@@ -149,3 +150,25 @@ def test_phases_take_the_slowest_ranks_medians_after_the_first_steps():
     assert went["compute_s"] == pytest.approx(0.06)
     assert went["data_s"] == pytest.approx(0.002)
     assert went["step_s"] == pytest.approx(0.1)
+
+
+def test_even_host_speeds_put_every_worker_on_its_curve_despite_the_hosts_fixed_cost():
+    """With cpu(b) = a + c x b (a host cost per step), the workers' emulated computes, converted
+    by the clock, follow the curves again once their peaks are even_host_peaks'."""
+    model, time_scale = MODELS["resnet50"], 32.0
+    presets, batches = ["t4", "t4", "v100"], [60, 61, 131]
+    cpu = {b: 0.004 + 7e-6 * b for b in set(batches)}
+    plain = [PRESETS[p].peak_samples_per_s for p in presets]
+    assert even_host_peaks(plain, batches, {b: 7e-6 * b for b in cpu}) == pytest.approx(plain)
+    peaks = even_host_peaks(plain, batches, cpu)
+    workers = [
+        WorkerSpec(name=f"w{i}", preset=p, speed=s / 1e3)
+        for i, (p, s) in enumerate(zip(presets, peaks))
+    ]
+    cluster = ClusterSpec(workers=workers, time_scale=time_scale)
+    k = device_seconds_per_emulated(
+        3.0, time_scale, max(peaks), pooled_cpu_per_sample(cpu, batches)
+    )
+    for w, slowdown, b, p in zip(workers, cluster.slowdowns(), batches, presets):
+        _, curve = curve_for("x", p.upper(), model, b)
+        assert slowdown * cpu[b] * w.shape(b) * k == pytest.approx(curve[b - 1], rel=1e-9)

@@ -43,6 +43,7 @@ from hetflow.training.plan.recommend import (
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.recommend.figures import (
     device_seconds_per_emulated,
+    even_host_peaks,
     link_for,
     measured_row,
     naive_mixes,
@@ -65,7 +66,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline-h", type=float, default=2.0, dest="deadline_h", metavar="H")
     p.add_argument("--run-steps", type=int, default=30, dest="run_steps", help="steps run")
     p.add_argument("--stand-in", default="digits-mlp", dest="stand_in", choices=STAND_INS)
-    p.add_argument("--time-scale", type=float, default=16.0, dest="time_scale")
+    p.add_argument("--time-scale", type=float, default=32.0, dest="time_scale")
+    p.add_argument(
+        "--even-host",
+        action="store_true",
+        dest="even_host",
+        help="scale each worker's emulated speed by its batch's CPU per sample on this host "
+        "over the pooled one (from the pilot run), so the host's own fixed cost per step does "
+        "not unbalance a mix (figures.even_host_peaks)",
+    )
     p.add_argument("--max-ranks", type=int, default=4, dest="max_ranks")
     p.add_argument("--repeat", type=int, default=1, help="run every choice N times (median)")
     p.add_argument("--json", dest="json_path")
@@ -107,13 +116,14 @@ def plan_choices(args):
     return cands, rec, out
 
 
-def emulated_cluster(name, cands, counts, batches, args, k, comm_s) -> ClusterSpec:
-    """One worker per GPU of the mix on its preset (speed: its exact peak / 1000), an
-    instance per node, every link at `figures.link_for`'s bandwidth."""
-    n = sum(len(bs) for bs in batches)
+def emulated_cluster(name, cands, counts, peaks, args, k, comm_s) -> ClusterSpec:
+    """One worker per GPU of the mix on its preset (speed: `peaks` / 1000, its exact peak
+    samples/s unless `--even-host`), an instance per node, every link at
+    `figures.link_for`'s bandwidth."""
+    n = len(peaks)
     sent = 2 * (n - 1) / n * MODELS[args.stand_in].grad_bytes
     gbps = link_for(comm_s, k, args.time_scale, sent)
-    workers = []
+    workers, speeds = [], iter(peaks)
     for c, m in zip(cands, counts, strict=True):
         stem = c.instance_type.replace(".", "-")
         for i in range(m):
@@ -122,7 +132,7 @@ def emulated_cluster(name, cands, counts, batches, args, k, comm_s) -> ClusterSp
                     WorkerSpec(
                         name=f"{stem}-{i}-{g}",
                         preset=c.preset,
-                        speed=PRESETS[c.preset].peak_samples_per_s / 1e3,
+                        speed=next(speeds) / 1e3,
                         node=f"{stem}-{i}",
                         link_gbps=gbps,
                     )
@@ -141,7 +151,7 @@ def table_cpu(run_dir: Path, batches: list[int], world: int) -> dict[int, float]
     return out
 
 
-PILOT_STEPS = 6  # the pilot run that reads the host's CPU cost of each local batch
+PILOT_STEPS = 12  # the pilot run that reads the host's CPU cost of each local batch
 SKIP_STEPS = 3  # a run's first steps, left out of `figures.phases`
 
 
@@ -178,21 +188,25 @@ def run_choice(name, round_, cands, choice, args, dataset, tmp) -> dict:
     link was set from (a drift of x puts the emulated all-reduce off by about -x)."""
     counts, pred, batches = choice
     flat = [b for bs in batches for b in bs]
-    peak_f = max(
-        PRESETS[c.preset].peak_samples_per_s for c, n in zip(cands, counts, strict=True) if n
-    )
+    peaks = [
+        PRESETS[c.preset].peak_samples_per_s
+        for c, bs in zip(cands, batches, strict=True)
+        for _ in bs
+    ]
     model = MODELS[args.job_recipe]
     scale = TRAIN_OVER_INFERENCE * model.per_sample_flops / MODELS[CURVE_MODEL].per_sample_flops
 
     def clock(cpu: dict[int, float]) -> float:
         c = pooled_cpu_per_sample(cpu, flat)
-        return device_seconds_per_emulated(scale, args.time_scale, peak_f, c)
+        return device_seconds_per_emulated(scale, args.time_scale, max(peaks), c)
 
     base = Path(tmp) / f"{name}-{round_}"
-    bare = emulated_cluster(name, cands, counts, batches, args, 1.0, 0.0)
+    bare = emulated_cluster(name, cands, counts, peaks, args, 1.0, 0.0)
     _, pilot, _ = run_once(bare, flat, args, PILOT_STEPS, dataset, base / "pilot")
+    if args.even_host:
+        peaks = even_host_peaks(peaks, flat, pilot)
     k_pilot = clock(pilot)
-    linked = emulated_cluster(name, cands, counts, batches, args, k_pilot, pred.comm_s)
+    linked = emulated_cluster(name, cands, counts, peaks, args, k_pilot, pred.comm_s)
     step, cpu, went = run_once(linked, flat, args, args.run_steps, dataset, base / "run")
     return {
         "emulated_step_s": step,

@@ -130,3 +130,14 @@ def phases(ranks: Sequence[Sequence[Mapping]], skip: int) -> dict[str, float]:
         return max(statistics.median(r[key] for r in recs[skip:]) for recs in ranks if recs)
 
     return {key: median_of(key) for key in ("compute_s", "data_s", "step_s")}
+
+
+def even_host_peaks(
+    peaks: Sequence[float], batches: Sequence[int], cpu_s: Mapping[int, float]
+) -> list[float]:
+    """`--even-host`: each worker's peak samples/s times its batch's CPU per sample on the host
+    over the pooled one (`pooled_cpu_per_sample`), so that a worker whose batch costs the host
+    more per sample is emulated that much faster and its emulated compute follows its preset
+    curve on the pooled clock; unchanged where cpu(b) is c x b."""
+    c = pooled_cpu_per_sample(cpu_s, batches)
+    return [p * cpu_s[b] / b / c for p, b in zip(peaks, batches, strict=True)]
