@@ -172,3 +172,19 @@ def test_even_host_speeds_put_every_worker_on_its_curve_despite_the_hosts_fixed_
     for w, slowdown, b, p in zip(workers, cluster.slowdowns(), batches, presets):
         _, curve = curve_for("x", p.upper(), model, b)
         assert slowdown * cpu[b] * w.shape(b) * k == pytest.approx(curve[b - 1], rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--deadline-h", "0"], "--deadline-h"),
+        (["--run-steps", "-3"], "--run-steps"),
+        (["--max-ranks", "0"], "--max-ranks"),
+        (["--candidates", "g9.xlarge:1"], "--candidates"),
+        (["--deadline-h", "0.01"], "--deadline-h"),  # no mix is that fast
+    ],
+)
+def test_bad_input_is_one_line_naming_its_flag_before_anything_runs(argv, flag):
+    with pytest.raises(ConfigError, match=f"^{flag}: ") as e:
+        main(argv)
+    assert "\n" not in str(e.value)

@@ -92,7 +92,15 @@ def plan_choices(args):
     a one-line ConfigError naming the flag before anything runs."""
     from hetflow.cli.recommend import candidates_of
 
-    for flag in ("global_batch", "steps", "deadline_h", "run_steps", "time_scale", "repeat"):
+    for flag in (
+        "global_batch",
+        "steps",
+        "deadline_h",
+        "run_steps",
+        "time_scale",
+        "repeat",
+        "max_ranks",
+    ):
         positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     job = Job(MODELS[args.job_recipe], args.global_batch, args.steps)
     cands, _ = candidates_of(args.candidates, job)
