@@ -13,9 +13,11 @@ ResNet-50's. Where cpu(b) = c x b, their ratio is the same for every worker of t
     device seconds = emulated seconds x scale / (time_scale x peak_f x c)
 
 c is the host's CPU seconds per sample of the stand-in, pooled over the cluster's local
-batches (sum of cpu(b) over sum of b), timed before the runs. The host's fixed cost per step
-(cpu(b) is not quite c x b) and whatever runs outside the emulated compute phase (data, the
-optimizer step, Python) are not converted away: they are part of the measured error.
+batches (sum of cpu(b) over sum of b), as the run's own emulator dilated from (its shared
+table of each batch's CPU time: `typical_settled`). The host's fixed cost per step (cpu(b) is
+not quite c x b; `even_host_peaks` can cancel it) and whatever runs outside the emulated
+compute phase (data, the optimizer step, Python) are not converted away: they are part of the
+measured error.
 """
 
 from __future__ import annotations
