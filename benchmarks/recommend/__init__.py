@@ -244,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
     rows = {}
     for name, (_, pred, batches) in choices.items():
-        ranked = sorted(runs[name], key=lambda r: r["emulated_step_s"])
+        # each run has its own clock k (the host's pace in it): rank them in device time
+        ranked = sorted(runs[name], key=lambda r: r["emulated_step_s"] * r["k"])
         med = ranked[(len(ranked) - 1) // 2]
         predicted = {"step_s": pred.step_s, "hours": pred.hours, "cost_usd": pred.cost_usd}
         rows[name] = {
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             **med,
             "measured_compute_s": med["emulated_compute_s"] * med["k"],
             "measured_data_s": med["emulated_data_s"] * med["k"],
-            "emulated_step_runs_s": [r["emulated_step_s"] for r in runs[name]],
+            "measured_step_runs_s": [r["emulated_step_s"] * r["k"] for r in runs[name]],
         }
     out = {
         "flags": vars(args),
