@@ -64,6 +64,10 @@ def bench_parser(name: str, rest: list[str]):
         from benchmarks.lr_rule import parser
 
         return parser()
+    if name == "recommend":
+        from benchmarks.recommend import parser
+
+        return parser()
     if "--train" in rest:
         from benchmarks import data_train
 
