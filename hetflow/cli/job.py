@@ -36,6 +36,7 @@ FLAGS = {
     "global_batch": "--global-batch",
     "seed": "--seed",
     "allow_local_sgd": "--allow-local-sgd",
+    "strategy": "--strategy",
     "url": "--dataset-url",
 }
 
@@ -126,6 +127,17 @@ def add_accumulate_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_strategy_arg(p: argparse.ArgumentParser) -> None:
+    """--strategy (`TrainConfig.strategy`)."""
+    p.add_argument(
+        "--strategy",
+        choices=choices(TrainConfig, "strategy"),
+        default=TRAIN.strategy,
+        help="ddp: every worker holds the whole model; fsdp: parameters, gradients and "
+        "optimizer state sharded across the workers (torch's FSDP2), plain all-reduce only",
+    )
+
+
 def add_job_args(p: argparse.ArgumentParser) -> None:
     speeds = ",".join(f"{s:g}" for s in DEFAULT_SPEEDS)
     p.add_argument(
@@ -142,6 +154,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=TRAIN.steps, help="optimizer steps per variant")
     add_recipe_arg(p, TRAIN.recipe)
     add_compression_args(p)
+    add_strategy_arg(p)
     p.add_argument(
         "--global-batch",
         type=int,
@@ -242,6 +255,7 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
         "global_batch": args.global_batch,
         "seed": args.seed,
         "precision": getattr(args, "precision", TRAIN.precision),
+        "strategy": getattr(args, "strategy", TRAIN.strategy),
         "allow_local_sgd": getattr(args, "allow_local_sgd", TRAIN.allow_local_sgd),
         "accumulate": getattr(args, "accumulate", TRAIN.accumulate),
     }
