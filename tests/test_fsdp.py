@@ -81,6 +81,9 @@ def test_fsdp_on_uneven_batches_trains_the_weights_of_one_process(digits, tmp_pa
     assert max(held) < 0.5 * 3 * whole, held
     assert all(r["peak_device_bytes"] > 0 for r in ranks)
     assert [rec["batch"] for rec in ranks[1]["records"]] == [plan[1]] * STEPS
+    # the shards' all-gathers and reduce-scatters are counted, the same whatever the batch
+    sent = [[rec["bytes_sent"] for rec in r["records"]] for r in ranks]
+    assert sent[0][0] > 0 and all(s == sent[0] for s in sent), sent
 
 
 @pytest.mark.slow
