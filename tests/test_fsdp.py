@@ -162,3 +162,36 @@ def test_gpt_shards_its_blocks_and_keeps_the_tied_embedding_with_the_root():
     mlp = get_recipe("digits-mlp")
     tabular = mlp.build_model(DataInfo())
     assert mlp.shard_units(tabular) == list(tabular.children())
+
+
+def test_bench_fsdp_refuses_bad_flags_before_anything_runs(capsys):
+    assert main(["bench", "fsdp", "--steps", "0"]) == 2
+    assert "train.steps" in capsys.readouterr().err
+    assert main(["bench", "fsdp", "--speeds", "1,0"]) == 2
+    assert "--speeds" in capsys.readouterr().err
+
+
+def test_bench_fsdp_ratios_are_fsdp_over_ddp_and_planned_over_equal():
+    from hetflow.cli.commands import benchmark_module
+
+    bench = benchmark_module("fsdp")
+
+    def run(state: int, rss: int, tp: float) -> dict:
+        return {
+            "state_bytes": [state] * 4,
+            "peak_rss_bytes": [rss] * 4,
+            "throughput_samples_per_s": tp,
+        }
+
+    runs = {
+        "ddp-equal": run(400, 1000, 100.0),
+        "fsdp-equal": run(100, 900, 90.0),
+        "ddp-proportional": run(400, 1000, 180.0),
+        "fsdp-proportional": run(100, 900, 135.0),
+    }
+    r = bench.ratios(runs)
+    assert r["state_bytes_fsdp_over_ddp"] == 100 / 400
+    assert r["peak_rss_fsdp_over_ddp"] == 900 / 1000
+    assert r["throughput_fsdp_over_ddp_equal"] == 90 / 100
+    assert r["throughput_fsdp_over_ddp_planned"] == 135 / 180
+    assert (r["planned_over_equal_ddp"], r["planned_over_equal_fsdp"]) == (1.8, 1.5)
