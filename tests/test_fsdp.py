@@ -88,6 +88,28 @@ def test_fsdp_on_uneven_batches_trains_the_weights_of_one_process(digits, tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_a_sharded_run_resumes_its_checkpoint_on_fewer_workers(digits, tmp_path):
+    # three workers checkpoint after step 2 (the full state, gathered from their shards); two
+    # of them go on from it, re-sharded, with the same global batch: the weights are still
+    # one process's on the whole batch (step t reads the same samples whatever the plan)
+    three = fsdp_spec(digits, tmp_path / "three", [5, 9, 18])
+    run_workers(three, timeout_s=240, max_restarts=0)
+    two = fsdp_spec(digits, tmp_path / "two", [12, 20])
+    two = two.model_copy(
+        update={
+            "checkpoint_url": f"{three.run_dir}/checkpoints",
+            "train": two.train.model_copy(update={"steps": 5}),
+        }
+    )
+    result, _ = run_workers(two, timeout_s=240, max_restarts=0)
+    assert [rec["step"] for rec in result["ranks"][0]["records"]][-3:] == [2, 3, 4]
+    assert result["ranks"][0]["plans"][-1] == {"step": 2, "plan": [12, 20]}
+    reference = _single_process_steps(three, [{"step": 0, "plan": [5, 9, 18]}], 5)
+    _assert_same_params(torch.load(Path(two.run_dir) / "model.pt"), reference[-1][0])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_run_refuses_a_checkpoint_taken_under_another_strategy(digits, tmp_path):
     ddp = fsdp_spec(digits, tmp_path / "ddp", [8, 8], strategy="ddp")
     result, _ = run_workers(ddp, timeout_s=200, max_restarts=0)
