@@ -76,12 +76,12 @@ def run_figures(raw: dict, cfg: TrainConfig, plan: list[int], wall_s: float) -> 
     ranks = result.ranks
     return {
         "plan": plan,
-        "throughput_samples_per_s": m["throughput_samples_per_s"],
+        "throughput_samples_per_s": m.throughput_samples_per_s,
         "state_bytes": [r.state_bytes for r in ranks],
         "peak_rss_bytes": [r.peak_rss_bytes for r in ranks],
         "peak_device_bytes": [r.peak_device_bytes for r in ranks],
         "bytes_per_step": [r.bytes_total / max(len(r.records), 1) for r in ranks],
-        "final_val_loss": m.get("final_val_loss"),
+        "final_val_loss": m.final_val_loss,
         "params": ranks[0].params,
         "run_s": wall_s,
     }
