@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -51,6 +51,7 @@ class Net:
     device: str = "cpu"
     strategy: str = "ddp"
     plain: Callable[[], nn.Module] | None = None
+    _copy: nn.Module | None = field(default=None, init=False, repr=False)
 
     @property
     def sharded(self) -> bool:
@@ -80,9 +81,10 @@ class Net:
         weights, _ = sharded.full_state(self.model, self.opt)
         if rank != 0:
             return None
-        copy = self.plain().to(self.device)
-        copy.load_state_dict(weights)
-        return copy
+        if self._copy is None:  # built once, on rank 0 only
+            self._copy = self.plain().to(self.device)
+        self._copy.load_state_dict(weights)
+        return self._copy
 
     def state_bytes(self) -> int:
         """Bytes of parameters, gradients and optimizer state this rank holds
