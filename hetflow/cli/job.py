@@ -105,7 +105,7 @@ def check_recipe_import(train: TrainConfig) -> None:
 
 
 def add_compression_args(p: argparse.ArgumentParser) -> None:
-    """--allow-local-sgd (`TrainConfig.allow_local_sgd`)."""
+    """--allow-local-sgd (`TrainConfig.allow_local_sgd`) and --strategy."""
     p.add_argument(
         "--allow-local-sgd",
         action="store_true",
@@ -114,6 +114,7 @@ def add_compression_args(p: argparse.ArgumentParser) -> None:
         "hierarchical:4 across nodes), which averages the model every 4 steps instead of the "
         "gradient every step",
     )
+    add_strategy_arg(p)  # how the gradient travels: DDP's all-reduce, or FSDP's shards
 
 
 def add_accumulate_arg(p: argparse.ArgumentParser) -> None:
@@ -154,7 +155,6 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=TRAIN.steps, help="optimizer steps per variant")
     add_recipe_arg(p, TRAIN.recipe)
     add_compression_args(p)
-    add_strategy_arg(p)
     p.add_argument(
         "--global-batch",
         type=int,
