@@ -43,6 +43,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=16, help="steps per run (default: 16)")
     p.add_argument("--global-batch", type=int, default=32, dest="global_batch")
     add_recipe_arg(p, "gpt")
+    p.add_argument(
+        "--no-emulate",
+        dest="emulate",
+        action="store_false",
+        help="no time dilation: every worker at this host's own pace (what each strategy "
+        "costs the host itself)",
+    )
     p.add_argument("--json", dest="json_path")
     return p
 
@@ -52,7 +59,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, ClusterSpec,
     args = parser().parse_args(argv)
     if recipe_flag(args) == "gpt" and not args.recipe_option:
         args.recipe_option = SMALL_GPT.split(",")
-    cluster = ClusterSpec.from_speeds(parse_speeds(args.speeds), name=f"bench-{args.speeds}")
+    speeds = parse_speeds(args.speeds)
+    cluster = ClusterSpec.from_speeds(speeds, name=f"bench-{args.speeds}", emulate=args.emulate)
     knobs = {
         "recipe": recipe_flag(args),
         "recipe_options": recipe_options(args),
@@ -145,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {runs[name]['throughput_samples_per_s']:.1f} samples/s", flush=True)
     out = {
         "speeds": parse_speeds(args.speeds),
+        "emulated": args.emulate,
         "recipe": base.recipe,
         "recipe_options": base.recipe_options,
         "steps": base.steps,
