@@ -218,3 +218,43 @@ def test_bench_fsdp_ratios_are_fsdp_over_ddp_and_planned_over_equal():
     assert r["throughput_fsdp_over_ddp_equal"] == 90 / 100
     assert r["throughput_fsdp_over_ddp_planned"] == 135 / 180
     assert (r["planned_over_equal_ddp"], r["planned_over_equal_fsdp"]) == (1.8, 1.5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_under_fsdp_the_dynamic_plan_moves_work_off_a_straggler(digits, tmp_path):
+    # as tests/test_training.py's DDP test: rank 3 slows 4x at step 12, and the step-by-step
+    # shared timings re-plan a few steps later, every rank alike, the global batch kept. The
+    # others wait for it after the optimizer's step (`sharded.end_phase_at_step`), not in the
+    # next forward's all-gather: otherwise every rank's compute time rises with the straggler's
+    # and the re-balancer sees no imbalance (it did not re-plan at all)
+    cluster = ClusterSpec.from_speeds([1.0, 1.0, 2.0, 4.0])
+    train = TrainConfig(
+        recipe="digits-cnn",
+        global_batch=64,
+        steps=24,
+        schedule="dynamic",
+        rebalance_threshold=0.3,
+        rebalance_every=100,
+        eval_every=100,
+        checkpoint_every=100,
+        target_accuracy=None,
+        strategy="fsdp",
+    )
+    spec = RunSpec(
+        run_name="straggler",
+        variant="dynamic",
+        cluster=cluster,
+        dataset=digits,
+        train=train,
+        plan=Plan.equal([8, 8, 16, 32]),
+        stragglers=[(3, 12, 4.0)],
+        run_dir=str(tmp_path),
+    )
+    result, _ = run_workers(spec, timeout_s=240, max_restarts=0)
+    plans = result["ranks"][0]["plans"]
+    before = [p for p in plans if p["step"] <= 12][-1]
+    moved = [p for p in plans if 12 < p["step"] <= 16]
+    assert moved and moved[0]["plan"][3] < before["plan"][3], plans
+    assert all(sum(p["plan"]) == 64 for p in plans), plans
+    assert all(r["plans"] == plans for r in result["ranks"])

@@ -16,6 +16,8 @@ What differs from DDP (`training.loop.step.build_net`):
 - No comm hook: the plain gradient only (`check_job` refuses compression). The emulator's
   compute phase ends where the optimizer's step begins (`end_phase_at_step`), after backward
   and its reduce-scatters; DDP's hook ends it at the last bucket, before the last collectives.
+  A barrier after the step then holds a rank's wait for a slower one (DDP's last all-reduce
+  holds it there).
 - Rank 0 evaluates, checkpoints and exports a full copy gathered from every rank's shards
   (`full_state`, a collective every rank calls).
 - Precision: the autocast of `MixedPrecision` as under DDP; fp16's loss scale is refused
@@ -25,6 +27,7 @@ What differs from DDP (`training.loop.step.build_net`):
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -53,12 +56,19 @@ def shard_model(model: nn.Module, units: list[nn.Module]) -> nn.Module:
 
 def end_phase_at_step(opt: torch.optim.Optimizer, emu) -> None:
     """The emulated compute phase (`Emulator.start` in the step) ends when `opt` steps: the
-    end of backward where no DDP comm hook ends it."""
+    end of backward where no DDP comm hook ends it. After the step every rank meets the
+    others (a barrier): a rank whose phase ended sooner waits there, in its step's wait, as
+    under DDP in the last all-reduce, not in the next step's first all-gather, which would
+    count the wait as its compute and mislead the re-balancer."""
 
     def finish(*_) -> None:
         emu.finish()
 
+    def meet(*_) -> None:
+        dist.barrier()
+
     opt.register_step_pre_hook(finish)
+    opt.register_step_post_hook(meet)
 
 
 def inner(opt):
