@@ -223,7 +223,8 @@ def test_bench_fsdp_ratios_are_fsdp_over_ddp_and_planned_over_equal():
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_under_fsdp_the_dynamic_plan_moves_work_off_a_straggler(digits, tmp_path):
-    # as tests/test_training.py's DDP test: rank 3 slows 4x at step 12, and the step-by-step
+    # as tests/test_training.py's DDP test: rank 3 slows 8x at step 12 (4x, under FSDP's fixed
+    # per-step cost, left an imbalance of 0.27-0.31, at the threshold), and the step-by-step
     # shared timings re-plan a few steps later, every rank alike, the global batch kept. The
     # others wait for it after the optimizer's step (`sharded.end_phase_at_step`), not in the
     # next forward's all-gather: otherwise every rank's compute time rises with the straggler's
@@ -248,7 +249,7 @@ def test_under_fsdp_the_dynamic_plan_moves_work_off_a_straggler(digits, tmp_path
         dataset=digits,
         train=train,
         plan=Plan.equal([8, 8, 16, 32]),
-        stragglers=[(3, 12, 4.0)],
+        stragglers=[(3, 12, 8.0)],
         run_dir=str(tmp_path),
     )
     result, _ = run_workers(spec, timeout_s=240, max_restarts=0)
