@@ -228,7 +228,7 @@ def test_under_fsdp_the_dynamic_plan_moves_work_off_a_straggler(digits, tmp_path
     # shared timings re-plan a few steps later, every rank alike, the global batch kept. The
     # others wait for it after the optimizer's step (`sharded.end_phase_at_step`), not in the
     # next forward's all-gather: otherwise every rank's compute time rises with the straggler's
-    # and the re-balancer sees no imbalance (it did not re-plan at all)
+    # and the re-balancer sees no imbalance (with a 4x straggler it did not re-plan at all)
     cluster = ClusterSpec.from_speeds([1.0, 1.0, 2.0, 4.0])
     train = TrainConfig(
         recipe="digits-cnn",
