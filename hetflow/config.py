@@ -186,6 +186,13 @@ class TrainConfig(ConfigModel):
         "(CUDA compute capability >= 8.0), fp16 with a loss scale shared by every rank on older "
         "GPUs, fp32 on a CPU.",
     )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        title="Data parallelism",
+        description="'ddp': every worker holds the whole model, gradient and optimizer state; "
+        "'fsdp': they are sharded across the workers (torch's FSDP2), each worker still with "
+        "its own share of the batch; plain gradient communication only (docs/fsdp.md).",
+    )
     threads_per_rank: int = Field(1, ge=1, title="Torch threads per rank")
     checkpoint_every: int = Field(
         25,
@@ -265,10 +272,12 @@ class TrainConfig(ConfigModel):
 
     @classmethod
     def variant(cls, name: Literal["baseline", "optimized"], **kw) -> TrainConfig:
-        """The two variants of a job: baseline = equal split, no compression."""
+        """The two variants of a job: baseline = equal split, no compression; optimized =
+        re-balanced, compression 'auto' (none under fsdp, which has no comm hook to compress)."""
+        fsdp = kw.get("strategy") == "fsdp"
         knobs = {
             "baseline": {"schedule": "equal", "compression": "none"},
-            "optimized": {"schedule": "dynamic", "compression": "auto"},
+            "optimized": {"schedule": "dynamic", "compression": "none" if fsdp else "auto"},
         }[name]
         return cls(**{**kw, **knobs})
 
@@ -281,6 +290,8 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
             f"train.global_batch: {train.global_batch} is smaller than the {n} workers of the "
             "cluster; every worker needs at least one sample per step"
         )
+    if train.strategy == "fsdp":
+        check_fsdp(cluster, train)
     local = train.local_sgd()  # (field, method name) where local SGD may run
     if train.nonfinite == "skip" and local is not None:
         raise ConfigError(
@@ -317,6 +328,39 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
             f"cluster.workers.memory_cap_batch: the caps sum to {sum(caps)}, less than "
             f"train.global_batch={train.global_batch} (train.accumulate 'auto' runs the rest "
             "as micro-batches)"
+        )
+
+
+def check_fsdp(cluster: ClusterSpec, train: TrainConfig) -> None:
+    """What `strategy: fsdp` cannot run with (`check_job`): a compression method or local SGD
+    (both need DDP's comm hook or whole replicas), micro-batches (not done yet: FSDP's forward
+    all-gathers, so every rank would have to run the same count), and fp16's loss scale (its
+    Inf/NaN check would see each rank's own shard of the gradient, so the ranks could skip
+    different steps)."""
+    if train.compression != "none":
+        raise ConfigError(
+            f"train.compression: {train.compression!r} needs DDP's comm hook; strategy 'fsdp' "
+            "reduce-scatters the plain gradient: use none"
+        )
+    if train.allow_local_sgd:
+        raise ConfigError(
+            "train.allow_local_sgd: local SGD averages whole replicas, and under strategy "
+            "'fsdp' no worker holds one; leave it off"
+        )
+    if train.accumulate != "off":
+        raise ConfigError(
+            "train.accumulate: micro-batches under strategy 'fsdp' are not supported yet "
+            "(every rank would have to run the same count of them); use 'off'"
+        )
+    fp16 = [
+        f"cluster.workers[{w.name}].precision" if w.precision else "train.precision"
+        for w in cluster.workers
+        if (w.precision or train.precision) == "fp16"
+    ]
+    if fp16:
+        raise ConfigError(
+            f"{fp16[0]}: fp16's loss scale checks each rank's shard of the gradient under "
+            "strategy 'fsdp', and the ranks could skip different steps; use bf16 or fp32"
         )
 
 

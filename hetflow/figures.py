@@ -42,6 +42,12 @@ class RankFigures(_Figures):
     samples_per_s: float | None = Field(None, description="Samples over its compute time.")
     comm_bytes: float | None = Field(None, description="Bytes on the wire (a share of a ring's).")
     cost_usd: float | None = None
+    state_bytes: int | None = Field(
+        None, description="Parameters, gradients and optimizer state it held (its shards: fsdp)."
+    )
+    peak_memory_bytes: int | None = Field(
+        None, description="Peak allocated on its GPU; on a CPU, its process's peak RSS."
+    )
 
     def flat(self) -> Figures:
         return self._named(f"rank{self.rank}/", skip=("rank",))

@@ -367,6 +367,14 @@ class RankResult(_Record):
     cache: CacheCounts = CacheCounts()
     peak_rss_bytes: int = Field(0, description="The rank process's peak resident memory.")
     start_rss_bytes: int = Field(0, description="That peak before it opened the data.")
+    state_bytes: int = Field(
+        0,
+        description="Bytes of parameters, gradients and optimizer state the rank holds (its "
+        "shards under fsdp; gradients counted as large as the parameters).",
+    )
+    peak_device_bytes: int = Field(
+        0, description="Peak memory allocated on its GPU; on a CPU, its peak resident memory."
+    )
     trials: CompressionTrials | None = Field(None, description="'auto''s choice; else none.")
     cores: list[int] = Field([], description="The CPU cores the rank's process could run on.")
     timeline: Timeline = Timeline()

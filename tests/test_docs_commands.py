@@ -68,6 +68,10 @@ def bench_parser(name: str, rest: list[str]):
         from benchmarks.recommend import parser
 
         return parser()
+    if name == "fsdp":
+        from benchmarks.fsdp import parser
+
+        return parser()
     if "--train" in rest:
         from benchmarks import data_train
 

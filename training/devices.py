@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig
+from hetflow.infra.data.reader import peak_rss_bytes
 from hetflow.training.faults.guard import SkipCount
 
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -144,6 +145,14 @@ def to_device(batch: tuple[torch.Tensor, ...], device: str) -> tuple[torch.Tenso
     if device == "cpu":
         return batch
     return tuple(t.to(device, non_blocking=True) for t in batch)
+
+
+def peak_device_bytes(device: str) -> int:
+    """The most memory this rank held: CUDA's peak allocated on a GPU, else the process's
+    peak resident memory."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.max_memory_allocated(device))
+    return peak_rss_bytes()
 
 
 def synchronizer(device: str):

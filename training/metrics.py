@@ -178,6 +178,8 @@ def _rank_figures(r: RankResult) -> RankFigures:
         local_batch=recs[-1].batch,
         samples_per_s=samples / compute if compute else 0.0,
         comm_bytes=sum(x.bytes_sent for x in recs),
+        state_bytes=r.state_bytes,
+        peak_memory_bytes=r.peak_device_bytes,
     )
 
 

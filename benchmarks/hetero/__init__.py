@@ -189,6 +189,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         "global_batch": args.global_batch,
         "rebalance_every": args.rebalance_every,
         "rebalance_threshold": args.rebalance_threshold,
+        "strategy": args.strategy,
     }
     base = validated(TrainConfig, knobs, "train")
     check_job(cluster, base)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hetflow.cli.job import add_recipe_arg
+from hetflow.cli.job import add_recipe_arg, add_strategy_arg
 from hetflow.cli.parser import Parser
 from hetflow.config import ClusterSpec, TrainConfig
 
@@ -27,6 +27,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--steps", type=int, default=150)
     add_recipe_arg(p, "digits-cnn")
+    add_strategy_arg(p)
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument("--straggler", action="append", default=[], help="RANK:STEP:FACTOR (repeatable)")
     p.add_argument(

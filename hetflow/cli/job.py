@@ -36,6 +36,7 @@ FLAGS = {
     "global_batch": "--global-batch",
     "seed": "--seed",
     "allow_local_sgd": "--allow-local-sgd",
+    "strategy": "--strategy",
     "url": "--dataset-url",
 }
 
@@ -104,7 +105,7 @@ def check_recipe_import(train: TrainConfig) -> None:
 
 
 def add_compression_args(p: argparse.ArgumentParser) -> None:
-    """--allow-local-sgd (`TrainConfig.allow_local_sgd`)."""
+    """--allow-local-sgd (`TrainConfig.allow_local_sgd`) and --strategy."""
     p.add_argument(
         "--allow-local-sgd",
         action="store_true",
@@ -113,6 +114,7 @@ def add_compression_args(p: argparse.ArgumentParser) -> None:
         "hierarchical:4 across nodes), which averages the model every 4 steps instead of the "
         "gradient every step",
     )
+    add_strategy_arg(p)  # how the gradient travels: DDP's all-reduce, or FSDP's shards
 
 
 def add_accumulate_arg(p: argparse.ArgumentParser) -> None:
@@ -123,6 +125,17 @@ def add_accumulate_arg(p: argparse.ArgumentParser) -> None:
         default=TRAIN.accumulate,
         help="auto: a worker whose share passes its memory cap runs it as micro-batches, and "
         "the plan may give it more than its cap where that shortens the step (default: off)",
+    )
+
+
+def add_strategy_arg(p: argparse.ArgumentParser) -> None:
+    """--strategy (`TrainConfig.strategy`)."""
+    p.add_argument(
+        "--strategy",
+        choices=choices(TrainConfig, "strategy"),
+        default=TRAIN.strategy,
+        help="ddp: every worker holds the whole model; fsdp: parameters, gradients and "
+        "optimizer state sharded across the workers (torch's FSDP2), plain all-reduce only",
     )
 
 
@@ -242,6 +255,7 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
         "global_batch": args.global_batch,
         "seed": args.seed,
         "precision": getattr(args, "precision", TRAIN.precision),
+        "strategy": getattr(args, "strategy", TRAIN.strategy),
         "allow_local_sgd": getattr(args, "allow_local_sgd", TRAIN.allow_local_sgd),
         "accumulate": getattr(args, "accumulate", TRAIN.accumulate),
     }

@@ -53,6 +53,7 @@ COMPARISON_KNOBS = (
     "target_val_loss",
     "optimizer",
     "lr",
+    "strategy",
 )
 
 Draw = Callable[[Path], object]  # draws a figure into the file it is given

@@ -2,7 +2,8 @@
 process groups stay off the emulated network link.
 
 torch offers no per-collective callback, so `WireCounter` wraps `torch.distributed.all_reduce`,
-`all_gather` and `all_gather_into_tensor` for the life of a worker; every hook and model
+`all_gather` and `all_gather_into_tensor` (and FSDP2's `all_gather_single` and
+`reduce_scatter_single`) for the life of a worker; every hook and model
 averager calls them through the module, so every collective is charged. With an emulated link
 attached (`WireCounter.link`, during training), each collective over the network also costs
 the link's time where it is issued: an asynchronous one (a DDP bucket's) completes that much
@@ -78,6 +79,7 @@ class WireCounter:
     control_bytes: float = 0.0
     link: Link | None = None  # an emulated link the network's collectives are delayed on
     _restore: tuple = field(default=(), repr=False)
+    _sharded: tuple = field(default=(), repr=False)
 
     def install(self) -> None:
         real = (dist.all_reduce, dist.all_gather, dist.all_gather_into_tensor)
@@ -102,10 +104,36 @@ class WireCounter:
         dist.all_reduce, dist.all_gather = all_reduce, all_gather
         dist.all_gather_into_tensor = all_gather_into_tensor
         self._restore = real
+        self._install_sharded()
+
+    def _install_sharded(self) -> None:
+        """FSDP2's collectives (`all_gather_single`, `reduce_scatter_single`): counted as a
+        ring's (an all-gather sends (n-1) x its shard, a reduce-scatter (n-1)/n x its input),
+        and, over an emulated link, blocking where issued for the link's time: FSDP waits
+        only on a `Work` it recognises by type, which a delayed one is not (`_DelayedWork`)."""
+        real_gather, real_scatter = dist.all_gather_single, dist.reduce_scatter_single
+
+        def all_gather_single(output_tensor, input_tensor, group=None, async_op=False):
+            sent = self._charge(allgather_bytes(_nbytes(input_tensor), self._size(group)), group)
+            work = real_gather(output_tensor, input_tensor, group=group, async_op=async_op)
+            return self._block(work, sent)
+
+        def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, **kw):
+            n = self._size(group)
+            sent = self._charge(_nbytes(input) * (n - 1) / n, group)
+            work = real_scatter(output=output, input=input, op=op, group=group, **kw)
+            return self._block(work, sent)
+
+        dist.all_gather_single, dist.reduce_scatter_single = (
+            all_gather_single,
+            reduce_scatter_single,
+        )
+        self._sharded = (real_gather, real_scatter)
 
     def uninstall(self) -> None:
         if self._restore:
             dist.all_reduce, dist.all_gather, dist.all_gather_into_tensor = self._restore
+            dist.all_gather_single, dist.reduce_scatter_single = self._sharded
             self._restore = ()
 
     def _size(self, group) -> int:
@@ -140,6 +168,19 @@ class WireCounter:
                 time.sleep(rest)
             return None
         return _DelayedWork(work, link.deliver(work.get_future(), sent, 1))
+
+    def _block(self, work, sent: float | None):
+        """The collective's `work`, done, after the emulated link's time for `sent` bytes
+        (where one is attached and the collective used it)."""
+        link = self.link
+        if sent is None or link is None or not link.emulated:
+            return work
+        if work is not None:
+            work.wait()
+        rest = link.occupy(sent, 1) - now()
+        if rest > 0:
+            time.sleep(rest)
+        return work
 
     def take(self) -> tuple[float, int]:
         out = (self.bytes_sent, self.collectives)

@@ -74,7 +74,8 @@ class Checkpoint:
     """What a checkpoint holds after `step` steps on `workers`: the model, optimizer, lr
     scheduler, comm hook, loss scale and re-balancer state (as their `state_dict`s give them,
     the same on every rank or rank 0's), the loop's plan, plans, evaluations and training
-    time, 'auto''s trials, and every rank's step records. `to_dict` is what `CheckpointStore`
+    time, 'auto''s trials, every rank's step records, and the strategy (`strategy`: under fsdp
+    the full state gathered from every rank's shards). `to_dict` is what `CheckpointStore`
     saves, `from_dict` reads it back: the one place its keys are written."""
 
     step: int
@@ -91,6 +92,16 @@ class Checkpoint:
     scaler: dict
     records: list[list[StepRecord]]  # rank by rank
     scheduler: dict | None = None  # the lr scheduler's position; None in an older checkpoint
+    strategy: str = "ddp"  # `TrainConfig.strategy`: how `model` and `optimizer` are keyed
+
+    def check_strategy(self, strategy: str) -> None:
+        """A ValueError where this checkpoint was taken under another strategy: DDP's
+        optimizer state is keyed by parameter index, fsdp's by name."""
+        if strategy != self.strategy:
+            raise ValueError(
+                f"train.strategy: the checkpoint of step {self.step} was taken under "
+                f"{self.strategy!r}, this run is {strategy!r}; resume it with {self.strategy!r}"
+            )
 
     def to_dict(self) -> dict:
         return {
@@ -108,6 +119,7 @@ class Checkpoint:
             "scaler": self.scaler,
             "records": [[r.model_dump() for r in rank] for rank in self.records],
             "scheduler": self.scheduler,
+            "strategy": self.strategy,
         }
 
     @classmethod
@@ -130,6 +142,7 @@ class Checkpoint:
             scaler=saved.get("scaler", {}),
             records=[[StepRecord.model_validate(r) for r in rank] for rank in saved["records"]],
             scheduler=saved.get("scheduler"),
+            strategy=saved.get("strategy", "ddp"),
         )
 
     def narrowed(self, workers: list[str], plan: list[int]) -> Checkpoint:

@@ -1,11 +1,13 @@
-"""What one rank trains: the recipe's model under DDP with the plan's comm hook, the optimizer,
-the weighting of each rank's summed loss (`MeanOverCounts`), the re-balancer it starts from,
-and the emulated stragglers' slowdown."""
+"""What one rank trains: the recipe's model under DDP with the plan's comm hook (or sharded:
+`training.loop.sharded`), the optimizer, the weighting of each rank's summed loss
+(`MeanOverCounts`), the re-balancer it starts from, and the emulated stragglers' slowdown."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,6 +20,7 @@ from hetflow.infra.data.reader import RankData
 from hetflow.records import CompressionMethod
 from hetflow.training.comm import local_averager, register_compression, wrap_optimizer
 from hetflow.training.launch.spec import RunSpec
+from hetflow.training.loop import sharded
 from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
 from hetflow.training.plan.balance import micro_split
 from hetflow.training.plan.rebalancer import Rebalancer
@@ -36,14 +39,57 @@ def straggler_factor(stragglers: list[tuple[int, int, float]], rank: int, step: 
 
 @dataclass
 class Net:
-    """The model, DDP over it with the comm hook, the optimizer, and the hook's state, on
-    `device`."""
+    """The model, what a step calls (`ddp`), the optimizer and the comm hook's state, on
+    `device`. Under `strategy` 'ddp', `ddp` is DDP over `model` with the comm hook; under
+    'fsdp' it is `model` itself, sharded in place (`training.loop.sharded`), and `hook_state`
+    is None. `plain` (fsdp) builds an unsharded copy of the model for rank 0's evaluation."""
 
     model: nn.Module
-    ddp: DDP
+    ddp: nn.Module
     opt: torch.optim.Optimizer
     hook_state: Any
     device: str = "cpu"
+    strategy: str = "ddp"
+    plain: Callable[[], nn.Module] | None = None
+    _copy: nn.Module | None = field(default=None, init=False, repr=False)
+
+    @property
+    def sharded(self) -> bool:
+        return self.strategy == "fsdp"
+
+    def full_state(self) -> tuple[dict, dict]:
+        """(model, optimizer) state dicts for a checkpoint on rank 0. Under fsdp the full
+        state gathered from every rank's shards: a collective every rank calls."""
+        if self.sharded:
+            return sharded.full_state(self.model, self.opt)
+        return self.model.state_dict(), self.opt.state_dict()
+
+    def load_full_state(self, model_state: dict, opt_state: dict) -> None:
+        """`full_state`'s dicts (as a checkpoint holds them) loaded on every rank."""
+        if self.sharded:
+            sharded.load_full_state(self.model, self.opt, model_state, opt_state)
+        else:
+            self.model.load_state_dict(model_state)
+            self.opt.load_state_dict(opt_state)
+
+    def evaluation_model(self, rank: int) -> nn.Module | None:
+        """The model rank 0 evaluates (None on the other ranks): `model` under DDP; under
+        fsdp an unsharded copy loaded with the weights gathered from every rank (every rank
+        calls it)."""
+        if not self.sharded:
+            return self.model if rank == 0 else None
+        weights, _ = sharded.full_state(self.model, self.opt)
+        if rank != 0:
+            return None
+        if self._copy is None:  # built once, on rank 0 only
+            self._copy = self.plain().to(self.device)
+        self._copy.load_state_dict(weights)
+        return self._copy
+
+    def state_bytes(self) -> int:
+        """Bytes of parameters, gradients and optimizer state this rank holds
+        (`sharded.state_bytes`: its shards under fsdp)."""
+        return sharded.state_bytes(self.model, self.opt)
 
 
 def build_net(
@@ -60,15 +106,24 @@ def build_net(
     """The recipe's model at the run's seed on `device`, DDP with the comm hook of `method`
     (default: the plan's; its compute phase dilated by `emu`; `warmup`: `warmup_steps` and
     `density_stage_steps` of `register_compression`), and the configured optimizer wrapped as
-    the hook needs: parameters, gradients and optimizer state all on `device`. Seeds torch's
-    generators: the run's seed for the weights (`seeded_model`: the same on every rank), then
-    (seed, `rank`)'s for what the rank draws in training (`seed_rank`: its own dropout masks)."""
+    the hook needs: parameters, gradients and optimizer state all on `device`. Under
+    `train.strategy` 'fsdp' the model is sharded instead (`sharded.shard_model` over the
+    recipe's `shard_units`), with no comm hook, and the compute phase ends where the optimizer
+    steps (`training.loop.sharded` says what else differs). Seeds torch's generators: the
+    run's seed for the weights (`seeded_model`: the same on every rank), then (seed, `rank`)'s
+    for what the rank draws in training (`seed_rank`: its own dropout masks)."""
     cfg = spec.train
     method = spec.plan.compression if method is None else method
     info = DataInfo.from_manifest(data.manifest)
     check_fits(recipe, info, data.manifest.url)
     model = seeded_model(recipe, info, cfg.seed).to(device)
     seed_rank(cfg.seed, rank)
+    if cfg.strategy == "fsdp":
+        model = sharded.shard_model(model, recipe.shard_units(model))
+        opt = build_optimizer(model, resolve_optimizer(cfg, recipe))
+        sharded.end_phase_at_step(opt, emu)
+        plain = partial(seeded_model, recipe, info, cfg.seed)
+        return Net(model, model, opt, None, device, strategy="fsdp", plain=plain)
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ids = [torch.device(device)] if device != "cpu" else None

@@ -24,7 +24,7 @@ from hetflow.training.comm import (
     load_comm_state,
     new_control_group,
 )
-from hetflow.training.devices import synchronizer, to_device
+from hetflow.training.devices import peak_device_bytes, synchronizer, to_device
 from hetflow.training.faults.guard import StepGuard
 from hetflow.training.faults.records import Preempted
 from hetflow.training.launch.spec import emulator_for, node_id, since_submit
@@ -147,8 +147,8 @@ class TrainingLoop:
         when there is none."""
         if saved is None:
             return LoopState.fresh(self.spec.plan.local_batches)
-        self.net.model.load_state_dict(saved.model)
-        self.net.opt.load_state_dict(saved.optimizer)
+        saved.check_strategy(self.cfg.strategy)
+        self.net.load_full_state(saved.model, saved.optimizer)
         load_comm_state(self.net.hook_state, saved.comm)
         self.amp.load_state_dict(saved.scaler)
         self.rebalancer.restore(saved.rebalancer)
@@ -159,9 +159,11 @@ class TrainingLoop:
     def warm_up(self) -> None:
         """Before the first timed step, its batch read (kept for that step: the data is read
         once) and one untimed pass on it (`Stepper.warm_up`), on a rank the plan gives samples;
-        the same for every variant, counted in the run's start-up, not its steps."""
+        the same for every variant, counted in the run's start-up, not its steps. None under
+        fsdp: a sharded model has no pass without collectives, which a rank with no samples
+        would not join."""
         first, plan = self.state.start, self.state.plan
-        if plan[self.rank] == 0 or first >= self.cfg.steps:
+        if plan[self.rank] == 0 or first >= self.cfg.steps or self.net.sharded:
             return
         xs, ys = self.reader.batch(first, plan)
         self.first_batch = (first, list(plan), xs, ys)
@@ -356,7 +358,9 @@ class TrainingLoop:
         self.state.train_time_s = theirs["train_time_s"]
 
     def record_eval(self, step: int) -> None:
-        """Rank 0 evaluates on the test split; every rank waits for it, outside the timed step."""
+        """Rank 0 evaluates on the test split (under fsdp on the weights every rank gathers for
+        it); every rank waits for it, outside the timed step."""
+        model = self.net.evaluation_model(self.rank)
         if self.rank == 0:
             # batches no larger than the training's: evaluation needs no more memory than a step
             recipe = self.recipe
@@ -364,7 +368,7 @@ class TrainingLoop:
                 to_device(recipe.batch(x, y), self.net.device)
                 for x, y in self.data.eval_batches(batch=max(self.state.plan))
             )
-            figures = evaluate(recipe, self.net.model, batches)
+            figures = evaluate(recipe, model, batches)
             wall = since_submit(self.spec)
             self.state.evals.append(EvalPoint.of(step, self.state.train_time_s, figures, wall))
         dist.barrier()  # the others wait here, outside the timed step
@@ -374,13 +378,15 @@ class TrainingLoop:
         hook, re-balancer and loop state, as the checkpoint of `step` steps done."""
         everyone: list = [None] * self.world
         dist.all_gather_object(everyone, self.state.records)
+        model, optimizer = self.net.full_state()  # under fsdp, gathered from every rank
         if self.rank == 0:
             net, state = self.net, self.state
             ckpt = Checkpoint(
                 step=step,
                 workers=[w.name for w in self.spec.cluster.workers],
-                model=net.model.state_dict(),
-                optimizer=net.opt.state_dict(),
+                model=model,
+                optimizer=optimizer,
+                strategy=self.cfg.strategy,
                 plan=state.plan,
                 plans=state.plans,
                 evals=state.evals,
@@ -417,15 +423,19 @@ class TrainingLoop:
             bookkeeping_s=state.bookkeeping_s,
             cache=CacheCounts(hits=stats.hits, misses=stats.misses, bytes_read=stats.bytes_read),
             peak_rss_bytes=peak_rss_bytes(),
+            state_bytes=self.net.state_bytes(),
+            peak_device_bytes=peak_device_bytes(self.net.device),
             trials=self.trials,
             timeline=self.timeline,
         )
 
     def weights(self) -> dict[str, torch.Tensor] | None:
-        """A copy of the trained weights on rank 0; None elsewhere."""
+        """A copy of the trained weights on rank 0; None elsewhere (every rank calls it: under
+        fsdp they are gathered from every rank's shards)."""
+        weights = self.net.full_state()[0] if self.net.sharded else self.net.model.state_dict()
         if self.rank != 0:
             return None
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.net.model.state_dict().items()}
+        return {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
 
 
 def train(ctx: RankContext) -> tuple[RankResult, dict[str, torch.Tensor] | None]:

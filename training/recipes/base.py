@@ -110,6 +110,13 @@ class Recipe:
     ) -> dict[str, float]:
         raise NotImplementedError
 
+    def shard_units(self, model: nn.Module) -> list[nn.Module]:
+        """The submodules `train.strategy: fsdp` shards one by one (each gathered whole only
+        for its own forward and backward), before the root, which takes the rest: by default
+        the top-level children. Override where children share parameters (tied weights go to
+        the root) or a deeper unit fits better (a transformer's blocks)."""
+        return list(model.children())
+
 
 def get_recipe(name_or_path: str, **options) -> Recipe:
     """The recipe a built-in name (`BUILTIN_RECIPES`) or an import path `package.module:Name`

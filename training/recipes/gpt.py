@@ -184,6 +184,10 @@ class GPT(Recipe):
         args = (self.n_layer, self.n_head, self.n_embd, self.dropout)
         return GPTModel(vocab, self.context, *args)
 
+    def shard_units(self, model: nn.Module) -> list[nn.Module]:
+        """The blocks; the embeddings and the head they tie to stay with the root."""
+        return list(model.blocks)
+
     def batch(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Windows (B, T+1) -> inputs x[:, :-1] (padding read as token 0), targets x[:, 1:]."""
         w = torch.from_numpy(np.asarray(x, dtype=np.int64))

@@ -1,0 +1,107 @@
+"""Sharded data parallelism (`train.strategy: fsdp`): the recipe's model under torch's FSDP2
+`fully_shard`, its full state gathered for rank 0 and loaded back, and the bytes of training
+state a rank holds. torch's own APIs throughout (`fully_shard`, the
+`torch.distributed.checkpoint.state_dict` helpers); nothing here is hetflow's own collective.
+
+What differs from DDP (`training.loop.step.build_net`):
+
+- Each rank holds 1/world of every parameter, its gradient and its optimizer state (a DTensor
+  shard). Forward all-gathers each unit's parameters (`Recipe.shard_units`, then the root), and
+  backward reduce-scatters its gradient, so EVERY rank joins every step's collectives: a rank
+  the plan gives no samples steps on an empty batch (`ComputingRanks` keeps every rank: there
+  is no comm hook to move to a smaller group).
+- The gradient's weighting is `MeanOverCounts`' as under DDP: FSDP divides the reduce-scattered
+  sum by the world size, as DDP's all-reduce averages (`set_gradient_divide_factor(1.0)` would
+  need PREMUL_SUM, which gloo lacks).
+- No comm hook: the plain gradient only (`check_job` refuses compression). The emulator's
+  compute phase ends where the optimizer's step begins (`end_phase_at_step`), after backward
+  and its reduce-scatters; DDP's hook ends it at the last bucket, before the last collectives.
+  A barrier after the step then holds a rank's wait for a slower one (DDP's last all-reduce
+  holds it there).
+- Rank 0 evaluates, checkpoints and exports a full copy gathered from every rank's shards
+  (`full_state`, a collective every rank calls).
+- Precision: the autocast of `MixedPrecision` as under DDP; fp16's loss scale is refused
+  (`check_job`): its Inf/NaN check would see each rank's shard only, so ranks could disagree.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+# Full (unsharded) state dicts: gathered onto rank 0's CPU, or loaded whole on every rank.
+GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
+LOAD = StateDictOptions(full_state_dict=True)
+
+
+def shard_model(model: nn.Module, units: list[nn.Module]) -> nn.Module:
+    """`model` sharded in place: each of `units` that has parameters, then the root (which
+    takes the parameters no unit holds). Returns `model` (its class now an FSDP module)."""
+    for unit in units:
+        if any(True for _ in unit.parameters()):
+            fully_shard(unit)
+    fully_shard(model)
+    return model
+
+
+def end_phase_at_step(opt: torch.optim.Optimizer, emu) -> None:
+    """The emulated compute phase (`Emulator.start` in the step) ends when `opt` steps: the
+    end of backward where no DDP comm hook ends it. After the step every rank meets the
+    others (a barrier): a rank whose phase ended sooner waits there, in its step's wait, as
+    under DDP in the last all-reduce, not in the next step's first all-gather, which would
+    count the wait as its compute and mislead the re-balancer."""
+
+    def finish(*_) -> None:
+        emu.finish()
+
+    def meet(*_) -> None:
+        dist.barrier()
+
+    opt.register_step_pre_hook(finish)
+    opt.register_step_post_hook(meet)
+
+
+def inner(opt):
+    """The torch optimizer under wrappers that keep it as `.opt` (`FiniteGuard`)."""
+    while not isinstance(opt, torch.optim.Optimizer) and hasattr(opt, "opt"):
+        opt = opt.opt
+    return opt
+
+
+def full_state(model: nn.Module, opt) -> tuple[dict, dict]:
+    """(the model's, the optimizer's) full state dicts on rank 0's CPU, keyed by parameter
+    name; empty on the other ranks. A collective: every rank calls it."""
+    model_state = get_model_state_dict(model, options=GATHER)
+    return model_state, get_optimizer_state_dict(model, inner(opt), options=GATHER)
+
+
+def load_full_state(model: nn.Module, opt, model_state: dict, opt_state: dict) -> None:
+    """`full_state`'s dicts loaded into every rank's shards (every rank holds them whole)."""
+    set_model_state_dict(model, model_state, options=LOAD)
+    set_optimizer_state_dict(model, inner(opt), opt_state, options=LOAD)
+
+
+def local_bytes(t: torch.Tensor) -> int:
+    """The bytes of `t` this rank holds: its local shard for a DTensor."""
+    t = t.to_local() if isinstance(t, DTensor) else t
+    return t.numel() * t.element_size()
+
+
+def state_bytes(model: nn.Module, opt) -> int:
+    """The bytes of training state this rank holds: its parameters, as many again for their
+    gradients (held from backward to `zero_grad`; DDP keeps them in its buckets), and the
+    optimizer's state tensors. Under fsdp, local shards only."""
+    params = sum(local_bytes(p) for p in model.parameters())
+    state = inner(opt).state.values()
+    optim = sum(local_bytes(v) for s in state for v in s.values() if torch.is_tensor(v))
+    return 2 * params + optim
