@@ -97,6 +97,9 @@ class TrainConfig(ConfigModel):
         "('linear'), x its square root ('sqrt'), or as given ('none'). Empty: the recipe's rule "
         "when the lr is the recipe's; 'none' when lr is set here. Set with lr, lr is read as "
         "the lr at the tuned batch.",
+        # left out of dumps when empty: Prefect's server refuses a null that is not one of an
+        # enum's values in the form's defaults (`config_base.form_schema`)
+        exclude_if=lambda v: v is None,
     )
     lr_tuned_batch: int | None = Field(
         None,
