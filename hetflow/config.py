@@ -285,6 +285,15 @@ class TrainConfig(ConfigModel):
         return cls(**{**kw, **knobs})
 
 
+def fp16_fields(cluster: ClusterSpec, train: TrainConfig) -> list[str]:
+    """Each worker's field that makes it compute in fp16 (its own, else the train config's)."""
+    return [
+        f"cluster.workers[{w.name}].precision" if w.precision else "train.precision"
+        for w in cluster.workers
+        if (w.precision or train.precision) == "fp16"
+    ]
+
+
 def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
     """Rules across models that JSON Schema cannot state; raises ConfigError before launch."""
     n = cluster.world_size
@@ -302,11 +311,7 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
             f"{local[1]} does not do ({local[0]}); use 'fail'"
         )
     if local is not None:
-        fp16 = [
-            f"cluster.workers[{w.name}].precision" if w.precision else "train.precision"
-            for w in cluster.workers
-            if (w.precision or train.precision) == "fp16"
-        ]
+        fp16 = fp16_fields(cluster, train)
         if fp16:
             raise ConfigError(
                 f"{fp16[0]}: fp16 scales the loss, and its skipped "
@@ -355,11 +360,7 @@ def check_fsdp(cluster: ClusterSpec, train: TrainConfig) -> None:
             "train.accumulate: micro-batches under strategy 'fsdp' are not supported yet "
             "(every rank would have to run the same count of them); use 'off'"
         )
-    fp16 = [
-        f"cluster.workers[{w.name}].precision" if w.precision else "train.precision"
-        for w in cluster.workers
-        if (w.precision or train.precision) == "fp16"
-    ]
+    fp16 = fp16_fields(cluster, train)
     if fp16:
         raise ConfigError(
             f"{fp16[0]}: fp16's loss scale checks each rank's shard of the gradient under "
