@@ -60,6 +60,18 @@ def _worker_pids(job: Path) -> list[int]:
     return pids_with("hetflow.training.worker", str(job), excluding="torch.distributed.run")
 
 
+def _kill_one(pids: list[int]) -> None:
+    """SIGKILL the newest of `pids` still alive (one listed may have exited since: a helper
+    process whose command line names the job; seen once as ProcessLookupError)."""
+    for pid in reversed(pids):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            return
+        except ProcessLookupError:
+            continue
+    pytest.fail(f"no worker of {pids} was alive to kill")
+
+
 def _progress(run_dir: Path) -> int:
     try:
         return json.loads((run_dir / "progress.json").read_text())["step"]
@@ -81,8 +93,7 @@ def test_sigkilled_worker_resumes_from_checkpoint_and_finishes(digits, tmp_path,
     while _progress(Path(spec.run_dir)) < EVERY + 3:  # past the first checkpoint
         assert time.monotonic() < deadline and thread.is_alive(), "training never got going"
         time.sleep(0.05)
-    victim = _worker_pids(Path(spec.run_dir) / "job.json")[-1]
-    os.kill(victim, signal.SIGKILL)
+    _kill_one(_worker_pids(Path(spec.run_dir) / "job.json"))
     thread.join(timeout=240)
 
     m = summarize(RunResult.model_validate(outcome["result"]), 64, None)
