@@ -62,7 +62,9 @@ def recommend_mix(
     """The search for `objective` over `candidates`, as `hetflow recommend` runs it; the same
     one-line RecommendError on bad input (an unknown type, a deadline or budget no mix meets)."""
     spec = Job(rental.model_of(job.recipe), job.global_batch, job.steps)
-    goal = Objective(objective.kind, objective.deadline_h, objective.budget_usd)
+    goal = Objective(
+        objective.kind, objective.deadline_h, objective.budget_usd, objective.deadline_margin
+    )
     mix = [(c.instance_type, c.count) for c in candidates]
     cands, _ = rental.candidates(mix, spec, job.max_local_batch)
     t = time.perf_counter()

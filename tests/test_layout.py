@@ -26,11 +26,13 @@ ALLOWED = {
     "hetflow.config_base": {"hetflow.emulation"},
     "hetflow.config_dataset": {"hetflow.config_base"},
     "hetflow.config_cluster": {"hetflow.config_base", "hetflow.emulation"},
+    "hetflow.config_recommend": {"hetflow.config_base"},
     "hetflow.config": {
         "hetflow.records",
         "hetflow.config_base",
         "hetflow.config_dataset",
         "hetflow.config_cluster",
+        "hetflow.config_recommend",
     },
     "hetflow.emulation": set(),
     "hetflow.infra": {"hetflow.figures", "hetflow.records", "hetflow.config", "hetflow.emulation"},

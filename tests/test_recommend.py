@@ -79,6 +79,31 @@ def test_the_deadline_is_respected_at_the_least_cost(deadline_h):
     assert rec.best.cost_usd == min(p.cost_usd for p in meets)
 
 
+def test_a_margin_keeps_a_share_of_the_deadline_in_hand():
+    """With the deadline set just above the cheapest in-time mix's prediction, a 15% margin
+    moves the choice to a mix predicted to finish by 0.85 x the deadline, at a higher cost."""
+    job = Job(RESNET, 512, 10_000)
+    cands = catalog_cands(MIX, job)
+    bare = search(cands, job, Objective("deadline", deadline_h=1.0))
+    deadline = bare.best.hours * 1.01
+    tight = search(cands, job, Objective("deadline", deadline_h=deadline))
+    kept = search(cands, job, Objective("deadline", deadline_h=deadline, margin=0.15))
+    assert tight.best.counts == bare.best.counts
+    assert kept.best.hours <= 0.85 * deadline < tight.best.hours
+    assert kept.best.cost_usd >= tight.best.cost_usd
+
+
+def test_the_cli_defaults_to_a_margin_and_refuses_a_bad_one(tmp_path, capsys):
+    from hetflow.training.plan.recommend import DEADLINE_MARGIN
+
+    assert main(["recommend", "--deadline-h", "0.001", "-o", str(tmp_path / "c.yaml")]) == 2
+    assert f"less a {DEADLINE_MARGIN:.0%} margin" in capsys.readouterr().err
+    for flags in (["--deadline-h", "2", "--deadline-margin", "1"], ["--deadline-margin", "0.1"]):
+        assert main(["recommend", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("hetflow: error: --deadline-margin: ") and err.count("\n") == 1
+
+
 def test_a_deadline_no_mix_meets_names_the_fastest():
     job = Job(RESNET, 1024, 10_000)
     cands = catalog_cands("p3.2xlarge:1,g4dn.xlarge:1", job)
@@ -157,7 +182,7 @@ BAD = [
     (["--candidates", "g5.xlarge:2,p3.2xlarge:1"], "g5.xlarge (A10G) has no step-time curve"),
     (["--candidates", "g4dn.xlarge:0"], "--candidates: expected TYPE:COUNT"),
     (["--budget", "0.3"], "less than one instance-hour of the cheapest candidate, g4dn.xlarge"),
-    (["--deadline-h", "0.001"], "no mix of the candidates finishes 10000 steps in 0.001 h"),
+    (["--deadline-h", "0.001"], "finishes 10000 steps in 0.00085 h (0.001 h less a 15% margin)"),
     (["--budget", "1", "--steps", "10000000"], "no mix of the candidates finishes 10000000"),
     (["--steps", "0"], "--steps: must be a finite number > 0"),
     (["--budget", "5", "--deadline-h", "2"], "not allowed with argument"),

@@ -32,6 +32,7 @@ from hetflow.training.metrics import summarize
 from hetflow.training.plan.models import MODELS
 from hetflow.training.plan.recommend import (
     CURVE_MODEL,
+    DEADLINE_MARGIN,
     TRAIN_OVER_INFERENCE,
     Evaluator,
     Job,
@@ -64,6 +65,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, default=1024, dest="global_batch")
     p.add_argument("--steps", type=int, default=10_000, help="the job's steps (hours, cost)")
     p.add_argument("--deadline-h", type=float, default=2.0, dest="deadline_h", metavar="H")
+    p.add_argument(
+        "--deadline-margin",
+        type=float,
+        default=DEADLINE_MARGIN,
+        dest="deadline_margin",
+        metavar="F",
+        help=f"recommend's margin on the deadline (default {DEADLINE_MARGIN})",
+    )
     p.add_argument("--run-steps", type=int, default=30, dest="run_steps", help="steps run")
     p.add_argument("--stand-in", default="digits-mlp", dest="stand_in", choices=STAND_INS)
     p.add_argument("--time-scale", type=float, default=32.0, dest="time_scale")
@@ -104,7 +113,10 @@ def plan_choices(args):
         positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     job = Job(MODELS[args.job_recipe], args.global_batch, args.steps)
     cands, _ = candidates_of(args.candidates, job)
-    rec = search(cands, job, Objective("deadline", deadline_h=args.deadline_h))
+    if not 0 <= args.deadline_margin < 1:
+        raise ConfigError(f"--deadline-margin: must be in [0, 1) (got {args.deadline_margin:g})")
+    goal = Objective("deadline", deadline_h=args.deadline_h, margin=args.deadline_margin)
+    rec = search(cands, job, goal)
     peaks = [c.devices * PRESETS[c.preset].peak_samples_per_s for c in cands]
     mixes = {"recommended": rec.best.counts} | naive_mixes(
         [c.usd_per_hour for c in cands], peaks, [c.available for c in cands]

@@ -54,6 +54,14 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         "--budget", type=float, metavar="USD", help="least time that costs at most USD"
     )
     p.add_argument(
+        "--deadline-margin",
+        type=float,
+        dest="deadline_margin",
+        metavar="F",
+        help="with --deadline-h, the share of it kept in hand: a mix must be predicted to finish "
+        "by (1 - F) x H (default 0.15: mixes ran 8-18%% past their prediction)",
+    )
+    p.add_argument(
         "--output",
         "-o",
         default="recommended-cluster.yaml",
@@ -82,13 +90,19 @@ def _positive(flag: str, value, kind=float):
 def job_and_objective(args):
     """The Job and Objective of the flags, each value checked (one line naming its flag)."""
     from hetflow.training.plan.models import MODELS
-    from hetflow.training.plan.recommend import Job, Objective
+    from hetflow.training.plan.recommend import DEADLINE_MARGIN, Job, Objective
 
     steps = _positive("--steps", args.steps, int)
     batch = _positive("--global-batch", args.global_batch, int)
     job = Job(MODELS[args.recipe], batch, steps)
+    margin = DEADLINE_MARGIN if args.deadline_margin is None else args.deadline_margin
+    if not 0 <= margin < 1:
+        raise ConfigError(f"--deadline-margin: must be in [0, 1) (got {margin:g})")
+    if args.deadline_margin is not None and args.deadline_h is None:
+        raise ConfigError("--deadline-margin: only with --deadline-h")
     if args.deadline_h is not None:
-        return job, Objective("deadline", deadline_h=_positive("--deadline-h", args.deadline_h))
+        deadline = _positive("--deadline-h", args.deadline_h)
+        return job, Objective("deadline", deadline_h=deadline, margin=margin)
     if args.budget is not None:
         return job, Objective("budget", budget_usd=_positive("--budget", args.budget))
     return job, Objective("cost")

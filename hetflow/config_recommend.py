@@ -1,0 +1,75 @@
+"""What a user writes to ask which machines to rent (the `recommend` flow; `hetflow recommend`
+takes the same as flags): the job, the instance types that can be had, the objective;
+re-exported by `hetflow.config`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from hetflow.config_base import ConfigModel
+
+DEFAULT_RENTABLE = (("g4dn.xlarge", 4), ("p3.2xlarge", 2), ("p4d.24xlarge", 1))
+
+
+class RecommendJob(ConfigModel):
+    """The job a mix is chosen for: the model, the batch every step shares, how many steps."""
+
+    recipe: str = Field(
+        "resnet50",
+        title="Model",
+        description="Whose FLOPs per sample and gradient size scale the published step-time "
+        "curves: resnet50, bert-large, or a digits model (digits-mlp, digits-cnn, "
+        "digits-wide-mlp).",
+    )
+    global_batch: int = Field(256, ge=1, title="Global batch", description="Samples per step.")
+    steps: int = Field(10_000, ge=1, title="Steps")
+    max_local_batch: int | None = Field(
+        None,
+        ge=1,
+        title="Largest local batch",
+        description="What one GPU holds (memory is not modelled); empty: any.",
+    )
+
+
+class RentableType(ConfigModel):
+    """An instance type that may be rented and how many of it can be had."""
+
+    instance_type: str = Field(min_length=1, title="Instance type", examples=["g4dn.xlarge"])
+    count: int = Field(ge=1, title="Available", description="How many can be rented.")
+
+
+def default_rentable() -> list[RentableType]:
+    return [RentableType(instance_type=t, count=n) for t, n in DEFAULT_RENTABLE]
+
+
+class RecommendObjective(ConfigModel):
+    """What 'best' means: the least cost (per sample), the least cost that finishes by a
+    deadline, or the least time within a budget."""
+
+    kind: Literal["cost", "deadline", "budget"] = Field("cost", title="Objective")
+    deadline_h: float | None = Field(
+        None, gt=0, allow_inf_nan=False, title="Deadline (hours)", description="For 'deadline'."
+    )
+    budget_usd: float | None = Field(
+        None, gt=0, allow_inf_nan=False, title="Budget (USD)", description="For 'budget'."
+    )
+    deadline_margin: float = Field(
+        0.15,
+        ge=0,
+        lt=1,
+        title="Deadline margin",
+        description="For 'deadline': the share of it kept in hand; a mix must be predicted to "
+        "finish by (1 - margin) x the deadline (mixes ran 8-18% past their prediction).",
+    )
+
+    @model_validator(mode="after")
+    def _the_figure_of_the_kind(self):
+        wanted = {"deadline": "deadline_h", "budget": "budget_usd"}.get(self.kind)
+        for name in ("deadline_h", "budget_usd"):
+            if name == wanted and getattr(self, name) is None:
+                raise ValueError(f"objective {self.kind!r} needs {name}")
+            if name != wanted and getattr(self, name) is not None:
+                raise ValueError(f"{name} is only for objective {name.split('_')[0]!r}")
+        return self
