@@ -262,13 +262,13 @@ def test_the_console_filter_keeps_user_errors_off_the_terminal_and_bugs_on_it():
 
     import hetflow.infra.data.format  # DatasetError: a type the filter knows once imported
     import hetflow.infra.pricing  # noqa: F401 (CatalogError, a ConfigError)
-    from hetflow.cli.logs import HANDLER, UserErrorFilter, prefect_config
+    from hetflow.cli.logs import HANDLER, ConsoleFilter, prefect_config
 
     def record(name, message, exc=None):
         info = (type(exc), exc, None) if exc else None
         return logging.LogRecord(name, logging.ERROR, __file__, 1, message, (), info)
 
-    keep = UserErrorFilter().filter
+    keep = ConsoleFilter().filter
     assert not keep(record("prefect.flow_runs", "Encountered exception", ConfigError("bad")))
     assert keep(record("prefect.flow_runs", "Encountered exception", ZeroDivisionError("bug")))
     state = "Finished in state Failed('Task run encountered an exception {}: x')"
@@ -281,7 +281,7 @@ def test_the_console_filter_keeps_user_errors_off_the_terminal_and_bugs_on_it():
     assert keep(record("prefect.flow_runs", "Beginning flow run"))
     config = prefect_config()  # Prefect's default, with the run's log and the filter added
     assert HANDLER in config["root"]["handlers"] and "console" in config["root"]["handlers"]
-    assert config["handlers"]["console"]["filters"] == ["hetflow_user_errors"]
+    assert config["handlers"]["console"]["filters"] == ["hetflow_console"]
     assert config["loggers"]["prefect"]["level"] == "${PREFECT_LOGGING_LEVEL}"
 
 
@@ -293,7 +293,7 @@ def test_a_validation_error_of_hetflow_s_own_records_is_a_bug_not_bad_input():
     from pydantic import ValidationError
 
     from hetflow.cli import one_line
-    from hetflow.cli.logs import UserErrorFilter
+    from hetflow.cli.logs import ConsoleFilter
     from hetflow.figures import RankFigures
 
     with pytest.raises(ValidationError) as own:
@@ -304,6 +304,6 @@ def test_a_validation_error_of_hetflow_s_own_records_is_a_bug_not_bad_input():
     assert one_line(users.value).startswith("global_batch")
     record = logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, "x", (), None)
     record.exc_info = (ValidationError, own.value, None)
-    assert UserErrorFilter().filter(record)
+    assert ConsoleFilter().filter(record)
     record.exc_info = (ValidationError, users.value, None)
-    assert not UserErrorFilter().filter(record)
+    assert not ConsoleFilter().filter(record)

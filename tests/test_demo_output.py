@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from hetflow.cli import main
-from hetflow.cli.commands import _print_runs, _print_table, _quiet_temporary_server
+from hetflow.cli.commands import _print_runs, _print_table
 from hetflow.infra.tracking.notes import notes
 from hetflow.infra.tracking.report import comparison
 
@@ -39,25 +39,16 @@ def test_the_runs_are_a_list_not_a_dict(capsys):
     ]
 
 
-def test_prefects_stop_line_is_left_out_and_its_other_lines_kept():
-    from prefect.server.api.server import subprocess_server_logger
+def test_prefects_stop_line_is_kept_off_the_console_and_its_other_lines_not():
+    from hetflow.cli.logs import ConsoleFilter
 
-    seen: list[str] = []
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("prefect", logging.INFO, __file__, 1, message, (), None)
 
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record.getMessage())
-
-    handler, before = Keep(), list(subprocess_server_logger.filters)
-    subprocess_server_logger.addHandler(handler)
-    try:
-        _quiet_temporary_server()
-        subprocess_server_logger.info("Stopping temporary server on http://127.0.0.1:8665")
-        subprocess_server_logger.warning("something else")
-    finally:
-        subprocess_server_logger.removeHandler(handler)
-        subprocess_server_logger.filters[:] = before
-    assert seen == ["something else"]
+    keep = ConsoleFilter().filter
+    assert not keep(record("Stopping temporary server on http://127.0.0.1:8665"))
+    assert keep(record("Starting temporary server on http://127.0.0.1:8665"))
+    assert keep(record("something else"))
 
 
 @pytest.fixture

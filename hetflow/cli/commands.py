@@ -53,19 +53,6 @@ def _print_runs(parent: str, run_ids: dict[str, str]) -> None:
     print(f"  the table again: hetflow compare {' '.join(run_ids.values())}")
 
 
-def _quiet_temporary_server() -> None:
-    """Leave out the line Prefect logs when it stops its temporary (ephemeral) server at exit:
-    it would come after everything the command printed ("Where to look"). Its start was
-    logged; the server stops as before."""
-    import logging
-
-    class _NotTheStop(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return not str(record.msg).startswith("Stopping temporary server")
-
-    logging.getLogger("prefect").addFilter(_NotTheStop())
-
-
 def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None) -> None:
     """Where the runs can be seen: the MLflow UI (with each run's page, from `urls`), Prefect.
 
@@ -142,7 +129,6 @@ def cmd_demo(args) -> int:
 
     t = time.perf_counter()
     out = compare(cluster=cluster, dataset=dataset, train=train, tracking=tracking)
-    _quiet_temporary_server()
     _print_table(out["table"], f"{cluster.name}: baseline vs optimized", out["notes"])
     print(f"demo finished in {time.perf_counter() - t:.0f}s")
     _print_runs(out["parent_run_id"], out["run_ids"])

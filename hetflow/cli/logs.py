@@ -17,9 +17,10 @@ installed package, so it follows Prefect's version) with two additions:
   tracebacks included, to the command's log file, `$HETFLOW_HOME/logs/COMMAND-STAMP-PID.log`
   (its path in `PREFECT_LOGGING_HANDLERS_HETFLOW_RUN_LOG_FILENAME`, so one configuration file
   serves commands run at once; created on the first record);
-- a filter on Prefect's console handler, `UserErrorFilter`, that keeps the records of a user
-  error off the terminal (they stay in the log file); everything else, a bug's traceback
-  included, reaches the terminal as before.
+- a filter on Prefect's console handler, `ConsoleFilter`, that keeps the records of a user
+  error off the terminal (they stay in the log file), and Prefect's line on stopping its
+  temporary server at exit, which would come after everything the command printed ("Where to
+  look"); everything else, a bug's traceback included, reaches the terminal as before.
 
 What is ours and why: the filter (no Prefect setting tells a user error from a bug), the file
 built from Prefect's default (Prefect takes one configuration file whole, not additions to its
@@ -46,7 +47,8 @@ import yaml
 SETTINGS_VAR = "PREFECT_LOGGING_SETTINGS_PATH"
 HANDLER = "hetflow_run_log"
 FILENAME_VAR = f"PREFECT_LOGGING_HANDLERS_{HANDLER.upper()}_FILENAME"
-FILTER = "hetflow_user_errors"
+FILTER = "hetflow_console"
+SERVER_STOP = "Stopping temporary server"  # Prefect's line at exit (its ephemeral server)
 CONFIG_NAME = "prefect-logging.yml"
 
 # How Prefect's lines without a traceback name the exception a task or flow failed with:
@@ -77,14 +79,18 @@ def _names(types: tuple[type, ...]) -> set[str]:
     return names
 
 
-class UserErrorFilter(logging.Filter):
+class ConsoleFilter(logging.Filter):
     """On Prefect's console handler: drops the records of a user error, which the CLI reports
     in one line at the end: those carrying it (a task's or flow's "failed with exception" and
     its traceback) and Prefect's lines naming its type ("Finished in state Failed('Task run
     encountered an exception DatasetError: ...')", a retry's "Task run failed with exception:
-    DatasetError(...)"). Any other record passes, an unexpected exception's traceback too."""
+    DatasetError(...)"); and "Stopping temporary server", logged at exit after the command's
+    last lines. Any other record passes, an unexpected exception's traceback too. The log file
+    keeps every record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith(SERVER_STOP):
+            return False
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None:
             from hetflow.cli import of_own_records
@@ -109,7 +115,7 @@ def prefect_config() -> dict:
 
     Its `${...}` placeholders stay as they are: Prefect fills them in when it loads the file."""
     config = _prefect_default()
-    config.setdefault("filters", {})[FILTER] = {"()": f"{__name__}.UserErrorFilter"}
+    config.setdefault("filters", {})[FILTER] = {"()": f"{__name__}.ConsoleFilter"}
     console = config["handlers"]["console"]
     console["filters"] = [*console.get("filters", []), FILTER]
     config["handlers"][HANDLER] = {
