@@ -305,3 +305,15 @@ def test_under_fsdp_the_dynamic_plan_moves_work_off_a_straggler(digits, tmp_path
     assert moved and moved[0]["plan"][3] < before["plan"][3], plans
     assert all(sum(p["plan"]) == 64 for p in plans), plans
     assert all(r["plans"] == plans for r in result["ranks"])
+
+
+def test_the_store_names_each_checkpoints_shards_and_removes_the_stale_folder(tmp_path):
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    for step in (2, 4, 6):
+        name = store.shards_name(step)
+        Path(store.at(name)).mkdir()
+        (Path(store.at(name)) / "__0_0.distcp").write_bytes(b"shard")
+        store.save(step, {"step": step, "shards": name}, name)
+    assert store.load()["shards"] == "dcp-000006"
+    folders = sorted(p.name for p in (tmp_path / "ckpt").glob("dcp-*"))
+    assert folders == ["dcp-000004", "dcp-000006"]  # the checkpoint before the previous: gone
