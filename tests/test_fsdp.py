@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from hetflow.cli import main
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job
-from hetflow.infra.s3 import ensure_bucket
+from hetflow.infra.s3 import ensure_bucket, filesystem
 from hetflow.records import Plan
 from hetflow.training.launch.local import run_workers
 from hetflow.training.launch.spec import RunSpec
@@ -132,6 +132,30 @@ def test_a_sharded_run_resumes_its_checkpoint_on_fewer_workers(digits, tmp_path)
     whole = dcp_state(folder, tmp_path)
     _assert_same_params(whole["model"], reference[3][0])
     assert_same_momentum(whole["optim"], *reference[3])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sharded_checkpoints_in_s3_resume_on_fewer_workers(digits, tmp_path):
+    # the run's checkpoint URL in S3 (the moto endpoint): each rank's shards go there through
+    # fsspec, and a run on fewer ranks goes on from them
+    url = "s3://hetflow-fsdp/run/checkpoints"
+    ensure_bucket(url)
+    three = fsdp_spec(digits, tmp_path / "three", [5, 9, 18]).model_copy(
+        update={"checkpoint_url": url}
+    )
+    run_workers(three, timeout_s=240, max_restarts=0)
+    saved = CheckpointStore(url).load()
+    fs, root = filesystem(f"{url}/{saved['shards']}")
+    assert len([f for f in fs.ls(root) if f.endswith(".distcp")]) == 3
+    two = fsdp_spec(digits, tmp_path / "two", [12, 20])
+    two = two.model_copy(
+        update={"checkpoint_url": url, "train": two.train.model_copy(update={"steps": 5})}
+    )
+    result, _ = run_workers(two, timeout_s=240, max_restarts=0)
+    assert result["ranks"][0]["plans"][-1] == {"step": 2, "plan": [12, 20]}  # resumed at 2
+    reference = _single_process_steps(three, [{"step": 0, "plan": [5, 9, 18]}], 5)
+    _assert_same_params(torch.load(Path(two.run_dir) / "model.pt"), reference[-1][0])
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
