@@ -1,7 +1,8 @@
 """Sharded data parallelism (`train.strategy: fsdp`): torchrun ranks with uneven local batches,
 a rank the plan gives no samples included, train the weights of one process on the global
-batch; each rank holds a shard of the state; a checkpoint names its strategy and a run under
-another refuses it."""
+batch; each rank holds a shard of the state and writes it into the checkpoint's DCP folder,
+which a run on fewer ranks reads back re-sharded; a checkpoint names its strategy and a run
+under another refuses it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from hetflow.cli import main
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job
+from hetflow.infra.s3 import ensure_bucket, filesystem
 from hetflow.records import Plan
 from hetflow.training.launch.local import run_workers
 from hetflow.training.launch.spec import RunSpec
@@ -51,6 +54,23 @@ def fsdp_spec(dataset, run_dir: Path, plan: list[int], strategy: str = "fsdp") -
     )
 
 
+def dcp_state(folder: Path, tmp_path: Path) -> dict:
+    """A DCP folder's state, whole, as `sharded.save_shards` wrote it ({"model", "optim"})."""
+    dcp_to_torch_save(folder, tmp_path / "whole.pt")
+    return torch.load(tmp_path / "whole.pt", weights_only=False)
+
+
+def assert_same_momentum(saved: dict, model: dict, opt: dict) -> None:
+    """`saved` (optimizer state keyed by name) holds the momentum of `opt` (keyed by index)."""
+    for i, name in enumerate(model):
+        torch.testing.assert_close(
+            saved["state"][name]["momentum_buffer"],
+            opt["state"][i]["momentum_buffer"],
+            atol=1e-5,
+            rtol=0,
+        )
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("plan", [[3, 9, 20], [13, 0, 19]], ids=["uneven", "one-empty"])
@@ -59,19 +79,16 @@ def test_fsdp_on_uneven_batches_trains_the_weights_of_one_process(digits, tmp_pa
     result, _ = run_workers(spec, timeout_s=240, max_restarts=0)
     reference = _single_process_steps(spec, [{"step": 0, "plan": plan}], STEPS)
     _assert_same_params(torch.load(Path(spec.run_dir) / "model.pt"), reference[-1][0])
-    # the checkpoint after step 2 holds the full model and momentum, gathered from the shards
+    # the checkpoint after step 2 names its DCP folder, one file per rank, which holds the
+    # model and momentum of one process
     saved = CheckpointStore(f"{spec.run_dir}/checkpoints").load()
-    assert saved["step"] == 2 and saved["strategy"] == "fsdp"
+    assert saved["step"] == 2 and saved["strategy"] == "fsdp" and saved["model"] == {}
+    folder = Path(spec.run_dir) / "checkpoints" / saved["shards"]
+    assert len(list(folder.glob("*.distcp"))) == len(plan)
+    whole = dcp_state(folder, tmp_path)
     model, opt = reference[1]
-    _assert_same_params(saved["model"], model)
-    names = list(model)
-    for i, name in enumerate(names):
-        torch.testing.assert_close(
-            saved["optimizer"]["state"][name]["momentum_buffer"],
-            opt["state"][i]["momentum_buffer"],
-            atol=1e-5,
-            rtol=0,
-        )
+    _assert_same_params(whole["model"], model)
+    assert_same_momentum(whole["optim"], model, opt)
     # every rank holds a shard: together the whole state, each about a third of it
     ranks = result["ranks"]
     initial = seeded_model(get_recipe(spec.train.recipe), DataInfo(), spec.train.seed)
@@ -89,8 +106,8 @@ def test_fsdp_on_uneven_batches_trains_the_weights_of_one_process(digits, tmp_pa
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_sharded_run_resumes_its_checkpoint_on_fewer_workers(digits, tmp_path):
-    # three workers checkpoint after step 2 (the full state, gathered from their shards); two
-    # of them go on from it, re-sharded, with the same global batch: the weights are still
+    # three workers checkpoint after step 2 (each its shards, through DCP); two of them go on
+    # from it, re-sharded, with the same global batch: the weights and momentum are still
     # one process's on the whole batch (step t reads the same samples whatever the plan)
     three = fsdp_spec(digits, tmp_path / "three", [5, 9, 18])
     run_workers(three, timeout_s=240, max_restarts=0)
@@ -106,6 +123,59 @@ def test_a_sharded_run_resumes_its_checkpoint_on_fewer_workers(digits, tmp_path)
     assert result["ranks"][0]["plans"][-1] == {"step": 2, "plan": [12, 20]}
     reference = _single_process_steps(three, [{"step": 0, "plan": [5, 9, 18]}], 5)
     _assert_same_params(torch.load(Path(two.run_dir) / "model.pt"), reference[-1][0])
+    # the two ranks' checkpoint after step 4, in the same store: their shards, the step-2
+    # folder still there as the previous checkpoint
+    saved = CheckpointStore(f"{three.run_dir}/checkpoints").load()
+    folder = Path(three.run_dir) / "checkpoints" / saved["shards"]
+    assert saved["step"] == 4 and len(list(folder.glob("*.distcp"))) == 2
+    assert (folder.parent / "dcp-000002").is_dir()
+    whole = dcp_state(folder, tmp_path)
+    _assert_same_params(whole["model"], reference[3][0])
+    assert_same_momentum(whole["optim"], *reference[3])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sharded_checkpoints_in_s3_resume_on_fewer_workers(digits, tmp_path):
+    # the run's checkpoint URL in S3 (the moto endpoint): each rank's shards go there through
+    # fsspec, and a run on fewer ranks goes on from them
+    url = "s3://hetflow-fsdp/run/checkpoints"
+    ensure_bucket(url)
+    three = fsdp_spec(digits, tmp_path / "three", [5, 9, 18]).model_copy(
+        update={"checkpoint_url": url}
+    )
+    run_workers(three, timeout_s=240, max_restarts=0)
+    saved = CheckpointStore(url).load()
+    fs, root = filesystem(f"{url}/{saved['shards']}")
+    assert len([f for f in fs.ls(root) if f.endswith(".distcp")]) == 3
+    two = fsdp_spec(digits, tmp_path / "two", [12, 20])
+    two = two.model_copy(
+        update={"checkpoint_url": url, "train": two.train.model_copy(update={"steps": 5})}
+    )
+    result, _ = run_workers(two, timeout_s=240, max_restarts=0)
+    assert result["ranks"][0]["plans"][-1] == {"step": 2, "plan": [12, 20]}  # resumed at 2
+    reference = _single_process_steps(three, [{"step": 0, "plan": [5, 9, 18]}], 5)
+    _assert_same_params(torch.load(Path(two.run_dir) / "model.pt"), reference[-1][0])
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_shards_go_to_a_local_folder_or_s3_and_come_back(s3, tmp_path, where):
+    # one process (DCP without a process group): the fsspec path to the moto endpoint too
+    url = str(tmp_path / "dcp-000001") if where == "local" else "s3://hetflow-dcp/run/dcp-000001"
+    ensure_bucket(url)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    sharded.save_shards(model, opt, url)
+    other = torch.nn.Linear(4, 3)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
+    sharded.load_shards(other, other_opt, url)
+    _assert_same_params(other.state_dict(), model.state_dict())
+    assert_same_momentum(
+        sharded.full_state(other, other_opt)[1], model.state_dict(), opt.state_dict()
+    )
 
 
 @pytest.mark.slow
@@ -259,3 +329,15 @@ def test_under_fsdp_the_dynamic_plan_moves_work_off_a_straggler(digits, tmp_path
     assert moved and moved[0]["plan"][3] < before["plan"][3], plans
     assert all(sum(p["plan"]) == 64 for p in plans), plans
     assert all(r["plans"] == plans for r in result["ranks"])
+
+
+def test_the_store_names_each_checkpoints_shards_and_removes_the_stale_folder(tmp_path):
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    for step in (2, 4, 6):
+        name = store.shards_name(step)
+        Path(store.at(name)).mkdir()
+        (Path(store.at(name)) / "__0_0.distcp").write_bytes(b"shard")
+        store.save(step, {"step": step, "shards": name}, name)
+    assert store.load()["shards"] == "dcp-000006"
+    folders = sorted(p.name for p in (tmp_path / "ckpt").glob("dcp-*"))
+    assert folders == ["dcp-000004", "dcp-000006"]  # the checkpoint before the previous: gone

@@ -3,12 +3,16 @@
 Layout under the checkpoint URL::
 
     ckpt-000050.pt      torch.save of the training state
-    latest.json         {"step": 50, "key": "ckpt-000050.pt", "sha256": ..., "previous": {...}}
+    dcp-000050/         under fsdp: every rank's shards (torch.distributed.checkpoint)
+    latest.json         {"step": 50, "key": "ckpt-000050.pt", "sha256": ..., "shards": ...,
+                         "previous": {...}}
 
 The state file is written first, then `latest.json` names it with its SHA-256: a crash between
 the two leaves the previous pointer in place, an S3 PUT is all-or-nothing, and a local write
-goes to a temporary name and is renamed. A checkpoint whose bytes do not match is skipped for
-the one before it. Only the last two are kept.
+goes to a temporary name and is renamed. The DCP folder is complete before the state file
+(`dcp.save` returns on rank 0 once every rank's files and its metadata are written), so a
+pointer never names a half-written one; its bytes are not checksummed. A checkpoint whose
+bytes do not match is skipped for the one before it. Only the last two are kept.
 """
 
 from __future__ import annotations
@@ -49,7 +53,17 @@ class CheckpointStore:
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
-    def save(self, step: int, state: dict) -> None:
+    def shards_name(self, step: int) -> str:
+        """The DCP folder's name, relative to the store, for the checkpoint of `step`."""
+        return f"dcp-{step:06d}"
+
+    def at(self, name: str) -> str:
+        """Where `name` (a folder in the store) lives: a local path, or a URL."""
+        return f"{self.root}/{name}" if self.local else f"{self.url}/{name}"
+
+    def save(self, step: int, state: dict, shards: str | None = None) -> None:
+        """`state` saved as the checkpoint of `step`, which names the DCP folder `shards`
+        (already written) where it has one; the one before the previous is removed."""
         buf = io.BytesIO()
         torch.save(state, buf)
         data = buf.getvalue()
@@ -60,12 +74,17 @@ class CheckpointStore:
             "step": step,
             "key": key,
             "sha256": hashlib.sha256(data).hexdigest(),
-            "previous": {k: old[k] for k in ("step", "key", "sha256")} if old else None,
+            "shards": shards,
+            "previous": {k: old.get(k) for k in ("step", "key", "sha256", "shards")}
+            if old
+            else None,
         }
         self._put(POINTER, json.dumps(pointer).encode())
         stale = old.get("previous") if old else None
         if stale and stale["key"] != key:
             self.fs.rm_file(f"{self.root}/{stale['key']}")
+        if stale and stale.get("shards") and stale["shards"] != shards:
+            self.fs.rm(f"{self.root}/{stale['shards']}", recursive=True)
 
     def _pointer(self) -> dict | None:
         try:

@@ -18,8 +18,10 @@ What differs from DDP (`training.loop.step.build_net`):
   and its reduce-scatters; DDP's hook ends it at the last bucket, before the last collectives.
   A barrier after the step then holds a rank's wait for a slower one (DDP's last all-reduce
   holds it there).
-- Rank 0 evaluates, checkpoints and exports a full copy gathered from every rank's shards
-  (`full_state`, a collective every rank calls).
+- Checkpoints: every rank writes its own shards with `torch.distributed.checkpoint`
+  (`save_shards`), and a run on another number of ranks reads them back re-sharded to its
+  own placements (`load_shards`). Rank 0 evaluates and exports a full copy gathered from
+  every rank's shards (`full_state`, a collective every rank calls).
 - Precision: the autocast of `MixedPrecision` as under DDP; fp16's loss scale is refused
   (`check_job`): its Inf/NaN check would see each rank's shard only, so ranks could disagree.
 """
@@ -28,13 +30,17 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
+    set_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -89,6 +95,38 @@ def load_full_state(model: nn.Module, opt, model_state: dict, opt_state: dict) -
     """`full_state`'s dicts loaded into every rank's shards (every rank holds them whole)."""
     set_model_state_dict(model, model_state, options=LOAD)
     set_optimizer_state_dict(model, inner(opt), opt_state, options=LOAD)
+
+
+def _storage(where: str, write: bool):
+    """DCP's storage for `where`: a local path (FileSystemWriter/Reader) or any fsspec URL,
+    s3:// included (FsspecWriter/Reader). Those two live in torch's private
+    `_fsspec_filesystem` module (torch 2.13 exports no public fsspec storage); s3fs reads the
+    endpoint and credentials from the AWS_* variables, as `hetflow.infra.s3` does."""
+    if "://" not in where or where.startswith("file://"):
+        path = where.removeprefix("file://")
+        return dcp.FileSystemWriter(path) if write else dcp.FileSystemReader(path)
+    return FsspecWriter(where) if write else FsspecReader(where)
+
+
+def save_shards(model: nn.Module, opt, where: str) -> None:
+    """Every rank writes its shards of the model and optimizer state (keyed by parameter
+    name) into the folder `where` (`_storage`); rank 0, DCP's coordinator, writes the
+    folder's metadata. A collective: when it returns on any rank, every rank's files and the
+    metadata are written (dcp.save ends in an all-reduce over every rank's write results)."""
+    model_state, opt_state = get_state_dict(model, inner(opt))
+    dcp.save({"model": model_state, "optim": opt_state}, storage_writer=_storage(where, True))
+
+
+def load_shards(model: nn.Module, opt, where: str) -> None:
+    """`save_shards`' folder `where` loaded into this rank's shards, whatever the number of
+    ranks that wrote it: DCP reads each rank's part of every tensor for the placements of
+    this run's DTensors (re-sharding). A collective."""
+    model_state, opt_state = get_state_dict(model, inner(opt))
+    state = {"model": model_state, "optim": opt_state}
+    dcp.load(state, storage_reader=_storage(where, False))
+    set_state_dict(
+        model, inner(opt), model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
 
 
 def local_bytes(t: torch.Tensor) -> int:

@@ -74,8 +74,10 @@ class Checkpoint:
     """What a checkpoint holds after `step` steps on `workers`: the model, optimizer, lr
     scheduler, comm hook, loss scale and re-balancer state (as their `state_dict`s give them,
     the same on every rank or rank 0's), the loop's plan, plans, evaluations and training
-    time, 'auto''s trials, every rank's step records, and the strategy (`strategy`: under fsdp
-    the full state gathered from every rank's shards). `to_dict` is what `CheckpointStore`
+    time, 'auto''s trials, every rank's step records, and the strategy. Under fsdp `model` and
+    `optimizer` are empty and `shards` names the checkpoint's DCP folder in the store, which
+    every rank wrote its shards into (`sharded.save_shards`); an older fsdp checkpoint holds
+    the full state instead (`shards` None). `to_dict` is what `CheckpointStore`
     saves, `from_dict` reads it back: the one place its keys are written."""
 
     step: int
@@ -93,6 +95,7 @@ class Checkpoint:
     records: list[list[StepRecord]]  # rank by rank
     scheduler: dict | None = None  # the lr scheduler's position; None in an older checkpoint
     strategy: str = "ddp"  # `TrainConfig.strategy`: how `model` and `optimizer` are keyed
+    shards: str | None = None  # fsdp: the DCP folder, relative to the store
 
     def check_strategy(self, strategy: str) -> None:
         """A ValueError where this checkpoint was taken under another strategy: DDP's
@@ -120,6 +123,7 @@ class Checkpoint:
             "records": [[r.model_dump() for r in rank] for rank in self.records],
             "scheduler": self.scheduler,
             "strategy": self.strategy,
+            "shards": self.shards,
         }
 
     @classmethod
@@ -143,6 +147,7 @@ class Checkpoint:
             records=[[StepRecord.model_validate(r) for r in rank] for rank in saved["records"]],
             scheduler=saved.get("scheduler"),
             strategy=saved.get("strategy", "ddp"),
+            shards=saved.get("shards"),
         )
 
     def narrowed(self, workers: list[str], plan: list[int]) -> Checkpoint:

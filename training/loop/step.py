@@ -58,15 +58,27 @@ class Net:
         return self.strategy == "fsdp"
 
     def full_state(self) -> tuple[dict, dict]:
-        """(model, optimizer) state dicts for a checkpoint on rank 0. Under fsdp the full
-        state gathered from every rank's shards: a collective every rank calls."""
+        """(model, optimizer) state dicts, full, on rank 0 (the exported model). Under fsdp
+        gathered from every rank's shards: a collective every rank calls."""
         if self.sharded:
             return sharded.full_state(self.model, self.opt)
         return self.model.state_dict(), self.opt.state_dict()
 
-    def load_full_state(self, model_state: dict, opt_state: dict) -> None:
-        """`full_state`'s dicts (as a checkpoint holds them) loaded on every rank."""
+    def checkpoint_state(self, shards: str | None) -> tuple[dict, dict]:
+        """(model, optimizer) state dicts for rank 0's checkpoint. Under fsdp every rank
+        writes its shards into the folder `shards` instead (`sharded.save_shards`, a
+        collective) and both dicts are empty."""
         if self.sharded:
+            sharded.save_shards(self.model, self.opt, shards)
+            return {}, {}
+        return self.full_state()
+
+    def load_state(self, model_state: dict, opt_state: dict, shards: str | None) -> None:
+        """A checkpoint's state loaded on every rank: from its DCP folder `shards` where it
+        names one (fsdp, re-sharded onto this run's ranks), else from the full dicts."""
+        if shards is not None:
+            sharded.load_shards(self.model, self.opt, shards)
+        elif self.sharded:
             sharded.load_full_state(self.model, self.opt, model_state, opt_state)
         else:
             self.model.load_state_dict(model_state)

@@ -62,7 +62,8 @@ class TrainingLoop:
     Every rank re-plans from the same shared figures, so all reach the same plan at the same
     step. A rank the plan leaves out (batch 0) leaves the gradient's all-reduce where it can
     (`computing.ComputingRanks`): its steps then wait for the others' (`idle_step`). Rank 0
-    alone evaluates, saves checkpoints, and writes progress.json and recovery.json.
+    alone evaluates, saves checkpoints (under fsdp every rank writes its shards first), and
+    writes progress.json and recovery.json.
     """
 
     def __init__(self, ctx: RankContext) -> None:
@@ -148,7 +149,8 @@ class TrainingLoop:
         if saved is None:
             return LoopState.fresh(self.spec.plan.local_batches)
         saved.check_strategy(self.cfg.strategy)
-        self.net.load_full_state(saved.model, saved.optimizer)
+        shards = self.store.at(saved.shards) if saved.shards else None
+        self.net.load_state(saved.model, saved.optimizer, shards)  # fsdp: re-sharded
         load_comm_state(self.net.hook_state, saved.comm)
         self.amp.load_state_dict(saved.scaler)
         self.rebalancer.restore(saved.rebalancer)
@@ -378,7 +380,8 @@ class TrainingLoop:
         hook, re-balancer and loop state, as the checkpoint of `step` steps done."""
         everyone: list = [None] * self.world
         dist.all_gather_object(everyone, self.state.records)
-        model, optimizer = self.net.full_state()  # under fsdp, gathered from every rank
+        shards = self.store.shards_name(step) if self.net.sharded else None
+        model, optimizer = self.net.checkpoint_state(shards and self.store.at(shards))
         if self.rank == 0:
             net, state = self.net, self.state
             ckpt = Checkpoint(
@@ -387,6 +390,7 @@ class TrainingLoop:
                 model=model,
                 optimizer=optimizer,
                 strategy=self.cfg.strategy,
+                shards=shards,
                 plan=state.plan,
                 plans=state.plans,
                 evals=state.evals,
@@ -398,7 +402,7 @@ class TrainingLoop:
                 records=everyone,
                 scheduler=self.lr_schedule.state_dict(),
             )
-            self.store.save(step, ckpt.to_dict())
+            self.store.save(step, ckpt.to_dict(), shards)  # after every rank's shards
 
     def write_progress(self, step: int) -> None:
         if self.progress is not None:
