@@ -34,6 +34,7 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
 from hetflow.config_cluster import ClusterSpec, WorkerSpec
 from hetflow.config_dataset import DatasetSpec, TrackingConfig  # noqa: F401 (re-exported)
 from hetflow.config_recommend import (  # noqa: F401 (re-exported)
+    DEADLINE_MARGIN,
     DEFAULT_RENTABLE,
     RecommendJob,
     RecommendObjective,

@@ -94,7 +94,7 @@ def test_a_margin_keeps_a_share_of_the_deadline_in_hand():
 
 
 def test_the_cli_defaults_to_a_margin_and_refuses_a_bad_one(tmp_path, capsys):
-    from hetflow.training.plan.recommend import DEADLINE_MARGIN
+    from hetflow.config import DEADLINE_MARGIN
 
     assert main(["recommend", "--deadline-h", "0.001", "-o", str(tmp_path / "c.yaml")]) == 2
     assert f"less a {DEADLINE_MARGIN:.0%} margin" in capsys.readouterr().err

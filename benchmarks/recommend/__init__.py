@@ -23,7 +23,15 @@ import struct
 from pathlib import Path
 
 from hetflow.cli.parser import Parser
-from hetflow.config import ClusterSpec, ConfigError, TrainConfig, WorkerSpec, check_job, validated
+from hetflow.config import (
+    DEADLINE_MARGIN,
+    ClusterSpec,
+    ConfigError,
+    TrainConfig,
+    WorkerSpec,
+    check_job,
+    validated,
+)
 from hetflow.emulation.costs import SMOOTH_PHASES
 from hetflow.emulation.presets import PRESETS
 from hetflow.records import Plan, RunResult
@@ -32,7 +40,6 @@ from hetflow.training.metrics import summarize
 from hetflow.training.plan.models import MODELS
 from hetflow.training.plan.recommend import (
     CURVE_MODEL,
-    DEADLINE_MARGIN,
     TRAIN_OVER_INFERENCE,
     Evaluator,
     Job,

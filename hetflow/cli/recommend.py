@@ -14,7 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
-from hetflow.config import DEFAULT_RENTABLE, ConfigError
+from hetflow.config import DEADLINE_MARGIN, DEFAULT_RENTABLE, ConfigError
 
 DEFAULT_CANDIDATES = ",".join(f"{t}:{n}" for t, n in DEFAULT_RENTABLE)
 
@@ -59,7 +59,7 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         dest="deadline_margin",
         metavar="F",
         help="with --deadline-h, the share of it kept in hand: a mix must be predicted to finish "
-        "by (1 - F) x H (default 0.15: mixes ran 8-18%% past their prediction)",
+        f"by (1 - F) x H (default {DEADLINE_MARGIN}: mixes ran 8-18%% past their prediction)",
     )
     p.add_argument(
         "--output",
@@ -90,7 +90,7 @@ def _positive(flag: str, value, kind=float):
 def job_and_objective(args):
     """The Job and Objective of the flags, each value checked (one line naming its flag)."""
     from hetflow.training.plan.models import MODELS
-    from hetflow.training.plan.recommend import DEADLINE_MARGIN, Job, Objective
+    from hetflow.training.plan.recommend import Job, Objective
 
     steps = _positive("--steps", args.steps, int)
     batch = _positive("--global-batch", args.global_batch, int)

@@ -235,12 +235,6 @@ def local_batches(cands: Sequence[Candidate], p: Prediction, global_batch: int) 
 # -- the objective ----------------------------------------------------------------------------
 
 
-# The share of a deadline kept in hand: a mix counts as in time when predicted to finish by
-# (1 - margin) x the deadline. Run on emulated presets, mixes took 8-18% longer than predicted
-# and the chosen one, predicted 1.99 h, missed 2 h every time (docs/measurements/recommend.md).
-DEADLINE_MARGIN = 0.15
-
-
 @dataclass(frozen=True)
 class Objective:
     """What 'best' means: the least cost ('cost'), the least cost predicted to finish by
@@ -249,7 +243,7 @@ class Objective:
     kind: str = "cost"
     deadline_h: float | None = None
     budget_usd: float | None = None
-    margin: float = 0.0  # the CLI, the flow and the bench default to DEADLINE_MARGIN
+    margin: float = 0.0  # the CLI, the flow and the bench: `hetflow.config.DEADLINE_MARGIN`
 
     @property
     def planned_h(self) -> float | None:
