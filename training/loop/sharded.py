@@ -1,7 +1,7 @@
 """Sharded data parallelism (`train.strategy: fsdp`): the recipe's model under torch's FSDP2
-`fully_shard`, its full state gathered for rank 0 and loaded back, and the bytes of training
-state a rank holds. torch's own APIs throughout (`fully_shard`, the
-`torch.distributed.checkpoint.state_dict` helpers); nothing here is hetflow's own collective.
+`fully_shard`, its shards checkpointed and its full state gathered for rank 0, and the bytes
+of training state a rank holds. torch's own APIs throughout (`fully_shard`,
+`torch.distributed.checkpoint` and its `state_dict` helpers); no collective of hetflow's own.
 
 What differs from DDP (`training.loop.step.build_net`):
 
@@ -38,16 +38,13 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
     get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
     set_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-# Full (unsharded) state dicts: gathered onto rank 0's CPU, or loaded whole on every rank.
+# Full (unsharded) state dicts, gathered onto rank 0's CPU.
 GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
-LOAD = StateDictOptions(full_state_dict=True)
 
 
 def shard_model(model: nn.Module, units: list[nn.Module]) -> nn.Module:
@@ -89,12 +86,6 @@ def full_state(model: nn.Module, opt) -> tuple[dict, dict]:
     name; empty on the other ranks. A collective: every rank calls it."""
     model_state = get_model_state_dict(model, options=GATHER)
     return model_state, get_optimizer_state_dict(model, inner(opt), options=GATHER)
-
-
-def load_full_state(model: nn.Module, opt, model_state: dict, opt_state: dict) -> None:
-    """`full_state`'s dicts loaded into every rank's shards (every rank holds them whole)."""
-    set_model_state_dict(model, model_state, options=LOAD)
-    set_optimizer_state_dict(model, inner(opt), opt_state, options=LOAD)
 
 
 def _storage(where: str, write: bool):

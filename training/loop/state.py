@@ -76,9 +76,8 @@ class Checkpoint:
     the same on every rank or rank 0's), the loop's plan, plans, evaluations and training
     time, 'auto''s trials, every rank's step records, and the strategy. Under fsdp `model` and
     `optimizer` are empty and `shards` names the checkpoint's DCP folder in the store, which
-    every rank wrote its shards into (`sharded.save_shards`); an older fsdp checkpoint holds
-    the full state instead (`shards` None). `to_dict` is what `CheckpointStore`
-    saves, `from_dict` reads it back: the one place its keys are written."""
+    every rank wrote its shards into (`sharded.save_shards`). `to_dict` is what
+    `CheckpointStore` saves, `from_dict` reads it back: the one place its keys are written."""
 
     step: int
     workers: list[str]

@@ -74,12 +74,10 @@ class Net:
         return self.full_state()
 
     def load_state(self, model_state: dict, opt_state: dict, shards: str | None) -> None:
-        """A checkpoint's state loaded on every rank: from its DCP folder `shards` where it
-        names one (fsdp, re-sharded onto this run's ranks), else from the full dicts."""
-        if shards is not None:
+        """A checkpoint's state loaded on every rank: under fsdp from its DCP folder `shards`
+        (re-sharded onto this run's ranks), under DDP from the full dicts."""
+        if self.sharded:
             sharded.load_shards(self.model, self.opt, shards)
-        elif self.sharded:
-            sharded.load_full_state(self.model, self.opt, model_state, opt_state)
         else:
             self.model.load_state_dict(model_state)
             self.opt.load_state_dict(opt_state)
