@@ -101,10 +101,6 @@ class RunMetrics(_Figures):
             out |= r.flat()
         return out
 
-    def rank(self, index: int) -> RankFigures:
-        """Worker (or rank) `index`'s figures."""
-        return next(r for r in self.ranks if r.rank == index)
-
 
 class StepRank(_Figures):
     """One worker at one step: its share of the step's time computing, and its local batch."""
