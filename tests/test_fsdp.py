@@ -23,7 +23,12 @@ from hetflow.training.loop.checkpoint import CheckpointStore
 from hetflow.training.loop.state import Checkpoint
 from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
-from tests.test_training import _assert_same_params, _single_process_steps
+from tests.test_training import (
+    _assert_same_params,
+    _single_process_steps,
+    assert_moved_off_the_straggler,
+    straggler_run,
+)
 
 STEPS = 3
 
@@ -299,36 +304,7 @@ def test_under_fsdp_the_dynamic_plan_moves_work_off_a_straggler(digits, tmp_path
     # others wait for it after the optimizer's step (`sharded.end_phase_at_step`), not in the
     # next forward's all-gather: otherwise every rank's compute time rises with the straggler's
     # and the re-balancer sees no imbalance (with a 4x straggler it did not re-plan at all)
-    cluster = ClusterSpec.from_speeds([1.0, 1.0, 2.0, 4.0])
-    train = TrainConfig(
-        recipe="digits-cnn",
-        global_batch=64,
-        steps=24,
-        schedule="dynamic",
-        rebalance_threshold=0.3,
-        rebalance_every=100,
-        eval_every=100,
-        checkpoint_every=100,
-        target_accuracy=None,
-        strategy="fsdp",
-    )
-    spec = RunSpec(
-        run_name="straggler",
-        variant="dynamic",
-        cluster=cluster,
-        dataset=digits,
-        train=train,
-        plan=Plan.equal([8, 8, 16, 32]),
-        stragglers=[(3, 12, 8.0)],
-        run_dir=str(tmp_path),
-    )
-    result, _ = run_workers(spec, timeout_s=240, max_restarts=0)
-    plans = result["ranks"][0]["plans"]
-    before = [p for p in plans if p["step"] <= 12][-1]
-    moved = [p for p in plans if 12 < p["step"] <= 16]
-    assert moved and moved[0]["plan"][3] < before["plan"][3], plans
-    assert all(sum(p["plan"]) == 64 for p in plans), plans
-    assert all(r["plans"] == plans for r in result["ranks"])
+    assert_moved_off_the_straggler(straggler_run(digits, tmp_path, 8.0, strategy="fsdp"))
 
 
 def test_the_store_names_each_checkpoints_shards_and_removes_the_stale_folder(tmp_path):
