@@ -164,6 +164,9 @@ class Profile(_Record):
     cluster_spec: dict | None = Field(
         None, description="The ClusterSpec as profiled (instance types resolved), as JSON."
     )
+    sources: list[str] = Field(
+        [], description="Per rank: 'measured now', or the history entry reused (`hetflow.history`)."
+    )
 
     @field_validator("ranks")
     @classmethod

@@ -37,6 +37,7 @@ FLAGS = {
     "seed": "--seed",
     "allow_local_sgd": "--allow-local-sgd",
     "strategy": "--strategy",
+    "profile_max_age_h": "--profile-max-age-h",
     "url": "--dataset-url",
 }
 
@@ -166,6 +167,17 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=TRAIN.seed, help="seed of the initial weights and data order"
     )
     p.add_argument(
+        "--profile-max-age-h",
+        dest="profile_max_age_h",
+        type=float,
+        default=TRAIN.profile_max_age_h,
+        metavar="HOURS",
+        help="reuse a worker type's profile from the history in S3 when it is at most this old "
+        "and measured for the same recipe, batch, precision and versions; types without one "
+        f"are profiled on one worker each; 0: profile every worker (default: "
+        f"{TRAIN.profile_max_age_h:g})",
+    )
+    p.add_argument(
         "--precision",
         choices=choices(TrainConfig, "precision"),
         default=TRAIN.precision,
@@ -258,6 +270,7 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
         "strategy": getattr(args, "strategy", TRAIN.strategy),
         "allow_local_sgd": getattr(args, "allow_local_sgd", TRAIN.allow_local_sgd),
         "accumulate": getattr(args, "accumulate", TRAIN.accumulate),
+        "profile_max_age_h": getattr(args, "profile_max_age_h", TRAIN.profile_max_age_h),
     }
     try:
         return TrainConfig.variant(variant, **knobs) if variant else TrainConfig(**knobs)
