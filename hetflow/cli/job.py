@@ -140,6 +140,27 @@ def add_strategy_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    """What the plan is made from: --accumulate, --profile-max-age-h."""
+    add_accumulate_arg(p)
+    add_profile_age_arg(p)
+
+
+def add_profile_age_arg(p: argparse.ArgumentParser) -> None:
+    """--profile-max-age-h (`TrainConfig.profile_max_age_h`)."""
+    p.add_argument(
+        "--profile-max-age-h",
+        dest="profile_max_age_h",
+        type=float,
+        default=TRAIN.profile_max_age_h,
+        metavar="HOURS",
+        help="reuse a worker type's profile from the history in S3 when it is at most this old "
+        "and measured for the same recipe, batch, precision and versions; types without one "
+        f"are profiled on one worker each; 0: profile every worker (default: "
+        f"{TRAIN.profile_max_age_h:g})",
+    )
+
+
 def add_job_args(p: argparse.ArgumentParser) -> None:
     speeds = ",".join(f"{s:g}" for s in DEFAULT_SPEEDS)
     p.add_argument(
@@ -167,24 +188,13 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=TRAIN.seed, help="seed of the initial weights and data order"
     )
     p.add_argument(
-        "--profile-max-age-h",
-        dest="profile_max_age_h",
-        type=float,
-        default=TRAIN.profile_max_age_h,
-        metavar="HOURS",
-        help="reuse a worker type's profile from the history in S3 when it is at most this old "
-        "and measured for the same recipe, batch, precision and versions; types without one "
-        f"are profiled on one worker each; 0: profile every worker (default: "
-        f"{TRAIN.profile_max_age_h:g})",
-    )
-    p.add_argument(
         "--precision",
         choices=choices(TrainConfig, "precision"),
         default=TRAIN.precision,
         help="the forward pass's autocast: auto is bf16 on GPUs that have it natively, fp16 "
         "with a shared loss scale on older ones, fp32 on a CPU",
     )
-    add_accumulate_arg(p)
+    add_plan_args(p)
     p.add_argument(
         "--launcher",
         choices=choices(ClusterSpec, "launcher"),
