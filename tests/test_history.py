@@ -165,3 +165,39 @@ def test_profile_records_say_where_each_worker_came_from():
         profile_of([rank_profile(0, 1.0)], sources=["s3://b/x (1.0 h old)"]).model_dump_json()
     )
     assert p.sources == ["s3://b/x (1.0 h old)"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_training_twice_profiles_once_and_the_second_run_names_the_entries(
+    digits, prefect_harness, monkeypatch
+):
+    from mlflow.tracking import MlflowClient
+
+    from hetflow.config import TrackingConfig
+    from hetflow.flows.train import train
+    from hetflow.infra.tracking.tracker import MLflowTracker
+
+    launched = []
+    real = history_task.measure_profile
+
+    def counted(cluster, *args, **kw):
+        launched.append([w.name for w in cluster.workers])
+        return real(cluster, *args, **kw)
+
+    monkeypatch.setattr(history_task, "measure_profile", counted)
+    cluster = ClusterSpec.from_speeds([1, 1, 4], time_scale=2.0)
+    cfg = TrainConfig(recipe="digits-mlp", steps=4, global_batch=32, eval_every=2)
+    first = train(cluster=cluster, dataset=digits, train=cfg, tracking=TrackingConfig())
+    assert launched == [["w0", "w2"]]  # one worker of each type
+    second = train(cluster=cluster, dataset=digits, train=cfg, tracking=TrackingConfig())
+    assert launched == [["w0", "w2"]]  # nothing launched: every type known
+    assert first["metrics"]["profiling_time_s"] > 0 == second["metrics"]["profiling_time_s"]
+
+    client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
+    tags = client.get_run(second["run_id"]).data.tags
+    sources = [tags[f"profile_source.{w.name}"] for w in cluster.workers]
+    assert all(s.startswith("s3://hetflow-history/profiles/types/speed-") for s in sources)
+    assert sources[0] == sources[1] != sources[2]
+    first_tags = client.get_run(first["run_id"]).data.tags
+    assert first_tags["profile_source.w1"] == f"{MEASURED_NOW} (as w0)"
