@@ -103,16 +103,17 @@ def source_of(entry: TypeEntry) -> str:
 @task(task_run_name="profile {cluster.name} or reuse its types' history")
 def profile_or_reuse(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
     """The cluster's profile, measuring one worker per type without an entry at most
-    `train.profile_max_age_h` old (0: every worker, as `profile_workers`), and storing the
-    entries of what it measured. Nothing unknown: no launch, `profiling_time_s` 0. Every type
-    unknown and each once: the whole cluster, its all-reduce measured; else assembled
-    (`training.plan.assemble`), the all-reduce from the ring model."""
+    `train.profile_max_age_h` old, and storing the entries of what it measured. Nothing
+    unknown: no launch, `profiling_time_s` 0; some: one worker of each unknown type, then the
+    profile assembled (`training.plan.assemble`: the all-reduce from the ring model). No entry
+    at all (or `profile_max_age_h` 0): the whole cluster, as `profile_workers`, all-reduce
+    measured; its workers run in parallel, so one per type would save little time."""
     keys = [type_key(cluster, i, train) for i in range(cluster.world_size)]
     prefix = types_prefix(dataset)
     known = lookup(prefix, keys, train.profile_max_age_h) if train.profile_max_age_h else {}
-    measure = to_measure(keys, set(known)) if train.profile_max_age_h else list(range(len(keys)))
+    measure = to_measure(keys, set(known))
     profiled = 0.0
-    if len(measure) == cluster.world_size:
+    if not known:
         profile = measure_profile(cluster, dataset, train, new_run_dir("profile"))
         profile.sources = [MEASURED_NOW] * cluster.world_size
         store_entries(entries_of(profile, cluster, keys, profile_stamp()), prefix)

@@ -105,16 +105,16 @@ def test_a_second_run_reuses_the_history_and_a_new_type_is_profiled_on_one_worke
     monkeypatch.setattr(history_task, "measure_profile", measure)
     cluster = ClusterSpec.from_speeds([1, 1, 2])
     first = history_task.profile_or_reuse.fn(cluster, dataset, TRAIN)
-    # two types: one worker of each measured, the third assembled from its twin's entry
+    # nothing known: the whole cluster, as before the history
     (part, batches), *_ = measure.launched
-    assert [w.name for w in part.workers] == ["w0", "w2"] and batches == [2, 4, 8, 16, 32]
-    assert first.sources == [MEASURED_NOW, f"{MEASURED_NOW} (as w0)", MEASURED_NOW]
-    assert first.profiling_time_s == 5.0 and len(first.ranks) == 3
+    assert part == cluster and batches is None and first.sources == [MEASURED_NOW] * 3
+    assert first.profiling_time_s == 5.0
 
     second = history_task.profile_or_reuse.fn(cluster, dataset, TRAIN)
     assert len(measure.launched) == 1 and second.profiling_time_s == 0.0
     assert all(s.startswith("s3://") and "/profiles/types/speed-" in s for s in second.sources)
-    assert [r.memory_cap_batch for r in second.ranks] == [1000, 1000, 1001]
+    assert second.sources[0] == second.sources[1]  # one entry per type: w0's
+    assert [r.memory_cap_batch for r in second.ranks] == [1000, 1000, 1002]
 
     grown = ClusterSpec.from_speeds([1, 1, 2, 1.5])  # one new type, the same fastest
     grown.workers[3].link_gbps = 4.0
@@ -128,7 +128,12 @@ def test_a_second_run_reuses_the_history_and_a_new_type_is_profiled_on_one_worke
 
     faster = ClusterSpec.from_speeds([1, 1, 2, 8])  # a new fastest dilates every worker anew
     history_task.profile_or_reuse.fn(faster, dataset, TRAIN)
-    assert [w.name for w in measure.launched[-1][0].workers] == ["w0", "w2", "w3"]
+    assert measure.launched[-1][0] == faster
+    twins = ClusterSpec.from_speeds([1, 1, 2, 8, 5, 5])  # one new type, on two workers
+    fourth = history_task.profile_or_reuse.fn(twins, dataset, TRAIN)
+    (part, batches) = measure.launched[-1]
+    assert [w.name for w in part.workers] == ["w4"] and batches == [1, 2, 4, 8, 16, 32]
+    assert fourth.sources[4:] == [MEASURED_NOW, f"{MEASURED_NOW} (as w4)"]
 
 
 def test_a_stale_or_mismatched_entry_is_not_used(dataset, prefect_harness, monkeypatch):
@@ -189,9 +194,9 @@ def test_training_twice_profiles_once_and_the_second_run_names_the_entries(
     cluster = ClusterSpec.from_speeds([1, 1, 4], time_scale=2.0)
     cfg = TrainConfig(recipe="digits-mlp", steps=4, global_batch=32, eval_every=2)
     first = train(cluster=cluster, dataset=digits, train=cfg, tracking=TrackingConfig())
-    assert launched == [["w0", "w2"]]  # one worker of each type
+    assert launched == [["w0", "w1", "w2"]]  # nothing known: every worker
     second = train(cluster=cluster, dataset=digits, train=cfg, tracking=TrackingConfig())
-    assert launched == [["w0", "w2"]]  # nothing launched: every type known
+    assert launched == [["w0", "w1", "w2"]]  # nothing launched: every type known
     assert first["metrics"]["profiling_time_s"] > 0 == second["metrics"]["profiling_time_s"]
 
     client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
@@ -200,4 +205,4 @@ def test_training_twice_profiles_once_and_the_second_run_names_the_entries(
     assert all(s.startswith("s3://hetflow-history/profiles/types/speed-") for s in sources)
     assert sources[0] == sources[1] != sources[2]
     first_tags = client.get_run(first["run_id"]).data.tags
-    assert first_tags["profile_source.w1"] == f"{MEASURED_NOW} (as w0)"
+    assert first_tags["profile_source.w1"] == MEASURED_NOW
