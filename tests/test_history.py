@@ -165,6 +165,36 @@ def test_a_stale_or_mismatched_entry_is_not_used(dataset, prefect_harness, monke
     assert len(measure.launched) == 5 and always.sources == [MEASURED_NOW] * 2
 
 
+def test_the_profile_flow_writes_an_entry_per_type_and_tags_its_run(
+    dataset, prefect_harness, monkeypatch
+):
+    from mlflow.tracking import MlflowClient
+
+    import hetflow.flows.profile_cluster as profile_flow
+    from hetflow.config import TrackingConfig
+    from hetflow.infra.tracking.tracker import MLflowTracker
+
+    measure = fake_measure()
+    monkeypatch.setattr(
+        profile_flow, "profile_workers", lambda c, d, t: measure(c, d, t, "profile-dir")
+    )
+    monkeypatch.setattr(history_task, "measure_profile", measure)
+    cluster = ClusterSpec.from_speeds([1, 1, 2])
+    out = profile_flow.profile_cluster(cluster=cluster, dataset=dataset, train=TRAIN)
+    tags = (
+        MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
+        .get_run(out["mlflow_run_id"])
+        .data.tags
+    )
+    urls = {k: v for k, v in tags.items() if k.startswith("history.")}
+    assert len(urls) == 2 and all(
+        v.startswith(history_task.types_prefix(dataset)) for v in urls.values()
+    )
+    assert out["sources"] == [MEASURED_NOW] * 3
+    history_task.profile_or_reuse.fn(cluster, dataset, TRAIN)  # a train run after it
+    assert len(measure.launched) == 1  # the flow's profile only
+
+
 def test_profile_records_say_where_each_worker_came_from():
     p = Profile.model_validate_json(
         profile_of([rank_profile(0, 1.0)], sources=["s3://b/x (1.0 h old)"]).model_dump_json()
