@@ -92,6 +92,7 @@ class TypeEntry(BaseModel):
     link_source: str = "measured"
     cluster: str = ""
     world_size: int = 1
+    host_ranks: int = 1  # the ranks that shared its host's memory (a CPU's cap is its share)
     stored_at: str | None = None
 
     def age_h(self, now: dt.datetime | None = None) -> float:

@@ -114,6 +114,7 @@ class RankProfile(_Record):
     memory_fixed_bytes: float | None = None
     memory_available_bytes: int | None = None
     memory_cap_batch: int | None = None
+    device: str = Field("", description="'cpu' or 'cuda' (the memory cap's model or search).")
     matmul_gflops: float | None = None
     memory_gbps: float | None = None
     allreduce_latency_s: float = 0.0

@@ -48,6 +48,7 @@ def entries_of(
             link_source=source,
             cluster=profile.cluster,
             world_size=cluster.world_size,
+            host_ranks=sum(o.node == r.node for o in profile.ranks),
         )
     return list(entries.values())
 
@@ -128,7 +129,9 @@ def profile_or_reuse(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainCon
         new = entries_of(measured, part, part_keys, profile_stamp())
         known.update({e.key: e for e in store_entries(new, prefix)})
     sources = sources_of(keys, measure, known, [w.name for w in cluster.workers])
-    profile = assemble(cluster, train, [known[k].rank for k in keys], sources, profiled)
+    entries = [known[k] for k in keys]
+    ranks = [e.rank for e in entries]
+    profile = assemble(cluster, train, ranks, sources, profiled, [e.host_ranks for e in entries])
     _print_sources(profile, measured=len(measure))
     return profile
 

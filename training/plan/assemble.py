@@ -92,21 +92,51 @@ def ring_figures(ranks: list[RankProfile]) -> dict:
     }
 
 
+def host_share(r: RankProfile, then: int, now: int) -> dict:
+    """A CPU rank's memory figures when `now` ranks share its host where `then` did: its
+    share of the host's memory (`probes.memory`) scales by then / now, and its cap with it
+    (the budget it was fitted in, cap x bytes per sample + fixed bytes, scaled; the fixed part
+    stays). Nothing changes on a GPU (its cap is an out-of-memory search on its own device) or
+    where the figures are missing.
+
+    >>> r = RankProfile(rank=0, samples_per_s=1, step_compute_s=1, fit_latency_s=0,
+    ...     fit_s_per_sample=1, device="cpu", memory_cap_batch=100, memory_per_sample_bytes=10,
+    ...     memory_fixed_bytes=1000, memory_available_bytes=4000)
+    >>> host_share(r, then=1, now=4)
+    {'memory_available_bytes': 1000, 'memory_cap_batch': 0}
+    >>> host_share(r, then=2, now=1)["memory_cap_batch"]
+    300
+    """
+    per, fixed, cap = r.memory_per_sample_bytes, r.memory_fixed_bytes, r.memory_cap_batch
+    if r.device != "cpu" or then == now or None in (per, fixed, cap, r.memory_available_bytes):
+        return {}
+    budget = (cap * per + fixed) * then / now
+    return {
+        "memory_available_bytes": int(r.memory_available_bytes * then / now),
+        "memory_cap_batch": max(int((budget - fixed) // per), 0),
+    }
+
+
 def assemble(
     cluster: ClusterSpec,
     train: TrainConfig,
     ranks: list[RankProfile],
     sources: list[str],
     profiling_time_s: float = 0.0,
+    host_ranks: list[int] | None = None,
 ) -> Profile:
     """The profile of `cluster` from one measured `RankProfile` per worker (in cluster order,
-    each as its entry holds it): renumbered and renamed, compute at this cluster's reference
-    batch (global batch / workers) from each one's fit, speeds relative to the fastest, the
-    all-reduce by `ring_figures`; `sources` says where each came from."""
+    each as its entry holds it, measured with `host_ranks` ranks on its host): renumbered and
+    renamed, compute at this cluster's reference batch (global batch / workers) from each
+    one's fit, memory by `host_share` (every worker on one host under the local launcher, one
+    per node under Ray), speeds relative to the fastest, the all-reduce by `ring_figures`;
+    `sources` says where each came from."""
     ref = max(1, train.global_batch // cluster.world_size)
+    now = cluster.world_size if cluster.launcher == "local" else 1
     out = []
     for i, (w, r) in enumerate(zip(cluster.workers, ranks, strict=True)):
         step = max(r.fit_latency_s + r.fit_s_per_sample * ref, 1e-9)
+        then = host_ranks[i] if host_ranks else now
         out.append(
             r.model_copy(
                 update={
@@ -116,6 +146,7 @@ def assemble(
                     "samples_per_s": ref / step,
                     "allreduce_bytes": [],
                     "allreduce_median_s": [],
+                    **host_share(r, then, now),
                 }
             )
         )
