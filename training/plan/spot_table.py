@@ -28,16 +28,16 @@ def spot_terms(name: str, usd: float, spot) -> tuple[float, float]:
     return usd * (1 - info.savings), info.per_hour
 
 
-def _override(flag: str, values: Mapping[str, float], names, lo: float, hi: float, what: str):
+def _override(flag: str, values: Mapping[str, float], names, ok, what: str) -> None:
+    """Each (type, value) of a per-type override names a candidate and passes `ok`."""
     for name, v in values.items():
         if name not in names:
             raise RecommendError(
                 f"{flag}: {name} is not a candidate ({', '.join(names)}){suggestion(name, names)}"
             )
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise RecommendError(f"{flag}: {name}: {what} must be a finite number (got {v!r})")
-        if not lo <= v < hi:
-            raise RecommendError(f"{flag}: {name}: {what} must be in [{lo:g}, {hi:g}) (got {v:g})")
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not number or not ok(v):
+            raise RecommendError(f"{flag}: {name}: {what} (got {v!r})")
 
 
 def spot_table(names: Sequence[str], path=None, discounts=None, per_month=None):
@@ -60,8 +60,20 @@ def spot_table(names: Sequence[str], path=None, discounts=None, per_month=None):
                 f"--spot-table: types.{name} is not in the offline catalog "
                 f"(infra/instance_types.json){suggestion(name, known)}"
             )
-    _override("--spot-discount", discounts, names, 0, 1, "the discount off On-Demand")
-    _override("--interruptions", per_month, names, 0, math.inf, "interruptions a month")
+    _override(
+        "--spot-discount",
+        discounts,
+        names,
+        lambda v: 0 <= v < 1,
+        "the discount off On-Demand must be in [0, 1)",
+    )
+    _override(
+        "--interruptions",
+        per_month,
+        names,
+        lambda v: v >= 0,
+        "interruptions per instance-month must be a finite number >= 0",
+    )
     for name in set(discounts) | set(per_month):
         was = table.types.get(name)
         if was is None and not (name in discounts and name in per_month):
