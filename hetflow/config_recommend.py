@@ -111,7 +111,7 @@ class RecommendMarket(ConfigModel):
         None,
         title="Restart (s)",
         description="What an interruption costs before training goes on; empty: the group's "
-        "restart measured here (17 s), which counts no instance boot.",
+        "restart measured here (16 s), which counts no instance boot.",
     )
     checkpoint_every: int | None = Field(
         None,

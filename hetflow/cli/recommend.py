@@ -224,7 +224,7 @@ def print_recommendation(rec, batches, prices, seconds: float, spot=None) -> Non
     )
 
     job, cands = rec.job, rec.cands
-    console = wide_console(130)
+    console = wide_console(160 if spot is not None else 130)
     print(
         f"hetflow recommend: {job.model.name}, global batch {job.global_batch}, {job.steps} "
         f"steps; objective: {goal(rec.objective)}"

@@ -121,9 +121,11 @@ def outside(rec: Recommendation, batches) -> list[str]:
 
 
 def shown(rec: Recommendation) -> list[Prediction]:
-    """The chosen mix, the next best ones, and the best of each type alone."""
+    """The chosen mix, the next best ones, the chosen mix in the other market searched, and
+    the best of each type alone."""
     rows = rec.ranked[:SHOWN]
-    rows += [p for p in rec.singles.values() if p not in rows]
+    same = [p for p in rec.ranked if p.counts == rec.best.counts and p is not rec.best]
+    rows += [p for p in [*same, *rec.singles.values()] if p not in rows]
     return rows
 
 
