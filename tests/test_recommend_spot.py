@@ -197,3 +197,14 @@ def test_bad_spot_input_is_one_line(flags, message, tmp_path, capsys):
     assert code == 2
     assert err.startswith("hetflow: error: ") and err.count("\n") == 1, err
     assert message in err
+
+
+def test_a_budget_is_measured_against_the_cheapest_hour_of_the_markets_searched(tmp_path, capsys):
+    """$0.30 is under an on-demand hour of a g4dn.xlarge ($0.526) but over a spot hour."""
+    flags = ["--candidates", "g4dn.xlarge:1", "--steps", "100", "--budget", "0.3"]
+    code, _, _, err = run(flags, tmp_path, capsys)
+    assert code == 2 and "less than one instance-hour" in err
+    for market in ("spot", "both"):  # with both: on-demand is a hair faster (no interruptions)
+        code, data, _, _ = run([*flags, "--market", market], tmp_path, capsys)
+        assert code == 0 and data["chosen"]["cost_usd"] <= 0.3
+        assert data["chosen"]["market"] == "spot" or market == "both"

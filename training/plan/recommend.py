@@ -323,8 +323,8 @@ def check_budget(cands: Sequence[Candidate], budget_usd: float, markets=("on-dem
     in one line."""
 
     def hourly(c: Candidate) -> float:
-        spot = c.spot_usd_per_hour if "spot" in markets else None
-        return c.usd_per_hour if "on-demand" in markets or spot is None else spot
+        spot = [c.spot_usd_per_hour] if "spot" in markets else []
+        return min([*spot, *([c.usd_per_hour] if "on-demand" in markets else [])])
 
     cheapest = min(cands, key=hourly)
     if budget_usd < hourly(cheapest):
