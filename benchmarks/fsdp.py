@@ -2,14 +2,15 @@
 
     hetflow bench fsdp --speeds 1,1,2,4 --steps 16 --json fsdp.json
 
-One profile, then four runs of the same gpt (small by default, so that it fits both) on the
-same dataset and seed: DDP and fsdp, each with the equal split and with the plan sized by
-the profile (`proportional`), run in the order ddp-equal, fsdp-equal, ddp-planned,
-fsdp-planned. Per run: steady throughput, and per rank the bytes of parameters, gradients and
-optimizer state held (`state_bytes`), the peak resident memory and the bytes sent per step.
-Ratios: fsdp's state and peak memory over DDP's (equal split), fsdp's throughput over DDP's
-(equal split, and planned), and the planned split's throughput over the equal split's under
-each strategy (the gain from the plan). Figures measured: docs/measurements/fsdp.md.
+A profile under each strategy (as a run under it profiles: the compute probe steps the model
+through DDP or sharded), then four runs of the same gpt (small by default, so that it fits
+both) on the same dataset and seed: DDP and fsdp, each with the equal split and with the plan
+sized by its strategy's profile (`proportional`), run in the order ddp-equal, fsdp-equal,
+ddp-planned, fsdp-planned. Per run: steady throughput, and per rank the bytes of parameters,
+gradients and optimizer state held (`state_bytes`), the peak resident memory and the bytes sent
+per step. Ratios: fsdp's state and peak memory over DDP's (equal split), fsdp's throughput over
+DDP's (equal split, and planned), and the planned split's throughput over the equal split's
+under each strategy (the gain from the plan). Figures measured: docs/measurements/fsdp.md.
 """
 
 from __future__ import annotations
@@ -143,11 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     text_mb = check_bench_recipe(base)
     runs: dict[str, dict] = {}
     with digits_workspace("stdlib" if text_mb else "digits", text_mb=text_mb) as (tmp, data):
-        profile = measure_profile(cluster, data, base, f"{tmp}/profile")
+        profiles = {
+            s: measure_profile(cluster, data, base.model_copy(update={"strategy": s}), f"{tmp}/{s}")
+            for s in ("ddp", "fsdp")
+        }
         for strategy, schedule in RUNS:
             name = f"{strategy}-{schedule}"
             cfg = base.model_copy(update={"strategy": strategy, "schedule": schedule})
-            plan = make_plan(profile, cluster, cfg)
+            plan = make_plan(profiles[strategy], cluster, cfg)
             ran = run_plan(cluster, plan, cfg, data, f"{tmp}/{name}", variant=name)
             runs[name] = run_figures(ran.raw, cfg, plan.local_batches, ran.wall_s)
             print(f"{name}: {runs[name]['throughput_samples_per_s']:.1f} samples/s", flush=True)
@@ -158,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         "recipe_options": base.recipe_options,
         "steps": base.steps,
         "global_batch": base.global_batch,
-        "measured_speeds": [round(r.samples_per_s, 2) for r in profile.ranks],
+        "measured_speeds": {
+            s: [round(r.samples_per_s, 2) for r in p.ranks] for s, p in profiles.items()
+        },
         "runs": runs,
         "ratios": ratios(runs),
     }

@@ -1,11 +1,13 @@
 """Flow: which instances to rent for a job (`hetflow recommend` as a Prefect flow, issue 38).
 
 Its parameters are typed forms: the job (`RecommendJob`), the candidate instance types with how
-many of each can be had (`RentableType`), the objective (`RecommendObjective`) and where MLflow
-is (`TrackingConfig`). It runs the command's search (`hetflow.tasks.recommend`), records an
-MLflow run (the chosen mix's predicted time and cost as metrics; the table, the figures, the
-cluster file and the plot of cost against time with its Pareto front as artifacts), makes the
-same table the flow run's Prefect markdown artifact, and returns the cluster file's text, which
+many of each can be had (`RentableType`), the objective (`RecommendObjective`), where MLflow
+is (`TrackingConfig`) and the market (`RecommendMarket`: on-demand, spot or both, the spot
+table and per-type overrides, what an interruption costs). It runs the command's search
+(`hetflow.tasks.recommend`), records an MLflow run (the chosen mix's predicted time and cost,
+on spot expected with its interruptions, as metrics; the table, the figures, the cluster file
+and the plot of cost against time with its Pareto front as artifacts), makes the same table
+the flow run's Prefect markdown artifact, and returns the cluster file's text, which
 `hetflow demo --cluster` takes as is. Bad input fails the flow with the command's one line.
 """
 
@@ -19,6 +21,7 @@ from prefect.artifacts import create_markdown_artifact
 from hetflow.config import (
     FormChoices,
     RecommendJob,
+    RecommendMarket,
     RecommendObjective,
     RentableType,
     TrackingConfig,
@@ -39,14 +42,15 @@ def recommend(
     candidates: list[Rentable] = default_rentable(),
     objective: RecommendObjective = RecommendObjective(),
     tracking: TrackingConfig = TrackingConfig(),
+    market: RecommendMarket = RecommendMarket(),
 ) -> dict:
     """The mix of `candidates` that is best for `objective` on `job` (docs/recommend.md).
 
     Returns {"cluster_file": its text, "mix": {type: instances}, "predicted_hours",
     "predicted_cost_usd", "mlflow_run_id", "mlflow_url"}.
     """
-    out = recommend_mix(job, candidates, objective)
-    run_id = record_recommendation(out, job, objective, tracking)
+    out = recommend_mix(job, candidates, objective, market)
+    run_id = record_recommendation(out, job, objective, tracking, market)
     tracker = MLflowTracker(tracking)
     links = tracker.links_markdown({"recommend": run_id})
     create_markdown_artifact(

@@ -37,8 +37,10 @@ from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     DEADLINE_MARGIN,
     DEFAULT_RENTABLE,
     RecommendJob,
+    RecommendMarket,
     RecommendObjective,
     RentableType,
+    SpotOverride,
     default_rentable,
 )
 from hetflow.records import LOCAL_SGD, CompressionMethod

@@ -78,3 +78,43 @@ class RecommendObjective(ConfigModel):
             if name != wanted and getattr(self, name) is not None:
                 raise ValueError(f"{name} is only for objective {name.split('_')[0]!r}")
         return self
+
+
+class SpotOverride(ConfigModel):
+    """One candidate's spot figures, in place of the spot table's."""
+
+    instance_type: str = Field(min_length=1, title="Instance type", examples=["g4dn.xlarge"])
+    discount: float | None = Field(
+        None, title="Spot discount", description="Off On-Demand, in [0, 1); empty: the table's."
+    )
+    interruptions_per_month: float | None = Field(
+        None,
+        title="Interruptions per instance-month",
+        description="Spot instances of the type reclaimed per month (>= 0); empty: the table's.",
+    )
+
+
+class RecommendMarket(ConfigModel):
+    """Where instances are rented: on-demand, on spot (the spot price; time and cost expected
+    with each type's interruptions and what a restart costs), or whichever is best. Values are
+    checked with the command's one-line errors (`hetflow recommend --market ...`)."""
+
+    kind: Literal["on-demand", "spot", "both"] = Field("on-demand", title="Market")
+    spot_table: str | None = Field(
+        None,
+        title="Spot table",
+        description="A JSON file as infra/spot.json (a hand-written snapshot of AWS's Spot "
+        "Instance Advisor); empty: that one.",
+    )
+    overrides: list[SpotOverride] = Field(default_factory=list, title="Per-type spot figures")
+    restart_s: float | None = Field(
+        None,
+        title="Restart (s)",
+        description="What an interruption costs before training goes on; empty: the group's "
+        "restart measured here (16 s), which counts no instance boot.",
+    )
+    checkpoint_every: int | None = Field(
+        None,
+        title="Checkpoint every N steps",
+        description="An interruption redoes N/2 steps on average; empty: TrainConfig's (25).",
+    )

@@ -13,10 +13,17 @@ from dataclasses import dataclass, field
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from hetflow.config import RecommendJob, RecommendObjective, RentableType, TrackingConfig
+from hetflow.config import (
+    RecommendJob,
+    RecommendMarket,
+    RecommendObjective,
+    RentableType,
+    TrackingConfig,
+)
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.training.plan import rental
 from hetflow.training.plan.recommend import Job, Objective, local_batches, search
+from hetflow.training.plan.spot_table import market_setup
 
 
 @dataclass(frozen=True)
@@ -55,23 +62,46 @@ def form_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(rental.MODELS), tuple(types)
 
 
-@task(task_run_name="recommend ({objective.kind})", retries=0, cache_policy=NO_CACHE)
+def market_of(market: RecommendMarket, names: list[str]):
+    """(Markets, Restart, SpotTable or None) of the form, checked as the command's flags are."""
+    over = market.overrides
+    return market_setup(
+        market.kind,
+        names,
+        market.spot_table,
+        {o.instance_type: o.discount for o in over if o.discount is not None},
+        {
+            o.instance_type: o.interruptions_per_month
+            for o in over
+            if o.interruptions_per_month is not None
+        },
+        market.restart_s,
+        market.checkpoint_every,
+    )
+
+
+@task(task_run_name="recommend ({objective.kind}, {market.kind})", retries=0, cache_policy=NO_CACHE)
 def recommend_mix(
-    job: RecommendJob, candidates: list[RentableType], objective: RecommendObjective
+    job: RecommendJob,
+    candidates: list[RentableType],
+    objective: RecommendObjective,
+    market: RecommendMarket,
 ) -> Recommended:
-    """The search for `objective` over `candidates`, as `hetflow recommend` runs it; the same
-    one-line RecommendError on bad input (an unknown type, a deadline or budget no mix meets)."""
+    """The search for `objective` over `candidates` in `market`, as `hetflow recommend` runs
+    it; the same one-line RecommendError on bad input (an unknown type, a deadline or budget no
+    mix meets, a bad spot figure)."""
     spec = Job(rental.model_of(job.recipe), job.global_batch, job.steps)
     goal = Objective(
         objective.kind, objective.deadline_h, objective.budget_usd, objective.deadline_margin
     )
     mix = [(c.instance_type, c.count) for c in candidates]
-    cands, _ = rental.candidates(mix, spec, job.max_local_batch)
+    markets, restart, spot = market_of(market, [name for name, _ in mix])
+    cands, _ = rental.candidates(mix, spec, job.max_local_batch, spot)
     t = time.perf_counter()
-    rec = search(cands, spec, goal)
+    rec = search(cands, spec, goal, markets, restart)
     batches = local_batches(cands, rec.best, spec.global_batch)
     seconds = time.perf_counter() - t
-    figures = rental.figures(rec, batches, seconds)
+    figures = rental.figures(rec, batches, seconds, spot)
     return Recommended(
         rec,
         batches,
@@ -88,11 +118,16 @@ def recommend_mix(
 
 @task(task_run_name="record the recommendation in MLflow", cache_policy=NO_CACHE)
 def record_recommendation(
-    out: Recommended, job: RecommendJob, objective: RecommendObjective, tracking: TrackingConfig
+    out: Recommended,
+    job: RecommendJob,
+    objective: RecommendObjective,
+    tracking: TrackingConfig,
+    market: RecommendMarket,
 ) -> str:
-    """An MLflow run named 'recommend': the job and objective as params, the chosen mix's
-    predicted time and cost as metrics, the table (markdown), the figures (JSON), the cluster
-    file and the plot of cost against time as artifacts. Its id."""
+    """An MLflow run named 'recommend': the job, objective and market as params, the chosen
+    mix's predicted (on spot: expected) time and cost, its expected interruptions and time
+    without them as metrics, the table (markdown), the figures (JSON), the cluster file and
+    the plot of cost against time as artifacts. Its id."""
     tracker = MLflowTracker(tracking)
     tags = {"variant": "recommend", "recipe": job.recipe, **tracker.flow_run_tags()}
     run = tracker.client.create_run(tracker.experiment_id(), run_name="recommend", tags=tags)
@@ -100,7 +135,9 @@ def record_recommendation(
     try:
         params = {f"job.{k}": str(v) for k, v in job.model_dump().items()}
         params |= {f"objective.{k}": str(v) for k, v in objective.model_dump().items()}
+        params |= market_params(market, out.figures["market"])
         params["chosen.mix"] = ", ".join(f"{t} x{n}" for t, n in out.mix.items())
+        params["chosen.market"] = out.figures["chosen"]["market"]
         tracker.log_params(run_id, params)
         chosen = out.figures["chosen"]
         tracker.log_metrics(
@@ -112,6 +149,8 @@ def record_recommendation(
                 "usd_per_hour": chosen["usd_per_hour"],
                 "instances": sum(out.mix.values()),
                 "mixes_priced": out.figures["mixes_priced"],
+                "expected_interruptions": chosen["interruptions"],
+                "predicted_hours_uninterrupted": chosen["hours_uninterrupted"],
             },
         )
         tracker.log_text(run_id, "recommendation.md", out.markdown)
@@ -123,3 +162,14 @@ def record_recommendation(
         raise
     tracker.finish(run_id)
     return run_id
+
+
+def market_params(market: RecommendMarket, searched: dict) -> dict[str, str]:
+    """The market searched and, with spot, what an interruption costs and the table's source."""
+    out = {"market.kind": market.kind}
+    if market.kind != "on-demand":
+        out["market.restart_s"] = str(searched["restart_s"])
+        out["market.checkpoint_every"] = str(searched["checkpoint_every"])
+        table = searched["spot_table"]
+        out["market.spot_table"] = f"{table['source']}, as of {table['as_of']}"[:500]
+    return out

@@ -160,6 +160,26 @@ def test_profile_of_four_emulated_workers_rediscovers_speeds_and_the_slow_link(d
     assert result["mode"] == "profile" and {r["node"] for r in result["ranks"]} != {""}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_profile_under_fsdp_steps_each_rank_sharded_and_rediscovers_speeds(digits, tmp_path):
+    cluster = ClusterSpec.from_speeds([1.0, 3.0], name="fsdp-probe")
+    spec = RunSpec(
+        run_name="fsdp-probe",
+        variant="profile",
+        mode="profile",
+        cluster=cluster,
+        dataset=digits,
+        train=TrainConfig(strategy="fsdp"),
+        run_dir=str(tmp_path / "run"),
+    )
+    result, wall = run_workers(spec, timeout_s=150)
+    profile = Profile.from_result(result, cluster, spec.train.recipe, profiling_time_s=wall)
+    for w in profile_report(profile, cluster)["workers"]:
+        assert w["measured_speed"] == pytest.approx(w["emulated_speed"], rel=0.2), w
+    assert all(r.memory_cap_batch and r.allreduce_gbps for r in profile.ranks)
+
+
 def _burn(cpu_s: float) -> None:
     """Exactly `cpu_s` of this thread's CPU time."""
     t = time.thread_time()
@@ -229,3 +249,29 @@ def test_a_phase_of_no_samples_is_not_padded_to_the_emulated_device(monkeypatch)
     assert slept == []
     _phase(emu, 0.002, key=8)  # the same CPU time with samples is padded to 50x
     assert len(slept) == 1 and slept[0] > 0.05
+
+
+def test_under_fsdp_the_compute_probe_times_the_sharded_step(tmp_path, monkeypatch):
+    """The probe steps the model as fsdp trains it (FSDP2 units, then the root), on a mesh of
+    this rank alone, so FSDP's own work of a step is in the figure the plan prices."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    from hetflow.training.probes.compute import solo_sharded
+
+    monkeypatch.setattr("hetflow.training.probes.compute.COMPUTE_PAUSE_S", 0.0)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        recipe = get_recipe("gpt", n_layer=2, n_embd=32, n_head=2, context=16)
+        model = seeded_model(recipe, DataInfo(), 0)
+        net = solo_sharded(model, recipe.shard_units(model))
+        blocks = recipe.shard_units(model)
+        assert isinstance(net, FSDPModule) and all(isinstance(b, FSDPModule) for b in blocks)
+        assert all(isinstance(p, DTensor) for p in net.parameters())
+        x = torch.randint(0, 256, (16, 17)).numpy()
+        got = probe_compute(net, x, x, Emulator(2.0, Link(None)), [2, 4, 8], 4, 0.2, recipe)
+        assert got["fit_s_per_sample"] > 0 and got["compute_rounds"] >= SMOOTH_PHASES
+        assert all(p.grad is None for p in net.parameters())  # each step zeroes its gradient
+    finally:
+        dist.destroy_process_group()

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hetflow.config import ConfigError, RecommendJob, RecommendObjective, RentableType
+from hetflow.config import (
+    ConfigError,
+    RecommendJob,
+    RecommendMarket,
+    RecommendObjective,
+    RentableType,
+    SpotOverride,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,10 +44,9 @@ def test_the_recommend_deployment_resolves_to_the_flow_and_its_forms():
     flow = load_flow_from_entrypoint(str(REPO / dep["entrypoint"]))
     assert flow.name == "recommend"
     schema = parameter_schema(flow.fn).model_dump_for_openapi()
-    assert set(schema["properties"]) == {"job", "candidates", "objective", "tracking"}
-    assert {"RecommendJob", "RentableType", "RecommendObjective", "TrackingConfig"} <= set(
-        schema["definitions"]
-    )
+    assert set(schema["properties"]) == {"job", "candidates", "objective", "tracking", "market"}
+    forms = {"RecommendJob", "RentableType", "RecommendObjective", "TrackingConfig"}
+    assert forms | {"RecommendMarket", "SpotOverride"} <= set(schema["definitions"])
     with pytest.raises(ValueError, match="objective 'deadline' needs deadline_h"):
         RecommendObjective(kind="deadline")
 
@@ -113,3 +119,48 @@ def test_the_flow_records_the_commands_choice_and_fails_as_it_does(
         with pytest.raises(ConfigError) as raised:
             recommend(**kwargs)
         assert str(raised.value) == line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_flow_records_the_spot_figures_the_command_prints(prefect_harness, tmp_path, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from hetflow.config import TrackingConfig
+    from hetflow.flows.recommend import recommend
+    from hetflow.infra.tracking.tracker import MLflowTracker
+
+    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "512"]
+    flags += ["--steps", "5000", "--market", "both", "--interruptions", "p3.2xlarge:40"]
+    code, want, cluster_text, _ = cli([*flags, "--restart-s", "120"], tmp_path, capsys)
+    chosen = want["chosen"]
+    assert code == 0 and chosen["market"] == "spot" and chosen["interruptions"] > 0
+    candidates = [
+        RentableType(instance_type="g4dn.xlarge", count=2),
+        RentableType(instance_type="p3.2xlarge", count=1),
+    ]
+    over = [SpotOverride(instance_type="p3.2xlarge", interruptions_per_month=40)]
+    market = RecommendMarket(kind="both", overrides=over, restart_s=120)
+    job = RecommendJob(global_batch=512, steps=5000)
+    out = recommend(job=job, candidates=candidates, market=market)
+    assert out["mix"] == chosen["mix"] and out["cluster_file"] == cluster_text
+    assert out["predicted_cost_usd"] == pytest.approx(chosen["cost_usd"])
+
+    run = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri).get_run(out["mlflow_run_id"])
+    metrics, params = run.data.metrics, run.data.params
+    assert metrics["predicted_hours"] == pytest.approx(chosen["hours"])
+    assert metrics["expected_interruptions"] == pytest.approx(chosen["interruptions"])
+    assert metrics["predicted_hours_uninterrupted"] == pytest.approx(chosen["hours_uninterrupted"])
+    assert params["market.kind"] == "both" and params["chosen.market"] == "spot"
+    assert params["market.restart_s"] == "120.0" and params["market.checkpoint_every"] == "25"
+    assert "Spot Instance Advisor" in params["market.spot_table"]
+
+    code, _, _, err = cli(
+        ["--market", "spot", "--interruptions", "g4dn.xlarge:-1"], tmp_path, capsys
+    )
+    bad = [SpotOverride(instance_type="g4dn.xlarge", interruptions_per_month=-1)]
+    with pytest.raises(ConfigError) as raised:
+        recommend(market=RecommendMarket(kind="spot", overrides=bad))
+    assert code == 2 and str(raised.value) == err.strip().splitlines()[-1].removeprefix(
+        "hetflow: error: "
+    )

@@ -75,10 +75,61 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the largest local batch a GPU holds (memory is not modelled; default: any)",
     )
+    add_output_args(p)
+    add_market_args(p)
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plot", metavar="PATH", help="also plot cost against time, Pareto front marked (PNG)"
     )
     p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the figures here")
+
+
+def add_market_args(p: argparse.ArgumentParser) -> None:
+    from hetflow.training.plan.spot import SPOT_RESTART_S
+
+    p.add_argument(
+        "--market",
+        default="on-demand",
+        choices=("on-demand", "spot", "both"),
+        help="rent on-demand, on spot (its price; time and cost expected with interruptions), or "
+        "whichever is best (a mix is rented all in one market)",
+    )
+    p.add_argument(
+        "--spot-table",
+        dest="spot_table",
+        metavar="PATH",
+        help="spot discounts and interruption rates per type (JSON as infra/spot.json, which is "
+        "a hand-written snapshot of AWS's Spot Instance Advisor)",
+    )
+    p.add_argument(
+        "--spot-discount",
+        dest="spot_discount",
+        metavar="TYPE:FRACTION,...",
+        help="a candidate's spot discount off On-Demand, e.g. g4dn.xlarge:0.6",
+    )
+    p.add_argument(
+        "--interruptions",
+        metavar="TYPE:PER_MONTH,...",
+        help="a candidate's interruptions per spot instance-month, e.g. p3.2xlarge:0.3",
+    )
+    p.add_argument(
+        "--restart-s",
+        type=float,
+        dest="restart_s",
+        metavar="S",
+        help=f"seconds an interruption costs before training goes on (default {SPOT_RESTART_S:g}: "
+        "the group's restart measured here; add the time a new instance takes to join)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        dest="checkpoint_every",
+        metavar="N",
+        help="the job's checkpoint interval: an interruption redoes N/2 steps on average "
+        "(default: TrainConfig's, 25)",
+    )
 
 
 def _positive(flag: str, value, kind=float):
@@ -108,9 +159,24 @@ def job_and_objective(args):
     return job, Objective("cost")
 
 
-def candidates_of(text: str, job, max_local_batch: int | None = None):
-    """The Candidates of --candidates, from the shipped catalog (offline); one line naming a
-    type the catalog lacks, one without a price, one without a step-time curve."""
+def type_values(flag: str, text: str | None) -> dict[str, float]:
+    """`"g4dn.xlarge:0.6,p3.2xlarge:0.5"` -> {type: value}; one line naming `flag` if not."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        name, sep, value = part.rpartition(":")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise ConfigError(f"{flag}: expected TYPE:NUMBER, e.g. g4dn.xlarge:0.5 (got {part!r})")
+    return out
+
+
+def candidates_of(text: str, job, max_local_batch: int | None = None, spot=None):
+    """The Candidates of --candidates, from the shipped catalog (offline), with the SpotTable
+    `spot`'s figures where given; one line naming a type the catalog lacks, one without a
+    price, one without a step-time curve, one without spot figures."""
     from hetflow.simulator.clusters import parse_mix
     from hetflow.simulator.model import SimulationError
     from hetflow.training.plan.rental import candidates
@@ -119,16 +185,38 @@ def candidates_of(text: str, job, max_local_batch: int | None = None):
         mix = parse_mix(text)
     except SimulationError as e:
         raise ConfigError(str(e).replace("--mix", "--candidates")) from None
-    return candidates(mix, job, max_local_batch)
+    return candidates(mix, job, max_local_batch, spot)
 
 
-def print_recommendation(rec, batches, prices, seconds: float) -> None:
+def market_of(args):
+    """(Markets searched, Restart, SpotTable or None) of the market flags, checked."""
+    from hetflow.simulator.clusters import parse_mix
+    from hetflow.simulator.model import SimulationError
+    from hetflow.training.plan.spot_table import market_setup
+
+    try:
+        names = [name for name, _ in parse_mix(args.candidates)]
+    except SimulationError:
+        names = []  # candidates_of says what is wrong with them
+    return market_setup(
+        args.market,
+        names,
+        args.spot_table,
+        type_values("--spot-discount", args.spot_discount),
+        type_values("--interruptions", args.interruptions),
+        args.restart_s,
+        args.checkpoint_every,
+    )
+
+
+def print_recommendation(rec, batches, prices, seconds: float, spot=None) -> None:
     from rich.table import Table
 
     from hetflow.output import wide_console
     from hetflow.training.plan.rental import (
-        COLUMNS,
+        LEFT,
         chosen_line,
+        columns,
         goal,
         mixing_line,
         outside,
@@ -136,14 +224,19 @@ def print_recommendation(rec, batches, prices, seconds: float) -> None:
     )
 
     job, cands = rec.job, rec.cands
-    console = wide_console(130)
+    console = wide_console(160 if spot is not None else 130)
     print(
         f"hetflow recommend: {job.model.name}, global batch {job.global_batch}, {job.steps} "
         f"steps; objective: {goal(rec.objective)}"
     )
     curves = ", ".join(f"{c.instance_type} -> {c.preset} ({c.gpu})" for c in cands)
     print(f"  step-time curves: {curves} (published, hetflow/emulation/presets.py)")
-    print(f"  prices: on-demand, {prices.source}, as of {prices.as_of}; spot: not in the catalog")
+    print(f"  prices: on-demand, {prices.source}, as of {prices.as_of}")
+    if spot is not None:
+        from hetflow.training.plan.spot_table import restart_line
+
+        print(f"  spot: {spot.source}, as of {spot.as_of} (written down by hand, not fetched)")
+        print(f"  {restart_line(rec)}")
     print(chosen_line(rec))
     for c, bs in zip(cands, batches, strict=True):
         if bs:
@@ -152,8 +245,8 @@ def print_recommendation(rec, batches, prices, seconds: float) -> None:
     for note in outside(rec, batches):
         print(f"  note: {note}")
     table = Table(title=f"the best mixes ({rec.evaluated} priced in {seconds:.2f} s)")
-    for col in COLUMNS:
-        table.add_column(col, justify="left" if col in ("mix", "why it loses") else "right")
+    for col in columns(rec):
+        table.add_column(col, justify="left" if col in LEFT else "right")
     for row in table_rows(rec):
         table.add_row(*row)
     console.print(table)
@@ -181,14 +274,15 @@ def cmd_recommend(args) -> int:
 
     job, objective = job_and_objective(args)
     cap = _positive("--max-local-batch", args.max_local_batch, int)
-    cands, prices = candidates_of(args.candidates, job, cap)
+    markets, restart, spot = market_of(args)
+    cands, prices = candidates_of(args.candidates, job, cap, spot)
     t = time.perf_counter()
-    rec = search(cands, job, objective)
+    rec = search(cands, job, objective, markets, restart)
     batches = local_batches(cands, rec.best, job.global_batch)
     seconds = time.perf_counter() - t
-    print_recommendation(rec, batches, prices, seconds)
+    print_recommendation(rec, batches, prices, seconds, spot)
     write_cluster(args.output, rec, batches)
-    write_json(args.json_path, figures(rec, batches, seconds))
+    write_json(args.json_path, figures(rec, batches, seconds, spot))
     if args.plot:
         plot_front(args.plot, rec)
         print(f"wrote {args.plot}")

@@ -18,13 +18,15 @@ The model, term by term (docs/recommend.md):
   all-reduce of the fp32 gradient (`collective.ring_allreduce_time`, the simulator's: the slowest
   NIC between instances, the GPU family's bus inside one; no overlap with compute).
 - Cost: every rented instance's on-demand hourly price x the predicted time (per-second
-  billing; start-up, data loading and evaluation are not counted).
+  billing; start-up, data loading and evaluation are not counted). On spot (`markets`), the
+  spot price, and time and cost are expectations with interruptions (`training.plan.spot`).
 
 `search` picks the mix for an objective: 'cost' (least cost, i.e. per sample), 'deadline'
 (least cost predicted within `deadline_h`, less a margin), 'budget' (least time within
 `budget_usd`). It evaluates every mix where the candidates allow few (`EXHAUSTIVE`), else every
 mix of up to `PRUNED_TYPES` types on a geometric grid of counts, every count of each type alone,
-then improves the best ones by +-1 instance steps. A RecommendError (one line) says when no
+then improves the best ones by +-1 instance steps; once per market (a mix is rented all
+on-demand or all on spot). A RecommendError (one line) says when no
 mix satisfies the objective.
 """
 
@@ -47,6 +49,8 @@ from hetflow.training.plan.collective import (
     ring_allreduce_time,
 )
 from hetflow.training.plan.models import MODELS, ModelSpec
+from hetflow.training.plan.objective import Objective, by_cost, by_hours, pareto
+from hetflow.training.plan.spot import DEFAULT_RESTART, Restart, expected_hours
 
 PRESET_OF_GPU = {"T4": "t4", "V100": "v100", "A100": "a100"}
 TRAIN_OVER_INFERENCE = 3.0  # forward + backward ~ 3 x forward (as the simulator counts FLOPs)
@@ -76,6 +80,8 @@ class Candidate:
     preset: str
     nic_gbps: float  # one instance's network, all its GPUs together
     step_s: tuple[float, ...] = field(repr=False)
+    spot_usd_per_hour: float | None = None  # one instance on spot; None: not on spot
+    interruptions_per_hour: float = 0.0  # one spot instance's
 
     @property
     def intra_gbps(self) -> float:
@@ -109,7 +115,8 @@ def curve_for(instance_type: str, gpu: str | None, model: ModelSpec, max_batch: 
 
 @dataclass(frozen=True)
 class Prediction:
-    """One mix (instances per candidate, in the candidates' order) as the model predicts it."""
+    """One mix (instances per candidate, in the candidates' order) in one market as the model
+    predicts it; on spot, `hours` and `cost_usd` are expected with `interruptions`."""
 
     counts: tuple[int, ...]
     step_s: float
@@ -118,11 +125,15 @@ class Prediction:
     hours: float
     cost_usd: float
     usd_per_hour: float
+    market: str = "on-demand"
+    interruptions: float = 0.0  # expected over the run
+    bare_hours: float = 0.0  # without interruptions
 
-    def label(self, cands: Sequence[Candidate]) -> str:
-        return " + ".join(
+    def label(self, cands: Sequence[Candidate], market: bool = True) -> str:
+        mix = " + ".join(
             f"{c.instance_type} x{n}" for c, n in zip(cands, self.counts, strict=True) if n
         )
+        return mix + (" (spot)" if market and self.market == "spot" else "")
 
     def types(self) -> int:
         return sum(1 for n in self.counts if n)
@@ -178,10 +189,17 @@ class Job:
 
 
 class Evaluator:
-    """Predictions of mixes of `cands` for `job`, each computed once."""
+    """Predictions of mixes of `cands` for `job` in `market`, each computed once."""
 
-    def __init__(self, cands: Sequence[Candidate], job: Job):
-        self.cands, self.job = list(cands), job
+    def __init__(
+        self,
+        cands: Sequence[Candidate],
+        job: Job,
+        market: str = "on-demand",
+        restart=DEFAULT_RESTART,
+    ):
+        self.cands, self.job, self.market = list(cands), job, market
+        self.restart = restart or DEFAULT_RESTART
         self.levels = sorted({s for c in cands for s in c.step_s})
         self.seen: dict[tuple[int, ...], Prediction | None] = {}
 
@@ -200,9 +218,18 @@ class Evaluator:
             return None
         comm = comm_s(self.cands, counts, job.model)
         step = compute + comm
-        hours = step * job.steps / 3600
-        rate = sum(c.usd_per_hour * n for c, n in zip(self.cands, counts, strict=True))
-        return Prediction(counts, step, compute, comm, hours, rate * hours, rate)
+        bare = step * job.steps / 3600
+        used = [(c, n) for c, n in zip(self.cands, counts, strict=True) if n]
+        if self.market == "on-demand":
+            rate = sum(c.usd_per_hour * n for c, n in used)
+            return Prediction(counts, step, compute, comm, bare, rate * bare, rate, bare_hours=bare)
+        rate = sum(c.spot_usd_per_hour * n for c, n in used)
+        per_hour = sum(c.interruptions_per_hour * n for c, n in used)
+        hours = expected_hours(bare, per_hour, self.restart.lost_s(step, job.steps))
+        if hours is None:
+            return None  # interrupted faster than it recovers: expected never to finish
+        fig = (hours, rate * hours, rate, "spot", per_hour * hours, bare)
+        return Prediction(counts, step, compute, comm, *fig)
 
     def predictions(self) -> list[Prediction]:
         return [p for p in self.seen.values() if p is not None]
@@ -230,49 +257,6 @@ def local_batches(cands: Sequence[Candidate], p: Prediction, global_batch: int) 
         out[i][j] -= 1
         surplus -= 1
     return out
-
-
-# -- the objective ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Objective:
-    """What 'best' means: the least cost ('cost'), the least cost predicted to finish by
-    (1 - `margin`) x `deadline_h` ('deadline'), the least time within `budget_usd` ('budget')."""
-
-    kind: str = "cost"
-    deadline_h: float | None = None
-    budget_usd: float | None = None
-    margin: float = 0.0  # the CLI, the flow and the bench: `hetflow.config.DEADLINE_MARGIN`
-
-    @property
-    def planned_h(self) -> float | None:
-        """The hours a mix must be predicted to finish in: the deadline less its margin."""
-        return None if self.deadline_h is None else self.deadline_h * (1 - self.margin)
-
-    def feasible(self, p: Prediction) -> bool:
-        if self.kind == "deadline":
-            return p.hours <= self.planned_h
-        if self.kind == "budget":
-            return p.cost_usd <= self.budget_usd
-        return True
-
-    def key(self, p: Prediction) -> tuple:
-        """Smaller is better; an infeasible mix sorts after every feasible one."""
-        main = (p.hours, p.cost_usd) if self.kind == "budget" else (p.cost_usd, p.hours)
-        return (not self.feasible(p), *main, p.types(), sum(p.counts))
-
-    def why_loses(self, p: Prediction, best: Prediction) -> str:
-        """Why `p` is not `best`, in a few words."""
-        if self.kind == "deadline" and not self.feasible(p):
-            return f"misses the deadline less its margin ({p.hours:.3g} > {self.planned_h:.3g} h)"
-        if self.kind == "budget" and not self.feasible(p):
-            return f"over the budget (${p.cost_usd:,.2f} > ${self.budget_usd:,.2f})"
-        if self.kind == "budget":
-            return f"takes {p.hours / best.hours:.2f}x as long" if p.hours > best.hours else "ties"
-        if p.cost_usd > best.cost_usd * (1 + 1e-9):
-            return f"costs {p.cost_usd / best.cost_usd:.2f}x"
-        return "same cost, more instances or slower"
 
 
 # -- the search -------------------------------------------------------------------------------
@@ -313,27 +297,11 @@ def climb(evaluate: Evaluator, start: Prediction, key) -> Prediction:
     return best
 
 
-def pareto(preds: Iterable[Prediction]) -> list[Prediction]:
-    """The mixes no other mix beats on both time and cost, fastest first."""
-    front: list[Prediction] = []
-    for p in sorted(preds, key=lambda p: (p.hours, p.cost_usd)):
-        if not front or p.cost_usd < front[-1].cost_usd:
-            front.append(p)
-    return front
-
-
-def by_hours(p: Prediction) -> tuple:
-    return (p.hours, p.cost_usd, sum(p.counts))
-
-
-def by_cost(p: Prediction) -> tuple:
-    return (p.cost_usd, p.hours, sum(p.counts))
-
-
 @dataclass(frozen=True)
 class Recommendation:
     """The chosen mix, every mix evaluated in the objective's order, the best of each type
-    alone (by candidate), the Pareto front of time and cost, and how many mixes were priced."""
+    alone (by candidate), the Pareto front of time and cost, and how many mixes were priced,
+    in the `markets` searched, with the `restart` an interruption costs on spot."""
 
     objective: Objective
     cands: list[Candidate]
@@ -343,18 +311,26 @@ class Recommendation:
     singles: dict[str, Prediction]
     front: list[Prediction]
     evaluated: int
+    markets: tuple[str, ...] = ("on-demand",)
+    restart: Restart = DEFAULT_RESTART
 
     def mixing_helps(self) -> bool:
         return self.best.types() > 1
 
 
-def check_budget(cands: Sequence[Candidate], budget_usd: float) -> None:
-    """A budget below one hour of the cheapest candidate instance is refused, in one line."""
-    cheapest = min(cands, key=lambda c: c.usd_per_hour)
-    if budget_usd < cheapest.usd_per_hour:
+def check_budget(cands: Sequence[Candidate], budget_usd: float, markets=("on-demand",)) -> None:
+    """A budget below one hour of the cheapest candidate instance (in `markets`) is refused,
+    in one line."""
+
+    def hourly(c: Candidate) -> float:
+        spot = [c.spot_usd_per_hour] if "spot" in markets else []
+        return min([*spot, *([c.usd_per_hour] if "on-demand" in markets else [])])
+
+    cheapest = min(cands, key=hourly)
+    if budget_usd < hourly(cheapest):
         raise RecommendError(
             f"--budget: ${budget_usd:g} is less than one instance-hour of the cheapest "
-            f"candidate, {cheapest.instance_type} (${cheapest.usd_per_hour:g}/h); raise it or "
+            f"candidate, {cheapest.instance_type} (${hourly(cheapest):g}/h); raise it or "
             "add a cheaper type"
         )
 
@@ -362,11 +338,18 @@ def check_budget(cands: Sequence[Candidate], budget_usd: float) -> None:
 def _infeasible(objective: Objective, preds: list[Prediction], cands, job: Job) -> RecommendError:
     if objective.kind == "deadline":
         p = min(preds, key=by_hours)
+        bare = min(preds, key=lambda p: p.bare_hours)
+        only = (
+            f"; {bare.label(cands)} would without interruptions ({bare.bare_hours:.3g} h)"
+            if bare.bare_hours <= objective.planned_h
+            else ""
+        )
         return RecommendError(
             f"--deadline-h: no mix of the candidates finishes {job.steps} steps in "
             f"{objective.planned_h:.3g} h ({objective.deadline_h:g} h less a "
             f"{objective.margin:.0%} margin): the fastest, {p.label(cands)}, is predicted "
-            f"{p.hours:.3g} h (${p.cost_usd:,.2f}); allow more time, or more or faster instances"
+            f"{p.hours:.3g} h (${p.cost_usd:,.2f}){only}; allow more time, or more or faster "
+            "instances"
         )
     p = min(preds, key=by_cost)
     return RecommendError(
@@ -376,20 +359,27 @@ def _infeasible(objective: Objective, preds: list[Prediction], cands, job: Job) 
     )
 
 
-def search(cands: Sequence[Candidate], job: Job, objective: Objective) -> Recommendation:
-    """The mix of `cands` that is best for `objective` under the model (module docstring);
-    a RecommendError when none is feasible, naming the fastest (deadline) or cheapest (budget)
-    mix and its prediction."""
-    cands = list(cands)
+def search(
+    cands: Sequence[Candidate],
+    job: Job,
+    objective: Objective,
+    markets: Sequence[str] = ("on-demand",),
+    restart: Restart = DEFAULT_RESTART,
+) -> Recommendation:
+    """The mix of `cands` in one of `markets` that is best for `objective` under the model
+    (module docstring); a RecommendError when none is feasible, naming the fastest (deadline)
+    or cheapest (budget) mix and its prediction."""
+    cands, markets = list(cands), tuple(markets)
     if objective.kind == "budget":
-        check_budget(cands, objective.budget_usd)
-    ev = Evaluator(cands, job)
-    for counts in candidate_mixes(cands):
-        ev(counts)
-    for key in (objective.key, by_hours, by_cost):
-        for start in sorted(ev.predictions(), key=key)[:CLIMB_FROM]:
-            climb(ev, start, key)
-    preds = ev.predictions()
+        check_budget(cands, objective.budget_usd, markets)
+    evs = [Evaluator(cands, job, m, restart) for m in markets]
+    for ev in evs:
+        for counts in candidate_mixes(cands):
+            ev(counts)
+        for key in (objective.key, by_hours, by_cost):
+            for start in sorted(ev.predictions(), key=key)[:CLIMB_FROM]:
+                climb(ev, start, key)
+    preds = [p for ev in evs for p in ev.predictions()]
     if not preds:
         raise RecommendError(
             f"--global-batch: no mix of the candidates takes {job.global_batch} samples a step: "
@@ -404,6 +394,7 @@ def search(cands: Sequence[Candidate], job: Job, objective: Objective) -> Recomm
         alone = [p for p in ranked if p.counts[i] and p.types() == 1]
         if alone:
             singles[c.instance_type] = alone[0]
+    priced = sum(ev.priced() for ev in evs)
     return Recommendation(
-        objective, cands, job, ranked[0], ranked, singles, pareto(preds), ev.priced()
+        objective, cands, job, ranked[0], ranked, singles, pareto(preds), priced, markets, restart
     )

@@ -20,9 +20,12 @@ from hetflow.training.plan.recommend import (
     RecommendError,
     curve_for,
 )
+from hetflow.training.plan.spot_table import spot_notes, spot_terms
 
 SHOWN = 6  # alternatives in the table
+LEFT = ("mix", "market", "why it loses")  # columns of text
 COLUMNS = ("mix", "GPUs", "step ms", "hours", "cost $", "$/h", "why it loses")
+SPOT_COLUMNS = ("mix", "market", "GPUs", "step ms", "interruptions", "hours", "cost $", "$/h")
 
 
 def model_of(recipe: str) -> ModelSpec:
@@ -35,10 +38,13 @@ def model_of(recipe: str) -> ModelSpec:
     return MODELS[recipe]
 
 
-def candidates(mix: Sequence[tuple[str, int]], job: Job, max_local_batch: int | None = None):
+def candidates(
+    mix: Sequence[tuple[str, int]], job: Job, max_local_batch: int | None = None, spot=None
+):
     """(Candidates of `mix`, (name, count) pairs, from the shipped catalog, offline; the price
-    table) with step curves up to the global batch or `max_local_batch`; one line naming a type
-    the catalog lacks, one without a price, one without a step-time curve."""
+    table) with step curves up to the global batch or `max_local_batch`, and spot figures from
+    the SpotTable `spot` where given; one line naming a type the catalog lacks, one without a
+    price, one without a step-time curve, one without spot figures."""
     from hetflow.infra.catalog import load_snapshot
     from hetflow.infra.pricing import load_prices
 
@@ -62,18 +68,10 @@ def candidates(mix: Sequence[tuple[str, int]], job: Job, max_local_batch: int | 
                 f"--candidates: {name} has no on-demand price in infra/prices.json "
                 f"({prices.source}, as of {prices.as_of}); add it there"
             )
-        out.append(
-            Candidate(
-                name,
-                count,
-                prices.prices[name],
-                info.devices,
-                info.device,
-                preset,
-                info.network_gbps,
-                steps,
-            )
-        )
+        usd = prices.prices[name]
+        terms = (None, 0.0) if spot is None else spot_terms(name, usd, spot)
+        args = (name, count, usd, info.devices, info.device, preset, info.network_gbps, steps)
+        out.append(Candidate(*args, *terms))
     return out, prices
 
 
@@ -106,8 +104,8 @@ def mixing_line(rec: Recommendation) -> str:
 
 
 def outside(rec: Recommendation, batches) -> list[str]:
-    """Where the prediction leaves what was published."""
-    notes = []
+    """Where the prediction leaves what was published, and what spot's expectations hide."""
+    notes = spot_notes(rec)
     if rec.job.model.name != CURVE_MODEL:
         notes.append(
             f"the curves were published for {CURVE_MODEL}; {rec.job.model.name}'s are scaled by "
@@ -123,23 +121,38 @@ def outside(rec: Recommendation, batches) -> list[str]:
 
 
 def shown(rec: Recommendation) -> list[Prediction]:
-    """The chosen mix, the next best ones, and the best of each type alone."""
+    """The chosen mix, the next best ones, the chosen mix in the other market searched, and
+    the best of each type alone."""
     rows = rec.ranked[:SHOWN]
-    rows += [p for p in rec.singles.values() if p not in rows]
+    same = [p for p in rec.ranked if p.counts == rec.best.counts and p is not rec.best]
+    rows += [p for p in [*same, *rec.singles.values()] if p not in rows]
     return rows
 
 
+def spot_searched(rec: Recommendation) -> bool:
+    return "spot" in rec.markets
+
+
+def columns(rec: Recommendation) -> tuple[str, ...]:
+    """The table's columns: with spot searched, each row's market and expected interruptions
+    (its hours and cost are then expectations with them)."""
+    return (*SPOT_COLUMNS, "why it loses") if spot_searched(rec) else COLUMNS
+
+
 def table_rows(rec: Recommendation) -> list[tuple[str, ...]]:
-    """The table of the best mixes (`COLUMNS`), as text."""
+    """The table of the best mixes (`columns`), as text."""
     out = []
     for p in shown(rec):
         gpus = sum(c.devices * n for c, n in zip(rec.cands, p.counts, strict=True))
         why = "chosen" if p is rec.best else rec.objective.why_loses(p, rec.best)
+        spot = (p.market, f"{p.interruptions:.2g}") if spot_searched(rec) else ()
         out.append(
             (
-                p.label(rec.cands),
+                p.label(rec.cands, market=not spot),
+                *spot[:1],
                 str(gpus),
                 f"{p.step_s * 1e3:.1f}",
+                *spot[1:],
                 f"{p.hours:.3g}",
                 f"{p.cost_usd:,.2f}",
                 f"{p.usd_per_hour:,.2f}",
@@ -151,8 +164,14 @@ def table_rows(rec: Recommendation) -> list[tuple[str, ...]]:
 
 def chosen_line(rec: Recommendation) -> str:
     best = rec.best
+    how = (
+        f"expected {best.hours:.3g} h with {best.interruptions:.2g} interruptions "
+        f"({best.bare_hours:.3g} h without)"
+        if best.market == "spot"
+        else f"predicted {best.hours:.3g} h"
+    )
     return (
-        f"chosen: {best.label(rec.cands)}: predicted {best.hours:.3g} h, ${best.cost_usd:,.2f} "
+        f"chosen: {best.label(rec.cands)}: {how}, ${best.cost_usd:,.2f} "
         f"(${best.usd_per_hour:,.2f}/h; step {best.step_s * 1e3:.1f} ms = compute "
         f"{best.compute_s * 1e3:.1f} + all-reduce {best.comm_s * 1e3:.1f})"
     )
@@ -161,7 +180,7 @@ def chosen_line(rec: Recommendation) -> str:
 def markdown(rec: Recommendation, batches) -> str:
     """The choice, its notes and the table of the best mixes as markdown (the flow's Prefect
     artifact and MLflow text; the command prints the same)."""
-    job = rec.job
+    job, cols = rec.job, columns(rec)
     lines = [
         f"### hetflow recommend: {job.model.name}, global batch {job.global_batch}, "
         f"{job.steps} steps",
@@ -178,8 +197,8 @@ def markdown(rec: Recommendation, batches) -> str:
         f"- {mixing_line(rec)}",
         *(f"- note: {n}" for n in outside(rec, batches)),
         "",
-        f"| {' | '.join(COLUMNS)} |",
-        "|" + "|".join("---" if c in ("mix", "why it loses") else "---:" for c in COLUMNS) + "|",
+        f"| {' | '.join(cols)} |",
+        "|" + "|".join("---" if c in LEFT else "---:" for c in cols) + "|",
         *(f"| {' | '.join(r)} |" for r in table_rows(rec)),
         "",
         f"{rec.evaluated} mixes priced.",
@@ -190,8 +209,9 @@ def markdown(rec: Recommendation, batches) -> str:
 # -- what is written --------------------------------------------------------------------------
 
 
-def figures(rec: Recommendation, batches, seconds: float) -> dict:
-    """The choice, the alternatives, each type alone and the Pareto front, as JSON figures."""
+def figures(rec: Recommendation, batches, seconds: float, spot=None) -> dict:
+    """The choice, the alternatives, each type alone and the Pareto front, as JSON figures,
+    with the markets searched, an interruption's restart and the spot table (`spot`) used."""
 
     def row(p: Prediction) -> dict:
         return {
@@ -202,6 +222,9 @@ def figures(rec: Recommendation, batches, seconds: float) -> dict:
             "hours": p.hours,
             "cost_usd": p.cost_usd,
             "usd_per_hour": p.usd_per_hour,
+            "market": p.market,
+            "interruptions": p.interruptions,
+            "hours_uninterrupted": p.bare_hours,
         }
 
     return {
@@ -210,6 +233,12 @@ def figures(rec: Recommendation, batches, seconds: float) -> dict:
             "recipe": rec.job.model.name,
             "global_batch": rec.job.global_batch,
             "steps": rec.job.steps,
+        },
+        "market": {
+            "searched": list(rec.markets),
+            "restart_s": rec.restart.restart_s,
+            "checkpoint_every": rec.restart.checkpoint_every,
+            "spot_table": None if spot is None else {"source": spot.source, "as_of": spot.as_of},
         },
         "chosen": {**row(rec.best), "local_batches": batches},
         "mixing_helps": rec.mixing_helps(),

@@ -13,6 +13,7 @@ How each figure is taken: docs/concepts.md ("Profile").
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch.distributed as dist
@@ -22,7 +23,12 @@ from hetflow.records import RankProfile
 from hetflow.training.devices import synchronizer
 from hetflow.training.launch.spec import default_profile_batches, emulator_for, node_id
 from hetflow.training.loop.optim import resolve_optimizer
-from hetflow.training.probes.compute import COMPUTE_BUDGET_S, probe_compute, solo_ddp
+from hetflow.training.probes.compute import (
+    COMPUTE_BUDGET_S,
+    probe_compute,
+    solo_ddp,
+    solo_sharded,
+)
 from hetflow.training.probes.device import probe_matmul, probe_memory_bandwidth
 from hetflow.training.probes.memory import probe_memory
 from hetflow.training.probes.network import probe_allreduce, probe_link
@@ -58,7 +64,11 @@ def profile(ctx: RankContext) -> RankProfile:
         took[name] = now() - t
         return out
 
-    net = solo_ddp(model, emu)
+    if spec.train.strategy == "fsdp":  # a copy: the memory probe below takes the plain model
+        probed = copy.deepcopy(model)
+        net = solo_sharded(probed, recipe.shard_units(probed))
+    else:
+        net = solo_ddp(model, emu)
     dist.barrier()  # start together: every rank's compute probe sees the same host load
     ref = max(1, spec.train.global_batch // world)
     comp = timed(

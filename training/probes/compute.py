@@ -1,4 +1,5 @@
-"""The compute probe: forward+backward of the job's model through DDP, fitted in the batch.
+"""The compute probe: forward+backward of the job's model as training wraps it (DDP, or
+FSDP2 under `train.strategy: fsdp`), fitted in the batch.
 
 Figures: `samples_per_s`, `fit_latency_s`, `fit_s_per_sample`, `step_compute_s` and the raw
 samples (`compute_rounds`, `compute_batches`, `compute_best_s`, `compute_outlier_batch`).
@@ -13,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hetflow.emulation.costs import SMOOTH_PHASES
@@ -52,6 +55,25 @@ def solo_ddp(model: nn.Module, emu: Emulator) -> DDP:
     net = DDP(model, device_ids=ids, process_group=solo, gradient_as_bucket_view=True)
     net.register_comm_hook(solo, emu.dilating_hook(default_hooks.allreduce_hook))
     return net
+
+
+def solo_sharded(model: nn.Module, units: list[nn.Module]) -> nn.Module:
+    """`model` sharded as `train.strategy: fsdp` shards it (each of `units` with parameters,
+    then the root: `training.loop.sharded.shard_model`), over a mesh of this rank alone.
+
+    Each rank steps on its own, yet pays FSDP's own work of a step (its hooks, the copies in
+    and out of each unit's flat buffer, DTensor bookkeeping), which is part of a worker's
+    compute and is dilated with it, as DDP's is in `solo_ddp`: under fsdp that work is the
+    larger part of a small model's step on a CPU (docs/measurements/fsdp.md), and a plan
+    priced from a DDP probe would not know it. The collectives' own time over a world of
+    several ranks is not in it. The compute phase ends after backward (no comm hook).
+    """
+    solo, _ = dist.new_subgroups(group_size=1)  # every rank creates every group, in order
+    mesh = DeviceMesh.from_group(solo, next(model.parameters()).device.type)
+    for unit in units:
+        if any(True for _ in unit.parameters()):
+            fully_shard(unit, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def _step(model: nn.Module, recipe: Recipe, batch: tuple[torch.Tensor, ...], amp=None) -> None:

@@ -1,0 +1,177 @@
+"""What `hetflow recommend` and the `recommend` flow read to price spot instances: the spot
+table (shipped in `infra/spot.json`, or the user's), the candidates' per-type overrides, the
+markets searched and what an interruption costs (the model: `training.plan.spot`). Bad input
+is one line (a RecommendError) naming its flag, the same in both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from hetflow.config import TrainConfig, suggestion
+from hetflow.training.plan.recommend import RecommendError
+from hetflow.training.plan.spot import DEFAULT_RESTART, MARKETS, Restart, deadline_risk
+
+# An interruption redoes half the steps since the last checkpoint: a run's checkpoint interval
+CHECKPOINT_EVERY = TrainConfig.model_fields["checkpoint_every"].default
+
+
+def spot_terms(name: str, usd: float, spot) -> tuple[float, float]:
+    """(Spot $/h, interruptions per instance-hour) of one type, or one line: none known."""
+    info = spot.types.get(name)
+    if info is None:
+        raise RecommendError(
+            f"--market: {name} has no spot figures in the spot table ({spot.source}, as of "
+            f"{spot.as_of}); give them with --spot-discount and --interruptions, or --spot-table"
+        )
+    return usd * (1 - info.savings), info.per_hour
+
+
+def _override(flag: str, values: Mapping[str, float], names, ok, what: str) -> None:
+    """Each (type, value) of a per-type override names a candidate and passes `ok`."""
+    for name, v in values.items():
+        if name not in names:
+            raise RecommendError(
+                f"{flag}: {name} is not a candidate ({', '.join(names)}){suggestion(name, names)}"
+            )
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not number or not ok(v):
+            raise RecommendError(f"{flag}: {name}: {what} (got {v!r})")
+
+
+def spot_table(names: Sequence[str], path=None, discounts=None, per_month=None):
+    """The spot table (`infra/spot.json`, or the one at `path`), every type of it in the
+    offline catalog, with the candidates' per-type overrides: `discounts` (savings off
+    On-Demand, [0, 1)) and `per_month` (interruptions per instance-month, >= 0)."""
+    from hetflow.infra.catalog import load_snapshot
+    from hetflow.infra.pricing import CatalogError
+    from hetflow.infra.spot import SPOT_TABLE, SpotInfo, load_spot
+
+    discounts, per_month = dict(discounts or {}), dict(per_month or {})
+    try:
+        table = load_spot(path or SPOT_TABLE)
+    except CatalogError as e:
+        raise RecommendError(f"--spot-table: {e}") from None
+    known = load_snapshot()
+    for name in table.types:
+        if name not in known:
+            raise RecommendError(
+                f"--spot-table: types.{name} is not in the offline catalog "
+                f"(infra/instance_types.json){suggestion(name, known)}"
+            )
+    _override(
+        "--spot-discount",
+        discounts,
+        names,
+        lambda v: 0 <= v < 1,
+        "the discount off On-Demand must be in [0, 1)",
+    )
+    _override(
+        "--interruptions",
+        per_month,
+        names,
+        lambda v: v >= 0,
+        "interruptions per instance-month must be a finite number >= 0",
+    )
+    for name in set(discounts) | set(per_month):
+        was = table.types.get(name)
+        if was is None and not (name in discounts and name in per_month):
+            flag = "--interruptions" if name in discounts else "--spot-discount"
+            raise RecommendError(f"{flag}: {name} is not in the spot table: give it too")
+        savings = discounts.get(name, was.savings if was else 0.0)
+        rate = per_month.get(name, was.per_month if was else 0.0)
+        bucket = was.bucket if was and name not in per_month else None
+        table.types[name] = SpotInfo(savings=savings, per_month=rate, bucket=bucket)
+    if discounts or per_month:
+        table.source += f"; overridden for {', '.join(sorted(set(discounts) | set(per_month)))}"
+    return table
+
+
+def market_terms(kind: str, restart_s: float | None = None, checkpoint_every: int | None = None):
+    """(The markets searched for `kind`: 'on-demand', 'spot' or 'both'; the Restart of an
+    interruption), one line naming a bad value or a restart figure given for on-demand."""
+    markets = {"on-demand": ("on-demand",), "spot": ("spot",), "both": MARKETS}.get(kind)
+    if markets is None:
+        raise RecommendError(f"--market: expected on-demand, spot or both (got {kind!r})")
+    for flag, v in (("--restart-s", restart_s), ("--checkpoint-every", checkpoint_every)):
+        if v is not None and kind == "on-demand":
+            raise RecommendError(f"{flag}: only with --market spot or both")
+    if restart_s is not None and not (math.isfinite(restart_s) and restart_s >= 0):
+        raise RecommendError(f"--restart-s: must be a finite number >= 0 (got {restart_s:g})")
+    if checkpoint_every is not None and checkpoint_every < 1:
+        raise RecommendError(f"--checkpoint-every: must be >= 1 step (got {checkpoint_every})")
+    restart = Restart(
+        DEFAULT_RESTART.restart_s if restart_s is None else float(restart_s),
+        CHECKPOINT_EVERY if checkpoint_every is None else int(checkpoint_every),
+    )
+    return markets, restart
+
+
+def market_setup(
+    kind: str,
+    names: Sequence[str],
+    path=None,
+    discounts=None,
+    per_month=None,
+    restart_s: float | None = None,
+    checkpoint_every: int | None = None,
+):
+    """(Markets searched, Restart, SpotTable or None: on-demand only) of the market options
+    (`market_terms`, `spot_table`), each checked; spot figures given for on-demand only are
+    refused, in one line naming their flag."""
+    markets, restart = market_terms(kind, restart_s, checkpoint_every)
+    if "spot" in markets:
+        return markets, restart, spot_table(names, path, discounts, per_month)
+    given = (("--spot-table", path), ("--spot-discount", discounts), ("--interruptions", per_month))
+    for flag, value in given:
+        if value:
+            raise RecommendError(f"{flag}: only with --market spot or both")
+    return markets, restart, None
+
+
+def restart_line(rec) -> str:
+    """What one interruption costs the chosen mix, and where the figures come from."""
+    r = rec.restart
+    redone = min(r.checkpoint_every, rec.job.steps) / 2
+    lost = r.lost_s(rec.best.step_s, rec.job.steps)
+    source = (
+        "as measured here by benchmarks/restart.py, no instance boot counted; --restart-s"
+        if r.restart_s == DEFAULT_RESTART.restart_s
+        else "--restart-s"
+    )
+    return (
+        f"an interruption costs {r.restart_s:g} s of restart ({source}) + {redone:g} steps "
+        f"redone (half of --checkpoint-every {r.checkpoint_every}): {lost:.3g} s on the chosen mix"
+    )
+
+
+def spot_notes(rec) -> list[str]:
+    """Where spot's expectations hide a risk: the chosen spot mix's chance to miss the
+    deadline, and a cheaper spot mix that meets it only without interruptions."""
+    obj, best, cands, notes = rec.objective, rec.best, rec.cands, []
+    if obj.kind != "deadline" or "spot" not in rec.markets:
+        return notes
+    if best.market == "spot":
+        per_hour = best.interruptions / best.hours
+        lost = rec.restart.lost_s(best.step_s, rec.job.steps)
+        k, p = deadline_risk(best.bare_hours, per_hour, lost, obj.deadline_h)
+        notes.append(
+            f"on spot, {best.hours:.3g} h is an expectation ({best.interruptions:.2g} "
+            f"interruptions): {k} interruptions would pass the {obj.deadline_h:g} h deadline, "
+            f"a chance of {'under 0.1%' if p < 1e-3 else f'about {p:.1%}'} (Poisson)"
+        )
+    late = [
+        p
+        for p in rec.ranked
+        if p.market == "spot" and p.cost_usd < best.cost_usd and not obj.feasible(p)
+        if p.bare_hours <= obj.planned_h
+    ]
+    if late:
+        p = min(late, key=lambda p: p.cost_usd)
+        notes.append(
+            f"{p.label(cands)} would meet the deadline less its margin only without "
+            f"interruptions ({p.bare_hours:.3g} h; expected {p.hours:.3g} h with "
+            f"{p.interruptions:.2g}) for ${p.cost_usd:,.2f}"
+        )
+    return notes
