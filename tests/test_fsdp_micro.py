@@ -30,10 +30,31 @@ PLANS = [[4, 9, 4], [13, 3, 1], [0, 9, 8], [5, 6, 6]]
 LR, MOMENTUM = 0.3, 0.9
 
 
-def global_batch(step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Step `step`'s `n` samples (digits-shaped: 64 features, 10 classes), the same anywhere."""
+def setup(kind: str):
+    """(recipe, DataInfo) of `kind`: digits-mlp (units only, no parameter at the root), or a
+    gpt on padded windows (`PaddedGPT`: its tied embedding at the root, its count varying per
+    sample, so all-reduced every step)."""
+    from hetflow.training.recipes import DataInfo, get_recipe
+
+    from tests.test_recipe_ddp import TOKENS, recipe_of
+
+    return (recipe_of(True), TOKENS) if kind == "gpt" else (get_recipe(kind), DataInfo())
+
+
+def global_batch(kind: str, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step `step`'s `n` samples, the same in every process: digits-shaped (64 features, 10
+    classes), or gpt windows with the last (i + step) % 5 targets of sample i padding."""
     rng = np.random.default_rng(step)
-    return rng.random((n, 64), dtype=np.float32), rng.integers(0, 10, n)
+    if kind != "gpt":
+        return rng.random((n, 64), dtype=np.float32), rng.integers(0, 10, n)
+    from tests.test_recipe_ddp import OPTIONS
+
+    w = rng.integers(0, 256, size=(n, OPTIONS["context"] + 1), dtype=np.int64)
+    for i in range(n):
+        pad = (i + step) % 5
+        if pad:
+            w[i, -pad:] = -1
+    return w, np.zeros(n, dtype=np.int64)
 
 
 class _Counting:
@@ -51,27 +72,31 @@ class _Counting:
 
 
 def sharded_micro_steps(rank: int, world: int, arg: dict) -> dict:
-    """One rank: digits-mlp sharded (`sharded.shard_model`), SGD with momentum, `Stepper.step`
-    on each plan of `arg` under the caps; the bytes and collectives of each step, and rank 0's
-    gathered weights and momentum at the end."""
+    """One rank: the recipe of `arg`'s kind sharded (`sharded.shard_model`), SGD with
+    momentum, `Stepper.step` on each plan of `arg` under the caps; the bytes and collectives
+    of each step, and rank 0's gathered weights and momentum at the end."""
+    from hetflow.training.comm import new_control_group
     from hetflow.training.devices import MixedPrecision
     from hetflow.training.loop import sharded
     from hetflow.training.loop.step import MeanOverCounts, Net, Stepper
-    from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
+    from hetflow.training.recipes import seeded_model
 
-    recipe = get_recipe("digits-mlp")
-    model = seeded_model(recipe, DataInfo(), 0)
+    kind = arg["kind"]
+    recipe, info = setup(kind)
+    model = seeded_model(recipe, info, 0)
     model = sharded.shard_model(model, recipe.shard_units(model))
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     caps = arg["caps"]
     net = Net(model, model, opt, None, strategy="fsdp", caps=caps)
     counter = _Counting(world)
     emu = SimpleNamespace(start=lambda key=None: None, finish=lambda: 0.0)
-    mean = MeanOverCounts(world, recipe.count_per_sample, accumulate=True)
+    per_sample = recipe.count_per_sample
+    group = None if per_sample else new_control_group()
+    mean = MeanOverCounts(world, per_sample, group, accumulate=True)
     amp = MixedPrecision("cpu", "fp32", scaled=False)
     stepper = Stepper(net, emu, mean, amp, counter, recipe, caps[rank])
     for step, plan in enumerate(arg["plans"]):
-        x, y = global_batch(step, sum(plan))
+        x, y = global_batch(kind, step, sum(plan))
         lo = sum(plan[:rank])
         share = x[lo : lo + plan[rank]], y[lo : lo + plan[rank]]
         stepper.step(recipe.batch(*share), plan[rank], plan)
@@ -97,18 +122,18 @@ def gathering_units(model: torch.nn.Module) -> int:
     return sum(map(own, fsdp))
 
 
-def one_process(plans: list[list[int]]) -> tuple[dict, dict]:
-    """The reference: one process, SGD with momentum on each step's global batch, mean loss;
-    (weights, momentum by parameter name)."""
-    from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
+def one_process(kind: str, plans: list[list[int]]) -> tuple[dict, dict]:
+    """The reference: one process, SGD with momentum on each step's global batch, the loss
+    its mean over the batch's count; (weights, momentum by parameter name)."""
+    from hetflow.training.recipes import seeded_model
 
-    model = seeded_model(get_recipe("digits-mlp"), DataInfo(), 0)
+    recipe, info = setup(kind)
+    model = seeded_model(recipe, info, 0)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     for step, plan in enumerate(plans):
-        x, y = global_batch(step, sum(plan))
         opt.zero_grad()
-        logits = model(torch.from_numpy(x))
-        torch.nn.functional.cross_entropy(logits, torch.from_numpy(y).long()).backward()
+        loss_sum, count = recipe.loss(model, recipe.batch(*global_batch(kind, step, sum(plan))))
+        (loss_sum / count).backward()
         opt.step()
     names = [k for k, _ in model.named_parameters()]
     momentum = {k: opt.state[p]["momentum_buffer"] for k, p in zip(names, model.parameters())}
@@ -117,8 +142,9 @@ def one_process(plans: list[list[int]]) -> tuple[dict, dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_ranks_with_different_micro_batch_counts_make_the_same_collectives(tmp_path):
-    arg = {"plans": PLANS, "caps": CAPS}
+@pytest.mark.parametrize("kind", ["digits-mlp", "gpt"], ids=["mlp", "padded-gpt"])
+def test_ranks_with_different_micro_batch_counts_make_the_same_collectives(tmp_path, kind):
+    arg = {"plans": PLANS, "caps": CAPS, "kind": kind}
     results = run_ranks(sharded_micro_steps, WORLD, arg, tmp_path, timeout_s=150)  # no hang
     taken = [r["taken"] for r in results]
     assert all(t == taken[0] for t in taken), taken  # bytes and collectives, step by step
@@ -126,7 +152,7 @@ def test_ranks_with_different_micro_batch_counts_make_the_same_collectives(tmp_p
     # none does: FSDP's default, each unit but the root gathered again for its backward
     counts, units = [c for _, c in taken[0]], results[0]["units"]
     assert counts[0] == counts[2] == counts[3] == 2 * units < counts[1], counts
-    weights, momentum = one_process(PLANS)
+    weights, momentum = one_process(kind, PLANS)
     got = {k: torch.tensor(v) for k, v in results[0]["weights"].items()}
     _assert_same_params(got, weights)
     for k, v in results[0]["momentum"].items():
