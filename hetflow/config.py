@@ -360,10 +360,9 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
 
 def check_fsdp(cluster: ClusterSpec, train: TrainConfig) -> None:
     """What `strategy: fsdp` cannot run with (`check_job`): a compression method or local SGD
-    (both need DDP's comm hook or whole replicas), micro-batches (not done yet: FSDP's forward
-    all-gathers, so every rank would have to run the same count), and fp16's loss scale (its
-    Inf/NaN check would see each rank's own shard of the gradient, so the ranks could skip
-    different steps)."""
+    (both need DDP's comm hook or whole replicas) and fp16's loss scale (its Inf/NaN check
+    would see each rank's own shard of the gradient, so the ranks could skip different
+    steps). Micro-batches (`accumulate: auto`) run under it (`training.loop.sharded`)."""
     if train.compression != "none":
         raise ConfigError(
             f"train.compression: {train.compression!r} needs DDP's comm hook; strategy 'fsdp' "
@@ -373,11 +372,6 @@ def check_fsdp(cluster: ClusterSpec, train: TrainConfig) -> None:
         raise ConfigError(
             "train.allow_local_sgd: local SGD averages whole replicas, and under strategy "
             "'fsdp' no worker holds one; leave it off"
-        )
-    if train.accumulate != "off":
-        raise ConfigError(
-            "train.accumulate: micro-batches under strategy 'fsdp' are not supported yet "
-            "(every rank would have to run the same count of them); use 'off'"
         )
     fp16 = fp16_fields(cluster, train)
     if fp16:

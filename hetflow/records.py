@@ -224,7 +224,8 @@ class Plan(_Record):
     dropped: list[str] = []  # of those, the workers not launched (`planner.drop_from_launch`)
     # `train.accumulate: auto`: each worker's largest micro-batch and how many it runs per step
     # (`balance.micro_split` of its share under its cap; 0 at batch 0); empty: one pass each.
-    # The counts may differ between ranks: DDP makes one all-reduce per step whatever they are.
+    # The counts may differ between ranks: DDP makes one all-reduce per step whatever they are,
+    # fsdp one all-gather and one reduce-scatter per unit (`training.loop.sharded.gathered`).
     micro_batch: list[int] = []
     micro_count: list[int] = []
 

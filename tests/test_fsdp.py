@@ -204,9 +204,8 @@ def test_a_run_refuses_a_checkpoint_taken_under_another_strategy(digits, tmp_pat
         ({"compression": "localsgd:4"}, "train.compression: 'localsgd:4'"),
         ({"allow_local_sgd": True}, "train.allow_local_sgd: local SGD averages whole replicas"),
         ({"precision": "fp16"}, "train.precision: fp16's loss scale checks each rank's shard"),
-        ({"accumulate": "auto"}, "train.accumulate: micro-batches under strategy 'fsdp'"),
     ],
-    ids=["powersgd", "auto", "localsgd", "allow-local-sgd", "fp16", "micro-batches"],
+    ids=["powersgd", "auto", "localsgd", "allow-local-sgd", "fp16"],
 )
 def test_fsdp_refuses_what_needs_whole_replicas_or_a_comm_hook(knobs, field):
     cluster = ClusterSpec.from_speeds([1, 2])

@@ -156,7 +156,7 @@ def micro_gradients(rank: int, world: int, arg: dict) -> dict:
     group = None if per_sample else new_control_group()
     mean = MeanOverCounts(world, per_sample, group, accumulate=True)
     emu = SimpleNamespace(start=lambda key=None: None, finish=lambda: 0.0)
-    net = SimpleNamespace(ddp=ddp, model=model)
+    net = SimpleNamespace(ddp=ddp, model=model, no_sync=ddp.no_sync)
     stepper = Stepper(net, emu, mean, _NoAmp(), None, recipe, CAPS[rank])
     plan = [r + 1 for r in range(world)]
     grads, counts, parts = [], [], []
@@ -312,7 +312,8 @@ def _peak_saved_bytes(n: int, cap: int | None) -> int:
     recipe = get_recipe("digits-cnn")
     model = seeded_model(recipe, DataInfo(), 0)
     emu = SimpleNamespace(start=lambda key=None: None, finish=lambda: 0.0)
-    net = SimpleNamespace(ddp=_LocalDDP(model), model=model)
+    local = _LocalDDP(model)
+    net = SimpleNamespace(ddp=local, model=model, no_sync=local.no_sync)
     stepper = Stepper(net, emu, MeanOverCounts(1, 1), _NoAmp(), None, recipe, cap)
     rng = np.random.default_rng(0)
     batch = recipe.batch(rng.random((n, 64), dtype=np.float32), rng.integers(0, 10, n))

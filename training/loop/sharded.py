@@ -24,9 +24,19 @@ What differs from DDP (`training.loop.step.build_net`):
   every rank's shards (`full_state`, a collective every rank calls).
 - Precision: the autocast of `MixedPrecision` as under DDP; fp16's loss scale is refused
   (`check_job`): its Inf/NaN check would see each rank's shard only, so ranks could disagree.
+- Micro-batches (`train.accumulate: auto`), with counts that differ between ranks: in a step
+  where any rank's share splits (the plan is the same on every rank), every rank keeps each
+  unit gathered from its first forward to its last backward (`gathered`), and skips the
+  reduce-scatter on all its micro-batches but the last (`no_sync`): one all-gather and one
+  reduce-scatter per unit and step on every rank, whatever its count (FSDP2's `unshard` is a
+  no-op on a gathered unit). The cost, in those steps only: the whole parameters and their
+  whole gradients are held for the step (ZeRO-2-like); the optimizer state stays sharded.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -40,7 +50,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 # Full (unsharded) state dicts, gathered onto rank 0's CPU.
@@ -55,6 +65,40 @@ def shard_model(model: nn.Module, units: list[nn.Module]) -> nn.Module:
             fully_shard(unit)
     fully_shard(model)
     return model
+
+
+@contextmanager
+def gathered(model: nn.Module) -> Iterator[None]:
+    """A step in which `model`'s units (every FSDP module but the root, which FSDP already keeps
+    gathered after forward) stay gathered after forward: the first forward all-gathers each
+    unit, later forwards and backwards find it gathered (`unshard` is then a no-op), and the
+    backward that reduce-scatters (not under `no_sync`) reshards it. Every rank enters it in
+    the same steps (`Net.step_context`), so that each makes one all-gather per unit whatever
+    its count of micro-batches; outside, units reshard after forward as FSDP's default. The
+    whole parameters stay in memory from the first forward to the last backward."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.set_reshard_after_forward(True, recurse=False)
+
+
+@contextmanager
+def no_sync(model: nn.Module) -> Iterator[None]:
+    """FSDP2's counterpart of DDP's `no_sync`, for a micro-batch's backward but the last:
+    gradients accumulate whole (unsharded) in place, no reduce-scatter, and the units stay
+    gathered (`set_requires_gradient_sync`, `set_reshard_after_backward`, both recursive).
+    The last backward, outside, reduce-scatters the sum and reshards."""
+    model.set_requires_gradient_sync(False)
+    model.set_reshard_after_backward(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+        model.set_reshard_after_backward(True)
 
 
 def end_phase_at_step(opt: torch.optim.Optimizer, emu) -> None:

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -42,7 +42,9 @@ class Net:
     """The model, what a step calls (`ddp`), the optimizer and the comm hook's state, on
     `device`. Under `strategy` 'ddp', `ddp` is DDP over `model` with the comm hook; under
     'fsdp' it is `model` itself, sharded in place (`training.loop.sharded`), and `hook_state`
-    is None. `plain` (fsdp) builds an unsharded copy of the model for rank 0's evaluation."""
+    is None. `plain` (fsdp) builds an unsharded copy of the model for rank 0's evaluation;
+    `caps` (fsdp, `train.accumulate` 'auto') every rank's largest micro-batch (`micro_caps`),
+    which tell each step whether any rank's share splits (`step_context`)."""
 
     model: nn.Module
     ddp: nn.Module
@@ -51,11 +53,26 @@ class Net:
     device: str = "cpu"
     strategy: str = "ddp"
     plain: Callable[[], nn.Module] | None = None
+    caps: list[int | None] | None = None
     _copy: nn.Module | None = field(default=None, init=False, repr=False)
 
     @property
     def sharded(self) -> bool:
         return self.strategy == "fsdp"
+
+    def step_context(self, plan: list[int]) -> AbstractContextManager:
+        """What a step on the local batches `plan` runs in: under fsdp, where any rank's share
+        splits into micro-batches, every rank's units stay gathered for the step
+        (`sharded.gathered`; the plan is the same on every rank, so all enter it alike);
+        otherwise nothing."""
+        if self.sharded and self.caps and any(map(splits, plan, self.caps)):
+            return sharded.gathered(self.model)
+        return nullcontext()
+
+    def no_sync(self) -> AbstractContextManager:
+        """A micro-batch's forward and backward but the last: gradients accumulate locally,
+        no collective (DDP's `no_sync`; fsdp: `sharded.no_sync`)."""
+        return sharded.no_sync(self.model) if self.sharded else self.ddp.no_sync()
 
     def full_state(self) -> tuple[dict, dict]:
         """(model, optimizer) state dicts, full, on rank 0 (the exported model). Under fsdp
@@ -133,7 +150,8 @@ def build_net(
         opt = build_optimizer(model, resolve_optimizer(cfg, recipe))
         sharded.end_phase_at_step(opt, emu)
         plain = partial(seeded_model, recipe, info, cfg.seed)
-        return Net(model, model, opt, None, device, strategy="fsdp", plain=plain)
+        caps = micro_caps(spec)
+        return Net(model, model, opt, None, device, strategy="fsdp", plain=plain, caps=caps)
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ids = [torch.device(device)] if device != "cpu" else None
@@ -145,19 +163,29 @@ def build_net(
     return Net(model, ddp, opt, hook_state, device)
 
 
-def micro_cap(spec: RunSpec, rank: int) -> int | None:
-    """The largest micro-batch of `rank` (launched rank order, as the spec's plan): its memory
-    cap where `train.accumulate` is 'auto' (the plan's caps, else the cluster file's); None
-    where its share runs in one pass (accumulation off, or no cap known)."""
+def micro_caps(spec: RunSpec) -> list[int | None] | None:
+    """Every rank's largest micro-batch (launched rank order, as the spec's plan): its memory
+    cap where `train.accumulate` is 'auto' (the plan's caps, else the cluster file's), None
+    for a rank with no cap known; None where accumulation is off."""
     if spec.train.accumulate != "auto":
         return None
-    caps = list(spec.plan.caps) or [w.memory_cap_batch for w in spec.cluster.workers]
-    return caps[rank]
+    return list(spec.plan.caps) or [w.memory_cap_batch for w in spec.cluster.workers]
+
+
+def micro_cap(spec: RunSpec, rank: int) -> int | None:
+    """`rank`'s largest micro-batch (`micro_caps`); None where its share runs in one pass."""
+    caps = micro_caps(spec)
+    return None if caps is None else caps[rank]
 
 
 def micro_count(n: int, cap: int | None) -> int:
     """How many passes a batch of `n` samples runs as under `cap` (1 for an empty one)."""
     return max(len(micro_split(n, cap)), 1)
+
+
+def splits(n: int, cap: int | None) -> bool:
+    """Whether a share of `n` samples runs as more than one micro-batch under `cap`."""
+    return micro_count(n, cap) > 1
 
 
 def split_batch(batch: tuple[torch.Tensor, ...], n: int, cap: int | None) -> list[tuple]:
@@ -193,7 +221,13 @@ class Stepper:
         over, the bytes the counter charged since its last `take`).
 
         A share past `cap` runs as micro-batches (`split_batch`), their gradients accumulated
-        (`accumulate`): one all-reduce per step whatever their count."""
+        (`accumulate`): one all-reduce per step whatever their count; under fsdp one
+        all-gather and one reduce-scatter per unit, in a step run in `Net.step_context`."""
+        with self.net.step_context(plan):
+            return self.passes(batch, n, plan)
+
+    def passes(self, batch, n: int, plan: list[int]) -> tuple[torch.Tensor, int, float]:
+        """`step`'s forward and backward passes (one, or one per micro-batch) and the rest."""
         net, amp = self.net, self.amp
         averager = local_averager(net.opt)  # local SGD, hierarchical averaging
         parts = split_batch(batch, n, self.cap)
@@ -210,21 +244,23 @@ class Stepper:
 
     def accumulate(self, parts: list[tuple], plan: list[int]) -> tuple[torch.Tensor, int]:
         """Forward and backward of each micro-batch of `parts`, their gradients summed in
-        place: under `ddp.no_sync()` but the last, so that DDP's all-reduce (and the comm
+        place: under `Net.no_sync()` but the last, so that DDP's all-reduce (and the comm
         hook, which ends the emulator's phase) runs once, on the last backward, on the sum; on
-        every rank one per step, whatever its count (under DDP the counts may differ between
-        ranks; FSDP's forward all-gathers, so there every rank must run the same count, the
-        plan's max of `Plan.micro_count`). Each micro-batch is an emulated compute phase of its
-        own, keyed by its size: the step's compute is the sum of the dilated micro-steps, each
-        paying the device's per-pass cost as a real device does. `MeanOverCounts` weights each
-        micro-batch's summed loss as a whole share's. Returns (the summed loss, its count)."""
+        every rank one per step, whatever its count, so the counts may differ between ranks.
+        Under fsdp the same holds for the reduce-scatters, and the all-gathers are one per unit
+        in the step's first forward (`sharded.gathered`, entered by `step`); the last phase
+        ends when the optimizer steps (`sharded.end_phase_at_step`). Each micro-batch is an
+        emulated compute phase of its own, keyed by its size: the step's compute is the sum of
+        the dilated micro-steps, each paying the device's per-pass cost as a real device does.
+        `MeanOverCounts` weights each micro-batch's summed loss as a whole share's. Returns
+        (the summed loss, its count)."""
         net, amp, emu = self.net, self.amp, self.emu
         total_loss, total = None, 0
         for j, part in enumerate(parts):
             last = j == len(parts) - 1
             size = len(part[0])
             emu.start(key=size)
-            with nullcontext() if last else net.ddp.no_sync():
+            with nullcontext() if last else net.no_sync():
                 with amp.autocast():
                     loss_sum, count = self.recipe.loss(net.ddp, part)
                 total += int(count)
@@ -232,7 +268,7 @@ class Stepper:
                     loss_sum, int(count), size, sum(plan), amp.scale, last=last, total=total
                 )
             if not last:
-                emu.finish()  # the last one's is ended by the comm hook
+                emu.finish()  # the last one's: the comm hook (fsdp: the optimizer's step)
             summed = loss_sum.detach().float()
             total_loss = summed if total_loss is None else total_loss + summed
         return total_loss, total
