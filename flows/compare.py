@@ -27,8 +27,9 @@ from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.report import comparison, headline, markdown, summary
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.data import ingest_dataset
+from hetflow.tasks.history import profile_or_reuse
 from hetflow.tasks.preflight import check_training, reach_services
-from hetflow.tasks.profile import profile_workers, resolve_instance_types
+from hetflow.tasks.profile import resolve_instance_types
 from hetflow.tasks.train import launched_labels, train_variant
 
 VARIANTS = ("baseline", "optimized")
@@ -72,7 +73,7 @@ def compare(
         manifest = ingest_dataset(dataset)
         check_training(train, manifest=manifest)
         epoch_samples = manifest.splits["train"].samples
-        profile = profile_workers(cluster, dataset, train)
+        profile = profile_or_reuse(cluster, dataset, train)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_comparison(cluster, dataset, configs)
         for variant in VARIANTS:

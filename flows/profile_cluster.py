@@ -6,7 +6,11 @@ Each profile is stored as JSON under the cluster's profiles prefix in S3
 table artifact. The previous profile under the prefix is read first: a worker whose relative
 speed moved by more than `drift_threshold` since then is flagged (printed, in the table and in
 the profile's `drift`). Workers that name EC2 instance types get their emulated speed and link
-from the catalog before launch. Deployed daily in prefect.yaml.
+from the catalog before launch. Each type measured (instance type or preset, and what else makes
+its figures: `hetflow.history.TypeKey`) also gets an entry in the profile history,
+`s3://<dataset bucket>/profiles/types/<key slug>/<UTC timestamp>.json`, named by a tag
+`history.<key slug>` of the MLflow run: later train, compare and demo runs reuse it
+(`tasks.history.profile_or_reuse`). Deployed daily in prefect.yaml.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from hetflow.config import (
     default_cluster,
 )
 from hetflow.flows.forms import Cluster, Train
+from hetflow.history import MEASURED_NOW, type_key
 from hetflow.infra.catalog import cost_usd
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.records import Profile
 from hetflow.tasks.data import ingest_dataset
+from hetflow.tasks.history import entries_of, store_entries, types_prefix
 from hetflow.tasks.preflight import check_training, reach_services
 from hetflow.tasks.profile import (
     profile_history,
@@ -168,8 +174,12 @@ def profile_cluster(
         profile.previous_profiles = [h.created_at for h in history]
         profile.drift = speed_drift(history[-1] if history else None, profile, drift_threshold)
         profile.stored_at = store_profile(profile, prefix)
+        profile.sources = [MEASURED_NOW] * cluster.world_size
+        keys = [type_key(cluster, i, train) for i in range(cluster.world_size)]
+        entries = entries_of(profile, cluster, keys, profile.created_at)
+        entries = store_entries(entries, types_prefix(dataset))
         if record:
-            profile.mlflow_run_id = record_profile(profile, cluster, dataset, tracking)
+            profile.mlflow_run_id = record_profile(profile, cluster, dataset, tracking, entries)
     _announce_drift(profile, report, cluster)
     return {**profile.model_dump(mode="json"), "report": report}
 

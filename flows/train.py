@@ -15,8 +15,9 @@ from hetflow.config import (
 from hetflow.flows.forms import Cluster, Train
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset
+from hetflow.tasks.history import profile_or_reuse
 from hetflow.tasks.preflight import check_training, reach_services
-from hetflow.tasks.profile import profile_workers, resolve_instance_types
+from hetflow.tasks.profile import resolve_instance_types
 from hetflow.tasks.train import train_variant
 
 PRESETS = ("baseline", "optimized")
@@ -56,7 +57,7 @@ def train(
         manifest = ingest_dataset(dataset)
         check_training(train, manifest=manifest)
         epoch_samples = manifest.splits["train"].samples
-        profile = profile_workers(cluster, dataset, train)
+        profile = profile_or_reuse(cluster, dataset, train)
         outcome = train_variant(
             label,
             cluster,

@@ -228,6 +228,15 @@ class TrainConfig(ConfigModel):
         "the others' collectives: the group restarts from the last checkpoint. Longer than the "
         "slowest step, evaluation or checkpoint save.",
     )
+    profile_max_age_h: float = Field(
+        24.0,
+        ge=0,
+        title="Reuse profiles up to (hours)",
+        description="A worker whose type (instance type or preset, the same recipe, batch, "
+        "precision and versions) was profiled this recently is not profiled again: its figures "
+        "come from the profile history in S3 (docs/concepts.md, 'Profile history'); 0: always "
+        "profile every worker.",
+    )
 
     @field_validator("recipe")
     @classmethod

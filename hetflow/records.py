@@ -114,6 +114,7 @@ class RankProfile(_Record):
     memory_fixed_bytes: float | None = None
     memory_available_bytes: int | None = None
     memory_cap_batch: int | None = None
+    device: str = Field("", description="'cpu' or 'cuda' (the memory cap's model or search).")
     matmul_gflops: float | None = None
     memory_gbps: float | None = None
     allreduce_latency_s: float = 0.0
@@ -163,6 +164,9 @@ class Profile(_Record):
     cost: dict | None = None
     cluster_spec: dict | None = Field(
         None, description="The ClusterSpec as profiled (instance types resolved), as JSON."
+    )
+    sources: list[str] = Field(
+        [], description="Per rank: 'measured now', or the history entry reused (`hetflow.history`)."
     )
 
     @field_validator("ranks")

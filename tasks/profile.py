@@ -14,6 +14,7 @@ import math
 from prefect import task
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
+from hetflow.history import TypeEntry
 from hetflow.infra.catalog import Catalog, resolve_cluster
 from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem
@@ -131,11 +132,18 @@ RANK_METRICS = (
 
 @task(retries=2, retry_delay_seconds=[2, 10], task_run_name="record profile in MLflow")
 def record_profile(
-    profile: Profile, cluster: ClusterSpec, dataset: DatasetSpec, tracking: TrackingConfig
+    profile: Profile,
+    cluster: ClusterSpec,
+    dataset: DatasetSpec,
+    tracking: TrackingConfig,
+    entries: list[TypeEntry] = (),
 ) -> str:
-    """One MLflow run (variant `profile`): per-rank figures as metrics, the JSON as an artifact."""
+    """One MLflow run (variant `profile`): per-rank figures as metrics, the JSON as an artifact,
+    and a tag `history.<key slug>` per history entry written, its URL."""
     tracker = MLflowTracker(tracking)
     rid = tracker.start_run("profile", cluster, dataset)
+    for e in entries:
+        tracker.client.set_tag(rid, f"history.{e.key.slug()}", e.stored_at or "")
     metrics = {"profiling_time_s": float(profile.profiling_time_s)}
     for r in profile.ranks:
         for key in RANK_METRICS:

@@ -155,10 +155,12 @@ def test_profile_flow_resolves_instance_types_stores_history_and_flags_drift(
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
 
-    with get_client(sync_client=True) as prefect:
+    with get_client(sync_client=True) as prefect:  # the newest: other tests' flows make one too
         arts = prefect.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["profile"]))
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["profile"])),
+            sort=ArtifactSort.CREATED_DESC,
         )
     rows = json.loads(arts[0].data) if isinstance(arts[0].data, str) else arts[0].data
     assert [r["drifted"] for r in rows] == [False, False, True]

@@ -37,6 +37,7 @@ FLAGS = {
     "seed": "--seed",
     "allow_local_sgd": "--allow-local-sgd",
     "strategy": "--strategy",
+    "profile_max_age_h": "--profile-max-age-h",
     "url": "--dataset-url",
 }
 
@@ -139,6 +140,27 @@ def add_strategy_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    """What the plan is made from: --accumulate, --profile-max-age-h."""
+    add_accumulate_arg(p)
+    add_profile_age_arg(p)
+
+
+def add_profile_age_arg(p: argparse.ArgumentParser) -> None:
+    """--profile-max-age-h (`TrainConfig.profile_max_age_h`)."""
+    p.add_argument(
+        "--profile-max-age-h",
+        dest="profile_max_age_h",
+        type=float,
+        default=TRAIN.profile_max_age_h,
+        metavar="HOURS",
+        help="reuse a worker type's profile from the history in S3 when it is at most this old "
+        "and measured for the same recipe, batch, precision and versions; types without one "
+        f"are profiled on one worker each; 0: profile every worker (default: "
+        f"{TRAIN.profile_max_age_h:g})",
+    )
+
+
 def add_job_args(p: argparse.ArgumentParser) -> None:
     speeds = ",".join(f"{s:g}" for s in DEFAULT_SPEEDS)
     p.add_argument(
@@ -172,7 +194,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
         help="the forward pass's autocast: auto is bf16 on GPUs that have it natively, fp16 "
         "with a shared loss scale on older ones, fp32 on a CPU",
     )
-    add_accumulate_arg(p)
+    add_plan_args(p)
     p.add_argument(
         "--launcher",
         choices=choices(ClusterSpec, "launcher"),
@@ -258,6 +280,7 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
         "strategy": getattr(args, "strategy", TRAIN.strategy),
         "allow_local_sgd": getattr(args, "allow_local_sgd", TRAIN.allow_local_sgd),
         "accumulate": getattr(args, "accumulate", TRAIN.accumulate),
+        "profile_max_age_h": getattr(args, "profile_max_age_h", TRAIN.profile_max_age_h),
     }
     try:
         return TrainConfig.variant(variant, **knobs) if variant else TrainConfig(**knobs)

@@ -21,8 +21,9 @@ def record_training(
     """A trained variant's figures (at the final step: per-rank names double as per-step
     series, and MLflow shows a metric's value at its highest step), per-step series, the
     evaluations (`test_accuracy`, or `val_loss` and `perplexity`), the profile and plan
-    history as JSON, and its plots (ranks labelled by the cluster's workers, if given). Leaves
-    the run open."""
+    history as JSON, a tag `profile_source.<worker>` per worker (the profile's `sources`:
+    measured now, or the history entry reused and its age), and its plots (ranks labelled by
+    the cluster's workers, if given). Leaves the run open."""
     rid, lead = outcome.run_id, outcome.result.lead
     tracker.log_metrics(rid, outcome.metrics.flat(), step=outcome.metrics.steps)
     tracker.log_series(
@@ -39,6 +40,8 @@ def record_training(
     if lead.trials is not None:
         record_trials(tracker, rid, lead.trials)
     tracker.log_json(rid, "profile.json", profile)
+    for r, source in zip(profile.ranks, profile.sources, strict=False):  # none: before history
+        tracker.client.set_tag(rid, f"profile_source.{r.worker or r.rank}", source)
     tracker.log_json(
         rid,
         "plan.json",

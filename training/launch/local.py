@@ -160,10 +160,15 @@ def _watch(proc: subprocess.Popen, watch: JobWatch, run_dir: Path, deadline: flo
 
 
 def measure_profile(
-    cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig, run_dir: str | Path
+    cluster: ClusterSpec,
+    dataset: DatasetSpec,
+    train: TrainConfig,
+    run_dir: str | Path,
+    profile_batches: list[int] | None = None,
 ) -> Profile:
     """Every worker of `cluster` measured inside it (a torchrun job with mode="profile", its
-    files under `run_dir`): the `Profile` the planner and the simulator read."""
+    files under `run_dir`): the `Profile` the planner and the simulator read. `profile_batches`:
+    the batches each step is timed at (default: `default_profile_batches` of this cluster)."""
     run_dir = Path(run_dir)
     spec = RunSpec(
         run_name=run_dir.name,
@@ -173,6 +178,7 @@ def measure_profile(
         dataset=dataset,
         train=train,
         run_dir=str(run_dir),
+        profile_batches=profile_batches,
     )
     result, wall = run_workers(spec)
     return Profile.from_result(result, cluster, train.recipe, profiling_time_s=wall)

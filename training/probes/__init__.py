@@ -94,6 +94,7 @@ def profile(ctx: RankContext) -> RankProfile:
         **ar,
         **link,
         grad_bytes=grad_bytes,
+        device=str(device).split(":")[0],
         **s3,
         probe_s=took,
     )

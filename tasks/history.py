@@ -1,0 +1,168 @@
+"""The profile history per worker type in S3, and a profile that measures only what it lacks.
+
+Entries (`hetflow.history.TypeEntry`) live next to the cluster profiles, in the dataset's
+bucket: `s3://<bucket>/profiles/types/<key slug>/<UTC timestamp>.json`. Every profile run
+writes one entry per type it measured (`store_entries`); `profile_or_reuse` (train, compare,
+the demo) looks each worker's key up first and launches a profile of one worker per type
+without a fresh entry, or none at all.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, type_key
+from hetflow.infra.paths import new_run_dir
+from hetflow.infra.s3 import ensure_bucket, filesystem
+from hetflow.records import Profile
+from hetflow.tasks.profile import profile_stamp
+from hetflow.training.launch.local import measure_profile
+from hetflow.training.launch.spec import default_profile_batches
+from hetflow.training.plan.assemble import assemble, declared_link, sub_cluster, to_measure
+
+
+def types_prefix(dataset: DatasetSpec) -> str:
+    """`s3://<dataset bucket>/profiles/types`: the history of every worker type."""
+    scheme, rest = dataset.url.split("://", 1)
+    return f"{scheme}://{rest.split('/', 1)[0]}/profiles/types"
+
+
+def entries_of(
+    profile: Profile, cluster: ClusterSpec, keys: list[TypeKey], stamp: str
+) -> list[TypeEntry]:
+    """One entry per distinct key of `profile`'s ranks (the first worker of each; `keys` in
+    rank order). A profile of one rank measured no link: the worker's declared one is kept."""
+    entries: dict[TypeKey, TypeEntry] = {}
+    for i, (r, key) in enumerate(zip(profile.ranks, keys, strict=True)):
+        if key in entries:
+            continue
+        rank, source = r, "measured"
+        if cluster.world_size < 2:
+            gbps, latency, source = declared_link(cluster, i)
+            rank = r.model_copy(update={"link_gbps": gbps, "link_latency_s": latency})
+        entries[key] = TypeEntry(
+            key=key,
+            rank=rank,
+            measured_at=stamp,
+            link_source=source,
+            cluster=profile.cluster,
+            world_size=cluster.world_size,
+            host_ranks=sum(o.node == r.node for o in profile.ranks),
+        )
+    return list(entries.values())
+
+
+@task(retries=2, retry_delay_seconds=[1, 5], task_run_name="store {prefix} entries")
+def store_entries(entries: list[TypeEntry], prefix: str) -> list[TypeEntry]:
+    """Write each entry as `<prefix>/<slug>/<measured_at>.json`; returns them with `stored_at`."""
+    ensure_bucket(prefix)
+    fs, root = filesystem(prefix)
+    out = []
+    for e in entries:
+        name = f"{e.key.slug()}/{e.measured_at}.json"
+        fs.pipe_file(f"{root}/{name}", e.model_dump_json(indent=1).encode())
+        out.append(e.model_copy(update={"stored_at": f"{prefix}/{name}"}))
+    return out
+
+
+def latest_entry(prefix: str, key: TypeKey, max_age_h: float) -> TypeEntry | None:
+    """The newest readable entry under the key's folder whose key is `key` and which is at
+    most `max_age_h` hours old; None when there is none."""
+    fs, root = filesystem(prefix)
+    try:
+        names = sorted(p for p in fs.ls(f"{root}/{key.slug()}", detail=False) if p.endswith("json"))
+    except FileNotFoundError:
+        return None
+    for path in reversed(names):
+        try:
+            entry = TypeEntry.model_validate_json(fs.cat_file(path))
+        except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
+            continue
+        if entry.key == key and entry.age_h() <= max_age_h:
+            scheme = prefix.split("://", 1)[0]
+            return entry.model_copy(update={"stored_at": f"{scheme}://{path}"})
+    return None
+
+
+@task(retries=2, retry_delay_seconds=[1, 5], task_run_name="look up {prefix}")
+def lookup(prefix: str, keys: list[TypeKey], max_age_h: float) -> dict[TypeKey, TypeEntry]:
+    """The fresh entry of each distinct key that has one."""
+    found = {}
+    for key in dict.fromkeys(keys):
+        entry = latest_entry(prefix, key, max_age_h)
+        if entry is not None:
+            found[key] = entry
+    return found
+
+
+def source_of(entry: TypeEntry) -> str:
+    """'<entry URL> (<age> h old)'."""
+    return f"{entry.stored_at} ({entry.age_h():.1f} h old)"
+
+
+@task(task_run_name="profile {cluster.name} or reuse its types' history")
+def profile_or_reuse(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
+    """The cluster's profile, measuring one worker per type without an entry at most
+    `train.profile_max_age_h` old, and storing the entries of what it measured. Nothing
+    unknown: no launch, `profiling_time_s` 0; some: one worker of each unknown type, then the
+    profile assembled (`training.plan.assemble`: the all-reduce from the ring model). No entry
+    at all (or `profile_max_age_h` 0): the whole cluster, as `profile_workers`, all-reduce
+    measured; its workers run in parallel, so one per type would save little time."""
+    keys = [type_key(cluster, i, train) for i in range(cluster.world_size)]
+    prefix = types_prefix(dataset)
+    known = lookup(prefix, keys, train.profile_max_age_h) if train.profile_max_age_h else {}
+    measure = to_measure(keys, set(known))
+    profiled = 0.0
+    if not known:
+        profile = measure_profile(cluster, dataset, train, new_run_dir("profile"))
+        profile.sources = [MEASURED_NOW] * cluster.world_size
+        store_entries(entries_of(profile, cluster, keys, profile_stamp()), prefix)
+        _print_sources(profile, measured=cluster.world_size)
+        return profile
+    if measure:
+        part = sub_cluster(cluster, measure)
+        batches = default_profile_batches(train.global_batch, cluster.world_size)
+        measured = measure_profile(part, dataset, train, new_run_dir("profile"), batches)
+        profiled = measured.profiling_time_s
+        part_keys = [keys[i] for i in measure]
+        new = entries_of(measured, part, part_keys, profile_stamp())
+        known.update({e.key: e for e in store_entries(new, prefix)})
+    sources = sources_of(keys, measure, known, [w.name for w in cluster.workers])
+    entries = [known[k] for k in keys]
+    ranks = [e.rank for e in entries]
+    profile = assemble(cluster, train, ranks, sources, profiled, [e.host_ranks for e in entries])
+    _print_sources(profile, measured=len(measure))
+    return profile
+
+
+def sources_of(
+    keys: list[TypeKey], measure: list[int], known: dict[TypeKey, TypeEntry], names: list[str]
+) -> list[str]:
+    """Per worker: 'measured now', 'measured now (as <the worker of its type measured>)', or
+    the entry reused (`source_of`)."""
+    first = {keys[i]: names[i] for i in measure}
+    return [
+        MEASURED_NOW
+        if i in measure
+        else f"{MEASURED_NOW} (as {first[k]})"
+        if k in first
+        else source_of(known[k])
+        for i, k in enumerate(keys)
+    ]
+
+
+def _print_sources(profile: Profile, measured: int) -> None:
+    """One line per worker: measured now, or the entry reused and its age."""
+    for r, source in zip(profile.ranks, profile.sources, strict=True):
+        print(f"profile of {r.worker}: {source}")
+    how = (
+        "all-reduce measured"
+        if measured == len(profile.ranks)
+        else "all-reduce from the ring model over the workers' links"
+    )
+    print(
+        f"profiled {measured} of {len(profile.ranks)} workers in "
+        f"{profile.profiling_time_s:.1f}s ({how}); relative speeds "
+        + ", ".join(f"{r.worker}={r.relative_speed:.2f}" for r in profile.ranks)
+    )
