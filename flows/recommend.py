@@ -20,6 +20,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from hetflow.config import (
     FormChoices,
+    ProfileHistory,
     RecommendJob,
     RecommendMarket,
     RecommendObjective,
@@ -43,13 +44,14 @@ def recommend(
     objective: RecommendObjective = RecommendObjective(),
     tracking: TrackingConfig = TrackingConfig(),
     market: RecommendMarket = RecommendMarket(),
+    history: ProfileHistory = ProfileHistory(),
 ) -> dict:
     """The mix of `candidates` that is best for `objective` on `job` (docs/recommend.md).
 
     Returns {"cluster_file": its text, "mix": {type: instances}, "predicted_hours",
     "predicted_cost_usd", "mlflow_run_id", "mlflow_url"}.
     """
-    out = recommend_mix(job, candidates, objective, market)
+    out = recommend_mix(job, candidates, objective, market, history)
     run_id = record_recommendation(out, job, objective, tracking, market)
     tracker = MLflowTracker(tracking)
     links = tracker.links_markdown({"recommend": run_id})

@@ -36,6 +36,7 @@ from hetflow.config_dataset import DatasetSpec, TrackingConfig  # noqa: F401 (re
 from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     DEADLINE_MARGIN,
     DEFAULT_RENTABLE,
+    ProfileHistory,
     RecommendJob,
     RecommendMarket,
     RecommendObjective,

@@ -118,3 +118,17 @@ class RecommendMarket(ConfigModel):
         title="Checkpoint every N steps",
         description="An interruption redoes N/2 steps on average; empty: TrainConfig's (25).",
     )
+
+
+class ProfileHistory(ConfigModel):
+    """Where `recommend` reads measured step-time curves: the profile history that profile,
+    train and the demo write (docs/concepts.md, 'Profile history')."""
+
+    url: str = Field(
+        "",
+        title="Profile history",
+        description="e.g. s3://hetflow-data/profiles/types: a type measured there without "
+        "emulation, on the job's recipe, gets its measured curve and memory cap; empty: the "
+        "published curves only.",
+    )
+    max_age_h: float = Field(24.0, gt=0, allow_inf_nan=False, title="Use profiles up to (hours)")

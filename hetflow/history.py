@@ -53,6 +53,11 @@ class EmulatedFigures(_Frozen):
     host: str
 
 
+def kind_slug(kind: str) -> str:
+    """A worker kind as the start of its entries' folder names: `<kind_slug>-<16 hex>`."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", kind).strip("-")
+
+
 class TypeKey(_Frozen):
     """When a worker's measured figures may be reused: all of it equal (module docstring)."""
 
@@ -75,7 +80,7 @@ class TypeKey(_Frozen):
     def slug(self) -> str:
         """The entry folder's name: the kind, readable, then a hash of the whole key."""
         digest = hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
-        return f"{re.sub(r'[^A-Za-z0-9.]+', '-', self.kind).strip('-')}-{digest}"
+        return f"{kind_slug(self.kind)}-{digest}"
 
 
 class TypeEntry(BaseModel):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from prefect import task
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, type_key
+from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, kind_slug, type_key, versions
 from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem
 from hetflow.records import Profile
@@ -20,6 +20,8 @@ from hetflow.tasks.profile import profile_stamp
 from hetflow.training.launch.local import measure_profile
 from hetflow.training.launch.spec import default_profile_batches
 from hetflow.training.plan.assemble import assemble, declared_link, sub_cluster, to_measure
+from hetflow.training.plan.measured import curve_of
+from hetflow.training.plan.rental import History
 
 
 def types_prefix(dataset: DatasetSpec) -> str:
@@ -166,3 +168,51 @@ def _print_sources(profile: Profile, measured: int) -> None:
         f"{profile.profiling_time_s:.1f}s ({how}); relative speeds "
         + ", ".join(f"{r.worker}={r.relative_speed:.2f}" for r in profile.ranks)
     )
+
+
+def type_history(url: str, instance_types: list[str], recipe: str, max_age_h: float) -> History:
+    """What `hetflow recommend` reads of the history under `url` (a types prefix, e.g.
+    `s3://<bucket>/profiles/types`): per instance type, the newest entry measured on that type
+    without emulation (a real device), for `recipe`, by this torch and hetflow; its curve
+    (`plan.measured.curve_of`) where it is at most `max_age_h` hours old, else a line saying
+    how old. Entries of other recipes, versions or emulated workers are not read as curves."""
+    fs, root = filesystem(url)
+    try:
+        folders = fs.ls(root, detail=False)
+    except FileNotFoundError:
+        folders = []
+    newest: dict[str, TypeEntry] = {}
+    for name in instance_types:
+        for folder in folders:
+            if folder.rstrip("/").rsplit("/", 1)[-1][:-17] != kind_slug(name):
+                continue
+            entry = _newest_readable(fs, folder, url.split("://", 1)[0])
+            if entry is not None and _stands_for(entry, name, recipe):
+                if name not in newest or entry.measured_at > newest[name].measured_at:
+                    newest[name] = entry
+    curves, stale = {}, {}
+    for name, entry in newest.items():
+        if entry.age_h() > max_age_h:
+            stale[name] = f"its newest entry is {entry.age_h():.1f} h old (> {max_age_h:g} h)"
+        elif (curve := curve_of(entry.rank, source_of(entry))) is not None:
+            curves[name] = curve
+    return History(url, max_age_h, curves, stale)
+
+
+def _newest_readable(fs, folder: str, scheme: str) -> TypeEntry | None:
+    """The newest entry of `folder` that reads as one, its `stored_at` its URL."""
+    names = sorted(p for p in fs.ls(folder, detail=False) if p.endswith(".json"))
+    for path in reversed(names):
+        try:
+            entry = TypeEntry.model_validate_json(fs.cat_file(path))
+        except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
+            continue
+        return entry.model_copy(update={"stored_at": f"{scheme}://{path}"})
+    return None
+
+
+def _stands_for(entry: TypeEntry, instance_type: str, recipe: str) -> bool:
+    """Whether `entry` measured a real `instance_type` on `recipe` with this software."""
+    key = entry.key
+    same = key.kind == instance_type and key.recipe == recipe and key.emulation is None
+    return same and (key.torch, key.hetflow) == versions()

@@ -14,6 +14,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from hetflow.config import (
+    ProfileHistory,
     RecommendJob,
     RecommendMarket,
     RecommendObjective,
@@ -86,6 +87,7 @@ def recommend_mix(
     candidates: list[RentableType],
     objective: RecommendObjective,
     market: RecommendMarket,
+    history: ProfileHistory | None = None,
 ) -> Recommended:
     """The search for `objective` over `candidates` in `market`, as `hetflow recommend` runs
     it; the same one-line RecommendError on bad input (an unknown type, a deadline or budget no
@@ -96,7 +98,13 @@ def recommend_mix(
     )
     mix = [(c.instance_type, c.count) for c in candidates]
     markets, restart, spot = market_of(market, [name for name, _ in mix])
-    cands, _ = rental.candidates(mix, spec, job.max_local_batch, spot)
+    measured = None
+    if history is not None and history.url:
+        from hetflow.tasks.history import type_history
+
+        names = [name for name, _ in mix]
+        measured = type_history(history.url.rstrip("/"), names, job.recipe, history.max_age_h)
+    cands, _ = rental.candidates(mix, spec, job.max_local_batch, spot, measured)
     t = time.perf_counter()
     rec = search(cands, spec, goal, markets, restart)
     batches = local_batches(cands, rec.best, spec.global_batch)
@@ -110,7 +118,7 @@ def recommend_mix(
         rec.best.hours,
         rec.best.cost_usd,
         rental.chosen_line(rec),
-        rental.markdown(rec, batches),
+        rental.markdown(rec, batches, measured),
         rental.cluster_yaml(rec, batches),
         figures,
     )

@@ -44,7 +44,9 @@ def test_the_recommend_deployment_resolves_to_the_flow_and_its_forms():
     flow = load_flow_from_entrypoint(str(REPO / dep["entrypoint"]))
     assert flow.name == "recommend"
     schema = parameter_schema(flow.fn).model_dump_for_openapi()
-    assert set(schema["properties"]) == {"job", "candidates", "objective", "tracking", "market"}
+    assert set(schema["properties"]) == {
+        *("job", "candidates", "objective", "tracking", "market", "history")
+    }
     forms = {"RecommendJob", "RentableType", "RecommendObjective", "TrackingConfig"}
     assert forms | {"RecommendMarket", "SpotOverride"} <= set(schema["definitions"])
     with pytest.raises(ValueError, match="objective 'deadline' needs deadline_h"):

@@ -76,7 +76,26 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         help="the largest local batch a GPU holds (memory is not modelled; default: any)",
     )
     add_output_args(p)
+    add_history_args(p)
     add_market_args(p)
+
+
+def add_history_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--profiles",
+        metavar="URL",
+        help="the profile history (e.g. s3://hetflow-data/profiles/types, where profile, "
+        "train and the demo write it): a type measured there, without emulation, on --recipe, "
+        "gets its measured step-time curve and memory cap in place of the published curve",
+    )
+    p.add_argument(
+        "--profile-max-age-h",
+        type=float,
+        default=24.0,
+        dest="profile_max_age_h",
+        metavar="H",
+        help="use history at most H hours old (default 24, as train's --profile-max-age-h)",
+    )
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
@@ -173,7 +192,24 @@ def type_values(flag: str, text: str | None) -> dict[str, float]:
     return out
 
 
-def candidates_of(text: str, job, max_local_batch: int | None = None, spot=None):
+def history_of(args, job):
+    """The profile history `--profiles` names, read for the candidates (`tasks.history`), or
+    None without the flag."""
+    if not args.profiles:
+        return None
+    from hetflow.simulator.clusters import parse_mix
+    from hetflow.simulator.model import SimulationError
+    from hetflow.tasks.history import type_history
+
+    max_age = _positive("--profile-max-age-h", args.profile_max_age_h)
+    try:
+        names = [name for name, _ in parse_mix(args.candidates)]
+    except SimulationError:
+        names = []  # candidates_of says what is wrong with them
+    return type_history(args.profiles.rstrip("/"), names, job.model.name, max_age)
+
+
+def candidates_of(text: str, job, max_local_batch: int | None = None, spot=None, history=None):
     """The Candidates of --candidates, from the shipped catalog (offline), with the SpotTable
     `spot`'s figures where given; one line naming a type the catalog lacks, one without a
     price, one without a step-time curve, one without spot figures."""
@@ -185,7 +221,7 @@ def candidates_of(text: str, job, max_local_batch: int | None = None, spot=None)
         mix = parse_mix(text)
     except SimulationError as e:
         raise ConfigError(str(e).replace("--mix", "--candidates")) from None
-    return candidates(mix, job, max_local_batch, spot)
+    return candidates(mix, job, max_local_batch, spot, history)
 
 
 def market_of(args):
@@ -209,7 +245,7 @@ def market_of(args):
     )
 
 
-def print_recommendation(rec, batches, prices, seconds: float, spot=None) -> None:
+def print_recommendation(rec, batches, prices, seconds: float, spot=None, history=None) -> None:
     from rich.table import Table
 
     from hetflow.output import wide_console
@@ -217,6 +253,7 @@ def print_recommendation(rec, batches, prices, seconds: float, spot=None) -> Non
         LEFT,
         chosen_line,
         columns,
+        curve_lines,
         goal,
         mixing_line,
         outside,
@@ -229,8 +266,8 @@ def print_recommendation(rec, batches, prices, seconds: float, spot=None) -> Non
         f"hetflow recommend: {job.model.name}, global batch {job.global_batch}, {job.steps} "
         f"steps; objective: {goal(rec.objective)}"
     )
-    curves = ", ".join(f"{c.instance_type} -> {c.preset} ({c.gpu})" for c in cands)
-    print(f"  step-time curves: {curves} (published, hetflow/emulation/presets.py)")
+    for line in curve_lines(cands, history):
+        print(f"  step-time curve: {line}")
     print(f"  prices: on-demand, {prices.source}, as of {prices.as_of}")
     if spot is not None:
         from hetflow.training.plan.spot_table import restart_line
@@ -275,12 +312,13 @@ def cmd_recommend(args) -> int:
     job, objective = job_and_objective(args)
     cap = _positive("--max-local-batch", args.max_local_batch, int)
     markets, restart, spot = market_of(args)
-    cands, prices = candidates_of(args.candidates, job, cap, spot)
+    history = history_of(args, job)
+    cands, prices = candidates_of(args.candidates, job, cap, spot, history)
     t = time.perf_counter()
     rec = search(cands, job, objective, markets, restart)
     batches = local_batches(cands, rec.best, job.global_batch)
     seconds = time.perf_counter() - t
-    print_recommendation(rec, batches, prices, seconds, spot)
+    print_recommendation(rec, batches, prices, seconds, spot, history)
     write_cluster(args.output, rec, batches)
     write_json(args.json_path, figures(rec, batches, seconds, spot))
     if args.plot:

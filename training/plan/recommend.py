@@ -77,11 +77,12 @@ class Candidate:
     usd_per_hour: float  # one instance
     devices: int
     gpu: str
-    preset: str
+    preset: str | None  # the GPU's emulation preset; None: none (its curve was measured)
     nic_gbps: float  # one instance's network, all its GPUs together
     step_s: tuple[float, ...] = field(repr=False)
     spot_usd_per_hour: float | None = None  # one instance on spot; None: not on spot
     interruptions_per_hour: float = 0.0  # one spot instance's
+    measured: str | None = None  # where its curve was measured (`plan.measured`); None: published
 
     @property
     def intra_gbps(self) -> float:
@@ -94,15 +95,14 @@ class Candidate:
 
 def curve_for(instance_type: str, gpu: str | None, model: ModelSpec, max_batch: int):
     """(preset name, step seconds for b = 1..max_batch) of one device of this GPU, or a
-    RecommendError naming the type and what would give it a curve."""
+    RecommendError naming the type and the GPUs that have a published curve (the caller says
+    what else would give it one: `rental.no_history`)."""
     preset = PRESETS.get(PRESET_OF_GPU.get(gpu or "", ""))
     if preset is None:
         known = ", ".join(f"{g} ({p})" for g, p in PRESET_OF_GPU.items())
         raise RecommendError(
             f"--candidates: {instance_type} ({gpu or 'no GPU'}) has no step-time curve: "
-            f"published curves exist for {known} (hetflow/emulation/presets.py); a profile of "
-            f"one {instance_type} (`hetflow profile --cluster ONE.yaml`) would give one, but "
-            "recommend does not read profiles yet: drop it from --candidates"
+            f"published curves exist for {known} (hetflow/emulation/presets.py)"
         )
     scale = TRAIN_OVER_INFERENCE * model.per_sample_flops / MODELS[CURVE_MODEL].per_sample_flops
     per_sample_best = preset.best_ms_per_sample
@@ -384,7 +384,7 @@ def search(
         raise RecommendError(
             f"--global-batch: no mix of the candidates takes {job.global_batch} samples a step: "
             "fewer than the GPUs of any one instance, or more than all of them hold at "
-            "--max-local-batch"
+            "--max-local-batch or their measured memory caps"
         )
     ranked = sorted(preds, key=objective.key)
     if not objective.feasible(ranked[0]):

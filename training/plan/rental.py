@@ -7,11 +7,14 @@ Prefect artifact and an MLflow run. Bad input is one line (a RecommendError), th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from hetflow.config import suggestion
+from hetflow.training.plan.measured import MeasuredCurve
 from hetflow.training.plan.models import MODELS, ModelSpec
 from hetflow.training.plan.recommend import (
     CURVE_MODEL,
+    PRESET_OF_GPU,
     PUBLISHED_BATCH,
     Candidate,
     Job,
@@ -28,6 +31,30 @@ COLUMNS = ("mix", "GPUs", "step ms", "hours", "cost $", "$/h", "why it loses")
 SPOT_COLUMNS = ("mix", "market", "GPUs", "step ms", "interruptions", "hours", "cost $", "$/h")
 
 
+@dataclass(frozen=True)
+class History:
+    """What the profile history under `url` holds for the candidates: a measured curve per
+    instance type with a fresh entry, and a line per type whose newest entry is too old."""
+
+    url: str
+    max_age_h: float
+    curves: dict[str, MeasuredCurve]
+    stale: dict[str, str]  # instance type -> 'its newest entry is N h old (> M h)'
+
+
+def no_history(name: str, job: Job, history: History | None) -> str:
+    """Why `name` has no measured curve either, and how to give it one."""
+    how = (
+        f"profile one {name} for {job.model.name} (a cluster file of one worker with "
+        f"instance_type {name}, emulate: false, run by `hetflow profile --cluster FILE` on it)"
+    )
+    if history is None:
+        return f"or {how} and pass its history to --profiles"
+    if name in history.stale:
+        return f"its profile history under {history.url} is stale ({history.stale[name]})"
+    return f"no profile history of it for {job.model.name} under {history.url}: {how}"
+
+
 def model_of(recipe: str) -> ModelSpec:
     """The figures of `recipe` (the simulator's models), or one line naming the choices."""
     if recipe not in MODELS:
@@ -39,12 +66,17 @@ def model_of(recipe: str) -> ModelSpec:
 
 
 def candidates(
-    mix: Sequence[tuple[str, int]], job: Job, max_local_batch: int | None = None, spot=None
+    mix: Sequence[tuple[str, int]],
+    job: Job,
+    max_local_batch: int | None = None,
+    spot=None,
+    history: History | None = None,
 ):
     """(Candidates of `mix`, (name, count) pairs, from the shipped catalog, offline; the price
-    table) with step curves up to the global batch or `max_local_batch`, and spot figures from
-    the SpotTable `spot` where given; one line naming a type the catalog lacks, one without a
-    price, one without a step-time curve, one without spot figures."""
+    table) with step curves up to the global batch or `max_local_batch`: a type's measured one
+    where `history` has it (`plan.measured`), else its GPU's published one; spot figures from
+    the SpotTable `spot` where given. One line naming a type the catalog lacks, one without a
+    price, one without either curve (and what would give it one), one without spot figures."""
     from hetflow.infra.catalog import load_snapshot
     from hetflow.infra.pricing import load_prices
 
@@ -62,7 +94,15 @@ def candidates(
                 f"{families}){suggestion(name, types)}"
             )
         info = types[name]
-        preset, steps = curve_for(name, info.gpu_name, job.model, max_batch)
+        measured = history.curves.get(name) if history is not None else None
+        preset = PRESET_OF_GPU.get(info.gpu_name or "")
+        if measured is not None:
+            steps = measured.steps(max_batch)
+        else:
+            try:
+                preset, steps = curve_for(name, info.gpu_name, job.model, max_batch)
+            except RecommendError as e:
+                raise RecommendError(f"{e}; {no_history(name, job, history)}") from None
         if name not in prices.prices:
             raise RecommendError(
                 f"--candidates: {name} has no on-demand price in infra/prices.json "
@@ -71,7 +111,7 @@ def candidates(
         usd = prices.prices[name]
         terms = (None, 0.0) if spot is None else spot_terms(name, usd, spot)
         args = (name, count, usd, info.devices, info.device, preset, info.network_gbps, steps)
-        out.append(Candidate(*args, *terms))
+        out.append(Candidate(*args, *terms, measured=measured and measured.source))
     return out, prices
 
 
@@ -104,20 +144,35 @@ def mixing_line(rec: Recommendation) -> str:
 
 
 def outside(rec: Recommendation, batches) -> list[str]:
-    """Where the prediction leaves what was published, and what spot's expectations hide."""
+    """Where the prediction leaves what was published or measured, and what spot's
+    expectations hide."""
     notes = spot_notes(rec)
-    if rec.job.model.name != CURVE_MODEL:
+    published = [(c, bs) for c, bs in zip(rec.cands, batches, strict=True) if not c.measured]
+    if rec.job.model.name != CURVE_MODEL and any(bs for _, bs in published):
         notes.append(
             f"the curves were published for {CURVE_MODEL}; {rec.job.model.name}'s are scaled by "
             "FLOPs per sample, latency floor included: absolute times are rough"
         )
-    top = max(max(bs) for bs in batches if bs)
+    top = max((max(bs) for _, bs in published if bs), default=0)
     if top > PUBLISHED_BATCH:
         notes.append(
             f"local batches up to {top}, past the largest published one ({PUBLISHED_BATCH}): "
             "extrapolated in proportion, memory not checked (--max-local-batch caps them)"
         )
     return notes
+
+
+def curve_lines(cands: Sequence[Candidate], history: History | None) -> list[str]:
+    """Where each candidate's step-time curve comes from, and the history not used."""
+    lines = [
+        f"{c.instance_type} -> measured, {c.measured}"
+        if c.measured
+        else f"{c.instance_type} -> {c.preset} ({c.gpu}, published, hetflow/emulation/presets.py)"
+        for c in cands
+    ]
+    for name, why in (history.stale if history is not None else {}).items():
+        lines.append(f"{name}: profile history not used, {why}")
+    return lines
 
 
 def shown(rec: Recommendation) -> list[Prediction]:
@@ -177,7 +232,7 @@ def chosen_line(rec: Recommendation) -> str:
     )
 
 
-def markdown(rec: Recommendation, batches) -> str:
+def markdown(rec: Recommendation, batches, history: History | None = None) -> str:
     """The choice, its notes and the table of the best mixes as markdown (the flow's Prefect
     artifact and MLflow text; the command prints the same)."""
     job, cols = rec.job, columns(rec)
@@ -186,6 +241,8 @@ def markdown(rec: Recommendation, batches) -> str:
         f"{job.steps} steps",
         "",
         f"objective: {goal(rec.objective)}",
+        "",
+        *(f"- step-time curve: {line}" for line in curve_lines(rec.cands, history)),
         "",
         f"**{chosen_line(rec)}**",
         "",
@@ -241,6 +298,7 @@ def figures(rec: Recommendation, batches, seconds: float, spot=None) -> dict:
             "spot_table": None if spot is None else {"source": spot.source, "as_of": spot.as_of},
         },
         "chosen": {**row(rec.best), "local_batches": batches},
+        "curves": {c.instance_type: c.measured or f"published ({c.preset})" for c in rec.cands},
         "mixing_helps": rec.mixing_helps(),
         "alternatives": [row(p) for p in rec.ranked[1:SHOWN]],
         "alone": {k: row(p) for k, p in rec.singles.items()},
@@ -253,21 +311,25 @@ def figures(rec: Recommendation, batches, seconds: float, spot=None) -> dict:
 def cluster_file(rec: Recommendation) -> dict:
     """The chosen mix as a ClusterSpec mapping: one worker per GPU, named and noded by its
     instance, with its instance type and the preset that emulates it (`hetflow demo --cluster`
-    takes it as is; `hetflow cluster config` makes its Ray launcher YAML)."""
+    takes it as is; `hetflow cluster config` makes its Ray launcher YAML). Where a type has no
+    preset (its curve was measured), every worker also gets `speed`: its curve's best samples/s
+    over the fastest's (a preset worker's curve keeps its shape, the speeds their ratio)."""
+    chosen = [(c, n) for c, n in zip(rec.cands, rec.best.counts, strict=True) if n]
+    speeds = None
+    if any(c.preset is None for c, _ in chosen):
+        rate = {c.instance_type: max(b / s for b, s in enumerate(c.step_s, 1)) for c, _ in chosen}
+        top = max(rate.values())
+        speeds = {name: round(r / top, 4) for name, r in rate.items()}
     workers = []
-    for c, n in zip(rec.cands, rec.best.counts, strict=True):
+    for c, n in chosen:
         stem = c.instance_type.replace(".", "-")
         for i in range(n):
             for g in range(c.devices):
                 name = f"{stem}-{i}" + (f"-gpu{g}" if c.devices > 1 else "")
-                workers.append(
-                    {
-                        "name": name,
-                        "instance_type": c.instance_type,
-                        "preset": c.preset,
-                        "node": f"{stem}-{i}",
-                    }
-                )
+                worker = {"name": name, "instance_type": c.instance_type}
+                worker |= {"preset": c.preset} if c.preset else {}
+                worker |= {"speed": speeds[c.instance_type]} if speeds else {}
+                workers.append(worker | {"node": f"{stem}-{i}"})
     return {"name": "recommended", "workers": workers}
 
 
