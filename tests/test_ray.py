@@ -195,21 +195,23 @@ def test_a_killed_node_is_survived_from_s3_and_every_node_reports_metrics(
     assert {r.node for r in result.ranks} <= reported and len(reported) >= 3
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_node_lost_with_no_replacement_the_run_goes_on_with_the_workers_left(
-    ray_cluster, digits, tmp_path, monkeypatch
+    ray_cluster, digits, tmp_path, monkeypatch, strategy
 ):
     """The node of rank 1 (t4, g4dn.xlarge) dies after the first checkpoint and no node of its
     type comes back: Ray Train's placing of the restarted group times out (its start timeout
     cut to 5 s here, 3 tries), and the run goes on with v100 and a10g from the checkpoint in
     S3, the global batch shared by the two: every step done once in the records, the steps
     since the checkpoint redone, and t4 recorded as left out with why. The node comes back at
-    the end for the module's other tests."""
+    the end for the module's other tests. Under fsdp the 3 ranks' shards in S3 (DCP) are
+    read back re-sharded onto 2."""
 
     from hetflow.training.metrics import summarize
 
     monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "5")  # Ray hands it on
     spec = _spec(digits, tmp_path, "shrunk", "ray", ray_cluster.address)
-    spec.train.steps, spec.train.lr = 30, 0.02
+    spec.train.steps, spec.train.lr, spec.train.strategy = 30, 0.02, strategy
     spec.cluster.time_scale = 64  # steps slow enough to kill a node mid-run
     runner, out = _run_past_step_5(spec)
     victim = next(
