@@ -38,18 +38,23 @@ class PriceTable(BaseModel):
         return self.prices[instance_type]
 
 
-def load_prices(path: str | Path = PRICE_TABLE) -> PriceTable:
-    """Read a price table; it must name its source and date, and hold positive prices."""
+def read_table(path: str | Path, what: str) -> dict:
+    """The JSON object of a shipped or user's table at `path`; a one-line CatalogError naming
+    the file and `what` it should be ('price table') when it cannot be read or parsed."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text())
+        return json.loads(p.read_text())
     except OSError as e:
-        raise CatalogError(f"{p}: cannot read the price table ({e.strerror})") from None
+        raise CatalogError(f"{p}: cannot read the {what} ({e.strerror})") from None
     except json.JSONDecodeError as e:
         raise CatalogError(
-            f"{p}: the price table is not valid JSON ({e.msg}, line {e.lineno})"
+            f"{p}: the {what} is not valid JSON ({e.msg}, line {e.lineno})"
         ) from None
-    return price_table(data, str(p))
+
+
+def load_prices(path: str | Path = PRICE_TABLE) -> PriceTable:
+    """Read a price table; it must name its source and date, and hold positive prices."""
+    return price_table(read_table(path, "price table"), str(path))
 
 
 def price_table(data: dict, where: str = "price table") -> PriceTable:

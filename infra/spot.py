@@ -15,13 +15,12 @@ table's `buckets` (the Spot Instance Advisor's "<5%", "5-10%", ...) or a number.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from hetflow.infra.pricing import CatalogError
+from hetflow.infra.pricing import CatalogError, read_table
 
 SPOT_TABLE = Path(__file__).with_name("spot.json")
 HOURS_PER_MONTH = 730.0  # 365 x 24 / 12
@@ -51,16 +50,7 @@ class SpotTable(BaseModel):
 
 def load_spot(path: str | Path = SPOT_TABLE) -> SpotTable:
     """Read a spot table; it must name its source and date and hold sound figures."""
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as e:
-        raise CatalogError(f"{p}: cannot read the spot table ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise CatalogError(
-            f"{p}: the spot table is not valid JSON ({e.msg}, line {e.lineno})"
-        ) from None
-    return spot_table(data, str(p))
+    return spot_table(read_table(path, "spot table"), str(path))
 
 
 def _number(value) -> bool:
