@@ -36,6 +36,7 @@ from hetflow.config_dataset import DatasetSpec, TrackingConfig  # noqa: F401 (re
 from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     DEADLINE_MARGIN,
     DEFAULT_RENTABLE,
+    PROFILE_MAX_AGE_H,
     ProfileHistory,
     RecommendJob,
     RecommendMarket,
@@ -230,7 +231,7 @@ class TrainConfig(ConfigModel):
         "slowest step, evaluation or checkpoint save.",
     )
     profile_max_age_h: float = Field(
-        24.0,
+        PROFILE_MAX_AGE_H,
         ge=0,
         title="Reuse profiles up to (hours)",
         description="A worker whose type (instance type or preset, the same recipe, batch, "

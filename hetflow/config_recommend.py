@@ -15,6 +15,10 @@ from hetflow.config_base import ConfigModel
 # and the chosen one, predicted 1.99 h, missed 2 h every time (docs/measurements/recommend.md).
 DEADLINE_MARGIN = 0.15
 
+# How old a profile-history entry may be and still stand for its type: train's reuse of it
+# (`TrainConfig.profile_max_age_h`) and recommend's measured curves (`ProfileHistory`) alike.
+PROFILE_MAX_AGE_H = 24.0
+
 DEFAULT_RENTABLE = (("g4dn.xlarge", 4), ("p3.2xlarge", 2), ("p4d.24xlarge", 1))
 
 

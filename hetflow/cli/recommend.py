@@ -14,7 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
-from hetflow.config import DEADLINE_MARGIN, DEFAULT_RENTABLE, ConfigError
+from hetflow.config import DEADLINE_MARGIN, DEFAULT_RENTABLE, PROFILE_MAX_AGE_H, ConfigError
 
 DEFAULT_CANDIDATES = ",".join(f"{t}:{n}" for t, n in DEFAULT_RENTABLE)
 
@@ -91,10 +91,11 @@ def add_history_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile-max-age-h",
         type=float,
-        default=24.0,
+        default=PROFILE_MAX_AGE_H,
         dest="profile_max_age_h",
         metavar="H",
-        help="use history at most H hours old (default 24, as train's --profile-max-age-h)",
+        help=f"use history at most H hours old (default {PROFILE_MAX_AGE_H:g}, as train's "
+        "--profile-max-age-h)",
     )
 
 
