@@ -14,7 +14,7 @@ from prefect import task
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, kind_slug, type_key, versions
 from hetflow.infra.paths import new_run_dir
-from hetflow.infra.s3 import ensure_bucket, filesystem
+from hetflow.infra.s3 import DEFAULT_DATASET_URL, ensure_bucket, filesystem, local_s3_endpoint
 from hetflow.records import Profile
 from hetflow.tasks.profile import profile_stamp
 from hetflow.training.launch.local import measure_profile
@@ -168,6 +168,18 @@ def _print_sources(profile: Profile, measured: int) -> None:
         f"{profile.profiling_time_s:.1f}s ({how}); relative speeds "
         + ", ".join(f"{r.worker}={r.relative_speed:.2f}" for r in profile.ranks)
     )
+
+
+def read_type_history(
+    url: str, instance_types: list[str], recipe: str, max_age_h: float
+) -> History:
+    """`type_history` on the S3 the history lives in, as a run finds it (`local_s3_endpoint`):
+    `AWS_ENDPOINT_URL` where set, AWS for a bucket of the user's own with credentials, else
+    the local store's endpoint (the default bucket, where profile, train and the demo wrote)."""
+    bucket = url.split("://", 1)[-1].split("/", 1)[0]
+    own = None if bucket == DEFAULT_DATASET_URL.split("://", 1)[-1].split("/", 1)[0] else url
+    with local_s3_endpoint(own):
+        return type_history(url, instance_types, recipe, max_age_h)
 
 
 def type_history(url: str, instance_types: list[str], recipe: str, max_age_h: float) -> History:

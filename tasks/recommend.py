@@ -100,10 +100,10 @@ def recommend_mix(
     markets, restart, spot = market_of(market, [name for name, _ in mix])
     measured = None
     if history is not None and history.url:
-        from hetflow.tasks.history import type_history
+        from hetflow.tasks.history import read_type_history
 
         names = [name for name, _ in mix]
-        measured = type_history(history.url.rstrip("/"), names, job.recipe, history.max_age_h)
+        measured = read_type_history(history.url.rstrip("/"), names, job.recipe, history.max_age_h)
     cands, _ = rental.candidates(mix, spec, job.max_local_batch, spot, measured)
     t = time.perf_counter()
     rec = search(cands, spec, goal, markets, restart)

@@ -200,14 +200,14 @@ def history_of(args, job):
         return None
     from hetflow.simulator.clusters import parse_mix
     from hetflow.simulator.model import SimulationError
-    from hetflow.tasks.history import type_history
+    from hetflow.tasks.history import read_type_history
 
     max_age = _positive("--profile-max-age-h", args.profile_max_age_h)
     try:
         names = [name for name, _ in parse_mix(args.candidates)]
     except SimulationError:
         names = []  # candidates_of says what is wrong with them
-    return type_history(args.profiles.rstrip("/"), names, job.model.name, max_age)
+    return read_type_history(args.profiles.rstrip("/"), names, job.model.name, max_age)
 
 
 def candidates_of(text: str, job, max_local_batch: int | None = None, spot=None, history=None):
