@@ -2,13 +2,15 @@
 
 Its parameters are typed forms: the job (`RecommendJob`), the candidate instance types with how
 many of each can be had (`RentableType`), the objective (`RecommendObjective`), where MLflow
-is (`TrackingConfig`) and the market (`RecommendMarket`: on-demand, spot or both, the spot
-table and per-type overrides, what an interruption costs). It runs the command's search
+is (`TrackingConfig`), the market (`RecommendMarket`: on-demand, spot or both, the spot
+table and per-type overrides, what an interruption costs) and the profile history whose
+measured curves it reads (`ProfileHistory`). It runs the command's search
 (`hetflow.tasks.recommend`), records an MLflow run (the chosen mix's predicted time and cost,
-on spot expected with its interruptions, as metrics; the table, the figures, the cluster file
-and the plot of cost against time with its Pareto front as artifacts), makes the same table
-the flow run's Prefect markdown artifact, and returns the cluster file's text, which
-`hetflow demo --cluster` takes as is. Bad input fails the flow with the command's one line.
+on spot expected with its interruptions, as metrics; the table, the figures, the cluster file,
+the Ray launcher's YAML and the plot of cost against time with its Pareto front as
+artifacts), makes the same table the flow run's Prefect markdown artifact, and returns the
+cluster file's text, which `hetflow demo --cluster` takes as is, and the Ray launcher's YAML,
+which `ray up` does. Bad input fails the flow with the command's one line.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def recommend(
 ) -> dict:
     """The mix of `candidates` that is best for `objective` on `job` (docs/recommend.md).
 
-    Returns {"cluster_file": its text, "mix": {type: instances}, "predicted_hours",
+    Returns {"cluster_file": its text, "ray_config": the Ray cluster launcher's YAML for AWS
+    (`ray up` it), "mix": {type: instances}, "predicted_hours",
     "predicted_cost_usd", "mlflow_run_id", "mlflow_url"}.
     """
     out = recommend_mix(job, candidates, objective, market, history)
@@ -63,6 +66,7 @@ def recommend(
     print(out.summary)
     return {
         "cluster_file": out.cluster_yaml,
+        "ray_config": out.ray_yaml,
         "mix": out.mix,
         "predicted_hours": out.hours,
         "predicted_cost_usd": out.cost_usd,

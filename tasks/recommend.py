@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -26,6 +27,8 @@ from hetflow.training.plan import rental
 from hetflow.training.plan.recommend import Job, Objective, local_batches, search
 from hetflow.training.plan.spot_table import market_setup
 
+CHECKOUT = Path(__file__).resolve().parents[1]  # the hetflow folder the Ray nodes get
+
 
 @dataclass(frozen=True)
 class Recommended:
@@ -40,6 +43,7 @@ class Recommended:
     summary: str  # 'chosen: MIX: predicted H h, $C (...)'
     markdown: str = field(repr=False)
     cluster_yaml: str = field(repr=False)
+    ray_yaml: str = field(repr=False)  # the Ray cluster launcher's config for AWS
     figures: dict = field(repr=False)
 
     def draw(self, path) -> None:
@@ -120,6 +124,7 @@ def recommend_mix(
         rental.chosen_line(rec),
         rental.markdown(rec, batches, measured),
         rental.cluster_yaml(rec, batches),
+        rental.ray_yaml(rec, CHECKOUT),
         figures,
     )
 
@@ -164,6 +169,7 @@ def record_recommendation(
         tracker.log_text(run_id, "recommendation.md", out.markdown)
         tracker.log_json(run_id, "recommendation.json", out.figures)
         tracker.log_text(run_id, "recommended-cluster.yaml", out.cluster_yaml)
+        tracker.log_text(run_id, "recommended-ray.yaml", out.ray_yaml)
         tracker.log_plots(run_id, {"cost_vs_time.png": out.draw})
     except Exception as e:
         tracker.fail(run_id, str(e))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from hetflow.cli import main
 from hetflow.cli.recommend import candidates_of
@@ -214,6 +215,12 @@ def test_the_cluster_file_round_trips_and_names_the_presets(tmp_path, capsys):
         ("p3.2xlarge", "v100"),
     ]
     assert len({w.node for w in cluster.workers}) == 3
+    # the Ray launcher's config beside it (checked by Ray's schema when written), a node type
+    # per instance type with as many nodes as the mix rents, as `hetflow cluster config` writes
+    ray_config = yaml.safe_load((tmp_path / "c-ray.yaml").read_text())
+    nodes = {k: v["min_workers"] for k, v in ray_config["available_node_types"].items()}
+    assert nodes == {"head": 0, "g4dn_xlarge": 2, "p3_2xlarge": 1}
+    assert f"`ray up {tmp_path / 'c-ray.yaml'}`" in printed
     data = json.loads(figures.read_text())
     assert sum(map(sum, data["chosen"]["local_batches"])) == 2048
     assert data["chosen"]["mix"] == {"g4dn.xlarge": 2, "p3.2xlarge": 1}

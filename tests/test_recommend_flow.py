@@ -83,6 +83,7 @@ def test_the_flow_records_the_commands_choice_and_fails_as_it_does(
     assert out["predicted_hours"] == pytest.approx(want["chosen"]["hours"])
     assert out["predicted_cost_usd"] == pytest.approx(want["chosen"]["cost_usd"])
     assert out["cluster_file"] == cluster_text  # `hetflow demo --cluster` takes it as is
+    assert out["ray_config"] == (tmp_path / "cli-ray.yaml").read_text()  # `ray up` takes it
 
     client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
     run = client.get_run(out["mlflow_run_id"])
@@ -92,6 +93,8 @@ def test_the_flow_records_the_commands_choice_and_fails_as_it_does(
     assert run.data.params["chosen.mix"] == "g4dn.xlarge x2, p3.2xlarge x1"
     plot = Path(client.download_artifacts(run.info.run_id, "plots/cost_vs_time.png", tmp_path))
     assert plot.read_bytes()[:4] == b"\x89PNG"
+    ray_yaml = Path(client.download_artifacts(run.info.run_id, "recommended-ray.yaml", tmp_path))
+    assert ray_yaml.read_text() == out["ray_config"]
     table = Path(client.download_artifacts(run.info.run_id, "recommendation.md", tmp_path))
     assert "| g4dn.xlarge x2 + p3.2xlarge x1 | 3 |" in table.read_text()
 

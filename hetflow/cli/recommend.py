@@ -101,6 +101,13 @@ def add_history_args(p: argparse.ArgumentParser) -> None:
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--ray-config",
+        dest="ray_config",
+        metavar="PATH",
+        help="write the chosen mix's Ray cluster-launcher YAML for AWS here (`ray up PATH`); "
+        "default: beside the cluster file, as NAME-ray.yaml; '' for none",
+    )
+    p.add_argument(
         "--plot", metavar="PATH", help="also plot cost against time, Pareto front marked (PNG)"
     )
     p.add_argument("--json", dest="json_path", metavar="PATH", help="also write the figures here")
@@ -299,10 +306,17 @@ def write_cluster(path: str, rec, batches) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text)
     workers = sum(c.devices * n for c, n in zip(rec.cands, rec.best.counts, strict=True))
-    print(
-        f"wrote {path} ({workers} workers); emulate it here: "
-        f"`hetflow demo --cluster {path}`; for AWS: `hetflow cluster config {path}`"
-    )
+    print(f"wrote {path} ({workers} workers); emulate it here: `hetflow demo --cluster {path}`")
+
+
+def write_ray_config(path: str, rec) -> None:
+    """The Ray launcher YAML of the choice (`rental.ray_yaml`, as `hetflow cluster config`)."""
+    from hetflow.training.plan.rental import ray_yaml
+
+    checkout = Path(__file__).resolve().parents[2]  # this checkout (an editable install)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(ray_yaml(rec, checkout))
+    print(f"wrote {path}: the Ray cluster launcher's config for AWS (`ray up {path}`)")
 
 
 def cmd_recommend(args) -> int:
@@ -321,6 +335,11 @@ def cmd_recommend(args) -> int:
     seconds = time.perf_counter() - t
     print_recommendation(rec, batches, prices, seconds, spot, history)
     write_cluster(args.output, rec, batches)
+    ray_config = args.ray_config
+    if ray_config is None:
+        ray_config = str(Path(args.output).with_name(Path(args.output).stem + "-ray.yaml"))
+    if ray_config:
+        write_ray_config(ray_config, rec)
     write_json(args.json_path, figures(rec, batches, seconds, spot))
     if args.plot:
         plot_front(args.plot, rec)

@@ -352,6 +352,27 @@ def cluster_yaml(rec: Recommendation, batches) -> str:
     return head + yaml.safe_dump(data, sort_keys=False)
 
 
+def ray_yaml(rec: Recommendation, checkout) -> str:
+    """The Ray cluster-launcher YAML for AWS of the chosen mix (`infra.ray_cluster`: what
+    `hetflow cluster config` writes for its cluster file; `checkout` the hetflow folder every
+    node gets), checked by Ray's own schema where Ray is installed."""
+    import yaml
+
+    from hetflow.config import ClusterSpec
+    from hetflow.infra.catalog import Catalog
+    from hetflow.infra.ray_cluster import ray_cluster_config, validate
+
+    cluster = ClusterSpec.model_validate(cluster_file(rec))
+    config = ray_cluster_config(cluster, Catalog.for_cluster(cluster), checkout)
+    try:
+        import ray  # noqa: F401 (an extra: `pip install -e '.[ray]'`)
+    except ImportError:
+        pass
+    else:
+        validate(config)
+    return yaml.safe_dump(config, sort_keys=False)
+
+
 def plot_front(path, rec: Recommendation) -> None:
     """Every mix priced as a point of time and cost, the Pareto front joined, the choice ringed
     (`hetflow.infra.tracking.plots.cost_time_front`)."""
