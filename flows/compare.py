@@ -27,7 +27,7 @@ from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.report import comparison, headline, markdown, summary
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.data import ingest_dataset
-from hetflow.tasks.history import profile_or_reuse
+from hetflow.tasks.history import MEASURED_NOW, profile_or_reuse
 from hetflow.tasks.preflight import check_training, reach_services
 from hetflow.tasks.profile import resolve_instance_types
 from hetflow.tasks.train import launched_labels, train_variant
@@ -51,6 +51,25 @@ def table_and_notes(outcomes: dict, train: TrainConfig) -> tuple[dict, list[str]
         for v, o in outcomes.items()
     }
     return table, notes(baseline, optimized, left)
+
+
+def reuse_note(profile) -> list[str]:
+    """A note where the profile was reused from the history, in part or whole: the optimized
+    run's end-to-end figures then charge it only what this run measured (`profiling_time_s`),
+    the rest having been paid by the run that measured it."""
+    reused = [
+        f"{r.worker} ({src})"
+        for r, src in zip(profile.ranks, profile.sources, strict=False)
+        if not src.startswith(MEASURED_NOW)
+    ]
+    if not reused:
+        return []
+    return [
+        f"the profile of {len(reused)} of {len(profile.ranks)} workers was reused from the "
+        f"profile history, not measured in this run: the optimized run is charged "
+        f"{profile.profiling_time_s:.1f} s of profiling, what this run measured "
+        f"(`--profile-max-age-h 0` measures every worker): " + "; ".join(reused) + "."
+    ]
 
 
 @flow(name="compare", log_prints=True)
@@ -94,6 +113,7 @@ def compare(
                 raise
     baseline, optimized = (outcomes[v].metrics.flat() for v in VARIANTS)
     table, said = table_and_notes(outcomes, train)
+    said += reuse_note(profile)
     runs = {"compare": parent, **{v: outcomes[v].run_id for v in VARIANTS}}
     md = markdown(
         table,

@@ -236,3 +236,21 @@ def test_training_twice_profiles_once_and_the_second_run_names_the_entries(
     assert sources[0] == sources[1] != sources[2]
     first_tags = client.get_run(first["run_id"]).data.tags
     assert first_tags["profile_source.w1"] == MEASURED_NOW
+
+
+def test_a_comparison_says_when_its_profile_was_reused_and_what_it_charged():
+    from hetflow.flows.compare import reuse_note
+
+    ranks = [rank_profile(i, 100.0, worker=f"w{i}") for i in range(3)]
+    fresh = profile_of(ranks, profiling_time_s=12.0)
+    fresh.sources = [MEASURED_NOW, f"{MEASURED_NOW} (as w0)", MEASURED_NOW]
+    assert reuse_note(fresh) == []
+    part = profile_of(ranks, profiling_time_s=4.5)
+    part.sources = [
+        "s3://b/profiles/types/speed-1-x/1.json (2.0 h old)",
+        MEASURED_NOW,
+        MEASURED_NOW,
+    ]
+    (note,) = reuse_note(part)
+    assert note.startswith("the profile of 1 of 3 workers was reused from the profile history")
+    assert "charged 4.5 s of profiling" in note and "w0 (s3://b/profiles/types/" in note
