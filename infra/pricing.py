@@ -57,16 +57,23 @@ def load_prices(path: str | Path = PRICE_TABLE) -> PriceTable:
     return price_table(read_table(path, "price table"), str(path))
 
 
-def price_table(data: dict, where: str = "price table") -> PriceTable:
+def check_sourced(data, where: str, what: str, body: str) -> None:
+    """That a table's parsed JSON is a mapping that says where its figures come from and when
+    (non-empty 'source' and 'as_of'); one CatalogError line naming `where` otherwise. `what`:
+    'price table'; `body`: the key holding its figures."""
     if not isinstance(data, dict):
-        raise CatalogError(f"{where}: expected a mapping with source, as_of and prices")
+        raise CatalogError(f"{where}: expected a mapping with source, as_of and {body}")
     for key in ("source", "as_of"):
         value = data.get(key)
         if not isinstance(value, str) or not value.strip():
             raise CatalogError(
-                f"{where}: a price table must say where its figures come from and when "
+                f"{where}: a {what} must say where its figures come from and when "
                 f"('source' and 'as_of'); {key!r} is missing or empty"
             )
+
+
+def price_table(data: dict, where: str = "price table") -> PriceTable:
+    check_sourced(data, where, "price table", "prices")
     prices = data.get("prices")
     if not isinstance(prices, dict) or not prices:
         raise CatalogError(f"{where}: 'prices' must map instance types to hourly prices")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from hetflow.infra.pricing import CatalogError, read_table
+from hetflow.infra.pricing import CatalogError, check_sourced, read_table
 
 SPOT_TABLE = Path(__file__).with_name("spot.json")
 HOURS_PER_MONTH = 730.0  # 365 x 24 / 12
@@ -83,15 +83,7 @@ def _info(name: str, entry, buckets: dict, where: str) -> SpotInfo:
 
 def spot_table(data, where: str = "spot table") -> SpotTable:
     """A SpotTable from parsed JSON, or one line naming the first bad field."""
-    if not isinstance(data, dict):
-        raise CatalogError(f"{where}: expected a mapping with source, as_of and types")
-    for key in ("source", "as_of"):
-        value = data.get(key)
-        if not isinstance(value, str) or not value.strip():
-            raise CatalogError(
-                f"{where}: a spot table must say where its figures come from and when "
-                f"('source' and 'as_of'); {key!r} is missing or empty"
-            )
+    check_sourced(data, where, "spot table", "types")
     buckets = data.get("buckets", {})
     if not isinstance(buckets, dict):
         raise CatalogError(f"{where}: 'buckets' must map bucket names to interruptions a month")
