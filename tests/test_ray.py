@@ -210,7 +210,8 @@ def test_a_node_lost_with_no_replacement_the_run_goes_on_with_the_workers_left(
     from hetflow.training.metrics import summarize
 
     monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "5")  # Ray hands it on
-    spec = _spec(digits, tmp_path, "shrunk", "ray", ray_cluster.address)
+    # a run of its own per strategy: its checkpoints in S3 are found by the run's name
+    spec = _spec(digits, tmp_path, f"shrunk-{strategy}", "ray", ray_cluster.address)
     spec.train.steps, spec.train.lr, spec.train.strategy = 30, 0.02, strategy
     spec.cluster.time_scale = 64  # steps slow enough to kill a node mid-run
     runner, out = _run_past_step_5(spec)
