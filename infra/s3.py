@@ -116,12 +116,14 @@ def _bucket_line(dataset_url: str | None) -> str:
 
 def s3_target(dataset_url: str | None = None) -> str | None:
     """The S3 a run with `dataset_url` uses: `AWS_ENDPOINT_URL` when set; "aws" for a bucket of
-    the user's own (a dataset URL other than the default) with AWS credentials in the
+    the user's own (any bucket but the default one) with AWS credentials in the
     environment; None for a local endpoint started for the run (`local_s3_endpoint`)."""
     if os.environ.get("AWS_ENDPOINT_URL"):
         return os.environ["AWS_ENDPOINT_URL"]
     own_url = (
-        bool(dataset_url) and dataset_url.startswith("s3://") and dataset_url != DEFAULT_DATASET_URL
+        bool(dataset_url)
+        and dataset_url.startswith("s3://")
+        and bucket_of(dataset_url) != bucket_of(None)
     )
     if own_url and (os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("AWS_PROFILE")):
         return "aws"

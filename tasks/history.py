@@ -14,7 +14,7 @@ from prefect import task
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, kind_slug, type_key, versions
 from hetflow.infra.paths import new_run_dir
-from hetflow.infra.s3 import DEFAULT_DATASET_URL, ensure_bucket, filesystem, local_s3_endpoint
+from hetflow.infra.s3 import ensure_bucket, filesystem, local_s3_endpoint
 from hetflow.records import Profile
 from hetflow.tasks.profile import profile_stamp
 from hetflow.training.launch.local import measure_profile
@@ -176,9 +176,7 @@ def read_type_history(
     """`type_history` on the S3 the history lives in, as a run finds it (`local_s3_endpoint`):
     `AWS_ENDPOINT_URL` where set, AWS for a bucket of the user's own with credentials, else
     the local store's endpoint (the default bucket, where profile, train and the demo wrote)."""
-    bucket = url.split("://", 1)[-1].split("/", 1)[0]
-    own = None if bucket == DEFAULT_DATASET_URL.split("://", 1)[-1].split("/", 1)[0] else url
-    with local_s3_endpoint(own):
+    with local_s3_endpoint(url):
         return type_history(url, instance_types, recipe, max_age_h)
 
 

@@ -377,7 +377,8 @@ def test_aws_credentials_alone_keep_a_run_on_the_local_endpoint(monkeypatch):
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAREALLOOKINGKEY01")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "real-looking-secret")
-    for url in (None, DEFAULT_DATASET_URL):
+    # any URL in the default bucket, the profile history's (`recommend --profiles`) too
+    for url in (None, DEFAULT_DATASET_URL, "s3://hetflow-data/profiles/types"):
         with local_s3_endpoint(url) as endpoint:
             assert endpoint.startswith("http://127.0.0.1:")
             assert os.environ["AWS_ENDPOINT_URL"] == endpoint
