@@ -9,6 +9,8 @@ without a fresh entry, or none at all.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prefect import task
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
@@ -68,23 +70,27 @@ def store_entries(entries: list[TypeEntry], prefix: str) -> list[TypeEntry]:
     return out
 
 
-def latest_entry(prefix: str, key: TypeKey, max_age_h: float) -> TypeEntry | None:
-    """The newest readable entry under the key's folder whose key is `key` and which is at
-    most `max_age_h` hours old; None when there is none."""
-    fs, root = filesystem(prefix)
+def entries_newest_first(fs, folder: str, scheme: str) -> Iterator[TypeEntry]:
+    """The entries of one key's `folder` that read as one, newest first, each with its URL
+    as `stored_at` (an unreadable file is skipped)."""
     try:
-        names = sorted(p for p in fs.ls(f"{root}/{key.slug()}", detail=False) if p.endswith("json"))
+        names = sorted(p for p in fs.ls(folder, detail=False) if p.endswith(".json"))
     except FileNotFoundError:
-        return None
+        return
     for path in reversed(names):
         try:
             entry = TypeEntry.model_validate_json(fs.cat_file(path))
         except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
             continue
-        if entry.key == key and entry.age_h() <= max_age_h:
-            scheme = prefix.split("://", 1)[0]
-            return entry.model_copy(update={"stored_at": f"{scheme}://{path}"})
-    return None
+        yield entry.model_copy(update={"stored_at": f"{scheme}://{path}"})
+
+
+def latest_entry(prefix: str, key: TypeKey, max_age_h: float) -> TypeEntry | None:
+    """The newest readable entry under the key's folder whose key is `key` and which is at
+    most `max_age_h` hours old; None when there is none."""
+    fs, root = filesystem(prefix)
+    entries = entries_newest_first(fs, f"{root}/{key.slug()}", prefix.split("://", 1)[0])
+    return next((e for e in entries if e.key == key and e.age_h() <= max_age_h), None)
 
 
 @task(retries=2, retry_delay_seconds=[1, 5], task_run_name="look up {prefix}")
@@ -192,12 +198,13 @@ def type_history(url: str, instance_types: list[str], recipe: str, max_age_h: fl
     except FileNotFoundError:
         folders = []
     newest: dict[str, TypeEntry] = {}
+    software = versions()
     for name in instance_types:
         for folder in folders:
             if folder.rstrip("/").rsplit("/", 1)[-1][:-17] != kind_slug(name):
                 continue
-            entry = _newest_readable(fs, folder, url.split("://", 1)[0])
-            if entry is not None and _stands_for(entry, name, recipe):
+            entry = next(entries_newest_first(fs, folder, url.split("://", 1)[0]), None)
+            if entry is not None and _stands_for(entry, name, recipe, software):
                 if name not in newest or entry.measured_at > newest[name].measured_at:
                     newest[name] = entry
     curves, stale = {}, {}
@@ -209,20 +216,9 @@ def type_history(url: str, instance_types: list[str], recipe: str, max_age_h: fl
     return History(url, max_age_h, curves, stale)
 
 
-def _newest_readable(fs, folder: str, scheme: str) -> TypeEntry | None:
-    """The newest entry of `folder` that reads as one, its `stored_at` its URL."""
-    names = sorted(p for p in fs.ls(folder, detail=False) if p.endswith(".json"))
-    for path in reversed(names):
-        try:
-            entry = TypeEntry.model_validate_json(fs.cat_file(path))
-        except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
-            continue
-        return entry.model_copy(update={"stored_at": f"{scheme}://{path}"})
-    return None
-
-
-def _stands_for(entry: TypeEntry, instance_type: str, recipe: str) -> bool:
-    """Whether `entry` measured a real `instance_type` on `recipe` with this software."""
+def _stands_for(entry: TypeEntry, instance_type: str, recipe: str, software) -> bool:
+    """Whether `entry` measured a real `instance_type` on `recipe` with `software`, the
+    installed (torch, hetflow) versions."""
     key = entry.key
     same = key.kind == instance_type and key.recipe == recipe and key.emulation is None
-    return same and (key.torch, key.hetflow) == versions()
+    return same and (key.torch, key.hetflow) == software
