@@ -113,22 +113,27 @@ def test_profile_report_shape_and_table():
     assert "+4.0%" in text and "loopback" in text and "9.5s" in text
 
 
+def profile_run(cluster: ClusterSpec, digits, tmp_path, train: TrainConfig):
+    """A real profile of `cluster` under torchrun: (the run's result.json, its Profile)."""
+    spec = RunSpec(
+        run_name=cluster.name,
+        variant="profile",
+        mode="profile",
+        cluster=cluster,
+        dataset=digits,
+        train=train,
+        run_dir=str(tmp_path / "run"),
+    )
+    result, wall = run_workers(spec, timeout_s=150)
+    return result, Profile.from_result(result, cluster, train.recipe, profiling_time_s=wall)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_profile_of_four_emulated_workers_rediscovers_speeds_and_the_slow_link(digits, tmp_path):
     cluster = ClusterSpec.from_speeds(SPEEDS, name="probe-test")
     cluster.workers[SLOW_LINK[0]].link_gbps = SLOW_LINK[1]
-    spec = RunSpec(
-        run_name="probe-test",
-        variant="profile",
-        mode="profile",
-        cluster=cluster,
-        dataset=digits,
-        train=TrainConfig(),
-        run_dir=str(tmp_path / "run"),
-    )
-    result, wall = run_workers(spec, timeout_s=150)
-    profile = Profile.from_result(result, cluster, spec.train.recipe, profiling_time_s=wall)
+    result, profile = profile_run(cluster, digits, tmp_path, TrainConfig())
     report = profile_report(profile, cluster)
     print_profile_report(report)
     for w in report["workers"]:  # goal 10%; 15% here because the machine is shared
@@ -169,17 +174,7 @@ def test_a_profile_under_fsdp_steps_each_rank_sharded_and_tells_slow_from_fast(d
     thread's CPU time; gloo runs the solo mesh's collectives in a thread of its own), which
     both workers pay alike. So the test asks for the slow worker clearly slower."""
     cluster = ClusterSpec.from_speeds([1.0, 3.0], name="fsdp-probe")
-    spec = RunSpec(
-        run_name="fsdp-probe",
-        variant="profile",
-        mode="profile",
-        cluster=cluster,
-        dataset=digits,
-        train=TrainConfig(strategy="fsdp"),
-        run_dir=str(tmp_path / "run"),
-    )
-    result, wall = run_workers(spec, timeout_s=150)
-    profile = Profile.from_result(result, cluster, spec.train.recipe, profiling_time_s=wall)
+    _, profile = profile_run(cluster, digits, tmp_path, TrainConfig(strategy="fsdp"))
     slow, fast = profile_report(profile, cluster)["workers"]
     assert fast["measured_speed"] == 1.0 and 0.2 < slow["measured_speed"] < 0.7, slow
     assert all(r.memory_cap_batch and r.allreduce_gbps for r in profile.ranks)
