@@ -27,7 +27,7 @@ from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.report import comparison, headline, markdown, summary
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.data import ingest_dataset
-from hetflow.tasks.history import MEASURED_NOW, profile_or_reuse
+from hetflow.tasks.history import MEASURED_NOW, profile_for
 from hetflow.tasks.preflight import check_training, reach_services
 from hetflow.tasks.profile import resolve_instance_types
 from hetflow.tasks.train import launched_labels, train_variant
@@ -56,7 +56,14 @@ def table_and_notes(outcomes: dict, train: TrainConfig) -> tuple[dict, list[str]
 def reuse_note(profile) -> list[str]:
     """A note where the profile was reused from the history, in part or whole: the optimized
     run's end-to-end figures then charge it only what this run measured (`profiling_time_s`),
-    the rest having been paid by the run that measured it."""
+    the rest having been paid by the run that measured it. Where the plan started from a prior,
+    what it was: nothing was profiled before the first step."""
+    if profile.prior:
+        kinds = sorted({src.split(",")[0].removeprefix("prior: ") for src in profile.sources})
+        return [
+            "the optimized run profiled nothing before its first step: it planned step 0 from "
+            f"{'; '.join(kinds)}, and re-planned from its own steps"
+        ]
     reused = [
         f"{r.worker} ({src})"
         for r, src in zip(profile.ranks, profile.sources, strict=False)
@@ -92,7 +99,7 @@ def compare(
         manifest = ingest_dataset(dataset)
         check_training(train, manifest=manifest)
         epoch_samples = manifest.splits["train"].samples
-        profile = profile_or_reuse(cluster, dataset, train)
+        profile = profile_for(cluster, dataset, train, list(configs.values()), catalog)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_comparison(cluster, dataset, configs)
         for variant in VARIANTS:

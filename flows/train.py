@@ -1,4 +1,5 @@
-"""Flow: profile, plan and train one configuration on the cluster; record it in MLflow."""
+"""Flow: plan (from a profile, or a prior the run learns from) and train one configuration on
+the cluster; record it in MLflow."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hetflow.config import (
 from hetflow.flows.forms import Cluster, Train
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset
-from hetflow.tasks.history import profile_or_reuse
+from hetflow.tasks.history import profile_for
 from hetflow.tasks.preflight import check_training, reach_services
 from hetflow.tasks.profile import resolve_instance_types
 from hetflow.tasks.train import train_variant
@@ -57,7 +58,7 @@ def train(
         manifest = ingest_dataset(dataset)
         check_training(train, manifest=manifest)
         epoch_samples = manifest.splits["train"].samples
-        profile = profile_or_reuse(cluster, dataset, train)
+        profile = profile_for(cluster, dataset, train, [train], catalog)
         outcome = train_variant(
             label,
             cluster,

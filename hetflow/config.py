@@ -230,6 +230,15 @@ class TrainConfig(ConfigModel):
         "the others' collectives: the group restarts from the last checkpoint. Longer than the "
         "slowest step, evaluation or checkpoint save.",
     )
+    profile_first: bool = Field(
+        False,
+        title="Profile before step 0",
+        description="'dynamic': profile the workers (or reuse the profile history) before the "
+        "first step and plan from that. Off: start at once from the best prior (the profile "
+        "history, the presets' or instance types' published ratios, else the equal split) and "
+        "learn each worker's step-time curve from the training steps. 'proportional' always "
+        "profiles first.",
+    )
     profile_max_age_h: float = Field(
         PROFILE_MAX_AGE_H,
         ge=0,

@@ -168,6 +168,11 @@ class Profile(_Record):
     sources: list[str] = Field(
         [], description="Per rank: 'measured now', or the history entry reused (`hetflow.history`)."
     )
+    prior: bool = Field(
+        False,
+        description="A prior, not a measurement in this cluster (`training.plan.prior`): the "
+        "run's first plan, which it re-plans from its own steps.",
+    )
 
     @field_validator("ranks")
     @classmethod

@@ -15,14 +15,17 @@ from prefect import task
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, kind_slug, type_key, versions
+from hetflow.infra.catalog import Catalog, seed_profile
 from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem, local_s3_endpoint
 from hetflow.records import Profile
 from hetflow.tasks.profile import profile_stamp
 from hetflow.training.launch.local import measure_profile
 from hetflow.training.launch.spec import default_profile_batches
+from hetflow.training.metrics import needs_profile
 from hetflow.training.plan.assemble import assemble, declared_link, sub_cluster, to_measure
 from hetflow.training.plan.measured import curve_of
+from hetflow.training.plan.prior import equal_prior, mark_prior, published_prior
 from hetflow.training.plan.rental import History
 
 
@@ -142,6 +145,55 @@ def profile_or_reuse(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainCon
     profile = assemble(cluster, train, ranks, sources, profiled, [e.host_ranks for e in entries])
     _print_sources(profile, measured=len(measure))
     return profile
+
+
+@task(task_run_name="prior of {cluster.name}: its types' history, published ratios or equal")
+def prior_or_history(
+    cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig, catalog: Catalog | None = None
+) -> Profile:
+    """The prior a run that learns from its own steps plans its first step from, nothing
+    launched (`training.plan.prior`): the profile history where every worker's type has an
+    entry at most `train.profile_max_age_h` old (assembled as `profile_or_reuse` does); else
+    the published ratios of every worker's preset, or of every worker's instance type (the
+    `catalog`'s peak FLOP/s); else the equal split. One line per worker says which."""
+    keys = [type_key(cluster, i, train) for i in range(cluster.world_size)]
+    known = (
+        lookup(types_prefix(dataset), keys, train.profile_max_age_h)
+        if train.profile_max_age_h
+        else {}
+    )
+    if all(k in known for k in keys):
+        entries = [known[k] for k in keys]
+        sources = [f"prior: the profile history, {source_of(e)}" for e in entries]
+        ranks = [e.rank for e in entries]
+        profile = assemble(cluster, train, ranks, sources, 0.0, [e.host_ranks for e in entries])
+        profile = mark_prior(profile, "")
+    elif (published := published_prior(cluster, train)) is not None:
+        profile = published
+    elif catalog is not None and catalog.types and all(w.instance_type for w in cluster.workers):
+        seed = seed_profile(cluster, catalog)
+        what = [f"prior: the catalog's peak FLOP/s of {w.instance_type}" for w in cluster.workers]
+        profile = mark_prior(seed.model_copy(update={"sources": what, "model": train.recipe}), "")
+    else:
+        profile = equal_prior(cluster, train)
+    for r, source in zip(profile.ranks, profile.sources, strict=True):
+        print(f"plan of {r.worker} at step 0: {source}; learned from the training steps")
+    return profile
+
+
+def profile_for(
+    cluster: ClusterSpec,
+    dataset: DatasetSpec,
+    train: TrainConfig,
+    variants: list[TrainConfig],
+    catalog: Catalog | None = None,
+) -> Profile:
+    """What `variants` plan from: the profile (`profile_or_reuse`) where any of them needs one
+    measured before its first step (`metrics.needs_profile`), else a prior, nothing launched
+    (`prior_or_history`)."""
+    if any(needs_profile(v) for v in variants):
+        return profile_or_reuse(cluster, dataset, train)
+    return prior_or_history(cluster, dataset, train, catalog)
 
 
 def sources_of(

@@ -182,7 +182,9 @@ def test_the_plan_of_auto_lists_the_candidates_and_falls_back_to_the_profile_on_
 # -- trials on real ranks ---------------------------------------------------------------------
 
 WORLD = 2
-STEPS = DENSE_WARMUP_STEPS + 2  # the run's PowerSGD compresses in its last 2
+# the run's PowerSGD compresses after DENSE_WARMUP_STEPS; enough steps that the communication
+# 'none' measures could pay for trying the others (`Trials.not_worth_trying`)
+STEPS = DENSE_WARMUP_STEPS + 100
 LINK_GBPS = 0.05  # slow enough that plain all-reduce is the slowest candidate by far
 
 
@@ -291,9 +293,26 @@ def test_auto_tries_every_candidate_keeps_the_fastest_and_trains_as_if_set_from_
 def test_a_local_sgd_trial_times_its_averaging_step_at_the_rate_it_runs(local_digits, tmp_path):
     candidates = [M("none"), M("localsgd:4")]
     plan = Plan(local_batches=[16, 16], compression_candidates=candidates)
-    spec = _spec(local_digits, tmp_path / "local", "auto", plan, steps=2, allow_local_sgd=True)
+    spec = _spec(local_digits, tmp_path / "local", "auto", plan, steps=100, allow_local_sgd=True)
     result, _ = _run(spec)
     none, local = result.lead.trials.trials
     assert none.step_s and local.step_s and not local.error
     # one model average (an all-reduce of the parameters) in the 4 timed steps
     assert local.bytes_per_step == pytest.approx(none.bytes_per_step / 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_auto_keeps_none_untried_where_the_others_cannot_pay_for_their_trials(
+    local_digits, tmp_path
+):
+    # 2 steps: whatever another method saves of 'none''s communication, it cannot save the
+    # trial steps it would cost; 'none' is kept after its own trial, and the reason says so
+    candidates = [M(m) for m in ("none", "fp16", "powersgd:4")]
+    plan = Plan(local_batches=[16, 16], compression_candidates=candidates)
+    spec = _spec(local_digits, tmp_path / "short", "auto", plan, steps=2)
+    result, _ = _run(spec)
+    trials = [r.trials for r in result.ranks]
+    assert all(t.chosen == M("none") and len(t.trials) == 1 for t in trials)
+    assert "kept untried against the 2 others" in trials[0].reason
+    assert [rec.step for rec in result.lead.records] == [0, 1]

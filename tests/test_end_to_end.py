@@ -65,10 +65,12 @@ def test_end_to_end_time_to_target_adds_the_profile_to_the_wall_clock_of_the_hit
     assert (e2e.run_time_s, e2e.end_to_end_time_to_target_s) == (9.0, 11.5)
 
 
-def test_only_a_plan_made_from_the_profile_pays_for_it():
+def test_only_a_plan_made_from_a_profile_before_step_0_pays_for_it():
     assert not needs_profile(TrainConfig(schedule="equal", compression="none"))
-    assert needs_profile(TrainConfig(schedule="equal", compression="auto"))
+    assert not needs_profile(TrainConfig(schedule="equal", compression="auto"))  # trials: own
     assert needs_profile(TrainConfig(schedule="proportional", compression="none"))
+    assert not needs_profile(TrainConfig(schedule="dynamic"))  # learns from its own steps
+    assert needs_profile(TrainConfig(schedule="dynamic", profile_first=True))
 
 
 def test_the_comparison_leads_with_end_to_end_time_and_says_what_it_includes():

@@ -121,9 +121,10 @@ def end_to_end(metrics: RunMetrics, run_s: float, profiling_time_s: float) -> Ru
 
 
 def needs_profile(train: TrainConfig) -> bool:
-    """Whether a variant's plan is made from a profile: any schedule but the equal split, and
-    'auto' compression (its candidates are planned from it)."""
-    return train.schedule != "equal" or train.compression == "auto"
+    """Whether a variant's plan is made from a profile measured before its first step: the
+    static plan ('proportional'), and 'dynamic' with `profile_first`; a 'dynamic' run without
+    it plans from a prior and learns from its own steps (`training.plan.prior`)."""
+    return train.schedule == "proportional" or (train.schedule == "dynamic" and train.profile_first)
 
 
 def eval_figures(

@@ -38,6 +38,7 @@ from hetflow.training.launch.run import run_plan
 from hetflow.training.metrics import end_to_end, needs_profile, summarize
 from hetflow.training.plan import planner
 from hetflow.training.plan.planner import fastest_alone, ideal_throughput, make_plan
+from hetflow.training.plan.prior import equal_prior, published_prior
 from hetflow.training.plan.ranks import RankMap
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
@@ -47,6 +48,7 @@ from benchmarks.hetero.model import at_run_pace, compute_model_error
 from benchmarks.hetero.table import print_table
 from benchmarks.ray_cluster import local_ray
 
+VARIANT_TAGS = ("micro", "profile")  # VARIANT@TAG: micro-batches; dynamic planned from a profile
 # the wall-clock figures of `summarize` a variant's row shows (`metrics.wall_figures`)
 WALL_FIGURES = ("startup_s", "trials_s", "eval_s", "checkpoint_s", "steady_samples_per_s")
 # what the variant paid from the start of its job (`metrics.end_to_end`)
@@ -196,9 +198,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
     check_bench_recipe(base)
     stragglers = [parse_straggler(s, cluster.world_size) for s in args.straggler]
     variants = [v for v in args.variants.split(",") if v]
-    unknown = sorted({v.removesuffix("@micro") for v in variants} - set(VARIANTS))
+    unknown = sorted({v.split("@")[0] for v in variants} - set(VARIANTS))
     if unknown:
         raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    for v in variants:
+        kind, *tags = v.split("@")
+        bad = [t for t in tags if t not in VARIANT_TAGS or (t == "profile" and kind != "dynamic")]
+        if bad:
+            raise ConfigError(
+                f"--variants: {v!r}: @{bad[0]} is not one of @micro, @profile (dynamic only)"
+            )
     if args.launcher == "ray":
         variants = [name for v in variants for name in (v, f"{v}@ray")]
     if len(precisions) > 1:
@@ -234,17 +243,24 @@ def ideals(profile: Profile, bench: Bench) -> Ideals:
 def run_variant(
     name: str, round_: int, bench: Bench, profile: Profile, dataset: DatasetSpec, tmp: str
 ) -> tuple[dict, Plan, TrainConfig]:
-    """One training run of variant `name` in round `round_`, planned from the profile with no
-    gradient compression: (its result.json, its first plan over the ranks launched, its config).
-    Workers the plan drops (`Plan.dropped`) are not launched; the others keep their order."""
+    """One training run of variant `name` in round `round_`, with no gradient compression:
+    (its result.json, its first plan over the ranks launched, its config). Planned from the
+    profile where the variant needs one before its first step (`needs_profile`: 'static', and
+    'dynamic@profile'), else from the prior a first run has (`prior.published_prior`, else the
+    equal split). Workers the plan drops (`Plan.dropped`) are not launched; the others keep
+    their order."""
     base, *tags = name.split("@")
     launcher = "ray" if "ray" in tags else ""
     knobs = {"schedule": VARIANTS[base], "compression": "none"}
     if "micro" in tags:
         knobs["accumulate"] = "auto"
-    precision = [t for t in tags if t not in ("ray", "micro")]
+    if "profile" in tags:
+        knobs["profile_first"] = True
+    precision = [t for t in tags if t not in ("ray", "micro", "profile")]
     cfg = bench.base.model_copy(update=knobs | ({"precision": precision[0]} if precision else {}))
     whole = bench.cluster.model_copy(update={"launcher": launcher or "local"})
+    if not needs_profile(cfg):
+        profile = published_prior(whole, cfg) or equal_prior(whole, cfg)
     planned = make_plan(profile, whole, cfg)
     if base == "fastest":
         planned = fastest_alone(planned, whole, cfg.global_batch)

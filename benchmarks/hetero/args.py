@@ -33,10 +33,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variants",
         default=",".join(VARIANTS),
-        help="comma-separated: baseline (equal split), static, dynamic, and fastest (the "
-        "fastest worker alone with the whole batch, the others not launched: what dropping "
-        "the slow workers gives); VARIANT@micro runs it with train.accumulate 'auto' (shares "
-        f"past a memory cap as micro-batches) (default: {','.join(VARIANTS)})",
+        help="comma-separated: baseline (equal split), static (planned from the profile, "
+        "which it is charged), dynamic (from a prior, learned from its own steps; "
+        "dynamic@profile: from the profile, charged), and fastest (the fastest worker alone "
+        "with the whole batch, the others not launched: what dropping the slow workers "
+        "gives); VARIANT@micro runs it with train.accumulate 'auto' (shares past a memory cap "
+        f"as micro-batches) (default: {','.join(VARIANTS)})",
     )
     p.add_argument(
         "--memory-caps",

@@ -30,15 +30,15 @@ LABEL_NOTE = "worker (emulated speed; measured speed / fastest's)"
 
 def rank_labels(cluster: ClusterSpec, profile: Profile | None = None) -> list[str]:
     """One label per rank: 'w3 · 4x (measured 0.98)' for an emulated worker (its speed as
-    the cluster states it; the profile's `relative_speed`), 'g5-a · g5.xlarge (...)' for one
-    that names an instance type, else its name.
+    the cluster states it; the profile's `relative_speed`, none from a prior), 'g5-a ·
+    g5.xlarge (...)' for one that names an instance type, else its name.
 
     >>> from hetflow.config import ClusterSpec
     >>> rank_labels(ClusterSpec.from_speeds([1, 2]))
     ['w0 · 1x', 'w1 · 2x']
     """
     measured = {}  # by worker name (a run may launch fewer workers than were profiled)
-    for i, r in enumerate(profile.ranks if profile is not None else []):
+    for i, r in enumerate(profile.ranks if profile is not None and not profile.prior else []):
         name = r.worker or (cluster.workers[i].name if i < len(cluster.workers) else "")
         measured[name] = r.relative_speed
     labels = []

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from hetflow.records import StepRecord
+from hetflow.training.plan.curves import relative_spread
 
 
 class SharedStepTimes:
@@ -71,3 +72,16 @@ class SharedStepTimes:
 def column_means(rows: Sequence[Sequence[float]]) -> list[float]:
     """Per rank, the mean of its column over `rows[step][rank]`."""
     return [sum(col) / len(col) for col in zip(*rows, strict=True)]
+
+
+def step_spread(rows: Sequence[Sequence[float]], plan: Sequence[int]) -> float:
+    """The coefficient of variation, over `rows[step][rank]`, of each step's slowest compute
+    time among the ranks `plan` gives samples: the noise a re-plan's gain must beat.
+
+    >>> round(step_spread([[0.1, 0.2], [0.1, 0.22], [0.3, 0.18]], [8, 8]), 3)
+    0.22
+    >>> round(step_spread([[0.1, 0.2], [0.1, 0.22], [0.3, 0.18]], [8, 0]), 3)  # rank 1 left out
+    0.693
+    """
+    slowest = [max((t for t, b in zip(row, plan, strict=True) if b), default=0.0) for row in rows]
+    return relative_spread(slowest)

@@ -32,6 +32,7 @@ from hetflow.training.loop.checkpoint import CheckpointStore
 from hetflow.training.loop.computing import ComputingRanks, can_leave, sync_replicas
 from hetflow.training.loop.optim import build_scheduler, resolve_optimizer, step_scheduler
 from hetflow.training.loop.progress import ProgressFile, note_recovery
+from hetflow.training.loop.rebalancing import rebalance
 from hetflow.training.loop.state import Checkpoint, LoopState
 from hetflow.training.loop.step import (
     MeanOverCounts,
@@ -43,10 +44,9 @@ from hetflow.training.loop.step import (
     split_batch,
     straggler_factor,
 )
-from hetflow.training.loop.step_times import SharedStepTimes, column_means
+from hetflow.training.loop.step_times import SharedStepTimes
 from hetflow.training.loop.trials import Trials
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS
-from hetflow.training.plan.rebalancer import SUDDEN_STEPS
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import evaluate, parameter_count, recipe_of
 
@@ -308,26 +308,8 @@ class TrainingLoop:
             self.state.add_row(tag, done.step, row)
 
     def rebalance(self, step: int, flush: bool, last: bool) -> None:
-        """Feed the re-balancer after a sudden change (dynamic schedule), a full window, or a
-        flush; the dynamic schedule then adopts its proposal from the next step (not after
-        the last)."""
-        state, cfg = self.state, self.cfg
-        dynamic = cfg.schedule == "dynamic"
-        sudden = dynamic and self.rebalancer.sudden_change(state.current, state.plan)
-        window = state.window
-        if not (sudden or (window and (len(window) >= cfg.rebalance_every or flush))):
-            return
-        # After a sudden change only the steps since it tell the new speeds.
-        self.rebalancer.observe(
-            state.plan, column_means(state.current[-SUDDEN_STEPS:] if sudden else window)
-        )
-        state.window = []
-        if sudden:
-            state.current = []
-        if dynamic and not last:
-            new = self.rebalancer.propose(state.plan, step + 1)
-            if new is not None:
-                state.adopt(new, step + 1)
+        """The re-balancer's turn after `step` (`rebalancing.rebalance`)."""
+        rebalance(self.rebalancer, self.state, self.cfg, step, flush, last)
 
     def follow(self, plan: list[int], first: int) -> None:
         """Run the gradient's all-reduce from step `first` on the ranks `plan` gives samples

@@ -9,10 +9,14 @@ the slowest rank's mean timed step, so every rank holds the same table and makes
 choice. Torch's random state and the wire counts are then restored: the run trains as if the
 chosen method had been set from the start. A candidate that raises on every rank is recorded
 as failed and skipped; one that fails on some ranks only fails the run, as a failed step does.
+After an uncompressed first candidate the others are tried only where they can pay for their
+trials: the communication the first measured, over the run's steps, must outweigh them
+(`Trials.not_worth_trying`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import torch
@@ -67,13 +71,41 @@ class Trials:
         if not methods:
             raise ValueError("plan.compression_candidates: no method to try")
         cuda = [torch.device(self.amp.device)] if self.amp.device.startswith("cuda") else []
+        self.comm_s: list[float] = []  # per method tried: its timed steps' mean communication
         with self.counter.apart(), torch.random.fork_rng(devices=cuda):
             batches = self.first_batches()
-            own = [self.try_method(m, batches) for m in methods]
-            trials = self.agree(methods, own)
+            own = [self.try_method(methods[0], batches)]
+            skip = self.not_worth_trying(methods, own[0])
+            if not skip:
+                own += [self.try_method(m, batches) for m in methods[1:]]
+            trials = self.agree(methods[: len(own)], own)
         chosen, reason = choose_from_trials(trials)
         return CompressionTrials(
-            trials=trials, steps=TRIAL_TIMED_STEPS, chosen=chosen, reason=reason
+            trials=trials, steps=TRIAL_TIMED_STEPS, chosen=chosen, reason=skip or reason
+        )
+
+    def not_worth_trying(
+        self, methods: list[CompressionMethod], first: tuple[float, float, float, str]
+    ) -> str:
+        """Why the candidates after an uncompressed first one are not tried, or '': trying them
+        costs about a trial's steps each at the first's step, and no method saves more than
+        the communication the first measured, over the run's steps. The slowest rank's step, and
+        the least wait after compute of any rank (the slowest rank's: communication alone, no
+        idle), the same on every rank (a collective: every rank calls it)."""
+        if len(methods) < 2 or methods[0].name != "none":
+            return ""
+        figures = torch.tensor([first[0], -self.comm_s[0]], dtype=torch.float64)
+        dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=self.control_group)
+        step_s, comm_s = figures[0].item(), -figures[1].item()
+        cost = (len(methods) - 1) * TRIAL_STEPS * step_s
+        most = comm_s * self.spec.train.steps
+        if not math.isfinite(step_s) or most > cost:
+            return ""
+        return (
+            f"the first candidate, none ({step_s * 1e3:.1f} ms a step), kept untried against "
+            f"the {len(methods) - 1} others: they could save at most its communication, "
+            f"{comm_s * 1e3:.1f} ms a step, {most:.1f} s over the run's "
+            f"{self.spec.train.steps} steps, less than the {cost:.1f} s of trying them"
         )
 
     def first_batches(self) -> list[tuple[tuple, int]]:
@@ -98,6 +130,7 @@ class Trials:
         raised."""
         amp = self.amp
         if method.name in LOCAL_SGD and amp.scaler.is_enabled():
+            self.comm_s.append(0.0)
             return float("inf"), 0.0, 0.0, NOT_WITH_FP16
         emu = emulator_for(self.spec, self.rank, synchronizer(amp.device), scope=f"trial-{method}")
         base = emu.slowdown
@@ -120,7 +153,7 @@ class Trials:
             )
             cap = micro_cap(self.spec, self.rank)
             stepper = Stepper(net, emu, mean, scaled, self.counter, self.recipe, cap)
-            times, sent = [], []
+            times, sent, comms = [], [], []
             plan = list(self.spec.plan.local_batches)
             for step, (batch, n) in enumerate(batches):
                 if step == TRIAL_UNTIMED_STEPS:  # time the method's settled steps alone:
@@ -128,12 +161,15 @@ class Trials:
                 emu.slowdown = base * straggler_factor(self.spec.stragglers, self.rank, step)
                 t0 = now()
                 _, _, nbytes = stepper.step(batch, n, plan)
-                emu.finish()
+                computed, t1 = emu.finish(), now()
                 if step >= TRIAL_UNTIMED_STEPS:
-                    times.append(now() - t0)
+                    times.append(t1 - t0)
+                    comms.append(t1 - computed)
                     sent.append(nbytes)
         except Exception as e:  # recorded as the trial's failure
+            self.comm_s.append(0.0)
             return float("inf"), 0.0, 0.0, f"{type(e).__name__}: {e}"
+        self.comm_s.append(statistics.fmean(comms))
         spread = statistics.stdev(times) if len(times) > 1 else 0.0
         return statistics.fmean(times), statistics.fmean(sent), spread, ""
 

@@ -9,6 +9,7 @@ from hetflow.records import CompressionMethod, Plan, Profile
 from hetflow.training.plan.balance import (
     PlanError,
     balance_among,
+    balance_batches,
     balance_with_exclusion,
     balanced_step_time,
     equal_batches,
@@ -46,31 +47,32 @@ def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pla
     (`balance.exclude_slow`, which reads a worker's step at the smallest batch its profile
     measured in place of its extrapolated fixed cost; never under the equal split) or whose
     samples buy less than their hops of the all-reduce cost (`leave_out_for_comm`), and of
-    those the workers not launched (`drop_from_launch`); the compression as
+    those the workers not launched (`drop_from_launch`); from a prior (`Profile.prior`) no
+    worker is left out, so that the run measures every one; the compression as
     `plan_compression` plans it for the workers launched ('auto': the candidates they try).
     With `train.accumulate` 'auto' a share may pass its worker's cap, as micro-batches that
     each pay the worker's fixed cost (`balance.micro_cost`; `with_micro` records them)."""
     speeds = [r.samples_per_s for r in profile.ranks]
     latency, per_sample = profile.step_models()
     caps = memory_caps(profile, cluster)
-    micro = train.accumulate == "auto"
-    excluded: list[str] = []
+    micro, excluded = train.accumulate == "auto", []
     if train.schedule == "equal":
         batches = equal_batches(cluster.world_size, train.global_batch)
     else:
         names = [w.name for w in cluster.workers]
-        measured_from = [
-            min(r.compute_batches) if r.compute_batches else None for r in profile.ranks
-        ]
-        batches, excluded = balance_with_exclusion(
-            per_sample,
-            latency,
-            train.global_batch,
-            caps,
-            names,
-            min_batches=measured_from,
-            micro=micro,
-        )
+        measured_from = [min(r.compute_batches, default=None) for r in profile.ranks]
+        if profile.prior:  # nothing measured yet: every worker computes, so each is measured
+            batches = balance_batches(per_sample, latency, train.global_batch, caps, micro)
+        else:
+            batches, excluded = balance_with_exclusion(
+                per_sample,
+                latency,
+                train.global_batch,
+                caps,
+                names,
+                min_batches=measured_from,
+                micro=micro,
+            )
         model = StepModel(
             latency, per_sample, caps, train.global_batch, *allreduce_of(profile), micro=micro
         )

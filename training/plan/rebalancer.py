@@ -3,55 +3,67 @@ measure (pure; every rank holds one and feeds it the same figures)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hetflow.training.plan.balance import balance_with_exclusion, micro_cost
+from hetflow.training.plan.balance import micro_split
+from hetflow.training.plan.curves import Curve, balance_on_curves, cost_of
 
 # Steps in a row that a rank's time must lie beyond `Rebalancer.jump` to count as a sudden change;
 # the re-plan after one is made from these steps alone.
 SUDDEN_STEPS = 2
 # Re-plans whose prediction error the re-balancer remembers (`Rebalancer.margin`).
 ERRORS_KEPT = 3
+# The first windows are short: after the first, each rank's curve is one point scaled through
+# its prior, and the re-plan it gives is worth most; later windows hold `rebalance_every` steps.
+LEARNING_WINDOWS = 3
+LEARNING_ROWS = 4
+# How much more than `margin` a re-plan must gain to bring back a rank the plan left out.
+BRING_BACK = 2.0
+# A re-plan whose predicted gain is below this many times its bar is adopted only when the
+# window before also proposed one: a gain twice in a row is seldom noise.
+CLEAR_GAIN = 2.0
 
 
 @dataclass
 class Rebalancer:
-    """Re-plans from smoothed per-rank speed estimates when the imbalance passes a threshold.
+    """Re-plans from step-time curves learned from the run's own steps, when a re-plan's
+    predicted gain beats the noise the run measured.
 
-    Each rank's compute time per step is modelled as affine in its batch, `a_i + c_i x b_i`,
-    learned from what the ranks report: per rank, the compute time measured at each batch it
-    has run since its speed last changed (`points`; an exponential moving average with weight
-    `smoothing` on the newest window). From one batch, or from batches whose times lie within
-    noise of each other, the model is the profile's fit scaled to the newest measurement: a
-    device that slows down (thermal throttling, a noisy neighbour, a straggler) is slower at
-    every batch size, latency included, and a slope re-fitted from nearby batches would be mostly
-    noise. Once a rank has run batches whose times differ by more than a factor `jump`, its line
-    is fitted through them: the profile times batches from about a quarter of an equal share
-    (8 to 64 for 128 samples on 4 workers: `launch.spec.default_profile_batches`), and a slow
-    worker's time at batch 1 or 2 can lie far off that line (docs/measurements/host.md,
-    gpu.md), which scaling alone cannot express. A rank
-    whose time at a batch it ran before moves by more than a factor `jump` (1 + 3 x
-    `threshold`, far beyond noise) has changed speed: its older points are dropped, and with
-    them the model's recorded errors and rejected plans (they measured other speeds). Without a
-    profiled c_i (`per_sample_s` None), the first window sets it.
+    Each rank's compute time per step is a curve in its batch (`curves.Curve`): the means it
+    measured at the batches it ran since its speed last changed (`points`; an exponential
+    moving average with weight `smoothing` on the newest window), joined piecewise-linearly, and
+    outside them a line through them where their times spread beyond `jump`, else the prior
+    (`latency_s`, `per_sample_s`: the profile's fit, the history's, a preset's published ratio,
+    or proportional where nothing is known) scaled through the nearest point. A device that
+    slows down (throttling, a noisy neighbour, a straggler) is slower at every batch, and a
+    device flat below its knee is planned from its flat points, which no line through them
+    follows. A rank whose time at a batch it ran before moves by more than a factor `jump`
+    (1 + 3 x `threshold`, far beyond noise) has changed speed: its older points are dropped, and
+    with them the model's recorded errors and rejected plans (they measured other speeds).
+    Without a prior c_i (`per_sample_s` None), the first window sets it.
 
-    Every rank holds one and feeds it the same all-gathered figures (a window's means; after a
-    `sudden_change`, the two steps that showed it), so every rank reaches the same plan with no
-    extra collective. Hysteresis: a new plan is adopted only when it is
-    predicted to shorten the step by more than `margin`: `threshold / 2`, or the model's own
-    error on its last re-plans where that is larger, so that neither noise nor a model that
-    does not hold at the batches it proposes makes the plan oscillate. Verification: a new
-    plan whose first window is slower than the old plan's last
-    (by more than `threshold / 2`) is reverted and not proposed again until the speeds change;
-    what it measured stays in `points`, so the next proposal knows the model was wrong there.
+    Every rank holds one and feeds it the same all-gathered figures (a window's means and the
+    spread of its steps; after a `sudden_change`, the two steps that showed it), so every rank
+    reaches the same plan with no extra collective.
 
-    `micro` (`train.accumulate` 'auto'): a share may pass its rank's cap, run as micro-batches
-    that each pay a_i (`balance.micro_cost`); a rank's time is then scaled from its profile's
-    fit at that cost, and its line is re-fitted only through batches run as as many
-    micro-batches (a line through points of different counts would fold their latencies into
-    its slope).
+    Deciding (`propose`): the plan balanced on the curves (`curves.balance_on_curves`, each
+    share within a bounded move of what its rank ran) is adopted only when its predicted gain
+    beats `margin`: twice the noise of a difference of two window means (the window's step
+    spread, measured), the model's own error on its last re-plans, and `threshold / 2`, whichever
+    is largest; plus the switch's cost spread over the steps left. Bringing back a rank the plan
+    left out needs twice that (hysteresis: it pays the replica's copy and its hops of every
+    all-reduce). A gain under `CLEAR_GAIN` times its bar is adopted only when the window before
+    proposed one too (decisions on windows, not on one). Verification: a new plan whose first
+    window is slower than the old plan's last (by more than `threshold / 2`) is reverted and not
+    proposed again until the speeds change; what it measured stays in `points`, so the next
+    proposal knows the model was wrong there.
+
+    `micro` (`train.accumulate` 'auto'): a share may pass its rank's cap, run as micro-batches;
+    a point measured at a share of k micro-batches is one pass of share / k samples taking 1 / k
+    of its time.
     """
 
     global_batch: int
@@ -70,14 +82,21 @@ class Rebalancer:
     excluded: list[str] = field(default_factory=list)  # why the last proposal left ranks out
     errors: list[float] = field(default_factory=list)  # measured / predicted step - 1, per re-plan
     micro: bool = False  # shares past the caps, as micro-batches
+    noise: float = 0.0  # the newest window's step spread (coefficient of variation)
+    rows: int = 0  # the steps that window held
+    windows: int = 0  # windows observed
+    pending: bool = False  # the last window proposed a marginal re-plan (`CLEAR_GAIN`)
 
     @property
     def margin(self) -> float:
-        """The predicted gain (step before / step after - 1) a proposal must exceed: half the
-        threshold, or the model's own demonstrated error where that is larger (the largest
+        """The predicted gain (step before / step after - 1) a proposal must exceed: the
+        largest of half the threshold, twice the standard error of a difference of two window
+        means (`noise` x sqrt(2 / `rows`)), and the model's own demonstrated error (the largest
         |measured / predicted - 1| of its last ERRORS_KEPT re-plans): a plan predicted 10%
         faster by a model that was 15% off last time is no evidence of a faster plan."""
-        return max(self.threshold / 2, max((abs(e) for e in self.errors), default=0.0))
+        measured = 2 * self.noise * math.sqrt(2 / self.rows) if self.rows else 0.0
+        demonstrated = max((abs(e) for e in self.errors), default=0.0)
+        return max(self.threshold / 2, measured, demonstrated)
 
     @property
     def jump(self) -> float:
@@ -89,45 +108,48 @@ class Rebalancer:
         """Plans adopted from the model (reverts of a failed one not counted)."""
         return sum("reverted" not in h for h in self.history)
 
-    def model(self) -> tuple[list[float], list[float]]:
-        """(a_i, c_i) per rank: each rank's compute time per step is a_i + c_i x batch."""
-        assert self.per_sample_s is not None and self.points is not None and self.latest is not None
-        latency, per_sample = [], []
-        for a0, c0, pts, b, cap in zip(
-            self.latency_s, self.per_sample_s, self.points, self.latest, self.caps, strict=True
+    def window_rows(self, every: int) -> int:
+        """The steps the next window holds: LEARNING_ROWS for the first LEARNING_WINDOWS, while
+        the curves know one batch per rank and a re-plan is worth most, then `every`."""
+        return min(every, LEARNING_ROWS) if self.windows < LEARNING_WINDOWS else every
+
+    def curves(self) -> list[Curve]:
+        """Each rank's step-time curve (see the class docstring)."""
+        assert self.per_sample_s is not None
+        points = self.points or [{} for _ in self.latency_s]
+        out = []
+        for a, c, pts, cap in zip(
+            self.latency_s, self.per_sample_s, points, self.caps, strict=True
         ):
-            if not pts or b not in pts:  # never measured with samples (left out): the profile's
-                latency.append(a0)
-                per_sample.append(c0)
-                continue
-            times = list(pts.values())
-            if (
-                len(pts) >= 2
-                and max(times) > min(times) * self.jump
-                and len({micro_cost(1, 0, x, cap, self.micro) for x in pts}) == 1
-            ):
-                c, a = statistics.linear_regression(list(pts), times)
-                if c > 0 and a >= 0:
-                    latency.append(a)
-                    per_sample.append(c)
-                    continue
-            model = micro_cost(a0, c0, b, cap, self.micro)
-            scale = pts[b] / model if model > 0 else 1.0
-            latency.append(scale * a0)
-            per_sample.append(scale * c0)
-        return latency, per_sample
+            if self.micro and cap is not None:
+                per_pass = {}
+                for b, t in pts.items():
+                    k = len(micro_split(b, cap))
+                    per_pass[math.ceil(b / k)] = t / k
+                pts = per_pass
+            out.append(Curve((a, c), tuple(pts.items()), self.jump))
+        return out
 
     def step_times(self, plan: Sequence[int]) -> list[float]:
-        latency, per_sample = self.model()
-        # a rank left out (batch 0) computes nothing and waits for no one
+        """Each rank's predicted compute time under `plan` (0 for a rank left out: it computes
+        nothing and waits for no one)."""
         return [
-            micro_cost(a, c, b, cap, self.micro) if b else 0.0
-            for a, c, b, cap in zip(latency, per_sample, plan, self.caps, strict=True)
+            cost_of(c, cap, self.micro)(b) if b else 0.0
+            for c, b, cap in zip(self.curves(), plan, self.caps, strict=True)
         ]
 
-    def observe(self, plan: Sequence[int], compute_s_per_step: Sequence[float]) -> None:
-        """Feed each rank's mean compute time per step over a window in which it ran `plan`."""
+    def observe(
+        self,
+        plan: Sequence[int],
+        compute_s_per_step: Sequence[float],
+        noise: float = 0.0,
+        rows: int = 0,
+    ) -> None:
+        """Feed each rank's mean compute time per step over a window of `rows` steps in which it
+        ran `plan`, and the spread of that window's steps (`noise`: the coefficient of variation
+        of the slowest computing rank's time per step; 0 where not measured)."""
         self.last_step_s = max(compute_s_per_step)
+        self.noise, self.rows, self.windows = noise, rows, self.windows + 1
         failed = False
         if self.trial is not None and list(plan) != self.trial["plan"]:
             before, self.trial, after = self.trial, None, max(compute_s_per_step)
@@ -200,11 +222,18 @@ class Rebalancer:
         mean = sum(times) / len(times) if times else 0.0
         return max(times) / mean - 1 if mean > 0 else 0.0
 
-    def propose(self, plan: Sequence[int], step: int) -> list[int] | None:
-        """A new plan, or None when the current one is good enough: its ranks balanced within
-        `threshold` and none left out. A plan that leaves a rank out (batch 0) is looked at
-        again every window, since the others slowing down can make that rank worth its fixed
-        cost again (its own time is not measured while it is out: the model keeps its last)."""
+    def propose(
+        self,
+        plan: Sequence[int],
+        step: int,
+        steps_left: int | None = None,
+        switch_s: float = 0.0,
+    ) -> list[int] | None:
+        """A new plan, or None where the current one is good enough: its ranks balanced within
+        `margin` and none left out, or no plan predicted to gain more than `margin` (twice it to
+        bring a rank back, `BRING_BACK`) plus `switch_s` (a rank's copy of the replica where one
+        returns) over the `steps_left` it would save on. A plan that leaves a rank out is looked
+        at again every window: the others slowing down can make it worth its cost again."""
         if self.revert_to is not None:
             back, self.revert_to = self.revert_to, None
             self.history.append({"step": step, "plan": back, "reverted": list(plan)})
@@ -212,16 +241,25 @@ class Rebalancer:
         if self.points is None:
             return None
         current = self.imbalance(plan)
-        if current <= self.threshold and 0 not in plan:
+        if current <= self.margin and 0 not in plan:
             return None
-        latency, per_sample = self.model()
-        new, self.excluded = balance_with_exclusion(
-            per_sample, latency, self.global_batch, self.caps, micro=self.micro
+        names = [f"rank {i}" for i in range(len(plan))]
+        new, self.excluded = balance_on_curves(
+            self.curves(), self.global_batch, self.caps, names, self.micro
         )
         before, after = max(self.step_times(plan)), max(self.step_times(new))
         gain = before / after - 1 if after > 0 else 0.0
-        if new == list(plan) or new in self.rejected or gain <= self.margin:
+        back = any(b == 0 and n > 0 for b, n in zip(plan, new, strict=True))
+        bar = self.margin * (BRING_BACK if back else 1.0)
+        if back and steps_left:
+            bar += switch_s / (steps_left * after) if after > 0 else 0.0
+        if new == list(plan) or new in self.rejected or gain <= bar:
+            self.pending = False
             return None
+        if gain <= CLEAR_GAIN * bar and not self.pending:  # marginal: the next window must agree
+            self.pending = True
+            return None
+        self.pending = False
         self.trial = {"plan": list(plan), "step_s": self.last_step_s, "predicted_s": after}
         self.history.append(
             {
@@ -229,6 +267,7 @@ class Rebalancer:
                 "plan": new,
                 "imbalance_before": round(current, 4),
                 "predicted_speedup": round(before / after, 4),
+                "margin": round(bar, 4),
                 **({"excluded": self.excluded} if self.excluded else {}),
             }
         )
@@ -245,6 +284,7 @@ class Rebalancer:
             "trial": self.trial,
             "revert_to": self.revert_to,
             "errors": self.errors,
+            "noise": [self.noise, self.rows, self.windows, self.pending],
         }
 
     def restore(self, state: dict) -> None:
@@ -258,6 +298,7 @@ class Rebalancer:
         self.history, self.rejected = state["replans"], state["rejected"]
         self.trial, self.revert_to = state["trial"], state["revert_to"]
         self.errors = list(state.get("errors", []))
+        self.noise, self.rows, self.windows, self.pending = state.get("noise", [0.0, 0, 0, False])
 
 
 def narrowed_state(state: dict, keep: list[int]) -> dict:

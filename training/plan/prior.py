@@ -1,0 +1,90 @@
+"""What a run plans its first step from when it measures nothing before it (pure).
+
+The optimized run starts training at once and learns each worker's step-time curve from its
+own steps (`rebalancer.Rebalancer`); its first plan comes from the best prior it has:
+
+1. the profile history, where every worker's type has a fresh entry (`assemble`, by the task
+   that looks the entries up: `tasks.history.prior_or_history`);
+2. else published ratios, where every worker names a device preset (its published per-batch
+   latencies, fitted as a line: `published_prior`) or an EC2 instance type (the catalog's peak
+   FLOP/s: `infra.catalog.seed_profile`);
+3. else the equal split (`equal_prior`): a worker's declared emulated `speed` is what the run
+   must rediscover, not a prior.
+
+Priors of different kinds do not share a unit of time, so a cluster takes the first kind that
+covers every worker. A prior's profile has `prior` set: nothing in it was measured in this
+cluster, its all-reduce is unknown (0) and its memory caps are the declared ones.
+"""
+
+from __future__ import annotations
+
+from hetflow.config import ClusterSpec, TrainConfig
+from hetflow.emulation.presets import PRESETS
+from hetflow.records import Profile, RankProfile
+from hetflow.training.plan.fitting import fit_affine
+
+EQUAL = "prior: none, the equal split"
+
+
+def _rank(i: int, name: str, a: float, c: float, ref: int) -> RankProfile:
+    step = a + c * ref
+    return RankProfile(
+        rank=i,
+        worker=name,
+        samples_per_s=ref / step,
+        step_compute_s=step,
+        fit_latency_s=a,
+        fit_s_per_sample=c,
+    )
+
+
+def _profile(
+    cluster: ClusterSpec, train: TrainConfig, ranks: list[RankProfile], sources
+) -> Profile:
+    fastest = max(r.samples_per_s for r in ranks)
+    for r in ranks:
+        r.relative_speed = r.samples_per_s / fastest
+    return Profile(
+        cluster=cluster.name, model=train.recipe, ranks=ranks, sources=list(sources), prior=True
+    )
+
+
+def equal_prior(cluster: ClusterSpec, train: TrainConfig) -> Profile:
+    """Every worker alike (a proportional line of 1 ms a sample): the equal split.
+
+    >>> p = equal_prior(ClusterSpec.from_speeds([1, 4]), TrainConfig())
+    >>> [r.fit_s_per_sample for r in p.ranks], p.sources[0], p.prior
+    ([0.001, 0.001], 'prior: none, the equal split', True)
+    """
+    ref = max(1, train.global_batch // cluster.world_size)
+    ranks = [_rank(i, w.name, 0.0, 1e-3, ref) for i, w in enumerate(cluster.workers)]
+    return _profile(cluster, train, ranks, [EQUAL] * cluster.world_size)
+
+
+def published_prior(cluster: ClusterSpec, train: TrainConfig) -> Profile | None:
+    """Where every worker names a device preset: each one's published latencies (ms per batch,
+    `emulation.presets`) fitted as a line in seconds; None otherwise.
+
+    >>> p = published_prior(ClusterSpec.from_speeds(["t4", "a100"]), TrainConfig())
+    >>> p.sources[0], p.ranks[0].fit_s_per_sample > p.ranks[1].fit_s_per_sample
+    ('prior: the published curve of preset t4', True)
+    >>> published_prior(ClusterSpec.from_speeds([1, 2]), TrainConfig()) is None
+    True
+    """
+    if not all(w.preset for w in cluster.workers):
+        return None
+    ref = max(1, train.global_batch // cluster.world_size)
+    ranks, sources = [], []
+    for i, w in enumerate(cluster.workers):
+        table = PRESETS[w.preset].latency_ms
+        a, c = fit_affine(list(table), [ms / 1e3 for ms in table.values()])
+        ranks.append(_rank(i, w.name, max(a, 0.0), max(c, 1e-9), ref))
+        sources.append(f"prior: the published curve of preset {w.preset}")
+    return _profile(cluster, train, ranks, sources)
+
+
+def mark_prior(profile: Profile, what: str) -> Profile:
+    """`profile` (from the history or a catalog's seed) as a prior: `prior` set, and each
+    source saying `what` it is where it says nothing yet."""
+    sources = profile.sources or [what] * len(profile.ranks)
+    return profile.model_copy(update={"prior": True, "sources": list(sources)})
