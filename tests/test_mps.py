@@ -151,3 +151,34 @@ def test_the_launcher_refuses_before_writing_the_job(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^cluster.workers\[w1\].gpu_share: MPS is not avail"):
         local.run_workers(spec)
     assert not (tmp_path / "run").exists()
+
+
+def test_bench_hetero_gives_each_worker_its_share_where_mps_runs(monkeypatch):
+    from benchmarks.hetero import parse_args
+
+    monkeypatch.setattr("benchmarks.hetero.mps_available", lambda: (True, "/usr/bin/x"))
+    _, bench = parse_args(["--gpu-shares", "10,20,,40", "--devices", "cuda", "--no-emulate"])
+    assert [w.gpu_share for w in bench.cluster.workers] == [10, 20, None, 40]
+
+
+@pytest.mark.parametrize(
+    "flag, said",
+    [
+        ("10,20,30", r"--gpu-shares: 4 shares of 1 to 100 \(or empty\) expected"),
+        ("10,20,30,101", r"--gpu-shares: 4 shares of 1 to 100"),
+        ("10,x,30,40", r"--gpu-shares: expected whole numbers"),
+    ],
+)
+def test_bench_hetero_refuses_bad_shares_in_one_line(flag, said):
+    from benchmarks.hetero import parse_args
+
+    with pytest.raises(ConfigError, match=f"^{said}"):
+        parse_args(["--gpu-shares", flag])
+
+
+def test_bench_hetero_refuses_shares_where_mps_does_not_run(monkeypatch):
+    from benchmarks.hetero import parse_args
+
+    monkeypatch.setattr("benchmarks.hetero.mps_available", lambda: (False, None))
+    with pytest.raises(ConfigError, match=r"^cluster.workers\[w0\].gpu_share: MPS is not avail"):
+        parse_args(["--gpu-shares", "10,20,30,40"])

@@ -34,6 +34,7 @@ from hetflow.config import (
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.launch.local import measure_profile
+from hetflow.training.launch.mps import check_mps, mps_available
 from hetflow.training.launch.run import run_plan
 from hetflow.training.metrics import end_to_end, needs_profile, summarize
 from hetflow.training.plan import planner
@@ -41,7 +42,7 @@ from hetflow.training.plan.planner import fastest_alone, ideal_throughput, make_
 from hetflow.training.plan.ranks import RankMap
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
-from benchmarks.hetero.args import PRECISION, parser
+from benchmarks.hetero.args import PRECISION, parse_shares, parser
 from benchmarks.hetero.bound import bound_figures, solo_rates
 from benchmarks.hetero.model import at_run_pace, compute_model_error
 from benchmarks.hetero.table import print_table
@@ -176,11 +177,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         w.device = devices[i % len(devices)]
     for w, cpus in zip(cluster.workers, parse_cpus(args.cpus, cluster.world_size), strict=True):
         w.cpus = cpus
+    for w, share in zip(
+        cluster.workers, parse_shares(args.gpu_shares, cluster.world_size), strict=True
+    ):
+        w.gpu_share = share
     for w, cap in zip(
         cluster.workers, parse_caps(args.memory_caps, cluster.world_size), strict=True
     ):
         w.memory_cap_batch = cap
     core_sets(cluster, host_cores())  # the cores asked for exist here, before anything starts
+    check_mps(cluster, *mps_available())  # and MPS, where a worker has a share of a GPU
     knobs = {
         "precision": precisions[0],
         "recipe": recipe_flag(args),
