@@ -156,7 +156,7 @@ def test_the_launcher_refuses_before_writing_the_job(tmp_path, monkeypatch):
 def test_bench_hetero_gives_each_worker_its_share_where_mps_runs(monkeypatch):
     from benchmarks.hetero import parse_args
 
-    monkeypatch.setattr("benchmarks.hetero.mps_available", lambda: (True, "/usr/bin/x"))
+    monkeypatch.setattr("benchmarks.hetero.hardware.mps_available", lambda: (True, "/usr/bin/x"))
     _, bench = parse_args(["--gpu-shares", "10,20,,40", "--devices", "cuda", "--no-emulate"])
     assert [w.gpu_share for w in bench.cluster.workers] == [10, 20, None, 40]
 
@@ -179,6 +179,6 @@ def test_bench_hetero_refuses_bad_shares_in_one_line(flag, said):
 def test_bench_hetero_refuses_shares_where_mps_does_not_run(monkeypatch):
     from benchmarks.hetero import parse_args
 
-    monkeypatch.setattr("benchmarks.hetero.mps_available", lambda: (False, None))
+    monkeypatch.setattr("benchmarks.hetero.hardware.mps_available", lambda: (False, None))
     with pytest.raises(ConfigError, match=r"^cluster.workers\[w0\].gpu_share: MPS is not avail"):
         parse_args(["--gpu-shares", "10,20,30,40"])

@@ -1,5 +1,5 @@
-"""`hetflow bench hetero`'s flags (their checks are `hetero.parse_args`', `--gpu-shares`' is
-`parse_shares`)."""
+"""`hetflow bench hetero`'s flags (their checks are `hetero.parse_args`' and, for each
+worker's hardware, `hetero.hardware`')."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 from hetflow.cli.job import add_recipe_arg, add_strategy_arg
 from hetflow.cli.parser import Parser
-from hetflow.config import ClusterSpec, ConfigError, TrainConfig
+from hetflow.config import ClusterSpec, TrainConfig
 
 PRECISION = TrainConfig.model_fields["precision"]
 TIME_SCALE = 16.0  # see hetero's docstring
@@ -150,24 +150,3 @@ def _add_hardware(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="real heterogeneity (e.g. one CUDA worker beside CPU workers): no time dilation",
     )
-
-
-def parse_shares(text: str | None, world: int) -> list[int | None]:
-    """`--gpu-shares`: each worker's MPS share in percent, None where left empty (pure).
-
-    >>> parse_shares("10,,40", 3), parse_shares(None, 2)
-    ([10, None, 40], [None, None])
-    """
-    if text is None:
-        return [None] * world
-    try:
-        shares = [int(c) if c.strip() else None for c in text.split(",")]
-    except ValueError:
-        raise ConfigError(
-            f"--gpu-shares: expected whole numbers, e.g. 10,20,30,40 (got {text!r})"
-        ) from None
-    if len(shares) != world or not all(1 <= s <= 100 for s in shares if s is not None):
-        raise ConfigError(
-            f"--gpu-shares: {world} shares of 1 to 100 (or empty) expected (got {text!r})"
-        )
-    return shares
