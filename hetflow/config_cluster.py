@@ -63,6 +63,15 @@ class WorkerSpec(ConfigModel):
         description="Cores of its own this worker's process is pinned to, with as many torch "
         "threads (local launcher); empty: not pinned, `threads_per_rank` threads.",
     )
+    gpu_share: SkipJsonSchema[int | None] = Field(
+        None,
+        ge=1,
+        le=100,
+        title="GPU share, %",
+        description="This worker's share of its GPU's streaming multiprocessors under NVIDIA "
+        "MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; local launcher): several workers of "
+        "different real speeds on one GPU. Empty: no MPS for this worker.",
+    )
 
     preset: str | None = Field(
         None,
@@ -109,6 +118,12 @@ class WorkerSpec(ConfigModel):
         if isinstance(data, dict) and data.get("preset") in PRESETS and "speed" not in data:
             data = {**data, "speed": round(PRESETS[data["preset"]].peak_samples_per_s / 1e3, 4)}
         return data
+
+    @model_validator(mode="after")
+    def _share_of_a_gpu(self) -> WorkerSpec:
+        if self.gpu_share is not None and self.device == "cpu":
+            raise ValueError("gpu_share: a share of a GPU, but this worker's device is 'cpu'")
+        return self
 
     @model_validator(mode="after")
     def _preset_or_own_curve(self) -> WorkerSpec:

@@ -72,6 +72,10 @@ def bench_parser(name: str, rest: list[str]):
         from benchmarks.fsdp import parser
 
         return parser()
+    if name == "gpu_all":
+        from benchmarks.gpu_all import parser
+
+        return parser()
     if "--train" in rest:
         from benchmarks import data_train
 

@@ -39,6 +39,7 @@ from hetflow.training.faults.records import (
     write_failure,
     write_pid,
 )
+from hetflow.training.launch.mps import apply_rank_env
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.training_loop import train
 from hetflow.training.probes import profile
@@ -120,6 +121,7 @@ def place_rank(spec: RunSpec, rank: int, local_rank: int) -> tuple[str, str]:
     exists (NCCL needs the device first)."""
     torch.set_num_threads(spec.train.threads_per_rank)
     pin_rank(spec.cluster, rank)  # a worker's own cores and threads, where it sets `cpus`
+    apply_rank_env(spec.cluster, rank)  # its MPS share, where it sets `gpu_share`
     device, precision = rank_device_precision(
         spec.cluster, spec.train, rank, local_rank, spec.backend
     )

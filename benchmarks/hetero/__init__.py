@@ -32,7 +32,6 @@ from hetflow.config import (
     validated,
 )
 from hetflow.records import Plan, Profile, RunResult
-from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.launch.local import measure_profile
 from hetflow.training.launch.run import run_plan
 from hetflow.training.metrics import end_to_end, needs_profile, summarize
@@ -44,6 +43,7 @@ from hetflow.training.plan.ranks import RankMap
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.hetero.args import PRECISION, parser
 from benchmarks.hetero.bound import bound_figures, solo_rates
+from benchmarks.hetero.hardware import set_hardware
 from benchmarks.hetero.model import at_run_pace, compute_model_error
 from benchmarks.hetero.table import print_table
 from benchmarks.ray_cluster import local_ray
@@ -74,44 +74,6 @@ def parse_straggler(text: str, world: int) -> tuple[int, int, float]:
     if not out[2] > 0:
         raise ConfigError(f"--straggler: factor must be > 0 (got {out[2]})")
     return out
-
-
-def parse_cpus(text: str | None, world: int) -> list[int | None]:
-    """`--cpus`: each worker's cores, or none pinned (pure).
-
-    >>> parse_cpus("1,2", 2), parse_cpus(None, 2)
-    ([1, 2], [None, None])
-    """
-    if text is None:
-        return [None] * world
-    try:
-        cpus = [int(c) for c in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"--cpus: expected whole numbers, e.g. 1,2,4,8 (got {text!r})") from None
-    if len(cpus) != world or min(cpus) < 1:
-        raise ConfigError(f"--cpus: {world} counts of 1 or more expected (got {text!r})")
-    return cpus
-
-
-def parse_caps(text: str | None, world: int) -> list[int | None]:
-    """`--memory-caps`: each worker's declared memory cap, None where left empty (pure).
-
-    >>> parse_caps(",,,16", 4), parse_caps(None, 2)
-    ([None, None, None, 16], [None, None])
-    """
-    if text is None:
-        return [None] * world
-    try:
-        caps = [int(c) if c.strip() else None for c in text.split(",")]
-    except ValueError:
-        raise ConfigError(
-            f"--memory-caps: expected whole numbers, e.g. ,,,16 (got {text!r})"
-        ) from None
-    if len(caps) != world or min((c for c in caps if c is not None), default=1) < 1:
-        raise ConfigError(
-            f"--memory-caps: {world} caps of 1 sample or more (or empty) expected (got {text!r})"
-        )
-    return caps
 
 
 def run_ideal(profile: Profile, global_batch: int, steps: int, stragglers: list) -> float:
@@ -171,18 +133,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
     for p in precisions:
         if p not in get_args(PRECISION.annotation):
             raise ConfigError(f"--precision: {p!r} is not one of fp32, bf16, fp16, auto")
-    devices = (args.devices or "auto").split(",")
-    if len(devices) not in (1, cluster.world_size):
-        raise ConfigError(f"--devices: {len(devices)} devices for {cluster.world_size} workers")
-    for i, w in enumerate(cluster.workers):
-        w.device = devices[i % len(devices)]
-    for w, cpus in zip(cluster.workers, parse_cpus(args.cpus, cluster.world_size), strict=True):
-        w.cpus = cpus
-    for w, cap in zip(
-        cluster.workers, parse_caps(args.memory_caps, cluster.world_size), strict=True
-    ):
-        w.memory_cap_batch = cap
-    core_sets(cluster, host_cores())  # the cores asked for exist here, before anything starts
+    set_hardware(cluster, args)
     knobs = {
         "precision": precisions[0],
         "recipe": recipe_flag(args),

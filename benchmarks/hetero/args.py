@@ -1,4 +1,5 @@
-"""`hetflow bench hetero`'s flags (their checks are `hetero.parse_args`')."""
+"""`hetflow bench hetero`'s flags (their checks are `hetero.parse_args`' and, for each
+worker's hardware, `hetero.hardware`')."""
 
 from __future__ import annotations
 
@@ -127,6 +128,12 @@ def _add_hardware(p: argparse.ArgumentParser) -> None:
         "--cpus",
         help="each worker's own CPU cores, comma-separated (e.g. 1,2,4,8): its process pinned "
         "to them, with as many torch threads; with --no-emulate, real mixed speeds",
+    )
+    p.add_argument(
+        "--gpu-shares",
+        dest="gpu_shares",
+        help="each worker's share of its GPU in percent, comma-separated, empty for none (e.g. "
+        "10,20,30,40): the job runs beside an MPS daemon of its own (`gpu_share`)",
     )
     p.add_argument(
         "--devices",

@@ -18,7 +18,7 @@ from hetflow.cli.job import ingest_of, job_of
 from hetflow.config import ConfigError, TrackingConfig
 from hetflow.output import write_json
 
-BENCHMARKS = ("hetero", "comm", "data", "host", "noise", "lr_rule", "recommend", "fsdp")
+BENCHMARKS = ("hetero", "comm", "data", "host", "noise", "lr_rule", "recommend", "fsdp", "gpu_all")
 
 
 def _print_table(table: dict, title: str, notes: list[str] | tuple[str, ...] = ()) -> None:

@@ -15,6 +15,7 @@ from hetflow.records import Profile, RankFailure
 from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.devices import check_devices
 from hetflow.training.faults.watch import JobWatch, job_pids, kill_job
+from hetflow.training.launch.mps import check_mps, mps_available, mps_daemon
 from hetflow.training.launch.spec import RunSpec
 
 
@@ -89,6 +90,7 @@ def run_workers(
     """
     placement = check_devices(spec.cluster, spec.train)  # a one-line error before launch
     core_sets(spec.cluster, host_cores())  # the cores asked for exist here
+    check_mps(spec.cluster, *mps_available())  # MPS runs here, where a worker has a gpu_share
     spec = spec.model_copy(
         update={
             "backend": placement.backend,
@@ -113,8 +115,8 @@ def run_workers(
     watch = JobWatch(run_dir, spec.train.stall_timeout_s)
     log = run_dir / "workers.log"
     t = time.perf_counter()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=worker_env(spec))
+    with log.open("wb") as out, mps_daemon(spec.cluster, worker_env(spec)) as env:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             _watch(proc, watch, run_dir, t + timeout_s, on_progress)
         except BaseException:
