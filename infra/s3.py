@@ -110,6 +110,20 @@ def bucket_of(dataset_url: str | None) -> str:
     return (dataset_url or DEFAULT_DATASET_URL).split("://", 1)[-1].split("/", 1)[0]
 
 
+def profiles_root(dataset_url: str | None) -> str:
+    """Where the profiles of runs on `dataset_url` live: `s3://<its bucket>/profiles` for a
+    dataset in S3; for one anywhere else (a local folder, `file://`), the default bucket's,
+    which `local_s3_endpoint` serves from the local store under `$HETFLOW_HOME/s3` (or the
+    endpoint `AWS_ENDPOINT_URL` names): a path taken from a folder's URL would be the
+    filesystem's root.
+
+    >>> profiles_root("s3://my-bucket/data"), profiles_root("file:///tmp/mydata")
+    ('s3://my-bucket/profiles', 's3://hetflow-data/profiles')
+    """
+    in_s3 = (dataset_url or DEFAULT_DATASET_URL).startswith("s3://")
+    return f"s3://{bucket_of(dataset_url if in_s3 else None)}/profiles"
+
+
 def _bucket_line(dataset_url: str | None) -> str:
     """The dataset's bucket, or where the dataset is when that is not S3 (the run's
     checkpoints are still written to S3)."""
