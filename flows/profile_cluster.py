@@ -2,7 +2,8 @@
 
 Each profile is stored as JSON under the cluster's profiles prefix in S3
 (`s3://<dataset bucket>/profiles/<cluster>/<model>/<UTC timestamp>.json` unless
-`profiles_url` says otherwise), as an MLflow run's artifact (variant `profile`) and as a Prefect
+`profiles_url` says otherwise; the local store's default bucket for a dataset outside S3,
+`infra.s3.profiles_root`), as an MLflow run's artifact (variant `profile`) and as a Prefect
 table artifact. The previous profile under the prefix is read first: a worker whose relative
 speed moved by more than `drift_threshold` since then is flagged (printed, in the table and in
 the profile's `drift`). Workers that name EC2 instance types get their emulated speed and link

@@ -38,6 +38,10 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     (docs/measurements/data.md, "S3 clients"), and a changed endpoint or credentials (tests,
     `local_s3_endpoint`, a proxy) gets a client of its own. Listings are
     not cached, so an object another writer put or removed is seen at once.
+
+    A local filesystem makes a file's missing parent folders when the file is written
+    (`auto_mkdir`), as S3 needs none: a key like `<root>/train/shard-00000.npz` writes the
+    same to `file://` as to `s3://`, whether or not `<root>` exists yet.
     """
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
     protocol = url.split("://", 1)[0] if "://" in url else "file"
@@ -45,7 +49,7 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     with _filesystems_lock:
         fs = _filesystems.get(key)
         if fs is None:
-            opts: dict = {}
+            opts: dict = {"auto_mkdir": True} if protocol == "file" else {}
             if protocol == "s3":
                 # botocore's own retries (exponential backoff) absorb throttling, 5xx and resets;
                 # AWS_RETRY_MODE / AWS_MAX_ATTEMPTS, when set, win.
@@ -104,6 +108,20 @@ def bucket_of(dataset_url: str | None) -> str:
     ('my-bucket', 'hetflow-data')
     """
     return (dataset_url or DEFAULT_DATASET_URL).split("://", 1)[-1].split("/", 1)[0]
+
+
+def profiles_root(dataset_url: str | None) -> str:
+    """Where the profiles of runs on `dataset_url` live: `s3://<its bucket>/profiles` for a
+    dataset in S3; for one anywhere else (a local folder, `file://`), the default bucket's,
+    which `local_s3_endpoint` serves from the local store under `$HETFLOW_HOME/s3` (or the
+    endpoint `AWS_ENDPOINT_URL` names): a path taken from a folder's URL would be the
+    filesystem's root.
+
+    >>> profiles_root("s3://my-bucket/data"), profiles_root("file:///tmp/mydata")
+    ('s3://my-bucket/profiles', 's3://hetflow-data/profiles')
+    """
+    in_s3 = (dataset_url or DEFAULT_DATASET_URL).startswith("s3://")
+    return f"s3://{bucket_of(dataset_url if in_s3 else None)}/profiles"
 
 
 def _bucket_line(dataset_url: str | None) -> str:

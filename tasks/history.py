@@ -1,7 +1,8 @@
 """The profile history per worker type in S3, and a profile that measures only what it lacks.
 
 Entries (`hetflow.history.TypeEntry`) live next to the cluster profiles, in the dataset's
-bucket: `s3://<bucket>/profiles/types/<key slug>/<UTC timestamp>.json`. Every profile run
+bucket: `s3://<bucket>/profiles/types/<key slug>/<UTC timestamp>.json`; for a dataset outside
+S3, in the default bucket of the local store (`infra.s3.profiles_root`). Every profile run
 writes one entry per type it measured (`store_entries`); `profile_or_reuse` (train, compare,
 the demo) looks each worker's key up first and launches a profile of one worker per type
 without a fresh entry, or none at all.
@@ -17,7 +18,7 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, kind_slug, type_key, versions
 from hetflow.infra.catalog import Catalog, seed_profile
 from hetflow.infra.paths import new_run_dir
-from hetflow.infra.s3 import ensure_bucket, filesystem, local_s3_endpoint
+from hetflow.infra.s3 import ensure_bucket, filesystem, local_s3_endpoint, profiles_root
 from hetflow.records import Profile
 from hetflow.tasks.profile import profile_stamp
 from hetflow.training.launch.local import measure_profile
@@ -30,9 +31,9 @@ from hetflow.training.plan.rental import History
 
 
 def types_prefix(dataset: DatasetSpec) -> str:
-    """`s3://<dataset bucket>/profiles/types`: the history of every worker type."""
-    scheme, rest = dataset.url.split("://", 1)
-    return f"{scheme}://{rest.split('/', 1)[0]}/profiles/types"
+    """`<profiles_root>/types`: the history of every worker type; for a dataset outside S3,
+    the default bucket's, in the local store (`infra.s3.profiles_root`)."""
+    return f"{profiles_root(dataset.url)}/types"
 
 
 def entries_of(

@@ -1,9 +1,10 @@
 """Profiling tasks: the catalog, a profile's storage and history in S3, its MLflow run.
 
 A profile is stored as `<prefix>/<UTC timestamp>.json` (the names sort by time), where the
-prefix defaults to `s3://<dataset bucket>/profiles/<cluster name>/<model>`: profiles of one
-cluster and model form its history. `speed_drift` (pure) compares a profile with the previous
-one and flags the workers whose relative speed moved by more than a threshold.
+prefix defaults to `s3://<dataset bucket>/profiles/<cluster name>/<model>` (the local store's
+default bucket for a dataset outside S3): profiles of one cluster and model form its history.
+`speed_drift` (pure) compares a profile with the previous one and flags the workers whose
+relative speed moved by more than a threshold.
 """
 
 from __future__ import annotations
@@ -17,18 +18,17 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.history import TypeEntry
 from hetflow.infra.catalog import Catalog, resolve_cluster
 from hetflow.infra.paths import new_run_dir
-from hetflow.infra.s3 import ensure_bucket, filesystem
+from hetflow.infra.s3 import ensure_bucket, filesystem, profiles_root
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Profile, SpeedDrift
 from hetflow.training.launch.local import measure_profile
 
 
 def profiles_prefix(dataset: DatasetSpec, cluster: ClusterSpec, recipe: str) -> str:
-    """Where a cluster's profiles of a recipe live: next to the dataset, in the same bucket
-    (an import path's ':' as '.')."""
-    scheme, rest = dataset.url.split("://", 1)
-    bucket = rest.split("/", 1)[0]
-    return f"{scheme}://{bucket}/profiles/{cluster.name}/{recipe.replace(':', '.')}"
+    """Where a cluster's profiles of a recipe live: next to the dataset, in the same bucket;
+    for a dataset outside S3, in the local store's default bucket (`infra.s3.profiles_root`);
+    an import path's ':' as '.'."""
+    return f"{profiles_root(dataset.url)}/{cluster.name}/{recipe.replace(':', '.')}"
 
 
 def profile_stamp(now: dt.datetime | None = None) -> str:

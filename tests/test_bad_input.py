@@ -175,6 +175,29 @@ def test_a_dataset_the_local_store_lacks_is_one_line_before_any_flow(tmp_path):
     assert "hetflow data ingest --to s3://my-bucket/corpus" in line
 
 
+def test_a_recipe_that_does_not_fit_the_datas_shape_is_one_line_before_launch(tmp_path):
+    """The default recipe (digits-cnn) on 5 features: refused by the command before any flow,
+    and by the flows' own check (`check_training`, for data only a flow can read), naming
+    `train.recipe` and the built-in recipes that fit."""
+    import numpy as np
+
+    from hetflow.infra.data.format import read_manifest, write_dataset
+    from hetflow.tasks.preflight import check_training
+
+    rng = np.random.default_rng(0)
+    url = (tmp_path / "tab").as_uri()
+    split = (rng.random((40, 5), dtype=np.float32), rng.integers(0, 3, 40))
+    write_dataset(url, {"train": split, "test": split}, shard_samples=16)
+    line = _hetflow(tmp_path, "demo", "--dataset-url", url)
+    expected = "train.recipe: digits-cnn needs a square number of features, not 5"
+    assert expected in line and line.endswith("use --recipe digits-mlp or digits-wide-mlp"), line
+    assert not (tmp_path / "home" / "runs").exists()
+    with pytest.raises(ConfigError, match=expected) as e:
+        check_training(TrainConfig(), manifest=read_manifest(url))
+    assert "\n" not in str(e.value)
+    check_training(TrainConfig(recipe="digits-mlp"), manifest=read_manifest(url))
+
+
 def test_an_image_folder_without_class_subfolders_is_one_line(tmp_path):
     from PIL import Image
 

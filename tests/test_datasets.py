@@ -98,6 +98,15 @@ def test_ingest_writes_shards_and_manifest_and_reads_back(s3, tmp_path):
     assert again.cache.stats.hits == 4 and again.cache.stats.s3_bytes_read == 0
 
 
+@pytest.mark.parametrize("source", ["synthetic", "digits"])
+def test_the_built_in_sources_write_to_a_local_folder_that_does_not_exist(tmp_path, source):
+    url = (tmp_path / "not-yet" / "mydata").as_uri()
+    manifest = ingest_dataset.fn(_spec(tmp_path, url=url, source=source))
+    assert (tmp_path / "not-yet/mydata/train/shard-00000.npz").is_file()
+    verify_dataset(manifest, deep=True)
+    assert read_manifest(url) == manifest
+
+
 def test_an_existing_dataset_is_reused_only_if_it_is_the_same(s3, tmp_path, monkeypatch):
     spec = _spec(tmp_path)
     ingest_dataset.fn(spec)

@@ -14,8 +14,9 @@ import pytest
 import hetflow.tasks.history as history_task
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.history import MEASURED_NOW, TypeEntry, type_key
-from hetflow.infra.s3 import filesystem
+from hetflow.infra.s3 import filesystem, local_s3_endpoint
 from hetflow.records import Profile
+from hetflow.tasks.profile import profiles_prefix
 from hetflow.training.plan.assemble import assemble, ring_figures, sub_cluster
 from hetflow.training.plan.collective import ring_allreduce_time
 
@@ -134,6 +135,29 @@ def test_a_second_run_reuses_the_history_and_a_new_type_is_profiled_on_one_worke
     (part, batches) = measure.launched[-1]
     assert [w.name for w in part.workers] == ["w4"] and batches == [1, 2, 4, 8, 16, 32]
     assert fourth.sources[4:] == [MEASURED_NOW, f"{MEASURED_NOW} (as w4)"]
+
+
+def test_a_dataset_in_a_local_folder_keeps_its_history_in_the_local_store(
+    tmp_path, hetflow_home, prefect_harness, monkeypatch
+):
+    """Not under the filesystem's root (a `file://` URL's "bucket"): in the default bucket,
+    which the local store keeps for the next command."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    measure = fake_measure()
+    monkeypatch.setattr(history_task, "measure_profile", measure)
+    dataset = DatasetSpec(url=(tmp_path / "mydata").as_uri())
+    cluster = ClusterSpec.from_speeds([1, 2])
+    prefix = profiles_prefix(dataset, cluster, "a.b:C")
+    assert prefix == f"s3://hetflow-data/profiles/{cluster.name}/a.b.C"
+    with local_s3_endpoint(dataset.url):
+        history_task.profile_or_reuse.fn(cluster, dataset, TRAIN)
+    stored = sorted((hetflow_home / "s3/hetflow-data/profiles/types").glob("speed-*/*.json"))
+    assert len(stored) == 2
+    with local_s3_endpoint(dataset.url):  # the next command: a new endpoint, the store's objects
+        again = history_task.profile_or_reuse.fn(cluster, dataset, TRAIN)
+    assert len(measure.launched) == 1 and again.profiling_time_s == 0.0
+    assert all(s.startswith("s3://hetflow-data/profiles/types/speed-") for s in again.sources)
 
 
 def test_a_stale_or_mismatched_entry_is_not_used(dataset, prefect_harness, monkeypatch):

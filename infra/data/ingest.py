@@ -89,8 +89,6 @@ class _SplitWriter:
         self.labels: list[np.ndarray] = []
         self.held = 0
         self.shards: list[ShardInfo] = []
-        with contextlib.suppress(OSError):  # a local folder must exist; S3 has none
-            fs.makedirs(f"{root}/{split}", exist_ok=True)
 
     def add(self, x: np.ndarray, y: np.ndarray | None = None) -> None:
         while len(x):

@@ -99,6 +99,12 @@ class Recipe:
     def build_model(self, info: DataInfo) -> nn.Module:
         raise NotImplementedError
 
+    def check_data(self, info: DataInfo) -> None:
+        """Raise a ValueError of one line when the dataset's sizes (`info`, of the recipe's
+        `kind`) do not fit the model, e.g. features that make no square image. hetflow calls
+        it before anything launches (`check_fits`), so a misfit is refused in one line naming
+        `train.recipe` rather than on every rank; by default every size fits."""
+
     def batch(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, ...]:
         return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.asarray(y))
 
@@ -190,12 +196,40 @@ def _check_lr_rule(name: str, recipe: Recipe) -> None:
 
 
 def check_fits(recipe: Recipe, info: DataInfo, where: str = "the dataset") -> None:
-    """A one-line ConfigError when `info`'s samples are not what `recipe` reads."""
+    """A one-line ConfigError naming `train.recipe` when `info`'s samples are not what
+    `recipe` reads: another kind, or sizes its `check_data` refuses; the latter names the
+    built-in recipes that fit `info` (`fitting_recipes`)."""
     if recipe.kind != info.kind:
         raise ConfigError(
             f"train.recipe: {recipe.name} reads {recipe.kind} samples, but {where} holds "
             f"{info.kind} samples"
         )
+    try:
+        recipe.check_data(info)
+    except ValueError as e:
+        fits = fitting_recipes(info)
+        hint = f"; use --recipe {' or '.join(fits)}" if fits else ""
+        raise ConfigError(f"train.recipe: {e} ({where}){hint}") from None
+
+
+def fitting_recipes(info: DataInfo) -> list[str]:
+    """The built-in recipes (default options) that read `info`'s kind and whose `check_data`
+    takes its sizes, in `BUILTIN_RECIPES`' order.
+
+    >>> fitting_recipes(DataInfo(kind="tabular", features=5, classes=3))
+    ['digits-mlp', 'digits-wide-mlp']
+    """
+    fits = []
+    for name in BUILTIN_RECIPES:
+        recipe = get_recipe(name)
+        if recipe.kind != info.kind:
+            continue
+        try:
+            recipe.check_data(info)
+        except ValueError:
+            continue
+        fits.append(name)
+    return fits
 
 
 def seeded_model(recipe: Recipe, info: DataInfo, seed: int) -> nn.Module:

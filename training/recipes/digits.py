@@ -72,10 +72,15 @@ class DigitsWideMLP(DigitsMLP):
 class DigitsCNN(Classifier):
     """Two 3x3 convolutions and a max-pool over the square image the features make."""
 
-    def build_model(self, info: DataInfo) -> nn.Module:
+    def check_data(self, info: DataInfo) -> None:
+        """The features must make a square image (8 x 8 for digits)."""
         side = round(info.features**0.5)
         if side * side != info.features:
             raise ValueError(f"digits-cnn needs a square number of features, not {info.features}")
+
+    def build_model(self, info: DataInfo) -> nn.Module:
+        self.check_data(info)
+        side = round(info.features**0.5)
         return nn.Sequential(
             nn.Unflatten(1, (1, side, side)),
             nn.Conv2d(1, 32, 3, padding=1),
