@@ -26,6 +26,7 @@ from hetflow.infra.tracking.notes import notes, workers_left
 from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.report import comparison, headline, markdown, summary
 from hetflow.infra.tracking.tracker import MLflowTracker
+from hetflow.infra.tracking.verdict import verdict
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import MEASURED_NOW, profile_for
 from hetflow.tasks.preflight import check_training, reach_services
@@ -122,10 +123,11 @@ def compare(
     table, said = table_and_notes(outcomes, train)
     said += reuse_note(profile)
     runs = {"compare": parent, **{v: outcomes[v].run_id for v in VARIANTS}}
+    said_first = verdict(baseline, optimized)
     md = markdown(
         table,
         f"{cluster.name}: baseline vs optimized",
-        before=summary(headline(baseline, optimized)),
+        before=" ".join(filter(None, [said_first, summary(headline(baseline, optimized))])),
         after=tracker.links_markdown(runs),
         notes=said,
     )
@@ -134,6 +136,7 @@ def compare(
     finish_comparison(tracker, parent, outcomes, table, md, rank_labels(cluster, profile), ran)
     return {
         "table": table,
+        "verdict": said_first,
         "notes": said,
         "parent_run_id": parent,
         "run_ids": {v: outcomes[v].run_id for v in VARIANTS},

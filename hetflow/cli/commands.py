@@ -21,8 +21,11 @@ from hetflow.output import write_json
 BENCHMARKS = ("hetero", "comm", "data", "host", "noise", "lr_rule", "recommend", "fsdp", "gpu_all")
 
 
-def _print_table(table: dict, title: str, notes: list[str] | tuple[str, ...] = ()) -> None:
-    """The table, its legend, and under it the `notes` (`report.notes`), one bullet each."""
+def _print_table(
+    table: dict, title: str, notes: list[str] | tuple[str, ...] = (), lead: str = ""
+) -> None:
+    """`lead` (who won: `verdict.verdict`), the table, its legend, and under it the `notes`
+    (`report.notes`), one bullet each."""
     from rich.table import Table
 
     from hetflow.infra.tracking.report import LEGEND, rows
@@ -39,6 +42,8 @@ def _print_table(table: dict, title: str, notes: list[str] | tuple[str, ...] = (
     for row in rows(table):
         t.add_row(*row)
     console = wide_console(100)
+    if lead:
+        print(textwrap.fill(lead, console.width))
     console.print(t)
     for note in notes:
         print(textwrap.fill(note, console.width, initial_indent="- ", subsequent_indent="  "))
@@ -129,7 +134,8 @@ def cmd_demo(args) -> int:
 
     t = time.perf_counter()
     out = compare(cluster=cluster, dataset=dataset, train=train, tracking=tracking)
-    _print_table(out["table"], f"{cluster.name}: baseline vs optimized", out["notes"])
+    title = f"{cluster.name}: baseline vs optimized"
+    _print_table(out["table"], title, out["notes"], out.get("verdict", ""))
     print(f"demo finished in {time.perf_counter() - t:.0f}s")
     _print_runs(out["parent_run_id"], out["run_ids"])
     write_json(args.json_path, out["table"])
@@ -172,6 +178,7 @@ def cmd_compare(args) -> int:
     from hetflow.infra.tracking.notes import notes
     from hetflow.infra.tracking.report import comparison
     from hetflow.infra.tracking.tracker import MLflowTracker, RunNotFound
+    from hetflow.infra.tracking.verdict import verdict
 
     tracker = MLflowTracker(TrackingConfig())
     found, missing = {}, []
@@ -186,7 +193,7 @@ def cmd_compare(args) -> int:
     (name_a, a), (name_b, b) = found[args.run_a], found[args.run_b]
     table = comparison(a, b)
     title = f"{name_a} ({args.run_a[:8]}) vs {name_b} ({args.run_b[:8]})"
-    _print_table(table, title, notes(a, b, names=(name_a, name_b)))
+    _print_table(table, title, notes(a, b, names=(name_a, name_b)), verdict(a, b))
     write_json(args.json_path, table)
     return 0
 
