@@ -54,6 +54,15 @@ def table_and_notes(outcomes: dict, train: TrainConfig) -> tuple[dict, list[str]
     return table, notes(baseline, optimized, left)
 
 
+def report(outcomes: dict, table: dict, said: list[str], title: str, links: str) -> tuple[str, str]:
+    """(who won, in one sentence: `verdict`; the table as markdown under it, with the summary
+    of the ratios, the `said` notes and the runs' `links`)."""
+    baseline, optimized = (outcomes[v].metrics.flat() for v in VARIANTS)
+    lead = verdict(baseline, optimized)
+    before = " ".join(filter(None, [lead, summary(headline(baseline, optimized))]))
+    return lead, markdown(table, title, before=before, after=links, notes=said)
+
+
 def reuse_note(profile) -> list[str]:
     """A note where the profile was reused from the history, in part or whole: the optimized
     run's end-to-end figures then charge it only what this run measured (`profiling_time_s`),
@@ -119,18 +128,11 @@ def compare(
             except Exception as e:
                 tracker.fail(parent, f"{variant}: {e}")
                 raise
-    baseline, optimized = (outcomes[v].metrics.flat() for v in VARIANTS)
     table, said = table_and_notes(outcomes, train)
     said += reuse_note(profile)
     runs = {"compare": parent, **{v: outcomes[v].run_id for v in VARIANTS}}
-    said_first = verdict(baseline, optimized)
-    md = markdown(
-        table,
-        f"{cluster.name}: baseline vs optimized",
-        before=" ".join(filter(None, [said_first, summary(headline(baseline, optimized))])),
-        after=tracker.links_markdown(runs),
-        notes=said,
-    )
+    title = f"{cluster.name}: baseline vs optimized"
+    said_first, md = report(outcomes, table, said, title, tracker.links_markdown(runs))
     create_markdown_artifact(md, key="comparison", description="baseline vs optimized")
     ran = {v: launched_labels(cluster, o, profile) for v, o in outcomes.items()}
     finish_comparison(tracker, parent, outcomes, table, md, rank_labels(cluster, profile), ran)

@@ -38,6 +38,7 @@ FLAGS = {
     "allow_local_sgd": "--allow-local-sgd",
     "strategy": "--strategy",
     "profile_max_age_h": "--profile-max-age-h",
+    "profile_first": "--profile-first",
     "url": "--dataset-url",
 }
 
@@ -141,8 +142,15 @@ def add_strategy_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
-    """What the plan is made from: --accumulate, --profile-max-age-h."""
+    """What the plan is made from: --accumulate, --profile-first, --profile-max-age-h."""
     add_accumulate_arg(p)
+    p.add_argument(
+        "--profile-first",
+        dest="profile_first",
+        action="store_true",
+        help="the dynamic schedule profiles the workers (or reuses the history) before its "
+        "first step; by default it starts at once from a prior and learns from its steps",
+    )
     add_profile_age_arg(p)
 
 
@@ -281,6 +289,7 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
         "allow_local_sgd": getattr(args, "allow_local_sgd", TRAIN.allow_local_sgd),
         "accumulate": getattr(args, "accumulate", TRAIN.accumulate),
         "profile_max_age_h": getattr(args, "profile_max_age_h", TRAIN.profile_max_age_h),
+        "profile_first": getattr(args, "profile_first", TRAIN.profile_first),
     }
     try:
         return TrainConfig.variant(variant, **knobs) if variant else TrainConfig(**knobs)
