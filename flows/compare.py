@@ -28,7 +28,7 @@ from hetflow.infra.tracking.report import comparison, headline, markdown, summar
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.infra.tracking.verdict import verdict
 from hetflow.tasks.data import ingest_dataset
-from hetflow.tasks.history import MEASURED_NOW, profile_for
+from hetflow.tasks.history import MEASURED_NOW, prior_note, profile_for
 from hetflow.tasks.preflight import check_training, reach_services
 from hetflow.tasks.profile import resolve_instance_types
 from hetflow.tasks.train import launched_labels, train_variant
@@ -69,11 +69,7 @@ def reuse_note(profile) -> list[str]:
     the rest having been paid by the run that measured it. Where the plan started from a prior,
     what it was: nothing was profiled before the first step."""
     if profile.prior:
-        kinds = sorted({src.split(",")[0].removeprefix("prior: ") for src in profile.sources})
-        return [
-            "the optimized run profiled nothing before its first step: it planned step 0 from "
-            f"{'; '.join(kinds)}, and re-planned from its own steps"
-        ]
+        return prior_note(profile)
     reused = [
         f"{r.worker} ({src})"
         for r, src in zip(profile.ranks, profile.sources, strict=False)

@@ -19,14 +19,15 @@ from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, kind_slug, type_ke
 from hetflow.infra.catalog import Catalog, seed_profile
 from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem, local_s3_endpoint, profiles_root
-from hetflow.records import Profile
+from hetflow.records import Profile, RunResult
 from hetflow.tasks.profile import profile_stamp
 from hetflow.training.launch.local import measure_profile
 from hetflow.training.launch.spec import default_profile_batches
 from hetflow.training.metrics import needs_profile
 from hetflow.training.plan.assemble import assemble, declared_link, sub_cluster, to_measure
+from hetflow.training.plan.learned import LEARNED_FROM, compute_points, learned_rank
 from hetflow.training.plan.measured import curve_of
-from hetflow.training.plan.prior import equal_prior, mark_prior, published_prior
+from hetflow.training.plan.prior import equal_prior, mark_prior, prior_kind, published_prior
 from hetflow.training.plan.rental import History
 
 
@@ -182,6 +183,18 @@ def prior_or_history(
     return profile
 
 
+def prior_note(profile: Profile) -> list[str]:
+    """The comparison's note where the plan started from a prior (`Profile.prior`): nothing
+    was profiled before the first step, and what step 0 was planned from."""
+    if not profile.prior:
+        return []
+    kinds = sorted({prior_kind(src) for src in profile.sources})
+    return [
+        "the optimized run profiled nothing before its first step: it planned step 0 from "
+        f"{'; '.join(kinds)}, and re-planned from its own steps"
+    ]
+
+
 def profile_for(
     cluster: ClusterSpec,
     dataset: DatasetSpec,
@@ -195,6 +208,45 @@ def profile_for(
     if any(needs_profile(v) for v in variants):
         return profile_or_reuse(cluster, dataset, train)
     return prior_or_history(cluster, dataset, train, catalog)
+
+
+def store_learned(
+    cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig, result: RunResult
+) -> list[TypeEntry]:
+    """One entry per worker type of `cluster` (the workers `result`'s ranks ran on, in order)
+    from what the run's steps measured (`training.plan.learned`), stored in the history as a
+    profile's entries are, so that the next run plans from them. A worker that never computed
+    has none; the link is the declared one, the gradient's bytes its fp32 parameters'."""
+    ref = max(1, train.global_batch // cluster.world_size)
+    nodes = [r.node for r in result.ranks]
+    entries: dict[TypeKey, TypeEntry] = {}
+    stamp = profile_stamp()
+    for i, r in enumerate(result.ranks):
+        key = type_key(cluster, i, train)
+        learned = learned_rank(i, compute_points(result, r.rank), ref)
+        if key in entries or learned is None:
+            continue
+        gbps, latency, source = declared_link(cluster, i)
+        rank = learned.model_copy(
+            update={
+                "worker": cluster.workers[i].name,
+                "node": r.node,
+                "device": cluster.workers[i].device,
+                "link_gbps": gbps,
+                "link_latency_s": latency,
+                "grad_bytes": 4 * r.params,
+            }
+        )
+        entries[key] = TypeEntry(
+            key=key,
+            rank=rank,
+            measured_at=stamp,
+            link_source=f"{source}; {LEARNED_FROM}",
+            cluster=cluster.name,
+            world_size=cluster.world_size,
+            host_ranks=nodes.count(r.node),
+        )
+    return store_entries(list(entries.values()), types_prefix(dataset)) if entries else []
 
 
 def sources_of(

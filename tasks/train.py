@@ -16,6 +16,7 @@ from hetflow.infra.tracking.content import record_training
 from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
+from hetflow.tasks.history import store_learned
 from hetflow.training.launch.local import LaunchError, RankFailed
 from hetflow.training.launch.run import Ran, run_plan
 from hetflow.training.loop.optim import resolve_optimizer
@@ -117,6 +118,8 @@ def train_variant(
     profiled = profile.profiling_time_s if needs_profile(train) else 0.0
     metrics = end_to_end(metrics, ran.wall_s, profiled)
     finished_cluster = ranks.launched()[0]
+    if train.schedule == "dynamic":  # it ran its workers at the batches its plans gave them
+        store_learned(finished_cluster, dataset, train, ran.result)
     metrics = with_cost(finished_cluster, metrics, train, catalog, epoch_samples)
     outcome = TrainOutcome(
         variant=variant,

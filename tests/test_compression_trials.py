@@ -314,5 +314,5 @@ def test_auto_keeps_none_untried_where_the_others_cannot_pay_for_their_trials(
     result, _ = _run(spec)
     trials = [r.trials for r in result.ranks]
     assert all(t.chosen == M("none") and len(t.trials) == 1 for t in trials)
-    assert "kept untried against the 2 others" in trials[0].reason
+    assert "kept without trials of the 2 others" in trials[0].reason
     assert [rec.step for rec in result.lead.records] == [0, 1]

@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 
+from hetflow.training.loop.step_times import step_spread
 from hetflow.training.plan.balance import balance_batches
 from hetflow.training.plan.rebalancer import Rebalancer
 
@@ -27,9 +28,9 @@ def profiled(worker, sizes=(8, 16, 32, 64)) -> tuple[float, float]:
 
 
 def simulate(workers, slow_at=None, factor=3.0, who=3, steps=300, noise=0.08, seed=0, final=False):
-    """Windows of EVERY steps: each rank's mean compute time (log-normal noise), fed to the
-    re-balancer, whose proposals are adopted at once. The steps at which it re-planned (and
-    the plan it ended on, with `final`)."""
+    """Windows of EVERY steps: each rank's mean compute time (log-normal noise) and the
+    window's spread, fed to the re-balancer, whose proposals are adopted at once. The steps at
+    which it re-planned (and the plan it ended on, with `final`)."""
     rng = random.Random(seed)
     latency, per_sample = zip(*(profiled(w) for w in workers), strict=True)
     plan = balance_batches(per_sample, latency, B)
@@ -37,14 +38,15 @@ def simulate(workers, slow_at=None, factor=3.0, who=3, steps=300, noise=0.08, se
     replans = []
     for start in range(0, steps, EVERY):
         slow = slow_at is not None and start >= slow_at
-        times = [
-            statistics.mean(
+        rows = [
+            [
                 w(b) * (factor if slow and i == who else 1.0) * rng.lognormvariate(0, noise)
-                for _ in range(EVERY)
-            )
-            for i, (w, b) in enumerate(zip(workers, plan, strict=True))
+                for i, (w, b) in enumerate(zip(workers, plan, strict=True))
+            ]
+            for _ in range(EVERY)
         ]
-        reb.observe(plan, times)
+        times = [statistics.mean(col) for col in zip(*rows, strict=True)]
+        reb.observe(plan, times, step_spread(rows, plan), EVERY)  # as the loop feeds it
         new = reb.propose(plan, start + EVERY)
         if new is not None:
             replans.append(start + EVERY)
@@ -58,11 +60,16 @@ MIXED = [floored(0.01, 0.002 * k, 0.08) for k in (1, 2, 3, 6)]
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("workers", [EQUAL, MIXED], ids=["equal", "mixed"])
-def test_one_change_of_speed_settles_within_two_replans_and_stays(workers, seed):
-    replans = simulate(workers, slow_at=50, seed=seed)
+def test_one_change_of_speed_settles_within_a_few_replans_and_stays(workers, seed):
+    # a 3x slow-down at step 50: the plan moves off it (a revert and a step to leave it out
+    # included) and then holds; a gain under twice the noise bar needs two windows to agree
+    replans, plan = simulate(workers, slow_at=50, seed=seed, final=True)
     after = [s for s in replans if s > 50]
-    assert 1 <= len(after) <= 2, replans
-    assert not [s for s in replans if s > 150], replans  # and keeps the plan it reached
+    assert 1 <= len(after) <= 4, replans
+    assert len([s for s in replans if s > 150]) <= 1, replans  # and keeps the plan it reached
+    slowed = [lambda b, w=w: 3.0 * w(b) for w in workers[3:]]
+    now = [*workers[:3], *slowed]
+    assert max(w(b) for w, b in zip(now, plan, strict=True)) <= _best_step(now) * 1.10
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -73,10 +80,11 @@ def test_with_no_change_of_speed_a_good_static_plan_is_kept(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_a_plan_from_a_profile_that_is_wrong_at_small_batches_is_fixed_and_kept(seed):
     # MIXED's fast worker is flat below batch 35, where the profile's line is not: the first
-    # plan is off, one re-plan fixes most of it at once, a second at most refines it (a gain
-    # under the noise bar needs two windows in a row), and the plan ends near the best
+    # plan is off by about 7%, within twice the bar the windows' 8% noise sets, so it is
+    # fixed once two windows in a row agree (not at the first), at most refined once more,
+    # and the plan ends near the best
     replans, plan = simulate(MIXED, seed=seed, final=True)
-    assert 1 <= len(replans) <= 2 and replans[0] <= 20, replans
+    assert 1 <= len(replans) <= 2, replans
     best = _best_step(MIXED)
     assert max(w(b) for w, b in zip(MIXED, plan, strict=True)) <= best * 1.05
 
@@ -85,9 +93,12 @@ def _best_step(workers) -> float:
     """The shortest step any split of B gives (exhaustive over the slowest rank's time)."""
     from hetflow.training.plan.curves import fill
 
-    costs = [lambda b, w=w: w(b) for w in workers]
-    plan = fill(costs, B, [B] * len(workers))
-    return max(w(b) for w, b in zip(workers, plan, strict=True))
+    steps = []
+    for mask in range(1, 2 ** len(workers)):  # each worker left out or kept
+        keep = [w for i, w in enumerate(workers) if mask >> i & 1]
+        plan = fill([lambda b, w=w: w(b) for w in keep], B, [B] * len(keep))
+        steps.append(max(w(b) for w, b in zip(keep, plan, strict=True)))
+    return min(steps)
 
 
 def test_a_proposal_must_beat_the_models_demonstrated_error():

@@ -44,7 +44,7 @@ from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.hetero.args import PRECISION, parser
 from benchmarks.hetero.bound import bound_figures, solo_rates
 from benchmarks.hetero.hardware import set_hardware
-from benchmarks.hetero.model import at_run_pace, compute_model_error
+from benchmarks.hetero.model import at_run_pace, compute_model_error, steps_to_final_rate
 from benchmarks.hetero.table import print_table
 from benchmarks.ray_cluster import local_ray
 
@@ -229,18 +229,19 @@ def run_variant(
 
 
 def variant_figures(
-    res: dict, plan: Plan, cfg: TrainConfig, ideal: Ideals, until_step: int, profiled_s: float
+    res: dict, plan: Plan, cfg: TrainConfig, ideal: Ideals, until_step: int, profile: Profile
 ) -> dict:
     """One run's figures (pure): throughput and efficiency against the ideals, where the ranks'
-    time went, the plans and re-plans, and the compute model's error before `until_step`."""
+    time went, the plans and re-plans, and the error before `until_step` of the profile's model
+    (the one the ideal is made of, whether the plan was or not)."""
     result = RunResult.model_validate({k: v for k, v in res.items() if k != "wall_s"})
     m = summarize(result, cfg.global_batch, cfg.target_accuracy, cfg.target_val_loss)
-    m = end_to_end(m, res["wall_s"], profiled_s if needs_profile(cfg) else 0.0)
+    m = end_to_end(m, res["wall_s"], profile.profiling_time_s if needs_profile(cfg) else 0.0)
     lead = res["ranks"][0]
     caps = plan.caps if plan.micro_count else None  # micro-batches: a_i for each
-    errors = compute_model_error(
-        res, plan.local_batches, plan.latency_s, plan.per_sample_s, until_step, caps
-    )
+    launched = [r.step_model() for r in profile.ranks if r.worker not in plan.dropped]
+    latency, per_sample = (list(x) for x in zip(*launched, strict=True))
+    errors = compute_model_error(res, plan.local_batches, latency, per_sample, until_step, caps)
     efficiency = m.throughput_samples_per_s / ideal.samples_per_s
     return {
         "throughput_samples_per_s": m.throughput_samples_per_s,
@@ -265,6 +266,7 @@ def variant_figures(
         "comm_fraction": m.comm_fraction,
         "data_wait_fraction": m.data_wait_fraction,
         "compute_model_error": errors,
+        "steps_to_final_rate": steps_to_final_rate(res),
         **at_run_pace(efficiency, errors),  # the host's pace during the run taken out
     }
 
@@ -280,7 +282,7 @@ def run_rounds(
         planned = {}
         for name in bench.variants:
             res, plan, cfg, planned[name] = run_variant(name, round_, bench, profile, dataset, tmp)
-            figures = variant_figures(res, plan, cfg, ideal, until, profile.profiling_time_s)
+            figures = variant_figures(res, plan, cfg, ideal, until, profile)
             runs[name].append(figures)
             print(
                 f"{name}: {figures['throughput_samples_per_s']:.0f} samples/s "

@@ -71,3 +71,32 @@ def at_run_pace(efficiency: float, errors: list[float | None]) -> dict:
             None if e is None else (1 + e) / pace - 1 for e in errors
         ],
     }
+
+
+def steps_to_final_rate(result: dict, within: float = 0.05) -> int | None:
+    """The step from which every plan the run adopted ran within `within` of its final plan's
+    mean step (rank 0's step times, each plan's first two steps and step 0 left out): 0 for a
+    run whose first plan already did; None where a plan has no step to measure.
+
+    >>> recs = [{"step": s, "step_s": 0.2 if s < 20 else 0.1} for s in range(100)]
+    >>> plans = [{"step": 0, "plan": [1]}, {"step": 20, "plan": [2]}]
+    >>> steps_to_final_rate({"ranks": [{"rank": 0, "records": recs, "plans": plans}]})
+    20
+    """
+    lead = min(result["ranks"], key=lambda r: r["rank"])
+    starts = [p["step"] for p in lead["plans"]]
+    ends = [*starts[1:], None]
+    means = []
+    for start, end in zip(starts, ends, strict=True):
+        times = [
+            x["step_s"]
+            for x in lead["records"]
+            if x["step"] >= max(start + 2, 1) and (end is None or x["step"] < end)
+        ]
+        if not times:
+            return None
+        means.append(statistics.fmean(times))
+    settled = len(means) - 1
+    while settled > 0 and means[settled - 1] <= means[-1] * (1 + within):
+        settled -= 1
+    return starts[settled]

@@ -9,9 +9,9 @@ the slowest rank's mean timed step, so every rank holds the same table and makes
 choice. Torch's random state and the wire counts are then restored: the run trains as if the
 chosen method had been set from the start. A candidate that raises on every rank is recorded
 as failed and skipped; one that fails on some ranks only fails the run, as a failed step does.
-After an uncompressed first candidate the others are tried only where they can pay for their
-trials: the communication the first measured, over the run's steps, must outweigh them
-(`Trials.not_worth_trying`).
+An uncompressed first candidate is probed first, on PROBE_STEPS steps, and the candidates are
+tried only where that can pay: the communication the probe measured, over the run's steps, must
+outweigh their trials (`Trials.not_worth_trying`); else the first is kept on its probe.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ TRIAL_UNTIMED_STEPS = TRIAL_WARMUP_STEPS + 1
 # (policy.LOCAL_SGD_PERIOD), so that its averaging steps count at the rate they run.
 TRIAL_TIMED_STEPS = 4
 TRIAL_STEPS = TRIAL_UNTIMED_STEPS + TRIAL_TIMED_STEPS
+# An uncompressed first candidate is probed first on this many steps (one untimed: DDP
+# rebuilds its buckets after it), enough to tell whether trying the others can pay.
+PROBE_STEPS = 3
 NOT_WITH_FP16 = "not tried: fp16's loss scale needs the gradient all-reduced every step"
 
 
@@ -73,9 +76,15 @@ class Trials:
         cuda = [torch.device(self.amp.device)] if self.amp.device.startswith("cuda") else []
         self.comm_s: list[float] = []  # per method tried: its timed steps' mean communication
         with self.counter.apart(), torch.random.fork_rng(devices=cuda):
-            batches = self.first_batches()
-            own = [self.try_method(methods[0], batches)]
-            skip = self.not_worth_trying(methods, own[0])
+            probe = methods[0].name == "none" and len(methods) > 1
+            batches = self.first_batches(PROBE_STEPS if probe else TRIAL_STEPS)
+            own = [
+                self.try_method(methods[0], batches, untimed=1 if probe else TRIAL_UNTIMED_STEPS)
+            ]
+            skip = self.not_worth_trying(methods, own[0]) if probe else ""
+            if probe and not skip:  # worth it: every candidate, the first too, a trial each
+                self.comm_s, batches = [], self.first_batches(TRIAL_STEPS)
+                own = [self.try_method(methods[0], batches)]
             if not skip:
                 own += [self.try_method(m, batches) for m in methods[1:]]
             trials = self.agree(methods[: len(own)], own)
@@ -87,35 +96,35 @@ class Trials:
     def not_worth_trying(
         self, methods: list[CompressionMethod], first: tuple[float, float, float, str]
     ) -> str:
-        """Why the candidates after an uncompressed first one are not tried, or '': trying them
-        costs about a trial's steps each at the first's step, and no method saves more than
-        the communication the first measured, over the run's steps. The slowest rank's step, and
-        the least wait after compute of any rank (the slowest rank's: communication alone, no
-        idle), the same on every rank (a collective: every rank calls it)."""
-        if len(methods) < 2 or methods[0].name != "none":
-            return ""
+        """Why the candidates are not tried after an uncompressed first one's probe, or '':
+        trying them costs about a trial's steps each at the probe's step, and no method saves
+        more than the communication the probe measured, over the run's steps. The slowest
+        rank's step, and the least wait after compute of any rank (the slowest rank's:
+        communication alone, no idle), the same on every rank (a collective: every rank calls
+        it)."""
         figures = torch.tensor([first[0], -self.comm_s[0]], dtype=torch.float64)
         dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=self.control_group)
         step_s, comm_s = figures[0].item(), -figures[1].item()
-        cost = (len(methods) - 1) * TRIAL_STEPS * step_s
+        cost = len(methods) * TRIAL_STEPS * step_s
         most = comm_s * self.spec.train.steps
         if not math.isfinite(step_s) or most > cost:
             return ""
         return (
-            f"the first candidate, none ({step_s * 1e3:.1f} ms a step), kept untried against "
-            f"the {len(methods) - 1} others: they could save at most its communication, "
+            f"the first candidate, none ({step_s * 1e3:.1f} ms a step in its probe), kept "
+            f"without trials of the {len(methods) - 1} others: they could save at most its "
+            "communication, "
             f"{comm_s * 1e3:.1f} ms a step, {most:.1f} s over the run's "
             f"{self.spec.train.steps} steps, less than the {cost:.1f} s of trying them"
         )
 
-    def first_batches(self) -> list[tuple[tuple, int]]:
-        """This rank's batches of the run's first TRIAL_STEPS steps on the plan, on the device,
+    def first_batches(self, steps: int = TRIAL_STEPS) -> list[tuple[tuple, int]]:
+        """This rank's batches of the run's first `steps` steps on the plan, on the device,
         each with its sample count; read by a reader of their own (the run's keeps its place)."""
         cfg, plan = self.spec.train, self.spec.plan.local_batches
         reader = self.data.reader(self.rank, cfg.seed)
         try:
             out = []
-            for step in range(TRIAL_STEPS):
+            for step in range(steps):
                 xs, ys = reader.batch(step, plan)
                 out.append((to_device(self.recipe.batch(xs, ys), self.amp.device), len(ys)))
             return out
@@ -123,11 +132,11 @@ class Trials:
             reader.close()
 
     def try_method(
-        self, method: CompressionMethod, batches: list
+        self, method: CompressionMethod, batches: list, untimed: int = TRIAL_UNTIMED_STEPS
     ) -> tuple[float, float, float, str]:
         """(mean timed step s, mean bytes sent per timed step, the timed steps' standard
-        deviation, '') of `method` on this rank; (inf, 0, 0, why) where it cannot run or
-        raised."""
+        deviation, '') of `method` on this rank over `batches`, the first `untimed` not timed;
+        (inf, 0, 0, why) where it cannot run or raised."""
         amp = self.amp
         if method.name in LOCAL_SGD and amp.scaler.is_enabled():
             self.comm_s.append(0.0)
@@ -156,13 +165,13 @@ class Trials:
             times, sent, comms = [], [], []
             plan = list(self.spec.plan.local_batches)
             for step, (batch, n) in enumerate(batches):
-                if step == TRIAL_UNTIMED_STEPS:  # time the method's settled steps alone:
+                if step == untimed:  # time the method's settled steps alone:
                     emu.forget()  # dilation uses a batch's least CPU time; a dense step's is less
                 emu.slowdown = base * straggler_factor(self.spec.stragglers, self.rank, step)
                 t0 = now()
                 _, _, nbytes = stepper.step(batch, n, plan)
                 computed, t1 = emu.finish(), now()
-                if step >= TRIAL_UNTIMED_STEPS:
+                if step >= untimed:
                     times.append(t1 - t0)
                     comms.append(t1 - computed)
                     sent.append(nbytes)

@@ -169,7 +169,10 @@ def balance_on_curves(
     Each share is bounded by `Curve.ceiling` of the rank's cap (with `micro` a share may pass
     the cap as micro-batches, the bounded move still holds); a rank whose cap is 0 holds no
     sample. Greedy: while leaving one more rank out shortens the predicted step by more than
-    `leave_out_margin` of it, the rank whose leaving shortens it most goes; one rank stays."""
+    `leave_out_margin` of it, the rank whose leaving shortens it most goes; one rank stays, and
+    no rank is left out where the others would pass their bounded moves to take its share.
+    Where even the whole cluster's bounded moves cannot hold the batch, they give way to the
+    caps."""
     n = len(curves)
     caps = list(caps) if caps is not None else [None] * n
     names = list(names) if names is not None else [f"rank {i}" for i in range(n)]
@@ -183,10 +186,10 @@ def balance_on_curves(
     if not kept:
         raise ValueError("caps: every rank's memory cap is 0: no rank holds a sample")
 
-    def plan_of(ranks: list[int]) -> list[int] | None:
-        return _fill_ranks(costs, ranks, ceilings, caps, global_batch, micro)
+    def plan_of(ranks: list[int], relax: bool = False) -> list[int] | None:
+        return _fill_ranks(costs, ranks, ceilings, caps, global_batch, micro, relax)
 
-    plan = plan_of(kept)
+    plan = plan_of(kept, relax=True)
     if plan is None:
         raise ValueError(f"caps: the ranks' caps cannot hold the global batch of {global_batch}")
     now = step_on(costs, plan)
@@ -211,14 +214,14 @@ def balance_on_curves(
     return plan, why
 
 
-def _fill_ranks(costs, ranks, ceilings, caps, global_batch, micro) -> list[int] | None:
-    """`fill` over `ranks` alone (0 for the others) within their ceilings, or within their caps
-    where the bounded moves cannot hold the batch; None where the caps cannot either."""
+def _fill_ranks(costs, ranks, ceilings, caps, global_batch, micro, relax) -> list[int] | None:
+    """`fill` over `ranks` alone (0 for the others) within their ceilings; where the bounded
+    moves cannot hold the batch and `relax`, within their caps; else None."""
     room = [ceilings[i] for i in ranks]
-    if sum(room) < global_batch:
+    if sum(room) < global_batch and relax:
         room = [global_batch if caps[i] is None or micro else caps[i] for i in ranks]
-        if sum(room) < global_batch:
-            return None
+    if sum(room) < global_batch:
+        return None
     out = [0] * len(costs)
     for i, b in zip(ranks, fill([costs[i] for i in ranks], global_batch, room), strict=True):
         out[i] = b

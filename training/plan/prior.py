@@ -23,7 +23,7 @@ from hetflow.emulation.presets import PRESETS
 from hetflow.records import Profile, RankProfile
 from hetflow.training.plan.fitting import fit_affine
 
-EQUAL = "prior: none, the equal split"
+EQUAL = "prior: the equal split (nothing known)"
 
 
 def _rank(i: int, name: str, a: float, c: float, ref: int) -> RankProfile:
@@ -54,7 +54,7 @@ def equal_prior(cluster: ClusterSpec, train: TrainConfig) -> Profile:
 
     >>> p = equal_prior(ClusterSpec.from_speeds([1, 4]), TrainConfig())
     >>> [r.fit_s_per_sample for r in p.ranks], p.sources[0], p.prior
-    ([0.001, 0.001], 'prior: none, the equal split', True)
+    ([0.001, 0.001], 'prior: the equal split (nothing known)', True)
     """
     ref = max(1, train.global_batch // cluster.world_size)
     ranks = [_rank(i, w.name, 0.0, 1e-3, ref) for i, w in enumerate(cluster.workers)]
@@ -81,6 +81,17 @@ def published_prior(cluster: ClusterSpec, train: TrainConfig) -> Profile | None:
         ranks.append(_rank(i, w.name, max(a, 0.0), max(c, 1e-9), ref))
         sources.append(f"prior: the published curve of preset {w.preset}")
     return _profile(cluster, train, ranks, sources)
+
+
+def prior_kind(source: str) -> str:
+    """What a prior's source says it is, without the entry it names.
+
+    >>> prior_kind("prior: the profile history, s3://b/profiles/types/x/1.json (2.0 h old)")
+    'the profile history'
+    >>> prior_kind(EQUAL)
+    'the equal split (nothing known)'
+    """
+    return source.removeprefix("prior: ").split(", ")[0]
 
 
 def mark_prior(profile: Profile, what: str) -> Profile:

@@ -23,7 +23,7 @@ LEARNING_ROWS = 4
 # How much more than `margin` a re-plan must gain to bring back a rank the plan left out.
 BRING_BACK = 2.0
 # A re-plan whose predicted gain is below this many times its bar is adopted only when the
-# window before also proposed one: a gain twice in a row is seldom noise.
+# window before proposed moving every share the same way: that twice in a row is seldom noise.
 CLEAR_GAIN = 2.0
 
 
@@ -52,14 +52,14 @@ class Rebalancer:
     Deciding (`propose`): the plan balanced on the curves (`curves.balance_on_curves`, each
     share within a bounded move of what its rank ran) is adopted only when its predicted gain
     beats `margin`: twice the noise of a difference of two window means (the window's step
-    spread, measured), the model's own error on its last re-plans, and `threshold / 2`, whichever
-    is largest; plus the switch's cost spread over the steps left. Bringing back a rank the plan
-    left out needs twice that (hysteresis: it pays the replica's copy and its hops of every
-    all-reduce). A gain under `CLEAR_GAIN` times its bar is adopted only when the window before
-    proposed one too (decisions on windows, not on one). Verification: a new plan whose first
-    window is slower than the old plan's last (by more than `threshold / 2`) is reverted and not
-    proposed again until the speeds change; what it measured stays in `points`, so the next
-    proposal knows the model was wrong there.
+    spread, measured), the model's own error on its last re-plans, and a floor (`threshold / 2`),
+    whichever is largest; plus the switch's cost spread over the steps left. Bringing back a
+    rank the plan left out needs twice that (hysteresis: it pays the replica's copy and its
+    hops of every all-reduce). A gain under `CLEAR_GAIN` times its bar is adopted only when the
+    window before proposed moving every share the same way (decisions on windows, not on
+    one). Verification: a new plan whose first window is slower than the old plan's last (by
+    more than `threshold / 2`) is reverted and not proposed again until the speeds change;
+    what it measured stays in `points`, so the next proposal knows the model was wrong there.
 
     `micro` (`train.accumulate` 'auto'): a share may pass its rank's cap, run as micro-batches;
     a point measured at a share of k micro-batches is one pass of share / k samples taking 1 / k
@@ -85,15 +85,19 @@ class Rebalancer:
     noise: float = 0.0  # the newest window's step spread (coefficient of variation)
     rows: int = 0  # the steps that window held
     windows: int = 0  # windows observed
-    pending: bool = False  # the last window proposed a marginal re-plan (`CLEAR_GAIN`)
+    pending: list[int] | None = None  # the last window's marginal re-plan: each share's move
 
     @property
     def margin(self) -> float:
         """The predicted gain (step before / step after - 1) a proposal must exceed: the
-        largest of half the threshold, twice the standard error of a difference of two window
-        means (`noise` x sqrt(2 / `rows`)), and the model's own demonstrated error (the largest
-        |measured / predicted - 1| of its last ERRORS_KEPT re-plans): a plan predicted 10%
-        faster by a model that was 15% off last time is no evidence of a faster plan."""
+        largest of twice the standard error of a difference of two window means (`noise` x
+        sqrt(2 / `rows`)), the model's own demonstrated error (the largest |measured /
+        predicted - 1| of its last ERRORS_KEPT re-plans within the batches the ranks had run,
+        `within_points`), and half the threshold (AdaptDL's 5% by default). A plan predicted
+        10% faster by a model that was 15% off last time is no evidence of a faster plan. A
+        re-plan that extended the curves past their points (the first ones, from one point a
+        rank) is verified, not counted: its error says nothing of the curves between the points
+        it then measured."""
         measured = 2 * self.noise * math.sqrt(2 / self.rows) if self.rows else 0.0
         demonstrated = max((abs(e) for e in self.errors), default=0.0)
         return max(self.threshold / 2, measured, demonstrated)
@@ -130,6 +134,15 @@ class Rebalancer:
             out.append(Curve((a, c), tuple(pts.items()), self.jump))
         return out
 
+    def within_points(self, plan: Sequence[int]) -> bool:
+        """Whether every share of `plan` lies within the batches its rank has run (its curve
+        interpolated there, not extended)."""
+        points = self.points or [{} for _ in plan]
+        return all(
+            b == 0 or (pts and min(pts) <= b <= max(pts))
+            for b, pts in zip(plan, points, strict=True)
+        )
+
     def step_times(self, plan: Sequence[int]) -> list[float]:
         """Each rank's predicted compute time under `plan` (0 for a rank left out: it computes
         nothing and waits for no one)."""
@@ -153,7 +166,9 @@ class Rebalancer:
         failed = False
         if self.trial is not None and list(plan) != self.trial["plan"]:
             before, self.trial, after = self.trial, None, max(compute_s_per_step)
-            if before.get("predicted_s"):  # how far the model was off, at the batches it chose
+            # how far the model was off, at the batches it chose; a plan beyond the batches the
+            # ranks had run was extrapolated, which says nothing of the curves between points
+            if before.get("predicted_s") and before.get("measured_range", True):
                 self.errors = [
                     *self.errors[-(ERRORS_KEPT - 1) :],
                     after / before["predicted_s"] - 1,
@@ -254,13 +269,19 @@ class Rebalancer:
         if back and steps_left:
             bar += switch_s / (steps_left * after) if after > 0 else 0.0
         if new == list(plan) or new in self.rejected or gain <= bar:
-            self.pending = False
+            self.pending = None
             return None
-        if gain <= CLEAR_GAIN * bar and not self.pending:  # marginal: the next window must agree
-            self.pending = True
+        moves = [(n > b) - (n < b) for n, b in zip(new, plan, strict=True)]
+        if gain <= CLEAR_GAIN * bar and self.pending != moves:  # marginal: the next window must
+            self.pending = moves  # propose moving every share the same way
             return None
-        self.pending = False
-        self.trial = {"plan": list(plan), "step_s": self.last_step_s, "predicted_s": after}
+        self.pending = None
+        self.trial = {
+            "plan": list(plan),
+            "step_s": self.last_step_s,
+            "predicted_s": after,
+            "measured_range": self.within_points(new),
+        }
         self.history.append(
             {
                 "step": step,
@@ -298,7 +319,7 @@ class Rebalancer:
         self.history, self.rejected = state["replans"], state["rejected"]
         self.trial, self.revert_to = state["trial"], state["revert_to"]
         self.errors = list(state.get("errors", []))
-        self.noise, self.rows, self.windows, self.pending = state.get("noise", [0.0, 0, 0, False])
+        self.noise, self.rows, self.windows, self.pending = state.get("noise", [0.0, 0, 0, None])
 
 
 def narrowed_state(state: dict, keep: list[int]) -> dict:
