@@ -94,13 +94,18 @@ class Curve:
         t = t_hi + line[1] * (b - hi) if line else self._prior_through(hi, t_hi, b)
         return max(t, t_hi)
 
-    def ceiling(self, cap: int | None) -> int | None:
-        """The largest share a re-plan may give: `cap`, and at most MOVE_FACTOR times the
-        largest batch measured (None: unbounded)."""
-        bound = MOVE_FACTOR * max(b for b, _ in self.points) if self.points else None
+    def ceiling(self, cap: int | None, move: float = MOVE_FACTOR) -> int | None:
+        """The largest share a re-plan may give: `cap`, and at most `move` times the largest
+        batch measured (None: unbounded)."""
+        bound = int(move * max(b for b, _ in self.points)) if self.points else None
         if cap is None:
             return bound
         return cap if bound is None else min(cap, bound)
+
+    def floor(self, move: float = MOVE_FACTOR) -> int:
+        """The least share a re-plan may give while the rank computes: the smallest batch
+        measured over `move` (1 where nothing was measured). Leaving the rank out is apart."""
+        return max(1, int(min(b for b, _ in self.points) / move)) if self.points else 1
 
 
 def cost_of(curve: Curve, cap: int | None = None, micro: bool = False) -> Callable[[int], float]:
@@ -121,15 +126,19 @@ def _most_within(cost: Callable[[int], float], t: float, hi: int) -> int:
 
 
 def fill(
-    costs: Sequence[Callable[[int], float]], global_batch: int, ceilings: Sequence[int]
+    costs: Sequence[Callable[[int], float]],
+    global_batch: int,
+    ceilings: Sequence[int],
+    floors: Sequence[int] | None = None,
 ) -> list[int]:
-    """Integer shares, each at least 1 and at most its ceiling, summing to `global_batch`, whose
-    largest cost is least: the shares all ranks reach within a time found by bisection, then
-    one sample at a time to the rank whose cost stays lowest. A ValueError where the ceilings
-    cannot hold the batch."""
+    """Integer shares, each at least its floor (1 by default) and at most its ceiling, summing
+    to `global_batch`, whose largest cost is least: the shares all ranks reach within a time
+    found by bisection, then one sample at a time to the rank whose cost stays lowest. A
+    ValueError where the ceilings cannot hold the batch or the floors pass it."""
     n = len(costs)
-    if sum(ceilings) < global_batch or n > global_batch:
-        raise ValueError(f"global_batch: {global_batch} does not fit the ranks' ceilings")
+    floors = list(floors) if floors is not None else [1] * n
+    if sum(ceilings) < global_batch or sum(floors) > global_batch:
+        raise ValueError(f"global_batch: {global_batch} does not fit the ranks' bounds")
     lo, hi = 0.0, max(cost(1) for cost in costs)
     while sum(_most_within(c, hi, h) for c, h in zip(costs, ceilings, strict=True)) < global_batch:
         hi *= 2
@@ -137,7 +146,7 @@ def fill(
         mid = (lo + hi) / 2
         held = sum(_most_within(c, mid, h) for c, h in zip(costs, ceilings, strict=True))
         lo, hi = (mid, hi) if held < global_batch else (lo, mid)
-    b = [max(1, _most_within(c, lo, h)) for c, h in zip(costs, ceilings, strict=True)]
+    b = [max(f, _most_within(c, lo, h)) for c, h, f in zip(costs, ceilings, floors, strict=True)]
     heap = [(costs[i](b[i] + 1), i) for i in range(n) if b[i] < ceilings[i]]
     heapq.heapify(heap)
     while sum(b) < global_batch:
@@ -145,8 +154,8 @@ def fill(
         b[i] += 1
         if b[i] < ceilings[i]:
             heapq.heappush(heap, (costs[i](b[i] + 1), i))
-    while sum(b) > global_batch:  # the floor of 1 passed the batch: take from the slowest
-        i = max((j for j in range(n) if b[j] > 1), key=lambda j: costs[j](b[j]))
+    while sum(b) > global_batch:  # the floors passed the batch: take from the slowest
+        i = max((j for j in range(n) if b[j] > floors[j]), key=lambda j: costs[j](b[j]))
         b[i] -= 1
     return b
 
@@ -163,11 +172,13 @@ def balance_on_curves(
     names: Sequence[str] | None = None,
     micro: bool = False,
     leave_out_margin: float = 0.05,
+    move: float = MOVE_FACTOR,
 ) -> tuple[list[int], list[str]]:
     """(local batches, why each rank at 0 is): `fill` over the ranks kept, 0 for the others.
 
-    Each share is bounded by `Curve.ceiling` of the rank's cap (with `micro` a share may pass
-    the cap as micro-batches, the bounded move still holds); a rank whose cap is 0 holds no
+    Each share moves at most a factor `move` past the batches its rank ran (`Curve.ceiling` of
+    its cap, `Curve.floor`; with `micro` a share may pass the cap as micro-batches, the
+    bounded move still holds); a rank whose cap is 0 holds no
     sample. Greedy: while leaving one more rank out shortens the predicted step by more than
     `leave_out_margin` of it, the rank whose leaving shortens it most goes; one rank stays, and
     no rank is left out where the others would pass their bounded moves to take its share.
@@ -177,8 +188,9 @@ def balance_on_curves(
     caps = list(caps) if caps is not None else [None] * n
     names = list(names) if names is not None else [f"rank {i}" for i in range(n)]
     costs = [cost_of(c, cap, micro) for c, cap in zip(curves, caps, strict=True)]
-    tops = [c.ceiling(None if micro else cap) for c, cap in zip(curves, caps, strict=True)]
+    tops = [c.ceiling(None if micro else cap, move) for c, cap in zip(curves, caps, strict=True)]
     ceilings = [global_batch if t is None else min(t, global_batch) for t in tops]
+    floors = [c.floor(move) for c in curves]
     why = [
         f"{names[i]}: its device holds no sample (memory cap 0)" for i in range(n) if caps[i] == 0
     ]
@@ -187,7 +199,7 @@ def balance_on_curves(
         raise ValueError("caps: every rank's memory cap is 0: no rank holds a sample")
 
     def plan_of(ranks: list[int], relax: bool = False) -> list[int] | None:
-        return _fill_ranks(costs, ranks, ceilings, caps, global_batch, micro, relax)
+        return _fill_ranks(costs, ranks, (ceilings, floors), caps, global_batch, micro, relax)
 
     plan = plan_of(kept, relax=True)
     if plan is None:
@@ -214,16 +226,20 @@ def balance_on_curves(
     return plan, why
 
 
-def _fill_ranks(costs, ranks, ceilings, caps, global_batch, micro, relax) -> list[int] | None:
-    """`fill` over `ranks` alone (0 for the others) within their ceilings; where the bounded
-    moves cannot hold the batch and `relax`, within their caps; else None."""
-    room = [ceilings[i] for i in ranks]
-    if sum(room) < global_batch and relax:
+def _fill_ranks(costs, ranks, bounds, caps, global_batch, micro, relax) -> list[int] | None:
+    """`fill` over `ranks` alone (0 for the others) within their bounded moves (`bounds`:
+    ceilings, floors); where those cannot hold the batch and `relax`, within their caps and
+    from 1; else None."""
+    ceilings, floors = bounds
+    room, least = [ceilings[i] for i in ranks], [floors[i] for i in ranks]
+    if (sum(room) < global_batch or sum(least) > global_batch) and relax:
         room = [global_batch if caps[i] is None or micro else caps[i] for i in ranks]
-    if sum(room) < global_batch:
+        least = [1] * len(ranks)
+    if sum(room) < global_batch or sum(least) > global_batch:
         return None
     out = [0] * len(costs)
-    for i, b in zip(ranks, fill([costs[i] for i in ranks], global_batch, room), strict=True):
+    part = fill([costs[i] for i in ranks], global_batch, room, least)
+    for i, b in zip(ranks, part, strict=True):
         out[i] = b
     return out
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hetflow.training.plan.balance import micro_split
-from hetflow.training.plan.curves import Curve, balance_on_curves, cost_of
+from hetflow.training.plan.curves import MOVE_FACTOR, Curve, balance_on_curves, cost_of
 
 # Steps in a row that a rank's time must lie beyond `Rebalancer.jump` to count as a sudden change;
 # the re-plan after one is made from these steps alone.
@@ -20,10 +20,12 @@ ERRORS_KEPT = 3
 # its prior, and the re-plan it gives is worth most; later windows hold `rebalance_every` steps.
 LEARNING_WINDOWS = 3
 LEARNING_ROWS = 4
+# The least `Rebalancer.move` a run of reverts narrows the bounded moves to.
+LEAST_MOVE = 1.25
 # How much more than `margin` a re-plan must gain to bring back a rank the plan left out.
 BRING_BACK = 2.0
 # A re-plan whose predicted gain is below this many times its bar is adopted only when the
-# window before proposed moving every share the same way: that twice in a row is seldom noise.
+# window before proposed no share moving the other way: that twice in a row is seldom noise.
 CLEAR_GAIN = 2.0
 
 
@@ -56,10 +58,12 @@ class Rebalancer:
     whichever is largest; plus the switch's cost spread over the steps left. Bringing back a
     rank the plan left out needs twice that (hysteresis: it pays the replica's copy and its
     hops of every all-reduce). A gain under `CLEAR_GAIN` times its bar is adopted only when the
-    window before proposed moving every share the same way (decisions on windows, not on
+    window before proposed no share moving the other way (decisions on windows, not on
     one). Verification: a new plan whose first window is slower than the old plan's last (by
     more than `threshold / 2`) is reverted and not proposed again until the speeds change;
-    what it measured stays in `points`, so the next proposal knows the model was wrong there.
+    what it measured stays in `points`, so the next proposal knows the model was wrong there,
+    and the shares' bounded move (`move`, a trust region: MOVE_FACTOR past the batches a rank
+    ran) halves, down to LEAST_MOVE; a plan that holds doubles it back.
 
     `micro` (`train.accumulate` 'auto'): a share may pass its rank's cap, run as micro-batches;
     a point measured at a share of k micro-batches is one pass of share / k samples taking 1 / k
@@ -86,6 +90,7 @@ class Rebalancer:
     rows: int = 0  # the steps that window held
     windows: int = 0  # windows observed
     pending: list[int] | None = None  # the last window's marginal re-plan: each share's move
+    move: float = MOVE_FACTOR  # how far past its points a share may move (a trust region)
 
     @property
     def margin(self) -> float:
@@ -176,10 +181,14 @@ class Rebalancer:
             if after > before["step_s"] * (1 + self.threshold / 2):
                 # The model promised a shorter step and the measurement says longer: it does not
                 # hold at these batches (a device's step is not affine near batch 1, say). Go
-                # back, and do not propose this plan again until the speeds change.
+                # back, do not propose this plan again until the speeds change, and move less
+                # far from what was measured next time.
                 self.rejected.append(list(plan))
                 self.revert_to = before["plan"]
+                self.move = max(LEAST_MOVE, self.move / 2)
                 failed = True
+            else:
+                self.move = min(MOVE_FACTOR, self.move * 2)
         if self.per_sample_s is None:
             self.per_sample_s = [
                 max(t - a, 0.05 * t) / max(b, 1)
@@ -199,6 +208,7 @@ class Rebalancer:
                 pts.clear()
                 self.rejected = []  # what failed before may work now
                 self.errors = []  # and what the model got wrong before says nothing now
+                self.move = MOVE_FACTOR
             pts[b] = w * t + (1 - w) * pts[b] if b in pts else t
         self.latest = latest
 
@@ -260,7 +270,7 @@ class Rebalancer:
             return None
         names = [f"rank {i}" for i in range(len(plan))]
         new, self.excluded = balance_on_curves(
-            self.curves(), self.global_batch, self.caps, names, self.micro
+            self.curves(), self.global_batch, self.caps, names, self.micro, move=self.move
         )
         before, after = max(self.step_times(plan)), max(self.step_times(new))
         gain = before / after - 1 if after > 0 else 0.0
@@ -272,8 +282,11 @@ class Rebalancer:
             self.pending = None
             return None
         moves = [(n > b) - (n < b) for n, b in zip(new, plan, strict=True)]
-        if gain <= CLEAR_GAIN * bar and self.pending != moves:  # marginal: the next window must
-            self.pending = moves  # propose moving every share the same way
+        agree = self.pending is not None and all(
+            a * b >= 0 for a, b in zip(self.pending, moves, strict=True)
+        )
+        if gain <= CLEAR_GAIN * bar and not agree:  # marginal: the next window must propose
+            self.pending = moves  # no share moving the other way
             return None
         self.pending = None
         self.trial = {
@@ -306,6 +319,7 @@ class Rebalancer:
             "revert_to": self.revert_to,
             "errors": self.errors,
             "noise": [self.noise, self.rows, self.windows, self.pending],
+            "move": self.move,
         }
 
     def restore(self, state: dict) -> None:
@@ -320,6 +334,7 @@ class Rebalancer:
         self.trial, self.revert_to = state["trial"], state["revert_to"]
         self.errors = list(state.get("errors", []))
         self.noise, self.rows, self.windows, self.pending = state.get("noise", [0.0, 0, 0, None])
+        self.move = state.get("move", MOVE_FACTOR)
 
 
 def narrowed_state(state: dict, keep: list[int]) -> dict:
