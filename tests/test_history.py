@@ -246,7 +246,9 @@ def test_training_twice_profiles_once_and_the_second_run_names_the_entries(
 
     monkeypatch.setattr(history_task, "measure_profile", counted)
     cluster = ClusterSpec.from_speeds([1, 1, 4], time_scale=2.0)
-    cfg = TrainConfig(recipe="digits-mlp", steps=4, global_batch=32, eval_every=2)
+    cfg = TrainConfig(
+        recipe="digits-mlp", steps=4, global_batch=32, eval_every=2, profile_first=True
+    )
     first = train(cluster=cluster, dataset=digits, train=cfg, tracking=TrackingConfig())
     assert launched == [["w0", "w1", "w2"]]  # nothing known: every worker
     second = train(cluster=cluster, dataset=digits, train=cfg, tracking=TrackingConfig())
