@@ -33,20 +33,16 @@ from hetflow.training.loop.step import (
     micro_cap,
     straggler_factor,
 )
-from hetflow.training.plan.compression import choose_from_trials
+from hetflow.training.plan.compression import (
+    TRIAL_STEPS,
+    TRIAL_TIMED_STEPS,
+    TRIAL_UNTIMED_STEPS,
+    TRIAL_WARMUP_STEPS,
+    choose_from_trials,
+)
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import Recipe
 
-# A trial's dense warm-up: DDP rebuilds its buckets after the first step, and PowerSGD and
-# top-k need at least 2 dense steps before they compress (`methods._stateful_warmup`).
-TRIAL_WARMUP_STEPS = 2
-# Untimed steps of each trial: the warm-up, and the first step that compresses, which pays
-# one-off costs (PowerSGD: ~2x a settled step's CPU time, allocating its factors and residuals).
-TRIAL_UNTIMED_STEPS = TRIAL_WARMUP_STEPS + 1
-# Timed steps of each trial, whose mean is the method's step: a multiple of local SGD's period
-# (policy.LOCAL_SGD_PERIOD), so that its averaging steps count at the rate they run.
-TRIAL_TIMED_STEPS = 4
-TRIAL_STEPS = TRIAL_UNTIMED_STEPS + TRIAL_TIMED_STEPS
 # An uncompressed first candidate is probed first on this many steps (one untimed: DDP
 # rebuilds its buckets after it), enough to tell whether trying the others can pay.
 PROBE_STEPS = 3

@@ -23,6 +23,14 @@ LOCAL_SGD_PERIOD = 4
 # lossy method must not win on noise.
 NOISE_SIGMAS = 2.0
 MIN_GAIN = 0.02
+# Each candidate's trial (`training.loop.trials`): a dense warm-up (DDP rebuilds its buckets
+# after the first step; PowerSGD and top-k need 2 dense steps before they compress), the first
+# compressing step (it pays one-off costs), then the timed steps, a multiple of local SGD's
+# period so that its averaging steps count at the rate they run.
+TRIAL_WARMUP_STEPS = 2
+TRIAL_UNTIMED_STEPS = TRIAL_WARMUP_STEPS + 1
+TRIAL_TIMED_STEPS = 4
+TRIAL_STEPS = TRIAL_UNTIMED_STEPS + TRIAL_TIMED_STEPS
 
 
 def auto_candidates(train: TrainConfig, cluster: ClusterSpec) -> list[CompressionMethod]:
@@ -37,6 +45,28 @@ def auto_candidates(train: TrainConfig, cluster: ClusterSpec) -> list[Compressio
         if len({w.node for w in cluster.workers}) > 1:
             methods.append(CompressionMethod(name="hierarchical", period=LOCAL_SGD_PERIOD))
     return methods
+
+
+def too_short_for_trials(train: TrainConfig, candidates: list[CompressionMethod]) -> str:
+    """Why 'auto' keeps an uncompressed first candidate without trying any (pure), or '': a
+    run of no more steps than the trials would take cannot win them back, since no method
+    saves more than a whole step.
+
+    >>> m = [CompressionMethod.parse(x) for x in ("none", "fp16", "bf16", "powersgd:4")]
+    >>> too_short_for_trials(TrainConfig(steps=20), m)[:40]
+    "'auto' kept none untried: the run's 20 s"
+    >>> too_short_for_trials(TrainConfig(steps=200), m)
+    ''
+    """
+    if not candidates or candidates[0].name != "none" or len(candidates) < 2:
+        return ""
+    cost = len(candidates) * TRIAL_STEPS
+    if train.steps > cost:
+        return ""
+    return (
+        f"'auto' kept none untried: the run's {train.steps} steps are no more than the {cost} "
+        f"that trying its {len(candidates)} candidates takes, and no method saves a whole step"
+    )
 
 
 def _measured(t: MethodTrial) -> bool:

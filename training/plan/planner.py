@@ -16,7 +16,11 @@ from hetflow.training.plan.balance import (
     micro_split,
     plan_batches,
 )
-from hetflow.training.plan.compression import auto_candidates, choose_compression
+from hetflow.training.plan.compression import (
+    auto_candidates,
+    choose_compression,
+    too_short_for_trials,
+)
 from hetflow.training.plan.ranks import RankMap
 
 
@@ -336,10 +340,13 @@ def plan_compression(
 ) -> tuple[CompressionMethod, str, list[CompressionMethod]]:
     """(method, why, candidates): the method the train config sets; for 'auto', 'none' and the
     candidates the workers try at the start of the run (`auto_candidates`, `training.trials`),
-    or where nothing can be tried (one worker) the profile's rule (`choose_compression`)."""
+    'none' untried where the run is too short for trials to pay (`too_short_for_trials`), or
+    where nothing can be tried (one worker) the profile's rule (`choose_compression`)."""
     if train.compression != "auto":
         return train.compression_method(), "set in the train config", []
     candidates = auto_candidates(train, cluster)
+    if why := too_short_for_trials(train, candidates):
+        return CompressionMethod(), why, []
     if not candidates:
         method, reason = choose_compression(profile.comm_share())
         return method, f"'auto' on one worker, from the profile: {reason}", []
