@@ -74,9 +74,10 @@ def at_run_pace(efficiency: float, errors: list[float | None]) -> dict:
 
 
 def steps_to_final_rate(result: dict, within: float = 0.05) -> int | None:
-    """The step from which every plan the run adopted ran within `within` of its final plan's
-    mean step (rank 0's step times, each plan's first two steps and step 0 left out): 0 for a
-    run whose first plan already did; None where a plan has no step to measure.
+    """The step from which the run first ran a plan within `within` of its final plan's mean
+    step, or the final plan itself (rank 0's step times, each plan's first two steps and step
+    0 left out; the same plan's segments can differ by the host's noise alone): 0 for a run
+    whose first plan did; None where a plan has no step to measure.
 
     >>> recs = [{"step": s, "step_s": 0.2 if s < 20 else 0.1} for s in range(100)]
     >>> plans = [{"step": 0, "plan": [1]}, {"step": 20, "plan": [2]}]
@@ -96,7 +97,8 @@ def steps_to_final_rate(result: dict, within: float = 0.05) -> int | None:
         if not times:
             return None
         means.append(statistics.fmean(times))
-    settled = len(means) - 1
-    while settled > 0 and means[settled - 1] <= means[-1] * (1 + within):
-        settled -= 1
-    return starts[settled]
+    final = lead["plans"][-1]["plan"]
+    for p, mean in zip(lead["plans"], means, strict=True):
+        if p["plan"] == final or mean <= means[-1] * (1 + within):
+            return p["step"]
+    return starts[-1]
