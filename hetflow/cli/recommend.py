@@ -306,7 +306,8 @@ def write_cluster(path: str, rec, batches) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text)
     workers = sum(c.devices * n for c, n in zip(rec.cands, rec.best.counts, strict=True))
-    print(f"wrote {path} ({workers} workers); emulate it here: `hetflow demo --cluster {path}`")
+    counted = f"{workers} worker" + ("" if workers == 1 else "s")
+    print(f"wrote {path} ({counted}); emulate it here: `hetflow demo --cluster {path}`")
 
 
 def write_ray_config(path: str, rec) -> None:
