@@ -112,11 +112,12 @@ def test_known_sets_are_lists_with_the_catalogs_values(schemas):
 
 def test_recommend_lists_exactly_what_it_can_price_and_time(schemas):
     from hetflow.training.plan import rental
-    from hetflow.training.plan.models import MODELS
+    from hetflow.training.plan.models import MODELS, NAMES, OLD_NAMES
     from hetflow.training.plan.recommend import Job
 
     form = fields(schemas["recommend"])
-    assert listed(form["job.recipe"]) == list(MODELS)
+    assert listed(form["job.recipe"]) == list(NAMES)  # each model once, by its recipe's name
+    assert set(NAMES) | set(OLD_NAMES) == set(MODELS)
     offered = listed(form["candidates[].instance_type"])
     job = Job(rental.model_of("resnet50"), 8, 1)
     rental.candidates([(t, 1) for t in offered], job)  # every one listed can be recommended

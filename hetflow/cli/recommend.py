@@ -20,7 +20,7 @@ DEFAULT_CANDIDATES = ",".join(f"{t}:{n}" for t, n in DEFAULT_RENTABLE)
 
 
 def add_recommend_args(p: argparse.ArgumentParser) -> None:
-    from hetflow.training.plan.models import MODELS
+    from hetflow.training.plan.models import NAMES, OLD_NAMES
 
     p.add_argument(
         "--candidates",
@@ -31,7 +31,8 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--recipe",
         default="resnet50",
-        choices=sorted(MODELS),
+        type=lambda name: OLD_NAMES.get(name, name),  # a name before recipes: still taken
+        choices=NAMES,
         help="the model whose FLOPs and gradient size scale the curves (the simulator's)",
     )
     p.add_argument(

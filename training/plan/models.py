@@ -60,10 +60,15 @@ def _local_models() -> dict[str, ModelSpec]:
         "cnn", sum(p for p, _ in layers), 3.0 * sum(f for _, f in layers), **digits
     )
     # the recipes' names (TrainConfig.recipe, a profile's `model` since recipes); the short
-    # names are those of profiles stored before
-    for old, new in (("mlp", "digits-mlp"), ("cnn", "digits-cnn"), ("wide_mlp", "digits-wide-mlp")):
+    # names are those of profiles stored before (OLD_NAMES)
+    for old, new in OLD_NAMES.items():
         out[new] = dataclasses.replace(out[old], name=new)
     return out
+
+
+# The digits models' names before they were recipes: still accepted (a profile stored then
+# names its model so), never listed.
+OLD_NAMES = {"mlp": "digits-mlp", "cnn": "digits-cnn", "wide_mlp": "digits-wide-mlp"}
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -94,3 +99,6 @@ MODELS: dict[str, ModelSpec] = {
     ),
     **_local_models(),
 }
+# The models a user is offered (`hetflow recommend --recipe`, the recommend form): each once,
+# by its recipe's name.
+NAMES = tuple(name for name in MODELS if name not in OLD_NAMES)
