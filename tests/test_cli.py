@@ -127,6 +127,16 @@ def test_every_option_and_argument_has_help():
         assert parser.description, parser.prog
 
 
+def test_no_option_states_its_default_twice():
+    """The formatter appends '(default: X)' unless the help says '%(default)' itself: a help
+    that writes its default out by hand read '(default 24 ...) (default: 24.0)'."""
+    for parser in _parsers(build_parser()):
+        for action in parser._actions:
+            text = parser._get_formatter()._expand_help(action)
+            where = f"{parser.prog} {'/'.join(action.option_strings) or action.dest}: {text}"
+            assert text.lower().count("default") <= 1, where
+
+
 @pytest.mark.parametrize("command", ["demo", "train", "profile"])
 def test_help_shows_the_defaults_of_the_config_models(command, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "300")  # no option's help wraps

@@ -95,7 +95,7 @@ def add_history_args(p: argparse.ArgumentParser) -> None:
         default=PROFILE_MAX_AGE_H,
         dest="profile_max_age_h",
         metavar="H",
-        help=f"use history at most H hours old (default {PROFILE_MAX_AGE_H:g}, as train's "
+        help="use history at most H hours old (default: %(default)g, as train's "
         "--profile-max-age-h)",
     )
 
