@@ -25,6 +25,8 @@ from hetflow.flows.recommend import recommend
 from hetflow.flows.train import train
 from hetflow.infra.catalog import load_snapshot
 
+from tests.test_cli import LAB_NOTE
+
 FLOWS = {f.name: f for f in (train, compare, profile_cluster, prepare_dataset, recommend)}
 # A worker's fields in the form: its name, what it is (an EC2 type, a device preset or a
 # relative speed), its device and its emulated link. Six, so that the demo's 4 workers are 24
@@ -124,6 +126,22 @@ def test_recommend_lists_exactly_what_it_can_price_and_time(schemas):
     for t in set(load_snapshot()) - set(offered):
         with pytest.raises(rental.RecommendError):
             rental.candidates([(t, 1)], job)
+
+
+def test_descriptions_state_contracts_not_lab_notes(schemas):
+    for name, schema in schemas.items():
+        texts = {path: prop.get("description", "") for path, prop in fields(schema).items()}
+        texts |= {k: d.get("description", "") for k, d in schema.get("definitions", {}).items()}
+        for path, text in texts.items():
+            assert not LAB_NOTE.search(text), f"{name}: {path}: {text}"
+
+
+def test_the_forms_restart_default_is_the_spot_models():
+    from hetflow.config import RecommendMarket
+    from hetflow.training.plan.spot import SPOT_RESTART_S
+
+    said = RecommendMarket.model_fields["restart_s"].description
+    assert f"empty: {SPOT_RESTART_S:g} s," in said
 
 
 def test_a_worker_is_a_few_fields_and_the_rest_stay_settable(schemas):

@@ -59,8 +59,8 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         type=float,
         dest="deadline_margin",
         metavar="F",
-        help="with --deadline-h, the share of it kept in hand: a mix must be predicted to finish "
-        f"by (1 - F) x H (default {DEADLINE_MARGIN}: mixes ran 8-18%% past their prediction)",
+        help="with --deadline-h, the share of it kept in hand for the prediction's error: a mix "
+        f"must be predicted to finish by (1 - F) x H (default {DEADLINE_MARGIN:g})",
     )
     p.add_argument(
         "--output",
@@ -148,7 +148,8 @@ def add_market_args(p: argparse.ArgumentParser) -> None:
         dest="restart_s",
         metavar="S",
         help=f"seconds an interruption costs before training goes on (default {SPOT_RESTART_S:g}: "
-        "the group's restart measured here; add the time a new instance takes to join)",
+        "the training group's restart from its checkpoint; add the time a new instance takes "
+        "to boot and join)",
     )
     p.add_argument(
         "--checkpoint-every",
