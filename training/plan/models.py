@@ -38,13 +38,14 @@ def _linear(i: int, o: int) -> tuple[int, int]:
 
 
 def _local_models() -> dict[str, ModelSpec]:
-    # training.models on 8x8 digits, counted by hand (importing torch here would make the
-    # simulator slow to import; tests check the counts against training.models).
+    # the digits recipes' models (hetflow.training.recipes.digits) on 8x8 digits, counted by
+    # hand (importing torch here would make the simulator slow to import; tests check the
+    # counts against the recipes).
     digits = {
         "sample_bytes": 64 * 4 + 8,
         "epoch_samples": 1437,
         "default_global_batch": 128,
-        "source": "training.models on scikit-learn digits (1437 training samples)",
+        "source": "hetflow.training.recipes.digits on scikit-learn digits (1437 training samples)",
     }
     out = {}
     for name, widths in {"mlp": (64, 256, 256, 10), "wide_mlp": (64, 2048, 2048, 10)}.items():
