@@ -144,6 +144,26 @@ def test_the_forms_restart_default_is_the_spot_models():
     assert f"empty: {SPOT_RESTART_S:g} s," in said
 
 
+# What a user changes first in a run form, in this order, before anything else (issue 46: the
+# form was ~70 fields, the model and its steps among the cluster's and the dataset's).
+FIRST_FIELDS = (
+    "train.recipe",
+    "train.steps",
+    "train.global_batch",
+    "train.schedule",
+    "train.compression",
+    "train.target_accuracy",
+)
+
+
+@pytest.mark.parametrize("name", ["train", "compare"])
+def test_the_form_opens_on_the_fields_a_user_changes_first(schemas, name):
+    """Prefect draws the parameters by `position` and a model's fields in declaration order."""
+    schema = schemas[name]
+    assert min(schema["properties"], key=lambda k: schema["properties"][k]["position"]) == "train"
+    assert tuple(fields(schema))[: len(FIRST_FIELDS)] == FIRST_FIELDS
+
+
 def test_a_worker_is_a_few_fields_and_the_rest_stay_settable(schemas):
     form = fields(schemas["train"])
     worker = [p for p in form if p.startswith("cluster.workers[].")]
