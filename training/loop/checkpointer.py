@@ -20,7 +20,7 @@ from hetflow.training.plan.rebalancer import Rebalancer
 
 
 @dataclass
-class Saved:
+class CheckpointParts:
     """What a checkpoint holds besides the loop's state: the model and optimizer (`net`, with
     its comm hook's state), the loss scale (`amp`), the re-balancer, the lr scheduler and
     'auto''s trials."""
@@ -35,8 +35,8 @@ class Saved:
 class Checkpointer:
     """The run's checkpoints in its store (`spec.checkpoint_url`, else the run directory's
     checkpoints/). Built before the rest of the run (the trials read `saved.trials`); `resume`
-    then names what it loads and saves (`Saved`) and lets go of the checkpoint read. Rank 0
-    alone writes the checkpoint (under fsdp every rank writes its shards first)."""
+    then names what it loads and saves (`CheckpointParts`) and lets go of the checkpoint read.
+    Rank 0 alone writes the checkpoint (under fsdp every rank writes its shards first)."""
 
     def __init__(self, spec: RunSpec, rank: int, world: int) -> None:
         self.rank = rank
@@ -46,7 +46,7 @@ class Checkpointer:
         self.strategy = spec.train.strategy
         self.store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
         self.saved = self.on_these_workers(self.store.load())
-        self.parts: Saved | None = None
+        self.parts: CheckpointParts | None = None
 
     def on_these_workers(self, saved: dict | None) -> Checkpoint | None:
         """The store's newest checkpoint `saved` for this run's workers: as saved where it was
@@ -65,7 +65,7 @@ class Checkpointer:
             )
         return ckpt.narrowed(self.workers, self.plan)
 
-    def resume(self, parts: Saved) -> LoopState:
+    def resume(self, parts: CheckpointParts) -> LoopState:
         """The checkpoint read (`saved`, the store's newest) loaded into the model, optimizer,
         comm hook, loss scale, re-balancer and lr scheduler of `parts`, and the loop's state
         from it; a fresh state on the spec's plan when there is none. `parts` are what `save`

@@ -22,7 +22,7 @@ from hetflow.training.devices import peak_device_bytes, synchronizer
 from hetflow.training.faults.guard import StepGuard
 from hetflow.training.faults.records import Preempted
 from hetflow.training.launch.spec import emulator_for, node_id, since_submit
-from hetflow.training.loop.checkpointer import Checkpointer, Saved
+from hetflow.training.loop.checkpointer import Checkpointer, CheckpointParts
 from hetflow.training.loop.evaluator import Evaluator
 from hetflow.training.loop.membership import Membership
 from hetflow.training.loop.optim import build_scheduler, resolve_optimizer, step_scheduler
@@ -90,8 +90,8 @@ class TrainingLoop:
             self.world, self.rank, self.net, self.amp, self.mean, every, timeout_s
         )
         self.evaluator = Evaluator(self.spec, self.rank, self.net, self.recipe, self.data)
-        saved = Saved(self.net, self.amp, self.rebalancer, self.lr_schedule, self.trials)
-        self.state = self.checkpointer.resume(saved)
+        parts = CheckpointParts(self.net, self.amp, self.rebalancer, self.lr_schedule, self.trials)
+        self.state = self.checkpointer.resume(parts)
         self.recovery = self.note_recovery()
         self.progress = self.open_progress()
         self.guard = StepGuard(self.spec, self.rank, self.net)  # last: every process group exists
