@@ -86,7 +86,8 @@ class TrainConfig(ConfigModel):
         "dynamic",
         title="Batch schedule",
         description="'equal': same local batch everywhere (baseline); 'proportional': sized by "
-        "profiled speed; 'dynamic': proportional and re-balanced during the run.",
+        "profiled speed; 'dynamic': starts from a prior (or the profile, with profile_first) "
+        "and re-plans from the training steps.",
     )
     compression: str = Field(
         "none",
