@@ -39,16 +39,16 @@ class SharedCosts:
 
     Emulated workers differ by their slowdown alone: at the same batch they do the same work,
     so the host's cost of it is one figure for all of them. Measured per process, it is not:
-    the same step's least CPU time moved by 20-30% between processes and over seconds (which
-    part of the host moves it is not pinned down; docs/measurements/emulation.md), so two
-    workers of one speed read 8% apart in a profile and a balanced plan computed unevenly.
-    Shared, the noise that is left moves every worker alike, which a plan in proportion to
-    speed does not feel. Each rank appends its phases to one small file per key under `folder`
-    (one 12-byte write with O_APPEND, so concurrent ranks do not interleave) and reads the
-    file's tail through the same descriptor: no lock, no server; `add` took 13 us here (against
-    a step of 50 ms or more: docs/measurements/emulation.md). Written for the emulator:
-    torch.distributed has no host-local shared table, and a collective per step would add a
-    synchronization that a real device does not have.
+    the same step's least CPU time moves between processes and over seconds, so workers of one
+    speed would profile apart and a balanced plan would compute unevenly (the figures, before
+    and after sharing: docs/measurements/emulation.md, 'The ranks share the host's cost of a
+    batch'). Shared, the noise that is left moves every worker alike, which a plan in
+    proportion to speed does not feel. Each rank appends its phases to one small file per key
+    under `folder` (one 12-byte write with O_APPEND, so concurrent ranks do not interleave)
+    and reads the file's tail through the same descriptor: no lock, no server; an `add` costs
+    microseconds, small against a step (measured, with the command: the same page). Written
+    for the emulator: torch.distributed has no host-local shared table, and a collective per
+    step would add a synchronization that a real device does not have.
 
     `forget` starts a new generation of keys (every rank calls it at the same point: the
     compression trials' timed steps, which must be dilated from their own costs alone).

@@ -87,9 +87,9 @@ def reuse_note(profile) -> list[str]:
 
 @flow(name="compare", log_prints=True)
 def compare(
+    train: Train = TrainConfig(),
     cluster: Cluster = default_cluster(),
     dataset: DatasetSpec = DatasetSpec(),
-    train: Train = TrainConfig(),
     tracking: TrackingConfig = TrackingConfig(),
 ) -> dict:
     check_job(cluster, train)

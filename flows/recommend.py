@@ -1,4 +1,4 @@
-"""Flow: which instances to rent for a job (`hetflow recommend` as a Prefect flow, issue 38).
+"""Flow: which instances to rent for a job (`hetflow recommend` as a Prefect flow).
 
 Its parameters are typed forms: the job (`RecommendJob`), the candidate instance types with how
 many of each can be had (`RentableType`), the objective (`RecommendObjective`), where MLflow

@@ -38,9 +38,9 @@ def run_label(train: TrainConfig) -> str:
 # exception is deterministic (a retry would profile and fail again).
 @flow(name="train", log_prints=True)
 def train(
+    train: Train = TrainConfig(),
     cluster: Cluster = default_cluster(),
     dataset: DatasetSpec = DatasetSpec(),
-    train: Train = TrainConfig(),
     tracking: TrackingConfig = TrackingConfig(),
     variant: str | SkipJsonSchema[None] = "",
 ) -> dict:

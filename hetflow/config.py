@@ -80,14 +80,64 @@ class TrainConfig(ConfigModel):
         pattern=RECIPE_PATTERN,
         json_schema_extra={"examples": list(BUILTIN_RECIPES)},
     )
+    steps: int = Field(200, ge=1, title="Optimizer steps")
+    global_batch: int = Field(128, ge=1, title="Global batch", description="Samples per step.")
+    schedule: Literal["equal", "proportional", "dynamic"] = Field(
+        "dynamic",
+        title="Batch schedule",
+        description="'equal': same local batch everywhere (baseline); 'proportional': sized by "
+        "profiled speed; 'dynamic': starts from a prior (or the profile, with profile_first) "
+        "and re-plans from the training steps.",
+    )
+    compression: str = Field(
+        "none",
+        title="Gradient communication",
+        description="none | auto | fp16 | bf16 | powersgd:RANK | topk:RATIO | localsgd:H | "
+        "hierarchical:H. 'auto' tries the candidates for a few steps each at the start of the "
+        "run, on the cluster and its links, and keeps the one with the shortest step.",
+    )
+    target_accuracy: float | None = Field(
+        0.95,
+        gt=0,
+        le=1,
+        title="Target test accuracy",
+        description="time_to_target_s is the training time until this accuracy is first met "
+        "(recipes that evaluate accuracy).",
+    )
+    target_val_loss: float | None = Field(
+        None,
+        gt=0,
+        title="Target validation loss",
+        description="time_to_target_s is the training time until the validation loss first "
+        "falls to this (recipes that evaluate val_loss, e.g. 'gpt').",
+    )
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = Field(
+        "fp32",
+        title="Precision",
+        description="The forward pass's autocast: 'auto' is bf16 where the device has it natively "
+        "(CUDA compute capability >= 8.0), fp16 with a loss scale shared by every rank on older "
+        "GPUs, fp32 on a CPU.",
+    )
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        title="Data parallelism",
+        description="'ddp': every worker holds the whole model, gradient and optimizer state; "
+        "'fsdp': they are sharded across the workers (torch's FSDP2), each worker still with "
+        "its own share of the batch; plain gradient communication only (docs/fsdp.md).",
+    )
+    accumulate: Literal["off", "auto"] = Field(
+        "off",
+        title="Micro-batches",
+        description="'auto': a worker whose share passes its memory cap runs it as micro-batches "
+        "(each at most the cap) and accumulates their gradients, and the plan gives it more "
+        "than its cap where that shortens the step; 'off': no share passes its cap.",
+    )
     recipe_options: dict[str, int | float | str] = Field(
         {},
         title="Recipe options",
         description="Keyword arguments of the recipe, e.g. {'n_layer': 6, 'context': 256} for "
         "'gpt'.",
     )
-    global_batch: int = Field(128, ge=1, title="Global batch", description="Samples per step.")
-    steps: int = Field(200, ge=1, title="Optimizer steps")
     optimizer: Literal["recipe", "sgd", "adam", "adamw"] = Field(
         "recipe",
         title="Optimizer",
@@ -135,35 +185,7 @@ class TrainConfig(ConfigModel):
         "decays the weight matrices only, not biases or norms.",
     )
     seed: int = Field(0, title="Seed")
-    target_accuracy: float | None = Field(
-        0.95,
-        gt=0,
-        le=1,
-        title="Target test accuracy",
-        description="time_to_target_s is the training time until this accuracy is first met "
-        "(recipes that evaluate accuracy).",
-    )
-    target_val_loss: float | None = Field(
-        None,
-        gt=0,
-        title="Target validation loss",
-        description="time_to_target_s is the training time until the validation loss first "
-        "falls to this (recipes that evaluate val_loss, e.g. 'gpt').",
-    )
     eval_every: int = Field(10, ge=1, title="Evaluate every N steps")
-    schedule: Literal["equal", "proportional", "dynamic"] = Field(
-        "dynamic",
-        title="Batch schedule",
-        description="'equal': same local batch everywhere (baseline); 'proportional': sized by "
-        "profiled speed; 'dynamic': proportional and re-balanced during the run.",
-    )
-    compression: str = Field(
-        "none",
-        title="Gradient communication",
-        description="none | auto | fp16 | bf16 | powersgd:RANK | topk:RATIO | localsgd:H | "
-        "hierarchical:H. 'auto' tries the candidates for a few steps each at the start of the "
-        "run, on the cluster and its links, and keeps the one with the shortest step.",
-    )
     allow_local_sgd: bool = Field(
         False,
         title="'auto' may average models",
@@ -187,28 +209,24 @@ class TrainConfig(ConfigModel):
     rebalance_threshold: float = Field(
         0.10, gt=0, title="Re-balance threshold", description="Imbalance (max/mean - 1) to act."
     )
-    accumulate: Literal["off", "auto"] = Field(
-        "off",
-        title="Micro-batches",
-        description="'auto': a worker whose share passes its memory cap runs it as micro-batches "
-        "(each at most the cap) and accumulates their gradients, and the plan gives it more "
-        "than its cap where that shortens the step; 'off': no share passes its cap.",
+    profile_first: bool = Field(
+        False,
+        title="Profile before step 0",
+        description="'dynamic': profile the workers (or reuse the profile history) before the "
+        "first step and plan from that. Off: start at once from the best prior (the profile "
+        "history, the presets' or instance types' published ratios, else the equal split) and "
+        "learn each worker's step-time curve from the training steps. 'proportional' always "
+        "profiles first.",
     )
-    precision: Literal["fp32", "bf16", "fp16", "auto"] = Field(
-        "fp32",
-        title="Precision",
-        description="The forward pass's autocast: 'auto' is bf16 where the device has it natively "
-        "(CUDA compute capability >= 8.0), fp16 with a loss scale shared by every rank on older "
-        "GPUs, fp32 on a CPU.",
+    profile_max_age_h: float = Field(
+        PROFILE_MAX_AGE_H,
+        ge=0,
+        title="Reuse profiles up to (hours)",
+        description="A worker whose type (instance type or preset, the same recipe, batch, "
+        "precision and versions) was profiled this recently is not profiled again: its figures "
+        "come from the profile history in S3 (docs/concepts.md, 'Profile history'); 0: always "
+        "profile every worker.",
     )
-    strategy: Literal["ddp", "fsdp"] = Field(
-        "ddp",
-        title="Data parallelism",
-        description="'ddp': every worker holds the whole model, gradient and optimizer state; "
-        "'fsdp': they are sharded across the workers (torch's FSDP2), each worker still with "
-        "its own share of the batch; plain gradient communication only (docs/fsdp.md).",
-    )
-    threads_per_rank: int = Field(1, ge=1, title="Torch threads per rank")
     checkpoint_every: int = Field(
         25,
         ge=1,
@@ -230,24 +248,7 @@ class TrainConfig(ConfigModel):
         "the others' collectives: the group restarts from the last checkpoint. Longer than the "
         "slowest step, evaluation or checkpoint save.",
     )
-    profile_first: bool = Field(
-        False,
-        title="Profile before step 0",
-        description="'dynamic': profile the workers (or reuse the profile history) before the "
-        "first step and plan from that. Off: start at once from the best prior (the profile "
-        "history, the presets' or instance types' published ratios, else the equal split) and "
-        "learn each worker's step-time curve from the training steps. 'proportional' always "
-        "profiles first.",
-    )
-    profile_max_age_h: float = Field(
-        PROFILE_MAX_AGE_H,
-        ge=0,
-        title="Reuse profiles up to (hours)",
-        description="A worker whose type (instance type or preset, the same recipe, batch, "
-        "precision and versions) was profiled this recently is not profiled again: its figures "
-        "come from the profile history in S3 (docs/concepts.md, 'Profile history'); 0: always "
-        "profile every worker.",
-    )
+    threads_per_rank: int = Field(1, ge=1, title="Torch threads per rank")
 
     @field_validator("recipe")
     @classmethod

@@ -10,9 +10,9 @@ from pydantic import Field, model_validator
 
 from hetflow.config_base import ConfigModel
 
-# The share of a deadline kept in hand: a mix counts as in time when predicted to finish by
-# (1 - margin) x the deadline. Run on emulated presets, mixes took 8-18% longer than predicted
-# and the chosen one, predicted 1.99 h, missed 2 h every time (docs/measurements/recommend.md).
+# The share of a deadline kept in hand for the prediction's error: a mix counts as in time
+# when predicted to finish by (1 - margin) x the deadline. Why this share: docs/recommend.md,
+# 'Limits'.
 DEADLINE_MARGIN = 0.15
 
 # How old a profile-history entry may be and still stand for its type: train's reuse of it
@@ -69,8 +69,8 @@ class RecommendObjective(ConfigModel):
         ge=0,
         lt=1,
         title="Deadline margin",
-        description="For 'deadline': the share of it kept in hand; a mix must be predicted to "
-        "finish by (1 - margin) x the deadline (mixes ran 8-18% past their prediction).",
+        description="For 'deadline': the share of it kept in hand for the prediction's error; "
+        "a mix must be predicted to finish by (1 - margin) x the deadline.",
     )
 
     @model_validator(mode="after")
@@ -114,8 +114,9 @@ class RecommendMarket(ConfigModel):
     restart_s: float | None = Field(
         None,
         title="Restart (s)",
-        description="What an interruption costs before training goes on; empty: the group's "
-        "restart measured here (16 s), which counts no instance boot.",
+        description="What an interruption costs before training goes on; empty: 16 s, the "
+        "training group's restart from its checkpoint, which counts no instance boot: add the "
+        "time a replacement instance takes to boot and join.",
     )
     checkpoint_every: int | None = Field(
         None,

@@ -64,7 +64,7 @@ def form_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
         except rental.RecommendError:  # no price, or no published step-time curve
             continue
         types.append(name)
-    return tuple(rental.MODELS), tuple(types)
+    return rental.NAMES, tuple(types)
 
 
 def market_of(market: RecommendMarket, names: list[str]):

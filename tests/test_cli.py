@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -16,6 +17,12 @@ from hetflow.cli import build_parser, main
 from hetflow.config import DEFAULT_SPEEDS, TrainConfig
 
 from tests.procs import run_cli
+
+# What --help and a form's description must not hold: figures of a run (a percentage, a time
+# measured "here", a date, an issue number); they belong in docs/measurements/.
+LAB_NOTE = re.compile(
+    r"\d+(\.\d+)?\s?%|measured here|issue \d+|\b20\d\d-\d\d-\d\d\b|\(\d+(\.\d+)? s\)"
+)
 
 
 def _cli(*args: str, home) -> subprocess.CompletedProcess:
@@ -125,6 +132,26 @@ def test_every_option_and_argument_has_help():
         for action in parser._actions:
             assert action.help, f"{parser.prog}: {action.option_strings or action.dest}"
         assert parser.description, parser.prog
+
+
+def test_no_option_states_its_default_twice():
+    """The formatter appends '(default: X)' unless the help says '%(default)' itself: a help
+    that writes its default out by hand read '(default 24 ...) (default: 24.0)'."""
+    for parser in _parsers(build_parser()):
+        for action in parser._actions:
+            text = parser._get_formatter()._expand_help(action)
+            where = f"{parser.prog} {'/'.join(action.option_strings) or action.dest}: {text}"
+            assert text.lower().count("default") <= 1, where
+
+
+def test_help_states_contracts_not_lab_notes():
+    """Figures of a run (a percentage, a time measured 'here', a date, an issue number) belong
+    in docs/measurements/, not in --help."""
+    for parser in _parsers(build_parser()):
+        for text in [parser.description or ""] + [
+            parser._get_formatter()._expand_help(a) for a in parser._actions if a.help
+        ]:
+            assert not LAB_NOTE.search(text), f"{parser.prog}: {text}"
 
 
 @pytest.mark.parametrize("command", ["demo", "train", "profile"])

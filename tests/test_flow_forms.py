@@ -25,6 +25,8 @@ from hetflow.flows.recommend import recommend
 from hetflow.flows.train import train
 from hetflow.infra.catalog import load_snapshot
 
+from tests.test_cli import LAB_NOTE
+
 FLOWS = {f.name: f for f in (train, compare, profile_cluster, prepare_dataset, recommend)}
 # A worker's fields in the form: its name, what it is (an EC2 type, a device preset or a
 # relative speed), its device and its emulated link. Six, so that the demo's 4 workers are 24
@@ -112,17 +114,54 @@ def test_known_sets_are_lists_with_the_catalogs_values(schemas):
 
 def test_recommend_lists_exactly_what_it_can_price_and_time(schemas):
     from hetflow.training.plan import rental
-    from hetflow.training.plan.models import MODELS
+    from hetflow.training.plan.models import MODELS, NAMES, OLD_NAMES
     from hetflow.training.plan.recommend import Job
 
     form = fields(schemas["recommend"])
-    assert listed(form["job.recipe"]) == list(MODELS)
+    assert listed(form["job.recipe"]) == list(NAMES)  # each model once, by its recipe's name
+    assert set(NAMES) | set(OLD_NAMES) == set(MODELS)
     offered = listed(form["candidates[].instance_type"])
     job = Job(rental.model_of("resnet50"), 8, 1)
     rental.candidates([(t, 1) for t in offered], job)  # every one listed can be recommended
     for t in set(load_snapshot()) - set(offered):
         with pytest.raises(rental.RecommendError):
             rental.candidates([(t, 1)], job)
+
+
+def test_descriptions_state_contracts_not_lab_notes(schemas):
+    for name, schema in schemas.items():
+        texts = {path: prop.get("description", "") for path, prop in fields(schema).items()}
+        texts |= {k: d.get("description", "") for k, d in schema.get("definitions", {}).items()}
+        for path, text in texts.items():
+            assert not LAB_NOTE.search(text), f"{name}: {path}: {text}"
+
+
+def test_the_forms_restart_default_is_the_spot_models():
+    from hetflow.config import RecommendMarket
+    from hetflow.training.plan.spot import SPOT_RESTART_S
+
+    said = RecommendMarket.model_fields["restart_s"].description
+    assert f"empty: {SPOT_RESTART_S:g} s," in said
+
+
+# What a user changes first in a run form, in this order, before anything else (issue 46: the
+# form was ~70 fields, the model and its steps among the cluster's and the dataset's).
+FIRST_FIELDS = (
+    "train.recipe",
+    "train.steps",
+    "train.global_batch",
+    "train.schedule",
+    "train.compression",
+    "train.target_accuracy",
+)
+
+
+@pytest.mark.parametrize("name", ["train", "compare"])
+def test_the_form_opens_on_the_fields_a_user_changes_first(schemas, name):
+    """Prefect draws the parameters by `position` and a model's fields in declaration order."""
+    schema = schemas[name]
+    assert min(schema["properties"], key=lambda k: schema["properties"][k]["position"]) == "train"
+    assert tuple(fields(schema))[: len(FIRST_FIELDS)] == FIRST_FIELDS
 
 
 def test_a_worker_is_a_few_fields_and_the_rest_stay_settable(schemas):

@@ -186,6 +186,39 @@ def test_the_size_rule_covers_the_benchmarks_and_the_layer_rule_does_not():
     assert not [module for module, _ in sources() if module.startswith("benchmarks")]
 
 
+# Modules whose docstrings were cleared of lab notes (issue 46): their figures, dates and issue
+# numbers live in docs/measurements/; a docstring states the contract.
+CONTRACT_DOCSTRINGS = (
+    "training/plan/spot.py",
+    "training/plan/models.py",
+    "training/plan/recommend.py",
+    "training/plan/measured.py",
+    "training/plan/rental.py",
+    "training/plan/spot_table.py",
+    "hetflow/config_recommend.py",
+    "hetflow/cli/recommend.py",
+    "tasks/recommend.py",
+    "flows/recommend.py",
+    "emulation/costs.py",
+)
+
+
+@pytest.mark.parametrize("path", CONTRACT_DOCSTRINGS)
+def test_docstrings_state_contracts_not_lab_notes(path):
+    from tests.test_cli import LAB_NOTE
+
+    tree = ast.parse((ROOT / path).read_text())
+    documented = [tree] + [
+        n for n in ast.walk(tree) if isinstance(n, ast.ClassDef | ast.FunctionDef)
+    ]
+    notes = [
+        f"{getattr(n, 'name', 'module')}: {m.group(0)!r}"
+        for n in documented
+        for m in LAB_NOTE.finditer(ast.get_docstring(n) or "")
+    ]
+    assert not notes, f"{path}: {notes} (move them to docs/measurements/)"
+
+
 def test_every_package_folder_is_installed():
     """pyproject lists every package explicitly (package-dir maps folders onto `hetflow`): a
     folder missing there would be absent from a wheel while an editable install still finds it."""

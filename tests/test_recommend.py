@@ -233,6 +233,27 @@ def test_a_multi_gpu_instance_is_one_node_of_several_workers(tmp_path, capsys):
     assert main(["recommend", *flags]) == 0
     cluster = ClusterSpec.from_file(out)
     assert cluster.world_size == 4 and {w.node for w in cluster.workers} == {"p3-8xlarge-0"}
+    assert f"wrote {out} (4 workers)" in capsys.readouterr().out
+
+
+def test_recipe_lists_each_model_once_and_still_takes_an_old_name(tmp_path, capsys):
+    from hetflow.cli import build_parser
+    from hetflow.training.plan.models import NAMES
+
+    rec = build_parser()._subparsers._group_actions[0].choices["recommend"]
+    assert "{" + ",".join(NAMES) + "}" in rec.format_help()
+    assert not {"mlp", "cnn", "wide_mlp"} & set(NAMES)
+    out = tmp_path / "c.yaml"
+    flags = ["--recipe", "cnn", "--steps", "100", "-o", str(out), "--ray-config", ""]
+    assert main(["recommend", *flags]) == 0
+    assert capsys.readouterr().out.startswith("hetflow recommend: digits-cnn,")
+
+
+def test_one_worker_is_counted_in_the_singular(tmp_path, capsys):
+    out = tmp_path / "c.yaml"
+    flags = ["--candidates", "p3.2xlarge:1", "--steps", "100", "-o", str(out), "--ray-config", ""]
+    assert main(["recommend", *flags]) == 0
+    assert f"wrote {out} (1 worker);" in capsys.readouterr().out
 
 
 def test_recommend_imports_neither_torch_prefect_nor_mlflow(tmp_path):

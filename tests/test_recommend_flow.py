@@ -53,6 +53,25 @@ def test_the_recommend_deployment_resolves_to_the_flow_and_its_forms():
         RecommendObjective(kind="deadline")
 
 
+def test_the_recommend_run_lands_in_a_model_training_experiment(tmp_path):
+    """MLflow 3 opens an experiment by its kind; one made by the recommend run is marked model
+    training, as the demo's is (`MLflowTracker.experiment_id`), not left to be read as GenAI."""
+    from mlflow.tracking import MlflowClient
+
+    from hetflow.config import TrackingConfig, default_rentable
+    from hetflow.infra.tracking.tracker import EXPERIMENT_KIND, MODEL_TRAINING
+    from hetflow.tasks.recommend import recommend_mix, record_recommendation
+
+    job, objective, market = RecommendJob(steps=100), RecommendObjective(), RecommendMarket()
+    out = recommend_mix.fn(job, default_rentable(), objective, market)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = TrackingConfig(tracking_uri=uri, experiment="renting")
+    run_id = record_recommendation.fn(out, job, objective, tracking, market)
+    client = MlflowClient(uri)
+    exp = client.get_experiment(client.get_run(run_id).info.experiment_id)
+    assert exp.name == "renting" and exp.tags[EXPERIMENT_KIND] == MODEL_TRAINING
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_flow_records_the_commands_choice_and_fails_as_it_does(

@@ -138,9 +138,10 @@ def test_links_for_a_server_and_for_a_sqlite_store():
         "http://prefect/runs/flow-run/x",
     )
     assert (
-        "[`p`](http://127.0.0.1:5050/#/experiments/7/runs/p?workflowType=machine_learning)"
+        "- compare: [p](http://127.0.0.1:5050/#/experiments/7/runs/p?workflowType=machine_learning)"
         in served
     )
+    assert "[`" not in served  # a link's text is plain: Prefect's page showed the backticks
     assert "mlflow ui" not in served and "http://prefect/runs/flow-run/x" in served
     assert "compare-runs?runs=%5B%22b%22%2C%22o%22%5D&experiments=%5B%227%22%5D" in served
     local = links.links_markdown("sqlite:////h/mlflow.db", "1", {"compare": "p"})

@@ -388,6 +388,8 @@ def test_local_model_figures_match_the_digits_recipes():
     ):
         params = parameter_count(seeded_model(get_recipe(name), DataInfo(), 0))
         assert sim.MODELS[name].params == sim.MODELS[old].params == params
+        module = sim.MODELS[name].source.split()[0]  # what it cites: a module that exists
+        assert module == get_recipe(name).__class__.__module__
 
 
 # -- the published tables ---------------------------------------------------------------------

@@ -96,7 +96,7 @@ def _add_other_commands(sub) -> None:
     conf = _command(csub, "config", "write a Ray cluster-launcher YAML for AWS (`ray up` it)")
     conf.add_argument("cluster_file", metavar="CLUSTER.yaml", help="a cluster spec naming types")
     conf.add_argument("--output", "-o", metavar="PATH", help="write here (default: stdout)")
-    conf.add_argument("--region", default="us-east-1", help="AWS region (default us-east-1)")
+    conf.add_argument("--region", default="us-east-1", help="AWS region")
     conf.add_argument("--image-id", dest="image_id", help="the AMI (default: Ray's for the region)")
     conf.set_defaults(func=commands.cmd_cluster_config)
 

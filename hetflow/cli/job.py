@@ -126,7 +126,7 @@ def add_accumulate_arg(p: argparse.ArgumentParser) -> None:
         choices=choices(TrainConfig, "accumulate"),
         default=TRAIN.accumulate,
         help="auto: a worker whose share passes its memory cap runs it as micro-batches, and "
-        "the plan may give it more than its cap where that shortens the step (default: off)",
+        "the plan may give it more than its cap where that shortens the step",
     )
 
 
@@ -164,8 +164,7 @@ def add_profile_age_arg(p: argparse.ArgumentParser) -> None:
         metavar="HOURS",
         help="reuse a worker type's profile from the history in S3 when it is at most this old "
         "and measured for the same recipe, batch, precision and versions; types without one "
-        f"are profiled on one worker each; 0: profile every worker (default: "
-        f"{TRAIN.profile_max_age_h:g})",
+        "are profiled on one worker each; 0: profile every worker (default: %(default)g)",
     )
 
 

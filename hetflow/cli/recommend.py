@@ -20,7 +20,7 @@ DEFAULT_CANDIDATES = ",".join(f"{t}:{n}" for t, n in DEFAULT_RENTABLE)
 
 
 def add_recommend_args(p: argparse.ArgumentParser) -> None:
-    from hetflow.training.plan.models import MODELS
+    from hetflow.training.plan.models import NAMES, OLD_NAMES
 
     p.add_argument(
         "--candidates",
@@ -31,7 +31,8 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--recipe",
         default="resnet50",
-        choices=sorted(MODELS),
+        type=lambda name: OLD_NAMES.get(name, name),  # a name before recipes: still taken
+        choices=NAMES,
         help="the model whose FLOPs and gradient size scale the curves (the simulator's)",
     )
     p.add_argument(
@@ -58,8 +59,8 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         type=float,
         dest="deadline_margin",
         metavar="F",
-        help="with --deadline-h, the share of it kept in hand: a mix must be predicted to finish "
-        f"by (1 - F) x H (default {DEADLINE_MARGIN}: mixes ran 8-18%% past their prediction)",
+        help="with --deadline-h, the share of it kept in hand for the prediction's error: a mix "
+        f"must be predicted to finish by (1 - F) x H (default {DEADLINE_MARGIN:g})",
     )
     p.add_argument(
         "--output",
@@ -94,7 +95,7 @@ def add_history_args(p: argparse.ArgumentParser) -> None:
         default=PROFILE_MAX_AGE_H,
         dest="profile_max_age_h",
         metavar="H",
-        help=f"use history at most H hours old (default {PROFILE_MAX_AGE_H:g}, as train's "
+        help="use history at most H hours old (default: %(default)g, as train's "
         "--profile-max-age-h)",
     )
 
@@ -147,7 +148,8 @@ def add_market_args(p: argparse.ArgumentParser) -> None:
         dest="restart_s",
         metavar="S",
         help=f"seconds an interruption costs before training goes on (default {SPOT_RESTART_S:g}: "
-        "the group's restart measured here; add the time a new instance takes to join)",
+        "the training group's restart from its checkpoint; add the time a new instance takes "
+        "to boot and join)",
     )
     p.add_argument(
         "--checkpoint-every",
@@ -306,7 +308,8 @@ def write_cluster(path: str, rec, batches) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(text)
     workers = sum(c.devices * n for c, n in zip(rec.cands, rec.best.counts, strict=True))
-    print(f"wrote {path} ({workers} workers); emulate it here: `hetflow demo --cluster {path}`")
+    counted = f"{workers} worker" + ("" if workers == 1 else "s")
+    print(f"wrote {path} ({counted}); emulate it here: `hetflow demo --cluster {path}`")
 
 
 def write_ray_config(path: str, rec) -> None:

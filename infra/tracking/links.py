@@ -60,13 +60,15 @@ def links_markdown(
 ) -> str:
     """A markdown list: each run (`label -> run id`) by id and link, the compare view of all
     but the first (the parent), the command to start the UI where needed, the Prefect flow run.
+    A link's text is plain (no code span inside it): Prefect's artifact page showed the
+    backticks of `[`id`](url)` as they are.
     """
     lines = ["**MLflow runs**", ""]
     hint = ui_hint(tracking_uri)
     if hint:
         lines += [f"Start the UI first: `{hint}`", ""]
     for label, rid in runs.items():
-        lines.append(f"- {label}: [`{rid}`]({run_url(tracking_uri, experiment_id, rid)})")
+        lines.append(f"- {label}: [{rid}]({run_url(tracking_uri, experiment_id, rid)})")
     children = list(runs.values())[1:]
     if len(children) > 1:
         url = compare_url(tracking_uri, experiment_id, children)

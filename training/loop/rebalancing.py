@@ -1,13 +1,67 @@
-"""The re-balancer's turn in the training loop: when it looks at the steps, what it is fed,
-and when its proposal comes in."""
+"""The training loop's re-balancer: the `Rebalancer` it starts from the plan (`new_rebalancer`),
+and its turn after each step (`Rebalancing.after`): every rank's step times shared, when it
+looks at the steps, what it is fed, and when its proposal comes in."""
 
 from __future__ import annotations
 
 from hetflow.config import TrainConfig
 from hetflow.records import StepRecord
+from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.state import LoopState
-from hetflow.training.loop.step_times import column_means, step_spread
+from hetflow.training.loop.step_times import SharedStepTimes, column_means, step_spread
 from hetflow.training.plan.rebalancer import SUDDEN_STEPS, Rebalancer
+
+
+class Rebalancing:
+    """The run's re-balancer (`rebalancer`, saved and resumed by the checkpointer) and the
+    step times it is fed from (`shared`: `SharedStepTimes`, whose group the trials share and
+    which a rank left out of the all-reduce posts to in its step). Every rank calls `after`
+    with the same arguments after every step: it issues the same collectives and reaches the
+    same plan."""
+
+    def __init__(self, spec: RunSpec, world: int, shared: SharedStepTimes) -> None:
+        self.cfg = spec.train
+        self.shared = shared
+        self.rebalancer = new_rebalancer(spec, world)
+
+    def after(
+        self, rec: StepRecord, state: LoopState, flush: bool, last: bool, posted: bool
+    ) -> None:
+        """The turn after `rec`'s step: its time shared (`share`), then the re-balancer's
+        (`rebalance`); `flush` (a checkpoint or the run's end comes next) waits for every
+        step's times; `last`: the run's last step."""
+        self.share(rec, state, flush, posted)
+        rebalance(self.rebalancer, state, self.cfg, rec.step, flush, last)
+
+    def share(self, rec: StepRecord, state: LoopState, flush: bool, posted: bool) -> None:
+        """Post this step's compute time, tagged with the plan it ran (unless `posted`
+        already), and keep the rows that have come in (all of them when `flush`)."""
+        if not posted:
+            self.shared.post(rec, len(state.plans))
+        for done, tag, row in self.shared.collect(flush=flush):
+            state.add_row(tag, done.step, row)
+
+
+def share_every(cfg: TrainConfig) -> int:
+    """How many steps' times go out together (`SharedStepTimes`): every step's under the
+    dynamic schedule, else `rebalance_every`'s."""
+    return 1 if cfg.schedule == "dynamic" else cfg.rebalance_every
+
+
+def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:
+    """A re-balancer that starts from the plan's step model and memory caps (measured, or
+    declared where lower)."""
+    cfg, plan = spec.train, spec.plan
+    caps = list(plan.caps) or [w.memory_cap_batch for w in spec.cluster.workers]
+    latency = list(plan.latency_s) or [0.0] * world
+    return Rebalancer(
+        cfg.global_batch,
+        caps,
+        latency,
+        list(plan.per_sample_s) or None,
+        threshold=cfg.rebalance_threshold,
+        micro=cfg.accumulate == "auto",
+    )
 
 
 def rebalance(

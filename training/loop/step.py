@@ -1,6 +1,6 @@
 """What one rank trains: the recipe's model under DDP with the plan's comm hook (or sharded:
 `training.loop.sharded`), the optimizer, the weighting of each rank's summed loss
-(`MeanOverCounts`), the re-balancer it starts from, and the emulated stragglers' slowdown."""
+(`MeanOverCounts`), and the emulated stragglers' slowdown."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop import sharded
 from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
 from hetflow.training.plan.balance import micro_split
-from hetflow.training.plan.rebalancer import Rebalancer
 from hetflow.training.recipes import DataInfo, Recipe, check_fits, seed_rank, seeded_model
 
 
@@ -320,22 +319,6 @@ class Stepper:
         if cuda:
             torch.cuda.set_rng_state_all(rng[1])
             torch.cuda.synchronize()
-
-
-def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:
-    """A re-balancer that starts from the plan's step model and memory caps (measured, or
-    declared where lower)."""
-    cfg, plan = spec.train, spec.plan
-    caps = list(plan.caps) or [w.memory_cap_batch for w in spec.cluster.workers]
-    latency = list(plan.latency_s) or [0.0] * world
-    return Rebalancer(
-        cfg.global_batch,
-        caps,
-        latency,
-        list(plan.per_sample_s) or None,
-        threshold=cfg.rebalance_threshold,
-        micro=cfg.accumulate == "auto",
-    )
 
 
 class MeanOverCounts:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from hetflow.emulation.emulator import now
 from hetflow.records import LOCAL_SGD, CompressionMethod, CompressionTrials, MethodTrial
 from hetflow.training.devices import MixedPrecision, synchronizer, to_device
-from hetflow.training.launch.spec import emulator_for
+from hetflow.training.launch.spec import RunSpec, emulator_for
 from hetflow.training.loop.step import (
     MeanOverCounts,
     Stepper,
@@ -200,3 +200,24 @@ class Trials:
                 )
             )
         return trials
+
+
+def resolve_compression(
+    ctx: RankContext,
+    recipe: Recipe,
+    saved: CompressionTrials | None,
+    count_group=None,
+    control_group=None,
+) -> tuple[RunSpec, CompressionTrials | None]:
+    """For 'auto' (the plan of `ctx.spec` lists `compression_candidates`): the spec whose plan
+    carries the chosen method and why, and the trials' table and choice, run now (`Trials`,
+    which every rank must run) or the resumed checkpoint's `saved` (a resumed run keeps its
+    method). The spec as it is, and None, where the plan sets the method."""
+    spec = ctx.spec
+    if not spec.plan.compression_candidates:
+        return spec, None
+    trials = saved if saved is not None else Trials(ctx, recipe, count_group, control_group).run()
+    if ctx.rank == 0:
+        print(f"compression 'auto' -> {trials.chosen}: {trials.reason}", flush=True)
+    chosen = {"compression": trials.chosen, "compression_reason": trials.reason}
+    return spec.model_copy(update={"plan": spec.plan.model_copy(update=chosen)}), trials

@@ -38,13 +38,14 @@ def _linear(i: int, o: int) -> tuple[int, int]:
 
 
 def _local_models() -> dict[str, ModelSpec]:
-    # training.models on 8x8 digits, counted by hand (importing torch here would make the
-    # simulator slow to import; tests check the counts against training.models).
+    # the digits recipes' models (hetflow.training.recipes.digits) on 8x8 digits, counted by
+    # hand (importing torch here would make the simulator slow to import; tests check the
+    # counts against the recipes).
     digits = {
         "sample_bytes": 64 * 4 + 8,
         "epoch_samples": 1437,
         "default_global_batch": 128,
-        "source": "training.models on scikit-learn digits (1437 training samples)",
+        "source": "hetflow.training.recipes.digits on scikit-learn digits (1437 training samples)",
     }
     out = {}
     for name, widths in {"mlp": (64, 256, 256, 10), "wide_mlp": (64, 2048, 2048, 10)}.items():
@@ -60,10 +61,15 @@ def _local_models() -> dict[str, ModelSpec]:
         "cnn", sum(p for p, _ in layers), 3.0 * sum(f for _, f in layers), **digits
     )
     # the recipes' names (TrainConfig.recipe, a profile's `model` since recipes); the short
-    # names are those of profiles stored before
-    for old, new in (("mlp", "digits-mlp"), ("cnn", "digits-cnn"), ("wide_mlp", "digits-wide-mlp")):
+    # names are those of profiles stored before (OLD_NAMES)
+    for old, new in OLD_NAMES.items():
         out[new] = dataclasses.replace(out[old], name=new)
     return out
+
+
+# The digits models' names before they were recipes: still accepted (a profile stored then
+# names its model so), never listed.
+OLD_NAMES = {"mlp": "digits-mlp", "cnn": "digits-cnn", "wide_mlp": "digits-wide-mlp"}
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -94,3 +100,6 @@ MODELS: dict[str, ModelSpec] = {
     ),
     **_local_models(),
 }
+# The models a user is offered (`hetflow recommend --recipe`, the recommend form): each once,
+# by its recipe's name.
+NAMES = tuple(name for name in MODELS if name not in OLD_NAMES)

@@ -1,4 +1,4 @@
-"""Which machines to rent (issue 38): how many of each candidate instance type, and the batch
+"""Which machines to rent: how many of each candidate instance type, and the batch
 plan among them, for a job of `steps` steps of `global_batch` samples (pure, no I/O).
 
 The model, term by term (docs/recommend.md):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hetflow.config import suggestion
 from hetflow.training.plan.measured import MeasuredCurve
-from hetflow.training.plan.models import MODELS, ModelSpec
+from hetflow.training.plan.models import MODELS, NAMES, ModelSpec
 from hetflow.training.plan.recommend import (
     CURVE_MODEL,
     PRESET_OF_GPU,
@@ -59,8 +59,8 @@ def model_of(recipe: str) -> ModelSpec:
     """The figures of `recipe` (the simulator's models), or one line naming the choices."""
     if recipe not in MODELS:
         raise RecommendError(
-            f"--recipe: {recipe!r} is not a model recommend knows ({', '.join(sorted(MODELS))})"
-            f"{suggestion(recipe, MODELS)}"
+            f"--recipe: {recipe!r} is not a model recommend knows ({', '.join(NAMES)})"
+            f"{suggestion(recipe, NAMES)}"
         )
     return MODELS[recipe]
 

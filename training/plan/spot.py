@@ -1,4 +1,4 @@
-"""Spot instances in `hetflow recommend` (issue 38): a mix's expected time and cost with each
+"""Spot instances in `hetflow recommend`: a mix's expected time and cost with each
 type's interruption rate and the restart cost hetflow measures (pure, no I/O).
 
 A mix of n_i spot instances of type i, each interrupted r_i times per instance-hour (the spot
@@ -19,12 +19,12 @@ cost is every instance's spot price, On-Demand x (1 - savings), times T (billing
 the restarts). T and the cost are expectations: `deadline_risk` gives the chance that the
 interruptions of one run push it past a deadline.
 
-The defaults come from what hetflow measures: `SPOT_RESTART_S` from `benchmarks/restart.py`
-(SIGKILL of one of 4 emulated workers under torchrun, to the first step after the group's
-restart from its checkpoint: 9.7, 16.6, 11.9, 19.8, 17.0 and 22.2 s on this shared 2-core
-host, docs/measurements/faults.md), their mean, as T is an expectation; the checkpoint
-interval is `TrainConfig.checkpoint_every`'s default (25). Neither counts the minutes a
-replacement instance takes to boot and join: add them with `--restart-s`.
+The defaults: `SPOT_RESTART_S` is the mean of the group restarts `benchmarks/restart.py`
+measures (a SIGKILL of one of 4 emulated workers under torchrun, to the first step after the
+group's restart from its checkpoint; its runs and the command: docs/measurements/faults.md,
+"A lost worker's restart"), the mean because T is an expectation; the checkpoint interval is
+`TrainConfig.checkpoint_every`'s default. Neither counts the minutes a replacement instance
+takes to boot and join: add them with `--restart-s`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 
 MARKETS = ("on-demand", "spot")
-SPOT_RESTART_S = 16.0  # benchmarks/restart.py, 2026-11-27: the mean of 6 (module docstring)
+SPOT_RESTART_S = 16.0  # seconds: the mean of benchmarks/restart.py's restarts (module docstring)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,151 @@
+"""The training loop's stepper: each step of the run timed, on the plan in force, from its
+data to the optimizer (`LoopStepper.step`); a step this rank is left out of
+(`LoopStepper.idle_step`); the untimed pass before the first (`warm_up`) and the replicas'
+average after the last (`last_average`). One step's work is `step.Stepper`'s."""
+
+from __future__ import annotations
+
+from hetflow.emulation.emulator import Emulator, now
+from hetflow.records import StepRecord
+from hetflow.training.comm import finish_optimizer
+from hetflow.training.devices import to_device
+from hetflow.training.launch.spec import RunSpec
+from hetflow.training.loop.state import LoopState
+from hetflow.training.loop.step import (
+    MeanOverCounts,
+    Net,
+    Stepper,
+    micro_cap,
+    micro_count,
+    split_batch,
+    straggler_factor,
+)
+from hetflow.training.loop.step_times import SharedStepTimes
+from hetflow.training.rank import RankContext
+from hetflow.training.recipes import Recipe
+
+
+class LoopStepper:
+    """One rank's steps over a run: its `Stepper` on the run's model `net` (the emulator, the
+    loss's mean over counts, the precision, the wire counter, the recipe and this rank's
+    micro-batch cap), the rank's reader of its share of each step, the first batch read ahead
+    by `warm_up`, the S3 bytes seen so far, and the emulator's slowdown before the stragglers'
+    factor. A rank left out of the all-reduce posts its step to `shared` itself."""
+
+    def __init__(
+        self,
+        ctx: RankContext,
+        spec: RunSpec,
+        net: Net,
+        emu: Emulator,
+        mean: MeanOverCounts,
+        recipe: Recipe,
+        shared: SharedStepTimes,
+    ) -> None:
+        self.spec = spec
+        self.rank = ctx.rank
+        self.data = ctx.data
+        self.counter = ctx.counter
+        self.net = net
+        self.emu = emu
+        self.mean = mean
+        self.recipe = recipe
+        self.shared = shared
+        cap = micro_cap(spec, ctx.rank)
+        self.stepper = Stepper(net, emu, mean, ctx.amp, ctx.counter, recipe, cap)
+        self.base_slowdown = emu.slowdown
+        self.s3_bytes_seen = ctx.data.cache.stats.bytes_read  # before the run's reads (trials')
+        self.reader = ctx.data.reader(ctx.rank, spec.train.seed)  # its share of each step
+        self.first_batch: tuple | None = None  # (step, plan, xs, ys) read by `warm_up`
+
+    def warm_up(self, state: LoopState) -> None:
+        """Before the first timed step, its batch read (kept for that step: the data is read
+        once) and one untimed pass on it (`Stepper.warm_up`), on a rank the plan gives samples;
+        the same for every variant, counted in the run's start-up, not its steps. None under
+        fsdp: a sharded model has no pass without collectives, which a rank with no samples
+        would not join."""
+        first, plan = state.start, state.plan
+        if plan[self.rank] == 0 or first >= self.spec.train.steps or self.net.sharded:
+            return
+        xs, ys = self.reader.batch(first, plan)
+        self.first_batch = (first, list(plan), xs, ys)
+        batch = to_device(self.recipe.batch(xs, ys), self.net.device)
+        self.stepper.warm_up(split_batch(batch, len(ys), self.stepper.cap)[0])  # what fits
+
+    def step(self, step: int, state: LoopState) -> StepRecord:
+        """One step on the plan in force: picking its data (`data_s`); forward, backward and the
+        comm hook up to its last bucket (`compute_s`, dilated by the emulator); then the
+        communication not overlapped with backward (each bucket's collective carried by the
+        emulated link from where DDP issued it), waiting for the other ranks and the optimizer
+        (`wait_s`)."""
+        emu = self.emu
+        emu.slowdown = self.base_slowdown * straggler_factor(self.spec.stragglers, self.rank, step)
+        t0 = now()
+        kept, self.first_batch = self.first_batch, None
+        if kept is not None and kept[:2] == (step, state.plan):
+            xs, ys = kept[2:]
+        else:
+            xs, ys = self.reader.batch(step, state.plan)
+        batch = to_device(self.recipe.batch(xs, ys), self.net.device)
+        t1 = now()
+        loss_sum, count, nbytes = self.stepper.step(batch, len(ys), state.plan)
+        t3 = now()
+        computed = emu.finish()  # when the comm hook ended the phase at the last bucket
+        return StepRecord(
+            step=step,
+            batch=len(ys),
+            data_s=t1 - t0,
+            compute_s=computed - t1,
+            wait_s=t3 - computed,
+            step_s=t3 - t0,
+            loss_sum=float(loss_sum.detach()),
+            count=count,
+            bytes_sent=nbytes,
+            s3_bytes=self.s3_bytes_since_last(),
+            micro_batches=micro_count(len(ys), self.stepper.cap),
+        )
+
+    def idle_step(self, step: int, state: LoopState) -> StepRecord:
+        """A step this rank is out of the all-reduce in (`membership.Membership`): no samples,
+        no collective of the gradient's; its record goes out with the others' at once, and the
+        step ends when every rank's has come in, so that its `step_s` is the step's."""
+        t0 = now()
+        self.reader.batch(step, state.plan)  # none of its samples; the stream moves on
+        t1 = now()
+        self.mean.skip()
+        rec = StepRecord(
+            step=step,
+            batch=0,
+            data_s=t1 - t0,
+            compute_s=0.0,
+            wait_s=0.0,
+            step_s=0.0,
+            loss_sum=0.0,
+            count=0,
+            bytes_sent=0.0,
+            s3_bytes=self.s3_bytes_since_last(),
+        )
+        self.shared.post(rec, len(state.plans))
+        self.shared.wait_sent()
+        t3 = now()
+        rec.wait_s, rec.step_s = t3 - t1, t3 - t0
+        return rec
+
+    def last_average(self, rec: StepRecord) -> None:
+        """After the run's last step, where replicas drifted apart since they were last
+        averaged (local SGD, hierarchical averaging), their average weighted by samples
+        (`finish_optimizer`): the model rank 0 evaluates and saves is every rank's, not its
+        own. Its time and bytes are the last step's (`rec`)."""
+        t0 = now()
+        finish_optimizer(self.net.opt, self.net.model)
+        nbytes, _ = self.counter.take()
+        spent = now() - t0
+        rec.bytes_sent += nbytes
+        rec.wait_s += spent
+        rec.step_s += spent
+
+    def s3_bytes_since_last(self) -> int:
+        """Bytes this rank's cache fetched from S3 since the previous step (prefetches too)."""
+        total = self.data.cache.stats.bytes_read
+        new, self.s3_bytes_seen = total - self.s3_bytes_seen, total
+        return new
