@@ -236,7 +236,7 @@ def oom_search(limit_gib: float = OOM_LIMIT_GIB) -> dict:
     import numpy as np
     import torch
 
-    from hetflow.training.probes.memory import cuda_cap_batch
+    from hetflow.training.probes.memory import cuda_cap_batch, fits_on_device
     from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
     total = torch.cuda.get_device_properties(0).total_memory
@@ -249,19 +249,7 @@ def oom_search(limit_gib: float = OOM_LIMIT_GIB) -> dict:
     cap = cuda_cap_batch(model, x, y, recipe, headroom=1.0, limit=1 << 14)
     search_s = time.monotonic() - t
 
-    def fits(b: int) -> bool:
-        try:
-            reps = -(-b // len(x))
-            loss, _ = recipe.loss(model, recipe.batch(np.tile(x, (reps, 1))[:b], y))
-            loss.backward()
-            return True
-        except torch.cuda.OutOfMemoryError:
-            return False
-        finally:
-            model.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
-
-    at, above = fits(cap), fits(cap + 1)
+    at, above = (fits_on_device(model, x, y, recipe, b) for b in (cap, cap + 1))
     return {"limit_gib": limit_gib, "cap": cap, "search_s": round(search_s, 2),
             "fits_at_cap": at, "fits_at_cap_plus_1": above,
             "found_the_cap": at and not above}  # fmt: skip

@@ -59,6 +59,26 @@ def available_memory_bytes(device: torch.device | None = None) -> int:
     return int(avail) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
+def fits_on_device(model: nn.Module, x, y, recipe: Recipe, batch: int) -> bool:
+    """Whether a forward and backward of `batch` samples (the samples at hand repeated to size)
+    fit on the model's CUDA device: False on `torch.cuda.OutOfMemoryError`. The gradients and
+    the allocator's cache are freed after, either way."""
+    device = next(model.parameters()).device
+    reps = -(-batch // len(x))
+    xb = torch.as_tensor(x).repeat(reps, *[1] * (x.ndim - 1))[:batch]
+    yb = torch.as_tensor(y).repeat(reps, *[1] * (y.ndim - 1))[:batch]
+    try:
+        data = tuple(t.to(device) for t in recipe.batch(xb.numpy(), yb.numpy()))
+        loss, _ = recipe.loss(model, data)
+        loss.backward()
+        return True
+    except torch.cuda.OutOfMemoryError:
+        return False
+    finally:
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+
+
 def cuda_cap_batch(
     model: nn.Module, x, y, recipe: Recipe, headroom: float = 0.9, limit: int = 1 << 16
 ) -> int:
@@ -67,22 +87,9 @@ def cuda_cap_batch(
     `torch.cuda.OutOfMemoryError`, then bisection; `headroom` of it, for the optimizer state
     and the allocator's fragmentation a long run adds (never below 1 where 1 fits). 0 when not
     even one sample fits."""
-    device = next(model.parameters()).device
 
     def fits(b: int) -> bool:
-        reps = -(-b // len(x))
-        xb = torch.as_tensor(x).repeat(reps, *[1] * (x.ndim - 1))[:b]
-        yb = torch.as_tensor(y).repeat(reps, *[1] * (y.ndim - 1))[:b]
-        try:
-            batch = tuple(t.to(device) for t in recipe.batch(xb.numpy(), yb.numpy()))
-            loss, _ = recipe.loss(model, batch)
-            loss.backward()
-            return True
-        except torch.cuda.OutOfMemoryError:
-            return False
-        finally:
-            model.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
+        return fits_on_device(model, x, y, recipe, b)
 
     lo, hi = 0, 1
     while hi <= limit and fits(hi):
