@@ -213,7 +213,8 @@ class Plan(_Record):
     """What a variant runs with: each worker's local batch and the gradient communication.
     `latency_s` and `per_sample_s` are the step model it was balanced with (empty when no
     profile was used); the re-balancer starts from them. `compression_candidates` ('auto'): the
-    workers try each at the start of the run and keep the fastest (`CompressionTrials`).
+    workers try each at the start of the run and keep the fastest (`CompressionTrials`), after
+    a probe of an uncompressed first one where `compression_probe` (`Trials.not_worth_trying`).
     `micro_batch`, `micro_count`: the plan's micro-batches at the start (a re-plan splits its
     shares by the same caps)."""
 
@@ -221,6 +222,7 @@ class Plan(_Record):
     compression: CompressionMethod = CompressionMethod()
     compression_reason: str = ""
     compression_candidates: list[CompressionMethod] = []
+    compression_probe: bool = True  # 'auto': probe an uncompressed first candidate before trials
     speeds: list[float] = []
     latency_s: list[float] = []
     per_sample_s: list[float] = []

@@ -183,9 +183,10 @@ class Auto(NamedTuple):
 
 
 def trial_and_choose(bench: Bench, dataset: DatasetSpec, tmp: str) -> Auto:
-    """Pick as `auto` does at the start of a run: a one-step run with compression `auto`,
-    whose workers try the candidates (`auto_candidates`) on the emulated link and keep the one
-    with the shortest measured step (`hetflow.training.loop.trials`)."""
+    """Pick as `auto` does at the start of a run long enough for trials to pay: a one-step run
+    with compression `auto`, whose workers try every candidate (`auto_candidates`; no probe of
+    the first, `Plan.compression_probe`) on the emulated link and keep the one with the
+    shortest measured step (`hetflow.training.loop.trials`)."""
     cfg = bench.base.model_copy(
         update={"compression": "auto", "steps": 1, "eval_every": 1, "checkpoint_every": 1}
     )
@@ -193,6 +194,7 @@ def trial_and_choose(bench: Bench, dataset: DatasetSpec, tmp: str) -> Auto:
         local_batches=equal_batches(WORLD, cfg.global_batch),
         compression_reason="hetflow bench comm: trials",
         compression_candidates=auto_candidates(cfg, bench.cluster),
+        compression_probe=False,  # every candidate tried, as on a run long enough to pay
     )
     ran = run_plan(bench.cluster, plan, cfg, dataset, f"{tmp}/comm-auto", variant="auto")
     trials = ran.result.lead.trials

@@ -72,7 +72,8 @@ class Trials:
         cuda = [torch.device(self.amp.device)] if self.amp.device.startswith("cuda") else []
         self.comm_s: list[float] = []  # per method tried: its timed steps' mean communication
         with self.counter.apart(), torch.random.fork_rng(devices=cuda):
-            probe = methods[0].name == "none" and len(methods) > 1
+            plan = self.spec.plan
+            probe = plan.compression_probe and methods[0].name == "none" and len(methods) > 1
             batches = self.first_batches(PROBE_STEPS if probe else TRIAL_STEPS)
             own = [
                 self.try_method(methods[0], batches, untimed=1 if probe else TRIAL_UNTIMED_STEPS)
