@@ -421,32 +421,3 @@ class TrainOutcome(_Record):
     metrics: RunMetrics
     series: list[StepFigures] = []
     result: RunResult
-
-
-# -- faults -----------------------------------------------------------------------------------
-
-FailureKind = Literal["error", "nonfinite", "peer_lost", "timed_out"]
-
-
-class RankFailure(_Record):
-    """Why one rank of a torchrun job stopped, as it wrote it before exiting.
-
-    `kind`: 'error', an exception in the rank's own code (a recipe, a shard, a CUDA error;
-    deterministic, not worth a restart); 'nonfinite', a NaN/Inf gradient under
-    `nonfinite='fail'`; 'peer_lost' and 'timed_out', a collective that failed because another
-    rank died or stalled (torchrun restarts the group). `step` is the step it was in, if any.
-    """
-
-    rank: int
-    attempt: int = Field(0, description="torchrun's restart count when it failed.")
-    kind: FailureKind
-    step: int | None = None
-    exception: str = Field(description="The exception's type, e.g. 'RuntimeError'.")
-    message: str
-    traceback: list[str] = Field([], description="The traceback's last lines.")
-    time: float = Field(description="time.time() when written: the first is the root cause.")
-
-    def summary(self) -> str:
-        """'rank 1 (step 3): RuntimeError: boom', then the traceback's last lines."""
-        where = f"rank {self.rank}" + (f" (step {self.step})" if self.step is not None else "")
-        return "\n".join([f"{where}: {self.exception}: {self.message}", *self.traceback])

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from hetflow.config import ClusterSpec, TrackingConfig, TrainConfig
-from hetflow.records import Plan, RankFailure, RunResult
-from hetflow.training.faults.records import ranks_dir
+from hetflow.records import Plan, RunResult
+from hetflow.training.faults.records import RankFailure, ranks_dir
 from hetflow.training.faults.watch import JobWatch
 from hetflow.training.launch.local import LaunchError, RankFailed, run_workers
 from hetflow.training.launch.spec import Injection, RunSpec

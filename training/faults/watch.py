@@ -19,8 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from hetflow.records import RankFailure
-from hetflow.training.faults.records import ranks_dir
+from hetflow.training.faults.records import RankFailure, ranks_dir
 
 FATAL = ("error", "nonfinite")
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.infra.s3 import free_port
-from hetflow.records import Profile, RankFailure
+from hetflow.records import Profile
 from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.devices import check_devices
+from hetflow.training.faults.records import RankFailure
 from hetflow.training.faults.watch import JobWatch, job_pids, kill_job
 from hetflow.training.launch.mps import check_mps, mps_available, mps_daemon
 from hetflow.training.launch.spec import RunSpec
