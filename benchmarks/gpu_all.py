@@ -21,8 +21,8 @@ The contract:
   parts it finished. The exit status is 0 once the file is written; each rc says how its part
   went.
 
-The parts' sizes (steps, variants) are set so that their timeouts sum under the budget, from
-the H100 runs in docs/measurements/gpu.md; this script itself has not yet run on a GPU.
+The parts' sizes (steps, variants) are set so that their timeouts sum under `--budget-s`
+(docs/measurements/gpu.md has the runs they were sized from).
 """
 
 from __future__ import annotations

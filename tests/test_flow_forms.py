@@ -144,8 +144,8 @@ def test_the_forms_restart_default_is_the_spot_models():
     assert f"empty: {SPOT_RESTART_S:g} s," in said
 
 
-# What a user changes first in a run form, in this order, before anything else (issue 46: the
-# form was ~70 fields, the model and its steps among the cluster's and the dataset's).
+# What a user changes first in a run form, in this order, before anything else (the model and
+# its steps, not the cluster's or the dataset's finer settings).
 FIRST_FIELDS = (
     "train.recipe",
     "train.steps",

@@ -186,8 +186,8 @@ def test_the_size_rule_covers_the_benchmarks_and_the_layer_rule_does_not():
     assert not [module for module, _ in sources() if module.startswith("benchmarks")]
 
 
-# Modules whose docstrings were cleared of lab notes (issue 46): their figures, dates and issue
-# numbers live in docs/measurements/; a docstring states the contract.
+# Modules whose docstrings must hold no lab notes: their figures, dates and issue numbers live
+# in docs/measurements/; a docstring states the contract.
 CONTRACT_DOCSTRINGS = (
     "training/plan/spot.py",
     "training/plan/models.py",
