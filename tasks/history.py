@@ -114,6 +114,17 @@ def source_of(entry: TypeEntry) -> str:
     return f"{entry.stored_at} ({entry.age_h():.1f} h old)"
 
 
+def known_types(
+    cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig
+) -> tuple[list[TypeKey], dict[TypeKey, TypeEntry]]:
+    """Each worker's key (in cluster order), and the fresh history entry of each distinct key
+    that has one (`lookup`; none where `train.profile_max_age_h` is 0)."""
+    keys = [type_key(cluster, i, train) for i in range(cluster.world_size)]
+    if not train.profile_max_age_h:
+        return keys, {}
+    return keys, lookup(types_prefix(dataset), keys, train.profile_max_age_h)
+
+
 @task(task_run_name="profile {cluster.name} or reuse its types' history")
 def profile_or_reuse(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
     """The cluster's profile, measuring one worker per type without an entry at most
@@ -122,9 +133,8 @@ def profile_or_reuse(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainCon
     profile assembled (`training.plan.assemble`: the all-reduce from the ring model). No entry
     at all (or `profile_max_age_h` 0): the whole cluster, as `profile_workers`, all-reduce
     measured; its workers run in parallel, so one per type would save little time."""
-    keys = [type_key(cluster, i, train) for i in range(cluster.world_size)]
+    keys, known = known_types(cluster, dataset, train)
     prefix = types_prefix(dataset)
-    known = lookup(prefix, keys, train.profile_max_age_h) if train.profile_max_age_h else {}
     measure = to_measure(keys, set(known))
     profiled = 0.0
     if not known:
@@ -158,24 +168,19 @@ def prior_or_history(
     entry at most `train.profile_max_age_h` old (assembled as `profile_or_reuse` does); else
     the published ratios of every worker's preset, or of every worker's instance type (the
     `catalog`'s peak FLOP/s); else the equal split. One line per worker says which."""
-    keys = [type_key(cluster, i, train) for i in range(cluster.world_size)]
-    known = (
-        lookup(types_prefix(dataset), keys, train.profile_max_age_h)
-        if train.profile_max_age_h
-        else {}
-    )
+    keys, known = known_types(cluster, dataset, train)
     if all(k in known for k in keys):
         entries = [known[k] for k in keys]
         sources = [f"prior: the profile history, {source_of(e)}" for e in entries]
         ranks = [e.rank for e in entries]
         profile = assemble(cluster, train, ranks, sources, 0.0, [e.host_ranks for e in entries])
-        profile = mark_prior(profile, "")
+        profile = mark_prior(profile, sources)
     elif (published := published_prior(cluster, train)) is not None:
         profile = published
     elif catalog is not None and catalog.types and all(w.instance_type for w in cluster.workers):
         seed = seed_profile(cluster, catalog)
         what = [f"prior: the catalog's peak FLOP/s of {w.instance_type}" for w in cluster.workers]
-        profile = mark_prior(seed.model_copy(update={"sources": what, "model": train.recipe}), "")
+        profile = mark_prior(seed.model_copy(update={"model": train.recipe}), what)
     else:
         profile = equal_prior(cluster, train)
     for r, source in zip(profile.ranks, profile.sources, strict=True):

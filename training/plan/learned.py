@@ -15,6 +15,7 @@ from collections import defaultdict
 
 from hetflow.records import RankProfile, RunResult
 from hetflow.training.plan.fitting import robust_affine
+from hetflow.training.plan.prior import line_rank
 
 LEARNED_FROM = "measured by a training run's steps"
 SKIP_AFTER_CHANGE = 2  # steps after each plan change left out (`loop.state.SETTLE_STEPS`)
@@ -62,14 +63,4 @@ def learned_rank(rank: int, points: dict[int, float], reference_batch: int) -> R
         a, c = 0.0, times[0] / batches[0]
     if c <= 0 or a < 0:  # noise bent the line: the pace at the largest batch, proportional
         a, c = 0.0, times[-1] / batches[-1]
-    step = a + c * reference_batch
-    return RankProfile(
-        rank=rank,
-        samples_per_s=reference_batch / step,
-        step_compute_s=step,
-        fit_latency_s=a,
-        fit_s_per_sample=c,
-        compute_rounds=0,
-        compute_batches=batches,
-        compute_best_s=times,
-    )
+    return line_rank(rank, a, c, reference_batch, compute_batches=batches, compute_best_s=times)

@@ -26,15 +26,22 @@ from hetflow.training.plan.fitting import fit_affine
 EQUAL = "prior: the equal split (nothing known)"
 
 
-def _rank(i: int, name: str, a: float, c: float, ref: int) -> RankProfile:
+def line_rank(i: int, a: float, c: float, ref: int, **fields) -> RankProfile:
+    """Rank `i`'s `RankProfile` of a compute line a + c x batch, its step and pace at the
+    reference batch `ref`; `fields`: any other of its fields (the worker's name, the batches
+    the line was fitted through).
+
+    >>> line_rank(0, 0.01, 0.001, 10).samples_per_s
+    500.0
+    """
     step = a + c * ref
     return RankProfile(
         rank=i,
-        worker=name,
         samples_per_s=ref / step,
         step_compute_s=step,
         fit_latency_s=a,
         fit_s_per_sample=c,
+        **fields,
     )
 
 
@@ -57,7 +64,7 @@ def equal_prior(cluster: ClusterSpec, train: TrainConfig) -> Profile:
     ([0.001, 0.001], 'prior: the equal split (nothing known)', True)
     """
     ref = max(1, train.global_batch // cluster.world_size)
-    ranks = [_rank(i, w.name, 0.0, 1e-3, ref) for i, w in enumerate(cluster.workers)]
+    ranks = [line_rank(i, 0.0, 1e-3, ref, worker=w.name) for i, w in enumerate(cluster.workers)]
     return _profile(cluster, train, ranks, [EQUAL] * cluster.world_size)
 
 
@@ -78,7 +85,7 @@ def published_prior(cluster: ClusterSpec, train: TrainConfig) -> Profile | None:
     for i, w in enumerate(cluster.workers):
         table = PRESETS[w.preset].latency_ms
         a, c = fit_affine(list(table), [ms / 1e3 for ms in table.values()])
-        ranks.append(_rank(i, w.name, max(a, 0.0), max(c, 1e-9), ref))
+        ranks.append(line_rank(i, max(a, 0.0), max(c, 1e-9), ref, worker=w.name))
         sources.append(f"prior: the published curve of preset {w.preset}")
     return _profile(cluster, train, ranks, sources)
 
@@ -94,8 +101,7 @@ def prior_kind(source: str) -> str:
     return source.removeprefix("prior: ").split(", ")[0]
 
 
-def mark_prior(profile: Profile, what: str) -> Profile:
-    """`profile` (from the history or a catalog's seed) as a prior: `prior` set, and each
-    source saying `what` it is where it says nothing yet."""
-    sources = profile.sources or [what] * len(profile.ranks)
+def mark_prior(profile: Profile, sources: list[str]) -> Profile:
+    """`profile` (from the history or a catalog's seed) as a prior: `prior` set, each worker's
+    source what `sources` says."""
     return profile.model_copy(update={"prior": True, "sources": list(sources)})
