@@ -31,6 +31,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from hetflow.training.plan.balance import micro_split
 
@@ -52,6 +53,7 @@ class Curve:
     points: tuple[tuple[int, float], ...] = ()
     spread: float = 1.3
 
+    @cached_property  # `time` is called thousands of times a plan (`fill`)
     def _sorted(self) -> list[tuple[int, float]]:
         """The points by batch, each time raised to the largest at a smaller batch."""
         out: list[tuple[int, float]] = []
@@ -59,9 +61,11 @@ class Curve:
             out.append((b, max(t, out[-1][1]) if out else t))
         return out
 
-    def _line(self, pts: list[tuple[int, float]]) -> tuple[float, float] | None:
-        """(a, c) fitted through `pts` where their times spread beyond noise and the fit is a
-        line of positive slope; else None."""
+    @cached_property
+    def _line(self) -> tuple[float, float] | None:
+        """(a, c) fitted through the points where their times spread beyond noise and the fit
+        is a line of positive slope; else None."""
+        pts = self._sorted
         times = [t for _, t in pts]
         if len(pts) < 2 or max(times) <= min(times) * self.spread:
             return None
@@ -77,7 +81,7 @@ class Curve:
         """Seconds of compute at batch `b` (0 for no samples)."""
         if b <= 0:
             return 0.0
-        pts = self._sorted()
+        pts = self._sorted
         if not pts:
             a, c = self.prior
             return a + c * b
@@ -87,7 +91,7 @@ class Curve:
                 if b0 <= b <= b1:
                     return t0 + (t1 - t0) * (b - b0) / (b1 - b0) if b1 > b0 else t1
             return t_lo
-        line = self._line(pts)
+        line = self._line
         if b < lo:
             t = t_lo + line[1] * (b - lo) if line else self._prior_through(lo, t_lo, b)
             return min(max(t, t_lo * b / lo), t_lo)
