@@ -22,6 +22,7 @@ from hetflow.training.plan.compression import (
     too_short_for_trials,
 )
 from hetflow.training.plan.ranks import RankMap
+from hetflow.training.plan.rounds import round_plan
 
 
 def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
@@ -46,6 +47,14 @@ def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
 
 
 def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
+    """The plan of a job: a round's, in inner steps, under strategy 'diloco'
+    (`rounds.round_plan`); else the synchronous step's (`step_plan`)."""
+    if train.strategy == "diloco":
+        return round_plan(profile, cluster, train)
+    return step_plan(profile, cluster, train)
+
+
+def step_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
     """Local batches from the profile's step models (`Profile.step_models`), the workers'
     memory caps (`memory_caps`) and the schedule, with the workers too slow to help left out
     (`balance.exclude_slow`, which reads a worker's step at the smallest batch its profile
