@@ -202,3 +202,26 @@ def test_a_diloco_run_through_the_train_task(digits, prefect_harness, hetflow_ho
     run = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri).get_run(out.run_id)
     assert run.data.metrics["rounds"] == 6
     assert run.data.metrics["rank2/inner_steps_per_round"] == 6
+
+
+def test_a_link_preset_sets_what_the_worker_does_not():
+    from hetflow.config import WorkerSpec
+    from hetflow.emulation.links import LINKS
+
+    far = WorkerSpec(name="a", link="cross-region")
+    assert (far.link_gbps, far.link_latency_ms) == (LINKS["cross-region"].gbps, 79.0)
+    slow = WorkerSpec(name="a", link="cross-region", link_gbps=0.1)
+    assert (slow.link_gbps, slow.link_latency_ms) == (0.1, 79.0)
+    with pytest.raises(ValueError, match="same-zone, cross-zone, cross-region"):
+        WorkerSpec(name="a", link="moon")
+
+
+def test_the_benchmark_s_variants_parse_or_are_refused_in_one_line():
+    from benchmarks.diloco import variant_config
+
+    base = TrainConfig(schedule="proportional")
+    assert variant_config("sync", base).compression == "auto"
+    stale = variant_config("diloco@int8@stale2", base)
+    assert (stale.strategy, stale.diloco.send, stale.diloco.staleness) == ("diloco", "int8", 2)
+    with pytest.raises(ConfigError, match=r"^--variants: 'diloco@fp8'"):
+        variant_config("diloco@fp8", base)
