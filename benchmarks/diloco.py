@@ -65,6 +65,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target", type=float, default=0.95, help="test accuracy (default 0.95)")
     p.add_argument("--time-scale", type=float, default=4.0, dest="time_scale")
     p.add_argument("--repeat", type=int, default=1, help="rounds of every run (default 1)")
+    p.add_argument(
+        "--straggler",
+        help="a transient straggler, WORKER:FROM:TO:FACTOR: worker WORKER (0-3) runs FACTOR "
+        "times slower from synchronous step FROM to TO (a round's index under diloco: the "
+        "round holding that step) (default: none)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write every run's figures here")
     add_recipe_arg(p, "digits-cnn")
@@ -98,10 +104,37 @@ def cluster_at(gbps: float, latency_ms: float, time_scale: float) -> ClusterSpec
     return ClusterSpec(name=f"diloco-{gbps:g}gbps", workers=workers, time_scale=time_scale)
 
 
-def one_run(cfg: TrainConfig, cluster: ClusterSpec, dataset, run_dir: str, name: str) -> dict:
+def parse_straggler(text: str | None) -> tuple[int, int, int, float] | None:
+    """--straggler's WORKER:FROM:TO:FACTOR; a one-line ConfigError naming it."""
+    if not text:
+        return None
+    try:
+        w, start, end, factor = text.split(":")
+        out = (int(w), int(start), int(end), float(factor))
+    except ValueError:
+        raise ConfigError(f"--straggler: {text!r} is not WORKER:FROM:TO:FACTOR") from None
+    if not (0 <= out[0] < len(PRESETS) and 0 <= out[1] < out[2] and out[3] > 0):
+        raise ConfigError(f"--straggler: {text!r}: a worker 0-3, FROM < TO, FACTOR > 0")
+    return out
+
+
+def stragglers_of(straggler, cfg: TrainConfig) -> list[tuple[int, int, float]]:
+    """The (worker, step, factor) entries of a transient straggler, in the loop's steps: a
+    round's index under diloco."""
+    if straggler is None:
+        return []
+    w, start, end, factor = straggler
+    per = cfg.diloco.round_steps if cfg.strategy == "diloco" else 1
+    return [(w, start // per, factor), (w, max(end // per, start // per + 1), 1.0)]
+
+
+def one_run(
+    cfg: TrainConfig, cluster: ClusterSpec, dataset, run_dir: str, name: str, straggler=None
+) -> dict:
     """One run from its published-ratio plan to its figures, every cost counted."""
     plan = make_plan(published_prior(cluster, cfg), cluster, cfg)
-    ran = run_plan(cluster, plan, cfg, dataset, run_dir, variant=name)
+    slow = stragglers_of(straggler, cfg)
+    ran = run_plan(cluster, plan, cfg, dataset, run_dir, variant=name, stragglers=slow)
     m = summarize(ran.result, cfg.global_batch, cfg.target_accuracy)
     m = end_to_end(m, ran.wall_s, 0.0)
     samples = sum(rec.batch for r in ran.result.ranks for rec in r.records)
@@ -172,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     for cfg in configs.values():
         check_job(cluster_at(links[0], a.latency_ms, a.time_scale), cfg)
     check_bench_recipe(base)
+    straggler = parse_straggler(a.straggler)
     rows: dict[float, dict[str, list[dict]]] = {g: {v: [] for v in configs} for g in links}
     with digits_workspace("diloco") as (tmp, dataset):
         for round_ in range(a.repeat):
@@ -179,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 cluster = cluster_at(gbps, a.latency_ms, a.time_scale)
                 for name, cfg in configs.items():
                     run_dir = str(Path(tmp) / f"{name.replace('@', '-')}-{gbps:g}-{round_}")
-                    fig = one_run(cfg, cluster, dataset, run_dir, name)
+                    fig = one_run(cfg, cluster, dataset, run_dir, name, straggler)
                     rows[gbps][name].append(fig | {"gbps": gbps, "round": round_})
                     print(
                         f"{gbps:g} Gbit/s {name} #{round_}: to target "

@@ -225,3 +225,47 @@ def test_the_benchmark_s_variants_parse_or_are_refused_in_one_line():
     assert (stale.strategy, stale.diloco.send, stale.diloco.staleness) == ("diloco", "int8", 2)
     with pytest.raises(ConfigError, match=r"^--variants: 'diloco@fp8'"):
         variant_config("diloco@fp8", base)
+
+
+def test_a_transient_straggler_is_counted_in_rounds_under_diloco():
+    from benchmarks.diloco import parse_straggler, stragglers_of
+
+    slow = parse_straggler("3:40:80:4")
+    assert stragglers_of(slow, TrainConfig()) == [(3, 40, 4.0), (3, 80, 1.0)]
+    rounds = TrainConfig(strategy="diloco", diloco={"round_steps": 16})
+    assert stragglers_of(slow, rounds) == [(3, 2, 4.0), (3, 5, 1.0)]
+    with pytest.raises(ConfigError, match=r"^--straggler"):
+        parse_straggler("3:80:40:4")
+
+
+def resume_rank(rank: int, world: int, arg: dict) -> dict:
+    """Two rounds with Nesterov momentum, a checkpoint of the outer step, a third round; then
+    a fresh model and outer step loaded from the checkpoint and the same third round."""
+    from hetflow.config import DiLoCoConfig
+    from hetflow.training.comm.outer import OuterStep
+
+    cfg = DiLoCoConfig(outer_lr=0.5, outer_momentum=0.9)
+
+    def one_round(param, outer):
+        with torch.no_grad():
+            param += torch.tensor(CHANGE[rank])
+        outer.end_round(WEIGHTS[rank])
+
+    param = torch.nn.Parameter(torch.zeros(3))
+    outer = OuterStep([param], cfg)
+    for _ in range(2):
+        one_round(param, outer)
+    saved = outer.state_dict()
+    one_round(param, outer)
+    fresh = torch.nn.Parameter(torch.full((3,), 7.0))
+    again = OuterStep([fresh], cfg)
+    again.load_state_dict(saved)
+    resumed_at = fresh.tolist()
+    one_round(fresh, again)
+    return {"went_on": param.tolist(), "resumed": fresh.tolist(), "at": resumed_at}
+
+
+def test_a_resumed_outer_step_goes_on_as_the_run_did(tmp_path):
+    for r in run_ranks(resume_rank, 2, {}, tmp_path):
+        assert r["at"] != [7.0, 7.0, 7.0]  # the model is the checkpoint's anchor
+        torch.testing.assert_close(torch.tensor(r["resumed"]), torch.tensor(r["went_on"]))

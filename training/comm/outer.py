@@ -12,12 +12,13 @@ triton kernels, CUDA only.
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from hetflow.config import DiLoCoConfig
 
@@ -32,6 +33,16 @@ class _InFlight:
     work: object
     sent: object
     change: torch.Tensor
+
+
+def _copy_into(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
+    """`flat` copied into `params` in order, each keeping its own storage (torch's
+    `vector_to_parameters` would make them views of `flat`)."""
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
 
 
 def encode_int8(x: torch.Tensor) -> torch.Tensor:
@@ -137,8 +148,7 @@ class OuterStep:
         shift = self.anchor.detach() - before - flight.change
         local = parameters_to_vector(self.params).detach().float() + shift
         self.start += shift
-        with torch.no_grad():
-            vector_to_parameters(local.to(self.params[0].dtype), self.params)
+        _copy_into(local, self.params)
         self.rounds += 1
 
     def state_dict(self) -> dict:
@@ -147,7 +157,7 @@ class OuterStep:
         changes of at most `staleness` rounds are trained again."""
         return {
             "anchor": self.anchor.detach().clone(),
-            "outer": self.outer.state_dict(),
+            "outer": copy.deepcopy(self.outer.state_dict()),  # torch's holds live tensors
             "residual": self.residual.clone(),
             "rounds": self.rounds,
         }
@@ -157,7 +167,7 @@ class OuterStep:
         anchor, nothing in flight."""
         with torch.no_grad():
             self.anchor.copy_(saved["anchor"])
-            vector_to_parameters(self.anchor.detach().to(self.params[0].dtype), self.params)
+        _copy_into(self.anchor.detach(), self.params)
         self.outer.load_state_dict(saved["outer"])
         self.residual = saved["residual"].clone()
         self.rounds = saved["rounds"]
