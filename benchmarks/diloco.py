@@ -10,9 +10,11 @@ steps of `--global-batch`). Each is planned from the presets' published ratios, 
 pays a profile: `sync` is DDP on the static plan with compression 'auto' (its trials in its
 time); `diloco` runs rounds of `--round-steps` steps' worth of samples, inner steps in
 proportion to each worker's speed; `@int8` and `@bf16` send the outer change so; `@staleN`
-applies each round's average N rounds late. Per run, end to end (launch, trials, evaluation
-and every step until the evaluation that met `--target`), final accuracy, bytes sent per
-sample; per link, each variant's speed-up to the target over `sync` in the same invocation.
+applies each round's average N rounds late; `@dynamic` re-plans the rounds' shares from
+their measured times (the re-balancer, as the dynamic schedule does a step's). Per run, end
+to end (launch, trials, evaluation and every step until the evaluation that met
+`--target`), final accuracy, bytes sent per sample; per link, each variant's speed-up to
+the target over `sync` in the same invocation.
 Figures measured: docs/measurements/diloco.md.
 """
 
@@ -56,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variants",
         default="sync,diloco",
-        help="comma list: sync, diloco, diloco@int8, diloco@bf16, diloco@staleN "
+        help="comma list: sync, diloco, diloco@int8, diloco@bf16, diloco@staleN, "
+        "diloco@dynamic (the re-balancer re-plans the rounds' shares from their times) "
         "(default sync,diloco)",
     )
     p.add_argument("--steps", type=int, default=160, help="synchronous steps' worth of samples")
@@ -83,11 +86,15 @@ def variant_config(name: str, base: TrainConfig) -> TrainConfig:
     if head == "sync" and not tags:
         return base.model_copy(update={"compression": "auto"})
     if head != "diloco":
-        raise ConfigError(f"--variants: {name!r} is not sync or diloco[@int8|@bf16|@staleN]")
+        raise ConfigError(
+            f"--variants: {name!r} is not sync or diloco[@int8|@bf16|@staleN|@dynamic]"
+        )
     diloco = base.diloco.model_copy()
     for tag in tags:
         if tag in ("int8", "bf16"):
             diloco.send = tag
+        elif tag == "dynamic":
+            base = base.model_copy(update={"schedule": "dynamic"})
         elif tag.startswith("stale") and tag[5:].isdigit():
             diloco.staleness = int(tag[5:])
         else:

@@ -269,3 +269,14 @@ def test_a_resumed_outer_step_goes_on_as_the_run_did(tmp_path):
     for r in run_ranks(resume_rank, 2, {}, tmp_path):
         assert r["at"] != [7.0, 7.0, 7.0]  # the model is the checkpoint's anchor
         torch.testing.assert_close(torch.tensor(r["resumed"]), torch.tensor(r["went_on"]))
+
+
+def test_going_on_without_a_lost_worker_shares_a_round_among_the_rest():
+    from hetflow.records import Plan
+    from hetflow.training.plan.planner import replan_without
+
+    cluster = ClusterSpec.from_speeds([1, 1, 2])
+    train = TrainConfig(strategy="diloco", global_batch=24, diloco={"round_steps": 4})
+    plan = replan_without(cluster, Plan.equal([24, 24, 48]), {"w1": "node lost"}, train)
+    assert plan.local_batches == [32, 0, 64]  # the round of the 2 left: 4 steps x 2 x 12
+    assert sum(plan.local_batches) == round_config(train, 2).global_batch
