@@ -96,58 +96,101 @@ WEIGHTS = [0.25, 0.75]  # rank r's share of the round's samples
 CHANGE = [[1.0, -2.0, 0.5], [-3.0, 4.0, 1.0]]  # each rank's parameter change over a round
 
 
+SCENARIOS = {
+    "plain": ({"outer_lr": 1.0, "outer_momentum": 0.0}, 1),
+    "int8": ({"outer_lr": 0.5, "outer_momentum": 0.9, "send": "int8"}, 2),
+    "stale": ({"outer_lr": 1.0, "outer_momentum": 0.0, "staleness": 1}, 2),
+}
+
+
 def outer_rank(rank: int, world: int, arg: dict) -> dict:
-    """One rank: a 3-parameter model moved by CHANGE[rank] each round, `arg['rounds']` rounds
-    of the outer step with `arg`'s options; the anchor and the model after each round."""
-    from hetflow.config import DiLoCoConfig
+    """One rank, every scenario in turn (one launch): a 3-parameter model moved by
+    CHANGE[rank] each round for the scenario's rounds of the outer step with its options; the
+    anchor and the model after each round, the bytes sent; then `resumed` (`_resumed`)."""
     from hetflow.training.comm import WireCounter
-    from hetflow.training.comm.outer import OuterStep
 
     counter = WireCounter(world)
     counter.install()
+    out = {}
+    for name, (cfg, rounds) in SCENARIOS.items():
+        out[name] = _rounds(rank, cfg, rounds, counter)
+    out["resumed"] = _resumed(rank)
+    counter.uninstall()
+    return out
+
+
+def _one_round(rank: int, param, outer) -> None:
+    with torch.no_grad():
+        param += torch.tensor(CHANGE[rank])
+    outer.end_round(WEIGHTS[rank])
+
+
+def _rounds(rank: int, cfg: dict, rounds: int, counter) -> dict:
+    from hetflow.config import DiLoCoConfig
+    from hetflow.training.comm.outer import OuterStep
+
+    before = counter.total_bytes
     param = torch.nn.Parameter(torch.zeros(3))
-    outer = OuterStep([param], DiLoCoConfig(**arg["cfg"]))
+    outer = OuterStep([param], DiLoCoConfig(**cfg))
     seen = []
-    for _ in range(arg["rounds"]):
-        with torch.no_grad():
-            param += torch.tensor(CHANGE[rank])
-        outer.end_round(WEIGHTS[rank])
+    for _ in range(rounds):
+        _one_round(rank, param, outer)
         seen.append({"anchor": outer.anchor.tolist(), "model": param.tolist()})
     outer.drain()
-    counter.uninstall()
-    return {"seen": seen, "anchor": outer.anchor.tolist(), "bytes": counter.total_bytes}
+    return {"seen": seen, "anchor": outer.anchor.tolist(), "bytes": counter.total_bytes - before}
+
+
+def _resumed(rank: int) -> dict:
+    """Two rounds with Nesterov momentum, a checkpoint of the outer step, a third round; then
+    a fresh model and outer step loaded from the checkpoint and the same third round."""
+    from hetflow.config import DiLoCoConfig
+    from hetflow.training.comm.outer import OuterStep
+
+    cfg = DiLoCoConfig(outer_lr=0.5, outer_momentum=0.9)
+    param = torch.nn.Parameter(torch.zeros(3))
+    outer = OuterStep([param], cfg)
+    for _ in range(2):
+        _one_round(rank, param, outer)
+    saved = outer.state_dict()
+    _one_round(rank, param, outer)
+    fresh = torch.nn.Parameter(torch.full((3,), 7.0))
+    again = OuterStep([fresh], cfg)
+    again.load_state_dict(saved)
+    resumed_at = fresh.tolist()
+    _one_round(rank, fresh, again)
+    return {"went_on": param.tolist(), "resumed": fresh.tolist(), "at": resumed_at}
+
+
+@pytest.fixture(scope="module")
+def outer_ranks(tmp_path_factory) -> list[dict]:
+    return run_ranks(outer_rank, 2, {}, tmp_path_factory.mktemp("outer"))
 
 
 def _weighted() -> torch.Tensor:
     return sum(w * torch.tensor(c) for w, c in zip(WEIGHTS, CHANGE, strict=True))
 
 
-def test_the_averaged_change_is_weighted_by_samples(tmp_path):
-    cfg = {"outer_lr": 1.0, "outer_momentum": 0.0}
-    out = run_ranks(outer_rank, 2, {"cfg": cfg, "rounds": 1}, tmp_path)
-    for r in out:  # outer lr 1, no momentum: the sample-weighted average of the two models
+def test_the_averaged_change_is_weighted_by_samples(outer_ranks):
+    # outer lr 1, no momentum: the sample-weighted average of the two models
+    for r in (rank["plain"] for rank in outer_ranks):
         torch.testing.assert_close(torch.tensor(r["anchor"]), _weighted())
         torch.testing.assert_close(torch.tensor(r["seen"][0]["model"]), _weighted())
         assert r["bytes"] == 3 * 4  # a ring all-reduce of 3 fp32 over 2 ranks: 2(n-1)/n x B
 
 
-def test_nesterov_outer_momentum_and_int8_sends(tmp_path):
-    cfg = {"outer_lr": 0.5, "outer_momentum": 0.9, "send": "int8"}
-    out = run_ranks(outer_rank, 2, {"cfg": cfg, "rounds": 2}, tmp_path)
+def test_nesterov_outer_momentum_and_int8_sends(outer_ranks):
     ref = torch.nn.Parameter(torch.zeros(3))  # torch's SGD on the exact weighted change
     opt = torch.optim.SGD([ref], lr=0.5, momentum=0.9, nesterov=True)
     for _ in range(2):
         ref.grad = -_weighted()
         opt.step()
-    for r in out:
+    for r in (rank["int8"] for rank in outer_ranks):
         torch.testing.assert_close(torch.tensor(r["anchor"]), ref.detach(), atol=0.05, rtol=0)
         assert r["bytes"] == 2 * (3 + 4)  # per round, an all-gather of 3 int8 and a scale
 
 
-def test_a_stale_round_is_applied_a_round_later_keeping_local_progress(tmp_path):
-    cfg = {"outer_lr": 1.0, "outer_momentum": 0.0, "staleness": 1}
-    out = run_ranks(outer_rank, 2, {"cfg": cfg, "rounds": 2}, tmp_path)
-    for rank, r in enumerate(out):
+def test_a_stale_round_is_applied_a_round_later_keeping_local_progress(outer_ranks):
+    for rank, r in enumerate(x["stale"] for x in outer_ranks):
         first, second = r["seen"]
         assert first["anchor"] == [0.0, 0.0, 0.0]  # round 0 still in flight
         # round 0's average landed after round 1: the anchor plus this rank's round 1
@@ -238,35 +281,8 @@ def test_a_transient_straggler_is_counted_in_rounds_under_diloco():
         parse_straggler("3:80:40:4")
 
 
-def resume_rank(rank: int, world: int, arg: dict) -> dict:
-    """Two rounds with Nesterov momentum, a checkpoint of the outer step, a third round; then
-    a fresh model and outer step loaded from the checkpoint and the same third round."""
-    from hetflow.config import DiLoCoConfig
-    from hetflow.training.comm.outer import OuterStep
-
-    cfg = DiLoCoConfig(outer_lr=0.5, outer_momentum=0.9)
-
-    def one_round(param, outer):
-        with torch.no_grad():
-            param += torch.tensor(CHANGE[rank])
-        outer.end_round(WEIGHTS[rank])
-
-    param = torch.nn.Parameter(torch.zeros(3))
-    outer = OuterStep([param], cfg)
-    for _ in range(2):
-        one_round(param, outer)
-    saved = outer.state_dict()
-    one_round(param, outer)
-    fresh = torch.nn.Parameter(torch.full((3,), 7.0))
-    again = OuterStep([fresh], cfg)
-    again.load_state_dict(saved)
-    resumed_at = fresh.tolist()
-    one_round(fresh, again)
-    return {"went_on": param.tolist(), "resumed": fresh.tolist(), "at": resumed_at}
-
-
-def test_a_resumed_outer_step_goes_on_as_the_run_did(tmp_path):
-    for r in run_ranks(resume_rank, 2, {}, tmp_path):
+def test_a_resumed_outer_step_goes_on_as_the_run_did(outer_ranks):
+    for r in (rank["resumed"] for rank in outer_ranks):
         assert r["at"] != [7.0, 7.0, 7.0]  # the model is the checkpoint's anchor
         torch.testing.assert_close(torch.tensor(r["resumed"]), torch.tensor(r["went_on"]))
 
