@@ -7,14 +7,14 @@ Every variant trains the same recipe (default digits-cnn) from the same seed on 
 mixed emulated workers (presets t4, t4, v100, a100), each behind a link of the given bandwidth
 and the cross-region latency (`emulation.links`), for the same samples (`--steps` synchronous
 steps of `--global-batch`). Each is planned from the presets' published ratios, so neither
-pays a profile: `sync` is DDP on the static plan with compression 'auto' (its trials in its
-time); `diloco` runs rounds of `--round-steps` steps' worth of samples, inner steps in
-proportion to each worker's speed; `@int8` and `@bf16` send the outer change so; `@staleN`
-applies each round's average N rounds late; `@dynamic` re-plans the rounds' shares from
-their measured times (the re-balancer, as the dynamic schedule does a step's). Per run, end
-to end (launch, trials, evaluation and every step until the evaluation that met
-`--target`), final accuracy, bytes sent per sample; per link, each variant's speed-up to
-the target over `sync` in the same invocation.
+pays a profile. `sync`: DDP on the static plan with compression 'auto' (its trials in its
+time); `sync@none`: plain all-reduce, no trials. `diloco`: rounds of `--round-steps` steps'
+worth of samples, inner steps in proportion to each worker's speed; `@int8` and `@bf16` send
+the outer change so; `@staleN` applies each round's average N rounds late; `@dynamic`
+re-plans the rounds' shares from their measured times (the re-balancer). Per run: end to end
+(launch, trials, evaluation and every step until the evaluation that met `--target`), final
+accuracy, bytes sent per sample; per link, each variant's speed-up to the target over `sync`
+(or `sync@none`) in the same invocation.
 Figures measured: docs/measurements/diloco.md.
 """
 
@@ -58,9 +58,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variants",
         default="sync,diloco",
-        help="comma list: sync, diloco, diloco@int8, diloco@bf16, diloco@staleN, "
-        "diloco@dynamic (the re-balancer re-plans the rounds' shares from their times) "
-        "(default sync,diloco)",
+        help="comma list: sync, sync@none (no compression, no trials), diloco, diloco@int8, "
+        "diloco@bf16, diloco@staleN, diloco@dynamic (the rounds' shares re-planned from "
+        "their times) (default sync,diloco)",
     )
     p.add_argument("--steps", type=int, default=160, help="synchronous steps' worth of samples")
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
@@ -83,11 +83,11 @@ def parser() -> argparse.ArgumentParser:
 def variant_config(name: str, base: TrainConfig) -> TrainConfig:
     """The config of variant `name` over `base`; a one-line ConfigError naming --variants."""
     head, *tags = name.split("@")
-    if head == "sync" and not tags:
-        return base.model_copy(update={"compression": "auto"})
+    if head == "sync" and tags in ([], ["none"]):  # sync@none: plain all-reduce, no trials
+        return base.model_copy(update={"compression": "none" if tags else "auto"})
     if head != "diloco":
         raise ConfigError(
-            f"--variants: {name!r} is not sync or diloco[@int8|@bf16|@staleN|@dynamic]"
+            f"--variants: {name!r} is not sync[@none] or diloco[@int8|@bf16|@staleN|@dynamic]"
         )
     diloco = base.diloco.model_copy()
     for tag in tags:
@@ -173,7 +173,7 @@ def table(rows: dict[float, dict[str, list[dict]]]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for gbps, variants in rows.items():
-        sync = variants.get("sync")
+        sync = variants.get("sync") or variants.get("sync@none")
         base_t = median_of(sync, "end_to_end_time_to_target_s") if sync else None
         base_b = median_of(sync, "bytes_per_sample") if sync else None
         for name, runs in variants.items():

@@ -264,6 +264,7 @@ def test_the_benchmark_s_variants_parse_or_are_refused_in_one_line():
 
     base = TrainConfig(schedule="proportional")
     assert variant_config("sync", base).compression == "auto"
+    assert variant_config("sync@none", base).compression == "none"
     stale = variant_config("diloco@int8@stale2", base)
     assert (stale.strategy, stale.diloco.send, stale.diloco.staleness) == ("diloco", "int8", 2)
     with pytest.raises(ConfigError, match=r"^--variants: 'diloco@fp8'"):
