@@ -32,6 +32,20 @@ class DiLoCoConfig(ConfigModel):
         "global_batch), shared by speed; train.steps counts samples as the synchronous run "
         "does, so the run is ceil(steps / round_steps) rounds.",
     )
+    round_s: float | None = Field(
+        None,
+        gt=0,
+        title="Round length (seconds)",
+        description="Set: a round is what the workers compute in this many seconds at the "
+        "inner batch on the plan's step model (the profile's; a prior's seconds are its "
+        "published devices'), in place of round_steps.",
+    )
+    inner_batch: int | None = Field(
+        None,
+        ge=1,
+        title="Inner batch",
+        description="Samples of one inner step on every worker. Empty: global_batch / workers.",
+    )
     outer_lr: float = Field(
         0.7,
         gt=0,

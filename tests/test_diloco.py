@@ -297,3 +297,15 @@ def test_going_on_without_a_lost_worker_shares_a_round_among_the_rest():
     plan = replan_without(cluster, Plan.equal([24, 24, 48]), {"w1": "node lost"}, train)
     assert plan.local_batches == [32, 0, 64]  # the round of the 2 left: 4 steps x 2 x 12
     assert sum(plan.local_batches) == round_config(train, 2).global_batch
+
+
+def test_a_round_in_seconds_is_what_each_worker_computes_in_that_time():
+    from tests.profiles import profile_of, rank_profile
+
+    cluster = ClusterSpec.from_speeds([1, 3])
+    train = TrainConfig(strategy="diloco", global_batch=16, steps=100, diloco={"round_s": 2.0})
+    profile = profile_of([rank_profile(0, 100.0), rank_profile(1, 300.0)])  # samples/s
+    plan = round_plan(profile, cluster, train)
+    assert plan.local_batches == [200, 600]  # 2 s x each one's samples/s, in steps of 8
+    loop = round_config(train, 2, sum(plan.local_batches))
+    assert (loop.global_batch, loop.steps, loop.diloco.inner_batch) == (800, 2, 8)

@@ -164,7 +164,8 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
         # reads no shard: each rank streams its own (token windows of the recipe's context)
         data = open_rank_data(spec.dataset, context=recipe_of(spec.train).context)
         if spec.mode == "train":  # strategy 'diloco': the loop's steps are rounds
-            spec = spec.model_copy(update={"train": round_config(spec.train, world)})
+            rounds = round_config(spec.train, world, sum(spec.plan.local_batches))
+            spec = spec.model_copy(update={"train": rounds})
         ctx = RankContext(spec, rank, world, data, amp, counter)
         if spec.mode == "train":
             mine, weights = train(ctx)

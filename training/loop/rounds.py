@@ -21,14 +21,13 @@ from hetflow.training.comm.outer import OuterStep
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
 from hetflow.training.loop.step import Net, Stepper, split_batch
+from hetflow.training.plan.rounds import inner_batch
 from hetflow.training.recipes import DataInfo, Recipe, check_fits, seed_rank, seeded_model
 
 
 def round_inner_batch(spec: RunSpec) -> int:
-    """The inner batch of a run whose train config is a round's (`round_config`): a round's
-    samples over the workers' inner steps."""
-    train = spec.train
-    return max(1, train.global_batch // (train.diloco.round_steps * spec.cluster.world_size))
+    """The inner batch of a run whose train config is a round's (`round_config` sets it)."""
+    return inner_batch(spec.train, spec.cluster.world_size)
 
 
 class RoundOptimizer(torch.optim.Optimizer):

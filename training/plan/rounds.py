@@ -23,35 +23,39 @@ ROUNDS_REASON = "strategy 'diloco': rounds of local steps, no gradient all-reduc
 
 
 def inner_batch(train: TrainConfig, world: int) -> int:
-    """Samples of one inner step on every worker: the global batch's even share, at least 1.
+    """Samples of one inner step on every worker: `diloco.inner_batch`, else the global
+    batch's even share, at least 1.
 
     >>> inner_batch(TrainConfig(global_batch=128), 4)
     32
     """
-    return max(1, train.global_batch // world)
+    return train.diloco.inner_batch or max(1, train.global_batch // world)
 
 
-def round_config(train: TrainConfig, world: int) -> TrainConfig:
-    """The loop's view of a diloco run over `world` workers: one step per round (`steps`
-    rounds: ceil(steps / round_steps)), a round's samples as its global batch (whole inner
-    steps: `round_steps` x the workers' inner steps), evaluation and checkpoints every as
-    many rounds as cover the synchronous steps asked for (at least 1), and no lr warm-up (the
-    scheduler steps once a round). Unchanged for the other strategies.
+def round_config(train: TrainConfig, world: int, round_samples: int | None = None) -> TrainConfig:
+    """The loop's view of a diloco run over `world` workers: one step per round, a round's
+    samples as its global batch (`round_samples`, the plan's; by default `round_steps` x the
+    workers' inner steps), as many rounds as cover the samples asked for (steps x
+    global_batch), evaluation and checkpoints every as many rounds as cover the synchronous
+    steps asked for (at least 1), the inner batch set (`diloco.inner_batch`), and no lr
+    warm-up (the scheduler steps once a round). Unchanged for the other strategies.
 
     >>> t = round_config(TrainConfig(strategy="diloco", steps=100, global_batch=128), 4)
-    >>> t.steps, t.global_batch, t.eval_every, t.checkpoint_every
-    (7, 2048, 1, 1)
+    >>> t.steps, t.global_batch, t.eval_every, t.checkpoint_every, t.diloco.inner_batch
+    (7, 2048, 1, 1, 32)
     """
     if train.strategy != "diloco":
         return train
-    h, b = train.diloco.round_steps, inner_batch(train, world)
+    b, g = inner_batch(train, world), train.global_batch
+    samples = round_samples or train.diloco.round_steps * world * b
     return train.model_copy(
         update={
-            "steps": math.ceil(train.steps / h),
-            "global_batch": h * world * b,
-            "eval_every": max(1, train.eval_every // h),
-            "checkpoint_every": max(1, train.checkpoint_every // h),
+            "steps": math.ceil(train.steps * g / samples),
+            "global_batch": samples,
+            "eval_every": max(1, train.eval_every * g // samples),
+            "checkpoint_every": max(1, train.checkpoint_every * g // samples),
             "lr_warmup_steps": 0,
+            "diloco": train.diloco.model_copy(update={"inner_batch": b}),
         }
     )
 
@@ -83,7 +87,8 @@ def inner_counts(rates: list[float], total: int) -> list[int]:
 
 def round_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
     """The plan of a diloco run: each worker's share of a round (`round_config`'s global
-    batch) as whole inner steps, by its samples/s at the inner batch on the profile's step
+    batch, or with `diloco.round_s` the inner steps the workers make in that time) as whole
+    inner steps, by its samples/s at the inner batch on the profile's step
     model (or the equal split, schedule 'equal'). No worker is left out: the slowest takes at
     least one inner step. A one-line ConfigError where a worker's memory cap is under the
     inner batch."""
@@ -95,12 +100,14 @@ def round_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pl
                 f"cluster.workers[{w.name}].memory_cap_batch: {w.memory_cap_batch} is under "
                 f"the inner batch of strategy 'diloco' ({b}: global_batch / workers)"
             )
-    total = round_config(train, world).global_batch // b
     latency, per_sample = profile.step_models()
+    rates = [b / max(a + c * b, 1e-12) for a, c in zip(latency, per_sample, strict=True)]
+    total = round_config(train, world).global_batch // b
+    if train.diloco.round_s is not None:  # the inner steps the workers make in round_s
+        total = max(world, round(train.diloco.round_s * sum(rates) / b))
     if train.schedule == "equal":
         shares = equal_batches(world, total * b)
     else:
-        rates = [b / max(a + c * b, 1e-12) for a, c in zip(latency, per_sample, strict=True)]
         shares = [k * b for k in inner_counts(rates, total)]
     return Plan(
         local_batches=shares,
