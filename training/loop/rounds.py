@@ -80,9 +80,9 @@ def build_round_net(
 ) -> Net:
     """The recipe's model at the run's seed on `device` (as `step.build_net`: the same weights
     on every rank, then the rank's own seed), no DDP; the configured optimizer at the inner
-    batch's learning rate (`resolve_optimizer` at that batch) with the outer step on a gloo
-    group of its own, so that its asynchronous collectives queue behind nothing else (every
-    rank builds it at the same point)."""
+    batch's learning rate (`resolve_optimizer` at that batch) with the outer step on a process
+    group of its own (the run's backend), so that its asynchronous collectives queue behind
+    nothing else (every rank builds it at the same point)."""
     cfg = spec.train
     info = DataInfo.from_manifest(data.manifest)
     check_fits(recipe, info, data.manifest.url)
@@ -90,7 +90,7 @@ def build_round_net(
     seed_rank(cfg.seed, rank)
     inner = cfg.model_copy(update={"global_batch": round_inner_batch(spec)})
     optim = build_optimizer(model, resolve_optimizer(inner, recipe))
-    group = dist.new_group(backend="gloo")
+    group = dist.new_group()  # the run's backend: gloo on CPUs, NCCL where every rank has a GPU
     outer = OuterStep(list(model.parameters()), cfg.diloco, group=group)
     return Net(model, model, RoundOptimizer(optim, outer), None, device, strategy="diloco")
 
