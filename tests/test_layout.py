@@ -54,6 +54,8 @@ ALLOWED = {
         "hetflow.infra",
         "hetflow.training",
     },
+    # the queue's allocator and replay: pure, over the plan's balanced step
+    "hetflow.queue": {"hetflow.training"},
     "hetflow.flows": {
         "hetflow.figures",
         "hetflow.records",
@@ -149,6 +151,26 @@ def test_the_plan_room_is_pure(module, path):
         for n in all_imports(ast.parse(path.read_text()))
         if n.split(".")[0] == "torch"
         or (n.startswith("hetflow.training") and not n.startswith(PURE_ROOM))
+    )
+    assert not bad, f"{module} imports {bad}"
+
+
+QUEUE_ROOM = "hetflow.queue"
+
+
+@pytest.mark.parametrize(
+    "module, path",
+    [(m, p) for m, p in sources() if m.startswith(QUEUE_ROOM)],
+    ids=[m for m, _ in sources() if m.startswith(QUEUE_ROOM)],
+)
+def test_the_queue_room_is_pure(module, path):
+    """The allocator imports no torch, Prefect or MLflow, and of hetflow only itself and the
+    plan (pure)."""
+    bad = sorted(
+        n
+        for n in all_imports(ast.parse(path.read_text()))
+        if n.split(".")[0] in {"torch", "prefect", "mlflow", "boto3", "s3fs"}
+        or (n.startswith("hetflow") and not n.startswith((QUEUE_ROOM, PURE_ROOM)))
     )
     assert not bad, f"{module} imports {bad}"
 
