@@ -9,7 +9,10 @@ Priority is respected first: a job without workers gets its first one in priorit
 before any job grows, so a higher-priority job never waits while a lower-priority one holds a
 worker that holds it. Within a class, the job that would lose most on its second-best kind
 picks first (then arrival order), so the kind a job gains most on goes to it. Growth is
-greedy: the worker that raises the objective most, until no worker raises it by `min_gain`.
+greedy: the worker that raises the objective most, until no worker raises it by `min_gain`;
+then two jobs exchange workers (one handed over, or two of different kinds swapped) while
+an exchange raises the objective: a job that took a fast kind first, gaining little there,
+hands it to one that gains more.
 
 A job's throughput on a set of workers is the planner's: the batch balanced on the workers'
 step-time lines (`training.plan.balance.balanced_step_time`) plus the ring all-reduce of its
@@ -147,6 +150,47 @@ class _Allocation:
                 return
             self.give(growing[i], worker)
 
+    def utility(self, job: Job, names: Sequence[str]) -> float:
+        x = throughput(job, self.kinds_of(names))
+        return job.weight * math.log(x) if x > 0 else -math.inf
+
+    def may_hold(self, job: Job, worker: str) -> bool:
+        may = self.allowed.get(job.name)
+        kind = self.kinds[self.workers[worker]]
+        return usable(job, kind) and (may is None or worker in set(may))
+
+    def exchanges(self, a: Job, b: Job):
+        """The holdings of `a` and `b` after each exchange between them: one of `a`'s workers
+        handed to `b` (`a` keeps one at least), or swapped for one of `b`'s of another kind."""
+        mine, theirs = self.out[a.name], self.out[b.name]
+        for x in mine:
+            if not self.may_hold(b, x):
+                continue
+            if len(mine) > 1:
+                yield [w for w in mine if w != x], [*theirs, x]
+            for y in theirs:
+                if self.workers[x] != self.workers[y] and self.may_hold(a, y):
+                    yield [y if w == x else w for w in mine], [x if w == y else w for w in theirs]
+
+    def improve(self, movable: Sequence[Job]) -> bool:
+        """The exchange of workers between two jobs that raises the objective most, if one
+        does by `MIN_GAIN`; True when one was made."""
+        best, pick = MIN_GAIN, None
+        for a in movable:
+            for b in movable:
+                if a is b:
+                    continue
+                now = self.utility(a, self.out[a.name]) + self.utility(b, self.out[b.name])
+                for na, nb in self.exchanges(a, b):
+                    rise = self.utility(a, na) + self.utility(b, nb) - now
+                    if rise > best:
+                        best, pick = rise, (a, b, na, nb)
+        if pick is None:
+            return False
+        a, b, na, nb = pick
+        self.out[a.name], self.out[b.name] = na, nb
+        return True
+
 
 def allocate(
     jobs: Sequence[Job],
@@ -169,7 +213,11 @@ def allocate(
     fixed = fixed or {}
     a = _Allocation(jobs, workers, kinds, fixed, held or {}, allowed or {})
     a.first_workers(jobs)
-    a.grow([j for j in jobs if j.name not in fixed and a.out[j.name]], min_gain)
+    movable = [j for j in jobs if j.name not in fixed and a.out[j.name]]
+    a.grow(movable, min_gain)
+    for _ in range(2 * len(workers)):  # each exchange raises the objective: a few suffice
+        if not a.improve(movable):
+            break
     order = {w: i for i, w in enumerate(workers)}
     return {name: sorted(names, key=order.__getitem__) for name, names in a.out.items()}
 
