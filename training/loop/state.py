@@ -153,9 +153,10 @@ class Checkpoint:
         """This checkpoint as resumed on `workers`, of which some or none were its own (a
         job the queue gives other workers at a checkpoint), with `plan` (pure).
 
-        As `narrowed` for workers all its own; with a new one, the new workers start with no
-        step records and the re-balancer afresh (its figures were the old workers'); the
-        model, optimizer, comm hook, scaler, evaluations and trials are kept whole."""
+        As `narrowed` for workers all its own; with a new one, the step records start afresh
+        on every worker (the run's per-step figures cover the steps since, on the same
+        workers) and so does the re-balancer (its figures were the old workers'); the model,
+        optimizer, comm hook, scaler, evaluations and trials are kept whole."""
         new = [w for w in workers if w not in self.workers]
         if not new:
             return self.narrowed(workers, plan)
@@ -164,9 +165,7 @@ class Checkpoint:
             workers=list(workers),
             plan=list(plan),
             plans=[*self.plans, PlanChange(step=self.step, plan=list(plan))],
-            records=[
-                self.records[self.workers.index(w)] if w in self.workers else [] for w in workers
-            ],
+            records=[[] for _ in workers],
             rebalancer=None,
         )
 

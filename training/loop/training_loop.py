@@ -126,7 +126,9 @@ class TrainingLoop:
             # the optimizer's or the loss scale's skip, on a step this rank stepped in
             rec.skipped = computes and (rec.skipped or self.amp.last_skipped)
             self.record(rec)
-            checkpoint_now = ((step + 1) % cfg.checkpoint_every == 0 or stop) and not last
+            # the last step too where it falls on the interval: a run continued to more steps
+            # (the queue's next segment, on the same run directory) resumes there
+            checkpoint_now = (step + 1) % cfg.checkpoint_every == 0 or (stop and not last)
             flush = last or checkpoint_now
             self.rebalancing.after(rec, state, flush=flush, last=last, posted=not computes)
             self.membership.follow(state, step + 1)
