@@ -27,6 +27,7 @@ ALLOWED = {
     "hetflow.config_dataset": {"hetflow.config_base"},
     "hetflow.config_cluster": {"hetflow.config_base", "hetflow.emulation"},
     "hetflow.config_recommend": {"hetflow.config_base"},
+    "hetflow.config_queue": {"hetflow.config", "hetflow.config_base", "hetflow.emulation"},
     "hetflow.config": {
         "hetflow.records",
         "hetflow.config_base",
@@ -47,6 +48,8 @@ ALLOWED = {
         "hetflow.infra",
     },
     "hetflow.tasks": {
+        "hetflow.config_queue",
+        "hetflow.queue",
         "hetflow.figures",
         "hetflow.records",
         "hetflow.config",
@@ -57,6 +60,8 @@ ALLOWED = {
     # the queue's allocator and replay: pure, over the plan's balanced step
     "hetflow.queue": {"hetflow.training"},
     "hetflow.flows": {
+        "hetflow.config_queue",
+        "hetflow.queue",
         "hetflow.figures",
         "hetflow.records",
         "hetflow.config",

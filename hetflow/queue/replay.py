@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hetflow.queue.allocate import Holding, allocate, step_s
+from hetflow.queue.allocate import Holding, step_s
 from hetflow.queue.jobs import Job, Kind, fits
-from hetflow.queue.switch import choose
+from hetflow.queue.switch import decide
 
 POLICIES = ("fifo", "packed", "preempt")
 EPS = 1e-9
@@ -210,17 +210,14 @@ def decide_for(r: _Replay) -> Holding:
     holding = {n: names for n, names in now.items() if names}
     if r.policy == "fifo":
         return _fifo(r, act, holding)
-    keep = allocate(jobs, r.workers, r.kinds, fixed=holding)
-    if r.policy == "packed":
-        return keep
-    top = {tr.job.name: tr.workers for tr in act if tr.workers and tr.job.rank == 0}
-    move = allocate(jobs, r.workers, r.kinds, fixed=top, held=holding)
     running = {tr.job.name: tr.workers for tr in act if tr.workers}
-    left = [
-        (tr.job.steps - tr.done) / r.rate(tr) for tr in act if tr.workers and tr.ready_at is None
-    ]
-    horizon = min(left, default=math.inf)
-    return choose(jobs, running, keep, move, r.workers, r.kinds, r.restart_s, horizon)
+    left = {
+        tr.job.name: (tr.job.steps - tr.done) / r.rate(tr)
+        for tr in act
+        if tr.workers and tr.ready_at is None
+    }
+    preempt = r.policy == "preempt"
+    return decide(jobs, holding, running, left, r.workers, r.kinds, r.restart_s, preempt)
 
 
 def _fifo(r: _Replay, act: list[Track], holding: Holding) -> Holding:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from hetflow.queue.allocate import Holding, normalised, objective
+from hetflow.queue.allocate import Holding, allocate, normalised, objective
 from hetflow.queue.jobs import Job
 
 
@@ -68,3 +68,31 @@ def choose(
         horizon_s
     )
     return move if gain > switch_cost(jobs, running, move, workers, kinds, switch_s) else keep
+
+
+def decide(
+    jobs: Sequence[Job],
+    holding: Holding,
+    running: Holding,
+    left_s: Mapping[str, float],
+    workers,
+    kinds,
+    switch_s: float,
+    preempt: bool = True,
+) -> Holding:
+    """The workers every job of `jobs` (in arrival order) should hold, from what each holds
+    or is bound for (`holding`) and what the running ones hold (`running`), `left_s` being
+    each running job's time to its end where it is.
+
+    Without `preempt`, jobs keep what they hold and the free workers are shared. With it,
+    the allocation over everything (a running job of the highest class kept as it is, since
+    nothing outranks it) where `choose` finds it worth its switches over the time the
+    soonest-ending running job has left.
+    """
+    keep = allocate(jobs, workers, kinds, fixed=holding)
+    if not preempt:
+        return keep
+    top = {j.name: running[j.name] for j in jobs if j.rank == 0 and running.get(j.name)}
+    move = allocate(jobs, workers, kinds, fixed=top, held=holding)
+    horizon = min(left_s.values(), default=float("inf"))
+    return choose(jobs, running, keep, move, workers, kinds, switch_s, horizon)
