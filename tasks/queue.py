@@ -13,6 +13,7 @@ to another.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -96,23 +97,23 @@ class Segment:
     run_id: str
 
 
-@task(task_run_name="{job.name}: steps to {to_step} on {names}")
+@task(task_run_name="{job.name} on {names}")
 def run_segment(
     job: QueueJob,
     cluster: ClusterSpec,
     names: list[str],
-    to_step: int,
     dataset: DatasetSpec,
     tracking: TrackingConfig,
     parent_run_id: str,
 ) -> Segment:
-    """`job`'s train run on the workers `names` of `cluster` until step `to_step`,
-    holding their kinds' slots: it resumes from the job's last checkpoint (its run
-    directory is the queue's flow run's, by job name) and checkpoints at `to_step`."""
+    """`job`'s train run on the workers `names` of `cluster`, holding their kinds' slots,
+    until its end or the checkpoint a stop request names (`RUN_DIR/stop_at`): it resumes
+    from the job's last checkpoint (its run directory is the queue's flow run's, by job
+    name). The segment's `to_step` is the step it reached."""
     t = time.monotonic()
     indices = [i for i, w in enumerate(cluster.workers) if w.name in names]
     sub = sub_cluster(cluster, indices).model_copy(update={"name": f"{cluster.name}/{job.name}"})
-    train = job.train_config().model_copy(update={"steps": to_step})
+    train = job.train_config()
     workers, _ = cluster_kinds(cluster)
     held = Counter(workers[n] for n in names)
     with contextlib.ExitStack() as stack:
@@ -122,10 +123,11 @@ def run_segment(
         out = train_variant(job.name, sub, dataset, train, profile, tracking, parent_run_id)
     figures = out.metrics.flat()
     wall = time.monotonic() - t
+    reached = json.loads((Path(out.run_dir) / "progress.json").read_text())["step"]
     return Segment(
         job.name,
         tuple(names),
-        to_step,
+        reached,
         wall,
         float(figures.get("train_loop_s", wall)),
         float(figures.get("steps_redone", 0.0)),

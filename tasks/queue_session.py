@@ -1,8 +1,9 @@
 """One queue session: jobs arrive (the flow's list, after each one's delay, and those
 `hetflow queue submit` leaves in the inbox), the allocator decides at each arrival and end
-(`hetflow.queue.switch.decide`), and each job runs in segments (`tasks.queue.run_segment`),
-each to its next checkpoint, where its workers may change. A job of the highest class runs
-in one segment: nothing preempts it.
+(`hetflow.queue.switch.decide`), and each job runs as a train run on its workers
+(`tasks.queue.run_segment`) until it ends or the queue moves its workers: then it is asked
+to stop at its next checkpoint (`RUN_DIR/stop_at`), and a new segment resumes from there on
+the workers it moves to.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from hetflow.queue.allocate import step_s
 from hetflow.queue.jobs import Job, check_job
 from hetflow.queue.switch import decide
 from hetflow.tasks.queue import Segment, cluster_kinds, job_model, run_segment
+from hetflow.tasks.train import stable_run_dir
+from hetflow.training.loop.progress import STOP_FILE
 
 
 @dataclass
@@ -37,12 +40,13 @@ class Live:
     finished_s: float | None = None
     segments: list[Segment] = field(default_factory=list)
 
-    def next_stop(self) -> int:
-        """The step its next segment ends at: the next checkpoint, or its end."""
-        if self.model.rank == 0:
-            return self.job.steps
+    def stop_step(self, progress: int) -> int | None:
+        """The checkpoint its running segment stops at to move, asked at `progress` steps
+        done: the first at least two steps on (`TrainingLoop.stop_asked`); None where the
+        job ends first."""
         k = self.job.checkpoint_every
-        return min(self.job.steps, (self.done // k + 1) * k)
+        at = -(-(progress + 2) // k) * k
+        return at if at < self.job.steps else None
 
 
 @dataclass
@@ -92,10 +96,24 @@ class Session:
         got = decide(models, holding, running, left, self.workers, self.kinds, self.switch_s)
         for j in act:
             new = got.get(j.job.name, [])
-            if j.future is not None:
-                j.target = None if sorted(new) == sorted(j.workers) else new
-            else:
+            if j.future is None:
                 j.target = new
+                continue
+            j.target = None if sorted(new) == sorted(j.workers) else new
+            if j.target is not None:
+                self.ask_stop(j)
+
+    def ask_stop(self, j: Live) -> None:
+        """`j`'s running segment asked to stop at its next checkpoint."""
+        folder = stable_run_dir(j.job.name)
+        try:
+            progress = json.loads((folder / "progress.json").read_text())["step"]
+        except (FileNotFoundError, ValueError):
+            progress = j.done
+        at = j.stop_step(progress)
+        if at is not None:
+            (folder / STOP_FILE).write_text(str(at))
+            print(f"queue: {j.job.name} asked to stop at step {at} for {j.target}")
 
     def kinds_of(self, names: list[str]):
         return [self.kinds[self.workers[w]] for w in names]
@@ -120,11 +138,11 @@ class Session:
             if j.future is None and j.target and not busy & set(j.target):
                 j.workers, j.target, j.since_s = list(j.target), None, self.now()
                 j.started_s = j.since_s if j.started_s is None else j.started_s
+                (stable_run_dir(j.job.name) / STOP_FILE).unlink(missing_ok=True)
                 j.future = run_segment.submit(
                     j.job,
                     self.cluster,
                     j.workers,
-                    j.next_stop(),
                     self.dataset,
                     self.tracking,
                     self.parent_run_id,

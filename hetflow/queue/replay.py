@@ -6,11 +6,8 @@ finished; the policy decides at each arrival and end. Costs charged:
 
 - every start, the first and each restart, holds the job's workers idle for `restart_s`
   (launch, checkpoint load, warm-up);
-- under `preempt` a running job below the highest class runs in segments of
-  `checkpoint_every` steps, each a launch of its own that pays `restart_s` (the queue moves
-  workers only at a checkpoint, and stops a job only there, so no step is redone); a job of
-  the highest class runs in one launch, since nothing preempts it;
-- a job told to give up workers keeps them until its next checkpoint, and the job waiting for
+- a job told to give up workers (or to take others) keeps them until its next checkpoint,
+  where it stops (no step is redone) and restarts on its new workers; the job waiting for
   them waits as long.
 
 Policies: `fifo` (arrival order, each job the `request` first free workers that hold it,
@@ -56,7 +53,6 @@ class Track:
     finished_s: float | None = None
     starts: int = 0
     redone: float = 0.0  # steps done past the last checkpoint when it stopped
-    segment_end: int | None = None  # under `preempt`: the checkpoint it runs to
     history: list[tuple[float, float, tuple[str, ...]]] = field(default_factory=list)
 
     @property
@@ -129,9 +125,7 @@ class _Replay:
     def start(self, tr: Track, names: list[str]) -> None:
         tr.workers, tr.target, tr.ready_at = list(names), None, self.t + self.restart_s
         tr.starts += 1
-        segmented = self.policy == "preempt" and tr.job.rank > 0
-        segment = tr.next_checkpoint() if segmented else tr.job.steps
-        self.stop_at[tr.job.name] = segment
+        self.stop_at[tr.job.name] = tr.job.steps
         for w in names:
             self.open[w] = (tr.job.name, self.t)
 
@@ -185,6 +179,8 @@ class _Replay:
             got = targets.get(tr.job.name, [])
             if tr.workers:
                 tr.target = None if sorted(got) == sorted(tr.workers) else got
+                if tr.target is not None:
+                    self.stop_at[tr.job.name] = tr.next_checkpoint()
             else:
                 tr.target = got
 
