@@ -12,8 +12,9 @@ from an a100, a transformer much). Every start and restart holds its workers idl
 jobs below the highest class run in segments of one checkpoint interval, each a launch.
 
 `--real` also runs the queue itself (the `queue` flow, three digits jobs of three classes,
-the highest arriving while the cluster is full) on the emulated cluster and reports what it
-measured: each job's wait and completion, steps redone, and each segment's launch cost.
+the highest arriving while the cluster is full) on a small emulated cluster of three kinds
+(`--real-speeds`) and reports what it measured: each job's wait and completion, steps
+redone, and what its launches cost beyond training.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import json
 
 from hetflow.cli.parser import Parser
+from hetflow.queue.allocate import step_s
 from hetflow.queue.jobs import Job, Kind, Line
 from hetflow.queue.replay import POLICIES, Arrival, Outcome, replay
 
@@ -59,12 +61,30 @@ def arrivals(interval_scale: float = 1.0) -> list[Arrival]:
     return out
 
 
-def row(o: Outcome, high: str) -> dict:
+def interval_at(o: Outcome, jobs: list[Arrival], t: float) -> float:
+    """The longest checkpoint interval (s) among the jobs holding workers at `t`: each one's
+    `checkpoint_every` steps at its step time on the workers it held then."""
+    by_name = {a.job.name: a.job for a in jobs}
+    held: dict[str, list[str]] = {}
+    for job, worker, a, b in o.spans:
+        if a <= t < b:
+            held.setdefault(job, []).append(worker)
+    return max(
+        (
+            by_name[j].checkpoint_every * step_s(by_name[j], [KINDS[WORKERS[w]] for w in ws])
+            for j, ws in held.items()
+        ),
+        default=0.0,
+    )
+
+
+def row(o: Outcome, jobs: list[Arrival], high: Arrival) -> dict:
     return {
         "policy": o.policy,
         "avg_jct_s": round(o.avg_jct_s, 1),
         "makespan_s": round(o.makespan_s, 1),
-        "high_wait_s": round(o.wait_s[high], 1),
+        "high_wait_s": round(o.wait_s[high.job.name], 1),
+        "interval_at_high_s": round(interval_at(o, jobs, high.at_s), 1),
         "restarts": o.restarts,
         "restart_cost_s": round(o.restart_s, 1),
         "steps_redone": o.redone_steps,
@@ -75,21 +95,33 @@ def row(o: Outcome, high: str) -> dict:
 def compare(restart_s: float, interval_scale: float) -> list[dict]:
     """One replay per policy of the same arrivals, each row with its ratio to FIFO's."""
     jobs = arrivals(interval_scale)
-    high = next(a.job.name for a in jobs if a.job.priority == "high")
-    rows = [row(replay(jobs, WORKERS, KINDS, p, restart_s), high) for p in POLICIES]
+    high = next(a for a in jobs if a.job.priority == "high")
+    rows = [row(replay(jobs, WORKERS, KINDS, p, restart_s), jobs, high) for p in POLICIES]
     for r in rows:
         r["avg_jct_vs_fifo"] = round(r["avg_jct_s"] / rows[0]["avg_jct_s"], 3)
         r["makespan_vs_fifo"] = round(r["makespan_s"] / rows[0]["makespan_s"], 3)
     return rows
 
 
-def real_run(time_scale: float, switch_s: float) -> dict:
-    """The queue flow on its default jobs and the emulated six-worker cluster."""
-    from hetflow.config_queue import queue_cluster
-    from hetflow.flows.queue import default_jobs, queue
+def real_jobs(steps: int) -> list:
+    """Three digits jobs, one per class, the higher ones arriving later."""
+    from hetflow.config_queue import QueueJob
 
-    cluster = queue_cluster().model_copy(update={"time_scale": time_scale})
-    out = queue(jobs=default_jobs(), cluster=cluster, switch_s=switch_s, read_inbox=False)
+    common = {"recipe": "digits-mlp", "global_batch": 64, "checkpoint_every": steps // 5}
+    return [
+        QueueJob(name="low", priority="low", steps=steps, **common),
+        QueueJob(name="normal", priority="normal", steps=steps, arrive_after_s=5, **common),
+        QueueJob(name="high", priority="high", steps=steps // 2, arrive_after_s=10, **common),
+    ]
+
+
+def real_run(speeds: str, time_scale: float, steps: int, switch_s: float) -> dict:
+    """The queue flow on `real_jobs` and an emulated cluster of `speeds` (presets)."""
+    from hetflow.config import ClusterSpec
+    from hetflow.flows.queue import queue
+
+    cluster = ClusterSpec.from_speeds(speeds.split(","), name="queue-real", time_scale=time_scale)
+    out = queue(jobs=real_jobs(steps), cluster=cluster, switch_s=switch_s, read_inbox=False)
     return {k: out[k] for k in ("figures", "jobs", "spans", "parent_run_id")}
 
 
@@ -98,7 +130,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--restart-s", type=float, default=20.0, help="each start's cost (s)")
     p.add_argument("--interval-scale", type=float, default=1.0, help="checkpoint intervals x")
     p.add_argument("--real", action="store_true", help="also run the queue flow itself")
-    p.add_argument("--time-scale", type=float, default=1.0, help="--real's emulation scale")
+    p.add_argument("--time-scale", type=float, default=20.0, help="--real's emulation scale")
+    p.add_argument("--real-speeds", default="t4,v100,a100", help="--real's workers (presets)")
+    p.add_argument("--real-steps", type=int, default=100, help="--real's low and normal jobs")
     p.add_argument("--json", help="also write the figures to this file")
     return p
 
@@ -107,7 +141,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     out: dict = {"replay": compare(args.restart_s, args.interval_scale)}
     if args.real:
-        out["real"] = real_run(args.time_scale, args.restart_s)
+        out["real"] = real_run(args.real_speeds, args.time_scale, args.real_steps, args.restart_s)
     for r in out["replay"]:
         print({k: v for k, v in r.items() if k != "jct_s"})
     if args.real:
