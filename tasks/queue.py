@@ -22,6 +22,7 @@ from pathlib import Path
 
 from prefect import task
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 from prefect.concurrency.sync import concurrency
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
@@ -31,6 +32,10 @@ from hetflow.queue.jobs import Job, Kind, Line
 from hetflow.tasks.history import profile_for, profile_or_reuse
 from hetflow.tasks.train import train_variant
 from hetflow.training.plan.assemble import sub_cluster
+
+# How long a segment waits for its workers' slots: the queue frees them before it starts one,
+# so a longer wait is a slot held by something else (a second session, a hand-made limit).
+SLOT_WAIT_S = 120.0
 
 
 def cluster_kinds(cluster: ClusterSpec) -> tuple[dict[str, str], dict[str, Kind]]:
@@ -51,12 +56,16 @@ def slot_name(kind: str) -> str:
 @task(task_run_name="worker slots of {cluster.name}")
 def ensure_slots(cluster: ClusterSpec) -> dict[str, int]:
     """One global concurrency limit per worker kind, as many slots as the cluster has of it
-    (created, or resized where it exists): {limit name: slots}."""
+    (created, or resized where it exists), none occupied: the session owns the cluster, so
+    slots a session that died left occupied are freed. {limit name: slots}."""
     counts = Counter(worker_kind(cluster, i) for i in range(cluster.world_size))
     slots = {slot_name(k): n for k, n in counts.items()}
     with get_client(sync_client=True) as client:
         for name, n in slots.items():
             client.upsert_global_concurrency_limit_by_name(name, n)
+            client.update_global_concurrency_limit(
+                name, GlobalConcurrencyLimitUpdate(limit=n, active_slots=0)
+            )
     return slots
 
 
@@ -118,7 +127,9 @@ def run_segment(
     held = Counter(workers[n] for n in names)
     with contextlib.ExitStack() as stack:
         for kind, n in sorted(held.items()):
-            stack.enter_context(concurrency(slot_name(kind), occupy=n, strict=True))
+            stack.enter_context(
+                concurrency(slot_name(kind), occupy=n, strict=True, timeout_seconds=SLOT_WAIT_S)
+            )
         profile = profile_for(sub, dataset, train, [train])
         out = train_variant(job.name, sub, dataset, train, profile, tracking, parent_run_id)
     figures = out.metrics.flat()
