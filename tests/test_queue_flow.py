@@ -92,3 +92,21 @@ def test_a_high_job_takes_workers_at_the_low_jobs_checkpoint(s3, prefect_harness
     )
     assert sorted(r.info.run_name for r in children) == ["high", "low"]
     assert "plots/queue_workers.png" in {a.path for a in client.list_artifacts(parent, "plots")}
+
+
+def test_the_queue_form_takes_its_defaults_and_refuses_an_unknown_class():
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import ValidationError, validate
+
+    from hetflow.flows.queue import queue
+
+    schema = parameter_schema(queue.fn).model_dump_for_openapi()
+    defaults = {k: p["default"] for k, p in schema["properties"].items() if "default" in p}
+    validate(defaults, schema, raise_on_error=True)
+    assert [j.priority for j in queue.validate_parameters(defaults)["jobs"]] == [
+        "low",
+        "normal",
+        "high",
+    ]
+    with pytest.raises(ValidationError, match="urgent"):
+        validate({"jobs": [{"name": "a", "priority": "urgent"}]}, schema, raise_on_error=True)
