@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prefect.artifacts import create_table_artifact
+
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
 from hetflow.config_queue import QueueJob
 from hetflow.queue.allocate import step_s
@@ -132,7 +134,9 @@ class Session:
             return True
         return False
 
-    def start_ready(self) -> None:
+    def start_ready(self) -> bool:
+        """Each waiting job whose workers are all free started on them; True if any was."""
+        started = False
         busy = {w for j in self.jobs for w in j.workers}
         for j in self.active():
             if j.future is None and j.target and not busy & set(j.target):
@@ -148,10 +152,12 @@ class Session:
                     self.parent_run_id,
                 )
                 busy |= set(j.workers)
+                started = True
+        return started
 
-    def write_state(self) -> None:
-        if self.state is None:
-            return
+    def write_state(self, publish: bool) -> None:
+        """The jobs' state for `hetflow queue list`; where `publish`, also as the Prefect
+        artifact `queue-now` (each version a change: who holds which workers)."""
         rows = [
             {
                 "name": j.job.name,
@@ -163,7 +169,10 @@ class Session:
             }
             for j in self.jobs
         ]
-        self.state.write_text(json.dumps(rows, indent=1))
+        if self.state is not None:
+            self.state.write_text(json.dumps(rows, indent=1))
+        if publish:
+            create_table_artifact(rows, key="queue-now", description="who holds which workers")
 
     def run(self, planned: list[QueueJob], tick_s: float = 1.0) -> None:
         """Until every job has arrived and ended, and the inbox is empty."""
@@ -182,6 +191,6 @@ class Session:
                     ended |= self.end_segment(j)
             if arrivals or ended:
                 self.decide()
-            self.start_ready()
-            self.write_state()
+            started = self.start_ready()
+            self.write_state(publish=bool(arrivals or ended or started))
             time.sleep(tick_s)
