@@ -109,6 +109,10 @@ def queue(
         except Exception as e:
             tracker.fail(parent, f"queue: {e}")
             raise
+        if not session.jobs:
+            tracker.finish(parent)
+            print("queue: no jobs (hetflow queue submit NAME queues one)")
+            return {"parent_run_id": parent, "figures": {}, "jobs": [], "spans": []}
         values, rows = figures(session)
         tracker.log_metrics(parent, values)
         order = [w.name for w in cluster.workers]
