@@ -20,6 +20,7 @@ from hetflow.infra.catalog import Catalog
 from hetflow.infra.pricing import DEFAULT_REGION
 
 NODE_LABEL = "hetflow.io/instance-type"  # as hetflow.training.launch.ray_train places workers
+CHECKOUT = Path(__file__).resolve().parents[1]  # the hetflow folder every node gets (editable)
 HEAD_INSTANCE = "m5.xlarge"
 REMOTE_CHECKOUT = "~/hetflow"
 
@@ -32,7 +33,7 @@ def node_type_name(instance_type: str) -> str:
 def ray_cluster_config(
     cluster: ClusterSpec,
     catalog: Catalog,
-    checkout: str | Path,
+    checkout: str | Path = CHECKOUT,
     region: str = DEFAULT_REGION,
     image_id: str | None = None,
 ) -> dict:
@@ -89,3 +90,19 @@ def validate(config: dict) -> None:
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     validate_config(prepare_config(config))
+
+
+def ray_yaml(cluster: ClusterSpec, checkout: str | Path = CHECKOUT) -> str:
+    """The cluster launcher's config of `cluster` as YAML text, its instance types from the
+    catalog (`Catalog.for_cluster`), checked by Ray's own schema where Ray is installed (an
+    extra: `pip install -e '.[ray]'`)."""
+    import yaml
+
+    config = ray_cluster_config(cluster, Catalog.for_cluster(cluster), checkout)
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        validate(config)
+    return yaml.safe_dump(config, sort_keys=False)

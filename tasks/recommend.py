@@ -1,5 +1,5 @@
 """Recommend tasks: which instances to rent (the search of `hetflow recommend`,
-`hetflow.training.plan.recommend`) and its MLflow run.
+`hetflow.forecast.search`) and its MLflow run.
 
 The flow gets back a `Recommended`: the search's result and everything shown of it, as text
 (the markdown table, the cluster file), so that it needs nothing of the plan layer itself.
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from hetflow.config import (
+    ClusterSpec,
     ProfileHistory,
     RecommendJob,
     RecommendMarket,
@@ -22,19 +22,20 @@ from hetflow.config import (
     RentableType,
     TrackingConfig,
 )
+from hetflow.forecast import rental
+from hetflow.forecast.search import Job, Objective, local_batches, search
+from hetflow.forecast.spot_table import market_setup
+from hetflow.infra.market import load_market
+from hetflow.infra.ray_cluster import ray_yaml
+from hetflow.infra.tracking.plots import cost_time_front
 from hetflow.infra.tracking.tracker import MLflowTracker
-from hetflow.training.plan import rental
-from hetflow.training.plan.recommend import Job, Objective, local_batches, search
-from hetflow.training.plan.spot_table import market_setup
-
-CHECKOUT = Path(__file__).resolve().parents[1]  # the hetflow folder the Ray nodes get
 
 
 @dataclass(frozen=True)
 class Recommended:
     """The chosen mix, its local batches, and what the command would print and write."""
 
-    rec: object = field(repr=False)  # a training.plan.recommend.Recommendation
+    rec: object = field(repr=False)  # a forecast.search.Recommendation
     batches: list[list[int]]
     seconds: float
     mix: dict[str, int]
@@ -48,19 +49,18 @@ class Recommended:
 
     def draw(self, path) -> None:
         """The plot of cost against time, the Pareto front marked (`rental.plot_front`)."""
-        rental.plot_front(path, self.rec)
+        cost_time_front(path, **rental.front(self.rec))
 
 
 def form_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(The models `recommend` knows, the instance types of the offline catalog it can time
     and price): what the flow's form lists."""
-    from hetflow.infra.catalog import load_snapshot
-
-    job = Job(rental.model_of("resnet50"), 1, 1)
+    job = Job(rental.model_of("resnet50"), global_batch=1, steps=1)
+    market = load_market()
     types = []
-    for name in load_snapshot():
+    for name in market.types:
         try:
-            rental.candidates([(name, 1)], job)
+            rental.candidates([(name, 1)], job, market)
         except rental.RecommendError:  # no price, or no published step-time curve
             continue
         types.append(name)
@@ -73,6 +73,7 @@ def market_of(market: RecommendMarket, names: list[str]):
     return market_setup(
         market.kind,
         names,
+        load_market(market.kind != "on-demand", market.spot_table),
         market.spot_table,
         {o.instance_type: o.discount for o in over if o.discount is not None},
         {
@@ -96,7 +97,7 @@ def recommend_mix(
     """The search for `objective` over `candidates` in `market`, as `hetflow recommend` runs
     it; the same one-line RecommendError on bad input (an unknown type, a deadline or budget no
     mix meets, a bad spot figure)."""
-    spec = Job(rental.model_of(job.recipe), job.global_batch, job.steps)
+    spec = Job(rental.model_of(job.recipe), global_batch=job.global_batch, steps=job.steps)
     goal = Objective(
         objective.kind, objective.deadline_h, objective.budget_usd, objective.deadline_margin
     )
@@ -108,7 +109,7 @@ def recommend_mix(
 
         names = [name for name, _ in mix]
         measured = read_type_history(history.url.rstrip("/"), names, job.recipe, history.max_age_h)
-    cands, _ = rental.candidates(mix, spec, job.max_local_batch, spot, measured)
+    cands = rental.candidates(mix, spec, load_market(), job.max_local_batch, spot, measured)
     t = time.perf_counter()
     rec = search(cands, spec, goal, markets, restart)
     batches = local_batches(cands, rec.best, spec.global_batch)
@@ -124,7 +125,7 @@ def recommend_mix(
         rental.chosen_line(rec),
         rental.markdown(rec, batches, measured),
         rental.cluster_yaml(rec, batches),
-        rental.ray_yaml(rec, CHECKOUT),
+        ray_yaml(ClusterSpec.model_validate(rental.cluster_file(rec))),
         figures,
     )
 

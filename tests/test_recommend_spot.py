@@ -1,5 +1,5 @@
 """`hetflow recommend --market spot|both`: the expected time with interruptions (a case worked
-by hand from `training/plan/spot.py`'s formula), spot chosen where its discount pays and not
+by hand from `hetflow/forecast/spot.py`'s formula), spot chosen where its discount pays and not
 where interruptions eat it, the spot table and its overrides, and bad input in one line."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from hetflow.cli import main
 from hetflow.config import TrainConfig
-from hetflow.training.plan.models import MODELS
-from hetflow.training.plan.recommend import Candidate, Evaluator, Job
-from hetflow.training.plan.spot import DEFAULT_RESTART, Restart
+from hetflow.forecast.models import MODELS
+from hetflow.forecast.search import Candidate, Evaluator, Job
+from hetflow.forecast.spot import DEFAULT_RESTART, Restart
 
 RESNET = MODELS["resnet50"]
 
@@ -38,7 +38,7 @@ def test_the_expected_time_is_the_docstrings_closed_form_worked_by_hand():
     T = T0 / (1 - 0.5 x 71 / 3600) = 1.1 x 3600 / 3564.5 h, N = 0.5 T, cost $4/h x T."""
     steps = tuple(0.01 + 0.001 * b for b in range(1, 101))
     cand = Candidate("one", 1, 10.0, 1, "A100", "a100", 1e6, steps, 4.0, 0.5)
-    job = Job(RESNET, 100, 36_000)
+    job = Job(RESNET, global_batch=100, steps=36_000)
     restart = Restart(restart_s=60, checkpoint_every=200)
     demand = Evaluator([cand], job)((1,))
     spot = Evaluator([cand], job, "spot", restart)((1,))
@@ -56,7 +56,7 @@ def test_the_expected_time_is_the_docstrings_closed_form_worked_by_hand():
 def test_a_mix_interrupted_faster_than_it_recovers_is_not_priced():
     steps = tuple(0.01 + 0.001 * b for b in range(1, 101))
     cand = Candidate("one", 1, 10.0, 1, "A100", "a100", 1e6, steps, 4.0, 60.0)  # once a minute
-    job = Job(RESNET, 100, 1000)
+    job = Job(RESNET, global_batch=100, steps=1000)
     assert Evaluator([cand], job, "spot", Restart(restart_s=60))((1,)) is None
     assert Evaluator([cand], job, "spot", Restart(restart_s=30))((1,)) is not None
 

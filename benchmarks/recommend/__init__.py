@@ -34,11 +34,8 @@ from hetflow.config import (
 )
 from hetflow.emulation.costs import SMOOTH_PHASES
 from hetflow.emulation.presets import PRESETS
-from hetflow.records import Plan, RunResult
-from hetflow.training.launch.run import run_plan
-from hetflow.training.metrics import summarize
-from hetflow.training.plan.models import MODELS
-from hetflow.training.plan.recommend import (
+from hetflow.forecast.models import MODELS
+from hetflow.forecast.search import (
     CURVE_MODEL,
     TRAIN_OVER_INFERENCE,
     Evaluator,
@@ -47,6 +44,9 @@ from hetflow.training.plan.recommend import (
     local_batches,
     search,
 )
+from hetflow.records import Plan, RunResult
+from hetflow.training.launch.run import run_plan
+from hetflow.training.metrics import summarize
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.recommend.figures import (
@@ -118,7 +118,7 @@ def plan_choices(args):
         "max_ranks",
     ):
         positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
-    job = Job(MODELS[args.job_recipe], args.global_batch, args.steps)
+    job = Job(MODELS[args.job_recipe], global_batch=args.global_batch, steps=args.steps)
     cands, _ = candidates_of(args.candidates, job)
     if not 0 <= args.deadline_margin < 1:
         raise ConfigError(f"--deadline-margin: must be in [0, 1) (got {args.deadline_margin:g})")

@@ -1,7 +1,7 @@
 """`hetflow recommend`: which instances to rent for a job, from the offline catalog's types and
 on-demand prices and the presets' published step-time curves (the search:
-`hetflow.training.plan.recommend`; the table, figures and cluster file it shares with the
-`recommend` flow: `hetflow.training.plan.rental`).
+`hetflow.forecast.search`; the table, figures and cluster file it shares with the
+`recommend` flow: `hetflow.forecast.rental`).
 
 Bad input is refused in one line before anything is searched: an instance type the catalog
 lacks, a type with no step-time curve, a budget below one instance-hour; after the search, a
@@ -20,7 +20,7 @@ DEFAULT_CANDIDATES = ",".join(f"{t}:{n}" for t, n in DEFAULT_RENTABLE)
 
 
 def add_recommend_args(p: argparse.ArgumentParser) -> None:
-    from hetflow.training.plan.models import NAMES, OLD_NAMES
+    from hetflow.forecast.models import NAMES, OLD_NAMES
 
     p.add_argument(
         "--candidates",
@@ -115,7 +115,7 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_market_args(p: argparse.ArgumentParser) -> None:
-    from hetflow.training.plan.spot import SPOT_RESTART_S
+    from hetflow.forecast.spot import SPOT_RESTART_S
 
     p.add_argument(
         "--market",
@@ -169,12 +169,12 @@ def _positive(flag: str, value, kind=float):
 
 def job_and_objective(args):
     """The Job and Objective of the flags, each value checked (one line naming its flag)."""
-    from hetflow.training.plan.models import MODELS
-    from hetflow.training.plan.recommend import Job, Objective
+    from hetflow.forecast.models import MODELS
+    from hetflow.forecast.search import Job, Objective
 
     steps = _positive("--steps", args.steps, int)
     batch = _positive("--global-batch", args.global_batch, int)
-    job = Job(MODELS[args.recipe], batch, steps)
+    job = Job(MODELS[args.recipe], global_batch=batch, steps=steps)
     margin = DEADLINE_MARGIN if args.deadline_margin is None else args.deadline_margin
     if not 0 <= margin < 1:
         raise ConfigError(f"--deadline-margin: must be in [0, 1) (got {margin:g})")
@@ -207,8 +207,8 @@ def history_of(args, job):
     None without the flag."""
     if not args.profiles:
         return None
-    from hetflow.simulator.clusters import parse_mix
-    from hetflow.simulator.model import SimulationError
+    from hetflow.forecast.clusters import parse_mix
+    from hetflow.forecast.job import SimulationError
     from hetflow.tasks.history import read_type_history
 
     max_age = _positive("--profile-max-age-h", args.profile_max_age_h)
@@ -223,30 +223,35 @@ def candidates_of(text: str, job, max_local_batch: int | None = None, spot=None,
     """The Candidates of --candidates, from the shipped catalog (offline), with the SpotTable
     `spot`'s figures where given; one line naming a type the catalog lacks, one without a
     price, one without a step-time curve, one without spot figures."""
-    from hetflow.simulator.clusters import parse_mix
-    from hetflow.simulator.model import SimulationError
-    from hetflow.training.plan.rental import candidates
+    from hetflow.forecast.clusters import parse_mix
+    from hetflow.forecast.job import SimulationError
+    from hetflow.forecast.rental import candidates
+    from hetflow.infra.market import load_market
 
     try:
         mix = parse_mix(text)
     except SimulationError as e:
         raise ConfigError(str(e).replace("--mix", "--candidates")) from None
-    return candidates(mix, job, max_local_batch, spot, history)
+    market = load_market()
+    return candidates(mix, job, market, max_local_batch, spot, history), market.prices
 
 
 def market_of(args):
     """(Markets searched, Restart, SpotTable or None) of the market flags, checked."""
-    from hetflow.simulator.clusters import parse_mix
-    from hetflow.simulator.model import SimulationError
-    from hetflow.training.plan.spot_table import market_setup
+    from hetflow.forecast.clusters import parse_mix
+    from hetflow.forecast.job import SimulationError
+    from hetflow.forecast.spot_table import market_setup
+    from hetflow.infra.market import load_market
 
     try:
         names = [name for name, _ in parse_mix(args.candidates)]
     except SimulationError:
         names = []  # candidates_of says what is wrong with them
+    market = load_market(args.market != "on-demand", args.spot_table)
     return market_setup(
         args.market,
         names,
+        market,
         args.spot_table,
         type_values("--spot-discount", args.spot_discount),
         type_values("--interruptions", args.interruptions),
@@ -258,8 +263,7 @@ def market_of(args):
 def print_recommendation(rec, batches, prices, seconds: float, spot=None, history=None) -> None:
     from rich.table import Table
 
-    from hetflow.output import wide_console
-    from hetflow.training.plan.rental import (
+    from hetflow.forecast.rental import (
         LEFT,
         chosen_line,
         columns,
@@ -269,6 +273,7 @@ def print_recommendation(rec, batches, prices, seconds: float, spot=None, histor
         outside,
         table_rows,
     )
+    from hetflow.output import wide_console
 
     job, cands = rec.job, rec.cands
     console = wide_console(160 if spot is not None else 130)
@@ -280,7 +285,7 @@ def print_recommendation(rec, batches, prices, seconds: float, spot=None, histor
         print(f"  step-time curve: {line}")
     print(f"  prices: on-demand, {prices.source}, as of {prices.as_of}")
     if spot is not None:
-        from hetflow.training.plan.spot_table import restart_line
+        from hetflow.forecast.spot_table import restart_line
 
         print(f"  spot: {spot.source}, as of {spot.as_of} (written down by hand, not fetched)")
         print(f"  {restart_line(rec)}")
@@ -302,7 +307,7 @@ def print_recommendation(rec, batches, prices, seconds: float, spot=None, histor
 def write_cluster(path: str, rec, batches) -> None:
     """The cluster file (`rental.cluster_yaml`: checked by ClusterSpec, the plan and the
     prediction as comments)."""
-    from hetflow.training.plan.rental import cluster_yaml
+    from hetflow.forecast.rental import cluster_yaml
 
     text = cluster_yaml(rec, batches)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -314,18 +319,19 @@ def write_cluster(path: str, rec, batches) -> None:
 
 def write_ray_config(path: str, rec) -> None:
     """The Ray launcher YAML of the choice (`rental.ray_yaml`, as `hetflow cluster config`)."""
-    from hetflow.training.plan.rental import ray_yaml
+    from hetflow.config import ClusterSpec
+    from hetflow.forecast.rental import cluster_file
+    from hetflow.infra.ray_cluster import ray_yaml
 
-    checkout = Path(__file__).resolve().parents[2]  # this checkout (an editable install)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(ray_yaml(rec, checkout))
+    Path(path).write_text(ray_yaml(ClusterSpec.model_validate(cluster_file(rec))))
     print(f"wrote {path}: the Ray cluster launcher's config for AWS (`ray up {path}`)")
 
 
 def cmd_recommend(args) -> int:
+    from hetflow.forecast.rental import figures, front
+    from hetflow.forecast.search import local_batches, search
     from hetflow.output import write_json
-    from hetflow.training.plan.recommend import local_batches, search
-    from hetflow.training.plan.rental import figures, plot_front
 
     job, objective = job_and_objective(args)
     cap = _positive("--max-local-batch", args.max_local_batch, int)
@@ -345,6 +351,8 @@ def cmd_recommend(args) -> int:
         write_ray_config(ray_config, rec)
     write_json(args.json_path, figures(rec, batches, seconds, spot))
     if args.plot:
-        plot_front(args.plot, rec)
+        from hetflow.infra.tracking.plots import cost_time_front
+
+        cost_time_front(args.plot, **front(rec))
         print(f"wrote {args.plot}")
     return 0

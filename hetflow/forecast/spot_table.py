@@ -1,7 +1,7 @@
-"""What `hetflow recommend` and the `recommend` flow read to price spot instances: the spot
-table (shipped in `infra/spot.json`, or the user's), the candidates' per-type overrides, the
-markets searched and what an interruption costs (the model: `training.plan.spot`). Bad input
-is one line (a RecommendError) naming its flag, the same in both.
+"""What prices spot instances for `hetflow recommend` and the `recommend` flow: the spot table
+(read by the caller: `hetflow.infra.market`), the candidates' per-type overrides, the markets
+searched and what an interruption costs (the model: `forecast.spot`). Bad input is one line
+(a RecommendError) naming its flag, the same in both.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import math
 from collections.abc import Mapping, Sequence
 
 from hetflow.config import TrainConfig, suggestion
-from hetflow.training.plan.recommend import RecommendError
-from hetflow.training.plan.spot import DEFAULT_RESTART, MARKETS, Restart, deadline_risk
+from hetflow.forecast.search import RecommendError
+from hetflow.forecast.spot import DEFAULT_RESTART, MARKETS, Restart, deadline_risk
 
 # An interruption redoes half the steps since the last checkpoint: a run's checkpoint interval
 CHECKPOINT_EVERY = TrainConfig.model_fields["checkpoint_every"].default
@@ -40,20 +40,12 @@ def _override(flag: str, values: Mapping[str, float], names, ok, what: str) -> N
             raise RecommendError(f"{flag}: {name}: {what} (got {v!r})")
 
 
-def spot_table(names: Sequence[str], path=None, discounts=None, per_month=None):
-    """The spot table (`infra/spot.json`, or the one at `path`), every type of it in the
-    offline catalog, with the candidates' per-type overrides: `discounts` (savings off
-    On-Demand, [0, 1)) and `per_month` (interruptions per instance-month, >= 0)."""
-    from hetflow.infra.catalog import load_snapshot
-    from hetflow.infra.pricing import CatalogError
-    from hetflow.infra.spot import SPOT_TABLE, SpotInfo, load_spot
-
+def spot_table(table, known, names: Sequence[str], discounts=None, per_month=None):
+    """The spot table `table` (a `hetflow.infra.spot.SpotTable`), every type of it among the
+    catalog's `known` types, with the candidates' per-type overrides: `discounts` (savings off
+    On-Demand, [0, 1)) and `per_month` (interruptions per instance-month, >= 0). A copy: the
+    caller's table is left as it was."""
     discounts, per_month = dict(discounts or {}), dict(per_month or {})
-    try:
-        table = load_spot(path or SPOT_TABLE)
-    except CatalogError as e:
-        raise RecommendError(f"--spot-table: {e}") from None
-    known = load_snapshot()
     for name in table.types:
         if name not in known:
             raise RecommendError(
@@ -74,6 +66,7 @@ def spot_table(names: Sequence[str], path=None, discounts=None, per_month=None):
         lambda v: v >= 0,
         "interruptions per instance-month must be a finite number >= 0",
     )
+    types = {name: info.model_dump() for name, info in table.types.items()}
     for name in set(discounts) | set(per_month):
         was = table.types.get(name)
         if was is None and not (name in discounts and name in per_month):
@@ -82,10 +75,11 @@ def spot_table(names: Sequence[str], path=None, discounts=None, per_month=None):
         savings = discounts.get(name, was.savings if was else 0.0)
         rate = per_month.get(name, was.per_month if was else 0.0)
         bucket = was.bucket if was and name not in per_month else None
-        table.types[name] = SpotInfo(savings=savings, per_month=rate, bucket=bucket)
-    if discounts or per_month:
-        table.source += f"; overridden for {', '.join(sorted(set(discounts) | set(per_month)))}"
-    return table
+        types[name] = {"savings": savings, "per_month": rate, "bucket": bucket}
+    if not (discounts or per_month):
+        return table
+    source = f"{table.source}; overridden for {', '.join(sorted(set(discounts) | set(per_month)))}"
+    return table.model_validate({**table.model_dump(), "source": source, "types": types})
 
 
 def market_terms(kind: str, restart_s: float | None = None, checkpoint_every: int | None = None):
@@ -111,6 +105,7 @@ def market_terms(kind: str, restart_s: float | None = None, checkpoint_every: in
 def market_setup(
     kind: str,
     names: Sequence[str],
+    market,
     path=None,
     discounts=None,
     per_month=None,
@@ -118,11 +113,13 @@ def market_setup(
     checkpoint_every: int | None = None,
 ):
     """(Markets searched, Restart, SpotTable or None: on-demand only) of the market options
-    (`market_terms`, `spot_table`), each checked; spot figures given for on-demand only are
-    refused, in one line naming their flag."""
+    (`market_terms`, `spot_table`) on `market` (`hetflow.infra.market.RentalMarket`: its spot
+    table read from `path` when spot is searched), each checked; spot figures given for
+    on-demand only are refused, in one line naming their flag."""
     markets, restart = market_terms(kind, restart_s, checkpoint_every)
     if "spot" in markets:
-        return markets, restart, spot_table(names, path, discounts, per_month)
+        table = spot_table(market.spot, market.types, names, discounts, per_month)
+        return markets, restart, table
     given = (("--spot-table", path), ("--spot-discount", discounts), ("--interruptions", per_month))
     for flag, value in given:
         if value:

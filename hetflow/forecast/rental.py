@@ -1,7 +1,8 @@
-"""What `hetflow recommend` and the `recommend` flow share around the search (`recommend.search`):
-the candidates read from the offline catalog, the table of the best mixes and its notes, the
-figures, and the cluster file of the choice. The command prints them; the flow puts them in a
-Prefect artifact and an MLflow run. Bad input is one line (a RecommendError), the same in both.
+"""What `hetflow recommend` and the `recommend` flow share around the search (`search.search`):
+the candidates of the rental market (the offline catalog and its prices, read by the caller),
+the table of the best mixes and its notes, the figures, and the cluster file of the choice.
+The command prints them; the flow puts them in a Prefect artifact and an MLflow run. Bad input
+is one line (a RecommendError), the same in both.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hetflow.config import suggestion
-from hetflow.training.plan.measured import MeasuredCurve
-from hetflow.training.plan.models import MODELS, NAMES, ModelSpec
-from hetflow.training.plan.recommend import (
+from hetflow.forecast.measured import MeasuredCurve
+from hetflow.forecast.models import MODELS, NAMES, ModelSpec
+from hetflow.forecast.search import (
     CURVE_MODEL,
     PRESET_OF_GPU,
     PUBLISHED_BATCH,
@@ -23,7 +24,7 @@ from hetflow.training.plan.recommend import (
     RecommendError,
     curve_for,
 )
-from hetflow.training.plan.spot_table import spot_notes, spot_terms
+from hetflow.forecast.spot_table import spot_notes, spot_terms
 
 SHOWN = 6  # alternatives in the table
 LEFT = ("mix", "market", "why it loses")  # columns of text
@@ -68,22 +69,21 @@ def model_of(recipe: str) -> ModelSpec:
 def candidates(
     mix: Sequence[tuple[str, int]],
     job: Job,
+    market,
     max_local_batch: int | None = None,
     spot=None,
     history: History | None = None,
-):
-    """(Candidates of `mix`, (name, count) pairs, from the shipped catalog, offline; the price
-    table) with step curves up to the global batch or `max_local_batch`: a type's measured one
-    where `history` has it (`plan.measured`), else its GPU's published one; spot figures from
-    the SpotTable `spot` where given. One line naming a type the catalog lacks, one without a
-    price, one without either curve (and what would give it one), one without spot figures."""
-    from hetflow.infra.catalog import load_snapshot
-    from hetflow.infra.pricing import load_prices
-
+) -> list[Candidate]:
+    """Candidates of `mix`, (name, count) pairs, from `market` (`hetflow.infra.market`'s: the
+    offline catalog's types and their On-Demand prices) with step curves up to the global batch
+    or `max_local_batch`: a type's measured one where `history` has it (`forecast.measured`),
+    else its GPU's published one; spot figures from the SpotTable `spot` where given. One line
+    naming a type the catalog lacks, one without a price, one without either curve (and what
+    would give it one), one without spot figures."""
     names = [name for name, _ in mix]
     if len(set(names)) != len(names):
         raise RecommendError(f"--candidates: an instance type appears twice ({names})")
-    types, prices = load_snapshot(), load_prices()
+    types, prices = market.types, market.prices
     max_batch = min(job.global_batch, max_local_batch or job.global_batch)
     out = []
     for name, count in mix:
@@ -112,7 +112,7 @@ def candidates(
         terms = (None, 0.0) if spot is None else spot_terms(name, usd, spot)
         args = (name, count, usd, info.devices, info.device, preset, info.network_gbps, steps)
         out.append(Candidate(*args, *terms, measured=measured and measured.source))
-    return out, prices
+    return out
 
 
 # -- what is shown ----------------------------------------------------------------------------
@@ -352,39 +352,16 @@ def cluster_yaml(rec: Recommendation, batches) -> str:
     return head + yaml.safe_dump(data, sort_keys=False)
 
 
-def ray_yaml(rec: Recommendation, checkout) -> str:
-    """The Ray cluster-launcher YAML for AWS of the chosen mix (`infra.ray_cluster`: what
-    `hetflow cluster config` writes for its cluster file; `checkout` the hetflow folder every
-    node gets), checked by Ray's own schema where Ray is installed."""
-    import yaml
-
-    from hetflow.config import ClusterSpec
-    from hetflow.infra.catalog import Catalog
-    from hetflow.infra.ray_cluster import ray_cluster_config, validate
-
-    cluster = ClusterSpec.model_validate(cluster_file(rec))
-    config = ray_cluster_config(cluster, Catalog.for_cluster(cluster), checkout)
-    try:
-        import ray  # noqa: F401 (an extra: `pip install -e '.[ray]'`)
-    except ImportError:
-        pass
-    else:
-        validate(config)
-    return yaml.safe_dump(config, sort_keys=False)
-
-
-def plot_front(path, rec: Recommendation) -> None:
-    """Every mix priced as a point of time and cost, the Pareto front joined, the choice ringed
-    (`hetflow.infra.tracking.plots.cost_time_front`)."""
-    from hetflow.infra.tracking.plots import cost_time_front
-
+def front(rec: Recommendation) -> dict:
+    """What a plot of cost against time shows (`hetflow.infra.tracking.plots.cost_time_front`'s
+    arguments after the path): every mix priced, the Pareto front, the choice, the title, and
+    the objective's deadline or budget."""
     obj = rec.objective
-    cost_time_front(
-        path,
-        [(p.hours, p.cost_usd) for p in rec.ranked],
-        [(p.hours, p.cost_usd) for p in rec.front],
-        (rec.best.hours, rec.best.cost_usd, rec.best.label(rec.cands)),
-        f"{rec.job.model.name}, {rec.job.steps} steps of {rec.job.global_batch}",
-        deadline_h=obj.deadline_h if obj.kind == "deadline" else None,
-        budget_usd=obj.budget_usd if obj.kind == "budget" else None,
-    )
+    return {
+        "points": [(p.hours, p.cost_usd) for p in rec.ranked],
+        "front": [(p.hours, p.cost_usd) for p in rec.front],
+        "chosen": (rec.best.hours, rec.best.cost_usd, rec.best.label(rec.cands)),
+        "title": f"{rec.job.model.name}, {rec.job.steps} steps of {rec.job.global_batch}",
+        "deadline_h": obj.deadline_h if obj.kind == "deadline" else None,
+        "budget_usd": obj.budget_usd if obj.kind == "budget" else None,
+    }
