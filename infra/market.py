@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hetflow.config import RecommendMarket
 from hetflow.infra.catalog import InstanceInfo, load_snapshot
 from hetflow.infra.pricing import CatalogError, PriceTable, load_prices
 from hetflow.infra.spot import SPOT_TABLE, SpotTable, load_spot
@@ -23,14 +24,14 @@ class RentalMarket:
     spot: SpotTable | None = None
 
 
-def load_market(spot: bool = False, spot_table: str | None = None) -> RentalMarket:
-    """The shipped catalog and prices, with the spot table at `spot_table` (default: the
-    shipped one) when `spot`; a table that cannot be read or is unsound is one line naming
-    its flag, `--spot-table`, as the command's other errors do (a CatalogError)."""
+def load_market(market: RecommendMarket | None = None) -> RentalMarket:
+    """The shipped catalog and prices, with the spot table `market.spot_table` (default: the
+    shipped one) when `market` searches spot; a table that cannot be read or is unsound is one
+    line naming its flag, `--spot-table`, as the command's other errors do (a CatalogError)."""
     table = None
-    if spot:
+    if market is not None and market.spot:
         try:
-            table = load_spot(spot_table or SPOT_TABLE)
+            table = load_spot(market.spot_table or SPOT_TABLE)
         except CatalogError as e:
             raise CatalogError(f"--spot-table: {e}") from None
     return RentalMarket(load_snapshot(), load_prices(), table)

@@ -296,6 +296,15 @@ def read_type_history(
         return type_history(url, instance_types, recipe, max_age_h)
 
 
+def request_history(request) -> History | None:
+    """The history a `RecommendRequest` names (`history.url`), read for its candidates and its
+    recipe at most `history.max_age_h` hours old; None where it names none."""
+    h = request.history
+    if not h.url:
+        return None
+    return read_type_history(h.url.rstrip("/"), request.names, request.job.recipe, h.max_age_h)
+
+
 def type_history(url: str, instance_types: list[str], recipe: str, max_age_h: float) -> History:
     """What `hetflow recommend` reads of the history under `url` (a types prefix, e.g.
     `s3://<bucket>/profiles/types`): per instance type, the newest entry measured on that type

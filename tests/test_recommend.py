@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from hetflow.cli import main
-from hetflow.cli.recommend import candidates_of
 from hetflow.config import ClusterSpec
+from hetflow.forecast.clusters import parse_mix
 from hetflow.forecast.models import MODELS
-from hetflow.forecast.rental import mixing_line
+from hetflow.forecast.rental import candidates
 from hetflow.forecast.search import (
     Candidate,
     Evaluator,
@@ -24,13 +24,15 @@ from hetflow.forecast.search import (
     local_batches,
     search,
 )
+from hetflow.forecast.table import mixing_line
+from hetflow.infra.market import load_market
 
 RESNET = MODELS["resnet50"]
 MIX = "g4dn.xlarge:8,p3.2xlarge:8,p4d.24xlarge:4"
 
 
 def catalog_cands(text: str, job: Job) -> list[Candidate]:
-    return candidates_of(text, job)[0]
+    return candidates(parse_mix(text), job, load_market())
 
 
 def affine(name, available, usd, latency_s, per_sample_s, batch, devices=1, nic=1e6):
@@ -185,7 +187,7 @@ BAD = [
     (["--budget", "0.3"], "less than one instance-hour of the cheapest candidate, g4dn.xlarge"),
     (["--deadline-h", "0.001"], "finishes 10000 steps in 0.00085 h (0.001 h less a 15% margin)"),
     (["--budget", "1", "--steps", "10000000"], "no mix of the candidates finishes 10000000"),
-    (["--steps", "0"], "--steps: must be a finite number > 0"),
+    (["--steps", "0"], "--steps: Input should be greater than or equal to 1 (got 0)"),
     (["--budget", "5", "--deadline-h", "2"], "not allowed with argument"),
 ]
 

@@ -106,7 +106,9 @@ def positive(flag: str, value):
 def plan_choices(args):
     """(candidates, recommendation, {choice: (counts, prediction, local batches)}), checked:
     a one-line ConfigError naming the flag before anything runs."""
-    from hetflow.cli.recommend import candidates_of
+    from hetflow.forecast.clusters import parse_mix
+    from hetflow.forecast.rental import candidates
+    from hetflow.infra.market import load_market
 
     for flag in (
         "global_batch",
@@ -119,7 +121,11 @@ def plan_choices(args):
     ):
         positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     job = Job(MODELS[args.job_recipe], global_batch=args.global_batch, steps=args.steps)
-    cands, _ = candidates_of(args.candidates, job)
+    try:
+        mix = parse_mix(args.candidates)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("--mix", "--candidates")) from None
+    cands = candidates(mix, job, load_market())
     if not 0 <= args.deadline_margin < 1:
         raise ConfigError(f"--deadline-margin: must be in [0, 1) (got {args.deadline_margin:g})")
     goal = Objective("deadline", deadline_h=args.deadline_h, margin=args.deadline_margin)

@@ -8,17 +8,19 @@ cost per epoch of the equal split (`baseline`) and hetflow's plan (`optimized`).
 term by term: docs/benchmarks.md; its error: docs/measurements/simulator.md.
 
 The rental search (`hetflow recommend`) prices mixes of instance types with the same step
-(`step.predict_step`) on published or measured step-time curves, on-demand or on spot.
+(`step.step_time`, `step.allreduce_s`) on published or measured step-time curves, on-demand
+or on spot.
 
 Modules: `models` (the models' figures), `job` (the job, the workers, the network), `step`
 (one step, a sweep: the one step-time predictor), `clusters` (workers from a catalog or a
 profile), `published` (published throughput tables: fit rows, held-out error), `report`
 (`hetflow simulate`'s tables and plot); `search` (the mixes priced, the choice), `objective`
 (what 'best' means), `spot` and `spot_table` (interruptions and their cost), `measured`
-(curves from the profile history), `rental` (the table, figures and cluster file of a
-choice). What reads infra (the catalog, prices, the spot table, the profile history) is
-read by the caller, in `hetflow.tasks` or `hetflow.cli`, and passed in. The names below are
-the simulator's API.
+(curves from the profile history), `rental` (the candidates of the market), `table` (what a
+choice shows), `recommend` (the one pipeline of `hetflow recommend` and the flow). What
+reads infra (the catalog, prices, the spot table, the profile history) is read by the
+caller, in `hetflow.tasks` or `hetflow.cli`, and passed in. The names below are the
+simulator's API.
 """
 
 from hetflow.forecast.clusters import (

@@ -287,7 +287,7 @@ def climb(evaluate: Evaluator, start: Prediction, key) -> Prediction:
 
 
 @dataclass(frozen=True)
-class Recommendation:
+class Ranking:
     """The chosen mix, every mix evaluated in the objective's order, the best of each type
     alone (by candidate), the Pareto front of time and cost, and how many mixes were priced,
     in the `markets` searched, with the `restart` an interruption costs on spot."""
@@ -354,7 +354,7 @@ def search(
     objective: Objective,
     markets: Sequence[str] = ("on-demand",),
     restart: Restart = DEFAULT_RESTART,
-) -> Recommendation:
+) -> Ranking:
     """The mix of `cands` in one of `markets` that is best for `objective` under the model
     (module docstring); a RecommendError when none is feasible, naming the fastest (deadline)
     or cheapest (budget) mix and its prediction."""
@@ -384,6 +384,6 @@ def search(
         if alone:
             singles[c.instance_type] = alone[0]
     priced = sum(ev.priced() for ev in evs)
-    return Recommendation(
+    return Ranking(
         objective, cands, job, ranked[0], ranked, singles, pareto(preds), priced, markets, restart
     )

@@ -6,7 +6,6 @@ searched and what an interruption costs (the model: `forecast.spot`). Bad input 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from hetflow.config import TrainConfig, suggestion
@@ -28,16 +27,14 @@ def spot_terms(name: str, usd: float, spot) -> tuple[float, float]:
     return usd * (1 - info.savings), info.per_hour
 
 
-def _override(flag: str, values: Mapping[str, float], names, ok, what: str) -> None:
-    """Each (type, value) of a per-type override names a candidate and passes `ok`."""
-    for name, v in values.items():
+def _candidates_only(flag: str, values: Mapping[str, float], names) -> None:
+    """Each type of a per-type override names a candidate (its value is checked by
+    `hetflow.config.SpotOverride`)."""
+    for name in values:
         if name not in names:
             raise RecommendError(
                 f"{flag}: {name} is not a candidate ({', '.join(names)}){suggestion(name, names)}"
             )
-        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not number or not ok(v):
-            raise RecommendError(f"{flag}: {name}: {what} (got {v!r})")
 
 
 def spot_table(table, known, names: Sequence[str], discounts=None, per_month=None):
@@ -52,20 +49,8 @@ def spot_table(table, known, names: Sequence[str], discounts=None, per_month=Non
                 f"--spot-table: types.{name} is not in the offline catalog "
                 f"(infra/instance_types.json){suggestion(name, known)}"
             )
-    _override(
-        "--spot-discount",
-        discounts,
-        names,
-        lambda v: 0 <= v < 1,
-        "the discount off On-Demand must be in [0, 1)",
-    )
-    _override(
-        "--interruptions",
-        per_month,
-        names,
-        lambda v: v >= 0,
-        "interruptions per instance-month must be a finite number >= 0",
-    )
+    _candidates_only("--spot-discount", discounts, names)
+    _candidates_only("--interruptions", per_month, names)
     types = {name: info.model_dump() for name, info in table.types.items()}
     for name in set(discounts) | set(per_month):
         was = table.types.get(name)
@@ -84,17 +69,9 @@ def spot_table(table, known, names: Sequence[str], discounts=None, per_month=Non
 
 def market_terms(kind: str, restart_s: float | None = None, checkpoint_every: int | None = None):
     """(The markets searched for `kind`: 'on-demand', 'spot' or 'both'; the Restart of an
-    interruption), one line naming a bad value or a restart figure given for on-demand."""
-    markets = {"on-demand": ("on-demand",), "spot": ("spot",), "both": MARKETS}.get(kind)
-    if markets is None:
-        raise RecommendError(f"--market: expected on-demand, spot or both (got {kind!r})")
-    for flag, v in (("--restart-s", restart_s), ("--checkpoint-every", checkpoint_every)):
-        if v is not None and kind == "on-demand":
-            raise RecommendError(f"{flag}: only with --market spot or both")
-    if restart_s is not None and not (math.isfinite(restart_s) and restart_s >= 0):
-        raise RecommendError(f"--restart-s: must be a finite number >= 0 (got {restart_s:g})")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise RecommendError(f"--checkpoint-every: must be >= 1 step (got {checkpoint_every})")
+    interruption, the defaults where not given). The values are `RecommendMarket`'s, checked
+    there."""
+    markets = {"on-demand": ("on-demand",), "spot": ("spot",), "both": MARKETS}[kind]
     restart = Restart(
         DEFAULT_RESTART.restart_s if restart_s is None else float(restart_s),
         CHECKPOINT_EVERY if checkpoint_every is None else int(checkpoint_every),
@@ -106,25 +83,18 @@ def market_setup(
     kind: str,
     names: Sequence[str],
     market,
-    path=None,
     discounts=None,
     per_month=None,
     restart_s: float | None = None,
     checkpoint_every: int | None = None,
 ):
-    """(Markets searched, Restart, SpotTable or None: on-demand only) of the market options
-    (`market_terms`, `spot_table`) on `market` (`hetflow.infra.market.RentalMarket`: its spot
-    table read from `path` when spot is searched), each checked; spot figures given for
-    on-demand only are refused, in one line naming their flag."""
+    """(Markets searched, Restart, SpotTable or None: on-demand only) of a `RecommendMarket`'s
+    values on `market` (`hetflow.infra.market.RentalMarket`: its spot table read when spot is
+    searched), the per-type overrides applied (`spot_table`)."""
     markets, restart = market_terms(kind, restart_s, checkpoint_every)
-    if "spot" in markets:
-        table = spot_table(market.spot, market.types, names, discounts, per_month)
-        return markets, restart, table
-    given = (("--spot-table", path), ("--spot-discount", discounts), ("--interruptions", per_month))
-    for flag, value in given:
-        if value:
-            raise RecommendError(f"{flag}: only with --market spot or both")
-    return markets, restart, None
+    if "spot" not in markets:
+        return markets, restart, None
+    return markets, restart, spot_table(market.spot, market.types, names, discounts, per_month)
 
 
 def restart_line(rec) -> str:
