@@ -38,7 +38,8 @@ class RecommendJob(ConfigModel):
         None,
         ge=1,
         title="Largest local batch",
-        description="What one GPU holds (memory is not modelled); empty: any.",
+        description="The largest local batch of any GPU; empty: what its memory holds, where "
+        "the model's memory per sample or a measured cap is known.",
     )
 
 

@@ -108,7 +108,7 @@ def test_the_cli_defaults_to_a_margin_and_refuses_a_bad_one(tmp_path, capsys):
 
 
 def test_a_deadline_no_mix_meets_names_the_fastest():
-    job = Job(RESNET, global_batch=1024, steps=10_000)
+    job = Job(RESNET, global_batch=512, steps=10_000)
     cands = catalog_cands("p3.2xlarge:1,g4dn.xlarge:1", job)
     with pytest.raises(RecommendError, match=r"the fastest, .* is predicted [\d.]+ h"):
         search(cands, job, Objective("deadline", deadline_h=0.01))
@@ -204,7 +204,7 @@ def test_bad_input_is_one_line(flags, message, capsys, tmp_path):
 
 def test_the_cluster_file_round_trips_and_names_the_presets(tmp_path, capsys):
     out, figures = tmp_path / "c.yaml", tmp_path / "r.json"
-    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "2048"]
+    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "768"]
     flags += ["--steps", "1000", "--budget", "20", "-o", str(out), "--json", str(figures)]
     flags += ["--plot", str(tmp_path / "front.png")]
     assert main(["recommend", *flags]) == 0
@@ -224,7 +224,7 @@ def test_the_cluster_file_round_trips_and_names_the_presets(tmp_path, capsys):
     assert nodes == {"head": 0, "g4dn_xlarge": 2, "p3_2xlarge": 1}
     assert f"`ray up {tmp_path / 'c-ray.yaml'}`" in printed
     data = json.loads(figures.read_text())
-    assert sum(map(sum, data["chosen"]["local_batches"])) == 2048
+    assert sum(map(sum, data["chosen"]["local_batches"])) == 768
     assert data["chosen"]["mix"] == {"g4dn.xlarge": 2, "p3.2xlarge": 1}
     assert (tmp_path / "front.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -105,7 +105,7 @@ def test_a_deadline_met_only_without_interruptions_is_said_so(tmp_path, capsys):
     """One g4dn.xlarge, the deadline a hair over its uninterrupted time: on spot, interrupted
     200 times a month and half an hour lost each time, it is expected late, so on-demand is
     chosen, and the table and a note say that spot would be in time only uninterrupted."""
-    one = ["--candidates", "g4dn.xlarge:1", "--global-batch", "512", "--steps", "5000"]
+    one = ["--candidates", "g4dn.xlarge:1", "--global-batch", "256", "--steps", "10000"]
     code, bare, _, _ = run(one, tmp_path, capsys)
     deadline = f"{bare['chosen']['hours'] * 1.001:.6f}"
     late = ["--market", "both", "--interruptions", "g4dn.xlarge:200", "--restart-s", "1800"]

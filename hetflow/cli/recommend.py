@@ -62,18 +62,12 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         f"must be predicted to finish by (1 - F) x H (default {DEADLINE_MARGIN:g})",
     )
     p.add_argument(
-        "--output",
-        "-o",
-        default="recommended-cluster.yaml",
-        metavar="PATH",
-        help="write the chosen mix's cluster file (ClusterSpec YAML) here",
-    )
-    p.add_argument(
         "--max-local-batch",
         type=int,
         dest="max_local_batch",
         metavar="N",
-        help="the largest local batch a GPU holds (memory is not modelled; default: any)",
+        help="the largest local batch of any GPU (default: what its memory holds, where the "
+        "model's memory per sample or a measured cap is known)",
     )
     add_output_args(p)
     add_history_args(p)
@@ -100,6 +94,13 @@ def add_history_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--output",
+        "-o",
+        default="recommended-cluster.yaml",
+        metavar="PATH",
+        help="write the chosen mix's cluster file (ClusterSpec YAML) here",
+    )
     p.add_argument(
         "--ray-config",
         dest="ray_config",

@@ -16,7 +16,8 @@ Modules: `models` (the models' figures), `job` (the job, the workers, the networ
 profile), `published` (published throughput tables: fit rows, held-out error), `report`
 (`hetflow simulate`'s tables and plot); `search` (the mixes priced, the choice), `objective`
 (what 'best' means), `spot` and `spot_table` (interruptions and their cost), `measured`
-(curves from the profile history), `rental` (the candidates of the market), `table` (what a
+(curves from the profile history), `memory` (the largest local batch a device holds),
+`rental` (the candidates of the market), `table` (what a
 choice shows), `recommend` (the one pipeline of `hetflow recommend` and the flow). What
 reads infra (the catalog, prices, the spot table, the profile history) is read by the
 caller, in `hetflow.tasks` or `hetflow.cli`, and passed in. The names below are the

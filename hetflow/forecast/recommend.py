@@ -121,7 +121,19 @@ def recommend(request: RecommendRequest, history: History | None, market) -> Rec
     batches = local_batches(cands, ranking.best, job.global_batch)
     seconds = time.perf_counter() - t
     source = f"{market.prices.source}, as of {market.prices.as_of}"
-    return Recommendation(ranking, batches, source, spot, history, seconds)
+    return Recommendation(
+        ranking, batches, source, spot, history, seconds, memory_notes(ranking, batches)
+    )
+
+
+def memory_notes(ranking: Ranking, batches: list[list[int]]) -> tuple[str, ...]:
+    """For each type the choice rents: its local batches capped by memory and why, or that its
+    memory was not checked and why."""
+    notes = []
+    for c, bs in zip(ranking.cands, batches, strict=True):
+        if bs and c.memory is not None and (note := c.memory.note(c.instance_type, max(bs))):
+            notes.append(note)
+    return tuple(notes)
 
 
 def cluster_file(rec: Ranking) -> dict:

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 from hetflow.config import suggestion
 from hetflow.forecast.measured import MeasuredCurve
+from hetflow.forecast.memory import device_limit
 from hetflow.forecast.models import MODELS, NAMES, ModelSpec
 from hetflow.forecast.search import (
     PRESET_OF_GPU,
+    PRESETS,
     Candidate,
     Job,
     RecommendError,
@@ -86,11 +88,13 @@ def candidates(
         info = types[name]
         measured = history.curves.get(name) if history is not None else None
         preset = PRESET_OF_GPU.get(info.gpu_name or "")
+        memory = _memory(name, info, preset, job, measured)
+        top = max_batch if memory.cap is None else min(max_batch, memory.cap)
         if measured is not None:
-            steps = measured.steps(max_batch)
+            steps = measured.steps(top)
         else:
             try:
-                preset, steps = curve_for(name, info.gpu_name, job.model, max_batch)
+                preset, steps = curve_for(name, info.gpu_name, job.model, top)
             except RecommendError as e:
                 raise RecommendError(f"{e}; {no_history(name, job, history)}") from None
         if name not in prices.prices:
@@ -101,5 +105,20 @@ def candidates(
         usd = prices.prices[name]
         terms = (None, 0.0) if spot is None else spot_terms(name, usd, spot)
         args = (name, count, usd, info.devices, info.device, preset, info.network_gbps, steps)
-        out.append(Candidate(*args, *terms, measured=measured and measured.source))
+        out.append(Candidate(*args, *terms, measured=measured and measured.source, memory=memory))
     return out
+
+
+def _memory(name: str, info, preset: str | None, job: Job, measured):
+    """The largest local batch of one device of `name` (`forecast.memory.device_limit`): the
+    measured cap, else the model's memory against the device's (the catalog's, else its
+    preset's); one line when not even the model's state fits."""
+    device_mib = info.gpu_memory_mib or (PRESETS[preset].memory_gib * 1024 if preset else 0)
+    cap = measured.cap if measured is not None else None
+    limit = device_limit(job.model, info.gpu_name, device_mib, cap)
+    if limit.cap == 0:
+        raise RecommendError(
+            f"--candidates: {name}: not one sample of {job.model.name} fits its memory "
+            f"({limit.why}); rent a larger GPU"
+        )
+    return limit

@@ -9,8 +9,9 @@ The model, term by term (docs/recommend.md):
   The preset is the GPU the catalog lists: T4 (g4dn.*), V100 (p3.*, p3dn.*), A100 (p4d.*,
   p4de.*). Other GPUs have no curve and are refused (`curve_for`). The curve is made
   non-decreasing (a step of b samples never beats one of fewer), and past the last published
-  batch it grows in proportion to b (`PUBLISHED_BATCH`). Memory is not checked: a largest
-  local batch can be given (`max_batch`).
+  batch it grows in proportion to b (`PUBLISHED_BATCH`). A curve ends at the largest local
+  batch the device's memory holds (`forecast.memory`, applied by `forecast.rental`) or at a
+  largest local batch the user gives.
 - A mix's step: the balanced compute time T, the least T at which every device taking the most
   samples its curve finishes within T holds the global batch (the planner's equal-finish rule,
   `training.plan.balance`, on the curve itself rather than an affine fit of it; a type whose
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 from hetflow.config import ConfigError
 from hetflow.emulation.presets import PRESETS
 from hetflow.forecast.job import Job, Network
+from hetflow.forecast.memory import MemoryLimit
 from hetflow.forecast.models import MODELS, ModelSpec
 from hetflow.forecast.objective import Objective, by_cost, by_hours, pareto
 from hetflow.forecast.spot import DEFAULT_RESTART, Restart, expected_hours
@@ -78,9 +80,8 @@ class Candidate:
     step_s: tuple[float, ...] = field(repr=False)
     spot_usd_per_hour: float | None = None  # one instance on spot; None: not on spot
     interruptions_per_hour: float = 0.0  # one spot instance's
-    measured: str | None = (
-        None  # where its curve was measured (`forecast.measured`); None: published
-    )
+    measured: str | None = None  # where its curve was measured; None: published
+    memory: MemoryLimit | None = field(default=None, repr=False)  # its largest local batch
 
     @property
     def intra_gbps(self) -> float:
@@ -373,7 +374,9 @@ def search(
         raise RecommendError(
             f"--global-batch: no mix of the candidates takes {job.global_batch} samples a step: "
             "fewer than the GPUs of any one instance, or more than all of them hold at "
-            "--max-local-batch or their measured memory caps"
+            "--max-local-batch or their memory caps (the most per GPU: "
+            + ", ".join(f"{c.instance_type} {len(c.step_s)}" for c in cands)
+            + ")"
         )
     ranked = sorted(preds, key=objective.key)
     if not objective.feasible(ranked[0]):

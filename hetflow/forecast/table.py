@@ -56,7 +56,7 @@ def outside(rec: Ranking, batches) -> list[str]:
     if top > PUBLISHED_BATCH:
         notes.append(
             f"local batches up to {top}, past the largest published one ({PUBLISHED_BATCH}): "
-            "extrapolated in proportion, memory not checked (--max-local-batch caps them)"
+            "their step times are extrapolated in proportion"
         )
     return notes
 
@@ -195,6 +195,7 @@ def figures(rec: Ranking, batches, seconds: float, spot=None) -> dict:
         },
         "chosen": {**row(rec.best), "local_batches": batches},
         "curves": {c.instance_type: c.measured or f"published ({c.preset})" for c in rec.cands},
+        "memory_caps": {c.instance_type: c.memory and c.memory.cap for c in rec.cands},
         "mixing_helps": rec.mixing_helps(),
         "alternatives": [row(p) for p in rec.ranked[1:SHOWN]],
         "alone": {k: row(p) for k, p in rec.singles.items()},
