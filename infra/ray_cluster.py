@@ -3,8 +3,10 @@
 One node type per instance type the cluster spec names, with as many nodes as its workers need
 (a worker is one GPU, so a g5.12xlarge holds 4), the label the Ray launcher places workers by
 (`hetflow.io/instance-type`), and the instance's CPUs and GPUs as its Ray resources, from the
-one catalog hetflow reads (`infra.catalog`). The head node takes no training worker (0 CPUs for
-Ray's scheduler). Every node gets this checkout (`file_mounts`) and installs it with the `gpu`
+one catalog hetflow reads (`infra.catalog`); a cluster rented on spot (`ClusterSpec.market`)
+asks EC2 for spot instances for its worker nodes. The head node takes no training worker (0
+CPUs for Ray's scheduler) and stays on-demand, so that an interruption never takes the
+cluster's head. Every node gets this checkout (`file_mounts`) and installs it with the `gpu`
 and `ray` extras. `ray up CONFIG` brings the cluster up; Ray's own schema checks the file
 (`validate`).
 """
@@ -59,7 +61,7 @@ def ray_cluster_config(
         info = catalog.info(instance_type)
         nodes = math.ceil(workers / info.devices)
         node_types[node_type_name(instance_type)] = {
-            "node_config": _node_config(instance_type, image_id),
+            "node_config": _node_config(instance_type, image_id, cluster.market),
             "resources": {"CPU": info.vcpus, **({"GPU": info.gpus} if info.gpus else {})},
             "labels": {NODE_LABEL: instance_type},
             "min_workers": nodes,
@@ -79,8 +81,11 @@ def ray_cluster_config(
     }
 
 
-def _node_config(instance_type: str, image_id: str | None) -> dict:
-    return {"InstanceType": instance_type, **({"ImageId": image_id} if image_id else {})}
+def _node_config(instance_type: str, image_id: str | None, market: str = "on-demand") -> dict:
+    """A node type's EC2 launch parameters; on spot, EC2's market options (RunInstances'
+    `InstanceMarketOptions`, which the launcher passes on)."""
+    spot = {"InstanceMarketOptions": {"MarketType": "spot"}} if market == "spot" else {}
+    return {"InstanceType": instance_type, **({"ImageId": image_id} if image_id else {}), **spot}
 
 
 def validate(config: dict) -> None:

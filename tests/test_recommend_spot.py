@@ -209,3 +209,20 @@ def test_a_budget_is_measured_against_the_cheapest_hour_of_the_markets_searched(
         code, data, _, _ = run([*flags, "--market", market], tmp_path, capsys)
         assert code == 0 and data["chosen"]["cost_usd"] <= 0.3
         assert data["chosen"]["market"] == "spot" or market == "both"
+
+
+def test_a_spot_choice_writes_its_market_into_the_cluster_file_and_the_ray_yaml(tmp_path, capsys):
+    """A spot recommendation is launched on spot: the cluster file says so (ClusterSpec reads
+    it back) and its Ray launcher YAML asks EC2 for spot worker nodes; on-demand asks for none."""
+    import yaml
+
+    from hetflow.config import ClusterSpec
+
+    one = ["--candidates", "g4dn.xlarge:2", "--global-batch", "256", "--steps", "1000"]
+    for market in ("spot", "on-demand"):
+        code, data, _, _ = run([*one, "--market", market], tmp_path, capsys)
+        assert code == 0 and data["chosen"]["market"] == market
+        assert ClusterSpec.from_file(tmp_path / "c.yaml").market == market
+        ray = yaml.safe_load((tmp_path / "c-ray.yaml").read_text())["available_node_types"]
+        options = ray["g4dn_xlarge"]["node_config"].get("InstanceMarketOptions")
+        assert options == ({"MarketType": "spot"} if market == "spot" else None)

@@ -137,9 +137,10 @@ def memory_notes(ranking: Ranking, batches: list[list[int]]) -> tuple[str, ...]:
 
 
 def cluster_file(rec: Ranking) -> dict:
-    """The chosen mix as a ClusterSpec mapping: one worker per GPU, named and noded by its
-    instance, with its instance type and the preset that emulates it (`hetflow demo --cluster`
-    takes it as is; `hetflow cluster config` makes its Ray launcher YAML). Where a type has no
+    """The chosen mix as a ClusterSpec mapping: the market it is rented in, one worker per GPU,
+    named and noded by its instance, with its instance type and the preset that emulates it
+    (`hetflow demo --cluster` takes it as is; `hetflow cluster config` makes its Ray launcher
+    YAML, spot nodes for a spot mix). Where a type has no
     preset (its curve was measured), every worker also gets `speed`: its curve's best samples/s
     over the fastest's (a preset worker's curve keeps its shape, the speeds their ratio)."""
     chosen = [(c, n) for c, n in zip(rec.cands, rec.best.counts, strict=True) if n]
@@ -158,4 +159,4 @@ def cluster_file(rec: Ranking) -> dict:
                 worker |= {"preset": c.preset} if c.preset else {}
                 worker |= {"speed": speeds[c.instance_type]} if speeds else {}
                 workers.append(worker | {"node": f"{stem}-{i}"})
-    return {"name": "recommended", "workers": workers}
+    return {"name": "recommended", "market": rec.best.market, "workers": workers}
