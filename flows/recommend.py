@@ -26,9 +26,11 @@ from hetflow.config import (
     RecommendJob,
     RecommendMarket,
     RecommendObjective,
+    RecommendRequest,
     RentableType,
     TrackingConfig,
     default_rentable,
+    validated,
 )
 from hetflow.flows.forms import by_size
 from hetflow.infra.tracking.tracker import MLflowTracker
@@ -54,18 +56,30 @@ def recommend(
     (`ray up` it), "mix": {type: instances}, "predicted_hours",
     "predicted_cost_usd", "mlflow_run_id", "mlflow_url"}.
     """
-    out = recommend_mix(job, candidates, objective, market, history)
+    request = validated(
+        RecommendRequest,
+        {
+            "job": job,
+            "candidates": candidates,
+            "objective": objective,
+            "market": market,
+            "history": history,
+        },
+        "request",
+    )
+    out = recommend_mix(request)
     run_id = record_recommendation(out, job, objective, tracking, market)
     tracker = MLflowTracker(tracking)
     links = tracker.links_markdown({"recommend": run_id})
+    cluster_yaml = out.rec.cluster_yaml()
     create_markdown_artifact(
-        out.markdown + "\n" + links + "\n\n```yaml\n" + out.cluster_yaml + "```\n",
+        out.rec.markdown() + "\n" + links + "\n\n```yaml\n" + cluster_yaml + "```\n",
         key="recommendation",
         description="the chosen mix and the best alternatives",
     )
-    print(out.summary)
+    print(out.rec.summary())
     return {
-        "cluster_file": out.cluster_yaml,
+        "cluster_file": cluster_yaml,
         "ray_config": out.ray_yaml,
         "mix": out.mix,
         "predicted_hours": out.hours,

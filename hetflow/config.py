@@ -41,6 +41,7 @@ from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     RecommendJob,
     RecommendMarket,
     RecommendObjective,
+    RecommendRequest,
     RentableType,
     SpotOverride,
     default_rentable,

@@ -272,7 +272,7 @@ def cmd_bench(args) -> int:
 
 def cmd_simulate(args) -> int:
     """The simulator parses its own flags: `hetflow simulate --help`."""
-    from hetflow.simulator.cli import main as simulate
+    from hetflow.cli.simulate import main as simulate
 
     return simulate(args.rest)
 
@@ -285,12 +285,11 @@ def cmd_cluster_config(args) -> int:
 
     from hetflow.config import ClusterSpec
     from hetflow.infra.catalog import Catalog
-    from hetflow.infra.ray_cluster import ray_cluster_config, validate
+    from hetflow.infra.ray_cluster import CHECKOUT, ray_cluster_config, validate
 
     cluster = ClusterSpec.from_file(args.cluster_file)
-    checkout = Path(__file__).resolve().parents[2]  # this checkout (an editable install)
     config = ray_cluster_config(
-        cluster, Catalog.for_cluster(cluster), checkout, args.region, args.image_id
+        cluster, Catalog.for_cluster(cluster), CHECKOUT, args.region, args.image_id
     )
     validate(config)
     text = yaml.safe_dump(config, sort_keys=False)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import time
 
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job, link_cluster
+from hetflow.forecast.clusters import profile_alpha_s, profile_workers
+from hetflow.forecast.job import MODELS, Job, Network
+from hetflow.forecast.step import StepPrediction, simulate_step
 from hetflow.records import Profile, RunResult
-from hetflow.simulator.clusters import profile_alpha_s, profile_workers
-from hetflow.simulator.model import MODELS, Job, Network
-from hetflow.simulator.step import StepPrediction, simulate_step
 
 HETERO_RUNS = ("baseline", "optimized")
 PROFILE_KEYS = (
