@@ -17,7 +17,7 @@ from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.tasks.history import store_learned
-from hetflow.training.launch.local import LaunchError, RankFailed
+from hetflow.training.launch.outcome import LaunchError, RankFailed
 from hetflow.training.launch.run import Ran, run_plan
 from hetflow.training.loop.optim import resolve_optimizer
 from hetflow.training.metrics import (

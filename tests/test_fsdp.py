@@ -16,7 +16,7 @@ from hetflow.cli import main
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job
 from hetflow.infra.s3 import ensure_bucket, filesystem
 from hetflow.records import Plan
-from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop import sharded
 from hetflow.training.loop.checkpoint import CheckpointStore

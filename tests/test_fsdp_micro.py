@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hetflow.config import ClusterSpec, TrainConfig, check_job
-from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.run import run_workers
 from hetflow.training.plan.planner import make_plan
 
 from tests.dist import run_ranks

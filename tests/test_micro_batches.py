@@ -18,7 +18,7 @@ from hetflow.cli import main
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job, validated
 from hetflow.records import Plan
 from hetflow.training.comm import ring_allreduce_bytes
-from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.run import run_workers
 from hetflow.training.plan.balance import balance_batches, micro_cost, micro_split
 from hetflow.training.plan.planner import make_plan, with_micro
 

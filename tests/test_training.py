@@ -17,7 +17,8 @@ from hetflow.infra.s3 import free_port
 from hetflow.records import CompressionMethod, Plan
 from hetflow.training.comm import DENSE_WARMUP_STEPS, allgather_bytes, ring_allreduce_bytes
 from hetflow.training.launch import local as launch
-from hetflow.training.launch.local import run_workers, torchrun_command, worker_env
+from hetflow.training.launch.local import torchrun_command, worker_env
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.planner import make_plan
 from hetflow.training.recipes import DataInfo, get_recipe, seeded_model

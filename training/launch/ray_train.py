@@ -31,6 +31,7 @@ from pathlib import Path
 from hetflow.config import ClusterSpec, ConfigError
 from hetflow.infra.preflight import ray_problem
 from hetflow.infra.s3 import LOCAL_CREDENTIALS, filesystem
+from hetflow.training.launch.outcome import Launched, LaunchError
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.balance import PlanError
 from hetflow.training.plan.planner import replan_without
@@ -112,9 +113,10 @@ def run_workers_ray(
     timeout_s: float = 1800,
     max_restarts: int = 3,
     placement_tries: int = PLACEMENT_TRIES,
-):
-    """Run `spec` on the Ray cluster of its cluster spec to completion: (result.json, wall
-    seconds), like `launch.run_workers`. Placement is checked before anything is placed.
+) -> Launched:
+    """Run `spec` on the Ray cluster of its cluster spec to completion: its result and wall
+    seconds. `spec` comes checked and placed by `run.run_workers`, its state in shared
+    storage (`with_shared_state`). Placement is checked before anything is placed.
 
     A node lost mid-run: Ray Train restarts the group (up to `max_restarts` times) and it
     resumes from the last checkpoint. Ray Train tries `placement_tries` times, each for Ray's
@@ -127,8 +129,6 @@ def run_workers_ray(
     with Ray Train's error where it fails otherwise.
     """
     import ray
-
-    from hetflow.training.launch.local import LaunchError
 
     connect(ray_address(spec.cluster))
     label_selectors(spec.cluster, ray.nodes())  # a one-line error before anything is placed
@@ -153,7 +153,7 @@ def run_workers_ray(
     else:
         raise LaunchError(f"Ray Train: the workers of {spec.run_name} could not be placed")
     wall = time.perf_counter() - t
-    return _read_result(spec, run_dir), wall
+    return Launched(_read_result(spec, run_dir), wall)
 
 
 def _fit(spec: RunSpec, attempt: int, max_restarts: int, placement_tries: int) -> None:
