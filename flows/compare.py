@@ -31,7 +31,7 @@ from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import MEASURED_NOW, prior_note, profile_for
 from hetflow.tasks.preflight import check_training, reach_services
 from hetflow.tasks.profile import resolve_instance_types
-from hetflow.tasks.train import launched_labels, train_variant
+from hetflow.tasks.train import launched_labels, train_task
 
 VARIANTS = ("baseline", "optimized")
 
@@ -110,7 +110,7 @@ def compare(
         parent = tracker.start_comparison(cluster, dataset, configs)
         for variant in VARIANTS:
             try:
-                outcomes[variant] = train_variant(
+                outcomes[variant] = train_task(train.faults)(
                     variant,
                     cluster,
                     dataset,

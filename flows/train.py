@@ -19,7 +19,7 @@ from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import profile_for
 from hetflow.tasks.preflight import check_training, reach_services
 from hetflow.tasks.profile import resolve_instance_types
-from hetflow.tasks.train import train_variant
+from hetflow.tasks.train import train_task
 
 PRESETS = ("baseline", "optimized")
 
@@ -34,8 +34,8 @@ def run_label(train: TrainConfig) -> str:
     return f"{train.schedule}+{train.compression}"
 
 
-# No flow-level retries: the train task retries a lost torchrun job itself, and a rank's own
-# exception is deterministic (a retry would profile and fail again).
+# No flow-level retries: the train task retries a lost launch itself (`train.faults`), and a
+# rank's own exception is deterministic (a retry would profile and fail again).
 @flow(name="train", log_prints=True)
 def train(
     train: Train = TrainConfig(),
@@ -59,7 +59,7 @@ def train(
         check_training(train, manifest=manifest)
         epoch_samples = manifest.splits["train"].samples
         profile = profile_for(cluster, dataset, train, [train], catalog)
-        outcome = train_variant(
+        outcome = train_task(train.faults)(
             label,
             cluster,
             dataset,

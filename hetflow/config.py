@@ -33,6 +33,7 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
 )
 from hetflow.config_cluster import ClusterSpec, WorkerSpec
 from hetflow.config_dataset import DatasetSpec, TrackingConfig  # noqa: F401 (re-exported)
+from hetflow.config_faults import FaultPolicy
 from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     DEADLINE_MARGIN,
     DEFAULT_RENTABLE,
@@ -249,6 +250,12 @@ class TrainConfig(ConfigModel):
         "slowest step, evaluation or checkpoint save.",
     )
     threads_per_rank: int = Field(1, ge=1, title="Torch threads per rank")
+    faults: FaultPolicy = Field(
+        default_factory=FaultPolicy,
+        title="Failures and retries",
+        description="Who retries what after a failure, how many times and after how long: "
+        "the launcher's group restarts, Ray's placement, the Prefect task's retries.",
+    )
 
     @field_validator("recipe")
     @classmethod

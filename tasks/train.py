@@ -7,7 +7,14 @@ from pathlib import Path
 from prefect import runtime, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrackingConfig, TrainConfig
+from hetflow.config import (
+    ClusterSpec,
+    ConfigError,
+    DatasetSpec,
+    FaultPolicy,
+    TrackingConfig,
+    TrainConfig,
+)
 from hetflow.figures import RunMetrics
 from hetflow.infra.catalog import Catalog, cost_usd
 from hetflow.infra.data.format import read_manifest
@@ -56,11 +63,12 @@ def worth_retrying(task, task_run, state) -> bool:
     return True
 
 
-def _will_retry(e: LaunchError) -> bool:
-    """Whether Prefect runs this train task again after `e` (see `worth_retrying`)."""
+def _will_retry(e: LaunchError, faults: FaultPolicy) -> bool:
+    """Whether Prefect runs this train task again after `e` (see `worth_retrying`), as
+    `train_task(faults)` retries it."""
     if isinstance(e, RankFailed) or not runtime.task_run.id:
         return False
-    return runtime.task_run.run_count <= train_variant.retries
+    return runtime.task_run.run_count <= faults.task_retries
 
 
 def failure_tags(e: LaunchError) -> dict[str, str]:
@@ -77,10 +85,13 @@ def failure_tags(e: LaunchError) -> dict[str, str]:
     }
 
 
+_DEFAULT_FAULTS = FaultPolicy()
+
+
 @task(
     task_run_name="train {variant}",
-    retries=1,
-    retry_delay_seconds=5,
+    retries=_DEFAULT_FAULTS.task_retries,
+    retry_delay_seconds=_DEFAULT_FAULTS.task_retry_delay_s,
     retry_condition_fn=worth_retrying,
 )
 def train_variant(
@@ -98,7 +109,8 @@ def train_variant(
 
     `variant` labels the run (MLflow run name and tag, run directory); `train` is what runs.
     Idempotent: a retry (or a re-run of the same flow run) reuses the run directory, so the
-    workers resume from the last checkpoint and the same MLflow run is completed.
+    workers resume from the last checkpoint and the same MLflow run is completed. Flows call
+    it as `train_task(train.faults)`, retried as the run's failure policy says.
     """
     manifest = read_manifest(dataset.url)
     recipe = check_recipe(train, manifest)
@@ -141,6 +153,14 @@ def train_variant(
     tracker.finish(run_id)
     _print_outcome(variant, ran.result, metrics, ran.wall_s)
     return outcome
+
+
+def train_task(faults: FaultPolicy):
+    """`train_variant` retried as the failure policy says: `task_retries` times,
+    `task_retry_delay_s` after a failure (`worth_retrying` decides which failures)."""
+    return train_variant.with_options(
+        retries=faults.task_retries, retry_delay_seconds=faults.task_retry_delay_s
+    )
 
 
 def log_trained_model(
@@ -232,7 +252,7 @@ def launch(
                 on_progress=progress,
             )
         except LaunchError as e:
-            if not _will_retry(e):  # a retry completes the same run
+            if not _will_retry(e, train.faults):  # a retry completes the same run
                 tracker.fail(run_id, str(e), failure_tags(e))
             raise
     progress(train.steps)

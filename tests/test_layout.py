@@ -27,12 +27,14 @@ ALLOWED = {
     "hetflow.config_dataset": {"hetflow.config_base"},
     "hetflow.config_cluster": {"hetflow.config_base", "hetflow.emulation"},
     "hetflow.config_recommend": {"hetflow.config_base"},
+    "hetflow.config_faults": {"hetflow.config_base"},
     "hetflow.config": {
         "hetflow.records",
         "hetflow.config_base",
         "hetflow.config_dataset",
         "hetflow.config_cluster",
         "hetflow.config_recommend",
+        "hetflow.config_faults",
     },
     "hetflow.emulation": set(),
     # the profile history's records and keys (`hetflow.history`), beside the config

@@ -60,15 +60,14 @@ def worker_env(spec: RunSpec) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(spec.train.threads_per_rank)}
 
 
-def run_torchrun(
-    spec: RunSpec, timeout_s: float = 1800, max_restarts: int = 3, on_progress=None
-) -> Launched:
+def run_torchrun(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
     """Write the job file, run torchrun to completion, return its result and wall seconds.
 
     `spec` comes checked and placed by `run.run_workers` (backend, precisions, submitted_at).
-    torchrun restarts the workers up to `max_restarts` times when one dies or stalls; they
-    resume from the last checkpoint. A rank that raises ends the job at once (`RankFailed`);
-    any other non-zero exit, or the job still running after `timeout_s`, is a `LaunchError`.
+    torchrun restarts the workers when one dies or stalls, as many times as the failure
+    policy says (`train.faults.group_restarts`); they resume from the last checkpoint. A
+    rank that raises ends the job at once (`RankFailed`); any other non-zero exit, or the job
+    still running after `timeout_s`, is a `LaunchError`.
     `on_progress(step)` is called about once a second with the last completed step (from
     rank 0's progress.json).
     """
@@ -80,7 +79,7 @@ def run_torchrun(
         spec.cluster.world_size,
         f"127.0.0.1:{free_port()}",
         rdzv_id=spec.run_name,
-        max_restarts=max_restarts,
+        max_restarts=spec.train.faults.group_restarts,
     )
     watch = JobWatch(run_dir, spec.train.stall_timeout_s)
     log = run_dir / "workers.log"

@@ -28,17 +28,15 @@ from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.ranks import RankMap, Stragglers
 
 
-def run_workers(
-    spec: RunSpec, timeout_s: float = 1800, max_restarts: int = 3, on_progress=None
-) -> Launched:
+def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
     """Run the job `spec` to completion under its cluster's launcher: (result.json, wall s).
 
     Each worker's device and precision are checked on this host first (`check_devices`),
     which also sets the backend: NCCL when every rank has a CUDA device of its own, else gloo;
     then the cores and MPS shares the workers ask for. A one-line ConfigError before anything
     is written. Under `launcher: ray` the job runs on Ray Train, its state in the dataset's
-    bucket; else under torchrun on this host. `max_restarts`: how many times the launcher
-    restarts the group after a worker dies; `on_progress`: `run_torchrun`'s.
+    bucket; else under torchrun on this host. Either restarts the group as the job's failure
+    policy says (`train.faults`); `on_progress`: `run_torchrun`'s.
     Raises the launchers' `LaunchError` (`RankFailed` when a rank raised)."""
     placement = check_devices(spec.cluster, spec.train)  # a one-line error before launch
     core_sets(spec.cluster, host_cores())  # the cores asked for exist here
@@ -51,8 +49,8 @@ def run_workers(
         }
     )
     if spec.cluster.launcher == "ray":
-        return run_workers_ray(with_shared_state(spec), timeout_s, max_restarts)
-    return run_torchrun(spec, timeout_s, max_restarts, on_progress)
+        return run_workers_ray(with_shared_state(spec), timeout_s)
+    return run_torchrun(spec, timeout_s, on_progress)
 
 
 def measure_profile(
