@@ -10,14 +10,13 @@ from hetflow.config import (
     DatasetSpec,
     TrackingConfig,
     TrainConfig,
-    check_job,
     default_cluster,
 )
 from hetflow.flows.forms import Cluster, Train
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import profile_for
-from hetflow.tasks.preflight import check_training, reach_services
+from hetflow.tasks.preflight import reach_services, validated_job
 from hetflow.tasks.profile import resolve_instance_types
 from hetflow.tasks.train import train_task
 
@@ -49,14 +48,13 @@ def train(
     `variant` only labels the run (MLflow run name and `variant` tag); empty: `run_label`.
     Returns {"run_id": the MLflow run, "metrics": the run's figures}.
     """
-    check_job(cluster, train)
-    check_training(train, cluster)
+    job = validated_job(cluster, [train])
     label = variant or run_label(train)
     reach_services(dataset, tracking)  # before anything is written: one line if a service is dead
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         manifest = ingest_dataset(dataset)
-        check_training(train, manifest=manifest)
+        job.check_data(manifest)
         epoch_samples = manifest.splits["train"].samples
         profile = profile_for(cluster, dataset, train, [train], catalog)
         outcome = train_task(train.faults)(

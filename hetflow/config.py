@@ -311,6 +311,12 @@ class TrainConfig(ConfigModel):
             return ("train.compression", method.name) if method.name in LOCAL_SGD else None
         return ("train.allow_local_sgd", "local SGD") if self.allow_local_sgd else None
 
+    def compared(self) -> dict[str, TrainConfig]:
+        """The configs a comparison runs, by variant: this config's knobs with each variant's
+        schedule and compression (`variant`)."""
+        knobs = self.model_dump(exclude={"schedule", "compression"})
+        return {v: TrainConfig.variant(v, **knobs) for v in ("baseline", "optimized")}
+
     @classmethod
     def variant(cls, name: Literal["baseline", "optimized"], **kw) -> TrainConfig:
         """The two variants of a job: baseline = equal split, no compression; optimized =

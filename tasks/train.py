@@ -37,7 +37,7 @@ from hetflow.training.metrics import (
 from hetflow.training.plan.balance import PlanError
 from hetflow.training.plan.planner import make_plan
 from hetflow.training.plan.ranks import RankMap
-from hetflow.training.recipes import DataInfo, Recipe, check_recipe
+from hetflow.training.recipes import DataInfo, Recipe, recipe_of
 from hetflow.training.recipes.export import input_example, trained_model
 
 
@@ -107,13 +107,14 @@ def train_variant(
 ) -> TrainOutcome:
     """Plan, run torchrun with MLflow system metrics on, then record the run in MLflow.
 
-    `variant` labels the run (MLflow run name and tag, run directory); `train` is what runs.
+    `variant` labels the run (MLflow run name and tag, run directory); `train` is what runs,
+    validated by the flow (`validated_job`, and its data by `ValidatedJob.check_data`).
     Idempotent: a retry (or a re-run of the same flow run) reuses the run directory, so the
     workers resume from the last checkpoint and the same MLflow run is completed. Flows call
     it as `train_task(train.faults)`, retried as the run's failure policy says.
     """
     manifest = read_manifest(dataset.url)
-    recipe = check_recipe(train, manifest)
+    recipe = recipe_of(train)  # checked, with the data, at the flow's entry (`validated_job`)
     train = resolve_optimizer(train, recipe)  # MLflow's params name the optimizer that ran
     plan: Plan = make_plan(profile, cluster, train)
     run_dir = stable_run_dir(variant)
