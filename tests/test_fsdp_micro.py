@@ -78,7 +78,9 @@ def sharded_micro_steps(rank: int, world: int, arg: dict) -> dict:
     from hetflow.training.comm import new_control_group
     from hetflow.training.devices import MixedPrecision
     from hetflow.training.loop import sharded
-    from hetflow.training.loop.step import MeanOverCounts, Net, Stepper
+    from hetflow.training.loop.net import Net
+    from hetflow.training.loop.step import Stepper
+    from hetflow.training.loop.weighting import MeanOverCounts
     from hetflow.training.recipes import seeded_model
 
     kind = arg["kind"]

@@ -147,7 +147,9 @@ def micro_gradients(rank: int, world: int, arg: dict) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from hetflow.training.comm import new_control_group
-    from hetflow.training.loop.step import MeanOverCounts, Stepper, split_batch
+    from hetflow.training.loop.micro import split_batch
+    from hetflow.training.loop.step import Stepper
+    from hetflow.training.loop.weighting import MeanOverCounts
 
     recipe = recipe_of(arg["padded"])
     model = seeded_model_on(recipe)
@@ -306,7 +308,9 @@ class _LocalDDP(torch.nn.Module):
 
 
 def _peak_saved_bytes(n: int, cap: int | None) -> int:
-    from hetflow.training.loop.step import MeanOverCounts, Stepper, split_batch
+    from hetflow.training.loop.micro import split_batch
+    from hetflow.training.loop.step import Stepper
+    from hetflow.training.loop.weighting import MeanOverCounts
     from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
     recipe = get_recipe("digits-cnn")
