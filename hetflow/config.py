@@ -33,6 +33,7 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
 )
 from hetflow.config_cluster import ClusterSpec, WorkerSpec
 from hetflow.config_dataset import DatasetSpec, TrackingConfig  # noqa: F401 (re-exported)
+from hetflow.config_faults import FaultPolicy
 from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     DEADLINE_MARGIN,
     DEFAULT_RENTABLE,
@@ -250,6 +251,12 @@ class TrainConfig(ConfigModel):
         "slowest step, evaluation or checkpoint save.",
     )
     threads_per_rank: int = Field(1, ge=1, title="Torch threads per rank")
+    faults: FaultPolicy = Field(
+        default_factory=FaultPolicy,
+        title="Failures and retries",
+        description="Who retries what after a failure, how many times and after how long: "
+        "the launcher's group restarts, Ray's placement, the Prefect task's retries.",
+    )
 
     @field_validator("recipe")
     @classmethod
@@ -304,6 +311,12 @@ class TrainConfig(ConfigModel):
         if method is not None:
             return ("train.compression", method.name) if method.name in LOCAL_SGD else None
         return ("train.allow_local_sgd", "local SGD") if self.allow_local_sgd else None
+
+    def compared(self) -> dict[str, TrainConfig]:
+        """The configs a comparison runs, by variant: this config's knobs with each variant's
+        schedule and compression (`variant`)."""
+        knobs = self.model_dump(exclude={"schedule", "compression"})
+        return {v: TrainConfig.variant(v, **knobs) for v in ("baseline", "optimized")}
 
     @classmethod
     def variant(cls, name: Literal["baseline", "optimized"], **kw) -> TrainConfig:

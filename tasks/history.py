@@ -23,7 +23,7 @@ from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem, local_s3_endpoint, profiles_root
 from hetflow.records import Profile, RunResult
 from hetflow.tasks.profile import profile_stamp
-from hetflow.training.launch.local import measure_profile
+from hetflow.training.launch.run import measure_profile
 from hetflow.training.launch.spec import default_profile_batches
 from hetflow.training.metrics import needs_profile
 from hetflow.training.plan.assemble import assemble, declared_link, sub_cluster, to_measure

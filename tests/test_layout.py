@@ -28,12 +28,14 @@ ALLOWED = {
     "hetflow.config_dataset": {"hetflow.config_base"},
     "hetflow.config_cluster": {"hetflow.config_base", "hetflow.emulation"},
     "hetflow.config_recommend": {"hetflow.config_base"},
+    "hetflow.config_faults": {"hetflow.config_base"},
     "hetflow.config": {
         "hetflow.records",
         "hetflow.config_base",
         "hetflow.config_dataset",
         "hetflow.config_cluster",
         "hetflow.config_recommend",
+        "hetflow.config_faults",
     },
     "hetflow.emulation": set(),
     "hetflow.output": set(),  # a command's JSON file and wide console: no hetflow below it

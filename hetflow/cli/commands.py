@@ -1,7 +1,8 @@
 """What each `hetflow` command does, once its flags are parsed.
 
-Every command validates its input first (`hetflow.cli.job`) and imports Prefect, MLflow and
-torch only after that: bad input is refused before anything slow is loaded or started.
+Every command validates its input first (`hetflow.cli.job`: into one value, which its flow
+finds again rather than checking twice) and probes the services once (`reachable`), and imports
+Prefect and MLflow only after that: bad input is refused before anything slow is started.
 """
 
 from __future__ import annotations
@@ -119,10 +120,10 @@ def start_flow_logs(args) -> None:
 
 
 def cmd_demo(args) -> int:
-    cluster, train, dataset = job_of(args)
+    cluster, train, dataset, job = job_of(args, compare=True)
     tracking = TrackingConfig()
     reachable(dataset.url, tracking, cluster)
-    before_flow(cluster, train, dataset)
+    before_flow(job, dataset)
     start_flow_logs(args)
     speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
     print(
@@ -146,9 +147,9 @@ def cmd_demo(args) -> int:
 def cmd_train(args) -> int:
     # the variant's preset batch schedule and gradient communication, the flags' other knobs;
     # the flow trains what it is given
-    cluster, cfg, dataset = job_of(args, variant=args.variant)
+    cluster, cfg, dataset, job = job_of(args, variant=args.variant)
     reachable(dataset.url, TrackingConfig(), cluster)
-    before_flow(cluster, cfg, dataset)
+    before_flow(job, dataset)
     start_flow_logs(args)
     from hetflow.flows.train import train as train_flow
 
@@ -159,9 +160,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    cluster, cfg, dataset = job_of(args)
+    cluster, cfg, dataset, job = job_of(args)
     reachable(dataset.url, TrackingConfig(), cluster)
-    before_flow(cluster, cfg, dataset)
+    before_flow(job, dataset)
     start_flow_logs(args)
     from hetflow.flows.profile_cluster import print_profile_report, profile_cluster
 
