@@ -33,6 +33,7 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
 )
 from hetflow.config_cluster import ClusterSpec, WorkerSpec
 from hetflow.config_dataset import DatasetSpec, TrackingConfig  # noqa: F401 (re-exported)
+from hetflow.config_diloco import DiLoCoConfig, check_rounds
 from hetflow.config_faults import FaultPolicy
 from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     DEADLINE_MARGIN,
@@ -120,12 +121,20 @@ class TrainConfig(ConfigModel):
         "(CUDA compute capability >= 8.0), fp16 with a loss scale shared by every rank on older "
         "GPUs, fp32 on a CPU.",
     )
-    strategy: Literal["ddp", "fsdp"] = Field(
+    strategy: Literal["ddp", "fsdp", "diloco"] = Field(
         "ddp",
         title="Data parallelism",
         description="'ddp': every worker holds the whole model, gradient and optimizer state; "
         "'fsdp': they are sharded across the workers (torch's FSDP2), each worker still with "
-        "its own share of the batch; plain gradient communication only (docs/fsdp.md).",
+        "its own share of the batch; plain gradient communication only (docs/fsdp.md); "
+        "'diloco': rounds of local steps, as many per worker as its speed allows, then an "
+        "outer step on the sample-weighted average of the changes (docs/diloco.md).",
+    )
+    diloco: DiLoCoConfig = Field(
+        DiLoCoConfig(),
+        title="DiLoCo rounds",
+        description="The rounds of strategy 'diloco': their length, the outer step, how the "
+        "change is sent, bounded staleness.",
     )
     accumulate: Literal["off", "auto"] = Field(
         "off",
@@ -321,12 +330,20 @@ class TrainConfig(ConfigModel):
     @classmethod
     def variant(cls, name: Literal["baseline", "optimized"], **kw) -> TrainConfig:
         """The two variants of a job: baseline = equal split, no compression; optimized =
-        re-balanced, compression 'auto' (none under fsdp, which has no comm hook to compress)."""
-        fsdp = kw.get("strategy") == "fsdp"
+        re-balanced, compression 'auto' (none under fsdp, which has no comm hook to compress).
+        Under diloco the baseline is the sized synchronous run (DDP, re-balanced, 'auto') and
+        the optimized variant the rounds, re-balanced."""
+        strategy = kw.get("strategy")
         knobs = {
             "baseline": {"schedule": "equal", "compression": "none"},
-            "optimized": {"schedule": "dynamic", "compression": "none" if fsdp else "auto"},
+            "optimized": {
+                "schedule": "dynamic",
+                "compression": "none" if strategy in ("fsdp", "diloco") else "auto",
+            },
         }[name]
+        if strategy == "diloco" and name == "baseline":
+            knobs = {"strategy": "ddp", "schedule": "dynamic", "compression": "auto"}
+            knobs |= {"diloco": DiLoCoConfig()}
         return cls(**{**kw, **knobs})
 
 
@@ -349,6 +366,7 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
         )
     if train.strategy == "fsdp":
         check_fsdp(cluster, train)
+    check_rounds(train, fp16_fields(cluster, train))
     local = train.local_sgd()  # (field, method name) where local SGD may run
     if train.nonfinite == "skip" and local is not None:
         raise ConfigError(

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config_base import ConfigModel, finite_positive, load_mapping
+from hetflow.emulation.links import LINKS
 from hetflow.emulation.presets import PRESETS, knee_shape
 
 # The emulator's noise by default (`ClusterSpec.jitter`, `.pauses`): what a real CPU worker
@@ -41,6 +42,12 @@ class WorkerSpec(ConfigModel):
     )
     link_latency_ms: SkipJsonSchema[float] = Field(
         0.0, ge=0, title="Link latency, ms (emulation)", description="Added per collective."
+    )
+    link: str | None = Field(
+        None,
+        title="Link preset (emulation)",
+        description=f"One of {', '.join(LINKS)} (hetflow/emulation/links.py cites each): sets "
+        "link_gbps and the latency per collective, unless they are given.",
     )
     memory_cap_batch: SkipJsonSchema[int | None] = Field(
         None, ge=1, title="Max local batch", description="Largest local batch that fits memory."
@@ -110,6 +117,22 @@ class WorkerSpec(ConfigModel):
         if v is not None and v not in PRESETS:
             raise ValueError(f"{v!r} is not one of {', '.join(PRESETS)}")
         return v
+
+    @field_validator("link")
+    @classmethod
+    def _link_preset(cls, v: str | None) -> str | None:
+        if v is not None and v not in LINKS:
+            raise ValueError(f"{v!r} is not one of {', '.join(LINKS)}")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _link_figures(cls, data):
+        """A link preset's bandwidth and latency, where the worker gives none of its own."""
+        if isinstance(data, dict) and data.get("link") in LINKS:
+            link = LINKS[data["link"]]
+            data = {"link_gbps": link.gbps, "link_latency_ms": link.latency_ms, **data}
+        return data
 
     @model_validator(mode="before")
     @classmethod

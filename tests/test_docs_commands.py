@@ -76,6 +76,10 @@ def bench_parser(name: str, rest: list[str]):
         from benchmarks.gpu_all import parser
 
         return parser()
+    if name == "diloco":
+        from benchmarks.diloco import parser
+
+        return parser()
     if "--train" in rest:
         from benchmarks import data_train
 

@@ -29,6 +29,7 @@ ALLOWED = {
     "hetflow.config_cluster": {"hetflow.config_base", "hetflow.emulation"},
     "hetflow.config_recommend": {"hetflow.config_base"},
     "hetflow.config_faults": {"hetflow.config_base"},
+    "hetflow.config_diloco": {"hetflow.config_base"},
     "hetflow.config": {
         "hetflow.records",
         "hetflow.config_base",
@@ -36,6 +37,7 @@ ALLOWED = {
         "hetflow.config_cluster",
         "hetflow.config_recommend",
         "hetflow.config_faults",
+        "hetflow.config_diloco",
     },
     "hetflow.emulation": set(),
     "hetflow.output": set(),  # a command's JSON file and wide console: no hetflow below it

@@ -19,7 +19,18 @@ from hetflow.cli.job import ingest_of, job_of
 from hetflow.config import ConfigError, TrackingConfig
 from hetflow.output import write_json
 
-BENCHMARKS = ("hetero", "comm", "data", "host", "noise", "lr_rule", "recommend", "fsdp", "gpu_all")
+BENCHMARKS = (
+    "hetero",
+    "comm",
+    "data",
+    "host",
+    "noise",
+    "lr_rule",
+    "recommend",
+    "fsdp",
+    "gpu_all",
+    "diloco",
+)
 
 
 def _print_table(

@@ -129,7 +129,9 @@ def add_strategy_arg(p: argparse.ArgumentParser) -> None:
         choices=choices(TrainConfig, "strategy"),
         default=TRAIN.strategy,
         help="ddp: every worker holds the whole model; fsdp: parameters, gradients and "
-        "optimizer state sharded across the workers (torch's FSDP2), plain all-reduce only",
+        "optimizer state sharded across the workers (torch's FSDP2), plain all-reduce only; "
+        "diloco: rounds of local steps by speed, then one weighted outer step (the demo "
+        "compares them with the sized synchronous run)",
     )
 
 

@@ -12,6 +12,7 @@ from hetflow.training.devices import to_device
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.micro import micro_cap, micro_count, split_batch
 from hetflow.training.loop.net import Net
+from hetflow.training.loop.rounds import RoundStepper, round_inner_batch
 from hetflow.training.loop.state import LoopState
 from hetflow.training.loop.step import Stepper
 from hetflow.training.loop.step_times import SharedStepTimes
@@ -58,6 +59,9 @@ class LoopStepper:
         self.shared = shared
         cap = micro_cap(spec, ctx.rank)
         self.stepper = Stepper(net, emu, mean, ctx.amp, ctx.counter, recipe, cap)
+        if net.strategy == "diloco":  # a step is a round of inner steps
+            inner = round_inner_batch(spec)
+            self.stepper = RoundStepper(net, emu, ctx.amp, ctx.counter, recipe, inner)
         self.base_slowdown = emu.slowdown
         self.s3_bytes_seen = ctx.data.cache.stats.bytes_read  # before the run's reads (trials')
         self.reader = ctx.data.reader(ctx.rank, spec.train.seed)  # its share of each step
@@ -108,6 +112,7 @@ class LoopStepper:
             bytes_sent=nbytes,
             s3_bytes=self.s3_bytes_since_last(),
             micro_batches=micro_count(len(ys), self.stepper.cap),
+            inner_steps=getattr(self.stepper, "inner_steps", 0),
         )
 
     def idle_step(self, step: int, state: LoopState) -> StepRecord:

@@ -29,6 +29,7 @@ from hetflow.training.loop.net import build_net
 from hetflow.training.loop.optim import build_scheduler, resolve_optimizer, step_scheduler
 from hetflow.training.loop.progress import ProgressFile, note_recovery
 from hetflow.training.loop.rebalancing import Rebalancing, share_every
+from hetflow.training.loop.rounds import build_round_net
 from hetflow.training.loop.step_times import SharedStepTimes
 from hetflow.training.loop.stepper import LoopStepper
 from hetflow.training.loop.trials import resolve_compression
@@ -79,7 +80,8 @@ class TrainingLoop:
         self.timeline = Timeline()
         self.trials = self.choose_compression()  # 'auto': self.spec's plan now has it
         device = self.amp.device
-        self.net = build_net(self.spec, self.data, self.emu, self.recipe, device, rank=self.rank)
+        build = build_round_net if self.cfg.strategy == "diloco" else build_net
+        self.net = build(self.spec, self.data, self.emu, self.recipe, device, rank=self.rank)
         self.stepper = LoopStepper(
             ctx, self.spec, self.net, self.emu, self.mean, self.recipe, self.shared
         )
