@@ -80,6 +80,10 @@ def bench_parser(name: str, rest: list[str]):
         from benchmarks.diloco import parser
 
         return parser()
+    if name == "queue":
+        from benchmarks.queue import parser
+
+        return parser()
     if "--train" in rest:
         from benchmarks import data_train
 

@@ -30,6 +30,7 @@ ALLOWED = {
     "hetflow.config_recommend": {"hetflow.config_base"},
     "hetflow.config_faults": {"hetflow.config_base"},
     "hetflow.config_diloco": {"hetflow.config_base"},
+    "hetflow.config_queue": {"hetflow.config", "hetflow.config_base", "hetflow.emulation"},
     "hetflow.config": {
         "hetflow.records",
         "hetflow.config_base",
@@ -63,6 +64,8 @@ ALLOWED = {
         "hetflow.training",
     },
     "hetflow.tasks": {
+        "hetflow.config_queue",
+        "hetflow.queue",
         "hetflow.figures",
         "hetflow.records",
         "hetflow.config",
@@ -71,7 +74,11 @@ ALLOWED = {
         "hetflow.forecast",
         "hetflow.training",
     },
+    # the queue's allocator and replay: pure, over the plan's balanced step
+    "hetflow.queue": {"hetflow.training"},
     "hetflow.flows": {
+        "hetflow.config_queue",
+        "hetflow.queue",
         "hetflow.figures",
         "hetflow.records",
         "hetflow.config",
@@ -220,6 +227,26 @@ def test_the_purity_rule_sees_an_import_inside_a_function():
         "hetflow.training.loop",
         "torch.nn",
     ]
+
+
+QUEUE_ROOM = "hetflow.queue"
+
+
+@pytest.mark.parametrize(
+    "module, path",
+    [(m, p) for m, p in sources() if m.startswith(QUEUE_ROOM)],
+    ids=[m for m, _ in sources() if m.startswith(QUEUE_ROOM)],
+)
+def test_the_queue_room_is_pure(module, path):
+    """The allocator imports no torch, Prefect or MLflow, and of hetflow only itself and the
+    plan (pure)."""
+    bad = sorted(
+        n
+        for n in all_imports(ast.parse(path.read_text()))
+        if n.split(".")[0] in {"torch", "prefect", "mlflow", "boto3", "s3fs"}
+        or (n.startswith("hetflow") and not n.startswith((QUEUE_ROOM, PLAN)))
+    )
+    assert not bad, f"{module} imports {bad}"
 
 
 def test_the_layer_rule_catches_an_upward_import():

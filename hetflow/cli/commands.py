@@ -30,6 +30,7 @@ BENCHMARKS = (
     "fsdp",
     "gpu_all",
     "diloco",
+    "queue",
 )
 
 
