@@ -24,7 +24,7 @@ def add_queue_args(sub, command) -> None:
     qsub = q.add_subparsers(dest="queue_command", required=True, metavar="COMMAND", help="what")
     s = command(qsub, "submit", "queue a training job")
     s.add_argument("name", metavar="NAME", help="unique in the queue")
-    s.add_argument("--priority", default="normal", help="high, normal or low (default: normal)")
+    s.add_argument("--priority", default="normal", help="high, normal or low")
     s.add_argument("--recipe", default="digits-cnn", help="a built-in or package.module:Name")
     s.add_argument("--steps", type=int, default=60, help="optimizer steps (default: 60)")
     s.add_argument("--global-batch", type=int, default=128, help="samples a step (default: 128)")
