@@ -26,10 +26,10 @@ def add_queue_args(sub, command) -> None:
     s.add_argument("name", metavar="NAME", help="unique in the queue")
     s.add_argument("--priority", default="normal", help="high, normal or low")
     s.add_argument("--recipe", default="digits-cnn", help="a built-in or package.module:Name")
-    s.add_argument("--steps", type=int, default=60, help="optimizer steps (default: 60)")
-    s.add_argument("--global-batch", type=int, default=128, help="samples a step (default: 128)")
+    s.add_argument("--steps", type=int, default=60, help="optimizer steps")
+    s.add_argument("--global-batch", type=int, default=128, help="samples a step")
     s.add_argument(
-        "--checkpoint-every", type=int, default=20, help="the queue moves it only here (20)"
+        "--checkpoint-every", type=int, default=20, help="the queue moves it only at a checkpoint"
     )
     s.add_argument("--memory-gb", type=float, default=0.5, help="what one worker must hold")
     s.add_argument(
