@@ -43,7 +43,7 @@ class WorkerSpec(ConfigModel):
     link_latency_ms: SkipJsonSchema[float] = Field(
         0.0, ge=0, title="Link latency, ms (emulation)", description="Added per collective."
     )
-    link: str | None = Field(
+    link: SkipJsonSchema[str | None] = Field(
         None,
         title="Link preset (emulation)",
         description=f"One of {', '.join(LINKS)} (hetflow/emulation/links.py cites each): sets "
