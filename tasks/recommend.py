@@ -13,9 +13,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from hetflow.config import (
-    RecommendJob,
     RecommendMarket,
-    RecommendObjective,
     RecommendRequest,
     TrackingConfig,
 )
@@ -84,16 +82,13 @@ def recommend_mix(request: RecommendRequest) -> Recommended:
 
 @task(task_run_name="record the recommendation in MLflow", cache_policy=NO_CACHE)
 def record_recommendation(
-    out: Recommended,
-    job: RecommendJob,
-    objective: RecommendObjective,
-    tracking: TrackingConfig,
-    market: RecommendMarket,
+    out: Recommended, request: RecommendRequest, tracking: TrackingConfig
 ) -> str:
-    """An MLflow run named 'recommend': the job, objective and market as params, the chosen
-    mix's predicted (on spot: expected) time and cost, its expected interruptions and time
+    """An MLflow run named 'recommend': the request's job, objective and market as params, the
+    chosen mix's predicted (on spot: expected) time and cost, its expected interruptions and time
     without them as metrics, the table (markdown), the figures (JSON), the cluster file and
     the plot of cost against time as artifacts. Its id."""
+    job, objective, market = request.job, request.objective, request.market
     tracker = MLflowTracker(tracking)
     tags = {"variant": "recommend", "recipe": job.recipe, **tracker.flow_run_tags()}
     run = tracker.client.create_run(tracker.experiment_id(), run_name="recommend", tags=tags)

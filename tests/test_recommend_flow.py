@@ -124,12 +124,11 @@ def test_the_recommend_run_lands_in_a_model_training_experiment(tmp_path):
     from hetflow.infra.tracking.tracker import EXPERIMENT_KIND, MODEL_TRAINING
     from hetflow.tasks.recommend import recommend_mix, record_recommendation
 
-    job, objective, market = RecommendJob(steps=100), RecommendObjective(), RecommendMarket()
-    request = RecommendRequest(job=job, candidates=default_rentable(), objective=objective)
+    request = RecommendRequest(job=RecommendJob(steps=100), candidates=default_rentable())
     out = recommend_mix.fn(request)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking = TrackingConfig(tracking_uri=uri, experiment="renting")
-    run_id = record_recommendation.fn(out, job, objective, tracking, market)
+    run_id = record_recommendation.fn(out, request, tracking)
     client = MlflowClient(uri)
     exp = client.get_experiment(client.get_run(run_id).info.experiment_id)
     assert exp.name == "renting" and exp.tags[EXPERIMENT_KIND] == MODEL_TRAINING
