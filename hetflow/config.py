@@ -33,6 +33,8 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
 )
 from hetflow.config_cluster import ClusterSpec, WorkerSpec
 from hetflow.config_dataset import DatasetSpec, TrackingConfig  # noqa: F401 (re-exported)
+from hetflow.config_diloco import DiLoCoConfig, check_rounds
+from hetflow.config_faults import FaultPolicy
 from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     DEADLINE_MARGIN,
     DEFAULT_RENTABLE,
@@ -41,6 +43,7 @@ from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     RecommendJob,
     RecommendMarket,
     RecommendObjective,
+    RecommendRequest,
     RentableType,
     SpotOverride,
     default_rentable,
@@ -118,12 +121,20 @@ class TrainConfig(ConfigModel):
         "(CUDA compute capability >= 8.0), fp16 with a loss scale shared by every rank on older "
         "GPUs, fp32 on a CPU.",
     )
-    strategy: Literal["ddp", "fsdp"] = Field(
+    strategy: Literal["ddp", "fsdp", "diloco"] = Field(
         "ddp",
         title="Data parallelism",
         description="'ddp': every worker holds the whole model, gradient and optimizer state; "
         "'fsdp': they are sharded across the workers (torch's FSDP2), each worker still with "
-        "its own share of the batch; plain gradient communication only (docs/fsdp.md).",
+        "its own share of the batch; plain gradient communication only (docs/fsdp.md); "
+        "'diloco': rounds of local steps, as many per worker as its speed allows, then an "
+        "outer step on the sample-weighted average of the changes (docs/diloco.md).",
+    )
+    diloco: DiLoCoConfig = Field(
+        DiLoCoConfig(),
+        title="DiLoCo rounds",
+        description="The rounds of strategy 'diloco': their length, the outer step, how the "
+        "change is sent, bounded staleness.",
     )
     accumulate: Literal["off", "auto"] = Field(
         "off",
@@ -249,6 +260,12 @@ class TrainConfig(ConfigModel):
         "slowest step, evaluation or checkpoint save.",
     )
     threads_per_rank: int = Field(1, ge=1, title="Torch threads per rank")
+    faults: FaultPolicy = Field(
+        default_factory=FaultPolicy,
+        title="Failures and retries",
+        description="Who retries what after a failure, how many times and after how long: "
+        "the launcher's group restarts, Ray's placement, the Prefect task's retries.",
+    )
 
     @field_validator("recipe")
     @classmethod
@@ -304,15 +321,29 @@ class TrainConfig(ConfigModel):
             return ("train.compression", method.name) if method.name in LOCAL_SGD else None
         return ("train.allow_local_sgd", "local SGD") if self.allow_local_sgd else None
 
+    def compared(self) -> dict[str, TrainConfig]:
+        """The configs a comparison runs, by variant: this config's knobs with each variant's
+        schedule and compression (`variant`)."""
+        knobs = self.model_dump(exclude={"schedule", "compression"})
+        return {v: TrainConfig.variant(v, **knobs) for v in ("baseline", "optimized")}
+
     @classmethod
     def variant(cls, name: Literal["baseline", "optimized"], **kw) -> TrainConfig:
         """The two variants of a job: baseline = equal split, no compression; optimized =
-        re-balanced, compression 'auto' (none under fsdp, which has no comm hook to compress)."""
-        fsdp = kw.get("strategy") == "fsdp"
+        re-balanced, compression 'auto' (none under fsdp, which has no comm hook to compress).
+        Under diloco the baseline is the sized synchronous run (DDP, re-balanced, 'auto') and
+        the optimized variant the rounds, re-balanced."""
+        strategy = kw.get("strategy")
         knobs = {
             "baseline": {"schedule": "equal", "compression": "none"},
-            "optimized": {"schedule": "dynamic", "compression": "none" if fsdp else "auto"},
+            "optimized": {
+                "schedule": "dynamic",
+                "compression": "none" if strategy in ("fsdp", "diloco") else "auto",
+            },
         }[name]
+        if strategy == "diloco" and name == "baseline":
+            knobs = {"strategy": "ddp", "schedule": "dynamic", "compression": "auto"}
+            knobs |= {"diloco": DiLoCoConfig()}
         return cls(**{**kw, **knobs})
 
 
@@ -335,6 +366,7 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
         )
     if train.strategy == "fsdp":
         check_fsdp(cluster, train)
+    check_rounds(train, fp16_fields(cluster, train))
     local = train.local_sgd()  # (field, method name) where local SGD may run
     if train.nonfinite == "skip" and local is not None:
         raise ConfigError(

@@ -12,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config_base import ConfigModel, finite_positive, load_mapping
+from hetflow.emulation.links import LINKS
 from hetflow.emulation.presets import PRESETS, knee_shape
 
 # The emulator's noise by default (`ClusterSpec.jitter`, `.pauses`): what a real CPU worker
@@ -41,6 +42,12 @@ class WorkerSpec(ConfigModel):
     )
     link_latency_ms: SkipJsonSchema[float] = Field(
         0.0, ge=0, title="Link latency, ms (emulation)", description="Added per collective."
+    )
+    link: SkipJsonSchema[str | None] = Field(
+        None,
+        title="Link preset (emulation)",
+        description=f"One of {', '.join(LINKS)} (hetflow/emulation/links.py cites each): sets "
+        "link_gbps and the latency per collective, unless they are given.",
     )
     memory_cap_batch: SkipJsonSchema[int | None] = Field(
         None, ge=1, title="Max local batch", description="Largest local batch that fits memory."
@@ -111,6 +118,22 @@ class WorkerSpec(ConfigModel):
             raise ValueError(f"{v!r} is not one of {', '.join(PRESETS)}")
         return v
 
+    @field_validator("link")
+    @classmethod
+    def _link_preset(cls, v: str | None) -> str | None:
+        if v is not None and v not in LINKS:
+            raise ValueError(f"{v!r} is not one of {', '.join(LINKS)}")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _link_figures(cls, data):
+        """A link preset's bandwidth and latency, where the worker gives none of its own."""
+        if isinstance(data, dict) and data.get("link") in LINKS:
+            link = LINKS[data["link"]]
+            data = {"link_gbps": link.gbps, "link_latency_ms": link.latency_ms, **data}
+        return data
+
     @model_validator(mode="before")
     @classmethod
     def _preset_speed(cls, data):
@@ -147,7 +170,8 @@ class WorkerSpec(ConfigModel):
 
 
 class ClusterSpec(ConfigModel):
-    """The workers of one job, and how this machine emulates them."""
+    """The workers of one job, and how this machine emulates them; in a cluster file also
+    `market`, where cloud instances are rented (on-demand or spot)."""
 
     name: str = Field("local", title="Cluster name")
     workers: list[WorkerSpec] = Field(min_length=1, title="Workers")
@@ -195,6 +219,13 @@ class ClusterSpec(ConfigModel):
         title="Ray address",
         description="'auto', HOST:6379 or ray://HOST:10001; empty: $RAY_ADDRESS where the flow "
         "runs (the Prefect worker's), else 'auto'.",
+    )
+    market: SkipJsonSchema[Literal["on-demand", "spot"]] = Field(
+        "on-demand",
+        title="Market",
+        description="Where the workers' cloud instances are rented: 'on-demand' or 'spot' "
+        "(`hetflow recommend` writes the market it chose; the Ray launcher's YAML asks for spot "
+        "nodes). Set in the cluster file; nothing on this machine depends on it.",
     )
 
     @model_validator(mode="after")

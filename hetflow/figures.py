@@ -41,6 +41,9 @@ class RankFigures(_Figures):
     idle_s: float | None = None
     samples_per_s: float | None = Field(None, description="Samples over its compute time.")
     comm_bytes: float | None = Field(None, description="Bytes on the wire (a share of a ring's).")
+    inner_steps_per_round: float | None = Field(
+        None, description="Strategy 'diloco': its mean inner steps per round."
+    )
     cost_usd: float | None = None
     state_bytes: int | None = Field(
         None, description="Parameters, gradients and optimizer state it held (its shards: fsdp)."
@@ -61,6 +64,7 @@ class RunMetrics(_Figures):
     comm_bytes_total: float = 0.0
     comm_bytes_per_step: float = 0.0
     steps: int = 0
+    rounds: int | None = Field(None, description="Strategy 'diloco': the rounds run (its steps).")
     replans: int = 0
     restarts: int = 0
     steps_redone: int = 0

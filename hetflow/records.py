@@ -287,6 +287,9 @@ class StepRecord(_Record):
     micro_batches: int = Field(
         1, description="The micro-batches the batch ran as, one backward each (train.accumulate)."
     )
+    inner_steps: int = Field(
+        0, description="Strategy 'diloco': the inner steps this rank took in the round."
+    )
 
 
 class PlanChange(_Record):

@@ -113,19 +113,21 @@ def test_known_sets_are_lists_with_the_catalogs_values(schemas):
 
 
 def test_recommend_lists_exactly_what_it_can_price_and_time(schemas):
-    from hetflow.training.plan import rental
-    from hetflow.training.plan.models import MODELS, NAMES, OLD_NAMES
-    from hetflow.training.plan.recommend import Job
+    from hetflow.forecast import rental
+    from hetflow.forecast.models import MODELS, NAMES, OLD_NAMES
+    from hetflow.forecast.search import Job
+    from hetflow.infra.market import load_market
 
+    market = load_market()
     form = fields(schemas["recommend"])
     assert listed(form["job.recipe"]) == list(NAMES)  # each model once, by its recipe's name
     assert set(NAMES) | set(OLD_NAMES) == set(MODELS)
     offered = listed(form["candidates[].instance_type"])
-    job = Job(rental.model_of("resnet50"), 8, 1)
-    rental.candidates([(t, 1) for t in offered], job)  # every one listed can be recommended
+    job = Job(rental.model_of("resnet50"), global_batch=8, steps=1)
+    rental.candidates([(t, 1) for t in offered], job, market)  # every one listed can be recommended
     for t in set(load_snapshot()) - set(offered):
         with pytest.raises(rental.RecommendError):
-            rental.candidates([(t, 1)], job)
+            rental.candidates([(t, 1)], job, market)
 
 
 def test_descriptions_state_contracts_not_lab_notes(schemas):
@@ -138,7 +140,7 @@ def test_descriptions_state_contracts_not_lab_notes(schemas):
 
 def test_the_forms_restart_default_is_the_spot_models():
     from hetflow.config import RecommendMarket
-    from hetflow.training.plan.spot import SPOT_RESTART_S
+    from hetflow.forecast.spot import SPOT_RESTART_S
 
     said = RecommendMarket.model_fields["restart_s"].description
     assert f"empty: {SPOT_RESTART_S:g} s," in said

@@ -33,6 +33,9 @@ def summarize(
     ranks = sorted(result.ranks, key=lambda r: r.rank)
     lead = ranks[0]
     steps = len(lead.records)
+    rounds = steps if any(rec.inner_steps for rec in lead.records) else None
+    if rounds:  # strategy 'diloco': a step is a round, of every rank's samples
+        global_batch = sum(r.records[0].batch for r in ranks)
     step_times = [r.step_s for r in lead.records]
     loop = sum(step_times)
     timed = step_times[THROUGHPUT_SKIP_STEPS:] or step_times
@@ -50,6 +53,7 @@ def summarize(
         comm_bytes_total=bytes_total,
         comm_bytes_per_step=bytes_total / steps,
         steps=steps,
+        rounds=rounds,
         replans=len(lead.replans),
         restarts=lead.recovery.restarts,
         steps_redone=lead.recovery.steps_redone,
@@ -179,6 +183,9 @@ def _rank_figures(r: RankResult) -> RankFigures:
         local_batch=recs[-1].batch,
         samples_per_s=samples / compute if compute else 0.0,
         comm_bytes=sum(x.bytes_sent for x in recs),
+        inner_steps_per_round=sum(x.inner_steps for x in recs) / len(recs)
+        if any(x.inner_steps for x in recs)
+        else None,
         state_bytes=r.state_bytes,
         peak_memory_bytes=r.peak_device_bytes,
     )

@@ -28,7 +28,9 @@ def add_queue_args(sub, command) -> None:
     s.add_argument("--recipe", default="digits-cnn", help="a built-in or package.module:Name")
     s.add_argument("--steps", type=int, default=60, help="optimizer steps")
     s.add_argument("--global-batch", type=int, default=128, help="samples a step")
-    s.add_argument("--checkpoint-every", type=int, default=20, help="the queue moves it only here")
+    s.add_argument(
+        "--checkpoint-every", type=int, default=20, help="the queue moves it only at a checkpoint"
+    )
     s.add_argument("--memory-gb", type=float, default=0.5, help="what one worker must hold")
     s.add_argument(
         "--arrive-after-s", type=float, default=0.0, help="seconds after the session starts"

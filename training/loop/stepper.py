@@ -10,19 +10,25 @@ from hetflow.records import StepRecord
 from hetflow.training.comm import finish_optimizer
 from hetflow.training.devices import to_device
 from hetflow.training.launch.spec import RunSpec
+from hetflow.training.loop.micro import micro_cap, micro_count, split_batch
+from hetflow.training.loop.net import Net
+from hetflow.training.loop.rounds import RoundStepper, round_inner_batch
 from hetflow.training.loop.state import LoopState
-from hetflow.training.loop.step import (
-    MeanOverCounts,
-    Net,
-    Stepper,
-    micro_cap,
-    micro_count,
-    split_batch,
-    straggler_factor,
-)
+from hetflow.training.loop.step import Stepper
 from hetflow.training.loop.step_times import SharedStepTimes
+from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import Recipe
+
+
+def straggler_factor(stragglers: list[tuple[int, int, float]], rank: int, step: int) -> float:
+    """The factor on `rank`'s slowdown at `step`: that of the last (rank, onset, factor) entry
+    for this rank whose onset has come, in the order listed; 1.0 before any."""
+    factor = 1.0
+    for r, at, f in stragglers:
+        if r == rank and step >= at:
+            factor = f
+    return factor
 
 
 class LoopStepper:
@@ -53,6 +59,9 @@ class LoopStepper:
         self.shared = shared
         cap = micro_cap(spec, ctx.rank)
         self.stepper = Stepper(net, emu, mean, ctx.amp, ctx.counter, recipe, cap)
+        if net.strategy == "diloco":  # a step is a round of inner steps
+            inner = round_inner_batch(spec)
+            self.stepper = RoundStepper(net, emu, ctx.amp, ctx.counter, recipe, inner)
         self.base_slowdown = emu.slowdown
         self.s3_bytes_seen = ctx.data.cache.stats.bytes_read  # before the run's reads (trials')
         self.reader = ctx.data.reader(ctx.rank, spec.train.seed)  # its share of each step
@@ -103,6 +112,7 @@ class LoopStepper:
             bytes_sent=nbytes,
             s3_bytes=self.s3_bytes_since_last(),
             micro_batches=micro_count(len(ys), self.stepper.cap),
+            inner_steps=getattr(self.stepper, "inner_steps", 0),
         )
 
     def idle_step(self, step: int, state: LoopState) -> StepRecord:

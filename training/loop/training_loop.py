@@ -25,13 +25,15 @@ from hetflow.training.launch.spec import emulator_for, node_id, since_submit
 from hetflow.training.loop.checkpointer import Checkpointer, CheckpointParts
 from hetflow.training.loop.evaluator import Evaluator
 from hetflow.training.loop.membership import Membership
+from hetflow.training.loop.net import build_net
 from hetflow.training.loop.optim import build_scheduler, resolve_optimizer, step_scheduler
 from hetflow.training.loop.progress import STOP_FILE, ProgressFile, note_recovery
 from hetflow.training.loop.rebalancing import Rebalancing, share_every
-from hetflow.training.loop.step import MeanOverCounts, build_net
+from hetflow.training.loop.rounds import build_round_net
 from hetflow.training.loop.step_times import SharedStepTimes
 from hetflow.training.loop.stepper import LoopStepper
 from hetflow.training.loop.trials import resolve_compression
+from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import parameter_count, recipe_of
@@ -78,7 +80,8 @@ class TrainingLoop:
         self.timeline = Timeline()
         self.trials = self.choose_compression()  # 'auto': self.spec's plan now has it
         device = self.amp.device
-        self.net = build_net(self.spec, self.data, self.emu, self.recipe, device, rank=self.rank)
+        build = build_round_net if self.cfg.strategy == "diloco" else build_net
+        self.net = build(self.spec, self.data, self.emu, self.recipe, device, rank=self.rank)
         self.stepper = LoopStepper(
             ctx, self.spec, self.net, self.emu, self.mean, self.recipe, self.shared
         )

@@ -22,6 +22,7 @@ from hetflow.training.plan.compression import (
     too_short_for_trials,
 )
 from hetflow.training.plan.ranks import RankMap
+from hetflow.training.plan.rounds import round_config, round_plan
 
 
 def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
@@ -46,6 +47,14 @@ def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
 
 
 def make_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
+    """The plan of a job: a round's, in inner steps, under strategy 'diloco'
+    (`rounds.round_plan`); else the synchronous step's (`step_plan`)."""
+    if train.strategy == "diloco":
+        return round_plan(profile, cluster, train)
+    return step_plan(profile, cluster, train)
+
+
+def step_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
     """Local batches from the profile's step models (`Profile.step_models`), the workers'
     memory caps (`memory_caps`) and the schedule, with the workers too slow to help left out
     (`balance.exclude_slow`, which reads a worker's step at the smallest batch its profile
@@ -280,7 +289,7 @@ def replan_without(
     """`plan` over `cluster` with the workers `lost` names (name -> why) left out, and
     `train.global_batch` shared anew by the others (pure): at batch 0, the lost workers join
     `dropped` (so `RankMap.launched` leaves them out and renumbers the rest) and `excluded`
-    with why.
+    with why. Under diloco the batch shared is a round's (`rounds.round_config`).
     The others' shares: equal under the 'equal' schedule; balanced on the plan's step model
     where it has one (`balance_with_exclusion`, which may leave more at batch 0, each in
     `excluded`); else in the ratio of their shares in `plan` (a share of 0 counts as 1). A
@@ -300,7 +309,7 @@ def replan_without(
     if not keep:
         gone = "; ".join(f"{name}: {why}" for name, why in lost.items())
         raise PlanError(f"cluster: no worker is left to go on with: {gone}")
-    g, names = train.global_batch, [cluster.workers[i].name for i in keep]
+    g, names = round_config(train, len(keep)).global_batch, [cluster.workers[i].name for i in keep]
 
     def pick(values: list) -> list:
         return [values[i] for i in keep]

@@ -1,0 +1,234 @@
+"""`hetflow bench diloco`: DiLoCo rounds against the sized synchronous run, on slow links.
+
+    hetflow bench diloco --json diloco.json
+    hetflow bench diloco --links 0.1 --variants sync,diloco,diloco@int8,diloco@stale1
+
+Every variant trains the same recipe (default digits-cnn) from the same seed on the same 4
+mixed emulated workers (presets t4, t4, v100, a100), each behind a link of the given bandwidth
+and the cross-region latency (`emulation.links`), for the same samples (`--steps` synchronous
+steps of `--global-batch`). Each is planned from the presets' published ratios, so neither
+pays a profile. `sync`: DDP on the static plan with compression 'auto' (its trials in its
+time); `sync@none`: plain all-reduce, no trials. `diloco`: rounds of `--round-steps` steps'
+worth of samples, inner steps in proportion to each worker's speed; `@int8` and `@bf16` send
+the outer change so; `@staleN` applies each round's average N rounds late; `@dynamic`
+re-plans the rounds' shares from their measured times (the re-balancer). Per run: end to end
+(launch, trials, evaluation and every step until the evaluation that met `--target`), final
+accuracy, bytes sent per sample; per link, each variant's speed-up to the target over `sync`
+(or `sync@none`) in the same invocation.
+Figures measured: docs/measurements/diloco.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from hetflow.cli.job import add_recipe_arg, recipe_flag
+from hetflow.cli.parser import Parser
+from hetflow.config import ClusterSpec, ConfigError, TrainConfig, WorkerSpec, check_job
+from hetflow.emulation.links import LINKS
+from hetflow.training.launch.run import run_plan
+from hetflow.training.metrics import end_to_end, summarize
+from hetflow.training.plan.planner import make_plan
+from hetflow.training.plan.prior import published_prior
+
+from benchmarks import check_bench_recipe, digits_workspace, write_json
+
+PRESETS = ("t4", "t4", "v100", "a100")
+LATENCY_MS = LINKS["cross-region"].latency_ms
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="hetflow bench diloco",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.HelpFormatter,  # its help states the defaults itself
+    )
+    p.add_argument(
+        "--links", default="10,1,0.1", help="link bandwidths, Gbit/s, comma list (default 10,1,0.1)"
+    )
+    p.add_argument(
+        "--latency-ms",
+        type=float,
+        default=LATENCY_MS,
+        dest="latency_ms",
+        help=f"latency per collective, ms (default {LATENCY_MS:g}: the cross-region preset)",
+    )
+    p.add_argument(
+        "--variants",
+        default="sync,diloco",
+        help="comma list: sync, sync@none (no compression, no trials), diloco, diloco@int8, "
+        "diloco@bf16, diloco@staleN, diloco@dynamic (the rounds' shares re-planned from "
+        "their times) (default sync,diloco)",
+    )
+    p.add_argument("--steps", type=int, default=160, help="synchronous steps' worth of samples")
+    p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
+    p.add_argument("--round-steps", type=int, default=16, dest="round_steps")
+    p.add_argument("--target", type=float, default=0.95, help="test accuracy (default 0.95)")
+    p.add_argument("--time-scale", type=float, default=4.0, dest="time_scale")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of every run (default 1)")
+    p.add_argument(
+        "--straggler",
+        help="a transient straggler, WORKER:FROM:TO:FACTOR: worker WORKER (0-3) runs FACTOR "
+        "times slower from synchronous step FROM to TO (a round's index under diloco: the "
+        "round holding that step) (default: none)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write every run's figures here")
+    add_recipe_arg(p, "digits-cnn")
+    return p
+
+
+def variant_config(name: str, base: TrainConfig) -> TrainConfig:
+    """The config of variant `name` over `base`; a one-line ConfigError naming --variants."""
+    head, *tags = name.split("@")
+    if head == "sync" and tags in ([], ["none"]):  # sync@none: plain all-reduce, no trials
+        return base.model_copy(update={"compression": "none" if tags else "auto"})
+    if head != "diloco":
+        raise ConfigError(
+            f"--variants: {name!r} is not sync[@none] or diloco[@int8|@bf16|@staleN|@dynamic]"
+        )
+    diloco = base.diloco.model_copy()
+    for tag in tags:
+        if tag in ("int8", "bf16"):
+            diloco.send = tag
+        elif tag == "dynamic":
+            base = base.model_copy(update={"schedule": "dynamic"})
+        elif tag.startswith("stale") and tag[5:].isdigit():
+            diloco.staleness = int(tag[5:])
+        else:
+            raise ConfigError(f"--variants: {name!r}: unknown tag {tag!r}")
+    return base.model_copy(update={"strategy": "diloco", "diloco": diloco})
+
+
+def cluster_at(gbps: float, latency_ms: float, time_scale: float) -> ClusterSpec:
+    """The 4 preset workers behind links of `gbps` and `latency_ms`."""
+    workers = [
+        WorkerSpec(name=f"w{i}-{p}", preset=p, link_gbps=gbps, link_latency_ms=latency_ms)
+        for i, p in enumerate(PRESETS)
+    ]
+    return ClusterSpec(name=f"diloco-{gbps:g}gbps", workers=workers, time_scale=time_scale)
+
+
+def parse_straggler(text: str | None) -> tuple[int, int, int, float] | None:
+    """--straggler's WORKER:FROM:TO:FACTOR; a one-line ConfigError naming it."""
+    if not text:
+        return None
+    try:
+        w, start, end, factor = text.split(":")
+        out = (int(w), int(start), int(end), float(factor))
+    except ValueError:
+        raise ConfigError(f"--straggler: {text!r} is not WORKER:FROM:TO:FACTOR") from None
+    if not (0 <= out[0] < len(PRESETS) and 0 <= out[1] < out[2] and out[3] > 0):
+        raise ConfigError(f"--straggler: {text!r}: a worker 0-3, FROM < TO, FACTOR > 0")
+    return out
+
+
+def stragglers_of(straggler, cfg: TrainConfig) -> list[tuple[int, int, float]]:
+    """The (worker, step, factor) entries of a transient straggler, in the loop's steps: a
+    round's index under diloco."""
+    if straggler is None:
+        return []
+    w, start, end, factor = straggler
+    per = cfg.diloco.round_steps if cfg.strategy == "diloco" else 1
+    return [(w, start // per, factor), (w, max(end // per, start // per + 1), 1.0)]
+
+
+def one_run(
+    cfg: TrainConfig, cluster: ClusterSpec, dataset, run_dir: str, name: str, straggler=None
+) -> dict:
+    """One run from its published-ratio plan to its figures, every cost counted."""
+    plan = make_plan(published_prior(cluster, cfg), cluster, cfg)
+    slow = stragglers_of(straggler, cfg)
+    ran = run_plan(cluster, plan, cfg, dataset, run_dir, variant=name, stragglers=slow)
+    m = summarize(ran.result, cfg.global_batch, cfg.target_accuracy)
+    m = end_to_end(m, ran.wall_s, 0.0)
+    samples = sum(rec.batch for r in ran.result.ranks for rec in r.records)
+    return {
+        "variant": name,
+        "plan": plan.local_batches,
+        "end_to_end_time_to_target_s": m.end_to_end_time_to_target_s,
+        "end_to_end_s": m.end_to_end_s,
+        "final_accuracy": m.final_accuracy,
+        "comm_bytes_total": m.comm_bytes_total,
+        "bytes_per_sample": m.comm_bytes_total / samples if samples else None,
+        "wait_fraction": m.comm_fraction + m.straggler_idle_fraction,
+        "rounds": m.rounds,
+        "inner_steps_per_round": [r.inner_steps_per_round for r in m.ranks],
+        "trials_s": m.trials_s,
+    }
+
+
+def median_of(runs: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in runs if r[key] is not None]
+    return statistics.median(vals) if vals else None
+
+
+def table(rows: dict[float, dict[str, list[dict]]]) -> str:
+    """The markdown table: per link and variant, medians, and the speed-up over sync."""
+    out = [
+        "| link | variant | to target (s) | speed-up vs sync | final accuracy | bytes/sample "
+        "| bytes vs sync | waiting | reached |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for gbps, variants in rows.items():
+        sync = variants.get("sync") or variants.get("sync@none")
+        base_t = median_of(sync, "end_to_end_time_to_target_s") if sync else None
+        base_b = median_of(sync, "bytes_per_sample") if sync else None
+        for name, runs in variants.items():
+            t = median_of(runs, "end_to_end_time_to_target_s")
+            b = median_of(runs, "bytes_per_sample")
+            acc = median_of(runs, "final_accuracy")
+            up = f"{base_t / t:.2f}x" if t and base_t else "-"
+            less = f"{b / base_b:.3f}" if b is not None and base_b else "-"
+            reached = sum(r["end_to_end_time_to_target_s"] is not None for r in runs)
+            out.append(
+                f"| {gbps:g} Gbit/s | {name} | {t:.1f} | {up} | {acc:.3f} | {b:,.0f} | {less} "
+                f"| {median_of(runs, 'wait_fraction'):.2f} | {reached}/{len(runs)} |"
+                if t
+                else f"| {gbps:g} Gbit/s | {name} | not reached | - | {acc:.3f} | {b:,.0f} "
+                f"| {less} | {median_of(runs, 'wait_fraction'):.2f} | 0/{len(runs)} |"
+            )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        links = [float(x) for x in a.links.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--links: {a.links!r} is not a comma list of Gbit/s") from None
+    base = TrainConfig(
+        recipe=recipe_flag(a),
+        steps=a.steps,
+        global_batch=a.global_batch,
+        schedule="proportional",
+        seed=a.seed,
+        target_accuracy=a.target,
+        diloco={"round_steps": a.round_steps},
+    )
+    configs = {v: variant_config(v.strip(), base) for v in a.variants.split(",") if v.strip()}
+    for cfg in configs.values():
+        check_job(cluster_at(links[0], a.latency_ms, a.time_scale), cfg)
+    check_bench_recipe(base)
+    straggler = parse_straggler(a.straggler)
+    rows: dict[float, dict[str, list[dict]]] = {g: {v: [] for v in configs} for g in links}
+    with digits_workspace("diloco") as (tmp, dataset):
+        for round_ in range(a.repeat):
+            for gbps in links:
+                cluster = cluster_at(gbps, a.latency_ms, a.time_scale)
+                for name, cfg in configs.items():
+                    run_dir = str(Path(tmp) / f"{name.replace('@', '-')}-{gbps:g}-{round_}")
+                    fig = one_run(cfg, cluster, dataset, run_dir, name, straggler)
+                    rows[gbps][name].append(fig | {"gbps": gbps, "round": round_})
+                    print(
+                        f"{gbps:g} Gbit/s {name} #{round_}: to target "
+                        f"{fig['end_to_end_time_to_target_s']} s, accuracy "
+                        f"{fig['final_accuracy']}, bytes/sample {fig['bytes_per_sample']:.0f}",
+                        flush=True,
+                    )
+    print(table(rows))
+    if a.json:
+        write_json(a.json, {"args": vars(a), "runs": rows})
+    return 0
