@@ -110,3 +110,17 @@ def test_the_queue_form_takes_its_defaults_and_refuses_an_unknown_class():
     ]
     with pytest.raises(ValidationError, match="urgent"):
         validate({"jobs": [{"name": "a", "priority": "urgent"}]}, schema, raise_on_error=True)
+
+
+@pytest.mark.parametrize(
+    "progress, expected", [(0, 20), (17, 20), (18, 20), (19, 40), (20, 40), (38, 40), (39, None)]
+)
+def test_a_move_stops_the_run_at_a_checkpoint_no_rank_has_reached(progress, expected):
+    """Two steps past the step progress.json says (a rank may be one ahead), on a boundary;
+    none where the job ends first."""
+    from hetflow.queue.jobs import Job
+    from hetflow.tasks.queue_session import Live
+
+    job = QueueJob(name="j", steps=50, checkpoint_every=20)
+    live = Live(job, Job("j", "normal", 128, 50, 1.0, checkpoint_every=20), 0.0)
+    assert live.stop_step(progress) == expected
