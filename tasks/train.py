@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from prefect import runtime, task
@@ -287,17 +288,19 @@ def with_cost(
 
 
 def _progress_reporter(variant: str, steps: int):
-    """A Prefect progress artifact for the run, updated as rank 0 completes steps."""
+    """A Prefect progress artifact for the run, updated as rank 0 completes steps. Its key is
+    the variant's name as Prefect allows keys: lowercase letters, digits and dashes."""
     state = {"id": None, "last": -1}
+    key = re.sub(r"[^a-z0-9-]+", "-", f"train-{variant}".lower())
 
     def report(step: int) -> None:
-        pct = round(100.0 * step / steps, 1)
+        pct = min(100.0, round(100.0 * step / steps, 1))
         if pct == state["last"]:
             return
         try:
             if state["id"] is None:
                 state["id"] = create_progress_artifact(
-                    pct, key=f"train-{variant}", description=f"{variant}: steps completed"
+                    pct, key=key, description=f"{variant}: steps completed"
                 )
             else:
                 update_progress_artifact(state["id"], pct)
