@@ -1,7 +1,7 @@
 """The failure policy: who retries what after a failure, how many times and after how long.
 
-One model, `FaultPolicy`, set as `TrainConfig.faults` (YAML `train: {faults: {...}}`, or the
-form's "Failures and retries"), read by every layer that retries:
+One model, `FaultPolicy`, set as `TrainConfig.faults` (YAML `train: {faults: {...}}`, or a
+deployment run's parameters), read by every layer that retries:
 
 - a rank: never retried alone. A rank that raises, or meets a NaN/Inf gradient under
   `nonfinite: fail`, ends the job at once (the error would come back); a data-parallel group

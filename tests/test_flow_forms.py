@@ -166,6 +166,45 @@ def test_the_form_opens_on_the_fields_a_user_changes_first(schemas, name):
     assert tuple(fields(schema))[: len(FIRST_FIELDS)] == FIRST_FIELDS
 
 
+def test_every_field_carries_its_place_in_the_models_declaration(schemas):
+    """Prefect's UIs sort a model's fields by `position` (one puts a field without it last,
+    the other first): every field has it, in the order its model declares it."""
+    for name, schema in schemas.items():
+        for model, defn in schema.get("definitions", {}).items():
+            props = defn.get("properties", {})
+            if not props:
+                continue  # an enum
+            assert [p.get("position") for p in props.values()] == list(range(len(props))), (
+                f"{name}: {model}"
+            )
+
+
+# The knobs that tune the machinery rather than the run: in YAML, JSON or a deployment run's
+# parameters, not in the form.
+MACHINERY = (
+    "compression_candidates",
+    "rebalance_every",
+    "rebalance_threshold",
+    "stall_timeout_s",
+    "threads_per_rank",
+    "faults",
+)
+
+
+@pytest.mark.parametrize("name", ["train", "compare", "profile-cluster"])
+def test_the_machinerys_knobs_stay_out_of_the_form_and_are_still_taken(schemas, name):
+    schema, flow = schemas[name], FLOWS[name]
+    form = fields(schema)
+    assert not [p for p in form if p.startswith("train.") and p.split(".")[1] in MACHINERY]
+    shown = schema["definitions"]["TrainConfig"]
+    assert shown["additionalProperties"] is True
+    assert all(k in shown["description"] for k in MACHINERY)
+    given = {"train": {"stall_timeout_s": 60, "faults": {"group_restarts": 0}}}
+    validate(given, schema, raise_on_error=True)  # the server's check
+    ran = flow.validate_parameters(given)["train"]
+    assert ran.stall_timeout_s == 60 and ran.faults.group_restarts == 0
+
+
 def test_a_worker_is_a_few_fields_and_the_rest_stay_settable(schemas):
     form = fields(schemas["train"])
     worker = [p for p in form if p.startswith("cluster.workers[].")]

@@ -321,10 +321,9 @@ def job_of(args, variant: str | None = None, compare: bool = False) -> Job:
     as it runs, or with `compare` the variants a comparison runs of it
     (`TrainConfig.compared`). The catalog knows the instance types the workers name."""
     cluster, train, dataset = cluster_of(args), train_of(args, variant), dataset_of(args)
+    check_instance_types(cluster)  # offline for the shipped catalog's types: before torch
     configs = list(train.compared().values()) if compare else [train]
-    job = validated_job(cluster, configs)
-    check_instance_types(cluster)
-    return Job(cluster, train, dataset, job)
+    return Job(cluster, train, dataset, validated_job(cluster, configs))
 
 
 INGEST_FLAGS = {
