@@ -2,7 +2,7 @@
 
 Their shared helpers live in the installed package (`hetflow simulate --calibrate` uses them
 too); they are imported here so that the benchmarks read `from benchmarks import ...`. The
-profile run they plan from is `hetflow.training.launch.local.measure_profile`.
+profile run they plan from is `hetflow.training.launch.run.measure_profile`.
 """
 
 from __future__ import annotations

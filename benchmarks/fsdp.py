@@ -22,8 +22,7 @@ from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
 from hetflow.cli.parser import Parser
 from hetflow.config import ClusterSpec, TrainConfig, check_job, parse_speeds, validated
 from hetflow.records import RunResult
-from hetflow.training.launch.local import measure_profile
-from hetflow.training.launch.run import run_plan
+from hetflow.training.launch.run import measure_profile, run_plan
 from hetflow.training.metrics import summarize
 from hetflow.training.plan.planner import make_plan
 

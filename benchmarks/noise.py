@@ -21,7 +21,7 @@ from hetflow.cli.parser import Parser
 from hetflow.config import ClusterSpec, TrainConfig, WorkerSpec
 from hetflow.infra.workspace import digits_workspace
 from hetflow.records import Plan
-from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 
 PAUSE_AT = 2.0  # a step this many times the median is a pause

@@ -13,7 +13,8 @@ import time
 from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.infra.workspace import digits_workspace
 from hetflow.records import Plan
-from hetflow.training.launch.local import RankFailed, run_workers
+from hetflow.training.launch.outcome import RankFailed
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import Injection, RunSpec
 
 

@@ -24,7 +24,7 @@ import psutil
 from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.infra.workspace import digits_workspace
 from hetflow.records import Plan
-from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 
 EVERY, STEPS = 10, 60

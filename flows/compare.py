@@ -16,7 +16,6 @@ from hetflow.config import (
     DatasetSpec,
     TrackingConfig,
     TrainConfig,
-    check_job,
     default_cluster,
 )
 from hetflow.flows.forms import Cluster, Train
@@ -29,9 +28,9 @@ from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.infra.tracking.verdict import verdict
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import MEASURED_NOW, prior_note, profile_for
-from hetflow.tasks.preflight import check_training, reach_services
+from hetflow.tasks.preflight import reach_services, validated_job
 from hetflow.tasks.profile import resolve_instance_types
-from hetflow.tasks.train import launched_labels, train_variant
+from hetflow.tasks.train import launched_labels, train_task
 
 VARIANTS = ("baseline", "optimized")
 
@@ -92,25 +91,21 @@ def compare(
     dataset: DatasetSpec = DatasetSpec(),
     tracking: TrackingConfig = TrackingConfig(),
 ) -> dict:
-    check_job(cluster, train)
-    check_training(train, cluster)
-    knobs = train.model_dump(exclude={"schedule", "compression"})
-    configs = {v: TrainConfig.variant(v, **knobs) for v in VARIANTS}
-    for cfg in configs.values():  # the variant's own knobs: 'auto' may try local SGD
-        check_job(cluster, cfg)
+    configs = train.compared()  # each variant's own knobs: 'auto' may try local SGD
+    job = validated_job(cluster, list(configs.values()))
     outcomes = {}
     reach_services(dataset, tracking)  # before anything is written: one line if a service is dead
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         manifest = ingest_dataset(dataset)
-        check_training(train, manifest=manifest)
+        job.check_data(manifest)
         epoch_samples = manifest.splits["train"].samples
         profile = profile_for(cluster, dataset, train, list(configs.values()), catalog)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_comparison(cluster, dataset, configs)
         for variant in VARIANTS:
             try:
-                outcomes[variant] = train_variant(
+                outcomes[variant] = train_task(train.faults)(
                     variant,
                     cluster,
                     dataset,

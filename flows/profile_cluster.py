@@ -26,7 +26,6 @@ from hetflow.config import (
     DatasetSpec,
     TrackingConfig,
     TrainConfig,
-    check_job,
     default_cluster,
 )
 from hetflow.flows.forms import Cluster, Train
@@ -36,7 +35,7 @@ from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.records import Profile
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import entries_of, store_entries, types_prefix
-from hetflow.tasks.preflight import check_training, reach_services
+from hetflow.tasks.preflight import reach_services, validated_job
 from hetflow.tasks.profile import (
     profile_history,
     profile_stamp,
@@ -156,14 +155,13 @@ def profile_cluster(
     Returns the Profile as JSON (`Profile.model_dump(mode="json")`) with its `report`
     (`profile_report`) beside the fields.
     """
-    check_job(cluster, train)
-    check_training(train, cluster)
+    job = validated_job(cluster, [train])
     if not drift_threshold > 0:
         raise ConfigError(f"drift_threshold: must be > 0 (got {drift_threshold})")
     reach_services(dataset, tracking if record else None)
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)
-        check_training(train, manifest=ingest_dataset(dataset))
+        job.check_data(ingest_dataset(dataset))
         profile = profile_workers(cluster, dataset, train)
         profile.created_at = profile_stamp()
         profile.cluster_spec = cluster.model_dump(mode="json")

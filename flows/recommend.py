@@ -4,8 +4,10 @@ Its parameters are typed forms: the job (`RecommendJob`), the candidate instance
 many of each can be had (`RentableType`), the objective (`RecommendObjective`), where MLflow
 is (`TrackingConfig`), the market (`RecommendMarket`: on-demand, spot or both, the spot
 table and per-type overrides, what an interruption costs) and the profile history whose
-measured curves it reads (`ProfileHistory`). It runs the command's search
-(`hetflow.tasks.recommend`), records an MLflow run (the chosen mix's predicted time and cost,
+measured curves it reads (`ProfileHistory`): together one `RecommendRequest`, the record
+`hetflow recommend`'s flags make. It runs the command's pipeline on it
+(`hetflow.tasks.recommend.recommend_mix`: `hetflow.forecast.recommend.recommend` on the market
+and history read there), records an MLflow run (the chosen mix's predicted time and cost,
 on spot expected with its interruptions, as metrics; the table, the figures, the cluster file,
 the Ray launcher's YAML and the plot of cost against time with its Pareto front as
 artifacts), makes the same table the flow run's Prefect markdown artifact, and returns the
@@ -26,9 +28,11 @@ from hetflow.config import (
     RecommendJob,
     RecommendMarket,
     RecommendObjective,
+    RecommendRequest,
     RentableType,
     TrackingConfig,
     default_rentable,
+    validated,
 )
 from hetflow.flows.forms import by_size
 from hetflow.infra.tracking.tracker import MLflowTracker
@@ -54,18 +58,30 @@ def recommend(
     (`ray up` it), "mix": {type: instances}, "predicted_hours",
     "predicted_cost_usd", "mlflow_run_id", "mlflow_url"}.
     """
-    out = recommend_mix(job, candidates, objective, market, history)
-    run_id = record_recommendation(out, job, objective, tracking, market)
+    request = validated(
+        RecommendRequest,
+        {
+            "job": job,
+            "candidates": candidates,
+            "objective": objective,
+            "market": market,
+            "history": history,
+        },
+        "request",
+    )
+    out = recommend_mix(request)
+    run_id = record_recommendation(out, request, tracking)
     tracker = MLflowTracker(tracking)
     links = tracker.links_markdown({"recommend": run_id})
+    cluster_yaml = out.rec.cluster_yaml()
     create_markdown_artifact(
-        out.markdown + "\n" + links + "\n\n```yaml\n" + out.cluster_yaml + "```\n",
+        out.rec.markdown() + "\n" + links + "\n\n```yaml\n" + cluster_yaml + "```\n",
         key="recommendation",
         description="the chosen mix and the best alternatives",
     )
-    print(out.summary)
+    print(out.rec.summary())
     return {
-        "cluster_file": out.cluster_yaml,
+        "cluster_file": cluster_yaml,
         "ray_config": out.ray_yaml,
         "mix": out.mix,
         "predicted_hours": out.hours,

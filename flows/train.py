@@ -10,16 +10,15 @@ from hetflow.config import (
     DatasetSpec,
     TrackingConfig,
     TrainConfig,
-    check_job,
     default_cluster,
 )
 from hetflow.flows.forms import Cluster, Train
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import profile_for
-from hetflow.tasks.preflight import check_training, reach_services
+from hetflow.tasks.preflight import reach_services, validated_job
 from hetflow.tasks.profile import resolve_instance_types
-from hetflow.tasks.train import train_variant
+from hetflow.tasks.train import train_task
 
 PRESETS = ("baseline", "optimized")
 
@@ -34,8 +33,8 @@ def run_label(train: TrainConfig) -> str:
     return f"{train.schedule}+{train.compression}"
 
 
-# No flow-level retries: the train task retries a lost torchrun job itself, and a rank's own
-# exception is deterministic (a retry would profile and fail again).
+# No flow-level retries: the train task retries a lost launch itself (`train.faults`), and a
+# rank's own exception is deterministic (a retry would profile and fail again).
 @flow(name="train", log_prints=True)
 def train(
     train: Train = TrainConfig(),
@@ -49,17 +48,16 @@ def train(
     `variant` only labels the run (MLflow run name and `variant` tag); empty: `run_label`.
     Returns {"run_id": the MLflow run, "metrics": the run's figures}.
     """
-    check_job(cluster, train)
-    check_training(train, cluster)
+    job = validated_job(cluster, [train])
     label = variant or run_label(train)
     reach_services(dataset, tracking)  # before anything is written: one line if a service is dead
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
         manifest = ingest_dataset(dataset)
-        check_training(train, manifest=manifest)
+        job.check_data(manifest)
         epoch_samples = manifest.splits["train"].samples
         profile = profile_for(cluster, dataset, train, [train], catalog)
-        outcome = train_variant(
+        outcome = train_task(train.faults)(
             label,
             cluster,
             dataset,

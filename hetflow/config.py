@@ -16,6 +16,7 @@ import math
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config_base import (  # noqa: F401 (re-exported: callers import from hetflow.config)
     BUILTIN_RECIPES,
@@ -34,6 +35,7 @@ from hetflow.config_base import (  # noqa: F401 (re-exported: callers import fro
 from hetflow.config_cluster import ClusterSpec, WorkerSpec
 from hetflow.config_dataset import DatasetSpec, TrackingConfig  # noqa: F401 (re-exported)
 from hetflow.config_diloco import DiLoCoConfig, check_rounds
+from hetflow.config_faults import FaultPolicy
 from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     DEADLINE_MARGIN,
     DEFAULT_RENTABLE,
@@ -42,6 +44,7 @@ from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     RecommendJob,
     RecommendMarket,
     RecommendObjective,
+    RecommendRequest,
     RentableType,
     SpotOverride,
     default_rentable,
@@ -68,6 +71,10 @@ def lr_factor(rule: str, global_batch: int, tuned_batch: int | None) -> float:
     return ratio if rule == "linear" else math.sqrt(ratio)
 
 
+# TrainConfig declares its fields in the order the run form shows them (`form_schema` gives
+# each its position), what a user changes first first; the knobs that tune the machinery
+# rather than the run ('auto''s candidates, the re-balancer's settings, threads, the stall
+# timeout, the failure policy) are left out of the form (`SkipJsonSchema`), settable in YAML.
 class TrainConfig(ConfigModel):
     """What to train and how the batch is shared: the same for every variant but the knobs."""
 
@@ -128,12 +135,8 @@ class TrainConfig(ConfigModel):
         "'diloco': rounds of local steps, as many per worker as its speed allows, then an "
         "outer step on the sample-weighted average of the changes (docs/diloco.md).",
     )
-    diloco: DiLoCoConfig = Field(
-        DiLoCoConfig(),
-        title="DiLoCo rounds",
-        description="The rounds of strategy 'diloco': their length, the outer step, how the "
-        "change is sent, bounded staleness.",
-    )
+    # their length, the outer step, how the change is sent, bounded staleness
+    diloco: DiLoCoConfig = Field(DiLoCoConfig(), title="DiLoCo rounds (strategy 'diloco')")
     accumulate: Literal["off", "auto"] = Field(
         "off",
         title="Micro-batches",
@@ -202,20 +205,20 @@ class TrainConfig(ConfigModel):
         "several nodes), which average the model every 4 steps instead of the gradient every "
         "step: the optimizer then computes something else, and accuracy may differ.",
     )
-    compression_candidates: list[str] = Field(
+    compression_candidates: SkipJsonSchema[list[str]] = Field(
         list(AUTO_CANDIDATES),
         title="'auto': the methods tried",
         description="What 'auto' tries, in this order (the first of equal steps is kept). "
         "localsgd:H and hierarchical:H only with allow_local_sgd.",
     )
-    rebalance_every: int = Field(
+    rebalance_every: SkipJsonSchema[int] = Field(
         10,
         ge=1,
         title="Re-balance check every K steps",
         description="Also at once when a rank's step time jumps by more than 3 x the threshold "
         "for two steps in a row (a straggler).",
     )
-    rebalance_threshold: float = Field(
+    rebalance_threshold: SkipJsonSchema[float] = Field(
         0.10, gt=0, title="Re-balance threshold", description="Imbalance (max/mean - 1) to act."
     )
     profile_first: bool = Field(
@@ -249,7 +252,7 @@ class TrainConfig(ConfigModel):
         description="'fail': stop the run, naming the step; 'skip': skip that optimizer step on "
         "every rank alike (the all-reduced gradient is checked, the same on every rank).",
     )
-    stall_timeout_s: float = Field(
+    stall_timeout_s: SkipJsonSchema[float] = Field(
         300.0,
         gt=0,
         title="Stall timeout (s)",
@@ -257,7 +260,13 @@ class TrainConfig(ConfigModel):
         "the others' collectives: the group restarts from the last checkpoint. Longer than the "
         "slowest step, evaluation or checkpoint save.",
     )
-    threads_per_rank: int = Field(1, ge=1, title="Torch threads per rank")
+    threads_per_rank: SkipJsonSchema[int] = Field(1, ge=1, title="Torch threads per rank")
+    faults: SkipJsonSchema[FaultPolicy] = Field(
+        default_factory=FaultPolicy,
+        title="Failures and retries",
+        description="Who retries what after a failure, how many times and after how long: "
+        "the launcher's group restarts, Ray's placement, the Prefect task's retries.",
+    )
 
     @field_validator("recipe")
     @classmethod
@@ -312,6 +321,12 @@ class TrainConfig(ConfigModel):
         if method is not None:
             return ("train.compression", method.name) if method.name in LOCAL_SGD else None
         return ("train.allow_local_sgd", "local SGD") if self.allow_local_sgd else None
+
+    def compared(self) -> dict[str, TrainConfig]:
+        """The configs a comparison runs, by variant: this config's knobs with each variant's
+        schedule and compression (`variant`)."""
+        knobs = self.model_dump(exclude={"schedule", "compression"})
+        return {v: TrainConfig.variant(v, **knobs) for v in ("baseline", "optimized")}
 
     @classmethod
     def variant(cls, name: Literal["baseline", "optimized"], **kw) -> TrainConfig:

@@ -54,8 +54,13 @@ def form_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
     - Fields marked `SkipJsonSchema` are left out of the form; they stay valid in YAML, JSON
       and a deployment run's parameters (`additionalProperties` is true, the model still
       refuses an unknown field), and the model's description names them.
+    - Every field carries its `position`, its place in the model's declaration: Prefect's UIs
+      sort a model's fields by it (the older one puts a field without one last, the newer one
+      first), so the form shows them in the order the model declares them.
     """
     props = schema.get("properties", {})
+    for position, prop in enumerate(props.values()):
+        prop["position"] = position
     for prop in props.values():
         branches = prop.get("anyOf", [])
         kept = [b for b in branches if b.get("type") != "null"]

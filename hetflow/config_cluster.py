@@ -170,7 +170,8 @@ class WorkerSpec(ConfigModel):
 
 
 class ClusterSpec(ConfigModel):
-    """The workers of one job, and how this machine emulates them."""
+    """The workers of one job, and how this machine emulates them; in a cluster file also
+    `market`, where cloud instances are rented (on-demand or spot)."""
 
     name: str = Field("local", title="Cluster name")
     workers: list[WorkerSpec] = Field(min_length=1, title="Workers")
@@ -218,6 +219,13 @@ class ClusterSpec(ConfigModel):
         title="Ray address",
         description="'auto', HOST:6379 or ray://HOST:10001; empty: $RAY_ADDRESS where the flow "
         "runs (the Prefect worker's), else 'auto'.",
+    )
+    market: SkipJsonSchema[Literal["on-demand", "spot"]] = Field(
+        "on-demand",
+        title="Market",
+        description="Where the workers' cloud instances are rented: 'on-demand' or 'spot' "
+        "(`hetflow recommend` writes the market it chose; the Ray launcher's YAML asks for spot "
+        "nodes). Set in the cluster file; nothing on this machine depends on it.",
     )
 
     @model_validator(mode="after")

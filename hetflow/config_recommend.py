@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from hetflow.config_base import ConfigModel
 
@@ -38,7 +38,8 @@ class RecommendJob(ConfigModel):
         None,
         ge=1,
         title="Largest local batch",
-        description="What one GPU holds (memory is not modelled); empty: any.",
+        description="The largest local batch of any GPU; empty: what its memory holds, where "
+        "the model's memory per sample or a measured cap is known.",
     )
 
 
@@ -73,6 +74,13 @@ class RecommendObjective(ConfigModel):
         "a mix must be predicted to finish by (1 - margin) x the deadline.",
     )
 
+    @field_validator("deadline_margin")
+    @classmethod
+    def _a_margin_of_a_deadline(cls, v: float, info: ValidationInfo) -> float:
+        if v != DEADLINE_MARGIN and info.data.get("kind") != "deadline":
+            raise ValueError("only for objective 'deadline'")
+        return v
+
     @model_validator(mode="after")
     def _the_figure_of_the_kind(self):
         wanted = {"deadline": "deadline_h", "budget": "budget_usd"}.get(self.kind)
@@ -89,10 +97,16 @@ class SpotOverride(ConfigModel):
 
     instance_type: str = Field(min_length=1, title="Instance type", examples=["g4dn.xlarge"])
     discount: float | None = Field(
-        None, title="Spot discount", description="Off On-Demand, in [0, 1); empty: the table's."
+        None,
+        ge=0,
+        lt=1,
+        title="Spot discount",
+        description="Off On-Demand, in [0, 1); empty: the table's.",
     )
     interruptions_per_month: float | None = Field(
         None,
+        ge=0,
+        allow_inf_nan=False,
         title="Interruptions per instance-month",
         description="Spot instances of the type reclaimed per month (>= 0); empty: the table's.",
     )
@@ -113,6 +127,8 @@ class RecommendMarket(ConfigModel):
     overrides: list[SpotOverride] = Field(default_factory=list, title="Per-type spot figures")
     restart_s: float | None = Field(
         None,
+        ge=0,
+        allow_inf_nan=False,
         title="Restart (s)",
         description="What an interruption costs before training goes on; empty: 16 s, the "
         "training group's restart from its checkpoint, which counts no instance boot: add the "
@@ -120,9 +136,22 @@ class RecommendMarket(ConfigModel):
     )
     checkpoint_every: int | None = Field(
         None,
+        ge=1,
         title="Checkpoint every N steps",
         description="An interruption redoes N/2 steps on average; empty: TrainConfig's (25).",
     )
+
+    @field_validator("spot_table", "overrides", "restart_s", "checkpoint_every")
+    @classmethod
+    def _spot_figures_of_a_spot_market(cls, v, info: ValidationInfo):
+        if v and info.data.get("kind") == "on-demand":
+            raise ValueError("only with market spot or both")
+        return v
+
+    @property
+    def spot(self) -> bool:
+        """Whether spot instances are searched."""
+        return self.kind != "on-demand"
 
 
 class ProfileHistory(ConfigModel):
@@ -137,3 +166,28 @@ class ProfileHistory(ConfigModel):
         "published curves only.",
     )
     max_age_h: float = Field(24.0, gt=0, allow_inf_nan=False, title="Use profiles up to (hours)")
+
+
+class RecommendRequest(ConfigModel):
+    """One question to `recommend`, as the command's flags and the flow's form both ask it:
+    the job, the instance types that can be had, the objective, the market and the profile
+    history whose measured curves it reads; validated once, here."""
+
+    job: RecommendJob = Field(default_factory=RecommendJob)
+    candidates: list[RentableType] = Field(default_factory=default_rentable, min_length=1)
+    objective: RecommendObjective = Field(default_factory=RecommendObjective)
+    market: RecommendMarket = Field(default_factory=RecommendMarket)
+    history: ProfileHistory = Field(default_factory=ProfileHistory)
+
+    @field_validator("candidates")
+    @classmethod
+    def _each_type_once(cls, v: list[RentableType]) -> list[RentableType]:
+        names = [c.instance_type for c in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"an instance type appears twice ({', '.join(names)})")
+        return v
+
+    @property
+    def names(self) -> list[str]:
+        """The candidates' instance types, in order."""
+        return [c.instance_type for c in self.candidates]

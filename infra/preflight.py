@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -188,6 +189,11 @@ def ray_problem(address: str) -> str | None:
         )
 
 
+# How long an answer is trusted in this process: a command's probe serves its flow's entry.
+ANSWER_KEPT_S = 300.0
+_answered: dict[tuple[str, str], float] = {}  # (service, where) -> time.monotonic() it answered
+
+
 def check_services(
     dataset_url: str | None = None,
     tracking: TrackingConfig | None = None,
@@ -197,15 +203,26 @@ def check_services(
     """Raise ServiceUnreachable (one line, every dead service named) unless S3 for
     `dataset_url` (when given), MLflow for `tracking` (when given), the Ray cluster at
     `ray_address` (when given) and, with `prefect`, the Prefect API answer. All are asked at
-    once, each within a few seconds; nothing is written."""
-    asks = [prefect_problem] if prefect else []
+    once, each within a few seconds; nothing is written. A service that answered this process
+    in the last `ANSWER_KEPT_S` seconds is not asked again (a command probes, then starts its
+    flow, whose entry probes the same); one that did not answer is asked every time."""
+    asks: dict[tuple[str, str], object] = {}
+    if prefect:
+        asks[("prefect", os.environ.get("PREFECT_API_URL", ""))] = prefect_problem
     if ray_address is not None:
-        asks.append(lambda: ray_problem(ray_address))
+        asks[("ray", ray_address)] = lambda: ray_problem(ray_address)
     if dataset_url is not None:
-        asks.append(lambda: s3_problem_line(dataset_url))
+        where = f"{os.environ.get('AWS_ENDPOINT_URL', '')} {dataset_url}"
+        asks[("s3", where)] = lambda: s3_problem_line(dataset_url)
     if tracking is not None:
-        asks.append(lambda: mlflow_problem(tracking))
+        uri = tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+        asks[("mlflow", uri)] = lambda: mlflow_problem(tracking)
+    now = time.monotonic()
+    fresh = {k for k, t in _answered.items() if now - t < ANSWER_KEPT_S}
+    asks = {k: ask for k, ask in asks.items() if k not in fresh}
     with ThreadPoolExecutor(max(1, len(asks))) as pool:  # at once: the slowest one's time
-        problems = [p for p in pool.map(lambda ask: ask(), asks) if p]
+        found = dict(zip(asks, pool.map(lambda ask: ask(), asks.values()), strict=True))
+    _answered.update({k: now for k, problem in found.items() if problem is None})
+    problems = [p for p in found.values() if p]
     if problems:
         raise ServiceUnreachable("; and ".join(problems))

@@ -3,8 +3,10 @@
 One node type per instance type the cluster spec names, with as many nodes as its workers need
 (a worker is one GPU, so a g5.12xlarge holds 4), the label the Ray launcher places workers by
 (`hetflow.io/instance-type`), and the instance's CPUs and GPUs as its Ray resources, from the
-one catalog hetflow reads (`infra.catalog`). The head node takes no training worker (0 CPUs for
-Ray's scheduler). Every node gets this checkout (`file_mounts`) and installs it with the `gpu`
+one catalog hetflow reads (`infra.catalog`); a cluster rented on spot (`ClusterSpec.market`)
+asks EC2 for spot instances for its worker nodes. The head node takes no training worker (0
+CPUs for Ray's scheduler) and stays on-demand, so that an interruption never takes the
+cluster's head. Every node gets this checkout (`file_mounts`) and installs it with the `gpu`
 and `ray` extras. `ray up CONFIG` brings the cluster up; Ray's own schema checks the file
 (`validate`).
 """
@@ -20,6 +22,7 @@ from hetflow.infra.catalog import Catalog
 from hetflow.infra.pricing import DEFAULT_REGION
 
 NODE_LABEL = "hetflow.io/instance-type"  # as hetflow.training.launch.ray_train places workers
+CHECKOUT = Path(__file__).resolve().parents[1]  # the hetflow folder every node gets (editable)
 HEAD_INSTANCE = "m5.xlarge"
 REMOTE_CHECKOUT = "~/hetflow"
 
@@ -32,7 +35,7 @@ def node_type_name(instance_type: str) -> str:
 def ray_cluster_config(
     cluster: ClusterSpec,
     catalog: Catalog,
-    checkout: str | Path,
+    checkout: str | Path = CHECKOUT,
     region: str = DEFAULT_REGION,
     image_id: str | None = None,
 ) -> dict:
@@ -58,7 +61,7 @@ def ray_cluster_config(
         info = catalog.info(instance_type)
         nodes = math.ceil(workers / info.devices)
         node_types[node_type_name(instance_type)] = {
-            "node_config": _node_config(instance_type, image_id),
+            "node_config": _node_config(instance_type, image_id, cluster.market),
             "resources": {"CPU": info.vcpus, **({"GPU": info.gpus} if info.gpus else {})},
             "labels": {NODE_LABEL: instance_type},
             "min_workers": nodes,
@@ -78,8 +81,11 @@ def ray_cluster_config(
     }
 
 
-def _node_config(instance_type: str, image_id: str | None) -> dict:
-    return {"InstanceType": instance_type, **({"ImageId": image_id} if image_id else {})}
+def _node_config(instance_type: str, image_id: str | None, market: str = "on-demand") -> dict:
+    """A node type's EC2 launch parameters; on spot, EC2's market options (RunInstances'
+    `InstanceMarketOptions`, which the launcher passes on)."""
+    spot = {"InstanceMarketOptions": {"MarketType": "spot"}} if market == "spot" else {}
+    return {"InstanceType": instance_type, **({"ImageId": image_id} if image_id else {}), **spot}
 
 
 def validate(config: dict) -> None:
@@ -89,3 +95,19 @@ def validate(config: dict) -> None:
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     validate_config(prepare_config(config))
+
+
+def ray_yaml(cluster: ClusterSpec, checkout: str | Path = CHECKOUT) -> str:
+    """The cluster launcher's config of `cluster` as YAML text, its instance types from the
+    catalog (`Catalog.for_cluster`), checked by Ray's own schema where Ray is installed (an
+    extra: `pip install -e '.[ray]'`)."""
+    import yaml
+
+    config = ray_cluster_config(cluster, Catalog.for_cluster(cluster), checkout)
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        validate(config)
+    return yaml.safe_dump(config, sort_keys=False)

@@ -15,20 +15,20 @@ from collections.abc import Iterator
 from prefect import task
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+from hetflow.forecast.measured import curve_of
+from hetflow.forecast.rental import History
 from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, kind_slug, type_key, versions
 from hetflow.infra.catalog import Catalog, seed_profile
 from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem, local_s3_endpoint, profiles_root
 from hetflow.records import Profile, RunResult
 from hetflow.tasks.profile import profile_stamp
-from hetflow.training.launch.local import measure_profile
+from hetflow.training.launch.run import measure_profile
 from hetflow.training.launch.spec import default_profile_batches
 from hetflow.training.metrics import needs_profile
 from hetflow.training.plan.assemble import assemble, declared_link, sub_cluster, to_measure
 from hetflow.training.plan.learned import LEARNED_FROM, compute_points, learned_rank
-from hetflow.training.plan.measured import curve_of
 from hetflow.training.plan.prior import equal_prior, mark_prior, prior_kind, published_prior
-from hetflow.training.plan.rental import History
 
 
 def types_prefix(dataset: DatasetSpec) -> str:
@@ -296,11 +296,20 @@ def read_type_history(
         return type_history(url, instance_types, recipe, max_age_h)
 
 
+def request_history(request) -> History | None:
+    """The history a `RecommendRequest` names (`history.url`), read for its candidates and its
+    recipe at most `history.max_age_h` hours old; None where it names none."""
+    h = request.history
+    if not h.url:
+        return None
+    return read_type_history(h.url.rstrip("/"), request.names, request.job.recipe, h.max_age_h)
+
+
 def type_history(url: str, instance_types: list[str], recipe: str, max_age_h: float) -> History:
     """What `hetflow recommend` reads of the history under `url` (a types prefix, e.g.
     `s3://<bucket>/profiles/types`): per instance type, the newest entry measured on that type
     without emulation (a real device), for `recipe`, by this torch and hetflow; its curve
-    (`plan.measured.curve_of`) where it is at most `max_age_h` hours old, else a line saying
+    (`forecast.measured.curve_of`) where it is at most `max_age_h` hours old, else a line saying
     how old. Entries of other recipes, versions or emulated workers are not read as curves."""
     fs, root = filesystem(url)
     try:

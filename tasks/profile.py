@@ -21,7 +21,7 @@ from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem, profiles_root
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Profile, SpeedDrift
-from hetflow.training.launch.local import measure_profile
+from hetflow.training.launch.run import measure_profile
 
 
 def profiles_prefix(dataset: DatasetSpec, cluster: ClusterSpec, recipe: str) -> str:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from prefect import runtime, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrackingConfig, TrainConfig
+from hetflow.config import (
+    ClusterSpec,
+    ConfigError,
+    DatasetSpec,
+    FaultPolicy,
+    TrackingConfig,
+    TrainConfig,
+)
 from hetflow.figures import RunMetrics
 from hetflow.infra.catalog import Catalog, cost_usd
 from hetflow.infra.data.format import read_manifest
@@ -17,7 +25,7 @@ from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.tasks.history import store_learned
-from hetflow.training.launch.local import LaunchError, RankFailed
+from hetflow.training.launch.outcome import LaunchError, RankFailed
 from hetflow.training.launch.run import Ran, run_plan
 from hetflow.training.loop.optim import resolve_optimizer
 from hetflow.training.metrics import (
@@ -30,7 +38,7 @@ from hetflow.training.metrics import (
 from hetflow.training.plan.balance import PlanError
 from hetflow.training.plan.planner import make_plan
 from hetflow.training.plan.ranks import RankMap
-from hetflow.training.recipes import DataInfo, Recipe, check_recipe
+from hetflow.training.recipes import DataInfo, Recipe, recipe_of
 from hetflow.training.recipes.export import input_example, trained_model
 
 
@@ -56,11 +64,12 @@ def worth_retrying(task, task_run, state) -> bool:
     return True
 
 
-def _will_retry(e: LaunchError) -> bool:
-    """Whether Prefect runs this train task again after `e` (see `worth_retrying`)."""
+def _will_retry(e: LaunchError, faults: FaultPolicy) -> bool:
+    """Whether Prefect runs this train task again after `e` (see `worth_retrying`), as
+    `train_task(faults)` retries it."""
     if isinstance(e, RankFailed) or not runtime.task_run.id:
         return False
-    return runtime.task_run.run_count <= train_variant.retries
+    return runtime.task_run.run_count <= faults.task_retries
 
 
 def failure_tags(e: LaunchError) -> dict[str, str]:
@@ -77,10 +86,13 @@ def failure_tags(e: LaunchError) -> dict[str, str]:
     }
 
 
+_DEFAULT_FAULTS = FaultPolicy()
+
+
 @task(
     task_run_name="train {variant}",
-    retries=1,
-    retry_delay_seconds=5,
+    retries=_DEFAULT_FAULTS.task_retries,
+    retry_delay_seconds=_DEFAULT_FAULTS.task_retry_delay_s,
     retry_condition_fn=worth_retrying,
 )
 def train_variant(
@@ -96,12 +108,14 @@ def train_variant(
 ) -> TrainOutcome:
     """Plan, run torchrun with MLflow system metrics on, then record the run in MLflow.
 
-    `variant` labels the run (MLflow run name and tag, run directory); `train` is what runs.
+    `variant` labels the run (MLflow run name and tag, run directory); `train` is what runs,
+    validated by the flow (`validated_job`, and its data by `ValidatedJob.check_data`).
     Idempotent: a retry (or a re-run of the same flow run) reuses the run directory, so the
-    workers resume from the last checkpoint and the same MLflow run is completed.
+    workers resume from the last checkpoint and the same MLflow run is completed. Flows call
+    it as `train_task(train.faults)`, retried as the run's failure policy says.
     """
     manifest = read_manifest(dataset.url)
-    recipe = check_recipe(train, manifest)
+    recipe = recipe_of(train)  # checked, with the data, at the flow's entry (`validated_job`)
     train = resolve_optimizer(train, recipe)  # MLflow's params name the optimizer that ran
     plan: Plan = make_plan(profile, cluster, train)
     run_dir = stable_run_dir(variant)
@@ -141,6 +155,14 @@ def train_variant(
     tracker.finish(run_id)
     _print_outcome(variant, ran.result, metrics, ran.wall_s)
     return outcome
+
+
+def train_task(faults: FaultPolicy):
+    """`train_variant` retried as the failure policy says: `task_retries` times,
+    `task_retry_delay_s` after a failure (`worth_retrying` decides which failures)."""
+    return train_variant.with_options(
+        retries=faults.task_retries, retry_delay_seconds=faults.task_retry_delay_s
+    )
 
 
 def log_trained_model(
@@ -232,7 +254,7 @@ def launch(
                 on_progress=progress,
             )
         except LaunchError as e:
-            if not _will_retry(e):  # a retry completes the same run
+            if not _will_retry(e, train.faults):  # a retry completes the same run
                 tracker.fail(run_id, str(e), failure_tags(e))
             raise
     progress(train.steps)
@@ -266,17 +288,19 @@ def with_cost(
 
 
 def _progress_reporter(variant: str, steps: int):
-    """A Prefect progress artifact for the run, updated as rank 0 completes steps."""
+    """A Prefect progress artifact for the run, updated as rank 0 completes steps. Its key is
+    the variant's name as Prefect allows keys: lowercase letters, digits and dashes."""
     state = {"id": None, "last": -1}
+    key = re.sub(r"[^a-z0-9-]+", "-", f"train-{variant}".lower())
 
     def report(step: int) -> None:
-        pct = round(100.0 * step / steps, 1)
+        pct = min(100.0, round(100.0 * step / steps, 1))
         if pct == state["last"]:
             return
         try:
             if state["id"] is None:
                 state["id"] = create_progress_artifact(
-                    pct, key=f"train-{variant}", description=f"{variant}: steps completed"
+                    pct, key=key, description=f"{variant}: steps completed"
                 )
             else:
                 update_progress_artifact(state["id"], pct)

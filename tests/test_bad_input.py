@@ -177,12 +177,13 @@ def test_a_dataset_the_local_store_lacks_is_one_line_before_any_flow(tmp_path):
 
 def test_a_recipe_that_does_not_fit_the_datas_shape_is_one_line_before_launch(tmp_path):
     """The default recipe (digits-cnn) on 5 features: refused by the command before any flow,
-    and by the flows' own check (`check_training`, for data only a flow can read), naming
-    `train.recipe` and the built-in recipes that fit."""
+    and by the flows' own check (`ValidatedJob.check_data`, for data only a flow can read),
+    naming `train.recipe` and the built-in recipes that fit."""
     import numpy as np
 
+    from hetflow.config import ClusterSpec
     from hetflow.infra.data.format import read_manifest, write_dataset
-    from hetflow.tasks.preflight import check_training
+    from hetflow.training.validated import validated_job
 
     rng = np.random.default_rng(0)
     url = (tmp_path / "tab").as_uri()
@@ -193,9 +194,10 @@ def test_a_recipe_that_does_not_fit_the_datas_shape_is_one_line_before_launch(tm
     assert expected in line and line.endswith("use --recipe digits-mlp or digits-wide-mlp"), line
     assert not (tmp_path / "home" / "runs").exists()
     with pytest.raises(ConfigError, match=expected) as e:
-        check_training(TrainConfig(), manifest=read_manifest(url))
+        validated_job(ClusterSpec.from_speeds([1]), [TrainConfig()]).check_data(read_manifest(url))
     assert "\n" not in str(e.value)
-    check_training(TrainConfig(recipe="digits-mlp"), manifest=read_manifest(url))
+    fits = validated_job(ClusterSpec.from_speeds([1]), [TrainConfig(recipe="digits-mlp")])
+    fits.check_data(read_manifest(url))
 
 
 def test_an_image_folder_without_class_subfolders_is_one_line(tmp_path):

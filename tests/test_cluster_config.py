@@ -50,3 +50,32 @@ def test_a_worker_without_an_instance_type_is_one_line():
     cluster = ClusterSpec(workers=[WorkerSpec(name="a"), WorkerSpec(name="b")])
     with pytest.raises(ConfigError, match=r"^cluster\.workers\[a\]\.instance_type: a cloud"):
         ray_cluster_config(cluster, Catalog.for_cluster(cluster), ".")
+
+
+def test_a_spot_cluster_asks_ec2_for_spot_worker_nodes_and_keeps_its_head(tmp_path):
+    (tmp_path / "spot.yaml").write_text(
+        MIX.replace("launcher: ray\n", "launcher: ray\nmarket: spot\n")
+    )
+    out = tmp_path / "ray-up.yaml"
+    assert main(["cluster", "config", str(tmp_path / "spot.yaml"), "-o", str(out)]) == 0
+    types = yaml.safe_load(out.read_text())["available_node_types"]
+    spot = {"MarketType": "spot"}
+    assert types["g5_xlarge"]["node_config"]["InstanceMarketOptions"] == spot
+    assert types["g4dn_12xlarge"]["node_config"]["InstanceMarketOptions"] == spot
+    assert "InstanceMarketOptions" not in types["head"]["node_config"]  # never interrupted
+    on_demand = ray_cluster_config(
+        ClusterSpec.from_file(tmp_path / "spot.yaml").model_copy(update={"market": "on-demand"}),
+        Catalog.for_types(["g5.xlarge", "g4dn.12xlarge"]),
+        ".",
+    )
+    assert not any(
+        "InstanceMarketOptions" in t["node_config"]
+        for t in on_demand["available_node_types"].values()
+    )
+
+
+def test_a_market_the_cluster_file_cannot_rent_in_is_one_line_naming_it(tmp_path, capsys):
+    (tmp_path / "bad.yaml").write_text(MIX.replace("launcher: ray\n", "market: reserved\n"))
+    assert main(["cluster", "config", str(tmp_path / "bad.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "market: Input should be 'on-demand' or 'spot'" in err

@@ -154,7 +154,7 @@ def test_the_cli_lets_the_optimized_variant_try_local_sgd_only_when_asked():
 
     def optimized(*flags: str) -> TrainConfig:
         args = build_parser().parse_args(["train", "--speeds", "1,1", *flags])
-        return job_of(args, variant="optimized")[1]
+        return job_of(args, variant="optimized").train
 
     assert not optimized().allow_local_sgd
     asked = optimized("--allow-local-sgd")

@@ -15,7 +15,7 @@ from torch import nn
 
 from hetflow.training.devices import MixedPrecision
 from hetflow.training.loop.computing import ComputingRanks, sync_replicas
-from hetflow.training.loop.step import MeanOverCounts
+from hetflow.training.loop.weighting import MeanOverCounts
 
 from tests.dist import run_ranks
 

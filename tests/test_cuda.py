@@ -12,7 +12,7 @@ import torch
 from hetflow.config import ClusterSpec, TrainConfig, WorkerSpec
 from hetflow.records import Plan, RunResult
 from hetflow.training.devices import HostDevices, resolve_precision
-from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 
 from tests.test_training import _assert_same_params, _weights_after_one_step

@@ -80,6 +80,10 @@ def bench_parser(name: str, rest: list[str]):
         from benchmarks.diloco import parser
 
         return parser()
+    if name == "queue":
+        from benchmarks.queue import parser
+
+        return parser()
     if "--train" in rest:
         from benchmarks import data_train
 
@@ -93,7 +97,7 @@ def parse(line: str) -> None:
     """Parse `line` as `hetflow` would, down to the benchmark's or simulator's own flags."""
     argv = shlex.split(line)[1:]
     if argv[:1] == ["simulate"]:
-        from hetflow.simulator.cli import build_parser as simulate_parser
+        from hetflow.cli.simulate import build_parser as simulate_parser
 
         simulate_parser().parse_args(argv[1:])
         return

@@ -11,7 +11,7 @@ import pytest
 
 import hetflow
 
-LAYERS = ("flows", "tasks", "training", "infra", "emulation")
+LAYERS = ("forecast", "flows", "tasks", "training", "infra", "emulation")
 
 
 def module_names() -> list[str]:
@@ -38,6 +38,7 @@ def with_examples() -> list[str]:
 def test_the_namespace_is_walked_whole():
     names = module_names()
     assert "hetflow.records" in names and "hetflow.training.worker" in names
+    assert "hetflow.forecast.spot" in names  # a room under hetflow/ is walked too
     assert not any(n.startswith(("hetflow.benchmarks", "hetflow.tests")) for n in names)
 
 

@@ -253,6 +253,12 @@ def test_a_checkpoint_resumes_on_fewer_workers_each_keeping_its_own_records():
     assert again == out
     with pytest.raises(ValueError, match=r"workers \['d'\] were not in the run"):
         ckpt.narrowed(["a", "d"], [24, 24])
+    moved = ckpt.moved(["d", "a"], [24, 24])  # the queue's: a new worker, the re-balancer afresh
+    assert moved.workers == ["d", "a"] and moved.rebalancer is None
+    assert moved.records == [[], []] and moved.model == ckpt.model
+    assert LoopState.from_checkpoint(moved, 0).start == 9
+    assert Checkpoint.from_dict(moved.to_dict(), []) == moved
+    assert ckpt.moved(["a", "c"], [19, 29]) == out
 
 
 def _emulated_cpus(speeds: list[float], measured: list[int]):

@@ -113,19 +113,21 @@ def test_known_sets_are_lists_with_the_catalogs_values(schemas):
 
 
 def test_recommend_lists_exactly_what_it_can_price_and_time(schemas):
-    from hetflow.training.plan import rental
-    from hetflow.training.plan.models import MODELS, NAMES, OLD_NAMES
-    from hetflow.training.plan.recommend import Job
+    from hetflow.forecast import rental
+    from hetflow.forecast.models import MODELS, NAMES, OLD_NAMES
+    from hetflow.forecast.search import Job
+    from hetflow.infra.market import load_market
 
+    market = load_market()
     form = fields(schemas["recommend"])
     assert listed(form["job.recipe"]) == list(NAMES)  # each model once, by its recipe's name
     assert set(NAMES) | set(OLD_NAMES) == set(MODELS)
     offered = listed(form["candidates[].instance_type"])
-    job = Job(rental.model_of("resnet50"), 8, 1)
-    rental.candidates([(t, 1) for t in offered], job)  # every one listed can be recommended
+    job = Job(rental.model_of("resnet50"), global_batch=8, steps=1)
+    rental.candidates([(t, 1) for t in offered], job, market)  # every one listed can be recommended
     for t in set(load_snapshot()) - set(offered):
         with pytest.raises(rental.RecommendError):
-            rental.candidates([(t, 1)], job)
+            rental.candidates([(t, 1)], job, market)
 
 
 def test_descriptions_state_contracts_not_lab_notes(schemas):
@@ -138,7 +140,7 @@ def test_descriptions_state_contracts_not_lab_notes(schemas):
 
 def test_the_forms_restart_default_is_the_spot_models():
     from hetflow.config import RecommendMarket
-    from hetflow.training.plan.spot import SPOT_RESTART_S
+    from hetflow.forecast.spot import SPOT_RESTART_S
 
     said = RecommendMarket.model_fields["restart_s"].description
     assert f"empty: {SPOT_RESTART_S:g} s," in said
@@ -162,6 +164,45 @@ def test_the_form_opens_on_the_fields_a_user_changes_first(schemas, name):
     schema = schemas[name]
     assert min(schema["properties"], key=lambda k: schema["properties"][k]["position"]) == "train"
     assert tuple(fields(schema))[: len(FIRST_FIELDS)] == FIRST_FIELDS
+
+
+def test_every_field_carries_its_place_in_the_models_declaration(schemas):
+    """Prefect's UIs sort a model's fields by `position` (one puts a field without it last,
+    the other first): every field has it, in the order its model declares it."""
+    for name, schema in schemas.items():
+        for model, defn in schema.get("definitions", {}).items():
+            props = defn.get("properties", {})
+            if not props:
+                continue  # an enum
+            assert [p.get("position") for p in props.values()] == list(range(len(props))), (
+                f"{name}: {model}"
+            )
+
+
+# The knobs that tune the machinery rather than the run: in YAML, JSON or a deployment run's
+# parameters, not in the form.
+MACHINERY = (
+    "compression_candidates",
+    "rebalance_every",
+    "rebalance_threshold",
+    "stall_timeout_s",
+    "threads_per_rank",
+    "faults",
+)
+
+
+@pytest.mark.parametrize("name", ["train", "compare", "profile-cluster"])
+def test_the_machinerys_knobs_stay_out_of_the_form_and_are_still_taken(schemas, name):
+    schema, flow = schemas[name], FLOWS[name]
+    form = fields(schema)
+    assert not [p for p in form if p.startswith("train.") and p.split(".")[1] in MACHINERY]
+    shown = schema["definitions"]["TrainConfig"]
+    assert shown["additionalProperties"] is True
+    assert all(k in shown["description"] for k in MACHINERY)
+    given = {"train": {"stall_timeout_s": 60, "faults": {"group_restarts": 0}}}
+    validate(given, schema, raise_on_error=True)  # the server's check
+    ran = flow.validate_parameters(given)["train"]
+    assert ran.stall_timeout_s == 60 and ran.faults.group_restarts == 0
 
 
 def test_a_worker_is_a_few_fields_and_the_rest_stay_settable(schemas):

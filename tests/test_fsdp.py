@@ -16,7 +16,7 @@ from hetflow.cli import main
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job
 from hetflow.infra.s3 import ensure_bucket, filesystem
 from hetflow.records import Plan
-from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop import sharded
 from hetflow.training.loop.checkpoint import CheckpointStore
@@ -27,6 +27,7 @@ from tests.test_training import (
     _assert_same_params,
     _single_process_steps,
     assert_moved_off_the_straggler,
+    no_restarts,
     straggler_run,
 )
 
@@ -81,7 +82,7 @@ def assert_same_momentum(saved: dict, model: dict, opt: dict) -> None:
 @pytest.mark.parametrize("plan", [[3, 9, 20], [13, 0, 19]], ids=["uneven", "one-empty"])
 def test_fsdp_on_uneven_batches_trains_the_weights_of_one_process(digits, tmp_path, plan):
     spec = fsdp_spec(digits, tmp_path / "fsdp", plan)
-    result, _ = run_workers(spec, timeout_s=240, max_restarts=0)
+    result, _ = run_workers(no_restarts(spec), timeout_s=240)
     reference = _single_process_steps(spec, [{"step": 0, "plan": plan}], STEPS)
     _assert_same_params(torch.load(Path(spec.run_dir) / "model.pt"), reference[-1][0])
     # the checkpoint after step 2 names its DCP folder, one file per rank, which holds the
@@ -115,7 +116,7 @@ def test_a_sharded_run_resumes_its_checkpoint_on_fewer_workers(digits, tmp_path)
     # from it, re-sharded, with the same global batch: the weights and momentum are still
     # one process's on the whole batch (step t reads the same samples whatever the plan)
     three = fsdp_spec(digits, tmp_path / "three", [5, 9, 18])
-    run_workers(three, timeout_s=240, max_restarts=0)
+    run_workers(no_restarts(three), timeout_s=240)
     two = fsdp_spec(digits, tmp_path / "two", [12, 20])
     two = two.model_copy(
         update={
@@ -123,7 +124,7 @@ def test_a_sharded_run_resumes_its_checkpoint_on_fewer_workers(digits, tmp_path)
             "train": two.train.model_copy(update={"steps": 5}),
         }
     )
-    result, _ = run_workers(two, timeout_s=240, max_restarts=0)
+    result, _ = run_workers(no_restarts(two), timeout_s=240)
     assert [rec["step"] for rec in result["ranks"][0]["records"]][-3:] == [2, 3, 4]
     assert result["ranks"][0]["plans"][-1] == {"step": 2, "plan": [12, 20]}
     reference = _single_process_steps(three, [{"step": 0, "plan": [5, 9, 18]}], 5)
@@ -149,7 +150,7 @@ def test_sharded_checkpoints_in_s3_resume_on_fewer_workers(digits, tmp_path):
     three = fsdp_spec(digits, tmp_path / "three", [5, 9, 18]).model_copy(
         update={"checkpoint_url": url}
     )
-    run_workers(three, timeout_s=240, max_restarts=0)
+    run_workers(no_restarts(three), timeout_s=240)
     saved = CheckpointStore(url).load()
     fs, root = filesystem(f"{url}/{saved['shards']}")
     assert len([f for f in fs.ls(root) if f.endswith(".distcp")]) == 3
@@ -157,7 +158,7 @@ def test_sharded_checkpoints_in_s3_resume_on_fewer_workers(digits, tmp_path):
     two = two.model_copy(
         update={"checkpoint_url": url, "train": two.train.model_copy(update={"steps": 5})}
     )
-    result, _ = run_workers(two, timeout_s=240, max_restarts=0)
+    result, _ = run_workers(no_restarts(two), timeout_s=240)
     assert result["ranks"][0]["plans"][-1] == {"step": 2, "plan": [12, 20]}  # resumed at 2
     reference = _single_process_steps(three, [{"step": 0, "plan": [5, 9, 18]}], 5)
     _assert_same_params(torch.load(Path(two.run_dir) / "model.pt"), reference[-1][0])
@@ -187,13 +188,13 @@ def test_shards_go_to_a_local_folder_or_s3_and_come_back(s3, tmp_path, where):
 @pytest.mark.timeout(300)
 def test_a_run_refuses_a_checkpoint_taken_under_another_strategy(digits, tmp_path):
     ddp = fsdp_spec(digits, tmp_path / "ddp", [8, 8], strategy="ddp")
-    result, _ = run_workers(ddp, timeout_s=200, max_restarts=0)
+    result, _ = run_workers(no_restarts(ddp), timeout_s=200)
     assert result["ranks"][0]["state_bytes"] == result["ranks"][1]["state_bytes"]
     resumed = fsdp_spec(digits, tmp_path / "fsdp", [8, 8]).model_copy(
         update={"checkpoint_url": f"{ddp.run_dir}/checkpoints"}
     )
     with pytest.raises(Exception, match="train.strategy: the checkpoint of step 2 was taken "):
-        run_workers(resumed, timeout_s=200, max_restarts=0)
+        run_workers(no_restarts(resumed), timeout_s=200)
 
 
 @pytest.mark.parametrize(

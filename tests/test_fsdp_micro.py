@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from hetflow.config import ClusterSpec, TrainConfig, check_job
-from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.run import run_workers
 from hetflow.training.plan.planner import make_plan
 
 from tests.dist import run_ranks
 from tests.profiles import profile_of, rank_profile
 from tests.test_fsdp import assert_same_momentum, dcp_state, fsdp_spec
-from tests.test_training import _assert_same_params, _single_process_steps
+from tests.test_training import _assert_same_params, _single_process_steps, no_restarts
 
 WORLD = 3
 CAPS = [None, 3, 2]
@@ -78,7 +78,9 @@ def sharded_micro_steps(rank: int, world: int, arg: dict) -> dict:
     from hetflow.training.comm import new_control_group
     from hetflow.training.devices import MixedPrecision
     from hetflow.training.loop import sharded
-    from hetflow.training.loop.step import MeanOverCounts, Net, Stepper
+    from hetflow.training.loop.net import Net
+    from hetflow.training.loop.step import Stepper
+    from hetflow.training.loop.weighting import MeanOverCounts
     from hetflow.training.recipes import seeded_model
 
     kind = arg["kind"]
@@ -177,7 +179,7 @@ def test_fsdp_micro_batches_train_like_one_process_and_resume_on_fewer_workers(d
     workers then go on from it, one of them splitting its share, and after 2 more steps hold
     one process's weights on the whole batch."""
     four = micro_spec(digits, tmp_path / "four", [4, 9, 6, 0], [None, 3, 3, None], 3)
-    result, _ = run_workers(four, timeout_s=240, max_restarts=0)
+    result, _ = run_workers(no_restarts(four), timeout_s=240)
     ranks = result["ranks"]
     assert [r["records"][0]["micro_batches"] for r in ranks] == [1, 3, 2, 1]
     sent = [[rec["bytes_sent"] for rec in r["records"]] for r in ranks]
@@ -193,7 +195,7 @@ def test_fsdp_micro_batches_train_like_one_process_and_resume_on_fewer_workers(d
     assert_same_momentum(whole["optim"], *reference[1])
     two = micro_spec(digits, tmp_path / "two", [7, 12], [None, 5], 4)
     two = two.model_copy(update={"checkpoint_url": str(saved_at)})
-    result, _ = run_workers(two, timeout_s=240, max_restarts=0)
+    result, _ = run_workers(no_restarts(two), timeout_s=240)
     assert [r["records"][-1]["micro_batches"] for r in result["ranks"]] == [1, 3]
     _assert_same_params(torch.load(Path(two.run_dir) / "model.pt"), reference[3][0])
 

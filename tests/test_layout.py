@@ -4,6 +4,7 @@ do one thing. These are the habits docs/architecture.md describes, checked on ev
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,8 @@ FOLDERS = {
     "infra": "hetflow.infra",
     "emulation": "hetflow.emulation",
 }
-# What each layer may import of hetflow (besides itself). The CLI, the stack and the simulator
-# (under hetflow/) sit on top and may import anything.
+# What each layer may import of hetflow (besides itself). The CLI and the stack (under hetflow/)
+# sit on top and may import anything.
 ALLOWED = {
     "hetflow.figures": set(),  # the run's figures: records, at the bottom with them
     "hetflow.records": {"hetflow.figures"},
@@ -27,16 +28,20 @@ ALLOWED = {
     "hetflow.config_dataset": {"hetflow.config_base"},
     "hetflow.config_cluster": {"hetflow.config_base", "hetflow.emulation"},
     "hetflow.config_recommend": {"hetflow.config_base"},
+    "hetflow.config_faults": {"hetflow.config_base"},
     "hetflow.config_diloco": {"hetflow.config_base"},
+    "hetflow.config_queue": {"hetflow.config", "hetflow.config_base", "hetflow.emulation"},
     "hetflow.config": {
         "hetflow.records",
         "hetflow.config_base",
         "hetflow.config_dataset",
         "hetflow.config_cluster",
         "hetflow.config_recommend",
+        "hetflow.config_faults",
         "hetflow.config_diloco",
     },
     "hetflow.emulation": set(),
+    "hetflow.output": set(),  # a command's JSON file and wide console: no hetflow below it
     # the profile history's records and keys (`hetflow.history`), beside the config
     "hetflow.history": {"hetflow.records", "hetflow.config"},
     "hetflow.infra": {"hetflow.figures", "hetflow.records", "hetflow.config", "hetflow.emulation"},
@@ -48,15 +53,32 @@ ALLOWED = {
         "hetflow.emulation",
         "hetflow.infra",
     },
+    # the forecast room: pure, above training (it may use the plan), below the tasks
+    "hetflow.forecast": {
+        "hetflow.figures",
+        "hetflow.records",
+        "hetflow.config",
+        "hetflow.history",
+        "hetflow.emulation",
+        "hetflow.output",
+        "hetflow.training",
+    },
     "hetflow.tasks": {
+        "hetflow.config_queue",
+        "hetflow.queue",
         "hetflow.figures",
         "hetflow.records",
         "hetflow.config",
         "hetflow.history",
         "hetflow.infra",
+        "hetflow.forecast",
         "hetflow.training",
     },
+    # the queue's allocator and replay: pure, over the plan's balanced step
+    "hetflow.queue": {"hetflow.training"},
     "hetflow.flows": {
+        "hetflow.config_queue",
+        "hetflow.queue",
         "hetflow.figures",
         "hetflow.records",
         "hetflow.config",
@@ -115,7 +137,7 @@ def hetflow_imports(tree: ast.AST) -> set[str]:
 def test_layers_import_downward_only(module, path):
     own = layer(module)
     if own is None:
-        return  # the top: CLI, stack, simulator
+        return  # the top: CLI, stack
     bad = sorted(
         name
         for name in hetflow_imports(ast.parse(path.read_text()))
@@ -136,21 +158,93 @@ def all_imports(tree: ast.AST) -> set[str]:
     return names
 
 
-PURE_ROOM = "hetflow.training.plan"
+# The layers from the top down: each may import those below it, none above it.
+LAYER_ORDER = (
+    "hetflow.cli",
+    "hetflow.flows",
+    "hetflow.tasks",
+    "hetflow.forecast",
+    "hetflow.training",
+    "hetflow.infra",
+)
+
+
+def test_no_layer_may_import_one_above_it():
+    for i, upper in enumerate(LAYER_ORDER):
+        for lower in LAYER_ORDER[i + 1 :]:
+            assert upper not in ALLOWED[lower], f"{lower} may import {upper}, above it"
+    for upper, lower in itertools.pairwise(LAYER_ORDER[1:]):
+        assert lower in ALLOWED[upper], f"{upper} may not import {lower}, just below it"
+
+
+# The pure rooms: no torch, no infra (hetflow's or the outside world's clients), anywhere in a
+# module (at the top, inside a function, or for type checkers), and of `training` only the plan
+# (the rest brings torch).
+PURE_ROOMS = ("hetflow.training.plan", "hetflow.forecast")
+PLAN = "hetflow.training.plan"
+INFRA = (
+    "hetflow.infra",
+    "torch",
+    "boto3",
+    "botocore",
+    "s3fs",
+    "fsspec",
+    "mlflow",
+    "prefect",
+    "ray",
+)
+
+
+def impure(names: set[str]) -> list[str]:
+    """The imports among `names` a pure room may not make."""
+    return sorted(
+        n
+        for n in names
+        if any(n == bad or n.startswith(bad + ".") for bad in INFRA)
+        or (n.startswith("hetflow.training") and not n.startswith(PLAN))
+    )
+
+
+def pure_sources() -> list[tuple[str, Path]]:
+    return [(m, p) for m, p in sources() if m.startswith(PURE_ROOMS)]
+
+
+@pytest.mark.parametrize("module, path", pure_sources(), ids=[m for m, _ in pure_sources()])
+def test_the_pure_rooms_import_no_infra_and_no_torch(module, path):
+    """The plan and the forecast import neither torch, nor infra, nor the rest of `training`."""
+    bad = impure(all_imports(ast.parse(path.read_text())))
+    assert not bad, f"{module} imports {bad}"
+
+
+def test_the_purity_rule_sees_an_import_inside_a_function():
+    tree = ast.parse(
+        "def f():\n    from hetflow.infra.catalog import load_snapshot\n"
+        "    import torch.nn\n    from hetflow.training.plan.balance import balance_batches\n"
+        "if TYPE_CHECKING:\n    from hetflow.training.loop import step\n"
+    )
+    assert impure(all_imports(tree)) == [
+        "hetflow.infra.catalog",
+        "hetflow.training.loop",
+        "torch.nn",
+    ]
+
+
+QUEUE_ROOM = "hetflow.queue"
 
 
 @pytest.mark.parametrize(
     "module, path",
-    [(m, p) for m, p in sources() if m.startswith(PURE_ROOM)],
-    ids=[m for m, _ in sources() if m.startswith(PURE_ROOM)],
+    [(m, p) for m, p in sources() if m.startswith(QUEUE_ROOM)],
+    ids=[m for m, _ in sources() if m.startswith(QUEUE_ROOM)],
 )
-def test_the_plan_room_is_pure(module, path):
-    """The plan imports neither torch nor the rest of `training` (which would bring torch)."""
+def test_the_queue_room_is_pure(module, path):
+    """The allocator imports no torch, Prefect or MLflow, and of hetflow only itself and the
+    plan (pure)."""
     bad = sorted(
         n
         for n in all_imports(ast.parse(path.read_text()))
-        if n.split(".")[0] == "torch"
-        or (n.startswith("hetflow.training") and not n.startswith(PURE_ROOM))
+        if n.split(".")[0] in {"torch", "prefect", "mlflow", "boto3", "s3fs"}
+        or (n.startswith("hetflow") and not n.startswith((QUEUE_ROOM, PLAN)))
     )
     assert not bad, f"{module} imports {bad}"
 
@@ -191,12 +285,15 @@ def test_the_size_rule_covers_the_benchmarks_and_the_layer_rule_does_not():
 # Modules whose docstrings must hold no lab notes: their figures, dates and issue numbers live
 # in docs/measurements/; a docstring states the contract.
 CONTRACT_DOCSTRINGS = (
-    "training/plan/spot.py",
-    "training/plan/models.py",
-    "training/plan/recommend.py",
-    "training/plan/measured.py",
-    "training/plan/rental.py",
-    "training/plan/spot_table.py",
+    "hetflow/forecast/search.py",
+    "hetflow/forecast/spot.py",
+    "hetflow/forecast/models.py",
+    "hetflow/forecast/measured.py",
+    "hetflow/forecast/rental.py",
+    "hetflow/forecast/spot_table.py",
+    "hetflow/forecast/recommend.py",
+    "hetflow/forecast/table.py",
+    "infra/market.py",
     "hetflow/config_recommend.py",
     "hetflow/cli/recommend.py",
     "tasks/recommend.py",

@@ -18,7 +18,7 @@ from hetflow.cli import main
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job, validated
 from hetflow.records import Plan
 from hetflow.training.comm import ring_allreduce_bytes
-from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.run import run_workers
 from hetflow.training.plan.balance import balance_batches, micro_cost, micro_split
 from hetflow.training.plan.planner import make_plan, with_micro
 
@@ -147,7 +147,9 @@ def micro_gradients(rank: int, world: int, arg: dict) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from hetflow.training.comm import new_control_group
-    from hetflow.training.loop.step import MeanOverCounts, Stepper, split_batch
+    from hetflow.training.loop.micro import split_batch
+    from hetflow.training.loop.step import Stepper
+    from hetflow.training.loop.weighting import MeanOverCounts
 
     recipe = recipe_of(arg["padded"])
     model = seeded_model_on(recipe)
@@ -306,7 +308,9 @@ class _LocalDDP(torch.nn.Module):
 
 
 def _peak_saved_bytes(n: int, cap: int | None) -> int:
-    from hetflow.training.loop.step import MeanOverCounts, Stepper, split_batch
+    from hetflow.training.loop.micro import split_batch
+    from hetflow.training.loop.step import Stepper
+    from hetflow.training.loop.weighting import MeanOverCounts
     from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
     recipe = get_recipe("digits-cnn")

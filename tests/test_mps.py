@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from hetflow.config import ClusterSpec, ConfigError, WorkerSpec
-from hetflow.training.launch import local, mps
+from hetflow.training.launch import mps
+from hetflow.training.launch import run as launch_run
 from hetflow.training.launch.spec import RunSpec
 
 
@@ -149,7 +150,7 @@ def test_the_launcher_refuses_before_writing_the_job(tmp_path, monkeypatch):
         run_dir=str(tmp_path / "run"),
     )
     with pytest.raises(ConfigError, match=r"^cluster.workers\[w1\].gpu_share: MPS is not avail"):
-        local.run_workers(spec)
+        launch_run.run_workers(spec)
     assert not (tmp_path / "run").exists()
 
 

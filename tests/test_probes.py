@@ -16,7 +16,7 @@ from hetflow.emulation.emulator import Emulator
 from hetflow.emulation.link import Link
 from hetflow.flows.profile_cluster import print_profile_report, profile_report
 from hetflow.records import Profile, RankProfile
-from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.probes.compute import probe_compute
 from hetflow.training.probes.memory import saved_activation_bytes

@@ -19,7 +19,8 @@ from hetflow.config import ClusterSpec, TrackingConfig, TrainConfig
 from hetflow.records import Plan, RunResult
 from hetflow.training.faults.records import RankFailure, ranks_dir
 from hetflow.training.faults.watch import JobWatch
-from hetflow.training.launch.local import LaunchError, RankFailed, run_workers
+from hetflow.training.launch.outcome import LaunchError, RankFailed
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import Injection, RunSpec
 from hetflow.training.metrics import summarize
 

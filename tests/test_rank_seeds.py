@@ -56,7 +56,7 @@ def net_draws(rank: int, world: int, arg: dict) -> dict:
     torch draws next (as a dropout mask would be)."""
     from hetflow.infra.data.reader import open_rank_data
     from hetflow.training.launch.spec import RunSpec, emulator_for
-    from hetflow.training.loop.step import build_net
+    from hetflow.training.loop.net import build_net
     from hetflow.training.recipes import recipe_of
 
     spec = RunSpec.model_validate(arg)

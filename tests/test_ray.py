@@ -13,8 +13,8 @@ import torch
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, WorkerSpec
 from hetflow.infra.s3 import filesystem
 from hetflow.records import Plan, RunResult
-from hetflow.training.launch.local import run_workers
 from hetflow.training.launch.ray_train import NODE_LABEL, connect, label_selectors
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 
 ray = pytest.importorskip("ray")

@@ -23,8 +23,8 @@ from hetflow.infra.catalog import Catalog
 from hetflow.infra.ray_cluster import NODE_LABEL, node_type_name, ray_cluster_config, validate
 from hetflow.infra.s3 import free_port
 from hetflow.records import Plan, RunResult
-from hetflow.training.launch.local import run_workers
 from hetflow.training.launch.ray_train import connect
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 
 ray = pytest.importorskip("ray")

@@ -54,7 +54,7 @@ def ddp_gradients(rank: int, world: int, arg: dict) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from hetflow.training.comm import new_control_group
-    from hetflow.training.loop.step import MeanOverCounts
+    from hetflow.training.loop.weighting import MeanOverCounts
 
     padded = arg["padded"]
     recipe = recipe_of(padded)
@@ -114,7 +114,7 @@ def resnet_ddp_gradient(rank: int, world: int, arg: dict) -> dict:
     weights it (`MeanOverCounts`, a fixed count per sample: no collective)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hetflow.training.loop.step import MeanOverCounts
+    from hetflow.training.loop.weighting import MeanOverCounts
     from hetflow.training.recipes import get_recipe
 
     recipe = get_recipe("resnet", width=8, blocks=1, norm=arg["norm"])

@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from hetflow.cli import main
-from hetflow.cli.recommend import candidates_of
 from hetflow.config import ClusterSpec
-from hetflow.training.plan.models import MODELS
-from hetflow.training.plan.recommend import (
+from hetflow.forecast.clusters import parse_mix
+from hetflow.forecast.models import MODELS
+from hetflow.forecast.rental import candidates
+from hetflow.forecast.search import (
     Candidate,
     Evaluator,
     Job,
@@ -23,14 +24,15 @@ from hetflow.training.plan.recommend import (
     local_batches,
     search,
 )
-from hetflow.training.plan.rental import mixing_line
+from hetflow.forecast.table import mixing_line
+from hetflow.infra.market import load_market
 
 RESNET = MODELS["resnet50"]
 MIX = "g4dn.xlarge:8,p3.2xlarge:8,p4d.24xlarge:4"
 
 
 def catalog_cands(text: str, job: Job) -> list[Candidate]:
-    return candidates_of(text, job)[0]
+    return candidates(parse_mix(text), job, load_market())
 
 
 def affine(name, available, usd, latency_s, per_sample_s, batch, devices=1, nic=1e6):
@@ -53,7 +55,7 @@ def singles(cands, job):
 
 
 def test_with_plenty_of_a100s_the_cheaper_types_are_not_worth_adding():
-    job = Job(RESNET, 1024, 10_000)
+    job = Job(RESNET, global_batch=1024, steps=10_000)
     cands = catalog_cands(MIX, job)
     rec = search(cands, job, Objective("deadline", deadline_h=0.15))
     assert rec.best.label(cands) == "p4d.24xlarge x2"
@@ -61,7 +63,7 @@ def test_with_plenty_of_a100s_the_cheaper_types_are_not_worth_adding():
 
 
 def test_under_a_tight_budget_the_cheap_type_wins():
-    job = Job(RESNET, 256, 10_000)
+    job = Job(RESNET, global_batch=256, steps=10_000)
     cands = catalog_cands(MIX, job)
     cheap = Evaluator(cands, job)((1, 0, 0))
     rec = search(cands, job, Objective("budget", budget_usd=cheap.cost_usd * 1.05))
@@ -72,7 +74,7 @@ def test_under_a_tight_budget_the_cheap_type_wins():
 
 @pytest.mark.parametrize("deadline_h", [0.2, 0.5, 1.0, 3.0])
 def test_the_deadline_is_respected_at_the_least_cost(deadline_h):
-    job = Job(RESNET, 512, 10_000)
+    job = Job(RESNET, global_batch=512, steps=10_000)
     cands = catalog_cands(MIX, job)
     rec = search(cands, job, Objective("deadline", deadline_h=deadline_h))
     assert rec.best.hours <= deadline_h
@@ -83,7 +85,7 @@ def test_the_deadline_is_respected_at_the_least_cost(deadline_h):
 def test_a_margin_keeps_a_share_of_the_deadline_in_hand():
     """With the deadline set just above the cheapest in-time mix's prediction, a 15% margin
     moves the choice to a mix predicted to finish by 0.85 x the deadline, at a higher cost."""
-    job = Job(RESNET, 512, 10_000)
+    job = Job(RESNET, global_batch=512, steps=10_000)
     cands = catalog_cands(MIX, job)
     bare = search(cands, job, Objective("deadline", deadline_h=1.0))
     deadline = bare.best.hours * 1.01
@@ -106,7 +108,7 @@ def test_the_cli_defaults_to_a_margin_and_refuses_a_bad_one(tmp_path, capsys):
 
 
 def test_a_deadline_no_mix_meets_names_the_fastest():
-    job = Job(RESNET, 1024, 10_000)
+    job = Job(RESNET, global_batch=512, steps=10_000)
     cands = catalog_cands("p3.2xlarge:1,g4dn.xlarge:1", job)
     with pytest.raises(RecommendError, match=r"the fastest, .* is predicted [\d.]+ h"):
         search(cands, job, Objective("deadline", deadline_h=0.01))
@@ -123,7 +125,7 @@ OBJECTIVES = [
 @pytest.mark.parametrize("mix", [MIX, "g4dn.xlarge:40,g4dn.12xlarge:8,p3.2xlarge:30,p3.8xlarge:6"])
 def test_the_chosen_mix_is_never_worse_than_any_single_type(objective, mix):
     """Exhaustive or pruned (the second mix allows too many mixes to price them all)."""
-    job = Job(RESNET, 512, 10_000)
+    job = Job(RESNET, global_batch=512, steps=10_000)
     cands = catalog_cands(mix, job)
     rec = search(cands, job, objective)
     for alone in singles(cands, job):
@@ -131,7 +133,7 @@ def test_the_chosen_mix_is_never_worse_than_any_single_type(objective, mix):
 
 
 def test_a_mix_wins_where_neither_type_alone_meets_the_deadline():
-    job = Job(RESNET, 256, 1000)
+    job = Job(RESNET, global_batch=256, steps=1000)
     fast = affine("fast", 1, 10.0, 0.01, 0.001, 256)  # 266 ms at 256
     slow = affine("slow", 4, 1.0, 0.01, 0.004, 256)  # 4 of them: 266 ms
     cands = [fast, slow]
@@ -142,7 +144,7 @@ def test_a_mix_wins_where_neither_type_alone_meets_the_deadline():
 
 
 def test_a_type_too_slow_to_take_a_sample_is_not_rented():
-    job = Job(RESNET, 64, 100)
+    job = Job(RESNET, global_batch=64, steps=100)
     fast = affine("fast", 1, 1.0, 0.001, 0.0001, 64)  # 7.4 ms for the whole batch
     crawl = affine("crawl", 2, 0.01, 1.0, 0.1, 64)  # 1.1 s for one sample
     ev = Evaluator([fast, crawl], job)
@@ -153,7 +155,7 @@ def test_a_type_too_slow_to_take_a_sample_is_not_rented():
 
 @pytest.mark.parametrize("batch", [7, 100, 1000])
 def test_the_batch_plan_sums_to_the_global_batch_and_finishes_together(batch):
-    job = Job(RESNET, batch, 10)
+    job = Job(RESNET, global_batch=batch, steps=10)
     cands = [affine("a", 2, 1.0, 0.002, 0.001, batch), affine("b", 3, 1.0, 0.002, 0.003, batch)]
     ev = Evaluator(cands, job)
     p = ev((2, 3))
@@ -167,7 +169,7 @@ def test_the_batch_plan_sums_to_the_global_batch_and_finishes_together(batch):
 
 
 def test_the_pareto_front_is_sorted_and_undominated():
-    job = Job(RESNET, 512, 10_000)
+    job = Job(RESNET, global_batch=512, steps=10_000)
     rec = search(catalog_cands(MIX, job), job, Objective())
     hours = [p.hours for p in rec.front]
     costs = [p.cost_usd for p in rec.front]
@@ -185,7 +187,7 @@ BAD = [
     (["--budget", "0.3"], "less than one instance-hour of the cheapest candidate, g4dn.xlarge"),
     (["--deadline-h", "0.001"], "finishes 10000 steps in 0.00085 h (0.001 h less a 15% margin)"),
     (["--budget", "1", "--steps", "10000000"], "no mix of the candidates finishes 10000000"),
-    (["--steps", "0"], "--steps: must be a finite number > 0"),
+    (["--steps", "0"], "--steps: Input should be greater than or equal to 1 (got 0)"),
     (["--budget", "5", "--deadline-h", "2"], "not allowed with argument"),
 ]
 
@@ -202,7 +204,7 @@ def test_bad_input_is_one_line(flags, message, capsys, tmp_path):
 
 def test_the_cluster_file_round_trips_and_names_the_presets(tmp_path, capsys):
     out, figures = tmp_path / "c.yaml", tmp_path / "r.json"
-    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "2048"]
+    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "768"]
     flags += ["--steps", "1000", "--budget", "20", "-o", str(out), "--json", str(figures)]
     flags += ["--plot", str(tmp_path / "front.png")]
     assert main(["recommend", *flags]) == 0
@@ -222,7 +224,7 @@ def test_the_cluster_file_round_trips_and_names_the_presets(tmp_path, capsys):
     assert nodes == {"head": 0, "g4dn_xlarge": 2, "p3_2xlarge": 1}
     assert f"`ray up {tmp_path / 'c-ray.yaml'}`" in printed
     data = json.loads(figures.read_text())
-    assert sum(map(sum, data["chosen"]["local_batches"])) == 2048
+    assert sum(map(sum, data["chosen"]["local_batches"])) == 768
     assert data["chosen"]["mix"] == {"g4dn.xlarge": 2, "p3.2xlarge": 1}
     assert (tmp_path / "front.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -238,7 +240,7 @@ def test_a_multi_gpu_instance_is_one_node_of_several_workers(tmp_path, capsys):
 
 def test_recipe_lists_each_model_once_and_still_takes_an_old_name(tmp_path, capsys):
     from hetflow.cli import build_parser
-    from hetflow.training.plan.models import NAMES
+    from hetflow.forecast.models import NAMES
 
     rec = build_parser()._subparsers._group_actions[0].choices["recommend"]
     assert "{" + ",".join(NAMES) + "}" in rec.format_help()
@@ -280,7 +282,7 @@ PRUNED = [
 def test_the_pruned_search_finds_what_the_exhaustive_one_finds(objective, monkeypatch):
     """On made-up types where mixing pays (a fast network): pricing every one of the 1,620
     mixes, and pricing the grid then climbing, choose alike."""
-    job = Job(RESNET, 512, 10_000)
+    job = Job(RESNET, global_batch=512, steps=10_000)
     cands = [
         affine("big", 2, 30.0, 0.004, 0.0004, 512, devices=8),
         affine("mid", 11, 3.0, 0.004, 0.0008, 512),
@@ -288,7 +290,7 @@ def test_the_pruned_search_finds_what_the_exhaustive_one_finds(objective, monkey
         affine("tiny", 4, 0.2, 0.02, 0.01, 512),
     ]
     full = search(cands, job, objective)
-    monkeypatch.setattr("hetflow.training.plan.recommend.EXHAUSTIVE", 10)
+    monkeypatch.setattr("hetflow.forecast.search.EXHAUSTIVE", 10)
     pruned = search(cands, job, objective)
     assert pruned.evaluated < full.evaluated
     assert objective.key(pruned.best) == objective.key(full.best)

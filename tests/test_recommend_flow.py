@@ -34,6 +34,68 @@ def cli(flags: list[str], tmp_path, capsys) -> tuple[int, dict, str, str]:
     return code, json.loads(figures.read_text()), out.read_text(), err
 
 
+# The same question asked as flags and as the flow's typed parameters (what its form sends).
+SAME = [
+    (
+        [
+            *("--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "768"),
+            *("--steps", "1000", "--budget", "20"),
+        ],
+        {
+            "job": RecommendJob(global_batch=768, steps=1000),
+            "candidates": [
+                RentableType(instance_type="g4dn.xlarge", count=2),
+                RentableType(instance_type="p3.2xlarge", count=1),
+            ],
+            "objective": RecommendObjective(kind="budget", budget_usd=20),
+        },
+    ),
+    (
+        [
+            *("--candidates", "g4dn.xlarge:4,p3.2xlarge:2", "--global-batch", "512"),
+            *("--steps", "5000", "--deadline-h", "3", "--deadline-margin", "0.2"),
+            *("--market", "both", "--interruptions", "p3.2xlarge:40"),
+            *("--spot-discount", "g4dn.xlarge:0.5", "--restart-s", "120"),
+            *("--max-local-batch", "128"),
+        ],
+        {
+            "job": RecommendJob(global_batch=512, steps=5000, max_local_batch=128),
+            "candidates": [
+                RentableType(instance_type="g4dn.xlarge", count=4),
+                RentableType(instance_type="p3.2xlarge", count=2),
+            ],
+            "objective": RecommendObjective(kind="deadline", deadline_h=3, deadline_margin=0.2),
+            "market": RecommendMarket(
+                kind="both",
+                restart_s=120,
+                overrides=[
+                    SpotOverride(instance_type="p3.2xlarge", interruptions_per_month=40),
+                    SpotOverride(instance_type="g4dn.xlarge", discount=0.5),
+                ],
+            ),
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("flags, params", SAME, ids=["budget", "deadline-spot"])
+def test_the_command_and_the_flow_give_the_same_answer(flags, params, tmp_path, capsys):
+    """The flow's task (`recommend_mix`, what the flow runs) and `hetflow recommend` choose
+    alike and write the same cluster file, Ray YAML and figures (the search's own time aside)."""
+    from hetflow.config import RecommendRequest
+    from hetflow.tasks.recommend import recommend_mix
+
+    code, want, cluster_text, err = cli(flags, tmp_path, capsys)
+    assert code == 0, err
+    out = recommend_mix.fn(RecommendRequest(**params))
+    got = out.rec.figures()
+    for figures in (want, got):
+        figures.pop("time_to_recommend_s")
+    assert json.loads(json.dumps(got)) == want
+    assert out.rec.cluster_yaml() == cluster_text
+    assert out.ray_yaml == (tmp_path / "cli-ray.yaml").read_text()
+
+
 def test_the_recommend_deployment_resolves_to_the_flow_and_its_forms():
     from prefect.flows import load_flow_from_entrypoint
     from prefect.utilities.callables import parameter_schema
@@ -58,15 +120,15 @@ def test_the_recommend_run_lands_in_a_model_training_experiment(tmp_path):
     training, as the demo's is (`MLflowTracker.experiment_id`), not left to be read as GenAI."""
     from mlflow.tracking import MlflowClient
 
-    from hetflow.config import TrackingConfig, default_rentable
+    from hetflow.config import RecommendRequest, TrackingConfig, default_rentable
     from hetflow.infra.tracking.tracker import EXPERIMENT_KIND, MODEL_TRAINING
     from hetflow.tasks.recommend import recommend_mix, record_recommendation
 
-    job, objective, market = RecommendJob(steps=100), RecommendObjective(), RecommendMarket()
-    out = recommend_mix.fn(job, default_rentable(), objective, market)
+    request = RecommendRequest(job=RecommendJob(steps=100), candidates=default_rentable())
+    out = recommend_mix.fn(request)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking = TrackingConfig(tracking_uri=uri, experiment="renting")
-    run_id = record_recommendation.fn(out, job, objective, tracking, market)
+    run_id = record_recommendation.fn(out, request, tracking)
     client = MlflowClient(uri)
     exp = client.get_experiment(client.get_run(run_id).info.experiment_id)
     assert exp.name == "renting" and exp.tags[EXPERIMENT_KIND] == MODEL_TRAINING
@@ -85,13 +147,13 @@ def test_the_flow_records_the_commands_choice_and_fails_as_it_does(
     from hetflow.flows.recommend import recommend
     from hetflow.infra.tracking.tracker import MLflowTracker
 
-    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "2048"]
+    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "768"]
     code, want, cluster_text, _ = cli(
         [*flags, "--steps", "1000", "--budget", "20"], tmp_path, capsys
     )
     assert code == 0 and want["chosen"]["mix"] == {"g4dn.xlarge": 2, "p3.2xlarge": 1}
     out = recommend(
-        job=RecommendJob(global_batch=2048, steps=1000),
+        job=RecommendJob(global_batch=768, steps=1000),
         candidates=[
             RentableType(instance_type="g4dn.xlarge", count=2),
             RentableType(instance_type="p3.2xlarge", count=1),
@@ -182,9 +244,6 @@ def test_the_flow_records_the_spot_figures_the_command_prints(prefect_harness, t
     code, _, _, err = cli(
         ["--market", "spot", "--interruptions", "g4dn.xlarge:-1"], tmp_path, capsys
     )
-    bad = [SpotOverride(instance_type="g4dn.xlarge", interruptions_per_month=-1)]
-    with pytest.raises(ConfigError) as raised:
-        recommend(market=RecommendMarket(kind="spot", overrides=bad))
-    assert code == 2 and str(raised.value) == err.strip().splitlines()[-1].removeprefix(
-        "hetflow: error: "
-    )
+    assert code == 2 and "--interruptions: Input should be greater than or equal to 0" in err
+    with pytest.raises(ValueError, match="interruptions_per_month\n  Input should be greater"):
+        SpotOverride(instance_type="g4dn.xlarge", interruptions_per_month=-1)

@@ -14,9 +14,9 @@ import yaml
 import hetflow.tasks.history as history_task
 from hetflow.cli import main
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig, WorkerSpec
+from hetflow.forecast.measured import MeasuredCurve
 from hetflow.history import TypeEntry
 from hetflow.infra.s3 import filesystem
-from hetflow.training.plan.measured import MeasuredCurve
 
 from tests.test_history import fake_measure
 
@@ -94,15 +94,17 @@ def test_the_flow_reads_the_same_history_as_the_command(history):
         RecommendJob,
         RecommendMarket,
         RecommendObjective,
+        RecommendRequest,
         RentableType,
     )
     from hetflow.tasks.recommend import recommend_mix
 
     job = RecommendJob(recipe="digits-mlp", global_batch=2048, steps=1000)
     cands = [RentableType(instance_type="g5.xlarge", count=3)]
-    args = (job, cands, RecommendObjective(), RecommendMarket())
-    out = recommend_mix.fn(*args, ProfileHistory(url=history))
-    assert out.figures["curves"]["g5.xlarge"].startswith(f"{history}/g5.xlarge-")
-    assert f"step-time curve: g5.xlarge -> measured, {history}/" in out.markdown
+    args = {"job": job, "candidates": cands, "objective": RecommendObjective()}
+    args["market"] = RecommendMarket()
+    out = recommend_mix.fn(RecommendRequest(**args, history=ProfileHistory(url=history)))
+    assert out.rec.figures()["curves"]["g5.xlarge"].startswith(f"{history}/g5.xlarge-")
+    assert f"step-time curve: g5.xlarge -> measured, {history}/" in out.rec.markdown()
     with pytest.raises(Exception, match="g5.xlarge \\(A10G\\) has no step-time curve"):
-        recommend_mix.fn(*args)  # no history: the published curves only
+        recommend_mix.fn(RecommendRequest(**args))  # no history: the published curves only

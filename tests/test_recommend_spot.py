@@ -1,5 +1,5 @@
 """`hetflow recommend --market spot|both`: the expected time with interruptions (a case worked
-by hand from `training/plan/spot.py`'s formula), spot chosen where its discount pays and not
+by hand from `hetflow/forecast/spot.py`'s formula), spot chosen where its discount pays and not
 where interruptions eat it, the spot table and its overrides, and bad input in one line."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from hetflow.cli import main
 from hetflow.config import TrainConfig
-from hetflow.training.plan.models import MODELS
-from hetflow.training.plan.recommend import Candidate, Evaluator, Job
-from hetflow.training.plan.spot import DEFAULT_RESTART, Restart
+from hetflow.forecast.models import MODELS
+from hetflow.forecast.search import Candidate, Evaluator, Job
+from hetflow.forecast.spot import DEFAULT_RESTART, Restart
 
 RESNET = MODELS["resnet50"]
 
@@ -38,7 +38,7 @@ def test_the_expected_time_is_the_docstrings_closed_form_worked_by_hand():
     T = T0 / (1 - 0.5 x 71 / 3600) = 1.1 x 3600 / 3564.5 h, N = 0.5 T, cost $4/h x T."""
     steps = tuple(0.01 + 0.001 * b for b in range(1, 101))
     cand = Candidate("one", 1, 10.0, 1, "A100", "a100", 1e6, steps, 4.0, 0.5)
-    job = Job(RESNET, 100, 36_000)
+    job = Job(RESNET, global_batch=100, steps=36_000)
     restart = Restart(restart_s=60, checkpoint_every=200)
     demand = Evaluator([cand], job)((1,))
     spot = Evaluator([cand], job, "spot", restart)((1,))
@@ -56,7 +56,7 @@ def test_the_expected_time_is_the_docstrings_closed_form_worked_by_hand():
 def test_a_mix_interrupted_faster_than_it_recovers_is_not_priced():
     steps = tuple(0.01 + 0.001 * b for b in range(1, 101))
     cand = Candidate("one", 1, 10.0, 1, "A100", "a100", 1e6, steps, 4.0, 60.0)  # once a minute
-    job = Job(RESNET, 100, 1000)
+    job = Job(RESNET, global_batch=100, steps=1000)
     assert Evaluator([cand], job, "spot", Restart(restart_s=60))((1,)) is None
     assert Evaluator([cand], job, "spot", Restart(restart_s=30))((1,)) is not None
 
@@ -105,7 +105,7 @@ def test_a_deadline_met_only_without_interruptions_is_said_so(tmp_path, capsys):
     """One g4dn.xlarge, the deadline a hair over its uninterrupted time: on spot, interrupted
     200 times a month and half an hour lost each time, it is expected late, so on-demand is
     chosen, and the table and a note say that spot would be in time only uninterrupted."""
-    one = ["--candidates", "g4dn.xlarge:1", "--global-batch", "512", "--steps", "5000"]
+    one = ["--candidates", "g4dn.xlarge:1", "--global-batch", "256", "--steps", "10000"]
     code, bare, _, _ = run(one, tmp_path, capsys)
     deadline = f"{bare['chosen']['hours'] * 1.001:.6f}"
     late = ["--market", "both", "--interruptions", "g4dn.xlarge:200", "--restart-s", "1800"]
@@ -159,15 +159,16 @@ def _table(tmp_path, name: str, **types) -> str:
     return str(path)
 
 
+AT_LEAST = "Input should be greater than or equal to"
 BAD = [
-    (["--market", "spot", "--interruptions", "g4dn.xlarge:-1"], "interruptions per instance"),
-    (["--market", "spot", "--spot-discount", "g4dn.xlarge:1"], "must be in [0, 1) (got 1.0)"),
+    (["--market", "spot", "--interruptions", "g4dn.xlarge:-1"], f"--interruptions: {AT_LEAST} 0"),
+    (["--market", "spot", "--spot-discount", "g4dn.xlarge:1"], "--spot-discount: Input should"),
     (["--market", "spot", "--interruptions", "g4dn.xlarge:x"], "--interruptions: expected TYPE"),
     (["--market", "spot", "--interruptions", "g5.xlarge:0.1"], "g5.xlarge is not a candidate"),
-    (["--market", "spot", "--restart-s", "-5"], "--restart-s: must be a finite number >= 0"),
-    (["--market", "both", "--checkpoint-every", "0"], "--checkpoint-every: must be >= 1"),
-    (["--restart-s", "10"], "--restart-s: only with --market spot or both"),
-    (["--interruptions", "g4dn.xlarge:0.1"], "--interruptions: only with --market spot"),
+    (["--market", "spot", "--restart-s", "-5"], f"--restart-s: {AT_LEAST} 0"),
+    (["--market", "both", "--checkpoint-every", "0"], f"--checkpoint-every: {AT_LEAST} 1"),
+    (["--restart-s", "10"], "--restart-s: only with market spot or both"),
+    (["--interruptions", "g4dn.xlarge:0.1"], "--spot-discount/--interruptions: only with market"),
     (["--market", "spot", "--spot-table", "/nonexistent.json"], "cannot read the spot table"),
     (["--market", "spot", "--spot-table", "BAD_TYPE"], "types.g9.xlarge is not in the offline"),
     (["--market", "spot", "--spot-table", "BAD_RATE"], "types.g4dn.xlarge.interruption must"),
@@ -208,3 +209,20 @@ def test_a_budget_is_measured_against_the_cheapest_hour_of_the_markets_searched(
         code, data, _, _ = run([*flags, "--market", market], tmp_path, capsys)
         assert code == 0 and data["chosen"]["cost_usd"] <= 0.3
         assert data["chosen"]["market"] == "spot" or market == "both"
+
+
+def test_a_spot_choice_writes_its_market_into_the_cluster_file_and_the_ray_yaml(tmp_path, capsys):
+    """A spot recommendation is launched on spot: the cluster file says so (ClusterSpec reads
+    it back) and its Ray launcher YAML asks EC2 for spot worker nodes; on-demand asks for none."""
+    import yaml
+
+    from hetflow.config import ClusterSpec
+
+    one = ["--candidates", "g4dn.xlarge:2", "--global-batch", "256", "--steps", "1000"]
+    for market in ("spot", "on-demand"):
+        code, data, _, _ = run([*one, "--market", market], tmp_path, capsys)
+        assert code == 0 and data["chosen"]["market"] == market
+        assert ClusterSpec.from_file(tmp_path / "c.yaml").market == market
+        ray = yaml.safe_load((tmp_path / "c-ray.yaml").read_text())["available_node_types"]
+        options = ray["g4dn_xlarge"]["node_config"].get("InstanceMarketOptions")
+        assert options == ({"MarketType": "spot"} if market == "spot" else None)

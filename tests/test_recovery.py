@@ -16,7 +16,7 @@ import torch
 
 from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.records import Plan, RunResult
-from hetflow.training.launch.local import run_workers
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.checkpoint import CheckpointStore
 from hetflow.training.metrics import summarize

@@ -74,7 +74,7 @@ def test_the_hetero_bench_does_not_launch_a_dropped_worker(handed, tmp_path):
 
 
 def test_the_calibration_does_not_launch_a_dropped_worker(handed, tmp_path):
-    from hetflow.simulator.calibrate import _train
+    from benchmarks.calibrate import _train
 
     plan = make_plan(_profile(), CLUSTER, TRAIN)
     with pytest.raises(Launched):

@@ -7,10 +7,11 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from hetflow.cli.simulate import main
 from hetflow.config import ConfigError
 from hetflow.records import Profile, RankProfile
-from hetflow.simulator.calibrate import calibration_errors, measured_run, predict_run
-from hetflow.simulator.cli import main
+
+from benchmarks.calibrate import calibration_errors, measured_run, predict_run
 
 ROW_KEYS = {
     "workers",

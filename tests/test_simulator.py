@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetflow import simulator as sim
+from hetflow import forecast as sim
 from hetflow.config import ConfigError
+from hetflow.forecast import published
 from hetflow.infra.catalog import Catalog, InstanceInfo
 from hetflow.infra.pricing import PriceTable
 from hetflow.records import Profile
-from hetflow.simulator import published
 from hetflow.training.plan.balance import balance_batches
 
 RESNET = sim.MODELS["resnet50"]

@@ -212,7 +212,7 @@ def test_a_training_run_streams_its_share_and_reports_what_it_read(s3, tmp_path)
     the ranks' peak memory in the result, and the run's figures made from them."""
     from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
     from hetflow.records import Plan, RunResult
-    from hetflow.training.launch.local import run_workers
+    from hetflow.training.launch.run import run_workers
     from hetflow.training.launch.spec import RunSpec
     from hetflow.training.metrics import summarize
 

@@ -11,18 +11,26 @@ import pytest
 import torch
 from torch import nn
 
-from hetflow.config import ClusterSpec, TrainConfig, WorkerSpec
+from hetflow.config import ClusterSpec, FaultPolicy, TrainConfig, WorkerSpec
 from hetflow.infra.data.reader import open_rank_data
 from hetflow.infra.s3 import free_port
 from hetflow.records import CompressionMethod, Plan
 from hetflow.training.comm import DENSE_WARMUP_STEPS, allgather_bytes, ring_allreduce_bytes
 from hetflow.training.launch import local as launch
-from hetflow.training.launch.local import run_workers, torchrun_command, worker_env
+from hetflow.training.launch.local import torchrun_command, worker_env
+from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.planner import make_plan
 from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
 from tests.profiles import profile_of, rank_profile
+
+
+def no_restarts(spec: RunSpec) -> RunSpec:
+    """`spec` with a failure policy that restarts no group: the first failure ends the job."""
+    faults = FaultPolicy(group_restarts=0)
+    return spec.model_copy(update={"train": spec.train.model_copy(update={"faults": faults})})
+
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -147,7 +155,7 @@ def straggler_run(digits, tmp_path, factor: float, **train) -> dict:
         stragglers=[(3, 12, factor)],
         run_dir=str(tmp_path),
     )
-    return run_workers(spec, timeout_s=240, max_restarts=0)[0]
+    return run_workers(no_restarts(spec), timeout_s=240)[0]
 
 
 def assert_moved_off_the_straggler(result: dict) -> list[dict]:
@@ -243,7 +251,7 @@ def test_a_training_run_averages_hierarchically_across_the_workers_nodes(digits,
         plan=plan,
         run_dir=str(tmp_path),
     )
-    result, _ = run_workers(spec, timeout_s=200, max_restarts=0)
+    result, _ = run_workers(no_restarts(spec), timeout_s=200)
     ranks = result["ranks"]
     assert all(len(r["records"]) == train.steps for r in ranks)
     # after the dense warm-up, only the model averages cross nodes: every 2 steps (after
@@ -297,7 +305,7 @@ def test_a_worker_the_plan_leaves_out_leaves_the_all_reduce_and_every_replica_tr
 
     monkeypatch.setattr(launch, "torchrun_command", entry)
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
-    result, _ = run_workers(spec, timeout_s=200, max_restarts=0)
+    result, _ = run_workers(no_restarts(spec), timeout_s=200)
     ranks = result["ranks"]
     assert all(len(r["records"]) == train.steps for r in ranks)
     assert all(rec["batch"] == 0 for rec in ranks[out]["records"])

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from hetflow.records import EvalPoint, PlanChange, Recovery, StepRecord
 from hetflow.training.loop.progress import ProgressFile, note_recovery
 from hetflow.training.loop.state import SETTLE_STEPS, SUDDEN_ROWS, Checkpoint, LoopState
-from hetflow.training.loop.step import straggler_factor
 from hetflow.training.loop.step_times import SharedStepTimes, column_means
+from hetflow.training.loop.stepper import straggler_factor
 
 
 def _rec(step: int, compute_s: float = 0.02, wait_s: float = 0.005) -> StepRecord:

@@ -32,8 +32,7 @@ from hetflow.config import (
     validated,
 )
 from hetflow.records import Plan, Profile, RunResult
-from hetflow.training.launch.local import measure_profile
-from hetflow.training.launch.run import run_plan
+from hetflow.training.launch.run import measure_profile, run_plan
 from hetflow.training.metrics import end_to_end, needs_profile, summarize
 from hetflow.training.plan import planner
 from hetflow.training.plan.planner import fastest_alone, ideal_throughput, make_plan

@@ -34,11 +34,8 @@ from hetflow.config import (
 )
 from hetflow.emulation.costs import SMOOTH_PHASES
 from hetflow.emulation.presets import PRESETS
-from hetflow.records import Plan, RunResult
-from hetflow.training.launch.run import run_plan
-from hetflow.training.metrics import summarize
-from hetflow.training.plan.models import MODELS
-from hetflow.training.plan.recommend import (
+from hetflow.forecast.models import MODELS
+from hetflow.forecast.search import (
     CURVE_MODEL,
     TRAIN_OVER_INFERENCE,
     Evaluator,
@@ -47,6 +44,9 @@ from hetflow.training.plan.recommend import (
     local_batches,
     search,
 )
+from hetflow.records import Plan, RunResult
+from hetflow.training.launch.run import run_plan
+from hetflow.training.metrics import summarize
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.recommend.figures import (
@@ -69,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(prog="hetflow bench recommend", description=__doc__.splitlines()[0])
     p.add_argument("--candidates", default="g4dn.xlarge:2,p3.2xlarge:2", metavar="TYPE:N,...")
     p.add_argument("--job-recipe", default="resnet50", dest="job_recipe", choices=sorted(MODELS))
-    p.add_argument("--global-batch", type=int, default=1024, dest="global_batch")
+    p.add_argument("--global-batch", type=int, default=512, dest="global_batch")
     p.add_argument("--steps", type=int, default=10_000, help="the job's steps (hours, cost)")
     p.add_argument("--deadline-h", type=float, default=2.0, dest="deadline_h", metavar="H")
     p.add_argument(
@@ -106,7 +106,9 @@ def positive(flag: str, value):
 def plan_choices(args):
     """(candidates, recommendation, {choice: (counts, prediction, local batches)}), checked:
     a one-line ConfigError naming the flag before anything runs."""
-    from hetflow.cli.recommend import candidates_of
+    from hetflow.forecast.clusters import parse_mix
+    from hetflow.forecast.rental import candidates
+    from hetflow.infra.market import load_market
 
     for flag in (
         "global_batch",
@@ -118,8 +120,12 @@ def plan_choices(args):
         "max_ranks",
     ):
         positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
-    job = Job(MODELS[args.job_recipe], args.global_batch, args.steps)
-    cands, _ = candidates_of(args.candidates, job)
+    job = Job(MODELS[args.job_recipe], global_batch=args.global_batch, steps=args.steps)
+    try:
+        mix = parse_mix(args.candidates)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("--mix", "--candidates")) from None
+    cands = candidates(mix, job, load_market())
     if not 0 <= args.deadline_margin < 1:
         raise ConfigError(f"--deadline-margin: must be in [0, 1) (got {args.deadline_margin:g})")
     goal = Objective("deadline", deadline_h=args.deadline_h, margin=args.deadline_margin)

@@ -3,6 +3,7 @@
     hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH]
     hetflow train | profile | compare RUN_ID RUN_ID | data ingest|ls | stack up|down|status
     hetflow bench NAME ... | simulate ... | recommend [--candidates TYPE:N,...]
+    hetflow queue submit NAME --priority high|normal|low ... | list | run
 
 `hetflow COMMAND --help` lists a command's options with their defaults. Bad input, from a
 mistyped option to a run id MLflow does not hold, is refused in one line on stderr,
@@ -19,6 +20,7 @@ import sys
 from hetflow.cli import commands
 from hetflow.cli.job import add_ingest_args, add_job_args
 from hetflow.cli.parser import Parser, UsageError
+from hetflow.cli.queue import add_queue_args
 from hetflow.cli.recommend import add_recommend_args, cmd_recommend
 from hetflow.config import ConfigError, describe_validation_error
 
@@ -103,6 +105,8 @@ def _add_other_commands(sub) -> None:
     rec = _command(sub, "recommend", "which instances to rent for a job, and its batch plan")
     add_recommend_args(rec)
     rec.set_defaults(func=cmd_recommend)
+
+    add_queue_args(sub, _command)
 
     st = _command(sub, "stack", "a persistent local stack on 127.0.0.1")
     st.add_argument("action", choices=["up", "down", "status"], help="what to do with it")

@@ -11,7 +11,12 @@ inside the flow; its error then still ends the command in one line (`hetflow.cli
 
 from __future__ import annotations
 
-from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+from typing import TYPE_CHECKING
+
+from hetflow.config import ClusterSpec, DatasetSpec
+
+if TYPE_CHECKING:
+    from hetflow.training.validated import ValidatedJob
 
 
 def readable_now(url: str | None) -> bool:
@@ -63,22 +68,21 @@ def check_ray_nodes(cluster: ClusterSpec) -> None:
     label_selectors(cluster, ray.nodes())
 
 
-def check_dataset(dataset: DatasetSpec, train: TrainConfig) -> None:
+def check_dataset(dataset: DatasetSpec, job: ValidatedJob) -> None:
     """A dataset the run reads as it is (`--dataset-url`): its manifest and shards are there,
-    and the recipe reads what it holds; a one-line error otherwise (no such bucket, no
+    and the job's recipe reads what it holds; a one-line error otherwise (no such bucket, no
     manifest, with how to write it; a recipe that does not fit). Nothing to check for a
     dataset the flow writes itself, or one it alone can reach (`readable_now`)."""
     if dataset.source != "existing" or not readable_now(dataset.url):
         return
     from hetflow.infra.data.format import DatasetError, read_existing
-    from hetflow.training.recipes import check_recipe
 
     stored = in_store(dataset.url)
     try:
         manifest = read_existing(stored or dataset.url)
     except DatasetError as e:  # named as the user wrote it, not as the store holds it
         raise DatasetError(str(e).replace(stored, dataset.url) if stored else str(e)) from None
-    check_recipe(train, manifest)
+    job.check_data(manifest)
 
 
 def check_ingest_source(spec: DatasetSpec) -> None:
@@ -95,8 +99,8 @@ def check_ingest_source(spec: DatasetSpec) -> None:
     check_source(spec)
 
 
-def before_flow(cluster: ClusterSpec, train: TrainConfig, dataset: DatasetSpec) -> None:
+def before_flow(job: ValidatedJob, dataset: DatasetSpec) -> None:
     """A job's checks that need its services (`commands.reachable` first): the Ray cluster's
-    nodes carry the instance types, the dataset to read is there."""
-    check_ray_nodes(cluster)
-    check_dataset(dataset, train)
+    nodes carry the instance types, the dataset to read is there and the recipe reads it."""
+    check_ray_nodes(job.cluster)
+    check_dataset(dataset, job)

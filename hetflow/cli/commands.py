@@ -1,7 +1,8 @@
 """What each `hetflow` command does, once its flags are parsed.
 
-Every command validates its input first (`hetflow.cli.job`) and imports Prefect, MLflow and
-torch only after that: bad input is refused before anything slow is loaded or started.
+Every command validates its input first (`hetflow.cli.job`: into one value, which its flow
+finds again rather than checking twice) and probes the services once (`reachable`), and imports
+Prefect and MLflow only after that: bad input is refused before anything slow is started.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ BENCHMARKS = (
     "fsdp",
     "gpu_all",
     "diloco",
+    "queue",
 )
 
 
@@ -130,10 +132,10 @@ def start_flow_logs(args) -> None:
 
 
 def cmd_demo(args) -> int:
-    cluster, train, dataset = job_of(args)
+    cluster, train, dataset, job = job_of(args, compare=True)
     tracking = TrackingConfig()
     reachable(dataset.url, tracking, cluster)
-    before_flow(cluster, train, dataset)
+    before_flow(job, dataset)
     start_flow_logs(args)
     speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
     print(
@@ -157,9 +159,9 @@ def cmd_demo(args) -> int:
 def cmd_train(args) -> int:
     # the variant's preset batch schedule and gradient communication, the flags' other knobs;
     # the flow trains what it is given
-    cluster, cfg, dataset = job_of(args, variant=args.variant)
+    cluster, cfg, dataset, job = job_of(args, variant=args.variant)
     reachable(dataset.url, TrackingConfig(), cluster)
-    before_flow(cluster, cfg, dataset)
+    before_flow(job, dataset)
     start_flow_logs(args)
     from hetflow.flows.train import train as train_flow
 
@@ -170,9 +172,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    cluster, cfg, dataset = job_of(args)
+    cluster, cfg, dataset, job = job_of(args)
     reachable(dataset.url, TrackingConfig(), cluster)
-    before_flow(cluster, cfg, dataset)
+    before_flow(job, dataset)
     start_flow_logs(args)
     from hetflow.flows.profile_cluster import print_profile_report, profile_cluster
 
@@ -283,7 +285,7 @@ def cmd_bench(args) -> int:
 
 def cmd_simulate(args) -> int:
     """The simulator parses its own flags: `hetflow simulate --help`."""
-    from hetflow.simulator.cli import main as simulate
+    from hetflow.cli.simulate import main as simulate
 
     return simulate(args.rest)
 
@@ -296,12 +298,11 @@ def cmd_cluster_config(args) -> int:
 
     from hetflow.config import ClusterSpec
     from hetflow.infra.catalog import Catalog
-    from hetflow.infra.ray_cluster import ray_cluster_config, validate
+    from hetflow.infra.ray_cluster import CHECKOUT, ray_cluster_config, validate
 
     cluster = ClusterSpec.from_file(args.cluster_file)
-    checkout = Path(__file__).resolve().parents[2]  # this checkout (an editable install)
     config = ray_cluster_config(
-        cluster, Catalog.for_cluster(cluster), checkout, args.region, args.image_id
+        cluster, Catalog.for_cluster(cluster), CHECKOUT, args.region, args.image_id
     )
     validate(config)
     text = yaml.safe_dump(config, sort_keys=False)

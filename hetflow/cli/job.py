@@ -1,15 +1,16 @@
 """The flags of a job (`demo`, `train`, `profile`) and the validated configs they make.
 
 Defaults are the config models' own (`TrainConfig()`, `DatasetSpec()`, `DEFAULT_SPEEDS`). Every
-value is checked here, with the rules across models (`check_job`), before a command imports
-anything heavy (Prefect, MLflow, torch): a bad value is refused at once, in one line that
-names its flag.
+value is checked here before a command imports Prefect or MLflow: each flag by its model, then
+the job as a whole once (`training.validated.validated_job`: the rules across models before
+torch is imported, then the recipe and the devices), into the one value its flow takes. A bad
+value is refused at once, in one line that names its flag or field.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import get_args
+from typing import NamedTuple, get_args
 
 from pydantic import ValidationError
 
@@ -21,10 +22,10 @@ from hetflow.config import (
     ConfigError,
     DatasetSpec,
     TrainConfig,
-    check_job,
     default_cluster,
     parse_speeds,
 )
+from hetflow.training.validated import ValidatedJob, validated_job
 
 TRAIN = TrainConfig()
 DATASET = DatasetSpec()
@@ -95,15 +96,6 @@ def recipe_flag(args) -> str:
             "or package.module:Name)"
         )
     return args.recipe
-
-
-def check_recipe_import(train: TrainConfig) -> None:
-    """Import a custom recipe (`package.module:Name`) and check its interface, before anything
-    launches; built-in names are checked by TrainConfig itself, without importing torch."""
-    if ":" in train.recipe or train.recipe_options:
-        from hetflow.training.recipes import check_recipe
-
-        check_recipe(train)
 
 
 def add_compression_args(p: argparse.ArgumentParser) -> None:
@@ -315,26 +307,23 @@ def dataset_of(args) -> DatasetSpec:
         raise flag_error(e) from None
 
 
-def job_of(args, variant: str | None = None) -> tuple[ClusterSpec, TrainConfig, DatasetSpec]:
-    """The cluster, training config and dataset of a job's flags, checked together."""
+class Job(NamedTuple):
+    """A job's models from its flags, and the job validated once (`validated_job`)."""
+
+    cluster: ClusterSpec
+    train: TrainConfig
+    dataset: DatasetSpec
+    validated: ValidatedJob
+
+
+def job_of(args, variant: str | None = None, compare: bool = False) -> Job:
+    """The cluster, training config and dataset of a job's flags, validated together: `train`
+    as it runs, or with `compare` the variants a comparison runs of it
+    (`TrainConfig.compared`). The catalog knows the instance types the workers name."""
     cluster, train, dataset = cluster_of(args), train_of(args, variant), dataset_of(args)
-    check_job(cluster, train)
-    check_recipe_import(train)
-    check_devices_asked(cluster, train)
-    check_instance_types(cluster)
-    return cluster, train, dataset
-
-
-def check_devices_asked(cluster: ClusterSpec, train: TrainConfig) -> None:
-    """Where a worker asks for CUDA or a precision a GPU may lack, those are checked on this
-    host now (`training.devices.check_devices`, which imports torch); the flows check again."""
-    if any(
-        w.device == "cuda" or (w.precision or train.precision) in ("bf16", "auto")
-        for w in cluster.workers
-    ):
-        from hetflow.training.devices import check_devices
-
-        check_devices(cluster, train)
+    check_instance_types(cluster)  # offline for the shipped catalog's types: before torch
+    configs = list(train.compared().values()) if compare else [train]
+    return Job(cluster, train, dataset, validated_job(cluster, configs))
 
 
 INGEST_FLAGS = {

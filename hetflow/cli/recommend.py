@@ -1,7 +1,7 @@
 """`hetflow recommend`: which instances to rent for a job, from the offline catalog's types and
-on-demand prices and the presets' published step-time curves (the search:
-`hetflow.training.plan.recommend`; the table, figures and cluster file it shares with the
-`recommend` flow: `hetflow.training.plan.rental`).
+on-demand prices and the presets' published or the history's measured step-time curves. The
+flags make one `RecommendRequest`, validated once; the pipeline is the flow's own
+(`hetflow.forecast.recommend.recommend`); this module prints its table and writes its files.
 
 Bad input is refused in one line before anything is searched: an instance type the catalog
 lacks, a type with no step-time curve, a budget below one instance-hour; after the search, a
@@ -11,7 +11,6 @@ deadline or a budget no mix meets (naming the fastest or cheapest mix's predicti
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 from hetflow.config import DEADLINE_MARGIN, DEFAULT_RENTABLE, PROFILE_MAX_AGE_H, ConfigError
@@ -20,7 +19,7 @@ DEFAULT_CANDIDATES = ",".join(f"{t}:{n}" for t, n in DEFAULT_RENTABLE)
 
 
 def add_recommend_args(p: argparse.ArgumentParser) -> None:
-    from hetflow.training.plan.models import NAMES, OLD_NAMES
+    from hetflow.forecast.models import NAMES, OLD_NAMES
 
     p.add_argument(
         "--candidates",
@@ -63,18 +62,12 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         f"must be predicted to finish by (1 - F) x H (default {DEADLINE_MARGIN:g})",
     )
     p.add_argument(
-        "--output",
-        "-o",
-        default="recommended-cluster.yaml",
-        metavar="PATH",
-        help="write the chosen mix's cluster file (ClusterSpec YAML) here",
-    )
-    p.add_argument(
         "--max-local-batch",
         type=int,
         dest="max_local_batch",
         metavar="N",
-        help="the largest local batch a GPU holds (memory is not modelled; default: any)",
+        help="the largest local batch of any GPU (default: what its memory holds, where the "
+        "model's memory per sample or a measured cap is known)",
     )
     add_output_args(p)
     add_history_args(p)
@@ -102,6 +95,13 @@ def add_history_args(p: argparse.ArgumentParser) -> None:
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--output",
+        "-o",
+        default="recommended-cluster.yaml",
+        metavar="PATH",
+        help="write the chosen mix's cluster file (ClusterSpec YAML) here",
+    )
+    p.add_argument(
         "--ray-config",
         dest="ray_config",
         metavar="PATH",
@@ -115,7 +115,7 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_market_args(p: argparse.ArgumentParser) -> None:
-    from hetflow.training.plan.spot import SPOT_RESTART_S
+    from hetflow.forecast.spot import SPOT_RESTART_S
 
     p.add_argument(
         "--market",
@@ -161,31 +161,34 @@ def add_market_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive(flag: str, value, kind=float):
-    if value is not None and not (value > 0 and value == value and value != float("inf")):
-        raise ConfigError(f"{flag}: must be a finite number > 0 (got {value!r})")
-    return kind(value) if value is not None else None
+# the flag of each field of a RecommendRequest: a validation error names the flag
+FLAGS = {
+    "job.recipe": "--recipe",
+    "job.global_batch": "--global-batch",
+    "job.steps": "--steps",
+    "job.max_local_batch": "--max-local-batch",
+    "candidates": "--candidates",
+    "objective.deadline_h": "--deadline-h",
+    "objective.budget_usd": "--budget",
+    "objective.deadline_margin": "--deadline-margin",
+    "market.kind": "--market",
+    "market.spot_table": "--spot-table",
+    "market.restart_s": "--restart-s",
+    "market.checkpoint_every": "--checkpoint-every",
+    "market.overrides": "--spot-discount/--interruptions",
+    "market.overrides.discount": "--spot-discount",
+    "market.overrides.interruptions_per_month": "--interruptions",
+    "history.max_age_h": "--profile-max-age-h",
+}
 
 
-def job_and_objective(args):
-    """The Job and Objective of the flags, each value checked (one line naming its flag)."""
-    from hetflow.training.plan.models import MODELS
-    from hetflow.training.plan.recommend import Job, Objective
-
-    steps = _positive("--steps", args.steps, int)
-    batch = _positive("--global-batch", args.global_batch, int)
-    job = Job(MODELS[args.recipe], batch, steps)
-    margin = DEADLINE_MARGIN if args.deadline_margin is None else args.deadline_margin
-    if not 0 <= margin < 1:
-        raise ConfigError(f"--deadline-margin: must be in [0, 1) (got {margin:g})")
-    if args.deadline_margin is not None and args.deadline_h is None:
-        raise ConfigError("--deadline-margin: only with --deadline-h")
-    if args.deadline_h is not None:
-        deadline = _positive("--deadline-h", args.deadline_h)
-        return job, Objective("deadline", deadline_h=deadline, margin=margin)
-    if args.budget is not None:
-        return job, Objective("budget", budget_usd=_positive("--budget", args.budget))
-    return job, Objective("cost")
+def flag_of(loc) -> str:
+    """The flag of a validation error's location, e.g. ('job', 'steps') -> '--steps'."""
+    names = [str(p) for p in loc if not isinstance(p, int)]
+    for n in range(len(names), 0, -1):
+        if ".".join(names[:n]) in FLAGS:
+            return FLAGS[".".join(names[:n])]
+    return ".".join(names) or "config"
 
 
 def type_values(flag: str, text: str | None) -> dict[str, float]:
@@ -202,149 +205,150 @@ def type_values(flag: str, text: str | None) -> dict[str, float]:
     return out
 
 
-def history_of(args, job):
-    """The profile history `--profiles` names, read for the candidates (`tasks.history`), or
-    None without the flag."""
-    if not args.profiles:
-        return None
-    from hetflow.simulator.clusters import parse_mix
-    from hetflow.simulator.model import SimulationError
-    from hetflow.tasks.history import read_type_history
-
-    max_age = _positive("--profile-max-age-h", args.profile_max_age_h)
-    try:
-        names = [name for name, _ in parse_mix(args.candidates)]
-    except SimulationError:
-        names = []  # candidates_of says what is wrong with them
-    return read_type_history(args.profiles.rstrip("/"), names, job.model.name, max_age)
+def overrides_of(args) -> list[dict]:
+    """--spot-discount and --interruptions as the market's per-type overrides."""
+    discounts = type_values("--spot-discount", args.spot_discount)
+    per_month = type_values("--interruptions", args.interruptions)
+    return [
+        {
+            "instance_type": name,
+            "discount": discounts.get(name),
+            "interruptions_per_month": per_month.get(name),
+        }
+        for name in dict.fromkeys([*discounts, *per_month])
+    ]
 
 
-def candidates_of(text: str, job, max_local_batch: int | None = None, spot=None, history=None):
-    """The Candidates of --candidates, from the shipped catalog (offline), with the SpotTable
-    `spot`'s figures where given; one line naming a type the catalog lacks, one without a
-    price, one without a step-time curve, one without spot figures."""
-    from hetflow.simulator.clusters import parse_mix
-    from hetflow.simulator.model import SimulationError
-    from hetflow.training.plan.rental import candidates
+def request_of(args):
+    """The RecommendRequest of the flags, validated once by the config models (one line naming
+    the flag of the first problem)."""
+    from pydantic import ValidationError
+
+    from hetflow.config import RecommendRequest
+    from hetflow.forecast.clusters import parse_mix
+    from hetflow.forecast.job import SimulationError
 
     try:
-        mix = parse_mix(text)
+        mix = parse_mix(args.candidates)
     except SimulationError as e:
         raise ConfigError(str(e).replace("--mix", "--candidates")) from None
-    return candidates(mix, job, max_local_batch, spot, history)
-
-
-def market_of(args):
-    """(Markets searched, Restart, SpotTable or None) of the market flags, checked."""
-    from hetflow.simulator.clusters import parse_mix
-    from hetflow.simulator.model import SimulationError
-    from hetflow.training.plan.spot_table import market_setup
-
+    kind = "deadline" if args.deadline_h is not None else "cost"
+    kind = "budget" if args.budget is not None else kind
+    objective = {"kind": kind, "deadline_h": args.deadline_h, "budget_usd": args.budget}
+    if args.deadline_margin is not None:
+        objective["deadline_margin"] = args.deadline_margin
+    data = {
+        "job": {
+            "recipe": args.recipe,
+            "global_batch": args.global_batch,
+            "steps": args.steps,
+            "max_local_batch": args.max_local_batch,
+        },
+        "candidates": [{"instance_type": t, "count": n} for t, n in mix],
+        "objective": objective,
+        "market": {
+            "kind": args.market,
+            "spot_table": args.spot_table,
+            "overrides": overrides_of(args),
+            "restart_s": args.restart_s,
+            "checkpoint_every": args.checkpoint_every,
+        },
+        "history": {"url": args.profiles or "", "max_age_h": args.profile_max_age_h},
+    }
     try:
-        names = [name for name, _ in parse_mix(args.candidates)]
-    except SimulationError:
-        names = []  # candidates_of says what is wrong with them
-    return market_setup(
-        args.market,
-        names,
-        args.spot_table,
-        type_values("--spot-discount", args.spot_discount),
-        type_values("--interruptions", args.interruptions),
-        args.restart_s,
-        args.checkpoint_every,
-    )
+        return RecommendRequest.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        got = first.get("input")
+        shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{flag_of(first['loc'])}: {message}{shown}") from None
 
 
-def print_recommendation(rec, batches, prices, seconds: float, spot=None, history=None) -> None:
+def history_of(request):
+    """The profile history the request names, read for its candidates (`tasks.history`), or
+    None without one."""
+    if not request.history.url:
+        return None
+    from hetflow.tasks.history import request_history
+
+    return request_history(request)
+
+
+def print_recommendation(rec) -> None:
+    """The recommendation on the terminal: its inputs, the choice, its notes and the table."""
     from rich.table import Table
 
+    from hetflow.forecast.spot_table import restart_line
+    from hetflow.forecast.table import LEFT, columns, curve_lines, goal, mixing_line, table_rows
     from hetflow.output import wide_console
-    from hetflow.training.plan.rental import (
-        LEFT,
-        chosen_line,
-        columns,
-        curve_lines,
-        goal,
-        mixing_line,
-        outside,
-        table_rows,
-    )
 
-    job, cands = rec.job, rec.cands
+    ranking, spot = rec.ranking, rec.spot
+    job, cands = ranking.job, ranking.cands
     console = wide_console(160 if spot is not None else 130)
     print(
         f"hetflow recommend: {job.model.name}, global batch {job.global_batch}, {job.steps} "
-        f"steps; objective: {goal(rec.objective)}"
+        f"steps; objective: {goal(ranking.objective)}"
     )
-    for line in curve_lines(cands, history):
+    for line in curve_lines(cands, rec.history):
         print(f"  step-time curve: {line}")
-    print(f"  prices: on-demand, {prices.source}, as of {prices.as_of}")
+    print(f"  prices: on-demand, {rec.price_source}")
     if spot is not None:
-        from hetflow.training.plan.spot_table import restart_line
-
         print(f"  spot: {spot.source}, as of {spot.as_of} (written down by hand, not fetched)")
-        print(f"  {restart_line(rec)}")
-    print(chosen_line(rec))
-    for c, bs in zip(cands, batches, strict=True):
+        print(f"  {restart_line(ranking)}")
+    print(rec.summary())
+    for c, bs in zip(cands, rec.batches, strict=True):
         if bs:
             print(f"  local batches on {c.instance_type}: {', '.join(map(str, bs))}")
-    print(f"  {mixing_line(rec)}")
-    for note in outside(rec, batches):
+    print(f"  {mixing_line(ranking)}")
+    for note in rec.all_notes():
         print(f"  note: {note}")
-    table = Table(title=f"the best mixes ({rec.evaluated} priced in {seconds:.2f} s)")
-    for col in columns(rec):
+    table = Table(title=f"the best mixes ({ranking.evaluated} priced in {rec.seconds:.2f} s)")
+    for col in columns(ranking):
         table.add_column(col, justify="left" if col in LEFT else "right")
-    for row in table_rows(rec):
+    for row in table_rows(ranking):
         table.add_row(*row)
     console.print(table)
 
 
-def write_cluster(path: str, rec, batches) -> None:
-    """The cluster file (`rental.cluster_yaml`: checked by ClusterSpec, the plan and the
-    prediction as comments)."""
-    from hetflow.training.plan.rental import cluster_yaml
-
-    text = cluster_yaml(rec, batches)
+def write_cluster(path: str, rec) -> None:
+    """The cluster file (checked by ClusterSpec, the plan and the prediction as comments)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text)
-    workers = sum(c.devices * n for c, n in zip(rec.cands, rec.best.counts, strict=True))
+    Path(path).write_text(rec.cluster_yaml())
+    workers = len(rec.cluster_file()["workers"])
     counted = f"{workers} worker" + ("" if workers == 1 else "s")
     print(f"wrote {path} ({counted}); emulate it here: `hetflow demo --cluster {path}`")
 
 
 def write_ray_config(path: str, rec) -> None:
-    """The Ray launcher YAML of the choice (`rental.ray_yaml`, as `hetflow cluster config`)."""
-    from hetflow.training.plan.rental import ray_yaml
+    """The Ray launcher YAML of the choice (`infra.ray_cluster.ray_yaml`, as `hetflow cluster
+    config` writes it)."""
+    from hetflow.infra.ray_cluster import ray_yaml
 
-    checkout = Path(__file__).resolve().parents[2]  # this checkout (an editable install)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(ray_yaml(rec, checkout))
+    Path(path).write_text(ray_yaml(rec.cluster()))
     print(f"wrote {path}: the Ray cluster launcher's config for AWS (`ray up {path}`)")
 
 
 def cmd_recommend(args) -> int:
+    from hetflow.forecast.recommend import recommend
+    from hetflow.forecast.table import front
+    from hetflow.infra.market import load_market
     from hetflow.output import write_json
-    from hetflow.training.plan.recommend import local_batches, search
-    from hetflow.training.plan.rental import figures, plot_front
 
-    job, objective = job_and_objective(args)
-    cap = _positive("--max-local-batch", args.max_local_batch, int)
-    markets, restart, spot = market_of(args)
-    history = history_of(args, job)
-    cands, prices = candidates_of(args.candidates, job, cap, spot, history)
-    t = time.perf_counter()
-    rec = search(cands, job, objective, markets, restart)
-    batches = local_batches(cands, rec.best, job.global_batch)
-    seconds = time.perf_counter() - t
-    print_recommendation(rec, batches, prices, seconds, spot, history)
-    write_cluster(args.output, rec, batches)
+    request = request_of(args)
+    rec = recommend(request, history_of(request), load_market(request.market))
+    print_recommendation(rec)
+    write_cluster(args.output, rec)
     ray_config = args.ray_config
     if ray_config is None:
         ray_config = str(Path(args.output).with_name(Path(args.output).stem + "-ray.yaml"))
     if ray_config:
         write_ray_config(ray_config, rec)
-    write_json(args.json_path, figures(rec, batches, seconds, spot))
+    write_json(args.json_path, rec.figures())
     if args.plot:
-        plot_front(args.plot, rec)
+        from hetflow.infra.tracking.plots import cost_time_front
+
+        cost_time_front(args.plot, **front(rec.ranking))
         print(f"wrote {args.plot}")
     return 0

@@ -251,3 +251,26 @@ def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def worker_timeline(spans: Sequence[tuple[str, str, float, float]], workers: Sequence[str]):
+    """A draw of which job held which worker when: one row per worker of `workers`, one bar
+    per `(job, worker, from_s, to_s)` of `spans`, a colour per job."""
+
+    def draw(path: Path) -> None:
+        jobs = sorted({s[0] for s in spans})
+        colours = {j: plt.get_cmap("tab10")(i % 10) for i, j in enumerate(jobs)}
+        fig, ax = plt.subplots(figsize=(9, 0.5 * len(workers) + 1.5))
+        for job, worker, a, b in spans:
+            row = list(workers).index(worker)
+            ax.barh(row, b - a, left=a, color=colours[job], edgecolor="white")
+        ax.set_yticks(range(len(workers)), list(workers))
+        ax.set_xlabel("seconds since the queue started")
+        handles = [plt.Rectangle((0, 0), 1, 1, color=colours[j]) for j in jobs]
+        ax.legend(handles, jobs, loc="upper right", fontsize="small")
+        ax.set_title("which job held which worker")
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+
+    return draw

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
@@ -37,6 +38,9 @@ from hetflow.records import Plan
 METRICS_PER_BATCH = 500  # MLflow accepts up to 1000 metrics per log_batch call
 PARAMS_PER_BATCH = 100  # MLflow's limit per log_batch call
 PARAM_CHARS = 6000  # MLflow's limit on a param value's length
+# torch.export (under MLflow's log_model) keeps global state: runs recorded from threads of one
+# process (the queue's segments) log their models one at a time
+_EXPORTING = threading.Lock()
 # MLflow 3's experiment kind: its UI opens a model-training experiment on the runs table, a
 # GenAI one on an overview of traces (3.17's UI decides by its own view switch instead; the
 # links in `links` select that view)
@@ -344,6 +348,7 @@ class MLflowTracker:
         # Ending the run (leaving `start_run`) prints MLflow's "View run" lines, as `finish`
         # does after this: printed by `finish` alone, each line appears once.
         with (
+            _EXPORTING,
             _env(MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name, "true"),
             _env(MLFLOW_DEFAULT_PREDICTION_DEVICE.name, "cpu"),
             mlflow.start_run(run_id=run_id),

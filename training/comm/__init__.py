@@ -18,15 +18,14 @@ from hetflow.training.comm.accounting import (
     new_control_group,
     ring_allreduce_bytes,
 )
+from hetflow.training.comm.averaging import SampleWeightedAverager, local_averager
 from hetflow.training.comm.methods import (
     DENSE_WARMUP_STEPS,
     METHODS,
     GroupRef,
-    SampleWeightedAverager,
     comm_state_dict,
     finish_optimizer,
     load_comm_state,
-    local_averager,
     method_warmup_steps,
     register_compression,
     wrap_optimizer,

@@ -1,4 +1,7 @@
-"""Start the workers with torchrun (one process per emulated worker on this machine)."""
+"""The torchrun launcher: one process per worker on this machine, watched until it exits.
+
+`run.run_workers` checks the job and hands it here when the cluster's `launcher` is `local`.
+"""
 
 from __future__ import annotations
 
@@ -9,28 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.infra.s3 import free_port
-from hetflow.records import Profile
-from hetflow.training.cores import core_sets, host_cores
-from hetflow.training.devices import check_devices
-from hetflow.training.faults.records import RankFailure
 from hetflow.training.faults.watch import JobWatch, job_pids, kill_job
-from hetflow.training.launch.mps import check_mps, mps_available, mps_daemon
+from hetflow.training.launch.mps import mps_daemon
+from hetflow.training.launch.outcome import Launched, LaunchError, RankFailed
 from hetflow.training.launch.spec import RunSpec
-
-
-class LaunchError(RuntimeError):
-    """torchrun exited non-zero; the message carries the tail of the workers' output."""
-
-
-class RankFailed(LaunchError):
-    """A rank raised (or met a NaN/Inf gradient): the job was ended at once, not restarted.
-    `failure` is that rank's record; the message names the rank, step and exception."""
-
-    def __init__(self, failure: RankFailure, log: Path) -> None:
-        super().__init__(f"{failure.summary()}\n(the job was stopped; log: {log})")
-        self.failure = failure
 
 
 def torchrun_command(
@@ -74,35 +60,17 @@ def worker_env(spec: RunSpec) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(spec.train.threads_per_rank)}
 
 
-def run_workers(
-    spec: RunSpec, timeout_s: float = 1800, max_restarts: int = 3, on_progress=None
-) -> tuple[dict, float]:
-    """Write the job file, run torchrun to completion, return (result.json, wall seconds).
+def run_torchrun(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
+    """Write the job file, run torchrun to completion, return its result and wall seconds.
 
-    Each worker's device and precision are checked on this host first (`check_devices`),
-    which also sets the backend: NCCL when every rank has a CUDA device of its own, else gloo.
-    Under `cluster.launcher == "ray"` the job runs on Ray Train instead
-    (`ray_train.run_workers_ray`), its state in the dataset's bucket.
-
-    torchrun restarts the workers up to `max_restarts` times when one dies or stalls; they
-    resume from the last checkpoint. A rank that raises ends the job at once (`RankFailed`).
+    `spec` comes checked and placed by `run.run_workers` (backend, precisions, submitted_at).
+    torchrun restarts the workers when one dies or stalls, as many times as the failure
+    policy says (`train.faults.group_restarts`); they resume from the last checkpoint. A
+    rank that raises ends the job at once (`RankFailed`); any other non-zero exit, or the job
+    still running after `timeout_s`, is a `LaunchError`.
     `on_progress(step)` is called about once a second with the last completed step (from
     rank 0's progress.json).
     """
-    placement = check_devices(spec.cluster, spec.train)  # a one-line error before launch
-    core_sets(spec.cluster, host_cores())  # the cores asked for exist here
-    check_mps(spec.cluster, *mps_available())  # MPS runs here, where a worker has a gpu_share
-    spec = spec.model_copy(
-        update={
-            "backend": placement.backend,
-            "precisions": placement.precisions,
-            "submitted_at": spec.submitted_at or time.time(),
-        }
-    )
-    if spec.cluster.launcher == "ray":
-        from hetflow.training.launch.ray_train import run_workers_ray, with_shared_state
-
-        return run_workers_ray(with_shared_state(spec), timeout_s, max_restarts)
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     job = spec.write(run_dir / "job.json")
@@ -111,7 +79,7 @@ def run_workers(
         spec.cluster.world_size,
         f"127.0.0.1:{free_port()}",
         rdzv_id=spec.run_name,
-        max_restarts=max_restarts,
+        max_restarts=spec.train.faults.group_restarts,
     )
     watch = JobWatch(run_dir, spec.train.stall_timeout_s)
     log = run_dir / "workers.log"
@@ -133,7 +101,7 @@ def run_workers(
         raise LaunchError(
             f"torchrun exited {proc.returncode} (log: {log}):\n" + "\n".join(watch.stalls + tail)
         )
-    return json.loads((run_dir / "result.json").read_text()), wall
+    return Launched(json.loads((run_dir / "result.json").read_text()), wall)
 
 
 def _watch(proc: subprocess.Popen, watch: JobWatch, run_dir: Path, deadline: float, on_progress):
@@ -160,28 +128,3 @@ def _watch(proc: subprocess.Popen, watch: JobWatch, run_dir: Path, deadline: flo
             proc.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
             pass
-
-
-def measure_profile(
-    cluster: ClusterSpec,
-    dataset: DatasetSpec,
-    train: TrainConfig,
-    run_dir: str | Path,
-    profile_batches: list[int] | None = None,
-) -> Profile:
-    """Every worker of `cluster` measured inside it (a torchrun job with mode="profile", its
-    files under `run_dir`): the `Profile` the planner and the simulator read. `profile_batches`:
-    the batches each step is timed at (default: `default_profile_batches` of this cluster)."""
-    run_dir = Path(run_dir)
-    spec = RunSpec(
-        run_name=run_dir.name,
-        variant="profile",
-        mode="profile",
-        cluster=cluster,
-        dataset=dataset,
-        train=train,
-        run_dir=str(run_dir),
-        profile_batches=profile_batches,
-    )
-    result, wall = run_workers(spec)
-    return Profile.from_result(result, cluster, train.recipe, profiling_time_s=wall)

@@ -28,18 +28,16 @@ import os
 import time
 from pathlib import Path
 
-from hetflow.config import ClusterSpec, ConfigError
+from hetflow.config import ClusterSpec, ConfigError, FaultPolicy
 from hetflow.infra.preflight import ray_problem
 from hetflow.infra.s3 import LOCAL_CREDENTIALS, filesystem
+from hetflow.training.launch.outcome import Launched, LaunchError
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.balance import PlanError
 from hetflow.training.plan.planner import replan_without
 from hetflow.training.plan.ranks import RankMap
 
 NODE_LABEL = "hetflow.io/instance-type"
-# How many times Ray Train tries to place a restarted worker group (each for Ray's start
-# timeout) before the run goes on without the workers no alive node has room for.
-PLACEMENT_TRIES = 3
 
 
 def ray_address(cluster: ClusterSpec) -> str:
@@ -107,28 +105,24 @@ def rank_main(config: dict) -> None:
         serve_rank(spec, rank, device, precision, "Ray Train")
 
 
-def run_workers_ray(
-    spec: RunSpec,
-    timeout_s: float = 1800,
-    max_restarts: int = 3,
-    placement_tries: int = PLACEMENT_TRIES,
-):
-    """Run `spec` on the Ray cluster of its cluster spec to completion: (result.json, wall
-    seconds), like `launch.run_workers`. Placement is checked before anything is placed.
+def run_workers_ray(spec: RunSpec, timeout_s: float = 1800) -> Launched:
+    """Run `spec` on the Ray cluster of its cluster spec to completion: its result and wall
+    seconds. `spec` comes checked and placed by `run.run_workers`, its state in shared
+    storage (`with_shared_state`). Placement is checked before anything is placed.
 
-    A node lost mid-run: Ray Train restarts the group (up to `max_restarts` times) and it
-    resumes from the last checkpoint. Ray Train tries `placement_tries` times, each for Ray's
-    start timeout (`RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S`, 60 s by default), to place the
-    restarted group; where no alive node then has room for some workers (their node type has
-    no replacement), the run goes on without them (`go_on_without`): the global batch shared
-    by the others, from the last checkpoint, each left out recorded with why in the ranks'
-    `Recovery.left_out`. Each launch after one gives Ray Train `max_restarts` anew; there are
-    at most one per worker, and one more. A LaunchError: of one line when no worker is left;
-    with Ray Train's error where it fails otherwise.
+    A node lost mid-run: Ray Train restarts the group and it resumes from the last
+    checkpoint, as the job's failure policy says (`train.faults`, `failure_config`): up to
+    `group_restarts` times, and `placement_tries` tries, each for Ray's start timeout
+    (`RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S`, 60 s by default), to place the restarted group.
+    Where no alive node then has room for some workers (their node type has no replacement),
+    the run goes on without them (`go_on_without`, where the policy allows it): the global
+    batch shared by the others, from the last checkpoint, each left out recorded with why in
+    the ranks' `Recovery.left_out`. Each launch after one gives Ray Train its restarts anew;
+    there are at most one per worker, and one more. A LaunchError: of one line when no worker
+    is left or the policy does not go on without them; with Ray Train's error where it fails
+    otherwise.
     """
     import ray
-
-    from hetflow.training.launch.local import LaunchError
 
     connect(ray_address(spec.cluster))
     label_selectors(spec.cluster, ray.nodes())  # a one-line error before anything is placed
@@ -137,7 +131,7 @@ def run_workers_ray(
     t = time.perf_counter()
     for attempt in range(spec.cluster.world_size + 1):
         try:
-            _fit(spec, attempt, max_restarts, placement_tries)
+            _fit(spec, attempt)
             break
         except Exception as e:
             if not _unplaced(e):
@@ -146,6 +140,11 @@ def run_workers_ray(
             if not lost:
                 print(f"{spec.run_name}: placing timed out, yet each worker has room now: again")
                 continue
+            if not spec.train.faults.go_on_without:
+                raise LaunchError(
+                    f"Ray Train: no node has room for {', '.join(lost)} and "
+                    "train.faults.go_on_without is off"
+                ) from None
             try:
                 spec = go_on_without(spec, lost)
             except PlanError as e:
@@ -153,14 +152,25 @@ def run_workers_ray(
     else:
         raise LaunchError(f"Ray Train: the workers of {spec.run_name} could not be placed")
     wall = time.perf_counter() - t
-    return _read_result(spec, run_dir), wall
+    return Launched(_read_result(spec, run_dir), wall)
 
 
-def _fit(spec: RunSpec, attempt: int, max_restarts: int, placement_tries: int) -> None:
+def failure_config(policy: FaultPolicy):
+    """Ray Train's `FailureConfig` as the failure policy says: the group restarted up to
+    `group_restarts` times, a restarted group's placement tried `placement_tries` times."""
+    from ray.train import FailureConfig
+
+    return FailureConfig(
+        max_failures=policy.group_restarts,
+        controller_failure_limit=max(0, policy.placement_tries - 1),
+    )
+
+
+def _fit(spec: RunSpec, attempt: int) -> None:
     """One Ray Train run of `spec` (its `attempt`-th launch) to its end; Ray's
     TrainingFailedError as it raises it. The job file is written first."""
     import ray
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     spec.write(Path(spec.run_dir) / "job.json")
@@ -177,9 +187,7 @@ def _fit(spec: RunSpec, attempt: int, max_restarts: int, placement_tries: int) -
         run_config=RunConfig(
             name=spec.run_name if attempt == 0 else f"{spec.run_name}-{attempt}",
             storage_path=str(Path(spec.run_dir) / "ray"),
-            failure_config=FailureConfig(
-                max_failures=max_restarts, controller_failure_limit=max(0, placement_tries - 1)
-            ),
+            failure_config=failure_config(spec.train.faults),
             worker_runtime_env={"env_vars": worker_environment()},
         ),
     )

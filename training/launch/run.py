@@ -5,19 +5,78 @@
     ran.result, ran.wall_s, ran.ranks.to_cluster(figures)
 
 The workers the plan drops are not launched; the others run as ranks renumbered in order
-(`RankMap`), under torchrun or Ray Train as the cluster's `launcher` says (`run_workers`).
+(`RankMap`). `run_workers` is the one launcher interface: it checks a job on this host, then
+hands it to torchrun (`local.run_torchrun`) or Ray Train (`ray_train.run_workers_ray`) as the
+cluster's `launcher` says; `measure_profile` is a profile-mode job through it.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from hetflow.records import Plan, RunResult
-from hetflow.training.launch.local import run_workers
+from hetflow.records import Plan, Profile, RunResult
+from hetflow.training.cores import core_sets, host_cores
+from hetflow.training.devices import check_devices
+from hetflow.training.launch.local import run_torchrun
+from hetflow.training.launch.mps import check_mps, mps_available
+from hetflow.training.launch.outcome import Launched
+from hetflow.training.launch.ray_train import run_workers_ray, with_shared_state
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.ranks import RankMap, Stragglers
+
+
+def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
+    """Run the job `spec` to completion under its cluster's launcher: (result.json, wall s).
+
+    Each worker's device and precision are checked on this host first (`check_devices`),
+    which also sets the backend: NCCL when every rank has a CUDA device of its own, else gloo;
+    then the cores and MPS shares the workers ask for. A one-line ConfigError before anything
+    is written. Under `launcher: ray` the job runs on Ray Train, its state in the dataset's
+    bucket; else under torchrun on this host. Either restarts the group as the job's failure
+    policy says (`train.faults`); `on_progress`: `run_torchrun`'s.
+    Raises the launchers' `LaunchError` (`RankFailed` when a rank raised)."""
+    placement = check_devices(spec.cluster, spec.train)  # a one-line error before launch
+    core_sets(spec.cluster, host_cores())  # the cores asked for exist here
+    check_mps(spec.cluster, *mps_available())  # MPS runs here, where a worker has a gpu_share
+    spec = spec.model_copy(
+        update={
+            "backend": placement.backend,
+            "precisions": placement.precisions,
+            "submitted_at": spec.submitted_at or time.time(),
+        }
+    )
+    if spec.cluster.launcher == "ray":
+        return run_workers_ray(with_shared_state(spec), timeout_s)
+    return run_torchrun(spec, timeout_s, on_progress)
+
+
+def measure_profile(
+    cluster: ClusterSpec,
+    dataset: DatasetSpec,
+    train: TrainConfig,
+    run_dir: str | Path,
+    profile_batches: list[int] | None = None,
+) -> Profile:
+    """Every worker of `cluster` measured inside it (a job with mode="profile", its files
+    under `run_dir`, under the cluster's launcher): the `Profile` the planner and the
+    simulator read. `profile_batches`: the batches each step is timed at (default:
+    `default_profile_batches` of this cluster)."""
+    run_dir = Path(run_dir)
+    spec = RunSpec(
+        run_name=run_dir.name,
+        variant="profile",
+        mode="profile",
+        cluster=cluster,
+        dataset=dataset,
+        train=train,
+        run_dir=str(run_dir),
+        profile_batches=profile_batches,
+    )
+    result, wall = run_workers(spec)
+    return Profile.from_result(result, cluster, train.recipe, profiling_time_s=wall)
 
 
 @dataclass(frozen=True)

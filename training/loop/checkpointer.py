@@ -14,8 +14,8 @@ from hetflow.training.comm import comm_state_dict, load_comm_state
 from hetflow.training.devices import MixedPrecision
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.checkpoint import CheckpointStore
+from hetflow.training.loop.net import Net
 from hetflow.training.loop.state import Checkpoint, LoopState
-from hetflow.training.loop.step import Net
 from hetflow.training.plan.rebalancer import Rebalancer
 
 
@@ -50,8 +50,8 @@ class Checkpointer:
 
     def on_these_workers(self, saved: dict | None) -> Checkpoint | None:
         """The store's newest checkpoint `saved` for this run's workers: as saved where it was
-        taken on them, else narrowed onto them with the spec's plan (`Checkpoint.narrowed`:
-        the run went on without the workers of a lost node)."""
+        taken on them, else moved onto them with the spec's plan (`Checkpoint.moved`: the run
+        went on without the workers of a lost node, or the queue gave the job others)."""
         if saved is None:
             return None
         ckpt = Checkpoint.from_dict(saved, self.workers)
@@ -63,7 +63,7 @@ class Checkpointer:
                 f"local batches {self.plan}",
                 flush=True,
             )
-        return ckpt.narrowed(self.workers, self.plan)
+        return ckpt.moved(self.workers, self.plan)
 
     def resume(self, parts: CheckpointParts) -> LoopState:
         """The checkpoint read (`saved`, the store's newest) loaded into the model, optimizer,
@@ -78,7 +78,8 @@ class Checkpointer:
         parts.net.load_state(saved.model, saved.optimizer, shards)  # fsdp: re-sharded
         load_comm_state(parts.net.hook_state, saved.comm)
         parts.amp.load_state_dict(saved.scaler)
-        parts.rebalancer.restore(saved.rebalancer)
+        if saved.rebalancer is not None:
+            parts.rebalancer.restore(saved.rebalancer)
         if saved.scheduler is not None:
             parts.lr_schedule.load_state_dict(saved.scheduler)
         return LoopState.from_checkpoint(saved, self.rank)

@@ -9,8 +9,8 @@ from hetflow.infra.data.reader import RankData
 from hetflow.records import EvalPoint
 from hetflow.training.devices import to_device
 from hetflow.training.launch.spec import RunSpec, since_submit
+from hetflow.training.loop.net import Net
 from hetflow.training.loop.state import LoopState
-from hetflow.training.loop.step import Net
 from hetflow.training.recipes import Recipe, evaluate
 
 

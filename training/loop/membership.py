@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from hetflow.training.devices import MixedPrecision
 from hetflow.training.loop.computing import ComputingRanks, can_leave, sync_replicas
+from hetflow.training.loop.net import Net
 from hetflow.training.loop.state import LoopState
-from hetflow.training.loop.step import MeanOverCounts, Net
+from hetflow.training.loop.weighting import MeanOverCounts
 
 
 class Membership:

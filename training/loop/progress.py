@@ -8,6 +8,10 @@ from pathlib import Path
 
 from hetflow.records import Recovery
 
+# A run's stop request: the step (a checkpoint boundary) at which it ends before its last, as
+# text (`TrainingLoop.stop_asked`); the queue writes it to move a job's workers.
+STOP_FILE = "stop_at"
+
 
 class ProgressFile:
     """progress.json, `{"step": N}`, rewritten in place every step with one fixed-width pwrite.

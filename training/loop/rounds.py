@@ -19,8 +19,10 @@ from hetflow.emulation.emulator import Emulator
 from hetflow.infra.data.reader import RankData
 from hetflow.training.comm.outer import OuterStep
 from hetflow.training.launch.spec import RunSpec
+from hetflow.training.loop.micro import split_batch
+from hetflow.training.loop.net import Net
 from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
-from hetflow.training.loop.step import Net, Stepper, split_batch
+from hetflow.training.loop.step import Stepper
 from hetflow.training.plan.rounds import inner_batch
 from hetflow.training.recipes import DataInfo, Recipe, check_fits, seed_rank, seeded_model
 

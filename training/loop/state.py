@@ -87,7 +87,7 @@ class Checkpoint:
     plans: list[PlanChange]
     evals: list[EvalPoint]
     train_time_s: float
-    rebalancer: dict
+    rebalancer: dict | None  # None: the re-balancer starts afresh on resume (`moved`)
     comm: dict | None
     trials: CompressionTrials | None
     scaler: dict
@@ -147,6 +147,26 @@ class Checkpoint:
             scheduler=saved.get("scheduler"),
             strategy=saved.get("strategy", "ddp"),
             shards=saved.get("shards"),
+        )
+
+    def moved(self, workers: list[str], plan: list[int]) -> Checkpoint:
+        """This checkpoint as resumed on `workers`, of which some or none were its own (a
+        job the queue gives other workers at a checkpoint), with `plan` (pure).
+
+        As `narrowed` for workers all its own; with a new one, the step records start afresh
+        on every worker (the run's per-step figures cover the steps since, on the same
+        workers) and so does the re-balancer (its figures were the old workers'); the model,
+        optimizer, comm hook, scaler, evaluations and trials are kept whole."""
+        new = [w for w in workers if w not in self.workers]
+        if not new:
+            return self.narrowed(workers, plan)
+        return replace(
+            self,
+            workers=list(workers),
+            plan=list(plan),
+            plans=[*self.plans, PlanChange(step=self.step, plan=list(plan))],
+            records=[[] for _ in workers],
+            rebalancer=None,
         )
 
     def narrowed(self, workers: list[str], plan: list[int]) -> Checkpoint:

@@ -10,20 +10,25 @@ from hetflow.records import StepRecord
 from hetflow.training.comm import finish_optimizer
 from hetflow.training.devices import to_device
 from hetflow.training.launch.spec import RunSpec
+from hetflow.training.loop.micro import micro_cap, micro_count, split_batch
+from hetflow.training.loop.net import Net
 from hetflow.training.loop.rounds import RoundStepper, round_inner_batch
 from hetflow.training.loop.state import LoopState
-from hetflow.training.loop.step import (
-    MeanOverCounts,
-    Net,
-    Stepper,
-    micro_cap,
-    micro_count,
-    split_batch,
-    straggler_factor,
-)
+from hetflow.training.loop.step import Stepper
 from hetflow.training.loop.step_times import SharedStepTimes
+from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import Recipe
+
+
+def straggler_factor(stragglers: list[tuple[int, int, float]], rank: int, step: int) -> float:
+    """The factor on `rank`'s slowdown at `step`: that of the last (rank, onset, factor) entry
+    for this rank whose onset has come, in the order listed; 1.0 before any."""
+    factor = 1.0
+    for r, at, f in stragglers:
+        if r == rank and step >= at:
+            factor = f
+    return factor
 
 
 class LoopStepper:

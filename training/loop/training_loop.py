@@ -25,14 +25,15 @@ from hetflow.training.launch.spec import emulator_for, node_id, since_submit
 from hetflow.training.loop.checkpointer import Checkpointer, CheckpointParts
 from hetflow.training.loop.evaluator import Evaluator
 from hetflow.training.loop.membership import Membership
+from hetflow.training.loop.net import build_net
 from hetflow.training.loop.optim import build_scheduler, resolve_optimizer, step_scheduler
-from hetflow.training.loop.progress import ProgressFile, note_recovery
+from hetflow.training.loop.progress import STOP_FILE, ProgressFile, note_recovery
 from hetflow.training.loop.rebalancing import Rebalancing, share_every
 from hetflow.training.loop.rounds import build_round_net
-from hetflow.training.loop.step import MeanOverCounts, build_net
 from hetflow.training.loop.step_times import SharedStepTimes
 from hetflow.training.loop.stepper import LoopStepper
 from hetflow.training.loop.trials import resolve_compression
+from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import parameter_count, recipe_of
@@ -99,7 +100,8 @@ class TrainingLoop:
         self.guard = StepGuard(self.spec, self.rank, self.net)  # last: every process group exists
 
     def run(self) -> None:
-        """Train from the resumed step to `train.steps`, one step per turn of the loop:
+        """Train from the resumed step to `train.steps` (or to the checkpoint a stop request
+        names: `stop_asked`), one step per turn of the loop:
 
         the step (the stepper's, or an idle one where this rank is out of the all-reduce), the
         lr scheduler's step, the replicas' average after the last; the guard's verdict (a
@@ -115,7 +117,7 @@ class TrainingLoop:
         line.first_step, line.first_step_s = first, since_submit(self.spec)
         line.steady_from_s = line.first_step_s
         for step in range(first, cfg.steps):
-            last = step == cfg.steps - 1
+            last = step == cfg.steps - 1 or self.stop_asked(step + 1)
             if step == first + THROUGHPUT_SKIP_STEPS:  # the steps throughput counts begin
                 line.steady_from_s = since_submit(self.spec)
             self.guard.begin(step)
@@ -128,7 +130,9 @@ class TrainingLoop:
             # the optimizer's or the loss scale's skip, on a step this rank stepped in
             rec.skipped = computes and (rec.skipped or self.amp.last_skipped)
             self.record(rec)
-            checkpoint_now = ((step + 1) % cfg.checkpoint_every == 0 or stop) and not last
+            # the last step too where it falls on the interval: a run continued to more steps
+            # (the queue's next segment, on the same run directory) resumes there
+            checkpoint_now = (step + 1) % cfg.checkpoint_every == 0 or (stop and not last)
             flush = last or checkpoint_now
             self.rebalancing.after(rec, state, flush=flush, last=last, posted=not computes)
             self.membership.follow(state, step + 1)
@@ -141,6 +145,8 @@ class TrainingLoop:
             self.write_progress(step + 1)
             if stop and not last:
                 raise Preempted(step + 1)
+            if last:
+                break
         line.loop_end_s = since_submit(self.spec)
 
     def choose_compression(self) -> CompressionTrials | None:
@@ -181,6 +187,19 @@ class TrainingLoop:
         state.records.append(rec)
         state.bookkeeping_s += now() - tb
         state.train_time_s += rec.step_s
+
+    def stop_asked(self, boundary: int) -> bool:
+        """Whether the run ends at `boundary` (steps done), a checkpoint, before its last
+        step: `RUN_DIR/stop_at` names that step (the queue moving the job's workers). Read
+        at checkpoint boundaries only; whoever writes it names a boundary at least two steps
+        past progress.json's step, which no rank has reached (ranks of one all-reduce are at
+        most a step apart), so every rank reads the same answer there."""
+        if boundary % self.cfg.checkpoint_every:
+            return False
+        try:
+            return int(Path(self.spec.run_dir, STOP_FILE).read_text()) == boundary
+        except (FileNotFoundError, ValueError):
+            return False
 
     def write_progress(self, step: int) -> None:
         if self.progress is not None:

@@ -26,13 +26,11 @@ from hetflow.emulation.emulator import now
 from hetflow.records import LOCAL_SGD, CompressionMethod, CompressionTrials, MethodTrial
 from hetflow.training.devices import MixedPrecision, synchronizer, to_device
 from hetflow.training.launch.spec import RunSpec, emulator_for
-from hetflow.training.loop.step import (
-    MeanOverCounts,
-    Stepper,
-    build_net,
-    micro_cap,
-    straggler_factor,
-)
+from hetflow.training.loop.micro import micro_cap
+from hetflow.training.loop.net import build_net
+from hetflow.training.loop.step import Stepper
+from hetflow.training.loop.stepper import straggler_factor
+from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.plan.compression import (
     TRIAL_STEPS,
     TRIAL_TIMED_STEPS,

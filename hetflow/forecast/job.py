@@ -3,7 +3,7 @@
 Frozen dataclasses, each checked on construction: a figure the simulator cannot use raises a
 `SimulationError` (a `ConfigError`) naming the field. No I/O and no torch. The models' figures
 (`ModelSpec`, `MODELS`) and the ring's (`INTRA_NODE_GBPS`, DDP's buckets) live in the plan
-layer, `hetflow.training.plan.models` and `.collective`, where `hetflow recommend`'s flow may
+layer, `hetflow.forecast.models` and `.collective`, where `hetflow recommend`'s flow may
 import them too; they are re-exported here.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hetflow.config import ConfigError
+from hetflow.forecast.models import MODELS, ModelSpec  # noqa: F401 (re-exported)
 from hetflow.training.plan.collective import (  # noqa: F401 (re-exported)
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -24,7 +25,6 @@ from hetflow.training.plan.collective import (  # noqa: F401 (re-exported)
     RING_INTRA_ALPHA_S,
     ddp_buckets,
 )
-from hetflow.training.plan.models import MODELS, ModelSpec  # noqa: F401 (re-exported)
 
 MAX_WORKERS = 1 << 16
 
@@ -135,11 +135,15 @@ class Network:
 
 @dataclass(frozen=True)
 class Job:
-    """What one step is: the model, the batch (global fixed, or local fixed = weak scaling)."""
+    """What is trained and how: the model, the batch (global fixed, or local fixed = weak
+    scaling), how many steps (for a run's time and cost; None: per step and per epoch only),
+    the step's fixed overhead and the stragglers' jitter, and whether data is prefetched.
+    The simulator and the rental search read this one job."""
 
     model: ModelSpec
     global_batch: int | None = None
     local_batch: int | None = None
+    steps: int | None = None
     step_overhead_s: float = 0.0
     jitter: float = 0.0
     prefetch: bool = True
@@ -149,10 +153,10 @@ class Job:
             raise SimulationError(
                 "job: give exactly one of global_batch (strong scaling) or local_batch (weak)"
             )
-        for name in ("global_batch", "local_batch"):
+        for name in ("global_batch", "local_batch", "steps"):
             v = getattr(self, name)
-            if v is not None and v < 1:
-                raise SimulationError(f"job.{name}: must be >= 1 (got {v})")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise SimulationError(f"job.{name}: must be a whole number >= 1 (got {v!r})")
         if not (math.isfinite(self.step_overhead_s) and self.step_overhead_s >= 0):
             raise SimulationError(
                 f"job.step_overhead_s: must be >= 0 (got {self.step_overhead_s!r})"

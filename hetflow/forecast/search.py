@@ -9,17 +9,19 @@ The model, term by term (docs/recommend.md):
   The preset is the GPU the catalog lists: T4 (g4dn.*), V100 (p3.*, p3dn.*), A100 (p4d.*,
   p4de.*). Other GPUs have no curve and are refused (`curve_for`). The curve is made
   non-decreasing (a step of b samples never beats one of fewer), and past the last published
-  batch it grows in proportion to b (`PUBLISHED_BATCH`). Memory is not checked: a largest
-  local batch can be given (`max_batch`).
+  batch it grows in proportion to b (`PUBLISHED_BATCH`). A curve ends at the largest local
+  batch the device's memory holds (`forecast.memory`, applied by `forecast.rental`) or at a
+  largest local batch the user gives.
 - A mix's step: the balanced compute time T, the least T at which every device taking the most
   samples its curve finishes within T holds the global batch (the planner's equal-finish rule,
   `training.plan.balance`, on the curve itself rather than an affine fit of it; a type whose
-  one-sample step exceeds T takes nothing, the rule of `exclude_slow`), plus the ring
-  all-reduce of the fp32 gradient (`collective.ring_allreduce_time`, the simulator's: the slowest
-  NIC between instances, the GPU family's bus inside one; no overlap with compute).
+  one-sample step exceeds T takes nothing, the rule of `exclude_slow`), then the simulator's
+  step (`step.step_time`) with the all-reduce of the fp32 gradient (`step.allreduce_s`: one
+  ring, the slowest NIC between instances, the GPU family's bus inside one; no overlap with
+  compute, no jitter, no overhead: the `Job`'s and `Network`'s defaults).
 - Cost: every rented instance's on-demand hourly price x the predicted time (per-second
   billing; start-up, data loading and evaluation are not counted). On spot (`markets`), the
-  spot price, and time and cost are expectations with interruptions (`training.plan.spot`).
+  spot price, and time and cost are expectations with interruptions (`forecast.spot`).
 
 `search` picks the mix for an objective: 'cost' (least cost, i.e. per sample), 'deadline'
 (least cost predicted within `deadline_h`, less a margin), 'budget' (least time within
@@ -40,17 +42,13 @@ from dataclasses import dataclass, field
 
 from hetflow.config import ConfigError
 from hetflow.emulation.presets import PRESETS
-from hetflow.training.plan.collective import (
-    DEFAULT_INTRA_GBPS,
-    INTRA_NODE_GBPS,
-    RING_ALPHA_S,
-    RING_INTRA_ALPHA_S,
-    ddp_buckets,
-    ring_allreduce_time,
-)
-from hetflow.training.plan.models import MODELS, ModelSpec
-from hetflow.training.plan.objective import Objective, by_cost, by_hours, pareto
-from hetflow.training.plan.spot import DEFAULT_RESTART, Restart, expected_hours
+from hetflow.forecast.job import Job, Network
+from hetflow.forecast.memory import MemoryLimit
+from hetflow.forecast.models import MODELS, ModelSpec
+from hetflow.forecast.objective import Objective, by_cost, by_hours, pareto
+from hetflow.forecast.spot import DEFAULT_RESTART, Restart, expected_hours
+from hetflow.forecast.step import NodeGroup, allreduce_s, step_time
+from hetflow.training.plan.collective import DEFAULT_INTRA_GBPS, INTRA_NODE_GBPS
 
 PRESET_OF_GPU = {"T4": "t4", "V100": "v100", "A100": "a100"}
 TRAIN_OVER_INFERENCE = 3.0  # forward + backward ~ 3 x forward (as the simulator counts FLOPs)
@@ -82,7 +80,8 @@ class Candidate:
     step_s: tuple[float, ...] = field(repr=False)
     spot_usd_per_hour: float | None = None  # one instance on spot; None: not on spot
     interruptions_per_hour: float = 0.0  # one spot instance's
-    measured: str | None = None  # where its curve was measured (`plan.measured`); None: published
+    measured: str | None = None  # where its curve was measured; None: published
+    memory: MemoryLimit | None = field(default=None, repr=False)  # its largest local batch
 
     @property
     def intra_gbps(self) -> float:
@@ -139,20 +138,17 @@ class Prediction:
         return sum(1 for n in self.counts if n)
 
 
-def comm_s(cands: Sequence[Candidate], counts: Sequence[int], model: ModelSpec) -> float:
-    """One step's ring all-reduce of the fp32 gradient over every rented GPU (the simulator's
-    ring: the slowest NIC between instances, the slowest bus inside them)."""
-    used = [(c, n) for c, n in zip(cands, counts, strict=True) if n]
-    devices = sum(c.devices * n for c, n in used)
-    if devices <= 1:
-        return 0.0
-    nodes = sum(n for _, n in used)
-    edges = [c.intra_gbps for c, _ in used if c.devices > 1]
-    if nodes > 1:
-        edges += [c.nic_gbps for c, _ in used]
-    alpha = RING_ALPHA_S if nodes > 1 else RING_INTRA_ALPHA_S
-    grad = model.grad_bytes
-    return ring_allreduce_time(grad, devices, alpha, min(edges), ddp_buckets(grad))
+def comm_s(
+    cands: Sequence[Candidate], counts: Sequence[int], model: ModelSpec, network: Network
+) -> float:
+    """One step's all-reduce of the fp32 gradient over every rented GPU, as the simulator
+    counts it (`step.allreduce_s`): each instance a node of its GPUs."""
+    groups = [
+        NodeGroup(c.devices, n, c.nic_gbps, c.intra_gbps)
+        for c, n in zip(cands, counts, strict=True)
+        if n
+    ]
+    return allreduce_s(groups, model.grad_bytes, network)
 
 
 def balanced_compute_s(
@@ -179,15 +175,6 @@ def balanced_compute_s(
     return t
 
 
-@dataclass(frozen=True)
-class Job:
-    """What is trained: the model's figures, the global batch and the number of steps."""
-
-    model: ModelSpec
-    global_batch: int
-    steps: int
-
-
 class Evaluator:
     """Predictions of mixes of `cands` for `job` in `market`, each computed once."""
 
@@ -197,9 +184,11 @@ class Evaluator:
         job: Job,
         market: str = "on-demand",
         restart=DEFAULT_RESTART,
+        network: Network | None = None,
     ):
         self.cands, self.job, self.market = list(cands), job, market
         self.restart = restart or DEFAULT_RESTART
+        self.network = network or Network()  # the simulator's defaults
         self.levels = sorted({s for c in cands for s in c.step_s})
         self.seen: dict[tuple[int, ...], Prediction | None] = {}
 
@@ -216,8 +205,9 @@ class Evaluator:
         compute = balanced_compute_s(self.cands, counts, job.global_batch, self.levels)
         if compute is None:
             return None
-        comm = comm_s(self.cands, counts, job.model)
-        step = compute + comm
+        comm = comm_s(self.cands, counts, job.model, self.network)
+        devices = sum(c.devices * n for c, n in zip(self.cands, counts, strict=True))
+        step = step_time(compute, compute, comm, devices, job, self.network)[0]
         bare = step * job.steps / 3600
         used = [(c, n) for c, n in zip(self.cands, counts, strict=True) if n]
         if self.market == "on-demand":
@@ -298,7 +288,7 @@ def climb(evaluate: Evaluator, start: Prediction, key) -> Prediction:
 
 
 @dataclass(frozen=True)
-class Recommendation:
+class Ranking:
     """The chosen mix, every mix evaluated in the objective's order, the best of each type
     alone (by candidate), the Pareto front of time and cost, and how many mixes were priced,
     in the `markets` searched, with the `restart` an interruption costs on spot."""
@@ -365,7 +355,7 @@ def search(
     objective: Objective,
     markets: Sequence[str] = ("on-demand",),
     restart: Restart = DEFAULT_RESTART,
-) -> Recommendation:
+) -> Ranking:
     """The mix of `cands` in one of `markets` that is best for `objective` under the model
     (module docstring); a RecommendError when none is feasible, naming the fastest (deadline)
     or cheapest (budget) mix and its prediction."""
@@ -384,7 +374,9 @@ def search(
         raise RecommendError(
             f"--global-batch: no mix of the candidates takes {job.global_batch} samples a step: "
             "fewer than the GPUs of any one instance, or more than all of them hold at "
-            "--max-local-batch or their measured memory caps"
+            "--max-local-batch or their memory caps (the most per GPU: "
+            + ", ".join(f"{c.instance_type} {len(c.step_s)}" for c in cands)
+            + ")"
         )
     ranked = sorted(preds, key=objective.key)
     if not objective.feasible(ranked[0]):
@@ -395,6 +387,6 @@ def search(
         if alone:
             singles[c.instance_type] = alone[0]
     priced = sum(ev.priced() for ev in evs)
-    return Recommendation(
+    return Ranking(
         objective, cands, job, ranked[0], ranked, singles, pareto(preds), priced, markets, restart
     )

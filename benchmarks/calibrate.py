@@ -1,6 +1,6 @@
 """`hetflow simulate --calibrate`: small real runs made here, each predicted from its own profile.
 
-With torchrun (`hetflow.training.launch.local.run_workers`): a profile, then the equal split and
+With torchrun (`hetflow.training.launch.run.run_workers`): a profile, then the equal split and
 hetflow's plan on emulated speeds 1,1,2,4 (cnn), and one run on 4 workers behind emulated
 1 Gbit/s links (digits-wide-mlp); each run is predicted from its own profile. The per-step overhead
 (optimizer, DDP, Python: what a profile does not measure) is the one fitted figure, estimated
@@ -17,10 +17,10 @@ from __future__ import annotations
 import time
 
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job, link_cluster
+from hetflow.forecast.clusters import profile_alpha_s, profile_workers
+from hetflow.forecast.job import MODELS, Job, Network
+from hetflow.forecast.step import StepPrediction, simulate_step
 from hetflow.records import Profile, RunResult
-from hetflow.simulator.clusters import profile_alpha_s, profile_workers
-from hetflow.simulator.model import MODELS, Job, Network
-from hetflow.simulator.step import StepPrediction, simulate_step
 
 HETERO_RUNS = ("baseline", "optimized")
 PROFILE_KEYS = (
@@ -177,7 +177,7 @@ def _jobs(steps: int) -> dict[str, tuple[ClusterSpec, TrainConfig]]:
 
 def _profile(label: str, cluster: ClusterSpec, cfg: TrainConfig, dataset, tmp: str) -> Profile:
     """The cluster profiled by its own workers (a profile-mode run)."""
-    from hetflow.training.launch.local import measure_profile
+    from hetflow.training.launch.run import measure_profile
 
     profile = measure_profile(cluster, dataset, cfg, f"{tmp}/{label}-profile")
     print(f"{label}: profiled in {profile.profiling_time_s:.0f}s", flush=True)

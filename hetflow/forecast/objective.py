@@ -1,4 +1,4 @@
-"""What 'best' means for `hetflow recommend` (`training.plan.recommend`): the objective, its
+"""What 'best' means for `hetflow recommend` (`forecast.search`): the objective, its
 order of mixes and why a mix loses to the chosen one, and the Pareto front of time and cost
 (pure; a mix is a `recommend.Prediction`)."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hetflow.training.plan.recommend import Prediction
+    from hetflow.forecast.search import Prediction
 
 
 @dataclass(frozen=True)

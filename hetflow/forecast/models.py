@@ -9,13 +9,17 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 
+from hetflow.forecast.memory import GIB, per_sample_bytes
+
 
 @dataclass(frozen=True)
 class ModelSpec:
     """A model as the simulator sees it: its gradient, its FLOPs and its data.
 
     `per_sample_flops` is training FLOPs per sample (forward + backward ~ 3 x forward);
-    `sample_bytes` what one sample weighs in storage; `epoch_samples` one pass over the data.
+    `sample_bytes` what one sample weighs in storage; `epoch_samples` one pass over the data;
+    `sample_memory_bytes` what one sample of a local batch takes in a device's memory while
+    training, mixed precision (`forecast.memory`; None: not known), from `memory_source`.
     """
 
     name: str
@@ -26,6 +30,8 @@ class ModelSpec:
     default_local_batch: int | None = None
     default_global_batch: int | None = None
     source: str = ""
+    sample_memory_bytes: float | None = None
+    memory_source: str = ""
 
     @property
     def grad_bytes(self) -> float:
@@ -67,6 +73,8 @@ def _local_models() -> dict[str, ModelSpec]:
     return out
 
 
+_DLE = "NVIDIA DeepLearningExamples"
+
 # The digits models' names before they were recipes: still accepted (a profile stored then
 # names its model so), never listed.
 OLD_NAMES = {"mlp": "digits-mlp", "cnn": "digits-cnn", "wide_mlp": "digits-wide-mlp"}
@@ -84,6 +92,10 @@ MODELS: dict[str, ModelSpec] = {
         1_281_167,
         default_local_batch=64,
         source="He et al. 2016; ImageNet-1k train split",
+        # NVIDIA trains ResNet-50 v1.5 at local batch 256 under mixed precision on a 16 GB V100
+        sample_memory_bytes=per_sample_bytes(16 * GIB, 256, 25_600_000),
+        memory_source=f"{_DLE} PyTorch/Classification/ConvNets/configs.yml @097c7ff9: local "
+        "batch 256, mixed precision, on a 16 GB V100",
     ),
     # BERT-Large: 340M parameters; forward ~ 2 FLOPs per parameter per token at sequence length
     # 128 -> 2 x 340e6 x 128 = 87 GFLOP, training ~ 3 x forward. An epoch: ~3.3B words of
@@ -97,6 +109,11 @@ MODELS: dict[str, ModelSpec] = {
         33_500_000,
         default_local_batch=32,
         source="Devlin et al. 2019",
+        # NVIDIA pre-trains it at local batch 16 (sequence length 128, mixed precision) on a
+        # 16 GB V100
+        sample_memory_bytes=per_sample_bytes(16 * GIB, 16, 340_000_000),
+        memory_source=f"{_DLE} PyTorch/LanguageModeling/BERT/README.md @23a6382c: pre-training "
+        "at local batch 16, sequence length 128, mixed precision, on a 16 GB V100 (DGX-1)",
     ),
     **_local_models(),
 }

@@ -1,4 +1,4 @@
-"""`hetflow simulate`: predict data-parallel training at 1 to 1024 workers (hetflow.simulator).
+"""`hetflow simulate`: predict data-parallel training at 1 to 1024 workers (`hetflow.forecast`).
 
     hetflow simulate --mix g4dn.xlarge:32,g5.xlarge:16,p3dn.24xlarge:2 --model resnet50 \\
         --workers 1,4,16,64,256,1024 --json sim.json --plot sim.png
@@ -14,7 +14,7 @@ configured) and priced from infra/prices.json. `--workers` scales the cluster, k
 
 Compute of an instance type never measured: per-sample FLOPs / (FP32 peak x `--fraction`);
 a profile's ranks bring their own fitted a + c x batch. See docs/benchmarks.md for the model,
-`hetflow.simulator.calibrate` for what `--calibrate` runs.
+`benchmarks/calibrate.py` for what `--calibrate` runs (torch: it is not installed).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from functools import partial
 
 from hetflow.cli.parser import Parser
 from hetflow.config import ClusterSpec, ConfigError, load_mapping
+from hetflow.forecast import clusters, report
+from hetflow.forecast.job import MAX_WORKERS, MODELS, Job, ModelSpec, Network
+from hetflow.forecast.published import published_comparison
+from hetflow.forecast.step import StepPrediction, sweep
 from hetflow.output import write_json
-from hetflow.simulator import clusters, report
-from hetflow.simulator.model import MAX_WORKERS, MODELS, Job, ModelSpec, Network
-from hetflow.simulator.published import published_comparison
-from hetflow.simulator.step import StepPrediction, sweep
 
 DEFAULT_MIX = "g4dn.xlarge:32,g5.xlarge:16,p3dn.24xlarge:2"
 DEFAULT_FRACTION = 0.3
@@ -370,9 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out: dict = {}
     if args.calibrate:
-        from hetflow.simulator.calibrate import calibrate
+        from hetflow.cli.commands import benchmark_module
 
-        cal = calibrate(args.calibrate_steps)
+        cal = benchmark_module("calibrate").calibrate(args.calibrate_steps)
         report.print_calibration(cal)
         out["calibration"] = cal
     explicit = any(v is not None for v in (args.mix, args.cluster, args.workers, args.model))

@@ -3,7 +3,8 @@
 A worker is one device. From the catalog: c_i = per-sample FLOPs / (device FP32 peak x achieved
 fraction), a_i = 0; a GPU instance gives one worker per GPU, each with its share of the NIC and
 of the price. From a profile (`hetflow.records.Profile`): each rank's own fitted a_i + c_i x
-batch and measured all-reduce bandwidth. Pure: the catalog is passed in, not fetched.
+batch and measured all-reduce bandwidth. Pure: the catalog (`hetflow.infra.catalog.Catalog`:
+each type's `info`, `price` and `worker_price`) is passed in, not fetched.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from dataclasses import replace
 from pydantic import ValidationError
 
 from hetflow.config import ClusterSpec, describe_validation_error
-from hetflow.infra.catalog import Catalog
+from hetflow.forecast.job import ModelSpec, SimulationError, WorkerModel, check_workers
 from hetflow.records import Profile
-from hetflow.simulator.model import ModelSpec, SimulationError, WorkerModel, check_workers
 
 
 def flops_worker(
@@ -82,7 +82,7 @@ def scale_counts(counts: Sequence[int], n: int) -> list[int]:
 
 def catalog_cluster(
     mix: Sequence[tuple[str, int]],
-    catalog: Catalog,
+    catalog,
     model: ModelSpec,
     fraction: float | Mapping[str, float],
     n: int | None = None,
@@ -138,7 +138,7 @@ def spec_instance_types(cluster: ClusterSpec) -> list[str]:
 
 def spec_cluster(
     cluster: ClusterSpec,
-    catalog: Catalog,
+    catalog,
     model: ModelSpec,
     fraction: float | Mapping[str, float],
     storage_mbps: float | None = None,

@@ -1,17 +1,16 @@
-"""What `hetflow recommend` and the `recommend` flow read to price spot instances: the spot
-table (shipped in `infra/spot.json`, or the user's), the candidates' per-type overrides, the
-markets searched and what an interruption costs (the model: `training.plan.spot`). Bad input
-is one line (a RecommendError) naming its flag, the same in both.
+"""What prices spot instances for `hetflow recommend` and the `recommend` flow: the spot table
+(read by the caller: `hetflow.infra.market`), the candidates' per-type overrides, the markets
+searched and what an interruption costs (the model: `forecast.spot`). Bad input is one line
+(a RecommendError) naming its flag, the same in both.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from hetflow.config import TrainConfig, suggestion
-from hetflow.training.plan.recommend import RecommendError
-from hetflow.training.plan.spot import DEFAULT_RESTART, MARKETS, Restart, deadline_risk
+from hetflow.forecast.search import RecommendError
+from hetflow.forecast.spot import DEFAULT_RESTART, MARKETS, Restart, deadline_risk
 
 # An interruption redoes half the steps since the last checkpoint: a run's checkpoint interval
 CHECKPOINT_EVERY = TrainConfig.model_fields["checkpoint_every"].default
@@ -28,52 +27,31 @@ def spot_terms(name: str, usd: float, spot) -> tuple[float, float]:
     return usd * (1 - info.savings), info.per_hour
 
 
-def _override(flag: str, values: Mapping[str, float], names, ok, what: str) -> None:
-    """Each (type, value) of a per-type override names a candidate and passes `ok`."""
-    for name, v in values.items():
+def _candidates_only(flag: str, values: Mapping[str, float], names) -> None:
+    """Each type of a per-type override names a candidate (its value is checked by
+    `hetflow.config.SpotOverride`)."""
+    for name in values:
         if name not in names:
             raise RecommendError(
                 f"{flag}: {name} is not a candidate ({', '.join(names)}){suggestion(name, names)}"
             )
-        number = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not number or not ok(v):
-            raise RecommendError(f"{flag}: {name}: {what} (got {v!r})")
 
 
-def spot_table(names: Sequence[str], path=None, discounts=None, per_month=None):
-    """The spot table (`infra/spot.json`, or the one at `path`), every type of it in the
-    offline catalog, with the candidates' per-type overrides: `discounts` (savings off
-    On-Demand, [0, 1)) and `per_month` (interruptions per instance-month, >= 0)."""
-    from hetflow.infra.catalog import load_snapshot
-    from hetflow.infra.pricing import CatalogError
-    from hetflow.infra.spot import SPOT_TABLE, SpotInfo, load_spot
-
+def spot_table(table, known, names: Sequence[str], discounts=None, per_month=None):
+    """The spot table `table` (a `hetflow.infra.spot.SpotTable`), every type of it among the
+    catalog's `known` types, with the candidates' per-type overrides: `discounts` (savings off
+    On-Demand, [0, 1)) and `per_month` (interruptions per instance-month, >= 0). A copy: the
+    caller's table is left as it was."""
     discounts, per_month = dict(discounts or {}), dict(per_month or {})
-    try:
-        table = load_spot(path or SPOT_TABLE)
-    except CatalogError as e:
-        raise RecommendError(f"--spot-table: {e}") from None
-    known = load_snapshot()
     for name in table.types:
         if name not in known:
             raise RecommendError(
                 f"--spot-table: types.{name} is not in the offline catalog "
                 f"(infra/instance_types.json){suggestion(name, known)}"
             )
-    _override(
-        "--spot-discount",
-        discounts,
-        names,
-        lambda v: 0 <= v < 1,
-        "the discount off On-Demand must be in [0, 1)",
-    )
-    _override(
-        "--interruptions",
-        per_month,
-        names,
-        lambda v: v >= 0,
-        "interruptions per instance-month must be a finite number >= 0",
-    )
+    _candidates_only("--spot-discount", discounts, names)
+    _candidates_only("--interruptions", per_month, names)
+    types = {name: info.model_dump() for name, info in table.types.items()}
     for name in set(discounts) | set(per_month):
         was = table.types.get(name)
         if was is None and not (name in discounts and name in per_month):
@@ -82,25 +60,18 @@ def spot_table(names: Sequence[str], path=None, discounts=None, per_month=None):
         savings = discounts.get(name, was.savings if was else 0.0)
         rate = per_month.get(name, was.per_month if was else 0.0)
         bucket = was.bucket if was and name not in per_month else None
-        table.types[name] = SpotInfo(savings=savings, per_month=rate, bucket=bucket)
-    if discounts or per_month:
-        table.source += f"; overridden for {', '.join(sorted(set(discounts) | set(per_month)))}"
-    return table
+        types[name] = {"savings": savings, "per_month": rate, "bucket": bucket}
+    if not (discounts or per_month):
+        return table
+    source = f"{table.source}; overridden for {', '.join(sorted(set(discounts) | set(per_month)))}"
+    return table.model_validate({**table.model_dump(), "source": source, "types": types})
 
 
 def market_terms(kind: str, restart_s: float | None = None, checkpoint_every: int | None = None):
     """(The markets searched for `kind`: 'on-demand', 'spot' or 'both'; the Restart of an
-    interruption), one line naming a bad value or a restart figure given for on-demand."""
-    markets = {"on-demand": ("on-demand",), "spot": ("spot",), "both": MARKETS}.get(kind)
-    if markets is None:
-        raise RecommendError(f"--market: expected on-demand, spot or both (got {kind!r})")
-    for flag, v in (("--restart-s", restart_s), ("--checkpoint-every", checkpoint_every)):
-        if v is not None and kind == "on-demand":
-            raise RecommendError(f"{flag}: only with --market spot or both")
-    if restart_s is not None and not (math.isfinite(restart_s) and restart_s >= 0):
-        raise RecommendError(f"--restart-s: must be a finite number >= 0 (got {restart_s:g})")
-    if checkpoint_every is not None and checkpoint_every < 1:
-        raise RecommendError(f"--checkpoint-every: must be >= 1 step (got {checkpoint_every})")
+    interruption, the defaults where not given). The values are `RecommendMarket`'s, checked
+    there."""
+    markets = {"on-demand": ("on-demand",), "spot": ("spot",), "both": MARKETS}[kind]
     restart = Restart(
         DEFAULT_RESTART.restart_s if restart_s is None else float(restart_s),
         CHECKPOINT_EVERY if checkpoint_every is None else int(checkpoint_every),
@@ -111,23 +82,19 @@ def market_terms(kind: str, restart_s: float | None = None, checkpoint_every: in
 def market_setup(
     kind: str,
     names: Sequence[str],
-    path=None,
+    market,
     discounts=None,
     per_month=None,
     restart_s: float | None = None,
     checkpoint_every: int | None = None,
 ):
-    """(Markets searched, Restart, SpotTable or None: on-demand only) of the market options
-    (`market_terms`, `spot_table`), each checked; spot figures given for on-demand only are
-    refused, in one line naming their flag."""
+    """(Markets searched, Restart, SpotTable or None: on-demand only) of a `RecommendMarket`'s
+    values on `market` (`hetflow.infra.market.RentalMarket`: its spot table read when spot is
+    searched), the per-type overrides applied (`spot_table`)."""
     markets, restart = market_terms(kind, restart_s, checkpoint_every)
-    if "spot" in markets:
-        return markets, restart, spot_table(names, path, discounts, per_month)
-    given = (("--spot-table", path), ("--spot-discount", discounts), ("--interruptions", per_month))
-    for flag, value in given:
-        if value:
-            raise RecommendError(f"{flag}: only with --market spot or both")
-    return markets, restart, None
+    if "spot" not in markets:
+        return markets, restart, None
+    return markets, restart, spot_table(market.spot, market.types, names, discounts, per_month)
 
 
 def restart_line(rec) -> str:

@@ -2,8 +2,11 @@
 
     step = max_i (data_i + compute_i) x (1 + jitter x z_n) + overhead + exposed_comm
 
-Pure functions of the `model` dataclasses (the formulas: docs/benchmarks.md).
-`simulate_step` is the one entry; `sweep` runs it for several worker counts and plans.
+Pure functions of the `job` dataclasses (the formulas: docs/benchmarks.md). The one
+step-time predictor: `allreduce_s` (the gradient's all-reduce over nodes of workers) and
+`step_time` (the slowest worker, jitter, overhead and the all-reduce left exposed) serve the
+simulator (`simulate_step`, on affine workers; `sweep` runs it for several worker counts and
+plans) and the rental search (`forecast.search`, on step-time curves) alike.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from hetflow.simulator.model import (
+from hetflow.forecast.job import (
     DEFAULT_INTRA_GBPS,
     INTRA_NODE_GBPS,
     Job,
@@ -73,11 +76,46 @@ class StepPrediction:
 # -- communication ----------------------------------------------------------------------------
 
 
-def _nodes(workers: Sequence[WorkerModel]) -> dict[str, list[WorkerModel]]:
-    nodes: dict[str, list[WorkerModel]] = {}
-    for w in workers:
-        nodes.setdefault(w.node or w.name, []).append(w)
-    return nodes
+@dataclass(frozen=True)
+class NodeGroup:
+    """`nodes` nodes of `devices` workers each: one node's network (`nic_gbps`, all its workers
+    together; infinite: loopback) and its bus between its workers (`intra_gbps`)."""
+
+    devices: int
+    nodes: int
+    nic_gbps: float
+    intra_gbps: float
+
+
+def allreduce_s(groups: Sequence[NodeGroup], grad_bytes: float, network: Network) -> float:
+    """Seconds one step's gradient all-reduce takes over these nodes (all its buckets): one
+    ring over every worker, its slowest edge (a node's NIC between nodes, a node's bus inside
+    one) setting the pace; or, hierarchical, a ring inside each node and one across them."""
+    n = sum(g.devices * g.nodes for g in groups)
+    if n <= 1:
+        return 0.0
+    nbytes = grad_bytes / network.compression_ratio
+    k = network.buckets(nbytes)
+    n_nodes = sum(g.nodes for g in groups)
+    widest = max(g.devices for g in groups)
+    if network.collective == "ring" or n_nodes == 1 or widest == 1:
+        edges = [g.nic_gbps for g in groups] if n_nodes > 1 else []
+        edges += [g.intra_gbps for g in groups if g.devices > 1]
+        alpha = network.alpha_s if n_nodes > 1 else network.intra_alpha_s
+        t = ring_allreduce_time(
+            nbytes, n, alpha, min(edges), k
+        )  # an infinite bandwidth leaves alpha
+        if network.collective == "hierarchical" and n_nodes > 1:
+            t /= network.average_every
+        return t
+    # hierarchical: reduce-scatter in each node, ring across nodes, all-gather in each node
+    intra = max(
+        ring_allreduce_time(nbytes, g.devices, network.intra_alpha_s, g.intra_gbps, k)
+        for g in groups
+    )
+    nic = min(g.nic_gbps for g in groups)
+    inter = ring_allreduce_time(nbytes, n_nodes, network.alpha_s, nic, k)
+    return intra + inter / network.average_every
 
 
 def _intra_gbps(group: Sequence[WorkerModel], network: Network) -> float:
@@ -93,38 +131,20 @@ def _nic_gbps(group: Sequence[WorkerModel], network: Network) -> float:
     return sum(shares)
 
 
+def node_groups(workers: Sequence[WorkerModel], network: Network) -> list[NodeGroup]:
+    """The workers by node (`node`, else each its own), each node one NodeGroup."""
+    nodes: dict[str, list[WorkerModel]] = {}
+    for w in workers:
+        nodes.setdefault(w.node or w.name, []).append(w)
+    return [
+        NodeGroup(len(grp), 1, _nic_gbps(grp, network), _intra_gbps(grp, network))
+        for grp in nodes.values()
+    ]
+
+
 def allreduce_time(workers: Sequence[WorkerModel], grad_bytes: float, network: Network) -> float:
     """Seconds one step's gradient all-reduce takes on these workers (all its buckets)."""
-    n = len(workers)
-    if n <= 1:
-        return 0.0
-    nbytes = grad_bytes / network.compression_ratio
-    k = network.buckets(nbytes)
-    nodes = _nodes(workers)
-    groups = list(nodes.values())
-    n_nodes = len(groups)
-    g = max(len(grp) for grp in groups)
-    if network.collective == "ring" or n_nodes == 1 or g == 1:
-        # one ring over all ranks, node by node; its slowest edge sets the pace
-        edges = []
-        if n_nodes > 1:
-            edges += [_nic_gbps(grp, network) for grp in groups]
-        if g > 1:
-            edges += [_intra_gbps(grp, network) for grp in groups if len(grp) > 1]
-        bw = min(edges)
-        alpha = network.alpha_s if n_nodes > 1 else network.intra_alpha_s
-        t = ring_allreduce_time(nbytes, n, alpha, bw, k)  # an infinite bandwidth leaves alpha
-        if network.collective == "hierarchical" and n_nodes > 1:
-            t /= network.average_every
-        return t
-    # hierarchical: reduce-scatter in each node, ring across nodes, all-gather in each node
-    intra = max(
-        ring_allreduce_time(nbytes, len(grp), network.intra_alpha_s, _intra_gbps(grp, network), k)
-        for grp in groups
-    )
-    nic = min(_nic_gbps(grp, network) for grp in groups)
-    inter = ring_allreduce_time(nbytes, n_nodes, network.alpha_s, nic, k)
-    return intra + inter / network.average_every
+    return allreduce_s(node_groups(workers, network), grad_bytes, network)
 
 
 # -- one step ---------------------------------------------------------------------------------
@@ -138,6 +158,23 @@ def expected_max_normal(n: int) -> float:
     if n <= 1:
         return 0.0
     return _NORMAL.inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def step_time(
+    slowest_s: float, compute_s: float, comm_s: float, n: int, job: Job, network: Network
+) -> tuple[float, float, float]:
+    """(The step, its slowest worker stretched by jitter, the all-reduce left exposed) of n
+    workers whose slowest takes `slowest_s` (data wait and compute; `compute_s` its compute
+    alone, which the all-reduce may overlap by `network.overlap`) and an all-reduce of
+    `comm_s`.
+
+    >>> from hetflow.forecast.models import MODELS
+    >>> step_time(0.2, 0.2, 0.05, 4, Job(MODELS["resnet50"], global_batch=64), Network())
+    (0.25, 0.2, 0.05)
+    """
+    slowest = slowest_s * (1 + job.jitter * expected_max_normal(n))
+    exposed = max(0.0, comm_s - network.overlap * compute_s)
+    return slowest + job.step_overhead_s + exposed, slowest, exposed
 
 
 def plan_batches_for(workers: Sequence[WorkerModel], global_batch: int, plan: str) -> list[int]:
@@ -197,11 +234,9 @@ def simulate_step(
         waits.append(d)
         busy.append(d + w.compute_s(bi))
     slowest = max(busy)
-    slowest_jittered = slowest * (1 + job.jitter * expected_max_normal(n))
     comm = allreduce_time(workers, model.grad_bytes, network)
     compute_only = max(w.compute_s(bi) for w, bi in zip(workers, b, strict=True))
-    exposed = max(0.0, comm - network.overlap * compute_only)
-    step = slowest_jittered + job.step_overhead_s + exposed
+    step, slowest_jittered, exposed = step_time(slowest, compute_only, comm, n, job, network)
     throughput = gb / step
     ideal = _ideal_samples_per_s(workers, job, gb / n)
     idle = sum(slowest_jittered - t for t in busy) / (n * step)

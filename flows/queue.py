@@ -1,0 +1,125 @@
+"""Flow: several training jobs on one cluster, with priorities, each job given the workers
+it runs best on and moved only at its checkpoints (`tasks.queue_session`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+from pydantic.json_schema import SkipJsonSchema
+
+from hetflow.config import ConfigError, DatasetSpec, TrackingConfig
+from hetflow.config_queue import QueueJob, queue_cluster
+from hetflow.flows.forms import Cluster
+from hetflow.infra.paths import home
+from hetflow.infra.s3 import local_s3_endpoint
+from hetflow.infra.tracking.plots import worker_timeline
+from hetflow.infra.tracking.tracker import MLflowTracker
+from hetflow.queue.jobs import QueueError
+from hetflow.tasks.data import ingest_dataset
+from hetflow.tasks.preflight import reach_services
+from hetflow.tasks.queue import ensure_slots, inbox_reader
+from hetflow.tasks.queue_session import Session
+
+
+def default_jobs() -> list[QueueJob]:
+    """Three small digits jobs, one per class, the higher ones arriving later."""
+    return [
+        QueueJob(name="digits-low", priority="low", steps=60),
+        QueueJob(name="digits-normal", priority="normal", steps=40, arrive_after_s=20),
+        QueueJob(name="digits-high", priority="high", steps=40, arrive_after_s=40),
+    ]
+
+
+def queue_dir() -> Path:
+    """`$HETFLOW_HOME/queue`: the inbox `hetflow queue submit` writes, the session's state."""
+    path = home() / "queue"
+    (path / "inbox").mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
+    """(the session's figures for MLflow; one row per job)."""
+    rows = []
+    for j in session.jobs:
+        last = j.segments[-1]
+        rows.append(
+            {
+                "job": j.job.name,
+                "priority": j.job.priority,
+                "wait_s": round(j.started_s - j.arrived_s, 1),
+                "completion_s": round(j.finished_s - j.arrived_s, 1),
+                "segments": len(j.segments),
+                "steps_redone": last.steps_redone,
+                "launch_s": round(sum(s.wall_s - s.train_s for s in j.segments), 1),
+            }
+        )
+    out = {
+        "avg_job_completion_s": sum(r["completion_s"] for r in rows) / len(rows),
+        "makespan_s": max(j.finished_s for j in session.jobs)
+        - min(j.arrived_s for j in session.jobs),
+        "steps_redone": sum(r["steps_redone"] for r in rows),
+        "segments": sum(r["segments"] for r in rows),
+        "measuring_s": session.measuring_s,
+    }
+    out |= {f"{r['job']}/wait_s": r["wait_s"] for r in rows}
+    return out, rows
+
+
+def table(rows: list[dict]) -> str:
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+@flow(name="queue", log_prints=True)
+def queue(
+    jobs: list[QueueJob] = default_jobs(),
+    cluster: Cluster = queue_cluster(),
+    dataset: DatasetSpec = DatasetSpec(),
+    tracking: TrackingConfig = TrackingConfig(),
+    switch_s: float = 15.0,
+    read_inbox: bool | SkipJsonSchema[None] = True,
+) -> dict:
+    """Run `jobs` (and those `hetflow queue submit` leaves in the inbox while it runs) on
+    `cluster`: each job's run nested under the session's MLflow run, which holds the figures
+    and a plot of which job held which worker when. `switch_s`: what moving a job costs (its
+    relaunch), weighed against what the move gains."""
+    names = [j.name for j in jobs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"jobs: names must be unique, got {names}")
+    reach_services(dataset, tracking)
+    where = queue_dir()
+    with local_s3_endpoint(dataset.url):
+        ingest_dataset(dataset)
+        ensure_slots(cluster)
+        tracker = MLflowTracker(tracking)
+        parent = tracker.start_run("queue", cluster, dataset)
+        inbox = inbox_reader(where / "inbox" if read_inbox else None)
+        session = Session(
+            cluster, dataset, tracking, parent, switch_s, inbox, state=where / "state.json"
+        )
+        try:
+            session.run(jobs)
+        except QueueError as e:
+            tracker.fail(parent, str(e))
+            raise ConfigError(str(e)) from None
+        except Exception as e:
+            tracker.fail(parent, f"queue: {e}")
+            raise
+        if not session.jobs:
+            tracker.finish(parent)
+            print("queue: no jobs (hetflow queue submit NAME queues one)")
+            return {"parent_run_id": parent, "figures": {}, "jobs": [], "spans": []}
+        values, rows = figures(session)
+        tracker.log_metrics(parent, values)
+        order = [w.name for w in cluster.workers]
+        tracker.log_plots(parent, {"queue_workers.png": worker_timeline(session.spans, order)})
+        tracker.log_json(parent, "queue.json", {"jobs": rows, "spans": session.spans})
+        md = table(rows)
+        create_markdown_artifact(md, key="queue", description="the queue's jobs")
+        tracker.finish(parent)
+    print(md)
+    return {"parent_run_id": parent, "figures": values, "jobs": rows, "spans": session.spans}

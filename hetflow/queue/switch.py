@@ -1,0 +1,98 @@
+"""Whether to move workers between jobs: only when the move gains more than it costs.
+
+Both sides are in the allocator's unit, weighted normalised throughput x seconds
+(`allocate.objective`). The gain is the objective's rise from `keep` (running jobs keep their
+workers, the free ones are shared) to `move` (the allocation over everything), over the
+`horizon_s` it lasts. The cost is the switch: every running job whose workers change stops at
+its next checkpoint (no step is lost) and restarts on its new workers, idle for `switch_s`
+(launch, checkpoint load, warm-up), so it loses its new normalised throughput x `switch_s`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hetflow.queue.allocate import Holding, allocate, normalised, objective
+from hetflow.queue.jobs import Job
+
+
+def moved(running: Mapping[str, Sequence[str]], move: Mapping[str, Sequence[str]]) -> list[str]:
+    """The running jobs (holding workers now) whose workers `move` changes."""
+    return [
+        name
+        for name, names in running.items()
+        if names and sorted(names) != sorted(move.get(name, ()))
+    ]
+
+
+def switch_cost(
+    jobs: Sequence[Job], running: Holding, move: Holding, workers, kinds, switch_s: float
+) -> float:
+    """What the moved jobs lose while they restart (see the module)."""
+    by_name = {j.name: j for j in jobs}
+    return sum(
+        by_name[n].weight * normalised(by_name[n], move.get(n, ()), workers, kinds) * switch_s
+        for n in moved(running, move)
+        if n in by_name
+    )
+
+
+def choose(
+    jobs: Sequence[Job],
+    running: Holding,
+    keep: Holding,
+    move: Holding,
+    workers,
+    kinds,
+    switch_s: float,
+    horizon_s: float,
+) -> Holding:
+    """`move` if its gain over `keep` in `horizon_s` beats the cost of its switches, else
+    `keep`; `keep` when both hold the running jobs alike.
+
+    >>> from hetflow.queue.jobs import Job, Kind, Line
+    >>> kinds = {"k": Kind("k", 16)}
+    >>> workers = {"w0": "k", "w1": "k"}
+    >>> a = Job("a", "low", 8, 10, 1, {"k": Line(0.1, 0.01)})
+    >>> b = Job("b", "high", 8, 10, 1, {"k": Line(0.1, 0.01)})
+    >>> running, keep = {"a": ["w0", "w1"]}, {"a": ["w0", "w1"], "b": []}
+    >>> move = {"a": ["w0"], "b": ["w1"]}
+    >>> choose([a, b], running, keep, move, workers, kinds, switch_s=5, horizon_s=60) == move
+    True
+    >>> choose([a, b], running, keep, move, workers, kinds, switch_s=5, horizon_s=0.5) == keep
+    True
+    """
+    if not moved(running, move):
+        return move
+    gain = (objective(jobs, move, workers, kinds) - objective(jobs, keep, workers, kinds)) * (
+        horizon_s
+    )
+    return move if gain > switch_cost(jobs, running, move, workers, kinds, switch_s) else keep
+
+
+def decide(
+    jobs: Sequence[Job],
+    holding: Holding,
+    running: Holding,
+    left_s: Mapping[str, float],
+    workers,
+    kinds,
+    switch_s: float,
+    preempt: bool = True,
+) -> Holding:
+    """The workers every job of `jobs` (in arrival order) should hold, from what each holds
+    or is bound for (`holding`) and what the running ones hold (`running`), `left_s` being
+    each running job's time to its end where it is.
+
+    Without `preempt`, jobs keep what they hold and the free workers are shared. With it,
+    the allocation over everything (a running job of the highest class kept as it is, since
+    nothing outranks it) where `choose` finds it worth its switches over the time the
+    soonest-ending running job has left.
+    """
+    keep = allocate(jobs, workers, kinds, fixed=holding)
+    if not preempt:
+        return keep
+    top = {j.name: running[j.name] for j in jobs if j.rank == 0 and running.get(j.name)}
+    move = allocate(jobs, workers, kinds, fixed=top, held=holding)
+    horizon = min(left_s.values(), default=float("inf"))
+    return choose(jobs, running, keep, move, workers, kinds, switch_s, horizon)

@@ -1,0 +1,126 @@
+"""The queue as a user drives it: `hetflow queue submit` refuses bad jobs in one line and
+leaves good ones in the inbox; the `queue` flow runs jobs of two classes on one emulated
+cluster, the higher one taking workers at the lower one's checkpoint, each job's run nested
+under the session's MLflow run with the plot of who held which worker."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetflow.cli import main
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
+from hetflow.config_queue import QueueJob
+
+
+def test_submit_refuses_an_unknown_class_and_a_job_no_worker_holds(capsys, hetflow_home):
+    assert main(["queue", "submit", "a", "--priority", "urgent"]) == 2
+    assert main(["queue", "submit", "a", "--memory-gb", "100"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "hetflow: error: priority: unknown class 'urgent'; one of high, normal, low"
+    assert err[1].startswith("hetflow: error: memory_gb: job 'a' needs 100 GB a worker; the ")
+    assert not list((hetflow_home / "queue" / "inbox").glob("*.json"))
+
+
+def test_submit_leaves_the_job_in_the_inbox_and_list_shows_it(capsys, hetflow_home):
+    assert main(["queue", "submit", "g", "--priority", "high", "--steps", "30"]) == 0
+    job = QueueJob.model_validate_json((hetflow_home / "queue/inbox/g.json").read_text())
+    assert (job.priority, job.steps, job.recipe) == ("high", 30, "digits-cnn")
+    assert main(["queue", "submit", "g"]) == 2  # the name is taken
+    assert main(["queue", "list"]) == 0
+    assert "g                    high    queued" in capsys.readouterr().out
+
+
+def test_the_inbox_hands_each_job_over_once(hetflow_home):
+    from hetflow.tasks.queue import inbox_reader
+
+    folder = hetflow_home / "inbox"
+    folder.mkdir(parents=True)
+    (folder / "a.json").write_text(QueueJob(name="a").model_dump_json())
+    read = inbox_reader(folder)
+    assert [j.name for j in read()] == ["a"] and read() == []
+    assert inbox_reader(None)() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_high_job_takes_workers_at_the_low_jobs_checkpoint(s3, prefect_harness, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from hetflow.flows.queue import queue
+    from hetflow.infra.tracking.tracker import MLflowTracker
+
+    cluster = ClusterSpec.from_speeds([1, 2], time_scale=1.0, name="q2")
+    jobs = [
+        QueueJob(
+            name="low",
+            priority="low",
+            recipe="digits-mlp",
+            steps=8,
+            global_batch=32,
+            checkpoint_every=4,
+        ),
+        QueueJob(
+            name="high",
+            priority="high",
+            recipe="digits-mlp",
+            steps=4,
+            global_batch=32,
+            checkpoint_every=4,
+            arrive_after_s=1,
+        ),
+    ]
+    out = queue(
+        jobs=jobs,
+        cluster=cluster,
+        dataset=DatasetSpec(url="s3://hetflow-queue/digits", cache_dir=str(tmp_path / "c")),
+        tracking=TrackingConfig(),
+        switch_s=0.0,
+        read_inbox=False,
+    )
+    rows = {r["job"]: r for r in out["jobs"]}
+    assert rows["low"]["segments"] >= 2  # stopped at its checkpoint, resumed
+    assert out["figures"]["steps_redone"] == 0
+    spans = out["spans"]
+    high_from = min(a for job, _, a, _ in spans if job == "high")
+    low_until = max(b for job, _, _, b in spans if job == "low")
+    assert high_from < low_until  # the high job ran before the low one had ended
+    client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
+    parent = out["parent_run_id"]
+    children = client.search_runs(
+        [client.get_run(parent).info.experiment_id],
+        f"tags.mlflow.parentRunId = '{parent}'",
+    )
+    assert sorted(r.info.run_name for r in children) == ["high", "low"]
+    assert "plots/queue_workers.png" in {a.path for a in client.list_artifacts(parent, "plots")}
+
+
+def test_the_queue_form_takes_its_defaults_and_refuses_an_unknown_class():
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import ValidationError, validate
+
+    from hetflow.flows.queue import queue
+
+    schema = parameter_schema(queue.fn).model_dump_for_openapi()
+    defaults = {k: p["default"] for k, p in schema["properties"].items() if "default" in p}
+    validate(defaults, schema, raise_on_error=True)
+    assert [j.priority for j in queue.validate_parameters(defaults)["jobs"]] == [
+        "low",
+        "normal",
+        "high",
+    ]
+    with pytest.raises(ValidationError, match="urgent"):
+        validate({"jobs": [{"name": "a", "priority": "urgent"}]}, schema, raise_on_error=True)
+
+
+@pytest.mark.parametrize(
+    "progress, expected", [(0, 20), (17, 20), (18, 20), (19, 40), (20, 40), (38, 40), (39, None)]
+)
+def test_a_move_stops_the_run_at_a_checkpoint_no_rank_has_reached(progress, expected):
+    """Two steps past the step progress.json says (a rank may be one ahead), on a boundary;
+    none where the job ends first."""
+    from hetflow.queue.jobs import Job
+    from hetflow.tasks.queue_session import Live
+
+    job = QueueJob(name="j", steps=50, checkpoint_every=20)
+    live = Live(job, Job("j", "normal", 128, 50, 1.0, checkpoint_every=20), 0.0)
+    assert live.stop_step(progress) == expected
