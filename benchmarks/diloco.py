@@ -155,6 +155,7 @@ def one_run(
         "bytes_per_sample": m.comm_bytes_total / samples if samples else None,
         "wait_fraction": m.comm_fraction + m.straggler_idle_fraction,
         "rounds": m.rounds,
+        "replans": m.replans,
         "inner_steps_per_round": [r.inner_steps_per_round for r in m.ranks],
         "trials_s": m.trials_s,
     }
