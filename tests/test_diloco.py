@@ -77,6 +77,16 @@ def test_staleness_without_rounds_is_refused():
         check_job(ClusterSpec.from_speeds([1, 2]), TrainConfig(diloco={"staleness": 1}))
 
 
+def test_a_diloco_comparison_validates_as_one_job():
+    """The demo's and compare's variants under diloco: the synchronous run beside the rounds."""
+    from hetflow.training.validated import validated_job
+
+    configs = DILOCO.compared()
+    assert {c.strategy for c in configs.values()} == {"ddp", "diloco"}
+    job = validated_job(ClusterSpec.from_speeds([1, 2]), list(configs.values()))
+    assert job.configs == tuple(configs.values())
+
+
 def test_a_memory_cap_under_the_inner_batch_is_refused():
     cluster = ClusterSpec.from_speeds([1, 2])
     cluster.workers[0].memory_cap_batch = 8
