@@ -3,8 +3,6 @@ it runs best on and moved only at its checkpoints (`tasks.queue_session`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic.json_schema import SkipJsonSchema
@@ -12,7 +10,7 @@ from pydantic.json_schema import SkipJsonSchema
 from hetflow.config import ConfigError, DatasetSpec, TrackingConfig
 from hetflow.config_queue import QueueJob, queue_cluster
 from hetflow.flows.forms import Cluster
-from hetflow.infra.paths import home
+from hetflow.infra.paths import queue_dir
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.infra.tracking.plots import worker_timeline
 from hetflow.infra.tracking.tracker import MLflowTracker
@@ -30,13 +28,6 @@ def default_jobs() -> list[QueueJob]:
         QueueJob(name="digits-normal", priority="normal", steps=40, arrive_after_s=20),
         QueueJob(name="digits-high", priority="high", steps=40, arrive_after_s=40),
     ]
-
-
-def queue_dir() -> Path:
-    """`$HETFLOW_HOME/queue`: the inbox `hetflow queue submit` writes, the session's state."""
-    path = home() / "queue"
-    (path / "inbox").mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def figures(session: Session) -> tuple[dict[str, float], list[dict]]:

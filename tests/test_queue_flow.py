@@ -30,6 +30,21 @@ def test_submit_leaves_the_job_in_the_inbox_and_list_shows_it(capsys, hetflow_ho
     assert "g                    high    queued" in capsys.readouterr().out
 
 
+def test_submit_and_list_load_neither_the_flow_nor_its_services(hetflow_home):
+    """A user's `submit` and `list` read and write the inbox: no Prefect, MLflow or torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from hetflow.cli import main; "
+        "assert main(['queue', 'submit', 'a']) == 0 and main(['queue', 'list']) == 0; "
+        "print(sorted(m for m in ('torch', 'prefect', 'mlflow') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[-1] == "[]"
+    assert (hetflow_home / "queue/inbox/a.json").exists()
+
+
 def test_the_inbox_hands_each_job_over_once(hetflow_home):
     from hetflow.tasks.queue import inbox_reader
 

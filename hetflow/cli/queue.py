@@ -88,7 +88,7 @@ def checked_job(args: argparse.Namespace, cluster: ClusterSpec):
 
 
 def cmd_queue_submit(args) -> int:
-    from hetflow.flows.queue import queue_dir
+    from hetflow.infra.paths import queue_dir
 
     job = checked_job(args, queue_cluster_of())
     inbox = queue_dir() / "inbox"
@@ -100,7 +100,7 @@ def cmd_queue_submit(args) -> int:
 
 
 def cmd_queue_list(args) -> int:
-    from hetflow.flows.queue import queue_dir
+    from hetflow.infra.paths import queue_dir
 
     where = queue_dir()
     for path in sorted((where / "inbox").glob("*.json")):
@@ -123,7 +123,8 @@ def cmd_queue_run(args) -> int:
     if args.time_scale is not None:
         cluster = cluster.model_copy(update={"time_scale": args.time_scale})
     start_flow_logs(args)
-    from hetflow.flows.queue import default_jobs, queue, queue_dir
+    from hetflow.flows.queue import default_jobs, queue
+    from hetflow.infra.paths import queue_dir
 
     (queue_dir() / CLUSTER_FILE).write_text(cluster.model_dump_json())
     out = queue(jobs=default_jobs() if args.demo else [], cluster=cluster, switch_s=args.switch_s)
