@@ -81,8 +81,10 @@ def queue(
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
         raise ConfigError(f"jobs: names must be unique, got {names}")
-    reach_services(dataset, tracking)
     where = queue_dir()
+    if not jobs and not (read_inbox and any((where / "inbox").glob("*.json"))):
+        raise ConfigError("jobs: none given and none in the inbox (`hetflow queue submit`)")
+    reach_services(dataset, tracking)
     with local_s3_endpoint(dataset.url):
         ingest_dataset(dataset)
         ensure_slots(cluster)

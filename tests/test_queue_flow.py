@@ -45,6 +45,27 @@ def test_submit_and_list_load_neither_the_flow_nor_its_services(hetflow_home):
     assert (hetflow_home / "queue/inbox/a.json").exists()
 
 
+def test_run_refuses_an_empty_inbox_and_bad_flags_before_the_session(capsys, hetflow_home):
+    assert main(["queue", "run"]) == 2
+    assert main(["queue", "submit", "a"]) == 0
+    assert main(["queue", "run", "--time-scale", "-1"]) == 2
+    assert main(["queue", "run", "--switch-s", "-3"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("hetflow: error: queue: no job in the inbox: `hetflow queue submit")
+    assert err[1].startswith("hetflow: error: time_scale: ")
+    assert err[2].startswith("hetflow: error: --switch-s: ")
+    assert len(err) == 3
+    assert not (hetflow_home / "queue/cluster.json").exists()  # the next run's cluster
+
+
+def test_the_flow_refuses_a_session_with_no_job_before_its_services(hetflow_home):
+    from hetflow.config import ConfigError
+    from hetflow.flows.queue import queue
+
+    with pytest.raises(ConfigError, match=r"^jobs: none given and none in the inbox"):
+        queue.fn(jobs=[], read_inbox=False)
+
+
 def test_the_inbox_hands_each_job_over_once(hetflow_home):
     from hetflow.tasks.queue import inbox_reader
 

@@ -118,13 +118,22 @@ def cmd_queue_list(args) -> int:
 
 def cmd_queue_run(args) -> int:
     from hetflow.cli.commands import start_flow_logs
+    from hetflow.infra.paths import queue_dir
 
     cluster = queue_cluster_of(args.cluster)
     if args.time_scale is not None:
-        cluster = cluster.model_copy(update={"time_scale": args.time_scale})
+        cluster = ClusterSpec.model_validate(
+            {**cluster.model_dump(), "time_scale": args.time_scale}
+        )
+    if args.switch_s < 0:
+        raise ConfigError(f"--switch-s: a move's cost is at least 0 s (got {args.switch_s:g})")
+    if not args.demo and not any((queue_dir() / "inbox").glob("*.json")):
+        raise ConfigError(
+            "queue: no job in the inbox: `hetflow queue submit NAME` first, or "
+            "`hetflow queue run --demo`"
+        )
     start_flow_logs(args)
     from hetflow.flows.queue import default_jobs, queue
-    from hetflow.infra.paths import queue_dir
 
     (queue_dir() / CLUSTER_FILE).write_text(cluster.model_dump_json())
     out = queue(jobs=default_jobs() if args.demo else [], cluster=cluster, switch_s=args.switch_s)
