@@ -199,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         links = [float(x) for x in a.links.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"--links: {a.links!r} is not a comma list of Gbit/s") from None
+    if not links or not all(0 < g < float("inf") for g in links):
+        raise ConfigError(f"--links: {a.links!r}: each bandwidth a number of Gbit/s above 0")
+    if a.repeat < 1:
+        raise ConfigError(f"--repeat: at least 1 (got {a.repeat})")
     base = TrainConfig(
         recipe=recipe_flag(a),
         steps=a.steps,

@@ -281,6 +281,23 @@ def test_the_benchmark_s_variants_parse_or_are_refused_in_one_line():
         variant_config("diloco@fp8", base)
 
 
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--links", "0"], "--links: '0': each bandwidth"),
+        (["--links", ","], "--links: ',': each bandwidth"),
+        (["--repeat", "0"], "--repeat: at least 1"),
+    ],
+)
+def test_the_benchmark_refuses_links_and_repeats_it_cannot_run(flags, line, monkeypatch):
+    import benchmarks.diloco as bench
+
+    monkeypatch.setattr(bench, "digits_workspace", None)  # nothing may start
+    with pytest.raises(ConfigError) as e:
+        bench.main(flags)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value)
+
+
 def test_a_transient_straggler_is_counted_in_rounds_under_diloco():
     from benchmarks.diloco import parse_straggler, stragglers_of
 
