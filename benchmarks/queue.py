@@ -126,7 +126,7 @@ def real_run(speeds: str, time_scale: float, steps: int, switch_s: float) -> dic
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="hetflow bench queue", description=__doc__.splitlines()[0])
+    p = Parser(prog="hetflow bench queue", description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--restart-s", type=float, default=20.0, help="each start's cost (s)")
     p.add_argument("--interval-scale", type=float, default=1.0, help="checkpoint intervals x")
     p.add_argument("--real", action="store_true", help="also run the queue flow itself")
