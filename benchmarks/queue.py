@@ -23,6 +23,7 @@ import argparse
 import json
 
 from hetflow.cli.parser import Parser
+from hetflow.config import ConfigError
 from hetflow.queue.allocate import step_s
 from hetflow.queue.jobs import Job, Kind, Line
 from hetflow.queue.replay import POLICIES, Arrival, Outcome, replay
@@ -139,6 +140,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    if args.restart_s < 0:
+        raise ConfigError(f"--restart-s: a start's cost is at least 0 s (got {args.restart_s:g})")
+    if args.interval_scale <= 0:
+        raise ConfigError(f"--interval-scale: above 0 (got {args.interval_scale:g})")
     out: dict = {"replay": compare(args.restart_s, args.interval_scale)}
     if args.real:
         out["real"] = real_run(args.real_speeds, args.time_scale, args.real_steps, args.restart_s)
