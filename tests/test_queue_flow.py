@@ -21,6 +21,11 @@ def test_submit_refuses_an_unknown_class_and_a_job_no_worker_holds(capsys, hetfl
     assert not list((hetflow_home / "queue" / "inbox").glob("*.json"))
 
 
+def test_list_says_so_where_no_job_was_queued(capsys, hetflow_home):
+    assert main(["queue", "list"]) == 0
+    assert capsys.readouterr().out.startswith("no job queued or run here yet: `hetflow queue")
+
+
 def test_submit_leaves_the_job_in_the_inbox_and_list_shows_it(capsys, hetflow_home):
     assert main(["queue", "submit", "g", "--priority", "high", "--steps", "30"]) == 0
     job = QueueJob.model_validate_json((hetflow_home / "queue/inbox/g.json").read_text())

@@ -103,16 +103,20 @@ def cmd_queue_list(args) -> int:
     from hetflow.infra.paths import queue_dir
 
     where = queue_dir()
+    lines = []
     for path in sorted((where / "inbox").glob("*.json")):
         job = json.loads(path.read_text())
-        print(f"{job['name']:<20} {job['priority']:<7} queued")
+        lines.append(f"{job['name']:<20} {job['priority']:<7} queued")
     state = where / "state.json"
     for row in json.loads(state.read_text()) if state.exists() else []:
         held = ",".join(row["workers"]) or "-"
-        print(
+        lines.append(
             f"{row['name']:<20} {row['priority']:<7} {row['state']:<8} "
             f"{row['steps_done']}/{row['steps']} steps  workers {held}"
         )
+    print(
+        "\n".join(lines) or "no job queued or run here yet: `hetflow queue submit NAME` queues one"
+    )
     return 0
 
 
