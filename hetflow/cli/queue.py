@@ -21,7 +21,12 @@ CLUSTER_FILE = "cluster.json"  # the cluster of the last `run`, which `submit` c
 
 def add_queue_args(sub, command) -> None:
     q = command(sub, "queue", "several jobs with priorities on one cluster")
-    qsub = q.add_subparsers(dest="queue_command", required=True, metavar="COMMAND", help="what")
+    qsub = q.add_subparsers(
+        dest="queue_command",
+        required=True,
+        metavar="COMMAND",
+        help="`hetflow queue COMMAND --help` for its own",
+    )
     s = command(qsub, "submit", "queue a training job")
     s.add_argument("name", metavar="NAME", help="unique in the queue")
     s.add_argument("--priority", default="normal", help="high, normal or low")
