@@ -298,6 +298,21 @@ def test_the_benchmark_refuses_links_and_repeats_it_cannot_run(flags, line, monk
     assert str(e.value).startswith(line) and "\n" not in str(e.value)
 
 
+def test_the_benchmark_s_progress_line_says_not_reached_in_words():
+    from benchmarks.diloco import progress_line
+
+    fig = {
+        "end_to_end_time_to_target_s": None,
+        "final_accuracy": 0.81111,
+        "bytes_per_sample": 1773.2,
+    }
+    assert progress_line(0.1, "diloco", 0, fig) == (
+        "0.1 Gbit/s diloco #0: to target not reached, accuracy 0.811, bytes/sample 1773"
+    )
+    fig["end_to_end_time_to_target_s"] = 41.26
+    assert "to target 41.3 s," in progress_line(0.1, "sync", 0, fig)
+
+
 def test_a_transient_straggler_is_counted_in_rounds_under_diloco():
     from benchmarks.diloco import parse_straggler, stragglers_of
 
