@@ -194,12 +194,26 @@ def table(rows: dict[float, dict[str, list[dict]]]) -> str:
     return "\n".join(out)
 
 
+def progress_line(gbps: float, name: str, round_: int, fig: dict) -> str:
+    """One run's line as it ends: its time to the target, or 'not reached'."""
+    t = fig["end_to_end_time_to_target_s"]
+    reached = "not reached" if t is None else f"{t:.1f} s"
+    return (
+        f"{gbps:g} Gbit/s {name} #{round_}: to target {reached}, accuracy "
+        f"{fig['final_accuracy']:.3f}, bytes/sample {fig['bytes_per_sample']:.0f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     try:
         links = [float(x) for x in a.links.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"--links: {a.links!r} is not a comma list of Gbit/s") from None
+    if not links or not all(0 < g < float("inf") for g in links):
+        raise ConfigError(f"--links: {a.links!r}: each bandwidth a number of Gbit/s above 0")
+    if a.repeat < 1:
+        raise ConfigError(f"--repeat: at least 1 (got {a.repeat})")
     base = TrainConfig(
         recipe=recipe_flag(a),
         steps=a.steps,
@@ -223,12 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                     run_dir = str(Path(tmp) / f"{name.replace('@', '-')}-{gbps:g}-{round_}")
                     fig = one_run(cfg, cluster, dataset, run_dir, name, straggler)
                     rows[gbps][name].append(fig | {"gbps": gbps, "round": round_})
-                    print(
-                        f"{gbps:g} Gbit/s {name} #{round_}: to target "
-                        f"{fig['end_to_end_time_to_target_s']} s, accuracy "
-                        f"{fig['final_accuracy']}, bytes/sample {fig['bytes_per_sample']:.0f}",
-                        flush=True,
-                    )
+                    print(progress_line(gbps, name, round_, fig), flush=True)
     print(table(rows))
     if a.json:
         write_json(a.json, {"args": vars(a), "runs": rows})

@@ -41,7 +41,7 @@ from hetflow.training.recipes import (
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="hetflow bench lr_rule", description=__doc__.splitlines()[0])
+    p = Parser(prog="hetflow bench lr_rule", description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--batches", default="128,512,1024", help="global batches, comma-separated")
     p.add_argument("--epochs", type=float, default=10.0, help="epochs every variant trains")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: recipe's)")

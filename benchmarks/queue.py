@@ -23,6 +23,7 @@ import argparse
 import json
 
 from hetflow.cli.parser import Parser
+from hetflow.config import ConfigError
 from hetflow.queue.allocate import step_s
 from hetflow.queue.jobs import Job, Kind, Line
 from hetflow.queue.replay import POLICIES, Arrival, Outcome, replay
@@ -126,7 +127,7 @@ def real_run(speeds: str, time_scale: float, steps: int, switch_s: float) -> dic
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="hetflow bench queue", description=__doc__.splitlines()[0])
+    p = Parser(prog="hetflow bench queue", description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--restart-s", type=float, default=20.0, help="each start's cost (s)")
     p.add_argument("--interval-scale", type=float, default=1.0, help="checkpoint intervals x")
     p.add_argument("--real", action="store_true", help="also run the queue flow itself")
@@ -139,6 +140,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    if args.restart_s < 0:
+        raise ConfigError(f"--restart-s: a start's cost is at least 0 s (got {args.restart_s:g})")
+    if args.interval_scale <= 0:
+        raise ConfigError(f"--interval-scale: above 0 (got {args.interval_scale:g})")
     out: dict = {"replay": compare(args.restart_s, args.interval_scale)}
     if args.real:
         out["real"] = real_run(args.real_speeds, args.time_scale, args.real_steps, args.restart_s)

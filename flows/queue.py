@@ -3,8 +3,6 @@ it runs best on and moved only at its checkpoints (`tasks.queue_session`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from pydantic.json_schema import SkipJsonSchema
@@ -12,7 +10,7 @@ from pydantic.json_schema import SkipJsonSchema
 from hetflow.config import ConfigError, DatasetSpec, TrackingConfig
 from hetflow.config_queue import QueueJob, queue_cluster
 from hetflow.flows.forms import Cluster
-from hetflow.infra.paths import home
+from hetflow.infra.paths import queue_dir
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.infra.tracking.plots import worker_timeline
 from hetflow.infra.tracking.tracker import MLflowTracker
@@ -30,13 +28,6 @@ def default_jobs() -> list[QueueJob]:
         QueueJob(name="digits-normal", priority="normal", steps=40, arrive_after_s=20),
         QueueJob(name="digits-high", priority="high", steps=40, arrive_after_s=40),
     ]
-
-
-def queue_dir() -> Path:
-    """`$HETFLOW_HOME/queue`: the inbox `hetflow queue submit` writes, the session's state."""
-    path = home() / "queue"
-    (path / "inbox").mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
@@ -90,8 +81,10 @@ def queue(
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
         raise ConfigError(f"jobs: names must be unique, got {names}")
-    reach_services(dataset, tracking)
     where = queue_dir()
+    if not jobs and not (read_inbox and any((where / "inbox").glob("*.json"))):
+        raise ConfigError("jobs: none given and none in the inbox (`hetflow queue submit`)")
+    reach_services(dataset, tracking)
     with local_s3_endpoint(dataset.url):
         ingest_dataset(dataset)
         ensure_slots(cluster)

@@ -25,6 +25,13 @@ def runs_dir() -> Path:
     return home() / "runs"
 
 
+def queue_dir() -> Path:
+    """`home()/queue`: the inbox `hetflow queue submit` writes, the queue session's state."""
+    path = home() / "queue"
+    (path / "inbox").mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def new_run_dir(label: str) -> Path:
     """A fresh directory for one run under `runs_dir()`, named by time, label and a random tag."""
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -194,9 +194,10 @@ def prior_note(profile: Profile) -> list[str]:
     if not profile.prior:
         return []
     kinds = sorted({prior_kind(src) for src in profile.sources})
+    what = " and ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)
     return [
         "the optimized run profiled nothing before its first step: it planned step 0 from "
-        f"{'; '.join(kinds)}, and re-planned from its own steps"
+        f"{what}, and re-planned from its own steps"
     ]
 
 

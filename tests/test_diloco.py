@@ -77,6 +77,16 @@ def test_staleness_without_rounds_is_refused():
         check_job(ClusterSpec.from_speeds([1, 2]), TrainConfig(diloco={"staleness": 1}))
 
 
+def test_a_diloco_comparison_validates_as_one_job():
+    """The demo's and compare's variants under diloco: the synchronous run beside the rounds."""
+    from hetflow.training.validated import validated_job
+
+    configs = DILOCO.compared()
+    assert {c.strategy for c in configs.values()} == {"ddp", "diloco"}
+    job = validated_job(ClusterSpec.from_speeds([1, 2]), list(configs.values()))
+    assert job.configs == tuple(configs.values())
+
+
 def test_a_memory_cap_under_the_inner_batch_is_refused():
     cluster = ClusterSpec.from_speeds([1, 2])
     cluster.workers[0].memory_cap_batch = 8
@@ -269,6 +279,38 @@ def test_the_benchmark_s_variants_parse_or_are_refused_in_one_line():
     assert (stale.strategy, stale.diloco.send, stale.diloco.staleness) == ("diloco", "int8", 2)
     with pytest.raises(ConfigError, match=r"^--variants: 'diloco@fp8'"):
         variant_config("diloco@fp8", base)
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--links", "0"], "--links: '0': each bandwidth"),
+        (["--links", ","], "--links: ',': each bandwidth"),
+        (["--repeat", "0"], "--repeat: at least 1"),
+    ],
+)
+def test_the_benchmark_refuses_links_and_repeats_it_cannot_run(flags, line, monkeypatch):
+    import benchmarks.diloco as bench
+
+    monkeypatch.setattr(bench, "digits_workspace", None)  # nothing may start
+    with pytest.raises(ConfigError) as e:
+        bench.main(flags)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value)
+
+
+def test_the_benchmark_s_progress_line_says_not_reached_in_words():
+    from benchmarks.diloco import progress_line
+
+    fig = {
+        "end_to_end_time_to_target_s": None,
+        "final_accuracy": 0.81111,
+        "bytes_per_sample": 1773.2,
+    }
+    assert progress_line(0.1, "diloco", 0, fig) == (
+        "0.1 Gbit/s diloco #0: to target not reached, accuracy 0.811, bytes/sample 1773"
+    )
+    fig["end_to_end_time_to_target_s"] = 41.26
+    assert "to target 41.3 s," in progress_line(0.1, "sync", 0, fig)
 
 
 def test_a_transient_straggler_is_counted_in_rounds_under_diloco():

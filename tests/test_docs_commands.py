@@ -139,3 +139,10 @@ def test_a_command_with_a_flag_that_does_not_exist_is_caught():
         parse("hetflow bench hetero --speeds 1,2 --no-such-flag")
     with pytest.raises(UsageError, match="--stepz"):
         parse("hetflow demo --stepz 5")
+
+
+@pytest.mark.parametrize("name", ["host", "noise", "lr_rule", "diloco", "queue"])
+def test_a_benchmark_s_help_opens_with_a_whole_sentence(name):
+    """Those whose help opens with their module's first sentence, not its first line."""
+    description = bench_parser(name, []).description
+    assert description.endswith("."), description

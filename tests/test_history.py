@@ -280,3 +280,14 @@ def test_a_comparison_says_when_its_profile_was_reused_and_what_it_charged():
     (note,) = reuse_note(part)
     assert note.startswith("the profile of 1 of 3 workers was reused from the profile history")
     assert "charged 4.5 s of profiling" in note and "w0 (s3://b/profiles/types/" in note
+
+
+def test_the_prior_note_names_the_curves_of_several_presets_as_one_list():
+    from hetflow.training.plan.prior import published_prior
+
+    prior = published_prior(ClusterSpec.from_speeds(["t4", "v100"]), TrainConfig())
+    assert history_task.prior_note(prior) == [
+        "the optimized run profiled nothing before its first step: it planned step 0 from the "
+        "published curve of preset t4 and the published curve of preset v100, and re-planned "
+        "from its own steps"
+    ]

@@ -330,3 +330,13 @@ def test_every_package_folder_is_installed():
     assert found == listed, (
         f"not listed: {sorted(found - listed)}; listed, not found: {sorted(listed - found)}"
     )
+
+
+ROOMS = ["hetflow/forecast", "hetflow/queue", "training/loop", "training/launch", "training/comm"]
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_the_architecture_page_names_every_module_of_a_room(room):
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    modules = sorted(p.stem for p in (ROOT / room).glob("*.py") if p.stem != "__init__")
+    assert [m for m in modules if f"`{m}`" not in page and f"`{m}.py`" not in page] == []

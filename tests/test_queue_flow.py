@@ -21,6 +21,11 @@ def test_submit_refuses_an_unknown_class_and_a_job_no_worker_holds(capsys, hetfl
     assert not list((hetflow_home / "queue" / "inbox").glob("*.json"))
 
 
+def test_list_says_so_where_no_job_was_queued(capsys, hetflow_home):
+    assert main(["queue", "list"]) == 0
+    assert capsys.readouterr().out.startswith("no job queued or run here yet: `hetflow queue")
+
+
 def test_submit_leaves_the_job_in_the_inbox_and_list_shows_it(capsys, hetflow_home):
     assert main(["queue", "submit", "g", "--priority", "high", "--steps", "30"]) == 0
     job = QueueJob.model_validate_json((hetflow_home / "queue/inbox/g.json").read_text())
@@ -28,6 +33,42 @@ def test_submit_leaves_the_job_in_the_inbox_and_list_shows_it(capsys, hetflow_ho
     assert main(["queue", "submit", "g"]) == 2  # the name is taken
     assert main(["queue", "list"]) == 0
     assert "g                    high    queued" in capsys.readouterr().out
+
+
+def test_submit_and_list_load_neither_the_flow_nor_its_services(hetflow_home):
+    """A user's `submit` and `list` read and write the inbox: no Prefect, MLflow or torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from hetflow.cli import main; "
+        "assert main(['queue', 'submit', 'a']) == 0 and main(['queue', 'list']) == 0; "
+        "print(sorted(m for m in ('torch', 'prefect', 'mlflow') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[-1] == "[]"
+    assert (hetflow_home / "queue/inbox/a.json").exists()
+
+
+def test_run_refuses_an_empty_inbox_and_bad_flags_before_the_session(capsys, hetflow_home):
+    assert main(["queue", "run"]) == 2
+    assert main(["queue", "submit", "a"]) == 0
+    assert main(["queue", "run", "--time-scale", "-1"]) == 2
+    assert main(["queue", "run", "--switch-s", "-3"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("hetflow: error: queue: no job in the inbox: `hetflow queue submit")
+    assert err[1].startswith("hetflow: error: time_scale: ")
+    assert err[2].startswith("hetflow: error: --switch-s: ")
+    assert len(err) == 3
+    assert not (hetflow_home / "queue/cluster.json").exists()  # the next run's cluster
+
+
+def test_the_flow_refuses_a_session_with_no_job_before_its_services(hetflow_home):
+    from hetflow.config import ConfigError
+    from hetflow.flows.queue import queue
+
+    with pytest.raises(ConfigError, match=r"^jobs: none given and none in the inbox"):
+        queue.fn(jobs=[], read_inbox=False)
 
 
 def test_the_inbox_hands_each_job_over_once(hetflow_home):

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hetflow.config import ConfigError
 from hetflow.queue.jobs import Job, Kind, Line
 from hetflow.queue.replay import POLICIES, Arrival, replay
 
@@ -74,3 +76,16 @@ def test_every_job_ends_and_no_worker_is_held_twice_at_once(spec, policy):
         assert all(b1 <= a2 + 1e-6 for (_, b1), (a2, _) in pairwise(spans))
     if policy != "preempt":
         assert out.restarts == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [(["--restart-s", "-1"], "--restart-s: "), (["--interval-scale", "0"], "--interval-scale: ")],
+)
+def test_the_benchmark_refuses_a_negative_restart_and_no_interval(flags, line, monkeypatch):
+    import benchmarks.queue as bench
+
+    monkeypatch.setattr(bench, "compare", None)  # nothing may be replayed
+    with pytest.raises(ConfigError) as e:
+        bench.main(flags)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value)

@@ -296,3 +296,23 @@ def test_the_pruned_search_finds_what_the_exhaustive_one_finds(objective, monkey
     assert objective.key(pruned.best) == objective.key(full.best)
     if objective.kind == "budget":
         assert pruned.mixing_helps()
+
+
+def test_the_recommend_page_s_commands_run_as_written(tmp_path, monkeypatch, hetflow_home):
+    """Each `hetflow recommend` of docs/recommend.md that needs no profile history succeeds:
+    a change to the model (a memory cap, the deadline's margin) that makes one fail shows."""
+    import shlex
+    from pathlib import Path
+
+    from tests.test_docs_commands import commands
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "recommend.md"
+    lines = [
+        c
+        for c in commands(page.read_text())
+        if c.startswith("hetflow recommend ") and "--profiles" not in c
+    ]
+    assert len(lines) == 4
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        assert main(shlex.split(line)[1:]) == 0, line

@@ -74,8 +74,9 @@ def validated_job(cluster: ClusterSpec, configs: Sequence[TrainConfig]) -> Valid
     return job
 
 
-# What a job's configs may differ in: the variants of a comparison (`TrainConfig.compared`).
-VARIANT_KNOBS = {"schedule", "compression"}
+# What a job's configs may differ in: the variants of a comparison (`TrainConfig.compared`),
+# whose diloco baseline is the synchronous run (another strategy, its rounds' options unset).
+VARIANT_KNOBS = {"schedule", "compression", "strategy", "diloco"}
 
 
 def _validate(cluster: ClusterSpec, configs: tuple[TrainConfig, ...]) -> ValidatedJob:
@@ -83,7 +84,7 @@ def _validate(cluster: ClusterSpec, configs: tuple[TrainConfig, ...]) -> Validat
     ValueError otherwise), so the recipe and the devices are checked against the first."""
     if len({c.model_dump_json(exclude=VARIANT_KNOBS) for c in configs}) != 1:
         raise ValueError(
-            "validated_job: one or more configs that differ in schedule and compression at most"
+            "validated_job: one or more configs that differ in a comparison's variant knobs at most"
         )
     for train in configs:
         check_job(cluster, train)

@@ -21,7 +21,12 @@ CLUSTER_FILE = "cluster.json"  # the cluster of the last `run`, which `submit` c
 
 def add_queue_args(sub, command) -> None:
     q = command(sub, "queue", "several jobs with priorities on one cluster")
-    qsub = q.add_subparsers(dest="queue_command", required=True, metavar="COMMAND", help="what")
+    qsub = q.add_subparsers(
+        dest="queue_command",
+        required=True,
+        metavar="COMMAND",
+        help="`hetflow queue COMMAND --help` for its own",
+    )
     s = command(qsub, "submit", "queue a training job")
     s.add_argument("name", metavar="NAME", help="unique in the queue")
     s.add_argument("--priority", default="normal", help="high, normal or low")
@@ -88,7 +93,7 @@ def checked_job(args: argparse.Namespace, cluster: ClusterSpec):
 
 
 def cmd_queue_submit(args) -> int:
-    from hetflow.flows.queue import queue_dir
+    from hetflow.infra.paths import queue_dir
 
     job = checked_job(args, queue_cluster_of())
     inbox = queue_dir() / "inbox"
@@ -100,30 +105,44 @@ def cmd_queue_submit(args) -> int:
 
 
 def cmd_queue_list(args) -> int:
-    from hetflow.flows.queue import queue_dir
+    from hetflow.infra.paths import queue_dir
 
     where = queue_dir()
+    lines = []
     for path in sorted((where / "inbox").glob("*.json")):
         job = json.loads(path.read_text())
-        print(f"{job['name']:<20} {job['priority']:<7} queued")
+        lines.append(f"{job['name']:<20} {job['priority']:<7} queued")
     state = where / "state.json"
     for row in json.loads(state.read_text()) if state.exists() else []:
         held = ",".join(row["workers"]) or "-"
-        print(
+        lines.append(
             f"{row['name']:<20} {row['priority']:<7} {row['state']:<8} "
             f"{row['steps_done']}/{row['steps']} steps  workers {held}"
         )
+    print(
+        "\n".join(lines) or "no job queued or run here yet: `hetflow queue submit NAME` queues one"
+    )
     return 0
 
 
 def cmd_queue_run(args) -> int:
     from hetflow.cli.commands import start_flow_logs
+    from hetflow.infra.paths import queue_dir
 
     cluster = queue_cluster_of(args.cluster)
     if args.time_scale is not None:
-        cluster = cluster.model_copy(update={"time_scale": args.time_scale})
+        cluster = ClusterSpec.model_validate(
+            {**cluster.model_dump(), "time_scale": args.time_scale}
+        )
+    if args.switch_s < 0:
+        raise ConfigError(f"--switch-s: a move's cost is at least 0 s (got {args.switch_s:g})")
+    if not args.demo and not any((queue_dir() / "inbox").glob("*.json")):
+        raise ConfigError(
+            "queue: no job in the inbox: `hetflow queue submit NAME` first, or "
+            "`hetflow queue run --demo`"
+        )
     start_flow_logs(args)
-    from hetflow.flows.queue import default_jobs, queue, queue_dir
+    from hetflow.flows.queue import default_jobs, queue
 
     (queue_dir() / CLUSTER_FILE).write_text(cluster.model_dump_json())
     out = queue(jobs=default_jobs() if args.demo else [], cluster=cluster, switch_s=args.switch_s)
