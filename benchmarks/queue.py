@@ -119,7 +119,7 @@ def real_jobs(steps: int) -> list:
 def real_run(speeds: str, time_scale: float, steps: int, switch_s: float) -> dict:
     """The queue flow on `real_jobs` and an emulated cluster of `speeds` (presets)."""
     from hetflow.config import ClusterSpec
-    from hetflow.flows.queue import queue
+    from hetflow.flows.job_queue import queue
 
     cluster = ClusterSpec.from_speeds(speeds.split(","), name="queue-real", time_scale=time_scale)
     out = queue(jobs=real_jobs(steps), cluster=cluster, switch_s=switch_s, read_inbox=False)

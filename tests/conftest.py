@@ -112,10 +112,26 @@ def demo(tmp_path_factory):
 _FAULT_ROWS: list[tuple] = []
 
 
+class _FaultRows:
+    """Rows a test adds to the fault-injection report. They travel on the test's report
+    (`user_properties`), so they reach the summary from pytest-xdist's workers too."""
+
+    def __init__(self, item) -> None:
+        self.item = item
+
+    def append(self, row: tuple) -> None:
+        self.item.user_properties.append(("fault_row", tuple(row)))
+
+
 @pytest.fixture
-def fault_table():
+def fault_table(request):
     """Rows (fault, where, outcome, steps redone, data lost, faults injected) for the report."""
-    return _FAULT_ROWS
+    return _FaultRows(request.node)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _FAULT_ROWS.extend(tuple(v) for k, v in report.user_properties if k == "fault_row")
 
 
 def pytest_terminal_summary(terminalreporter):

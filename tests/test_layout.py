@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import sys
 from pathlib import Path
 
 import pytest
@@ -340,3 +341,12 @@ def test_the_architecture_page_names_every_module_of_a_room(room):
     page = (ROOT / "docs" / "architecture.md").read_text()
     modules = sorted(p.stem for p in (ROOT / room).glob("*.py") if p.stem != "__init__")
     assert [m for m in modules if f"`{m}`" not in page and f"`{m}.py`" not in page] == []
+
+
+def test_no_flow_module_shadows_the_standard_library():
+    """Prefect loads a deployment's entrypoint (`flows/x.py:flow`) by path and puts its folder
+    on `sys.path`: a `flows/queue.py` would then be what `import queue` finds in that process
+    and in every process it spawns."""
+    flows = Path(__file__).resolve().parent.parent / "flows"
+    shadows = sorted(p.stem for p in flows.glob("*.py") if p.stem in sys.stdlib_module_names)
+    assert not shadows, f"flows/ modules named like the standard library's: {shadows}"

@@ -65,7 +65,7 @@ def test_run_refuses_an_empty_inbox_and_bad_flags_before_the_session(capsys, het
 
 def test_the_flow_refuses_a_session_with_no_job_before_its_services(hetflow_home):
     from hetflow.config import ConfigError
-    from hetflow.flows.queue import queue
+    from hetflow.flows.job_queue import queue
 
     with pytest.raises(ConfigError, match=r"^jobs: none given and none in the inbox"):
         queue.fn(jobs=[], read_inbox=False)
@@ -87,7 +87,7 @@ def test_the_inbox_hands_each_job_over_once(hetflow_home):
 def test_a_high_job_takes_workers_at_the_low_jobs_checkpoint(s3, prefect_harness, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from hetflow.flows.queue import queue
+    from hetflow.flows.job_queue import queue
     from hetflow.infra.tracking.tracker import MLflowTracker
 
     cluster = ClusterSpec.from_speeds([1, 2], time_scale=1.0, name="q2")
@@ -139,7 +139,7 @@ def test_the_queue_form_takes_its_defaults_and_refuses_an_unknown_class():
     from prefect.utilities.callables import parameter_schema
     from prefect.utilities.schema_tools import ValidationError, validate
 
-    from hetflow.flows.queue import queue
+    from hetflow.flows.job_queue import queue
 
     schema = parameter_schema(queue.fn).model_dump_for_openapi()
     defaults = {k: p["default"] for k, p in schema["properties"].items() if "default" in p}

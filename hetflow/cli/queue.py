@@ -142,7 +142,7 @@ def cmd_queue_run(args) -> int:
             "`hetflow queue run --demo`"
         )
     start_flow_logs(args)
-    from hetflow.flows.queue import default_jobs, queue
+    from hetflow.flows.job_queue import default_jobs, queue
 
     (queue_dir() / CLUSTER_FILE).write_text(cluster.model_dump_json())
     out = queue(jobs=default_jobs() if args.demo else [], cluster=cluster, switch_s=args.switch_s)
