@@ -31,6 +31,8 @@ ALLOWED = {
     "hetflow.config_recommend": {"hetflow.config_base"},
     "hetflow.config_faults": {"hetflow.config_base"},
     "hetflow.config_diloco": {"hetflow.config_base"},
+    # the rules across models (the models' types for type checkers only)
+    "hetflow.config_rules": {"hetflow.config_base", "hetflow.config_diloco"},
     "hetflow.config_queue": {"hetflow.config", "hetflow.config_base", "hetflow.emulation"},
     "hetflow.config": {
         "hetflow.records",
@@ -40,6 +42,7 @@ ALLOWED = {
         "hetflow.config_recommend",
         "hetflow.config_faults",
         "hetflow.config_diloco",
+        "hetflow.config_rules",
     },
     "hetflow.emulation": set(),
     "hetflow.output": set(),  # a command's JSON file and wide console: no hetflow below it
