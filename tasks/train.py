@@ -38,6 +38,7 @@ from hetflow.training.metrics import (
 from hetflow.training.plan.balance import PlanError
 from hetflow.training.plan.planner import make_plan
 from hetflow.training.plan.ranks import RankMap
+from hetflow.training.plan.rounds import round_config
 from hetflow.training.recipes import DataInfo, Recipe, recipe_of
 from hetflow.training.recipes.export import input_example, trained_model
 
@@ -134,7 +135,9 @@ def train_variant(
     finished_cluster = ranks.launched()[0]
     if train.schedule == "dynamic":  # it ran its workers at the batches its plans gave them
         store_learned(finished_cluster, dataset, train, ran.result)
-    metrics = with_cost(finished_cluster, metrics, train, catalog, epoch_samples)
+    # under diloco a loop step is a round of every rank's samples (`round_config`)
+    loop = round_config(train, len(plan.local_batches), sum(plan.local_batches))
+    metrics = with_cost(finished_cluster, metrics, loop, catalog, epoch_samples)
     outcome = TrainOutcome(
         variant=variant,
         run_id=run_id,
@@ -239,7 +242,9 @@ def launch(
 ) -> Ran:
     """`run_plan` with MLflow system metrics on and a Prefect progress artifact; on a
     failure the MLflow run is marked FAILED with why (the rank, step and exception)."""
-    progress = _progress_reporter(variant, train.steps)
+    # the loop's steps: rounds under diloco
+    steps = round_config(train, len(plan.local_batches), sum(plan.local_batches)).steps
+    progress = _progress_reporter(variant, steps)
     # every node of a Ray cluster samples its own system metrics into the run (`node_metrics`)
     with tracker.system_metrics(run_id):
         try:
@@ -257,7 +262,7 @@ def launch(
             if not _will_retry(e, train.faults):  # a retry completes the same run
                 tracker.fail(run_id, str(e), failure_tags(e))
             raise
-    progress(train.steps)
+    progress(steps)
     return ran
 
 
