@@ -37,6 +37,7 @@ import torch.multiprocessing as mp
 
 from hetflow.cli.parser import Parser
 from hetflow.config import ConfigError
+from hetflow.infra.s3 import free_port
 from hetflow.training.plan.fitting import robust_affine
 from hetflow.training.recipes import DataInfo, get_recipe
 
@@ -213,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     numel = sum(p.numel() for p in _cnn().parameters())
     runs = [(w, t) for w in worlds for t in threads]
     out = {
-        # a port per run: a world size given twice (rounds) does not wait on the last one's
-        "allreduce": [allreduce(w, numel, 29_500 + i, t) for i, (w, t) in enumerate(runs)],
+        # a free port per run: a world size given twice (rounds) does not wait on the last
+        # one's, nor a run on another job's rendezvous on this host
+        "allreduce": [allreduce(w, numel, free_port(), t) for w, t in runs],
         "compute": compute(batches, args.passes),
     }
     print_figures(out)
