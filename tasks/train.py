@@ -135,9 +135,7 @@ def train_variant(
     finished_cluster = ranks.launched()[0]
     if train.schedule == "dynamic":  # it ran its workers at the batches its plans gave them
         store_learned(finished_cluster, dataset, train, ran.result)
-    # under diloco a loop step is a round of every rank's samples (`round_config`)
-    loop = round_config(train, len(plan.local_batches), sum(plan.local_batches))
-    metrics = with_cost(finished_cluster, metrics, loop, catalog, epoch_samples)
+    metrics = with_cost(finished_cluster, metrics, loop_view(train, plan), catalog, epoch_samples)
     outcome = TrainOutcome(
         variant=variant,
         run_id=run_id,
@@ -242,8 +240,7 @@ def launch(
 ) -> Ran:
     """`run_plan` with MLflow system metrics on and a Prefect progress artifact; on a
     failure the MLflow run is marked FAILED with why (the rank, step and exception)."""
-    # the loop's steps: rounds under diloco
-    steps = round_config(train, len(plan.local_batches), sum(plan.local_batches)).steps
+    steps = loop_view(train, plan).steps
     progress = _progress_reporter(variant, steps)
     # every node of a Ray cluster samples its own system metrics into the run (`node_metrics`)
     with tracker.system_metrics(run_id):
@@ -264,6 +261,12 @@ def launch(
             raise
     progress(steps)
     return ran
+
+
+def loop_view(train: TrainConfig, plan: Plan) -> TrainConfig:
+    """What the loop runs of `train` on `plan`: itself, but under diloco a step is a round of
+    every rank's samples (`round_config`), as the workers count it."""
+    return round_config(train, len(plan.local_batches), sum(plan.local_batches))
 
 
 def with_cost(
