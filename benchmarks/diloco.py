@@ -88,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
         "round holding that step) (default: none)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="write every run's figures here")
+    p.add_argument("--json", help="write every run's figures and evaluations here")
     add_recipe_arg(p, "digits-cnn")
     return p
 
@@ -193,6 +193,8 @@ def one_run(
         "replans": m.replans,
         "inner_steps_per_round": [r.inner_steps_per_round for r in m.ranks],
         "trials_s": m.trials_s,
+        # each evaluation (its wall_s: since submit), so the JSON gives the time to any target
+        "evals": [e.model_dump(exclude_none=True) for e in ran.result.lead.evals],
     }
 
 
