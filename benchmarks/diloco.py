@@ -12,9 +12,12 @@ time); `sync@none`: plain all-reduce, no trials. `diloco`: rounds of `--round-st
 worth of samples, inner steps in proportion to each worker's speed; `@int8` and `@bf16` send
 the outer change so; `@staleN` applies each round's average N rounds late; `@dynamic`
 re-plans the rounds' shares from their measured times (the re-balancer). Per run: end to end
-(launch, trials, evaluation and every step until the evaluation that met `--target`), final
-accuracy, bytes sent per sample; per link, each variant's speed-up to the target over `sync`
+(launch, trials, evaluation and every step until the evaluation that met the target), final
+quality, bytes sent per sample; per link, each variant's speed-up to the target over `sync`
 (or `sync@none`) in the same invocation.
+The target is `--target` (test accuracy) on the digits; a token recipe (gpt) trains on the
+standard library's source and is measured by validation loss instead: `--target-val-loss`,
+met by the first evaluation at or below it, the final quality its last val_loss.
 Figures measured: docs/measurements/diloco.md.
 """
 
@@ -24,7 +27,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from hetflow.cli.job import add_recipe_arg, recipe_flag
+from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
 from hetflow.cli.parser import Parser
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, WorkerSpec, check_job
 from hetflow.emulation.links import LINKS
@@ -37,6 +40,7 @@ from benchmarks import check_bench_recipe, digits_workspace, write_json
 
 PRESETS = ("t4", "t4", "v100", "a100")
 LATENCY_MS = LINKS["cross-region"].latency_ms
+ACCURACY_TARGET = 0.95  # --target's default, for a recipe that evaluates test accuracy
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,7 +69,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=160, help="synchronous steps' worth of samples")
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument("--round-steps", type=int, default=16, dest="round_steps")
-    p.add_argument("--target", type=float, default=0.95, help="test accuracy (default 0.95)")
+    p.add_argument(
+        "--target", type=float, help=f"test accuracy (default {ACCURACY_TARGET:g}; not for gpt)"
+    )
+    p.add_argument(
+        "--target-val-loss",
+        type=float,
+        dest="target_val_loss",
+        help="validation loss, for a token recipe (gpt), which needs it: the time to target is "
+        "to the first evaluation at or below it",
+    )
     p.add_argument("--time-scale", type=float, default=4.0, dest="time_scale")
     p.add_argument("--repeat", type=int, default=1, help="rounds of every run (default 1)")
     p.add_argument(
@@ -75,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
         "round holding that step) (default: none)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="write every run's figures here")
+    p.add_argument("--json", help="write every run's figures and evaluations here")
     add_recipe_arg(p, "digits-cnn")
     return p
 
@@ -100,6 +113,27 @@ def variant_config(name: str, base: TrainConfig) -> TrainConfig:
         else:
             raise ConfigError(f"--variants: {name!r}: unknown tag {tag!r}")
     return base.model_copy(update={"strategy": "diloco", "diloco": diloco})
+
+
+def targets(accuracy: float | None, val_loss: float | None, tokens: bool) -> dict:
+    """TrainConfig's target fields from --target and --target-val-loss: a token recipe (the
+    benchmark's text) is measured by val_loss, any other (the digits) by test accuracy; a
+    one-line ConfigError naming the flag that does not fit."""
+    if tokens and accuracy is not None:
+        raise ConfigError(
+            "--target: test accuracy, which a token recipe (gpt) does not evaluate; "
+            "give --target-val-loss"
+        )
+    if tokens and val_loss is None:
+        raise ConfigError("--target-val-loss: a token recipe (gpt) needs it")
+    if not tokens and val_loss is not None:
+        raise ConfigError(
+            "--target-val-loss: only for a token recipe (gpt); the digits' recipes are "
+            "measured by --target (test accuracy)"
+        )
+    if tokens:
+        return {"target_accuracy": None, "target_val_loss": val_loss}
+    return {"target_accuracy": ACCURACY_TARGET if accuracy is None else accuracy}
 
 
 def cluster_at(gbps: float, latency_ms: float, time_scale: float) -> ClusterSpec:
@@ -142,7 +176,7 @@ def one_run(
     plan = make_plan(published_prior(cluster, cfg), cluster, cfg)
     slow = stragglers_of(straggler, cfg)
     ran = run_plan(cluster, plan, cfg, dataset, run_dir, variant=name, stragglers=slow)
-    m = summarize(ran.result, cfg.global_batch, cfg.target_accuracy)
+    m = summarize(ran.result, cfg.global_batch, cfg.target_accuracy, cfg.target_val_loss)
     m = end_to_end(m, ran.wall_s, 0.0)
     samples = sum(rec.batch for r in ran.result.ranks for rec in r.records)
     return {
@@ -151,6 +185,7 @@ def one_run(
         "end_to_end_time_to_target_s": m.end_to_end_time_to_target_s,
         "end_to_end_s": m.end_to_end_s,
         "final_accuracy": m.final_accuracy,
+        "final_val_loss": m.final_val_loss,
         "comm_bytes_total": m.comm_bytes_total,
         "bytes_per_sample": m.comm_bytes_total / samples if samples else None,
         "wait_fraction": m.comm_fraction + m.straggler_idle_fraction,
@@ -158,6 +193,8 @@ def one_run(
         "replans": m.replans,
         "inner_steps_per_round": [r.inner_steps_per_round for r in m.ranks],
         "trials_s": m.trials_s,
+        # each evaluation (its wall_s: since submit), so the JSON gives the time to any target
+        "evals": [e.model_dump(exclude_none=True) for e in ran.result.lead.evals],
     }
 
 
@@ -166,11 +203,20 @@ def median_of(runs: list[dict], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def quality(runs: list[dict]) -> tuple[str, str]:
+    """The final figure the runs have, and its format: val_loss (a token recipe's), else
+    accuracy."""
+    if any(r.get("final_val_loss") is not None for r in runs):
+        return "final_val_loss", ".4f"
+    return "final_accuracy", ".3f"
+
+
 def table(rows: dict[float, dict[str, list[dict]]]) -> str:
     """The markdown table: per link and variant, medians, and the speed-up over sync."""
+    key, fmt = quality([r for v in rows.values() for runs in v.values() for r in runs])
     out = [
-        "| link | variant | to target (s) | speed-up vs sync | final accuracy | bytes/sample "
-        "| bytes vs sync | waiting | reached |",
+        f"| link | variant | to target (s) | speed-up vs sync | {key.replace('final_', 'final ')} "
+        "| bytes/sample | bytes vs sync | waiting | reached |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for gbps, variants in rows.items():
@@ -180,15 +226,15 @@ def table(rows: dict[float, dict[str, list[dict]]]) -> str:
         for name, runs in variants.items():
             t = median_of(runs, "end_to_end_time_to_target_s")
             b = median_of(runs, "bytes_per_sample")
-            acc = median_of(runs, "final_accuracy")
+            acc = median_of(runs, key)
             up = f"{base_t / t:.2f}x" if t and base_t else "-"
             less = f"{b / base_b:.3f}" if b is not None and base_b else "-"
             reached = sum(r["end_to_end_time_to_target_s"] is not None for r in runs)
             out.append(
-                f"| {gbps:g} Gbit/s | {name} | {t:.1f} | {up} | {acc:.3f} | {b:,.0f} | {less} "
+                f"| {gbps:g} Gbit/s | {name} | {t:.1f} | {up} | {acc:{fmt}} | {b:,.0f} | {less} "
                 f"| {median_of(runs, 'wait_fraction'):.2f} | {reached}/{len(runs)} |"
                 if t
-                else f"| {gbps:g} Gbit/s | {name} | not reached | - | {acc:.3f} | {b:,.0f} "
+                else f"| {gbps:g} Gbit/s | {name} | not reached | - | {acc:{fmt}} | {b:,.0f} "
                 f"| {less} | {median_of(runs, 'wait_fraction'):.2f} | 0/{len(runs)} |"
             )
     return "\n".join(out)
@@ -198,9 +244,10 @@ def progress_line(gbps: float, name: str, round_: int, fig: dict) -> str:
     """One run's line as it ends: its time to the target, or 'not reached'."""
     t = fig["end_to_end_time_to_target_s"]
     reached = "not reached" if t is None else f"{t:.1f} s"
+    key, fmt = quality([fig])
     return (
-        f"{gbps:g} Gbit/s {name} #{round_}: to target {reached}, accuracy "
-        f"{fig['final_accuracy']:.3f}, bytes/sample {fig['bytes_per_sample']:.0f}"
+        f"{gbps:g} Gbit/s {name} #{round_}: to target {reached}, {key.removeprefix('final_')} "
+        f"{fig[key]:{fmt}}, bytes/sample {fig['bytes_per_sample']:.0f}"
     )
 
 
@@ -214,22 +261,23 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--links: {a.links!r}: each bandwidth a number of Gbit/s above 0")
     if a.repeat < 1:
         raise ConfigError(f"--repeat: at least 1 (got {a.repeat})")
-    base = TrainConfig(
-        recipe=recipe_flag(a),
-        steps=a.steps,
-        global_batch=a.global_batch,
-        schedule="proportional",
-        seed=a.seed,
-        target_accuracy=a.target,
-        diloco={"round_steps": a.round_steps},
-    )
+    knobs = {
+        "recipe": recipe_flag(a),
+        "recipe_options": recipe_options(a),
+        "steps": a.steps,
+        "global_batch": a.global_batch,
+        "schedule": "proportional",
+        "seed": a.seed,
+        "diloco": {"round_steps": a.round_steps},
+    }
+    text_mb = check_bench_recipe(TrainConfig(**knobs))  # a token recipe: the stdlib's source
+    base = TrainConfig(**knobs, **targets(a.target, a.target_val_loss, text_mb is not None))
     configs = {v: variant_config(v.strip(), base) for v in a.variants.split(",") if v.strip()}
     for cfg in configs.values():
         check_job(cluster_at(links[0], a.latency_ms, a.time_scale), cfg)
-    check_bench_recipe(base)
     straggler = parse_straggler(a.straggler)
     rows: dict[float, dict[str, list[dict]]] = {g: {v: [] for v in configs} for g in links}
-    with digits_workspace("diloco") as (tmp, dataset):
+    with digits_workspace("diloco", text_mb=text_mb) as (tmp, dataset):
         for round_ in range(a.repeat):
             for gbps in links:
                 cluster = cluster_at(gbps, a.latency_ms, a.time_scale)

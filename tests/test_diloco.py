@@ -298,6 +298,48 @@ def test_the_benchmark_refuses_links_and_repeats_it_cannot_run(flags, line, monk
     assert str(e.value).startswith(line) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--recipe", "gpt", "--target", "0.9"], "--target: test accuracy, which a token"),
+        (["--recipe", "gpt"], "--target-val-loss: a token recipe (gpt) needs it"),
+        (["--target-val-loss", "2.5"], "--target-val-loss: only for a token recipe"),
+    ],
+)
+def test_the_benchmark_refuses_a_target_the_recipe_does_not_evaluate(flags, line, monkeypatch):
+    import benchmarks.diloco as bench
+
+    monkeypatch.setattr(bench, "digits_workspace", None)  # nothing may start
+    with pytest.raises(ConfigError) as e:
+        bench.main(flags)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value)
+
+
+def test_the_benchmark_measures_gpt_by_val_loss_and_the_digits_by_accuracy():
+    from benchmarks.diloco import targets
+
+    assert targets(None, 2.5, tokens=True) == {"target_accuracy": None, "target_val_loss": 2.5}
+    assert targets(None, None, tokens=False) == {"target_accuracy": 0.95}
+    assert targets(0.9, None, tokens=False) == {"target_accuracy": 0.9}
+
+
+def test_the_benchmark_s_table_and_progress_line_show_val_loss_for_gpt():
+    from benchmarks.diloco import progress_line, table
+
+    run = {
+        "end_to_end_time_to_target_s": 20.0,
+        "final_accuracy": None,
+        "final_val_loss": 2.51234,
+        "bytes_per_sample": 1000.0,
+        "wait_fraction": 0.5,
+    }
+    slow = run | {"end_to_end_time_to_target_s": 40.0, "final_val_loss": 2.5}
+    text = table({0.1: {"sync": [slow], "diloco": [run]}})
+    assert "| final val_loss |" in text
+    assert "| 0.1 Gbit/s | diloco | 20.0 | 2.00x | 2.5123 | 1,000 |" in text
+    assert ", val_loss 2.5123, " in progress_line(0.1, "diloco", 0, run)
+
+
 def test_the_benchmark_s_progress_line_says_not_reached_in_words():
     from benchmarks.diloco import progress_line
 
