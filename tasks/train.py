@@ -38,7 +38,7 @@ from hetflow.training.metrics import (
 from hetflow.training.plan.balance import PlanError
 from hetflow.training.plan.planner import make_plan
 from hetflow.training.plan.ranks import RankMap
-from hetflow.training.plan.rounds import round_config
+from hetflow.training.plan.rounds import loop_config
 from hetflow.training.recipes import DataInfo, Recipe, recipe_of
 from hetflow.training.recipes.export import input_example, trained_model
 
@@ -135,7 +135,7 @@ def train_variant(
     finished_cluster = ranks.launched()[0]
     if train.schedule == "dynamic":  # it ran its workers at the batches its plans gave them
         store_learned(finished_cluster, dataset, train, ran.result)
-    metrics = with_cost(finished_cluster, metrics, loop_view(train, plan), catalog, epoch_samples)
+    metrics = with_cost(finished_cluster, metrics, loop_config(train, plan), catalog, epoch_samples)
     outcome = TrainOutcome(
         variant=variant,
         run_id=run_id,
@@ -240,7 +240,7 @@ def launch(
 ) -> Ran:
     """`run_plan` with MLflow system metrics on and a Prefect progress artifact; on a
     failure the MLflow run is marked FAILED with why (the rank, step and exception)."""
-    steps = loop_view(train, plan).steps
+    steps = loop_config(train, plan).steps
     progress = _progress_reporter(variant, steps)
     # every node of a Ray cluster samples its own system metrics into the run (`node_metrics`)
     with tracker.system_metrics(run_id):
@@ -261,12 +261,6 @@ def launch(
             raise
     progress(steps)
     return ran
-
-
-def loop_view(train: TrainConfig, plan: Plan) -> TrainConfig:
-    """What the loop runs of `train` on `plan`: itself, but under diloco a step is a round of
-    every rank's samples (`round_config`), as the workers count it."""
-    return round_config(train, len(plan.local_batches), sum(plan.local_batches))
 
 
 def with_cost(

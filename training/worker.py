@@ -42,7 +42,7 @@ from hetflow.training.faults.records import (
 from hetflow.training.launch.mps import apply_rank_env
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.training_loop import train
-from hetflow.training.plan.rounds import round_config
+from hetflow.training.plan.rounds import loop_config
 from hetflow.training.probes import profile
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import recipe_of
@@ -164,8 +164,7 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
         # reads no shard: each rank streams its own (token windows of the recipe's context)
         data = open_rank_data(spec.dataset, context=recipe_of(spec.train).context)
         if spec.mode == "train":  # strategy 'diloco': the loop's steps are rounds
-            rounds = round_config(spec.train, world, sum(spec.plan.local_batches))
-            spec = spec.model_copy(update={"train": rounds})
+            spec = spec.model_copy(update={"train": loop_config(spec.train, spec.plan)})
         ctx = RankContext(spec, rank, world, data, amp, counter)
         if spec.mode == "train":
             mine, weights = train(ctx)

@@ -60,6 +60,13 @@ def round_config(train: TrainConfig, world: int, round_samples: int | None = Non
     )
 
 
+def loop_config(train: TrainConfig, plan: Plan) -> TrainConfig:
+    """What the loop runs of `train` on `plan`'s launched ranks: `round_config` with the
+    plan's ranks and a round of every rank's samples; `train` itself for the other strategies.
+    The workers and the train task both count steps by it."""
+    return round_config(train, len(plan.local_batches), sum(plan.local_batches))
+
+
 def inner_counts(rates: list[float], total: int) -> list[int]:
     """`total` inner steps shared in proportion to `rates` (each worker's samples/s at the
     inner batch), largest remainder first, at least one each: worker r's count k_r is within
