@@ -70,6 +70,15 @@ class WorkerSpec(ConfigModel):
         description="Cores of its own this worker's process is pinned to, with as many torch "
         "threads (local launcher); empty: not pinned, `threads_per_rank` threads.",
     )
+    cpu_quota: SkipJsonSchema[float | None] = Field(
+        None,
+        gt=0,
+        title="CPU quota, cores",
+        description="This worker's share of the CPU, in cores (0.25: a quarter of one core's "
+        "time), enforced by the kernel's CFS bandwidth controller in a cgroup of its own "
+        "(root, cgroup v1 or v2; local launcher and Ray), with as many torch threads: real "
+        "unequal workers on one host. Empty: no quota.",
+    )
     gpu_share: SkipJsonSchema[int | None] = Field(
         None,
         ge=1,

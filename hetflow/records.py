@@ -392,6 +392,9 @@ class RankResult(_Record):
     )
     trials: CompressionTrials | None = Field(None, description="'auto''s choice; else none.")
     cores: list[int] = Field([], description="The CPU cores the rank's process could run on.")
+    cpu_quota: float | None = Field(
+        None, description="The CPU quota, in cores, of the cgroup the rank ran in (the kernel's)."
+    )
     timeline: Timeline = Timeline()
 
 

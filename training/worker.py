@@ -31,6 +31,7 @@ from hetflow.infra.s3 import filesystem
 from hetflow.records import RunResult
 from hetflow.training.comm import WireCounter
 from hetflow.training.cores import host_cores, pin_rank
+from hetflow.training.cpu_quota import join_quota, own_quota
 from hetflow.training.devices import MixedPrecision, rank_device_precision
 from hetflow.training.faults.records import (
     PREEMPTED_EXIT,
@@ -122,6 +123,7 @@ def place_rank(spec: RunSpec, rank: int, local_rank: int) -> tuple[str, str]:
     exists (NCCL needs the device first)."""
     torch.set_num_threads(spec.train.threads_per_rank)
     pin_rank(spec.cluster, rank)  # a worker's own cores and threads, where it sets `cpus`
+    join_quota(spec.cluster, rank, spec.run_name)  # its cgroup, where it sets `cpu_quota`
     apply_rank_env(spec.cluster, rank)  # its MPS share, where it sets `gpu_share`
     device, precision = rank_device_precision(
         spec.cluster, spec.train, rank, local_rank, spec.backend
@@ -170,6 +172,7 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
             mine, weights = train(ctx)
             mine.start_rss_bytes = start_rss
             mine.cores = host_cores()
+            mine.cpu_quota = own_quota()
         else:
             mine = profile(ctx).model_dump(mode="json")
             weights = None

@@ -4,6 +4,7 @@
     hetflow bench hetero --speeds 1,1,2,4 --straggler 3:60:4 --json straggler.json
     hetflow bench hetero --speeds 1,2,3,6 --repeat 3 --json mix.json
     hetflow bench hetero --memory-caps ,,,16 --variants baseline@micro,static,static@micro
+    hetflow bench hetero --cpu-quotas 1,0.5,0.25,0.25 --bound --repeat 3
 
 All variants share one profile, the dataset and the seed. Per variant: `efficiency` =
 throughput / `ideal_samples_per_s` (the balanced step of the profiled a_i + c_i x b_i, with no
@@ -120,6 +121,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
     args = parser().parse_args(argv)
     if args.repeat < 1:
         raise ConfigError(f"--repeat: must be >= 1 (got {args.repeat})")
+    if args.speeds is None:
+        quotas = args.cpu_quotas.split(",") if args.cpu_quotas else []
+        args.speeds = ",".join("1" for _ in quotas) or "1,1,2,4"
+    if args.cpu_quotas is not None:  # real unequal workers: nothing to emulate
+        args.emulate = False
     cluster = ClusterSpec.from_speeds(
         parse_speeds(args.speeds),
         name=f"bench-{args.speeds}",
@@ -380,6 +386,8 @@ def summary(
         "pauses": args.pauses,
         "repeat": args.repeat,
         "memory_caps": [w.memory_cap_batch for w in bench.cluster.workers],
+        "cpu_quotas": [w.cpu_quota for w in bench.cluster.workers],
+        "emulate": bench.cluster.emulate,
         "measured_speeds": [round(r.samples_per_s, 2) for r in profile.ranks],
         "allreduce_s": ideal.allreduce_s,
         "ideal_with_allreduce_samples_per_s": ideal.with_allreduce_samples_per_s,

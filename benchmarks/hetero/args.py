@@ -22,9 +22,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--speeds",
-        default="1,1,2,4",
         help="relative speeds, or device presets (t4, v100, a100), comma-separated "
-        "(default: 1,1,2,4)",
+        "(default: 1,1,2,4; with --cpu-quotas, one worker of each quota)",
     )
     p.add_argument("--steps", type=int, default=150)
     add_recipe_arg(p, "digits-cnn")
@@ -128,6 +127,13 @@ def _add_hardware(p: argparse.ArgumentParser) -> None:
         "--cpus",
         help="each worker's own CPU cores, comma-separated (e.g. 1,2,4,8): its process pinned "
         "to them, with as many torch threads; with --no-emulate, real mixed speeds",
+    )
+    p.add_argument(
+        "--cpu-quotas",
+        dest="cpu_quotas",
+        help="each worker's share of the CPU in cores, comma-separated (e.g. 1,0.5,0.25,0.25), "
+        "enforced by the kernel in a cgroup per worker (root, cgroup v1 or v2): real unequal "
+        "workers, so no time dilation (implies --no-emulate); the workers' count is theirs",
     )
     p.add_argument(
         "--gpu-shares",

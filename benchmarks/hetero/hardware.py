@@ -1,6 +1,7 @@
 """`hetflow bench hetero`'s flags for each worker's hardware, checked before anything runs:
-its device (`--devices`), cores (`--cpus`), share of a GPU under MPS (`--gpu-shares`) and
-memory cap (`--memory-caps`). Each refusal is one line naming the flag or field."""
+its device (`--devices`), cores (`--cpus`), kernel CPU quota (`--cpu-quotas`), share of a GPU
+under MPS (`--gpu-shares`) and memory cap (`--memory-caps`). Each refusal is one line naming
+the flag or field."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 
 from hetflow.config import ClusterSpec, ConfigError
 from hetflow.training.cores import core_sets, host_cores
+from hetflow.training.cpu_quota import check_quotas
 from hetflow.training.launch.mps import check_mps, mps_available
 
 
@@ -47,6 +49,23 @@ def parse_caps(text: str | None, world: int) -> list[int | None]:
             f"--memory-caps: {world} caps of 1 sample or more (or empty) expected (got {text!r})"
         )
     return caps
+
+
+def parse_quotas(text: str) -> list[float]:
+    """`--cpu-quotas`: each worker's share of the CPU, in cores (pure).
+
+    >>> parse_quotas("1,0.5,0.25")
+    [1.0, 0.5, 0.25]
+    """
+    try:
+        quotas = [float(c) for c in text.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"--cpu-quotas: expected numbers of cores, e.g. 1,0.5,0.25,0.25 (got {text!r})"
+        ) from None
+    if not all(q > 0 for q in quotas):
+        raise ConfigError(f"--cpu-quotas: every quota must be > 0 cores (got {text!r})")
+    return quotas
 
 
 def parse_shares(text: str | None, world: int) -> list[int | None]:
@@ -89,5 +108,14 @@ def set_hardware(cluster: ClusterSpec, args: argparse.Namespace) -> None:
         cluster.workers, parse_caps(args.memory_caps, cluster.world_size), strict=True
     ):
         w.memory_cap_batch = cap
+    if args.cpu_quotas is not None:
+        quotas = parse_quotas(args.cpu_quotas)
+        if len(quotas) != cluster.world_size:
+            raise ConfigError(
+                f"--cpu-quotas: {len(quotas)} quotas for {cluster.world_size} workers (--speeds)"
+            )
+        for w, q in zip(cluster.workers, quotas, strict=True):
+            w.cpu_quota = q
     core_sets(cluster, host_cores())
+    check_quotas(cluster, len(host_cores()))
     check_mps(cluster, *mps_available())

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 from hetflow.infra.s3 import free_port
+from hetflow.training.cpu_quota import JobCgroups, find_controller
 from hetflow.training.faults.watch import JobWatch, job_pids, kill_job
 from hetflow.training.launch.mps import mps_daemon
 from hetflow.training.launch.outcome import Launched, LaunchError, RankFailed
@@ -64,6 +66,8 @@ def run_torchrun(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> La
     """Write the job file, run torchrun to completion, return its result and wall seconds.
 
     `spec` comes checked and placed by `run.run_workers` (backend, precisions, submitted_at).
+    Workers with a `cpu_quota` run in cgroups of their own, made before the ranks start and
+    removed after the job, however it ended (`cpu_quota.JobCgroups`).
     torchrun restarts the workers when one dies or stalls, as many times as the failure
     policy says (`train.faults.group_restarts`); they resume from the last checkpoint. A
     rank that raises ends the job at once (`RankFailed`); any other non-zero exit, or the job
@@ -84,7 +88,12 @@ def run_torchrun(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> La
     watch = JobWatch(run_dir, spec.train.stall_timeout_s)
     log = run_dir / "workers.log"
     t = time.perf_counter()
-    with log.open("wb") as out, mps_daemon(spec.cluster, worker_env(spec)) as env:
+    cgroups = JobCgroups.of(spec.cluster, spec.run_name, find_controller())
+    with (
+        log.open("wb") as out,
+        mps_daemon(spec.cluster, worker_env(spec)) as env,
+        cgroups or contextlib.nullcontext(),
+    ):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             _watch(proc, watch, run_dir, t + timeout_s, on_progress)

@@ -23,6 +23,7 @@ environment or instance role, never through Ray.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from hetflow.config import ClusterSpec, ConfigError, FaultPolicy
 from hetflow.infra.preflight import ray_problem
 from hetflow.infra.s3 import LOCAL_CREDENTIALS, filesystem
+from hetflow.training.cpu_quota import JobCgroups, find_controller
 from hetflow.training.launch.outcome import Launched, LaunchError
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.balance import PlanError
@@ -129,6 +131,19 @@ def run_workers_ray(spec: RunSpec, timeout_s: float = 1800) -> Launched:
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
+    # ranks on this host find their cgroup made; on another host they make it (`join_quota`)
+    cgroups = JobCgroups.of(spec.cluster, spec.run_name, find_controller())
+    with cgroups or contextlib.nullcontext():
+        spec = _place_and_fit(spec)
+    wall = time.perf_counter() - t
+    return Launched(_read_result(spec, run_dir), wall)
+
+
+def _place_and_fit(spec: RunSpec) -> RunSpec:
+    """`_fit` until the group is placed, going on without the workers that no node has room
+    for where the policy allows it (see `run_workers_ray`); the spec the job finished as."""
+    import ray
+
     for attempt in range(spec.cluster.world_size + 1):
         try:
             _fit(spec, attempt)
@@ -151,8 +166,7 @@ def run_workers_ray(spec: RunSpec, timeout_s: float = 1800) -> Launched:
                 raise LaunchError(f"Ray Train: {e}") from None
     else:
         raise LaunchError(f"Ray Train: the workers of {spec.run_name} could not be placed")
-    wall = time.perf_counter() - t
-    return Launched(_read_result(spec, run_dir), wall)
+    return spec
 
 
 def failure_config(policy: FaultPolicy):

@@ -19,6 +19,7 @@ from pathlib import Path
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.cores import core_sets, host_cores
+from hetflow.training.cpu_quota import check_quotas
 from hetflow.training.devices import check_devices
 from hetflow.training.launch.local import run_torchrun
 from hetflow.training.launch.mps import check_mps, mps_available
@@ -29,17 +30,17 @@ from hetflow.training.plan.ranks import RankMap, Stragglers
 
 
 def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
-    """Run the job `spec` to completion under its cluster's launcher: (result.json, wall s).
-
-    Each worker's device and precision are checked on this host first (`check_devices`),
-    which also sets the backend: NCCL when every rank has a CUDA device of its own, else gloo;
-    then the cores and MPS shares the workers ask for. A one-line ConfigError before anything
-    is written. Under `launcher: ray` the job runs on Ray Train, its state in the dataset's
-    bucket; else under torchrun on this host. Either restarts the group as the job's failure
-    policy says (`train.faults`); `on_progress`: `run_torchrun`'s.
-    Raises the launchers' `LaunchError` (`RankFailed` when a rank raised)."""
+    """Run the job `spec` to completion under its cluster's launcher: (result.json, wall s). Each
+    worker's device and precision are checked on this host first (`check_devices`), which also sets
+    the backend: NCCL when every rank has a CUDA device of its own, else gloo; then the cores, CPU
+    quotas and MPS shares the workers ask for. A one-line ConfigError before anything is written.
+    Under `launcher: ray` the job runs on Ray Train, its state in the dataset's bucket; else under
+    torchrun on this host. Either restarts the group as the job's failure policy says
+    (`train.faults`); `on_progress`: `run_torchrun`'s. Raises the launchers' `LaunchError`
+    (`RankFailed` when a rank raised)."""
     placement = check_devices(spec.cluster, spec.train)  # a one-line error before launch
     core_sets(spec.cluster, host_cores())  # the cores asked for exist here
+    check_quotas(spec.cluster, len(host_cores()))  # the kernel enforces CPU quotas here
     check_mps(spec.cluster, *mps_available())  # MPS runs here, where a worker has a gpu_share
     spec = spec.model_copy(
         update={
