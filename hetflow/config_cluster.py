@@ -72,12 +72,12 @@ class WorkerSpec(ConfigModel):
     )
     cpu_quota: SkipJsonSchema[float | None] = Field(
         None,
-        gt=0,
+        ge=0.1,
         title="CPU quota, cores",
         description="This worker's share of the CPU, in cores (0.25: a quarter of one core's "
         "time), enforced by the kernel's CFS bandwidth controller in a cgroup of its own "
         "(root, cgroup v1 or v2; local launcher and Ray), with as many torch threads: real "
-        "unequal workers on one host. Empty: no quota.",
+        "unequal workers on one host; at least 0.1. Empty: no quota.",
     )
     gpu_share: SkipJsonSchema[int | None] = Field(
         None,

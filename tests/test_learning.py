@@ -142,17 +142,22 @@ def test_a_worker_whose_least_share_outlasts_the_others_step_is_left_out_and_sai
     assert plan == [32, 32, 32, 0] and why[0].startswith("slow: the step is predicted")
 
 
-def test_bringing_a_left_out_worker_back_needs_two_windows_and_twice_the_bar():
+def test_bringing_a_left_out_worker_back_needs_twice_the_bar_and_is_a_trial():
     workers = [line(0.0, 0.001)] * 3 + [line(0.2, 0.001)]
     reb = Rebalancer(96, [None] * 4, [0.0, 0.0, 0.0, 0.2], [0.001] * 4)
     plan = [32, 32, 32, 0]
     reb.observe(plan, [w(b) for w, b in zip(workers, plan, strict=True)], 0.01, 10)
     assert reb.propose(plan, 10) is None
     slowed = [10 * w(b) if b else 0.0 for w, b in zip(workers, plan, strict=True)]
-    for step in (20, 30):
-        reb.observe(plan, slowed, 0.01, 10)
-        new = reb.propose(plan, step, 100, switch_s=0.01)
+    reb.observe(plan, slowed, 0.01, 10)
+    new = reb.propose(plan, 20, 100, switch_s=0.01)
     assert new is not None and new[3] > 0 and reb.history[-1]["margin"] >= 2 * reb.margin
+    # on trial: nothing else is proposed until its own windows are measured
+    assert reb.trial["new"] == new and reb.propose(plan, 30, 90) is None
+    # its windows show no shorter step than the plan before: back to the best measured
+    for _ in range(3):
+        reb.observe(new, [0.35] * 4, 0.01, 10)
+    assert reb.propose(new, 60, 60) == plan and new in reb.rejected
 
 
 def test_a_noisy_window_raises_the_bar_a_replan_must_beat():

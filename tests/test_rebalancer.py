@@ -81,10 +81,10 @@ def test_with_no_change_of_speed_a_good_static_plan_is_kept(seed):
 def test_a_plan_from_a_profile_that_is_wrong_at_small_batches_is_fixed_and_kept(seed):
     # MIXED's fast worker is flat below batch 35, where the profile's line is not: the first
     # plan is off by about 7%, within twice the bar the windows' 8% noise sets, so it is
-    # fixed once two windows in a row agree (not at the first), at most refined once more,
-    # and the plan ends near the best
+    # fixed once two windows in a row agree (not at the first); a fix the windows do not show
+    # faster is given up (a revert) and at most one other tried, and the plan ends near the best
     replans, plan = simulate(MIXED, seed=seed, final=True)
-    assert 1 <= len(replans) <= 2, replans
+    assert 1 <= len(replans) <= 3, replans
     best = _best_step(MIXED)  # the start is 7% off it: within noise of it, never further
     assert max(w(b) for w, b in zip(MIXED, plan, strict=True)) <= best * 1.08
 
@@ -104,7 +104,7 @@ def _best_step(workers) -> float:
 def test_a_proposal_must_beat_the_models_demonstrated_error():
     reb = Rebalancer(B, [None] * 2, [0.0, 0.0], [0.001, 0.001], threshold=0.1)
     assert reb.margin == pytest.approx(0.05)
-    reb.trial = {"plan": [64, 64], "step_s": 0.1, "predicted_s": 0.05}
+    reb.trial = {"plan": [64, 64], "new": [80, 48], "step_s": 0.1, "se": 0.0, "predicted_s": 0.05}
     reb.observe([80, 48], [0.065, 0.065])  # predicted 0.05 s, measured 0.065 s: 30% off
     assert reb.errors == [pytest.approx(0.3)] and reb.margin == pytest.approx(0.3)
     # a model that predicts a 20% shorter step is not believed now; a 50% shorter one is
@@ -121,7 +121,7 @@ def test_a_straggler_during_a_trial_does_not_stop_later_replans():
     # 1's new speed, the model's errors from before the change no longer count.
     reb = Rebalancer(B, [None] * 2, [0.0, 0.0], [0.002, 0.001], threshold=0.1)
     reb.observe([43, 85], [0.086, 0.085])
-    reb.trial = {"plan": [43, 85], "step_s": 0.086, "predicted_s": 0.08}
+    reb.trial = {"plan": [43, 85], "new": [38, 90], "step_s": 0.086, "se": 0.0, "predicted_s": 0.08}
     reb.observe([38, 90], [0.076, 0.27])  # 3x slower: the straggler, not the plan
     assert reb.propose([38, 90], 20) == [43, 85]  # reverted
     reb.observe([43, 85], [0.086, 0.255])

@@ -34,7 +34,11 @@ from pathlib import Path
 
 from hetflow.config import ClusterSpec, ConfigError
 
-PERIOD_US = 100_000  # the CFS period: the kernel's default, 100 ms
+# The CFS period: 10 ms, not the kernel's default of 100 ms, so that a quarter of a core runs
+# 2.5 ms in every 10 rather than 25 in every 100: a step of a few tens of milliseconds then
+# sees its quota as a slower core, not as bursts at full speed and stalls. The kernel refuses
+# a quota under 1 ms, hence `WorkerSpec.cpu_quota` >= 0.1.
+PERIOD_US = 10_000
 GROUP = "hetflow"  # every job's cgroups under this one, in the CPU controller's hierarchy
 STALE_S = 60.0  # an empty rank cgroup this old belongs to no job that is still starting
 MOUNTS = Path("/proc/self/mounts")
@@ -51,11 +55,11 @@ class Controller:
         """The files that set a quota of `quota` cores, and what each gets (pure).
 
         >>> Controller(Path("/c"), 1).quota_files(0.25)
-        {'cpu.cfs_period_us': '100000', 'cpu.cfs_quota_us': '25000'}
+        {'cpu.cfs_period_us': '10000', 'cpu.cfs_quota_us': '2500'}
         >>> Controller(Path("/c"), 2).quota_files(1.5)
-        {'cpu.max': '150000 100000'}
+        {'cpu.max': '15000 10000'}
         """
-        us = max(1000, round(quota * PERIOD_US))  # the kernel refuses a quota under 1 ms
+        us = max(1000, round(quota * PERIOD_US))
         if self.version == 1:
             return {"cpu.cfs_period_us": str(PERIOD_US), "cpu.cfs_quota_us": str(us)}
         return {"cpu.max": f"{us} {PERIOD_US}"}

@@ -8,7 +8,12 @@ from hetflow.config import TrainConfig
 from hetflow.records import StepRecord
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.state import LoopState
-from hetflow.training.loop.step_times import SharedStepTimes, column_means, step_spread
+from hetflow.training.loop.step_times import (
+    SharedStepTimes,
+    column_means,
+    mean_step,
+    step_spread,
+)
 from hetflow.training.plan.rebalancer import SUDDEN_STEPS, Rebalancer
 
 
@@ -78,7 +83,14 @@ def rebalance(
         return
     # After a sudden change only the steps since it tell the new speeds.
     seen = state.current[-SUDDEN_STEPS:] if sudden else window
-    rebalancer.observe(state.plan, column_means(seen), step_spread(seen, state.plan), len(seen))
+    rebalancer.observe(
+        state.plan,
+        column_means(seen),
+        step_spread(seen, state.plan),
+        len(seen),
+        mean_step(seen, state.plan),
+        seen,
+    )
     state.window = []
     if sudden:
         state.current = []

@@ -85,3 +85,14 @@ def step_spread(rows: Sequence[Sequence[float]], plan: Sequence[int]) -> float:
     """
     slowest = [max((t for t, b in zip(row, plan, strict=True) if b), default=0.0) for row in rows]
     return relative_spread(slowest)
+
+
+def mean_step(rows: Sequence[Sequence[float]], plan: Sequence[int]) -> float:
+    """The mean, over `rows[step][rank]`, of each step's slowest compute time among the ranks
+    `plan` gives samples: what the plan's steps cost, noise included.
+
+    >>> round(mean_step([[0.1, 0.2], [0.3, 0.18]], [8, 8]), 3)
+    0.25
+    """
+    slowest = [max((t for t, b in zip(row, plan, strict=True) if b), default=0.0) for row in rows]
+    return sum(slowest) / len(slowest) if slowest else 0.0

@@ -27,6 +27,17 @@ BRING_BACK = 2.0
 # A re-plan whose predicted gain is below this many times its bar is adopted only when the
 # window before proposed no share moving the other way: that twice in a row is seldom noise.
 CLEAR_GAIN = 2.0
+# A new plan is kept when its measured step is shorter than the plan's before it by more than
+# this many standard errors of their difference (one-sided, about 95%); it is measured for up
+# to TRIAL_WINDOWS windows while the difference lies within the noise, then given up.
+KEEP_Z = 1.64
+TRIAL_WINDOWS = 4
+# A rank's step beyond exp(JUMP_SIGMAS x the measured step spread) of its usual is a change of
+# speed, not a slow stretch of the host (and never less than 1 + 3 x threshold).
+JUMP_SIGMAS = 3.0
+# A curve's point is the mean of its batch's rows since the rank's speed last changed, the
+# newest this many: a window of a slow stretch moves it by its share of them, not by half.
+MEMORY_ROWS = 40
 
 
 @dataclass
@@ -35,8 +46,8 @@ class Rebalancer:
     predicted gain beats the noise the run measured.
 
     Each rank's compute time per step is a curve in its batch (`curves.Curve`): the means it
-    measured at the batches it ran since its speed last changed (`points`; an exponential
-    moving average with weight `smoothing` on the newest window), joined piecewise-linearly, and
+    measured at the batches it ran since its speed last changed (`points`; the mean of the
+    newest MEMORY_ROWS rows at each batch, `counts`), joined piecewise-linearly, and
     outside them a line through them where their times spread beyond `jump`, else the prior
     (`latency_s`, `per_sample_s`: the profile's fit, the history's, a preset's published ratio,
     or proportional where nothing is known) scaled through the nearest point. A device that
@@ -59,11 +70,15 @@ class Rebalancer:
     rank the plan left out needs twice that (hysteresis: it pays the replica's copy and its
     hops of every all-reduce). A gain under `CLEAR_GAIN` times its bar is adopted only when the
     window before proposed no share moving the other way (decisions on windows, not on
-    one). Verification: a new plan whose first window is slower than the old plan's last (by
-    more than `threshold / 2`) is reverted and not proposed again until the speeds change;
-    what it measured stays in `points`, so the next proposal knows the model was wrong there,
-    and the shares' bounded move (`move`, a trust region: MOVE_FACTOR past the batches a rank
-    ran) halves, down to LEAST_MOVE; a plan that holds doubles it back.
+    one). Verification on measured windows, not on the model (`observe`): a new plan is on
+    trial, and no other is proposed, until its windows show its step shorter than the plan's
+    before it beyond their noise (kept), or not (given up: the run goes back to the best plan
+    it measured since the speeds last changed, so it never stays below the plan it started
+    from, prior or equal split, nor below any plan it ran; a rank brought back is such a
+    trial too). A plan given up is not proposed again until the speeds change; what it
+    measured stays in `points`, so the next proposal knows the model was wrong there, and the
+    shares' bounded move (`move`, a trust region: MOVE_FACTOR past the batches a rank ran)
+    halves, down to LEAST_MOVE; a plan that holds doubles it back.
 
     `micro` (`train.accumulate` 'auto'): a share may pass its rank's cap, run as micro-batches;
     a point measured at a share of k micro-batches is one pass of share / k samples taking 1 / k
@@ -91,6 +106,16 @@ class Rebalancer:
     windows: int = 0  # windows observed
     pending: list[int] | None = None  # the last window's marginal re-plan: each share's move
     move: float = MOVE_FACTOR  # how far past its points a share may move (a trust region)
+    # every plan measured since the speeds last changed: its step (s) and that mean's relative
+    # standard error, its newest window's weighing most
+    tried: list[dict] = field(default_factory=list)
+    # how far a rank's window mean (`spread`) and its single step (`step_noise`) lie from its
+    # point at that batch, as the standard deviation of their logarithm, smoothed over windows:
+    # the host's noise, slow stretches included, which a window's own spread does not show
+    spread: float = 0.0
+    step_noise: float = 0.0
+    last_plan: list[int] | None = None  # the plan of the newest window observed
+    counts: list[dict[int, int]] = field(default_factory=list)  # per rank: batch -> rows seen
 
     @property
     def margin(self) -> float:
@@ -103,14 +128,39 @@ class Rebalancer:
         re-plan that extended the curves past their points (the first ones, from one point a
         rank) is verified, not counted: its error says nothing of the curves between the points
         it then measured."""
-        measured = 2 * self.noise * math.sqrt(2 / self.rows) if self.rows else 0.0
+        se = self._se(self.noise, self.rows, self._entry(self.last_plan))
+        measured = 2 * math.sqrt(2) * se if self.rows else 0.0
         demonstrated = max((abs(e) for e in self.errors), default=0.0)
         return max(self.threshold / 2, measured, demonstrated)
 
     @property
     def jump(self) -> float:
-        """A change of a rank's step time beyond this ratio is a change of speed, not noise."""
-        return 1 + 3 * self.threshold
+        """A change of a rank's window mean beyond this ratio is a change of speed, not noise: 1
+        + 3 x `threshold`, or wider where its window means have spread more about its points
+        (`JUMP_SIGMAS` x `spread`: a host that runs slow for a few windows does not look like
+        a straggler)."""
+        return max(1 + 3 * self.threshold, math.exp(JUMP_SIGMAS * self.spread))
+
+    @property
+    def step_jump(self) -> float:
+        """The same for a rank's single steps (`sudden_change`), from `step_noise`."""
+        return max(1 + 3 * self.threshold, math.exp(JUMP_SIGMAS * self.step_noise))
+
+    def _entry(self, plan: Sequence[int] | None) -> dict | None:
+        return next((t for t in self.tried if plan is not None and t["plan"] == list(plan)), None)
+
+    @staticmethod
+    def _se(noise: float, rows: int, entry: dict | None) -> float:
+        """The relative standard error of a window's mean step: its steps' spread over the
+        square root of their count, or, where the plan's windows differed more than that (slow
+        stretches of several steps: the steps are not independent), that difference."""
+        within = noise / math.sqrt(rows) if rows else 0.0
+        return max(within, entry["between"] if entry else 0.0)
+
+    def measured_best(self, besides: Sequence[int] | None = None) -> list[int] | None:
+        """The plan of shortest measured step since the speeds last changed (not `besides`)."""
+        kept = [t for t in self.tried if besides is None or t["plan"] != list(besides)]
+        return min(kept, key=lambda t: t["step_s"])["plan"] if kept else None
 
     @property
     def replans(self) -> int:
@@ -162,55 +212,144 @@ class Rebalancer:
         compute_s_per_step: Sequence[float],
         noise: float = 0.0,
         rows: int = 0,
+        step_s: float | None = None,
+        samples: Sequence[Sequence[float]] = (),
     ) -> None:
         """Feed each rank's mean compute time per step over a window of `rows` steps in which it
-        ran `plan`, and the spread of that window's steps (`noise`: the coefficient of variation
-        of the slowest computing rank's time per step; 0 where not measured)."""
-        self.last_step_s = max(compute_s_per_step)
+        ran `plan`, the spread of that window's steps (`noise`: the coefficient of variation
+        of the slowest computing rank's time per step; 0 where not measured) and its mean step
+        (`step_s`: the mean over its steps of the slowest computing rank's time, what the plan
+        cost; default the slowest rank's mean), and its rows (`samples[step][rank]`, for the
+        host's noise, `step_noise`).
+
+        A plan on trial (the newest re-plan) is judged here on measured windows, not on the
+        model: kept once its step is shorter than the plan's before it by more than KEEP_Z
+        standard errors of the difference; given up (reverted to the best plan measured
+        since the speeds last changed, `measured_best`) once it is longer by as much, or
+        after TRIAL_WINDOWS windows that do not show it shorter."""
+        step_s = max(compute_s_per_step) if step_s is None else step_s
+        self.last_step_s = step_s
         self.noise, self.rows, self.windows = noise, rows, self.windows + 1
-        failed = False
-        if self.trial is not None and list(plan) != self.trial["plan"]:
-            before, self.trial, after = self.trial, None, max(compute_s_per_step)
-            # how far the model was off, at the batches it chose; a plan beyond the batches the
-            # ranks had run was extrapolated, which says nothing of the curves between points
-            if before.get("predicted_s") and before.get("measured_range", True):
-                self.errors = [
-                    *self.errors[-(ERRORS_KEPT - 1) :],
-                    after / before["predicted_s"] - 1,
-                ]
-            if after > before["step_s"] * (1 + self.threshold / 2):
-                # The model promised a shorter step and the measurement says longer: it does not
-                # hold at these batches (a device's step is not affine near batch 1, say). Go
-                # back, do not propose this plan again until the speeds change, and move less
-                # far from what was measured next time.
-                self.rejected.append(list(plan))
-                self.revert_to = before["plan"]
-                self.move = max(LEAST_MOVE, self.move / 2)
-                failed = True
-            else:
-                self.move = min(MOVE_FACTOR, self.move * 2)
+        self._learn_noise(plan, compute_s_per_step, samples)
+        changed = self._learn_points(plan, compute_s_per_step, rows)
+        if changed:  # every measured plan and the trial measured other speeds
+            self.tried, self.trial = [], None
+        self._record(plan, step_s, noise, rows)
+        self.last_plan = list(plan)
+        if self.trial is not None and list(plan) == self.trial["new"]:
+            self._judge(plan, step_s)
         if self.per_sample_s is None:
             self.per_sample_s = [
                 max(t - a, 0.05 * t) / max(b, 1)
                 for t, a, b in zip(compute_s_per_step, self.latency_s, plan, strict=True)
             ]
+
+    def _learn_noise(
+        self,
+        plan: Sequence[int],
+        means: Sequence[float],
+        samples: Sequence[Sequence[float]],
+    ) -> None:
+        """`spread` and `step_noise` from how far this window's means and steps lie from each
+        computing rank's point at its batch (log ratios, their root mean square), smoothed
+        over windows; a window beyond `jump` (a change of speed) is not noise and is left out."""
+        window, steps = [], []
+        for i, b in enumerate(plan):
+            point = (self.points or [{}] * len(plan))[i].get(b) if b else None
+            if not point or not 1 / self.jump <= means[i] / point <= self.jump:
+                continue
+            window.append(math.log(means[i] / point) ** 2)
+            steps += [math.log(row[i] / point) ** 2 for row in samples if row[i] > 0]
+        w = self.smoothing
+        if window:
+            rms = math.sqrt(sum(window) / len(window))
+            self.spread = rms if not self.spread else w * rms + (1 - w) * self.spread
+        if steps:
+            rms = math.sqrt(sum(steps) / len(steps))
+            self.step_noise = rms if not self.step_noise else w * rms + (1 - w) * self.step_noise
+
+    def _learn_points(
+        self, plan: Sequence[int], compute_s_per_step: Sequence[float], rows: int
+    ) -> bool:
+        """Each computing rank's window mean into its curve's points; True where a rank's time
+        at a batch it ran before moved beyond `jump` (its speed changed: its points dropped,
+        and with them the plans rejected and the model's errors, measured at other speeds)."""
         if self.points is None:
             self.points = [{} for _ in plan]
-        w = self.smoothing
+        if len(self.counts) != len(plan):
+            self.counts = [{} for _ in plan]
+        w, changed = self.smoothing, False
         latest = list(self.latest) if self.latest is not None else list(plan)
+        on_trial = self.trial is not None and list(plan) == self.trial["new"]
         for i, (pts, b, t) in enumerate(zip(self.points, plan, compute_s_per_step, strict=True)):
             if b == 0:  # left out: its time says nothing of its speed; keep what was known
                 continue
             latest[i] = b
-            if (
-                b in pts and not failed and not 1 / self.jump <= t / pts[b] <= self.jump
-            ):  # speed changed
+            if b in pts and not on_trial and not 1 / self.jump <= t / pts[b] <= self.jump:
                 pts.clear()
-                self.rejected = []  # what failed before may work now
-                self.errors = []  # and what the model got wrong before says nothing now
-                self.move = MOVE_FACTOR
-            pts[b] = w * t + (1 - w) * pts[b] if b in pts else t
+                self.counts[i].clear()
+                changed = True
+            if b in pts:  # a mean of the rows since the speed changed, the newest MEMORY_ROWS
+                seen = min(self.counts[i].get(b, 0), MEMORY_ROWS - rows)
+                pts[b] = (
+                    (seen * pts[b] + rows * t) / (seen + rows) if rows else w * t + (1 - w) * pts[b]
+                )
+            else:
+                pts[b] = t
+            self.counts[i][b] = self.counts[i].get(b, 0) + rows
+        if changed:
+            self.rejected, self.errors, self.move = [], [], MOVE_FACTOR
         self.latest = latest
+        return changed
+
+    def _record(self, plan: Sequence[int], step_s: float, noise: float, rows: int) -> None:
+        """`plan`'s measured step: the newest window weighs `smoothing`; `between` is how far
+        its windows' means moved from one to the next (relative, smoothed), the noise a mean
+        of one window carries where its steps are not independent."""
+        entry = self._entry(plan)
+        if entry is None:
+            self.tried.append(
+                {
+                    "plan": list(plan),
+                    "step_s": step_s,
+                    "rows": rows,
+                    "noise": noise,
+                    "between": 0.0,
+                    "windows": 1,
+                }
+            )
+            return
+        moved = abs(math.log(step_s / entry["step_s"])) / math.sqrt(2) if entry["step_s"] else 0.0
+        w = self.smoothing
+        entry["between"] = moved if not entry["between"] else w * moved + (1 - w) * entry["between"]
+        entry["step_s"] = w * step_s + (1 - w) * entry["step_s"]
+        entry["rows"], entry["noise"] = rows, noise
+        entry["windows"] = entry.get("windows", 1) + 1
+
+    def _judge(self, plan: Sequence[int], step_s: float) -> None:
+        """The trial's verdict from its windows so far against the plan before it."""
+        trial = self.trial
+        trial["windows"] = trial.get("windows", 0) + 1
+        n = trial["windows"]
+        trial["after_s"] = step_s if n == 1 else ((n - 1) * trial["after_s"] + step_s) / n
+        after, before = trial["after_s"], trial["step_s"]
+        if trial["windows"] == 1 and trial.get("predicted_s") and trial.get("measured_range", True):
+            # how far the model was off, at the batches it chose; a plan beyond the batches
+            # the ranks had run was extrapolated, which says nothing of the curves between
+            self.errors = [*self.errors[-(ERRORS_KEPT - 1) :], after / trial["predicted_s"] - 1]
+        se_after = self._se(self.noise, self.rows, self._entry(plan)) / math.sqrt(trial["windows"])
+        bar = KEEP_Z * math.hypot(se_after, trial["se"])
+        if after < before * (1 - bar):  # measurably faster: kept
+            self.trial = None
+            self.move = min(MOVE_FACTOR, self.move * 2)
+        elif after > before * (1 + bar) or trial["windows"] >= TRIAL_WINDOWS:
+            # The model promised a shorter step and the windows do not show one: it does not
+            # hold at these batches. Go back to the best plan measured, do not propose this one
+            # again until the speeds change, and move less far from what was measured next time.
+            self.trial = None
+            self.rejected.append(list(plan))
+            self.revert_to = self.measured_best(besides=plan) or trial["plan"]
+            self.move = max(LEAST_MOVE, self.move / 2)
 
     def sudden_change(
         self,
@@ -220,7 +359,7 @@ class Rebalancer:
         reference: int = 3,
     ) -> bool:
         """Whether a rank's speed has jumped: its compute time in each of the last `recent` rows
-        lies more than `jump` times above, or each more than `jump` times below, its median over
+        lies more than `step_jump` times above, or each more than that below, its median over
         the `reference` or more rows before them.
 
         `rows[step][rank]`: compute time per step, every row under the same `plan`. Two steps in
@@ -230,7 +369,7 @@ class Rebalancer:
         """
         if len(rows) < recent + reference:
             return False
-        jump = self.jump
+        jump = self.step_jump
         for rank in range(len(rows[0])):
             if plan is not None and plan[rank] == 0:
                 continue
@@ -261,9 +400,10 @@ class Rebalancer:
         at again every window: the others slowing down can make it worth its cost again."""
         if self.revert_to is not None:
             back, self.revert_to = self.revert_to, None
-            self.history.append({"step": step, "plan": back, "reverted": list(plan)})
-            return back
-        if self.points is None:
+            if back != list(plan):
+                self.history.append({"step": step, "plan": back, "reverted": list(plan)})
+                return back
+        if self.points is None or self.trial is not None:  # a plan on trial is measured first
             return None
         current = self.imbalance(plan)
         if current <= self.margin and 0 not in plan:
@@ -289,9 +429,14 @@ class Rebalancer:
             self.pending = moves  # no share moving the other way
             return None
         self.pending = None
+        entry = self._entry(plan)
         self.trial = {
             "plan": list(plan),
-            "step_s": self.last_step_s,
+            "new": list(new),
+            "step_s": entry["step_s"] if entry else self.last_step_s,
+            "se": self._se(self.noise, self.rows, entry) / math.sqrt(min(entry["windows"], 3))
+            if entry
+            else self._se(self.noise, self.rows, None),
             "predicted_s": after,
             "measured_range": self.within_points(new),
         }
@@ -320,6 +465,10 @@ class Rebalancer:
             "errors": self.errors,
             "noise": [self.noise, self.rows, self.windows, self.pending],
             "move": self.move,
+            "tried": self.tried,
+            "counts": [sorted(c.items()) for c in self.counts],
+            "spread": [self.spread, self.step_noise],
+            "last_plan": self.last_plan,
         }
 
     def restore(self, state: dict) -> None:
@@ -335,6 +484,10 @@ class Rebalancer:
         self.errors = list(state.get("errors", []))
         self.noise, self.rows, self.windows, self.pending = state.get("noise", [0.0, 0, 0, None])
         self.move = state.get("move", MOVE_FACTOR)
+        self.tried = list(state.get("tried", []))
+        self.counts = [{int(b): int(n) for b, n in c} for c in state.get("counts", [])]
+        self.spread, self.step_noise = state.get("spread", [0.0, 0.0])
+        self.last_plan = state.get("last_plan")
 
 
 def narrowed_state(state: dict, keep: list[int]) -> dict:
@@ -344,4 +497,13 @@ def narrowed_state(state: dict, keep: list[int]) -> dict:
     mean nothing on the new ones and are dropped (pure)."""
     per_rank = ("per_sample_s", "points", "latest")
     picked = {k: None if state.get(k) is None else [state[k][i] for i in keep] for k in per_rank}
-    return {**state, **picked, "rejected": [], "trial": None, "revert_to": None}
+    return {
+        **state,
+        **picked,
+        "rejected": [],
+        "trial": None,
+        "revert_to": None,
+        "tried": [],
+        "last_plan": None,
+        "counts": [state["counts"][i] for i in keep] if state.get("counts") else [],
+    }
