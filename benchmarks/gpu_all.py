@@ -230,13 +230,14 @@ def host_here() -> Host:
 
 
 def oom_search(limit_gib: float = OOM_LIMIT_GIB) -> dict:
-    """The out-of-memory search (`cuda_cap_batch`, no headroom) for gpt's default size on a
-    GPU this process may use `limit_gib` of, checked against the cap it must find: the
-    largest batch that fits, so the cap fits and one more window does not."""
+    """The out-of-memory search (`largest_fitting` over `fits_on_device`, no headroom: what
+    `cuda_cap_batch` finds) for gpt's default size on a GPU this process may use `limit_gib`
+    of, then checked: the cap fits and cap + 1 does not, each tried once more after the
+    search (`found_the_cap` only then). `tries`: the batches the search tried, in order."""
     import numpy as np
     import torch
 
-    from hetflow.training.probes.memory import cuda_cap_batch, fits_on_device
+    from hetflow.training.probes.memory import fits_on_device, largest_fitting
     from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
     total = torch.cuda.get_device_properties(0).total_memory
@@ -245,13 +246,18 @@ def oom_search(limit_gib: float = OOM_LIMIT_GIB) -> dict:
     model = seeded_model(recipe, DataInfo(kind="tokens", vocab=256), 0).to("cuda")
     x = np.random.default_rng(0).integers(0, 256, (64, recipe.context + 1))
     y = np.zeros(64, dtype=np.int64)
-    t = time.monotonic()
-    cap = cuda_cap_batch(model, x, y, recipe, headroom=1.0, limit=1 << 14)
-    search_s = time.monotonic() - t
+    tries: list[int] = []
 
+    def fits(batch: int) -> bool:
+        tries.append(batch)
+        return fits_on_device(model, x, y, recipe, batch)
+
+    t = time.monotonic()
+    cap = largest_fitting(fits, limit=1 << 14)
+    search_s = time.monotonic() - t
     at, above = (fits_on_device(model, x, y, recipe, b) for b in (cap, cap + 1))
     return {"limit_gib": limit_gib, "cap": cap, "search_s": round(search_s, 2),
-            "fits_at_cap": at, "fits_at_cap_plus_1": above,
+            "tries": tries, "fits_at_cap": at, "fits_at_cap_plus_1": above,
             "found_the_cap": at and not above}  # fmt: skip
 
 
