@@ -47,7 +47,7 @@ GRACE_S = 15.0  # after SIGINT, before SIGKILL
 MIN_PART_S = 10.0  # a part with less than this left is skipped
 TAIL_LINES = 15
 SHARES = (10, 20, 30, 40)  # MPS's active-thread percentages of the 4-worker cluster
-LEARNER_STEPS = 60  # a step is milliseconds here, a launch 15-20 s: steps cost next to nothing
+LEARNER_STEPS = 60  # steps cost little beside a launch (docs/measurements/gpu.md)
 OOM_LIMIT_GIB = 2.0  # the memory the out-of-memory search may use
 
 
