@@ -2,17 +2,17 @@
 
     hetflow bench gpu_all                        # JSON under a new run folder ($HETFLOW_HOME/runs)
     python -m benchmarks.gpu_all --out gpu.json  # the same, from the repository's root
-    hetflow bench gpu_all --only mps-bound,fsdp  # some parts again
+    hetflow bench gpu_all --only mps-learner,oom  # some parts again
 
 The contract:
 
 - Where torch sees no CUDA device it prints one line saying it skips, writes a JSON saying so
   and exits 0, having run nothing.
-- Otherwise it runs the parts (`PARTS`, in that order), each an existing command (pytest,
-  `hetflow demo`, `hetflow bench ...`, or this module's `--oom-search`) in a subprocess of its
-  own from the repository's root, one after another (they share the GPU and the cores). Each
-  runs under its own timeout, cut to what is left of `--budget-s` (470 s: the whole under 8
-  minutes); a part that no longer fits, or whose host lacks what it needs (MPS, 15 cores), is
+- Otherwise it runs the parts (`plan`, in that order), each an existing command (pytest,
+  `hetflow demo`, `hetflow bench hetero`, or this module's `--oom-search`) in a subprocess of
+  its own from the repository's root, one after another (they share the GPU and the cores).
+  Each runs under its own timeout, cut to what is left of `--budget-s` (`BUDGET_S`: the whole
+  under 8 minutes); a part that no longer fits, or whose host lacks what it needs (MPS), is
   skipped and says why. A part past its timeout gets SIGINT (the MPS daemon's clean-up runs),
   then SIGKILL, and its rc is 124.
 - Per part the JSON holds: what it measures, the command, rc, wall seconds, its figures (the
@@ -21,8 +21,10 @@ The contract:
   parts it finished. The exit status is 0 once the file is written; each rc says how its part
   went.
 
-The parts' sizes (steps, variants) are set so that their timeouts sum under `--budget-s`
-(docs/measurements/gpu.md has the runs they were sized from).
+Each part's timeout is its expected wall time (launches, Prefect's start, the solo runs of
+the bound, as measured on a GPU host) with a margin, and the timeouts sum under `PARTS_S`;
+steps and variants were cut to fit, not left to the timeout. The sizing and the runs it comes
+from: docs/measurements/gpu.md.
 """
 
 from __future__ import annotations
@@ -39,18 +41,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BUDGET_S = 470.0  # every part, under 8 minutes
+PARTS_S = 420.0  # the parts' timeouts sum under this (7 minutes)
+BUDGET_S = 465.0  # every part with the SIGINT grace of those cut off: the call under 8 minutes
 GRACE_S = 15.0  # after SIGINT, before SIGKILL
 MIN_PART_S = 10.0  # a part with less than this left is skipped
 TAIL_LINES = 15
 SHARES = (10, 20, 30, 40)  # MPS's active-thread percentages of the 4-worker cluster
-CPU_CORES = (1, 2, 4, 8)  # the mixed CPU cluster's cores
+LEARNER_STEPS = 60  # steps cost little beside a launch (docs/measurements/gpu.md)
 OOM_LIMIT_GIB = 2.0  # the memory the out-of-memory search may use
 
 
 @dataclass(frozen=True)
 class Host:
-    """What the parts need of this host: CUDA, MPS's control binary, how many cores."""
+    """What the parts need of this host: CUDA, MPS's control binary; and how many cores (for
+    the record)."""
 
     cuda: bool
     mps: bool
@@ -81,46 +85,34 @@ def mps_cluster_yaml() -> str:
 
 
 def plan(out: Path, host: Host) -> list[Part]:
-    """The parts, in the order they run, their commands writing under `out` (pure)."""
+    """The parts, in the order they run, their commands writing under `out` (pure). The
+    learner is the `dynamic` schedule with no profile first (the bench's `dynamic` variant,
+    the demo's optimized one), beside the equal split."""
     no_mps = None if host.mps else "MPS is not available here (nvidia-cuda-mps-control not found)"
-    need = sum(CPU_CORES)
-    few = None if host.cores >= need else f"needs {need} cores, this host has {host.cores}"
     shares = ",".join(map(str, SHARES))
     hetero = ("bench", "hetero", "--speeds", "1,1,1,1", "--no-emulate")
+    learner = ("--variants", "baseline,dynamic", "--steps", str(LEARNER_STEPS))
     return [
-        Part("tests", "the tests marked cuda, and the device checks", 95,
+        Part("tests", "the tests marked cuda, and the device checks", 75,
              [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
               "tests/test_cuda.py", "tests/test_devices.py"]),
-        Part("oom", f"the out-of-memory search under a {OOM_LIMIT_GIB:g} GiB limit", 25,
+        Part("oom", f"the out-of-memory search under a {OOM_LIMIT_GIB:g} GiB limit", 30,
              [sys.executable, "-m", "benchmarks.gpu_all", "--oom-search"]),
-        Part("mps-bound", f"MPS shares {shares}% as 4 workers, each also alone (--bound)", 85,
-             hetflow(*hetero, "--devices", "cuda", "--gpu-shares", shares, "--bound",
-                     "--variants", "baseline,static", "--steps", "30", "--jitter", "0",
-                     "--pauses", "0", "--json", str(out / "mps-bound.json")),
-             out / "mps-bound.json", no_mps),
-        Part("mps-demo", f"the demo on the cluster of MPS shares {shares}%", 55,
+        Part("mps-learner", f"the learner and the equal split on MPS shares {shares}% as 4 "
+             "workers, each worker also alone at its batch (--bound)", 140,
+             hetflow(*hetero, "--devices", "cuda", "--gpu-shares", shares, "--bound", *learner,
+                     "--jitter", "0", "--pauses", "0", "--json", str(out / "mps-learner.json")),
+             out / "mps-learner.json", no_mps),
+        Part("mixed-learner", "the learner and the equal split, one CUDA worker beside 3 CPU "
+             "workers, no emulation", 80,
+             hetflow(*hetero, "--devices", "cuda,cpu,cpu,cpu", *learner,
+                     "--json", str(out / "mixed-learner.json")),
+             out / "mixed-learner.json"),
+        Part("mps-demo", f"the demo (Prefect, MLflow; optimized is the learner) on the MPS "
+             f"shares {shares}%", 80,
              hetflow("demo", "--cluster", str(out / "mps-cluster.yaml"), "--steps", "30",
                      "--profile-max-age-h", "0", "--json", str(out / "mps-demo.json")),
              out / "mps-demo.json", no_mps),
-        Part("mixed", "one CUDA worker beside 3 CPU workers, no emulation", 50,
-             hetflow(*hetero, "--devices", "cuda,cpu,cpu,cpu",
-                     "--variants", "fastest,baseline,static", "--steps", "50",
-                     "--json", str(out / "mixed.json")),
-             out / "mixed.json"),
-        Part("demo-cuda", "the demo, every worker on the GPU", 55,
-             hetflow("demo", "--device", "cuda", "--steps", "30",
-                     "--json", str(out / "demo-cuda.json")),
-             out / "demo-cuda.json"),
-        Part("cpus", f"real mixed CPU workers on {','.join(map(str, CPU_CORES))} cores", 40,
-             hetflow(*hetero, "--devices", "cpu", "--cpus", ",".join(map(str, CPU_CORES)),
-                     "--variants", "baseline,static", "--steps", "30",
-                     "--json", str(out / "cpus.json")),
-             out / "cpus.json", few),
-        Part("fsdp", "fsdp against DDP on gpt medium (304M), peak GPU memory per rank", 55,
-             hetflow("bench", "fsdp", "--speeds", "1,1", "--no-emulate", "--recipe", "gpt",
-                     "--recipe-option", "size=medium", "--steps", "4", "--global-batch", "4",
-                     "--json", str(out / "fsdp.json")),
-             out / "fsdp.json"),
     ]  # fmt: skip
 
 
@@ -230,13 +222,14 @@ def host_here() -> Host:
 
 
 def oom_search(limit_gib: float = OOM_LIMIT_GIB) -> dict:
-    """The out-of-memory search (`cuda_cap_batch`, no headroom) for gpt's default size on a
-    GPU this process may use `limit_gib` of, checked against the cap it must find: the
-    largest batch that fits, so the cap fits and one more window does not."""
+    """The out-of-memory search (`largest_fitting` over `fits_on_device`, no headroom: what
+    `cuda_cap_batch` finds) for gpt's default size on a GPU this process may use `limit_gib`
+    of, then checked: the cap fits and cap + 1 does not, each tried once more after the
+    search (`found_the_cap` only then). `tries`: the batches the search tried, in order."""
     import numpy as np
     import torch
 
-    from hetflow.training.probes.memory import cuda_cap_batch, fits_on_device
+    from hetflow.training.probes.memory import fits_on_device, largest_fitting
     from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
     total = torch.cuda.get_device_properties(0).total_memory
@@ -245,13 +238,18 @@ def oom_search(limit_gib: float = OOM_LIMIT_GIB) -> dict:
     model = seeded_model(recipe, DataInfo(kind="tokens", vocab=256), 0).to("cuda")
     x = np.random.default_rng(0).integers(0, 256, (64, recipe.context + 1))
     y = np.zeros(64, dtype=np.int64)
-    t = time.monotonic()
-    cap = cuda_cap_batch(model, x, y, recipe, headroom=1.0, limit=1 << 14)
-    search_s = time.monotonic() - t
+    tries: list[int] = []
 
+    def fits(batch: int) -> bool:
+        tries.append(batch)
+        return fits_on_device(model, x, y, recipe, batch)
+
+    t = time.monotonic()
+    cap = largest_fitting(fits, limit=1 << 14)
+    search_s = time.monotonic() - t
     at, above = (fits_on_device(model, x, y, recipe, b) for b in (cap, cap + 1))
     return {"limit_gib": limit_gib, "cap": cap, "search_s": round(search_s, 2),
-            "fits_at_cap": at, "fits_at_cap_plus_1": above,
+            "tries": tries, "fits_at_cap": at, "fits_at_cap_plus_1": above,
             "found_the_cap": at and not above}  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Wire-byte accounting and the emulated link (pure)."""
+"""Wire-byte accounting and the emulated link; the collectives counted on real gloo ranks."""
 
 from __future__ import annotations
 
@@ -91,3 +91,91 @@ def test_ddp_buckets_are_carried_by_the_link_one_after_another_and_gradients_are
     for rank in linked:
         assert rank["collectives"] > 2  # more than one bucket in a step, each a collective
         assert rank["busy"] >= rank["collectives"] * LATENCY_S  # queued, none skipped
+
+
+SHARDED_2_13 = ["all_gather_single", "reduce_scatter_single"]
+
+
+def test_the_sharded_collectives_are_2_13s_names_where_present_else_the_older_ones():
+    from types import SimpleNamespace
+
+    from hetflow.training.comm.accounting import sharded_names
+
+    assert sharded_names(SimpleNamespace(**dict.fromkeys(SHARDED_2_13))) == tuple(SHARDED_2_13)
+    older = ("all_gather_into_tensor", "reduce_scatter_tensor")
+    assert sharded_names(SimpleNamespace(**dict.fromkeys(older))) == older
+    assert sharded_names(SimpleNamespace(all_gather_single=None, **dict.fromkeys(older))) == older
+
+
+def sharded_collectives_counted(rank: int, world: int, arg: dict) -> dict:
+    """With the names in `arg["remove"]` taken out of `torch.distributed` (a torch before
+    2.13), a `WireCounter` installed: one all-gather and one reduce-scatter through the names
+    FSDP2 would call, then `all_gather_into_tensor` once; what they returned, what was counted,
+    and whether `uninstall` put back exactly what was there."""
+    import torch
+    import torch.distributed as dist
+
+    from hetflow.training.comm import WireCounter
+    from hetflow.training.comm.accounting import sharded_names
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name in arg["remove"]:
+            mp.delattr(dist, name)
+        before = {n: getattr(dist, n) for n in dir(dist) if callable(getattr(dist, n))}
+        gather, scatter = sharded_names()
+        counter = WireCounter(world)
+        counter.install()
+        try:
+            gathered = torch.empty(3 * world)
+            getattr(dist, gather)(gathered, torch.full((3,), float(rank + 1)))
+            mine = torch.empty(4)
+            work = getattr(dist, scatter)(mine, torch.arange(4.0 * world) + rank, async_op=True)
+            work.wait()
+            sharded = counter.take()
+            also = torch.empty(world)
+            dist.all_gather_into_tensor(also, torch.tensor([float(rank)]))
+            plain = counter.take()
+        finally:
+            counter.uninstall()
+        after = {n: getattr(dist, n) for n in dir(dist) if callable(getattr(dist, n))}
+        restored = before.keys() == after.keys() and all(after[n] is before[n] for n in before)
+    return {
+        "names": [gather, scatter],
+        "gathered": gathered.tolist(),
+        "scattered": mine.tolist(),
+        "also": also.tolist(),
+        "sharded": list(sharded),
+        "plain": list(plain),
+        "restored": restored,
+    }
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "remove, names",
+    [
+        ([], SHARDED_2_13),
+        (SHARDED_2_13, ["all_gather_into_tensor", "reduce_scatter_tensor"]),
+    ],
+    ids=["torch-2.13-names", "older-names"],
+)
+def test_sharded_collectives_are_counted_once_each_under_the_names_this_torch_has(
+    remove, names, tmp_path
+):
+    """FSDP2's all-gather and reduce-scatter, on 2 gloo ranks: by the 2.13 names where torch
+    has them, by `all_gather_into_tensor` / `reduce_scatter_tensor` where it does not (torch
+    2.11, 2.12); either way each collective is done and counted once, as a ring's bytes."""
+    from tests.dist import run_ranks
+
+    world = 2
+    ranks = run_ranks(sharded_collectives_counted, world, {"remove": remove}, tmp_path, 100)
+    shard, full = 3 * 4, 4 * world * 4  # bytes: 3 floats gathered, 4 x world scattered
+    for rank, got in enumerate(ranks):
+        assert got["names"] == names
+        assert got["gathered"] == [1.0] * 3 + [2.0] * 3
+        mine = [float(2 * (4 * rank + i) + 1) for i in range(4)]  # (x + 0) + (x + 1)
+        assert got["scattered"] == mine
+        assert got["also"] == [0.0, 1.0]
+        assert got["sharded"] == [allgather_bytes(shard, world) + full * (world - 1) / world, 2]
+        assert got["plain"] == [allgather_bytes(4, world), 1]  # once, not also inside
+        assert got["restored"]

@@ -1,6 +1,6 @@
 """benchmarks/gpu_all.py on the CPU side: the skip without CUDA, the plan of parts and their
-commands (each one's flags as its own command parses them), the budget, the JSON it writes.
-What the parts measure needs a GPU; nothing here runs one."""
+commands (each one's argv as its own command parses it), the timeouts' sum and the budget,
+the JSON it writes. What the parts measure needs a GPU; nothing here runs one."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from benchmarks import gpu_all
 from benchmarks.gpu_all import Host, Part
 
 GPU_HOST = Host(cuda=True, mps=True, cores=16)
-NAMES = ["tests", "oom", "mps-bound", "mps-demo", "mixed", "demo-cuda", "cpus", "fsdp"]
+NAMES = ["tests", "oom", "mps-learner", "mixed-learner", "mps-demo"]
 
 
 def test_without_cuda_it_says_so_in_one_line_writes_the_json_and_runs_nothing(
@@ -34,58 +34,82 @@ def test_without_cuda_it_says_so_in_one_line_writes_the_json_and_runs_nothing(
     assert written["host"] == {"cuda": False, "mps": False, "cores": 2}
 
 
-def test_every_part_runs_on_a_gpu_host_within_8_minutes(tmp_path):
+def test_every_part_runs_on_a_gpu_host_and_the_timeouts_sum_under_7_minutes(tmp_path):
     parts = gpu_all.plan(tmp_path, GPU_HOST)
     assert [p.name for p in parts] == NAMES
     assert all(p.skip is None for p in parts)
-    # the budget bounds every part with its SIGINT grace (run_all); 10 s for the script's own
-    assert sum(p.timeout_s for p in parts) <= gpu_all.BUDGET_S <= 8 * 60 - 10
+    assert sum(p.timeout_s for p in parts) < gpu_all.PARTS_S <= 7 * 60
+    # the budget: every timeout, and the SIGINT grace of some parts cut off (run_all bounds
+    # each part by what is left); 10 s for the script's own start, under 8 minutes
+    assert gpu_all.PARTS_S < gpu_all.BUDGET_S <= 8 * 60 - 10
     for p in parts:  # each writes its figures in the run's folder
         assert p.figures is None or (p.figures.parent == tmp_path and str(p.figures) in p.argv)
 
 
-def test_parts_whose_host_lacks_mps_or_cores_are_skipped_saying_why(tmp_path):
-    parts = {p.name: p for p in gpu_all.plan(tmp_path, Host(cuda=True, mps=False, cores=8))}
-    assert "nvidia-cuda-mps-control not found" in parts["mps-bound"].skip
-    assert "nvidia-cuda-mps-control not found" in parts["mps-demo"].skip
-    assert parts["cpus"].skip == "needs 15 cores, this host has 8"
-    assert parts["tests"].skip is None and parts["fsdp"].skip is None
+def test_parts_whose_host_lacks_mps_are_skipped_saying_why(tmp_path):
+    parts = {p.name: p for p in gpu_all.plan(tmp_path, Host(cuda=True, mps=False, cores=2))}
+    for name in ("mps-learner", "mps-demo"):
+        assert "nvidia-cuda-mps-control not found" in parts[name].skip
+    assert all(parts[n].skip is None for n in ("tests", "oom", "mixed-learner"))
 
 
-def _part(parts: list[Part], name: str) -> list[str]:
-    argv = next(p.argv for p in parts if p.name == name)
-    assert argv[:3] == [sys.executable, "-m", "hetflow.cli"]
-    return argv[3:]
-
-
-def test_the_bench_parts_are_commands_that_bench_accepts(tmp_path, monkeypatch):
-    from benchmarks.fsdp import parse_args as fsdp_args
+def _accepts(argv: list[str], tmp_path: Path, monkeypatch) -> object:
+    """`argv` parsed by the command it runs, as that command parses it: pytest's files exist,
+    this module's flags, `hetflow bench hetero` by its own `parse_args` (which also builds the
+    cluster and checks the job; MPS and 16 cores faked as on the GPU host), `hetflow demo` by
+    the CLI's parser and its cluster file; any other command fails the test."""
     from benchmarks.hetero import parse_args as hetero_args
 
-    monkeypatch.setattr("benchmarks.hetero.hardware.mps_available", lambda: (True, "/x"))
-    monkeypatch.setattr("benchmarks.hetero.hardware.host_cores", lambda: list(range(16)))
-    parts = gpu_all.plan(tmp_path, GPU_HOST)
-    _, mps = hetero_args(_part(parts, "mps-bound")[2:])
-    assert [w.gpu_share for w in mps.cluster.workers] == list(gpu_all.SHARES)
-    assert mps.bound and not mps.cluster.emulate
-    assert {w.device for w in mps.cluster.workers} == {"cuda"}
-    _, mixed = hetero_args(_part(parts, "mixed")[2:])
-    assert [w.device for w in mixed.cluster.workers] == ["cuda", "cpu", "cpu", "cpu"]
-    assert not mixed.cluster.emulate
-    _, cpus = hetero_args(_part(parts, "cpus")[2:])
-    assert [w.cpus for w in cpus.cluster.workers] == list(gpu_all.CPU_CORES)
-    _, _, train = fsdp_args(_part(parts, "fsdp")[2:])
-    assert train.recipe == "gpt" and train.recipe_options == {"size": "medium"}
-
-
-def test_the_demo_parts_are_commands_the_cli_accepts_on_the_mps_cluster(tmp_path):
-    parts = gpu_all.plan(tmp_path, GPU_HOST)
-    assert build_parser().parse_args(_part(parts, "demo-cuda")).device == "cuda"
-    demo = build_parser().parse_args(_part(parts, "mps-demo"))
+    assert argv[:2] == [sys.executable, "-m"]
+    module, rest = argv[2], argv[3:]
+    if module == "pytest":
+        files = [a for a in rest if not a.startswith("-") and rest[rest.index(a) - 1] != "-p"]
+        assert files and all((gpu_all.ROOT / f).is_file() for f in files), files
+        return files
+    if module == "benchmarks.gpu_all":
+        return gpu_all.parser().parse_args(rest)
+    assert module == "hetflow.cli", argv
+    if rest[:2] == ["bench", "hetero"]:
+        monkeypatch.setattr("benchmarks.hetero.hardware.mps_available", lambda: (True, "/x"))
+        monkeypatch.setattr("benchmarks.hetero.hardware.host_cores", lambda: list(range(16)))
+        return hetero_args(rest[2:])[1]
+    assert rest[0] == "demo", argv
+    demo = build_parser().parse_args(rest)
     (tmp_path / "mps-cluster.yaml").write_text(gpu_all.mps_cluster_yaml())
+    if demo.cluster:
+        ClusterSpec.from_file(demo.cluster)
+    return demo
+
+
+def test_every_parts_command_is_accepted_by_the_command_it_runs(tmp_path, monkeypatch):
+    for part in gpu_all.plan(tmp_path, GPU_HOST):
+        _accepts(part.argv, tmp_path, monkeypatch)
+
+
+def test_the_learner_runs_without_a_profile_on_the_mps_shares_and_beside_cpu_workers(
+    tmp_path, monkeypatch
+):
+    """The learner is the `dynamic` schedule with no profile first: the bench's `dynamic`
+    variant (not `dynamic@profile`) and the demo's optimized variant."""
+    from hetflow.config import TrainConfig
+    from hetflow.training.metrics import needs_profile
+
+    parts = {p.name: p for p in gpu_all.plan(tmp_path, GPU_HOST)}
+    mps = _accepts(parts["mps-learner"].argv, tmp_path, monkeypatch)
+    assert [w.gpu_share for w in mps.cluster.workers] == list(gpu_all.SHARES)
+    assert {w.device for w in mps.cluster.workers} == {"cuda"}
+    assert mps.bound and not mps.cluster.emulate and "dynamic" in mps.variants
+    mixed = _accepts(parts["mixed-learner"].argv, tmp_path, monkeypatch)
+    assert [w.device for w in mixed.cluster.workers] == ["cuda", "cpu", "cpu", "cpu"]
+    assert not mixed.cluster.emulate and "dynamic" in mixed.variants
+    dynamic = mixed.base.model_copy(update={"schedule": "dynamic"})
+    assert not needs_profile(dynamic)  # as the bench's `dynamic` variant runs it
+    demo = _accepts(parts["mps-demo"].argv, tmp_path, monkeypatch)
     cluster = ClusterSpec.from_file(demo.cluster)
-    assert [w.gpu_share for w in cluster.workers] == [10, 20, 30, 40]
+    assert [w.gpu_share for w in cluster.workers] == list(gpu_all.SHARES)
     assert not cluster.emulate and cluster.jitter == 0 and cluster.pauses == 0
+    optimized = TrainConfig.variant("optimized", profile_first=demo.profile_first)
+    assert optimized.schedule == "dynamic" and not needs_profile(optimized)
 
 
 def test_the_test_part_reports_pytests_counts():
@@ -135,8 +159,9 @@ def test_on_a_gpu_host_the_json_holds_every_part(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_all, "host_here", lambda: GPU_HOST)
     monkeypatch.setattr(gpu_all, "run_part", lambda p, t: {"rc": 0, "timeout_s": t})
     out = tmp_path / "g.json"
-    assert gpu_all.main(["--out", str(out), "--only", "tests,fsdp"]) == 0
+    assert gpu_all.main(["--out", str(out), "--only", "tests,mixed-learner"]) == 0
     written = json.loads(out.read_text())
-    assert list(written["parts"]) == ["tests", "fsdp"] and written["budget_s"] == 470
+    assert list(written["parts"]) == ["tests", "mixed-learner"]
+    assert written["budget_s"] == gpu_all.BUDGET_S
     assert Path(tmp_path / "mps-cluster.yaml").exists()
     assert gpu_all.main(["--out", str(out), "--only", "nope"]) == 2

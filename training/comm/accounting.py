@@ -2,9 +2,9 @@
 process groups stay off the emulated network link.
 
 torch offers no per-collective callback, so `WireCounter` wraps `torch.distributed.all_reduce`,
-`all_gather` and `all_gather_into_tensor` (and FSDP2's `all_gather_single` and
-`reduce_scatter_single`) for the life of a worker; every hook and model
-averager calls them through the module, so every collective is charged. With an emulated link
+`all_gather` and `all_gather_into_tensor` (and FSDP2's sharded collectives, `sharded_names`)
+for the life of a worker; every hook and model averager calls them through the module, so
+every collective is charged. With an emulated link
 attached (`WireCounter.link`, during training), each collective over the network also costs
 the link's time where it is issued: an asynchronous one (a DDP bucket's) completes that much
 later while backward goes on, a blocking one (local SGD's averaging) blocks that much longer.
@@ -51,6 +51,16 @@ def allgather_bytes(nbytes: int, world: int) -> float:
     return (world - 1) * nbytes if world > 1 else 0.0
 
 
+def sharded_names(module=dist) -> tuple[str, str]:
+    """The names FSDP2 calls its all-gather and reduce-scatter by in this torch: 2.13's
+    `all_gather_single` and `reduce_scatter_single` where `module` has both, else the older
+    `all_gather_into_tensor` and `reduce_scatter_tensor` (torch 2.11 and 2.12), which take the
+    same arguments. Read at each `WireCounter.install`, not at import."""
+    if hasattr(module, "all_gather_single") and hasattr(module, "reduce_scatter_single"):
+        return "all_gather_single", "reduce_scatter_single"
+    return "all_gather_into_tensor", "reduce_scatter_tensor"
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -78,12 +88,14 @@ class WireCounter:
     intra_node_bytes: float = 0.0
     control_bytes: float = 0.0
     link: Link | None = None  # an emulated link the network's collectives are delayed on
-    _restore: tuple = field(default=(), repr=False)
-    _sharded: tuple = field(default=(), repr=False)
+    _restore: tuple = field(default=(), repr=False)  # (name, the real collective) pairs
 
     def install(self) -> None:
-        real = (dist.all_reduce, dist.all_gather, dist.all_gather_into_tensor)
-        real_all_reduce, real_all_gather, real_all_gather_into_tensor = real
+        """Wrap the collectives in `torch.distributed` (`uninstall` puts them back). Each is
+        wrapped once: where `all_gather_into_tensor` is FSDP2's all-gather (torch before
+        2.13, `sharded_names`), it is counted as a sharded one, not also as a plain one."""
+        gather, scatter = sharded_names()
+        real_all_reduce, real_all_gather = dist.all_reduce, dist.all_gather
 
         def all_reduce(tensor, *args, **kwargs):
             group = _group_arg(args, kwargs, 1)  # all_reduce(tensor, op, group, async_op)
@@ -95,46 +107,50 @@ class WireCounter:
             sent = self._charge(allgather_bytes(_nbytes(tensor), self._size(group)), group)
             return self._carry(real_all_gather(tensor_list, tensor, *args, **kwargs), sent)
 
+        wrappers = {"all_reduce": all_reduce, "all_gather": all_gather}
+        if gather != "all_gather_into_tensor":
+            wrappers["all_gather_into_tensor"] = self._plain_gather(dist.all_gather_into_tensor)
+        wrappers[gather], wrappers[scatter] = self._sharded_pair(
+            getattr(dist, gather), getattr(dist, scatter)
+        )
+        self._restore = tuple((name, getattr(dist, name)) for name in wrappers)
+        for name, wrapper in wrappers.items():
+            setattr(dist, name, wrapper)
+
+    def _plain_gather(self, real):
+        """`all_gather_into_tensor` where it is not FSDP2's: counted as an all-gather, its
+        work delayed by the emulated link like `all_gather`'s."""
+
         def all_gather_into_tensor(output_tensor, input_tensor, *args, **kwargs):
             group = _group_arg(args, kwargs, 0)
             sent = self._charge(allgather_bytes(_nbytes(input_tensor), self._size(group)), group)
-            work = real_all_gather_into_tensor(output_tensor, input_tensor, *args, **kwargs)
-            return self._carry(work, sent)
+            return self._carry(real(output_tensor, input_tensor, *args, **kwargs), sent)
 
-        dist.all_reduce, dist.all_gather = all_reduce, all_gather
-        dist.all_gather_into_tensor = all_gather_into_tensor
-        self._restore = real
-        self._install_sharded()
+        return all_gather_into_tensor
 
-    def _install_sharded(self) -> None:
-        """FSDP2's collectives (`all_gather_single`, `reduce_scatter_single`): counted as a
-        ring's (an all-gather sends (n-1) x its shard, a reduce-scatter (n-1)/n x its input),
-        and, over an emulated link, blocking where issued for the link's time: FSDP waits
-        only on a `Work` it recognises by type, which a delayed one is not (`_DelayedWork`)."""
-        real_gather, real_scatter = dist.all_gather_single, dist.reduce_scatter_single
+    def _sharded_pair(self, real_gather, real_scatter) -> tuple:
+        """FSDP2's collectives (`sharded_names`): counted as a ring's (an all-gather sends
+        (n-1) x its shard, a reduce-scatter (n-1)/n x its input), and, over an emulated link,
+        blocking where issued for the link's time: FSDP waits only on a `Work` it recognises
+        by type, which a delayed one is not (`_DelayedWork`)."""
 
-        def all_gather_single(output_tensor, input_tensor, group=None, async_op=False):
+        def all_gather(output_tensor, input_tensor, group=None, async_op=False):
             sent = self._charge(allgather_bytes(_nbytes(input_tensor), self._size(group)), group)
             work = real_gather(output_tensor, input_tensor, group=group, async_op=async_op)
             return self._block(work, sent)
 
-        def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, **kw):
+        def reduce_scatter(output, input, op=dist.ReduceOp.SUM, group=None, **kw):
             n = self._size(group)
             sent = self._charge(_nbytes(input) * (n - 1) / n, group)
             work = real_scatter(output=output, input=input, op=op, group=group, **kw)
             return self._block(work, sent)
 
-        dist.all_gather_single, dist.reduce_scatter_single = (
-            all_gather_single,
-            reduce_scatter_single,
-        )
-        self._sharded = (real_gather, real_scatter)
+        return all_gather, reduce_scatter
 
     def uninstall(self) -> None:
-        if self._restore:
-            dist.all_reduce, dist.all_gather, dist.all_gather_into_tensor = self._restore
-            dist.all_gather_single, dist.reduce_scatter_single = self._sharded
-            self._restore = ()
+        for name, real in self._restore:
+            setattr(dist, name, real)
+        self._restore = ()
 
     def _size(self, group) -> int:
         return dist.get_world_size(group) if group is not None else self.world

@@ -6,7 +6,9 @@ Figures: `memory_per_sample_bytes`, `memory_fixed_bytes`, `memory_available_byte
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -61,44 +63,79 @@ def available_memory_bytes(device: torch.device | None = None) -> int:
 
 def fits_on_device(model: nn.Module, x, y, recipe: Recipe, batch: int) -> bool:
     """Whether a forward and backward of `batch` samples (the samples at hand repeated to size)
-    fit on the model's CUDA device: False on `torch.cuda.OutOfMemoryError`. The gradients and
-    the allocator's cache are freed after, either way."""
+    fit on the model's CUDA device: False on `torch.cuda.OutOfMemoryError`. The gradients, what
+    a failed pass held (collected, not left to the next try) and the allocator's cache are
+    freed after, either way."""
+    try:
+        _forward_backward(model, x, y, recipe, batch)
+        fits = True
+    except torch.cuda.OutOfMemoryError:
+        fits = False
+    finally:
+        model.zero_grad(set_to_none=True)
+    gc.collect()  # a failed pass's activations live as long as its traceback's frames
+    torch.cuda.empty_cache()
+    return fits
+
+
+def _forward_backward(model: nn.Module, x, y, recipe: Recipe, batch: int) -> None:
     device = next(model.parameters()).device
     reps = -(-batch // len(x))
     xb = torch.as_tensor(x).repeat(reps, *[1] * (x.ndim - 1))[:batch]
     yb = torch.as_tensor(y).repeat(reps, *[1] * (y.ndim - 1))[:batch]
-    try:
-        data = tuple(t.to(device) for t in recipe.batch(xb.numpy(), yb.numpy()))
-        loss, _ = recipe.loss(model, data)
-        loss.backward()
-        return True
-    except torch.cuda.OutOfMemoryError:
-        return False
-    finally:
-        model.zero_grad(set_to_none=True)
-        torch.cuda.empty_cache()
+    data = tuple(t.to(device) for t in recipe.batch(xb.numpy(), yb.numpy()))
+    loss, _ = recipe.loss(model, data)
+    loss.backward()
+
+
+def largest_fitting(fits: Callable[[int], bool], limit: int, rounds: int = 4) -> int:
+    """The largest batch in 0..`limit` that `fits` (pure but for `fits`'s own calls): a b
+    whose last try fitted and where b + 1's last try, made after b's search ended, did not
+    (b + 1 is not tried past `limit`); 0 where 1 does not fit.
+
+    Each round steps up from the last b known to fit, doubling the step until a try fails,
+    then bisects; then b + 1 is tried again. A try on a GPU can fail once and fit later (a
+    failed pass's memory not yet freed), so where b + 1 fits now, the next round goes on up
+    from it; after `rounds` rounds the last b that fitted is returned as it is.
+
+    >>> largest_fitting(lambda b: b <= 192, limit=1 << 14)
+    192
+    """
+    lo = 0
+    for _ in range(rounds):
+        lo = _boundary(fits, lo, limit)
+        if lo >= limit or not fits(lo + 1):
+            return lo
+        lo += 1
+    return lo
+
+
+def _boundary(fits: Callable[[int], bool], lo: int, limit: int) -> int:
+    """From `lo` (known to fit) up: a b that fitted, b + 1 having failed (or `limit`)."""
+    step = 1
+    while lo < limit:
+        b = min(lo + step, limit)
+        if not fits(b):
+            break
+        lo, step = b, step * 2
+    else:
+        return lo
+    hi = b
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def cuda_cap_batch(
     model: nn.Module, x, y, recipe: Recipe, headroom: float = 0.9, limit: int = 1 << 16
 ) -> int:
     """The largest local batch whose forward and backward fit on the model's CUDA device, by
-    an out-of-memory search: doubling from the samples at hand (repeated to size) until
-    `torch.cuda.OutOfMemoryError`, then bisection; `headroom` of it, for the optimizer state
-    and the allocator's fragmentation a long run adds (never below 1 where 1 fits). 0 when not
-    even one sample fits."""
-
-    def fits(b: int) -> bool:
-        return fits_on_device(model, x, y, recipe, b)
-
-    lo, hi = 0, 1
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    if hi > limit:
-        return max(int(lo * headroom), min(lo, 1))
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    an out-of-memory search (`largest_fitting` over `fits_on_device`, the samples at hand
+    repeated to size); `headroom` of it, for the optimizer state and the allocator's
+    fragmentation a long run adds (never below 1 where 1 fits). 0 when not even one sample
+    fits."""
+    lo = largest_fitting(lambda b: fits_on_device(model, x, y, recipe, b), limit)
     return max(int(lo * headroom), min(lo, 1))
 
 
