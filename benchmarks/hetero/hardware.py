@@ -64,7 +64,7 @@ def parse_quotas(text: str) -> list[float]:
             f"--cpu-quotas: expected numbers of cores, e.g. 1,0.5,0.25,0.25 (got {text!r})"
         ) from None
     if not all(q >= 0.1 for q in quotas):
-        raise ConfigError(f"--cpu-quotas: every quota must be > 0 cores (got {text!r})")
+        raise ConfigError(f"--cpu-quotas: every quota must be >= 0.1 cores (got {text!r})")
     return quotas
 
 
