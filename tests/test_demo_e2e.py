@@ -204,7 +204,7 @@ def test_the_parent_run_answers_how_much_faster(demo):
     md = client.download_artifacts(parent.info.run_id, "comparison.md", str(home))
     assert open(md).read() == note  # the Prefect artifact is this markdown too
     plots = {a.path: a.file_size for a in client.list_artifacts(parent.info.run_id, "plots")}
-    assert set(plots) == {"plots/side_by_side.png", "plots/busy_fraction.png"}
+    assert set(plots) == {"plots/side_by_side.png", "plots/busy_fraction.png", "plots/rate.png"}
     assert min(plots.values()) > 1000
 
 

@@ -96,7 +96,7 @@ def test_the_parent_run_holds_the_job_the_headline_figures_the_table_and_the_plo
     assert (p["baseline.compression"], p["optimized.compression"]) == ("none", "auto")
     assert run.data.tags[NOTE] == "| md |" and run.info.status == "FINISHED"
     files = {a.path: a.file_size for a in tracker.client.list_artifacts(parent, "plots")}
-    assert set(files) == {"plots/side_by_side.png", "plots/busy_fraction.png"}
+    assert set(files) == {"plots/side_by_side.png", "plots/busy_fraction.png", "plots/rate.png"}
     assert min(files.values()) > 1000
     top = {a.path for a in tracker.client.list_artifacts(parent)}
     assert {"comparison.json", "comparison.md"} <= top

@@ -32,6 +32,7 @@ from hetflow.config import (
     parse_speeds,
     validated,
 )
+from hetflow.infra.tracking.plots import rate_curves, rolling_rate
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.launch.run import measure_profile, run_plan
 from hetflow.training.metrics import end_to_end, needs_profile, summarize
@@ -272,8 +273,20 @@ def variant_figures(
         "data_wait_fraction": m.data_wait_fraction,
         "compute_model_error": errors,
         "steps_to_final_rate": steps_to_final_rate(res),
+        "rate_curve": rate_curve(res),
         **at_run_pace(efficiency, errors),  # the host's pace during the run taken out
     }
+
+
+def rate_curve(res: dict, window: int = 10) -> list[float]:
+    """The run's samples/s at each step over the `window` steps up to it (rank 0's step times,
+    every rank's samples), rounded for the JSON (pure)."""
+    ranks = sorted(res["ranks"], key=lambda r: r["rank"])
+    step_s = [x["step_s"] for x in ranks[0]["records"]]
+    samples = [
+        sum(s) for s in zip(*([x["batch"] for x in r["records"]] for r in ranks), strict=True)
+    ]
+    return [round(r, 1) for r in rolling_rate(step_s, samples, window)]
 
 
 def run_rounds(
@@ -414,4 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     out = summary(args, bench, profile, ideal, with_speedups(runs))
     print_table(out)
     write_json(args.json_path, out)
+    if args.plot:
+        curves = {name: r["rate_curve"] for name, r in out["variants"].items()}
+        title = f"rate against steps: {args.speeds}" + (
+            f", CPU quotas {args.cpu_quotas}" if args.cpu_quotas else ""
+        )
+        print(f"wrote {rate_curves(curves, Path(args.plot), title)}")
     return 0

@@ -113,6 +113,11 @@ def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", dest="json_path")
     p.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="each variant's samples/s against steps (its median run's), one line a variant",
+    )
+    p.add_argument(
         "--keep-results",
         dest="keep_results",
         metavar="DIR",

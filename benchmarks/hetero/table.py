@@ -47,6 +47,7 @@ def print_table(out: dict) -> None:
         "host_pace",
         "compute_model_error_at_run_pace",
         "replans",
+        "steps_to_final_rate",
         "final_plan",
         "run_s",
     ]

@@ -103,7 +103,8 @@ def finish_comparison(
     `speedup`, ...), `markdown` as the run's description and `comparison.md`, the table as
     `comparison.json`, and the plots of both variants (`side_by_side.png`, the ranks each
     variant launched labelled `launched_labels`, else `labels`; `busy_fraction.png`, the
-    cluster's ranks labelled `labels`); then FINISHED."""
+    cluster's ranks labelled `labels`; `rate.png`, each variant's samples/s against steps);
+    then FINISHED."""
     baseline, optimized = (outcomes[v].metrics.flat() for v in ("baseline", "optimized"))
     tracker.log_metrics(run_id, report.headline(baseline, optimized))
     tracker.client.set_tag(run_id, NOTE, markdown)
@@ -118,6 +119,16 @@ def finish_comparison(
         {
             "side_by_side.png": lambda p: plots.side_by_side(records, p, launched_labels or labels),
             "busy_fraction.png": lambda p: plots.busy_comparison(baseline, optimized, p, labels),
+            "rate.png": lambda p: plots.rate_curves(
+                {
+                    v: plots.rolling_rate(
+                        [x.step_s for x in recs[0]],
+                        [sum(s) for s in zip(*([x.batch for x in r] for r in recs), strict=True)],
+                    )
+                    for v, recs in records.items()
+                },
+                p,
+            ),
         },
     )
     tracker.finish(run_id)

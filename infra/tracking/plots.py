@@ -24,7 +24,12 @@ PARTS = (
     ("comm_s", "communication", "#1565c0"),
     ("idle_s", "idle", "#ef6c00"),
 )
-VARIANT_COLORS = {"baseline": "#757575", "optimized": "#c62828"}
+VARIANT_COLORS = {
+    "baseline": "#757575",
+    "optimized": "#c62828",
+    "static": "#1565c0",
+    "dynamic": "#c62828",
+}
 LABEL_NOTE = "worker (emulated speed; measured speed / fastest's)"
 
 
@@ -135,6 +140,41 @@ def step_series(
     b.set_xlabel("step")
     b.legend(fontsize="small", title=LABEL_NOTE, title_fontsize="small")
     a.set_title(title or "step time and plan")
+    return _save(fig, path)
+
+
+def rolling_rate(
+    step_s: Sequence[float], samples: Sequence[int] | int, window: int = 10
+) -> list[float]:
+    """Samples/s at each step over the `window` steps up to it (fewer at the start), from each
+    step's time and samples (or one global batch for all) (pure).
+
+    >>> rolling_rate([0.1, 0.1, 0.3, 0.1], 10, window=2)
+    [100.0, 100.0, 50.0, 50.0]
+    """
+    counts = [samples] * len(step_s) if isinstance(samples, int) else list(samples)
+    out = []
+    for i in range(len(step_s)):
+        lo = max(0, i + 1 - window)
+        total = sum(step_s[lo : i + 1])
+        out.append(sum(counts[lo : i + 1]) / total if total > 0 else 0.0)
+    return out
+
+
+def rate_curves(
+    rates: Mapping[str, Sequence[float]], path: Path, title: str = "", window: int = 10
+) -> Path:
+    """Each variant's samples/s against steps (`rolling_rate` over `window` steps), one line a
+    variant on one axis: how soon a plan that learns reaches the rate of one that was planned
+    before its first step."""
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for variant, values in rates.items():
+        ax.plot(range(len(values)), values, label=variant, color=VARIANT_COLORS.get(variant))
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"samples/s (over the last {window} steps)")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    ax.set_title(title or "rate against steps")
     return _save(fig, path)
 
 
