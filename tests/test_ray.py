@@ -5,6 +5,7 @@ one, and bad input refused before anything is placed."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, WorkerSpec
 from hetflow.infra.s3 import filesystem
 from hetflow.records import Plan, RunResult
+from hetflow.training.cpu_quota import find_controller
 from hetflow.training.launch.ray_train import NODE_LABEL, connect, label_selectors
 from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
@@ -95,6 +97,23 @@ def test_ray_places_ranks_by_type_matches_torchrun_and_keeps_state_in_s3(
     b = torch.load(Path(local.run_dir) / "model.pt")
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(
+    find_controller() is None or not os.access(find_controller().root, os.W_OK),
+    reason="no writable cgroup CPU controller on this host (needs root and cgroup v1/v2 'cpu')",
+)
+def test_on_ray_each_rank_runs_under_its_cpu_quota_and_the_cgroups_go(
+    ray_cluster, digits, tmp_path
+):
+    spec = _spec(digits, tmp_path, "quotas-on-ray", "ray", ray_cluster.address)
+    workers = spec.cluster.workers
+    for w, q in zip(workers, (0.5, None, 0.25), strict=True):
+        w.cpu_quota = q
+    result, _ = run_workers(spec, timeout_s=250)
+    ranks = sorted(RunResult.model_validate(result).ranks, key=lambda r: r.rank)
+    assert [r.cpu_quota for r in ranks] == [0.5, None, 0.25]  # as the kernel says, per rank
+    assert not find_controller().job_dir("quotas-on-ray").exists()
 
 
 def test_a_type_no_node_carries_is_refused_naming_the_types(ray_cluster):
