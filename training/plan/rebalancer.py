@@ -34,7 +34,7 @@ KEEP_Z = 1.64
 TRIAL_WINDOWS = 4
 # A rank's step beyond exp(JUMP_SIGMAS x the measured step spread) of its usual is a change of
 # speed, not a slow stretch of the host (and never less than 1 + 3 x threshold).
-JUMP_SIGMAS = 3.0
+JUMP_SIGMAS = 4.0
 # A curve's point is the mean of its batch's rows since the rank's speed last changed, the
 # newest this many: a window of a slow stretch moves it by its share of them, not by half.
 MEMORY_ROWS = 40
@@ -415,7 +415,9 @@ class Rebalancer:
         before, after = max(self.step_times(plan)), max(self.step_times(new))
         gain = before / after - 1 if after > 0 else 0.0
         back = any(b == 0 and n > 0 for b, n in zip(plan, new, strict=True))
-        bar = self.margin * (BRING_BACK if back else 1.0)
+        # each plan given up since the speeds changed doubles the bar: the model was wrong
+        # there, and a trial costs windows on a plan that may be slower
+        bar = self.margin * (BRING_BACK if back else 1.0) * 2 ** min(len(self.rejected), 3)
         if back and steps_left:
             bar += switch_s / (steps_left * after) if after > 0 else 0.0
         if new == list(plan) or new in self.rejected or gain <= bar:
