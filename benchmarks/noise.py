@@ -5,15 +5,18 @@
 Runs real CPU workers (no emulation, each pinned to its own core) on an equal plan and reports,
 per rank, from its sixth step on: the median compute time, the step-to-step coefficient of
 variation (robust: 1.4826 x median absolute deviation / median, so that pauses do not inflate
-it), and the pauses: the share of steps longer than PAUSE_AT x the median, and their mean
-length in medians. `ClusterSpec.jitter` and `.pauses` default to what this reported
-(docs/measurements/emulation.md).
+it), the pauses: the share of steps longer than PAUSE_AT x the median, and their mean
+length in medians, and how long a slow stretch lasts: the autocorrelation of the log step times
+(pauses clipped to PAUSE_AT x the median) at lags LAGS, and the correlation time the lag-1 one
+gives, -1 / ln(lag 1) steps (0 where the steps are independent). `ClusterSpec.noise`'s levels
+are taken from what this reported (docs/measurements/emulation.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 
 from hetflow.cli.job import add_recipe_arg
@@ -26,6 +29,7 @@ from hetflow.training.launch.spec import RunSpec
 
 PAUSE_AT = 2.0  # a step this many times the median is a pause
 SKIP = 5  # the first steps build the model's kernels and caches
+LAGS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def step_noise(compute_s: list[float]) -> dict:
@@ -39,13 +43,26 @@ def step_noise(compute_s: list[float]) -> dict:
     med = statistics.median(xs)
     mad = statistics.median(abs(x - med) for x in xs)
     paused = [x / med for x in xs if x > PAUSE_AT * med]
+    logs = [math.log(min(x, PAUSE_AT * med)) for x in xs]
+    lag1 = _autocorrelation(logs, 1)
     return {
         "steps": len(xs),
         "median_s": round(med, 6),
         "cv": round(1.4826 * mad / med, 4),
         "pause_share": round(len(paused) / len(xs), 4),
         "pause_length": round(statistics.fmean(paused), 2) if paused else None,
+        "autocorrelation": {k: round(_autocorrelation(logs, k), 3) for k in LAGS},
+        "correlation_steps": round(-1 / math.log(lag1), 1) if 0 < lag1 < 1 else 0.0,
     }
+
+
+def _autocorrelation(xs: list[float], lag: int) -> float:
+    """The autocorrelation of `xs` at `lag` (0 for a constant series)."""
+    mean = statistics.fmean(xs)
+    var = sum((x - mean) ** 2 for x in xs)
+    if var == 0:
+        return 0.0
+    return sum((a - mean) * (b - mean) for a, b in zip(xs[:-lag], xs[lag:], strict=True)) / var
 
 
 def parser() -> argparse.ArgumentParser:
@@ -81,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     for f in figures:
         print(
             f"rank {f['rank']}: median {f['median_s'] * 1e3:.2f} ms, cv {f['cv']:.3f}, "
-            f"pauses {f['pause_share']:.3f} of steps (mean {f['pause_length']} x median) "
-            f"over {f['steps']} steps"
+            f"pauses {f['pause_share']:.3f} of steps (mean {f['pause_length']} x median), "
+            f"autocorrelation at lags {f['autocorrelation']} (correlation "
+            f"{f['correlation_steps']} steps) over {f['steps']} steps"
         )
     if a.json:
         with open(a.json, "w") as fh:

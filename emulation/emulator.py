@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import math
-import random
 import time
 
 from hetflow.emulation.costs import LocalCosts, SharedCosts
+from hetflow.emulation.device_model import PAUSE_FACTOR, Noise, StepNoise
 from hetflow.emulation.link import Link
 
 now = time.perf_counter
-# A pause (`Emulator.pauses`) makes a step last this many times its time: the mean length of
-# the pauses `hetflow bench noise` saw (2.1-2.4 x the median; docs/measurements/emulation.md).
-PAUSE_FACTOR = 2.3
+__all__ = ["PAUSE_FACTOR", "Emulator", "now"]
 
 
 def _flat(batch: int) -> float:
@@ -38,9 +35,11 @@ class Emulator:
     `costs` (a `SharedCosts` of the job's ranks on this host) the key's recent CPU times
     are every rank's, not this process's alone: workers differ by
     their slowdown, not by the noise of the process that emulates them. Noise on purpose is
-    `jitter`: each keyed phase lasts a log-normal factor (mean 1, coefficient of variation
-    `jitter`) longer or shorter, and with probability `pauses` PAUSE_FACTOR times longer (a
-    host's hiccup), both drawn from `seed`.
+    `noise` (`hetflow.emulation.device_model.StepNoise`, drawn from `seed`; without it, `jitter`
+    and `pauses` drawn afresh each phase): each keyed phase lasts a log-normal factor (mean 1,
+    its coefficient of variation) longer or shorter, part of it lasting several phases at
+    the `shared` level, and now and then PAUSE_FACTOR times longer (a host's hiccup). The
+    process moves one step per keyed phase: a step run as micro-batches moves it once each.
 
     A share run as micro-batches (`train.accumulate`) is one keyed phase per micro-batch, keyed
     by its size: a real device runs each as a pass of its own, paying its fixed cost each
@@ -62,10 +61,10 @@ class Emulator:
         costs: SharedCosts | None = None,
         shape=None,
         pauses: float = 0.0,
+        noise: Noise | None = None,
     ) -> None:
         self.slowdown = slowdown
         self.shape = shape if shape is not None else _flat
-        self.pauses = pauses
         self.sync = sync
         # each key's recent phases: shared by the job's ranks, or kept here (a GPU's phase is
         # its own wall time: nothing shared)
@@ -74,8 +73,7 @@ class Emulator:
         self._wall = self._cpu = 0.0
         self._open = False
         self._key: object = None
-        self._sigma = math.sqrt(math.log1p(jitter**2))
-        self._rng = random.Random(seed)
+        self.noise = StepNoise(noise or Noise(cv=jitter, pauses=pauses), seed)
         self.computed_at = self.finished_at = 0.0  # when the last phase's own work / its pad ended
 
     @property
@@ -105,12 +103,7 @@ class Emulator:
         phase's CPU time joins its key's recent ones. `finish` pads the phase to this."""
         if key is None:
             return self.slowdown * cpu
-        factor = (
-            self._rng.lognormvariate(-(self._sigma**2) / 2, self._sigma) if self._sigma else 1.0
-        )
-        if self.pauses and self._rng.random() < self.pauses:
-            factor *= PAUSE_FACTOR
-        return self._factor(key) * self._costs.add(key, cpu) * factor
+        return self._factor(key) * self._costs.add(key, cpu) * self.noise.next()
 
     def _factor(self, key: object) -> float:
         """The dilation of a phase of `key` before noise: `slowdown` x the worker's shape."""

@@ -1,11 +1,13 @@
 """Emulated devices from published figures: how a GPU's step time grows with its batch.
 
-An emulated worker's compute phase lasts `slowdown x host CPU time x shape(batch)`. `shape` is
-1 for a worker with no curve of its own (the host's curve times a scalar, which an affine
-step-time model fits exactly). A preset's shape is its published per-sample time at that
-batch over its best one: a GPU below its knee takes nearly as long for a few samples as for
-many (T4 mixed precision: 7.6 ms for 1 image, 12.6 ms for 16), and some lose throughput past
-their best batch, so no affine model fits them exactly, as no affine model fits the hardware.
+An emulated worker's compute phase lasts `slowdown x host CPU time x shape(batch)`. A worker
+given a speed alone takes the presets' shapes interpolated to its speed
+(`device_model.published_shape`); with `knee_batch=1` its shape is 1 (the host's curve times a
+scalar, which an affine step-time model fits exactly). A preset's shape is its published
+per-sample time at that batch over its best one: a GPU below its knee takes nearly as long for
+a few samples as for many (T4 mixed precision: 7.6 ms for 1 image, 12.6 ms for 16), and some
+lose throughput past their best batch, so no affine model fits them exactly, as no affine
+model fits the hardware.
 
 Source of every figure below (copied as published; one benchmark, one software stack, so the
 devices compare like for like): NVIDIA DeepLearningExamples, MxNet/Classification/RN50v1.5/

@@ -5,6 +5,7 @@ instance, or a device emulated on this host with a curve of its own) and the clu
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -12,14 +13,16 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config_base import ConfigModel, finite_positive, load_mapping
+from hetflow.emulation.device_model import NOISE_LEVELS, Device, Noise
 from hetflow.emulation.links import LINKS
-from hetflow.emulation.presets import PRESETS, knee_shape
+from hetflow.emulation.presets import PRESETS
 
-# The emulator's noise by default (`ClusterSpec.jitter`, `.pauses`): what a real CPU worker
-# alone on this 2-core host showed step to step, CV 0.039-0.045 and 0-0.3% of steps paused
-# (`hetflow bench noise --ranks 1`; docs/measurements/emulation.md).
-NOISE_JITTER = 0.04
-NOISE_PAUSES = 0.003
+# The emulator's noise by default (`ClusterSpec.noise`, which sets `jitter` and `pauses`): what
+# a real CPU worker alone on this 2-core host showed step to step, CV 0.039-0.045 and 0-0.3% of
+# steps paused (`hetflow bench noise --ranks 1`; docs/measurements/emulation.md).
+NOISE = "alone"
+NOISE_JITTER = NOISE_LEVELS[NOISE].cv
+NOISE_PAUSES = NOISE_LEVELS[NOISE].pauses
 
 
 class WorkerSpec(ConfigModel):
@@ -105,7 +108,9 @@ class WorkerSpec(ConfigModel):
         ge=1,
         title="Knee batch (emulation)",
         description="A step below this local batch lasts as long as at it (a GPU not filled); "
-        "empty: the host's own curve. Not with a preset.",
+        "1: the host's own curve times the speed; empty (and no fixed_samples): the published "
+        "curve of a device of this speed (hetflow/emulation/device_model.py). Not with a "
+        "preset.",
     )
     fixed_samples: SkipJsonSchema[float] = Field(
         0.0,
@@ -113,6 +118,19 @@ class WorkerSpec(ConfigModel):
         title="Fixed cost per step, in samples (emulation)",
         description="Every step also pays this many samples' worth of the worker's compute (a "
         "launch or optimizer cost that does not grow with the batch). Not with a preset.",
+    )
+    cliff_batch: SkipJsonSchema[int | None] = Field(
+        None,
+        ge=1,
+        title="Memory cliff batch (emulation)",
+        description="Past this local batch a step lasts cliff_factor times longer (it no longer "
+        "fits the device's fast memory); empty: no cliff.",
+    )
+    cliff_factor: SkipJsonSchema[float] = Field(
+        1.0,
+        ge=1.0,
+        title="Memory cliff factor (emulation)",
+        description="How many times longer a step past cliff_batch lasts.",
     )
 
     @field_validator("speed")
@@ -165,12 +183,27 @@ class WorkerSpec(ConfigModel):
                     raise ValueError(f"{own}: not with a preset, whose curve is published")
         return self
 
+    @model_validator(mode="after")
+    def _cliff(self) -> WorkerSpec:
+        if self.cliff_factor > 1 and self.cliff_batch is None:
+            raise ValueError("cliff_factor: a cliff needs cliff_batch, the batch it starts past")
+        return self
+
+    def emulated(self) -> Device:
+        """This worker as an emulated device (`hetflow.emulation.device_model.Device`)."""
+        return Device(
+            speed=self.speed,
+            preset=self.preset,
+            knee_batch=self.knee_batch,
+            fixed_samples=self.fixed_samples,
+            cliff_batch=self.cliff_batch,
+            cliff_factor=self.cliff_factor,
+        )
+
     def shape(self, batch: int) -> float:
         """How much longer than the host's curve x `speed` a step of `batch` lasts here (>= 1;
-        `hetflow.emulation.presets`)."""
-        if self.preset is not None:
-            return PRESETS[self.preset].shape(batch)
-        return knee_shape(batch, self.knee_batch, self.fixed_samples)
+        `hetflow.emulation.device_model.Device.shape`)."""
+        return self.emulated().shape(batch)
 
     @field_validator("link_gbps")
     @classmethod
@@ -197,13 +230,22 @@ class ClusterSpec(ConfigModel):
         description="The fastest emulated worker runs this many times slower than one core of "
         "this machine, so that the ranks do not fight over the cores.",
     )
+    noise: str = Field(
+        NOISE,
+        title="Step-time noise (emulation)",
+        description=f"One of {', '.join(NOISE_LEVELS)}, each measured on real workers "
+        "(docs/measurements/emulation.md): 'alone', a worker with a core to itself; 'shared', "
+        "two workers sharing the host, with slow stretches that last several steps. Sets "
+        "`jitter` and `pauses` where they are not given.",
+        json_schema_extra={"enum": list(NOISE_LEVELS)},
+    )
     jitter: SkipJsonSchema[float] = Field(
         NOISE_JITTER,
         ge=0.0,
         le=1.0,
         title="Step-time jitter (emulation)",
-        description="Coefficient of variation of each emulated compute step's time, drawn "
-        "afresh every step (default: measured, docs/measurements/emulation.md); 0 runs every "
+        description="Coefficient of variation of each emulated compute step's time (default: "
+        "the `noise` level's); its steps stay correlated as the level's are; 0 runs every "
         "step of a batch size at the worker's own pace.",
     )
     pauses: SkipJsonSchema[float] = Field(
@@ -212,7 +254,7 @@ class ClusterSpec(ConfigModel):
         le=0.5,
         title="Pauses per step (emulation)",
         description="Probability that an emulated compute step lasts 2.3x its time (a host's "
-        "hiccup; default: measured, docs/measurements/emulation.md); 0: none.",
+        "hiccup; default: the `noise` level's); 0: none.",
     )
 
     launcher: Literal["local", "ray"] = Field(
@@ -236,6 +278,27 @@ class ClusterSpec(ConfigModel):
         "(`hetflow recommend` writes the market it chose; the Ray launcher's YAML asks for spot "
         "nodes). Set in the cluster file; nothing on this machine depends on it.",
     )
+
+    @field_validator("noise")
+    @classmethod
+    def _noise_level(cls, v: str) -> str:
+        if v not in NOISE_LEVELS:
+            raise ValueError(f"{v!r} is not one of {', '.join(NOISE_LEVELS)}")
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _noise_figures(cls, data):
+        """The noise level's jitter and pauses, where the cluster gives none of its own."""
+        if isinstance(data, dict) and data.get("noise") in NOISE_LEVELS:
+            level = NOISE_LEVELS[data["noise"]]
+            data = {"jitter": level.cv, "pauses": level.pauses, **data}
+        return data
+
+    def step_noise(self) -> Noise:
+        """The emulator's noise: the level's slow stretches with this cluster's `jitter` and
+        `pauses`."""
+        return replace(NOISE_LEVELS[self.noise], cv=self.jitter, pauses=self.pauses)
 
     @model_validator(mode="after")
     def _unique_names(self) -> ClusterSpec:

@@ -39,17 +39,22 @@ class _Frozen(BaseModel):
 
 class EmulatedFigures(_Frozen):
     """What makes an emulated worker's figures: the dilation of its compute (`slowdown`, its
-    `knee_batch` / `fixed_samples` curve; a preset's is in the key's kind), its link as the
+    `knee_batch` / `fixed_samples` curve, else the published curve of its `speed`; a preset's
+    is in the key's kind; a memory cliff), its link as the
     emulator charges it (`Link`: bandwidth over the time scale, latency times it), the noise,
     and the host it is emulated on."""
 
     slowdown: float
     knee_batch: int | None = None
     fixed_samples: float = 0.0
+    speed: float | None = None  # the curve of a worker with none of its own follows it
+    cliff_batch: int | None = None
+    cliff_factor: float = 1.0
     link_gbps: float | None = None  # on the emulated clock; None: loopback
     link_latency_s: float = 0.0
     jitter: float
     pauses: float
+    noise: str = "alone"  # the level: how long its slow stretches last
     host: str
 
 
@@ -128,10 +133,14 @@ def emulated_figures(cluster: ClusterSpec, i: int, host: str) -> EmulatedFigures
         slowdown=round(cluster.slowdowns()[i], 6),
         knee_batch=w.knee_batch,
         fixed_samples=w.fixed_samples,
+        speed=w.speed,
+        cliff_batch=w.cliff_batch,
+        cliff_factor=w.cliff_factor,
         link_gbps=round(w.link_gbps / scale, 9) if w.link_gbps else None,
         link_latency_s=round(w.link_latency_ms / 1e3 * scale, 9),
         jitter=cluster.jitter,
         pauses=cluster.pauses,
+        noise=cluster.noise,
         host=host,
     )
 

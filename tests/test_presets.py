@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hetflow.config import ClusterSpec, ConfigError, WorkerSpec, parse_speeds, validated
+from hetflow.emulation.device_model import published_shape
 from hetflow.emulation.emulator import PAUSE_FACTOR, Emulator
 from hetflow.emulation.link import Link
 from hetflow.emulation.presets import PRESETS
@@ -37,7 +38,9 @@ def test_speeds_name_presets_and_the_preset_sets_the_speed():
     assert a100.speed / t4.speed == pytest.approx(
         PRESETS["a100"].peak_samples_per_s / PRESETS["t4"].peak_samples_per_s, rel=1e-3
     )
-    assert t4.shape(8) == PRESETS["t4"].shape(8) > 2 and plain.shape(8) == 1.0
+    assert t4.shape(8) == PRESETS["t4"].shape(8) > 2
+    # a worker of a speed alone has the published curve of a device of its speed, not 1
+    assert plain.shape(8) == published_shape(2.0, 8) > 1.0
     assert WorkerSpec(name="fast-t4", preset="t4", speed=9).speed == 9  # a given speed stays
     # as the job file carries it to the workers
     assert ClusterSpec.model_validate_json(cluster.model_dump_json()) == cluster

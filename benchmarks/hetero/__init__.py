@@ -2,6 +2,7 @@
 
     hetflow bench hetero --speeds 1,1,2,4 --steps 150 --json hetero.json
     hetflow bench hetero --speeds 1,1,2,4 --straggler 3:60:4 --json straggler.json
+    hetflow bench hetero --speeds 1,1,2,4 --straggler 3:60:4:20 --noise shared --json drift.json
     hetflow bench hetero --speeds 1,2,3,6 --repeat 3 --json mix.json
     hetflow bench hetero --memory-caps ,,,16 --variants baseline@micro,static,static@micro
     hetflow bench hetero --cpu-quotas 1,0.5,0.25,0.25 --bound --repeat 3
@@ -32,6 +33,7 @@ from hetflow.config import (
     parse_speeds,
     validated,
 )
+from hetflow.emulation.device_model import Straggler, straggler_factor
 from hetflow.infra.tracking.plots import rate_curves, rolling_rate
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.launch.run import measure_profile, run_plan
@@ -62,31 +64,42 @@ VARIANTS = {
 }
 
 
-def parse_straggler(text: str, world: int) -> tuple[int, int, float]:
+def parse_straggler(text: str, world: int) -> Straggler:
+    """--straggler's RANK:STEP:FACTOR[:RAMP] (pure); a one-line ConfigError naming it."""
     try:
-        rank, step, factor = text.split(":")
-        out = (int(rank), int(step), float(factor))
+        rank, step, factor, *ramp = text.split(":")
+        if len(ramp) > 1:
+            raise ValueError
+        out = (int(rank), int(step), float(factor), *[int(r) for r in ramp])
     except ValueError:
         raise ConfigError(
-            f"--straggler: expected RANK:STEP:FACTOR, e.g. 3:60:4 (got {text!r})"
+            f"--straggler: expected RANK:STEP:FACTOR[:RAMP], e.g. 3:60:4 or 3:60:4:20 "
+            f"(got {text!r})"
         ) from None
     if not 0 <= out[0] < world:
         raise ConfigError(f"--straggler: rank {out[0]} is not in 0..{world - 1}")
     if not out[2] > 0:
         raise ConfigError(f"--straggler: factor must be > 0 (got {out[2]})")
+    if len(out) == 4 and out[3] < 0:
+        raise ConfigError(f"--straggler: ramp must be >= 0 steps (got {out[3]})")
     return out
 
 
-def run_ideal(profile: Profile, global_batch: int, steps: int, stragglers: list) -> float:
-    """Ideal samples/s over the whole run, phase by phase when a worker's speed changes."""
+def run_ideal(
+    profile: Profile, global_batch: int, steps: int, stragglers: list[Straggler]
+) -> float:
+    """Ideal samples/s over the whole run, phase by phase when a worker's speed changes (step
+    by step while a straggler drifts in: `straggler_factor`)."""
     latency, per_sample = profile.step_models()
-    bounds = sorted({0, steps, *[min(max(s, 0), steps) for _, s, _ in stragglers]})
+    changes = {0, steps}
+    for _, at, _, *ramp in stragglers:
+        changes |= set(range(at, at + (ramp[0] if ramp else 0) + 1))
+    bounds = sorted({min(max(s, 0), steps) for s in changes})
     seconds = 0.0
     for start, stop in itertools.pairwise(bounds):
-        a, c = list(latency), list(per_sample)
-        for rank, at, factor in stragglers:
-            if start >= at:
-                a[rank], c[rank] = a[rank] * factor, c[rank] * factor
+        factors = [straggler_factor(stragglers, r, start) for r in range(len(latency))]
+        a = [x * f for x, f in zip(latency, factors, strict=True)]
+        c = [x * f for x, f in zip(per_sample, factors, strict=True)]
         seconds += (stop - start) * global_batch / ideal_throughput(a, c, global_batch)
     return steps * global_batch / seconds
 
@@ -104,11 +117,11 @@ def median_run(runs: list[dict]) -> dict:
 @dataclass(frozen=True)
 class Bench:
     """One invocation's checked inputs: the emulated cluster, the training every variant shares,
-    the stragglers (RANK, STEP, FACTOR), the variants in the order given, and the rounds."""
+    the stragglers (RANK, STEP, FACTOR[, RAMP]), the variants in the order given, and the rounds."""
 
     cluster: ClusterSpec
     base: TrainConfig
-    stragglers: list[tuple[int, int, float]]
+    stragglers: list[Straggler]
     variants: list[str]
     repeat: int
     keep_results: str | None = None  # a folder for each run's result.json (--keep-results)
@@ -131,9 +144,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         parse_speeds(args.speeds),
         name=f"bench-{args.speeds}",
         time_scale=args.time_scale,
-        jitter=args.jitter,
-        pauses=args.pauses,
+        noise=args.noise,
         emulate=args.emulate,
+        # the noise level's unless given
+        **{k: getattr(args, k) for k in ("jitter", "pauses") if getattr(args, k) is not None},
     )
     precisions = args.precision.split(",")
     for p in precisions:
@@ -294,7 +308,7 @@ def run_rounds(
 ) -> dict[str, list[dict]]:
     """Every variant `bench.repeat` times, round by round (a slow spell of the host weighs on
     every variant alike): per variant, each run's figures in the order they ran."""
-    until = min([bench.base.steps, *[at for _, at, _ in bench.stragglers]])
+    until = min([bench.base.steps, *[s[1] for s in bench.stragglers]])
     runs: dict[str, list[dict]] = {name: [] for name in bench.variants}
     for round_ in range(bench.repeat):
         planned = {}

@@ -8,6 +8,7 @@ import argparse
 from hetflow.cli.job import add_recipe_arg, add_strategy_arg
 from hetflow.cli.parser import Parser
 from hetflow.config import ClusterSpec, TrainConfig
+from hetflow.emulation.device_model import NOISE_LEVELS
 
 PRECISION = TrainConfig.model_fields["precision"]
 TIME_SCALE = 16.0  # see hetero's docstring
@@ -29,7 +30,13 @@ def parser() -> argparse.ArgumentParser:
     add_recipe_arg(p, "digits-cnn")
     add_strategy_arg(p)
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
-    p.add_argument("--straggler", action="append", default=[], help="RANK:STEP:FACTOR (repeatable)")
+    p.add_argument(
+        "--straggler",
+        action="append",
+        default=[],
+        help="RANK:STEP:FACTOR[:RAMP]: from STEP on, worker RANK computes FACTOR times slower, "
+        "reached over RAMP steps (default 0: at once); repeatable",
+    )
     p.add_argument(
         "--variants",
         default=",".join(VARIANTS),
@@ -75,17 +82,23 @@ def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
         f"(default {TIME_SCALE:g})",
     )
     p.add_argument(
+        "--noise",
+        default=ClusterSpec.model_fields["noise"].default,
+        help=f"emulation: step-time noise level, one of {', '.join(NOISE_LEVELS)}, each "
+        "measured (`hetflow bench noise`; 'shared': slow stretches of several steps) "
+        f"(default: {ClusterSpec.model_fields['noise'].default})",
+    )
+    p.add_argument(
         "--jitter",
         type=float,
-        default=ClusterSpec.model_fields["jitter"].default,
-        help="emulation: coefficient of variation of every compute step's time (default: "
-        "measured, see `hetflow bench noise`)",
+        help="emulation: coefficient of variation of every compute step's time (default: the "
+        "--noise level's)",
     )
     p.add_argument(
         "--pauses",
         type=float,
-        default=ClusterSpec.model_fields["pauses"].default,
-        help="emulation: probability that a compute step lasts 2.3x its time (default: measured)",
+        help="emulation: probability that a compute step lasts 2.3x its time (default: the "
+        "--noise level's)",
     )
     p.add_argument(
         "--repeat",

@@ -106,7 +106,7 @@ def run_plan(
 ) -> Ran:
     """Run `plan` (over every worker of `cluster`) to its result, its files under `run_dir`.
 
-    `stragglers` (rank, step, factor) are numbered by the cluster's workers; `metrics_run`
+    `stragglers` (rank, step, factor[, ramp]) are numbered by the cluster's workers; `metrics_run`
     and `on_progress` are `RunSpec.metrics_run` and `run_workers`' own. Raises what
     `run_workers` raises (`LaunchError`, `RankFailed`, a ConfigError before launch)."""
     ranks = RankMap(cluster, plan)

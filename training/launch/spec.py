@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.emulation.costs import SharedCosts
+from hetflow.emulation.device_model import Straggler
 from hetflow.emulation.emulator import Emulator
 from hetflow.emulation.link import Link
 from hetflow.records import Plan
@@ -34,10 +35,11 @@ class RunSpec(BaseModel):
     dataset: DatasetSpec
     train: TrainConfig
     plan: Plan | None = Field(None, description="What a training run starts with; none to profile.")
-    stragglers: list[tuple[int, int, float]] = Field(
+    stragglers: list[Straggler] = Field(
         default_factory=list,
-        description="(rank, step, factor): from `step` on, that rank's slowdown is multiplied "
-        "by factor.",
+        description="(rank, step, factor) or (rank, step, factor, ramp): from `step` on, that "
+        "rank's slowdown is multiplied by factor, reached over `ramp` steps (0 or absent: at "
+        "once; `device_model.straggler_factor`).",
     )
     inject: list[Injection] = Field(
         default_factory=list, description="Faults injected for tests (`training.faults`)."
@@ -129,8 +131,7 @@ def emulator_for(spec: RunSpec, rank: int, sync=None, scope: str = "train") -> E
     return Emulator(
         spec.cluster.slowdowns()[rank],
         Link(w.link_gbps, w.link_latency_ms / 1e3, scale=spec.cluster.time_scale),
-        jitter=spec.cluster.jitter,
-        pauses=spec.cluster.pauses,
+        noise=spec.cluster.step_noise(),
         shape=w.shape,
         seed=spec.train.seed * 1009 + rank,
         sync=sync,

@@ -5,6 +5,7 @@ average after the last (`last_average`). One step's work is `step.Stepper`'s."""
 
 from __future__ import annotations
 
+from hetflow.emulation.device_model import straggler_factor
 from hetflow.emulation.emulator import Emulator, now
 from hetflow.records import StepRecord
 from hetflow.training.comm import finish_optimizer
@@ -20,15 +21,7 @@ from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import Recipe
 
-
-def straggler_factor(stragglers: list[tuple[int, int, float]], rank: int, step: int) -> float:
-    """The factor on `rank`'s slowdown at `step`: that of the last (rank, onset, factor) entry
-    for this rank whose onset has come, in the order listed; 1.0 before any."""
-    factor = 1.0
-    for r, at, f in stragglers:
-        if r == rank and step >= at:
-            factor = f
-    return factor
+__all__ = ["LoopStepper", "straggler_factor"]  # a straggler's factor on the slowdown, per step
 
 
 class LoopStepper:

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from hetflow.config import ClusterSpec
+from hetflow.emulation.device_model import Straggler
 from hetflow.figures import RunMetrics, StepFigures
 from hetflow.records import Plan, RunResult
 
 M = TypeVar("M", RunMetrics, StepFigures)
-Stragglers = list[tuple[int, int, float]]  # (rank, step, factor)
+Stragglers = list[Straggler]  # (rank, step, factor[, ramp])
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class RankMap:
         fields = ("local_batches", "speeds", "latency_s", "per_sample_s", "caps")
         sub_plan = self.plan.model_copy(update={f: pick(getattr(self.plan, f)) for f in fields})
         renumber = {old: new for new, old in enumerate(keep)}
-        moved = [(renumber[r], s, f) for r, s, f in stragglers if r in renumber]
+        moved = [(renumber[r], *rest) for r, *rest in stragglers if r in renumber]
         return sub, sub_plan, moved
 
     def finished(self, result: RunResult) -> RankMap:
