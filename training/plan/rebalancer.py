@@ -13,7 +13,7 @@ from hetflow.training.plan.curves import MOVE_FACTOR, Curve, balance_on_curves, 
 
 # Steps in a row that a rank's time must lie beyond `Rebalancer.jump` to count as a sudden change;
 # the re-plan after one is made from these steps alone.
-SUDDEN_STEPS = 2
+SUDDEN_STEPS = 3
 # Re-plans whose prediction error the re-balancer remembers (`Rebalancer.margin`).
 ERRORS_KEPT = 3
 # The first windows are short: after the first, each rank's curve is one point scaled through
@@ -27,9 +27,10 @@ BRING_BACK = 2.0
 # A re-plan whose predicted gain is below this many times its bar is adopted only when the
 # window before proposed no share moving the other way: that twice in a row is seldom noise.
 CLEAR_GAIN = 2.0
-# A new plan is kept when its measured step is shorter than the plan's before it by more than
-# this many standard errors of their difference (one-sided, about 95%); it is measured for up
-# to TRIAL_WINDOWS windows while the difference lies within the noise, then given up.
+# A new plan is kept as soon as its measured step is shorter than the plan's before it by more
+# than this many standard errors of their difference (one-sided, about 95%), given up as soon
+# as it is longer by as much; within the noise, it is measured for TRIAL_WINDOWS windows and
+# then kept only where their mean is shorter than the plan's before it.
 KEEP_Z = 1.64
 TRIAL_WINDOWS = 4
 # A rank's step beyond exp(JUMP_SIGMAS x the measured step spread) of its usual is a change of
@@ -54,8 +55,10 @@ class Rebalancer:
     slows down (throttling, a noisy neighbour, a straggler) is slower at every batch, and a
     device flat below its knee is planned from its flat points, which no line through them
     follows. A rank whose time at a batch it ran before moves by more than a factor `jump`
-    (1 + 3 x `threshold`, far beyond noise) has changed speed: its older points are dropped, and
-    with them the model's recorded errors and rejected plans (they measured other speeds).
+    (1 + 3 x `threshold`, or 4 standard deviations of the noise measured, far beyond it) has
+    changed speed: a straggler is slower at every batch alike, so its other points are scaled
+    by that factor (and weigh one window until measured again), and the model's recorded
+    errors, the plans measured and those rejected are dropped (they measured other speeds).
     Without a prior c_i (`per_sample_s` None), the first window sets it.
 
     Every rank holds one and feeds it the same all-gathered figures (a window's means and the
@@ -286,8 +289,11 @@ class Rebalancer:
                 continue
             latest[i] = b
             if b in pts and not on_trial and not 1 / self.jump <= t / pts[b] <= self.jump:
-                pts.clear()
-                self.counts[i].clear()
+                # slower (or faster) at every batch alike: its other points scaled by the
+                # change, each worth no more than this window until measured again
+                factor = t / pts[b]
+                self.points[i] = pts = {bb: tt * factor for bb, tt in pts.items() if bb != b}
+                self.counts[i] = {bb: min(n, rows) for bb, n in self.counts[i].items() if bb != b}
                 changed = True
             if b in pts:  # a mean of the rows since the speed changed, the newest MEMORY_ROWS
                 seen = min(self.counts[i].get(b, 0), MEMORY_ROWS - rows)
@@ -339,10 +345,11 @@ class Rebalancer:
             self.errors = [*self.errors[-(ERRORS_KEPT - 1) :], after / trial["predicted_s"] - 1]
         se_after = self._se(self.noise, self.rows, self._entry(plan)) / math.sqrt(trial["windows"])
         bar = KEEP_Z * math.hypot(se_after, trial["se"])
-        if after < before * (1 - bar):  # measurably faster: kept
+        last = trial["windows"] >= TRIAL_WINDOWS
+        if after < before * (1 - bar) or (last and after < before):  # measured faster: kept
             self.trial = None
             self.move = min(MOVE_FACTOR, self.move * 2)
-        elif after > before * (1 + bar) or trial["windows"] >= TRIAL_WINDOWS:
+        elif after > before * (1 + bar) or last:
             # The model promised a shorter step and the windows do not show one: it does not
             # hold at these batches. Go back to the best plan measured, do not propose this one
             # again until the speeds change, and move less far from what was measured next time.
