@@ -77,8 +77,8 @@ def test_the_table_explains_itself(demo):
 
 def test_demo_json_has_both_variants_with_design_metric_names(demo):
     _, table, _ = demo
-    assert set(table) == {"baseline", "optimized"}
-    for variant in table.values():
+    assert set(table) == {"baseline", "optimized", "order"}
+    for variant in (table["baseline"], table["optimized"]):
         for name in [
             "throughput_samples_per_s",
             "train_loop_s",
@@ -92,7 +92,8 @@ def test_demo_json_has_both_variants_with_design_metric_names(demo):
 
 def test_where_the_ranks_time_went_adds_up(demo):
     _, table, _ = demo
-    for name, variant in table.items():
+    for name in ("baseline", "optimized"):
+        variant = table[name]
         shares = [
             variant[k]
             for k in (
@@ -161,6 +162,14 @@ def test_the_table_leads_with_who_won_then_end_to_end_time_and_nothing_is_profil
     assert base["trials_s"] == 0.0 and opt["trials_s"] > 0
     for m in (base, opt):
         assert m["end_to_end_s"] > m["startup_s"] > 0
+
+
+def test_the_demo_says_which_variant_ran_first(demo):
+    """Seed 0 (the default) runs the baseline first (`repeats.run_order`); the JSON and a note
+    under the table say so."""
+    _, table, stdout = demo
+    assert table["order"] == ["baseline", "optimized"]
+    assert "baseline ran first, then optimized" in " ".join(stdout.split())
 
 
 def test_the_experiment_is_marked_as_model_training(demo):
