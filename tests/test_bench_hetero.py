@@ -112,6 +112,8 @@ def test_the_table_shows_a_median_with_its_spread_and_a_single_run_without_one()
 def test_each_round_runs_the_variants_rotated_and_says_in_which_order(monkeypatch, capsys):
     from types import SimpleNamespace
 
+    from hetflow.config import TrainConfig
+
     import benchmarks.hetero as hetero
     from benchmarks.hetero import parse_args, run_rounds
 
@@ -119,7 +121,7 @@ def test_each_round_runs_the_variants_rotated_and_says_in_which_order(monkeypatc
 
     def fake_run(name, round_, bench, profile, dataset, tmp):
         ran.append((round_, name))
-        return {}, SimpleNamespace(local_batches=[1]), None, [1]
+        return {}, SimpleNamespace(local_batches=[1]), TrainConfig(), [1]
 
     monkeypatch.setattr(hetero, "run_variant", fake_run)
     figures = {"throughput_samples_per_s": 1.0, "efficiency": 1.0, "final_plan": [1]}
@@ -310,3 +312,64 @@ def test_the_bound_times_each_worker_alone_at_the_batches_the_plans_gave_it(
     assert run["efficiency_vs_bound"] == pytest.approx(
         run["throughput_samples_per_s"] / run["bound_samples_per_s"]
     )
+
+
+def _measured(cluster, speeds: list[float], profiling_time_s: float = 9.0):
+    from tests.profiles import profile_of, rank_profile
+
+    ranks = [
+        rank_profile(i, s, worker=w.name, grad_bytes=400_000)
+        for i, (w, s) in enumerate(zip(cluster.workers, speeds, strict=True))
+    ]
+    return profile_of(ranks, cluster=cluster.name, profiling_time_s=profiling_time_s)
+
+
+def test_static_at_history_plans_as_a_second_run_from_each_types_entry_and_pays_no_profile():
+    """Two workers of one type: a second run finds one entry for both (the first one's, as the
+    profile measured it), so it plans them alike where static, planning from this invocation's
+    profile, follows each one's own measurement."""
+    from hetflow.config import ClusterSpec, TrainConfig
+    from hetflow.training.plan.planner import make_plan
+
+    from benchmarks.hetero.history import history_profile
+
+    cluster, cfg = ClusterSpec.from_speeds([1, 1, 4]), TrainConfig(schedule="proportional")
+    measured = _measured(cluster, [100.0, 60.0, 400.0])  # w1 measured slow: noise in one run
+    second = history_profile(measured, cluster, cfg)
+    assert second.profiling_time_s == 0.0
+    assert [s.rsplit(": ", 1)[1] for s in second.sources] == ["w0", "w0", "w2"]
+    assert [r.worker for r in second.ranks] == ["w0", "w1", "w2"]
+    from_history = make_plan(second, cluster, cfg).local_batches
+    from_profile = make_plan(measured, cluster, cfg).local_batches
+    assert from_history[0] == from_history[1] and from_profile[1] < from_profile[0]
+    assert from_history[2] > from_history[0]  # the fast type still gets the most
+
+
+@pytest.mark.parametrize(
+    "name, schedule, charged",
+    [
+        ("static", "proportional", True),
+        ("static@history", "proportional", False),
+        ("static@history@micro", "proportional", False),
+        ("baseline", "equal", False),
+        ("dynamic", "dynamic", False),
+    ],
+)
+def test_only_a_variant_that_profiles_in_this_run_is_charged_its_profile(name, schedule, charged):
+    from hetflow.config import ClusterSpec, TrainConfig
+
+    from benchmarks.hetero.history import profile_charged_s
+
+    cluster = ClusterSpec.from_speeds([1, 2])
+    profile = _measured(cluster, [100.0, 200.0], profiling_time_s=9.0)
+    cfg = TrainConfig(schedule=schedule)
+    assert profile_charged_s(name, cfg, profile) == (9.0 if charged else 0.0)
+
+
+@pytest.mark.parametrize("variant", ["dynamic@history", "baseline@history", "static@histry"])
+def test_history_is_a_tag_of_static_only(variant):
+    from benchmarks.hetero import parse_args
+
+    with pytest.raises(ConfigError, match=r"^--variants: .*@history \(static only\)$"):
+        parse_args(["--variants", f"baseline,{variant}"])
+    assert parse_args(["--variants", "static,static@history"])[1].variants[1] == "static@history"

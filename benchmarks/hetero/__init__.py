@@ -49,11 +49,14 @@ from benchmarks.hetero.aggregate import with_speedups
 from benchmarks.hetero.args import PRECISION, parser
 from benchmarks.hetero.bound import bound_figures, solo_rates
 from benchmarks.hetero.hardware import set_hardware
+from benchmarks.hetero.history import HISTORY, history_profile, profile_charged_s
 from benchmarks.hetero.model import at_run_pace, compute_model_error, steps_to_final_rate
 from benchmarks.hetero.table import print_table
 from benchmarks.ray_cluster import local_ray
 
-VARIANT_TAGS = ("micro", "profile")  # VARIANT@TAG: micro-batches; dynamic planned from a profile
+# VARIANT@TAG: micro-batches; dynamic planned from a profile; static from the profile history
+VARIANT_TAGS = ("micro", "profile", "history")
+ONLY = {"profile": "dynamic", "history": "static"}  # a tag only one variant takes
 # the wall-clock figures of `summarize` a variant's row shows (`metrics.wall_figures`)
 WALL_FIGURES = ("startup_s", "trials_s", "eval_s", "checkpoint_s", "steady_samples_per_s")
 # what the variant paid from the start of its job (`metrics.end_to_end`)
@@ -166,10 +169,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
     for v in variants:
         kind, *tags = v.split("@")
-        bad = [t for t in tags if t not in VARIANT_TAGS or (t == "profile" and kind != "dynamic")]
+        bad = [t for t in tags if t not in VARIANT_TAGS or ONLY.get(t, kind) != kind]
         if bad:
             raise ConfigError(
-                f"--variants: {v!r}: @{bad[0]} is not one of @micro, @profile (dynamic only)"
+                f"--variants: {v!r}: @{bad[0]} is not one of @micro, @profile (dynamic only), "
+                "@history (static only)"
             )
     if args.launcher == "ray":
         variants = [name for v in variants for name in (v, f"{v}@ray")]
@@ -209,9 +213,10 @@ def run_variant(
     """One training run of variant `name` in round `round_`, with no gradient compression:
     (its result.json, its first plan over the ranks launched, its config). Planned from the
     profile where the variant needs one before its first step (`needs_profile`: 'static', and
-    'dynamic@profile'), else from the prior a first run has (`prior.published_prior`, else the
-    equal split). Workers the plan drops (`Plan.dropped`) are not launched; the others keep
-    their order."""
+    'dynamic@profile'), from the profile history as a second run assembles it where tagged
+    @history (`history.history_profile`), else from the prior a first run has
+    (`prior.published_prior`, else the equal split). Workers the plan drops (`Plan.dropped`)
+    are not launched; the others keep their order."""
     base, *tags = name.split("@")
     launcher = "ray" if "ray" in tags else ""
     knobs = {"schedule": VARIANTS[base], "compression": "none"}
@@ -219,10 +224,12 @@ def run_variant(
         knobs["accumulate"] = "auto"
     if "profile" in tags:
         knobs["profile_first"] = True
-    precision = [t for t in tags if t not in ("ray", "micro", "profile")]
+    precision = [t for t in tags if t not in ("ray", *VARIANT_TAGS)]
     cfg = bench.base.model_copy(update=knobs | ({"precision": precision[0]} if precision else {}))
     whole = bench.cluster.model_copy(update={"launcher": launcher or "local"})
-    if not needs_profile(cfg):
+    if HISTORY in tags:
+        profile = history_profile(profile, whole, cfg)
+    elif not needs_profile(cfg):
         profile = published_prior(whole, cfg) or equal_prior(whole, cfg)
     planned = make_plan(profile, whole, cfg)
     if base == "fastest":
@@ -241,14 +248,21 @@ def run_variant(
 
 
 def variant_figures(
-    res: dict, plan: Plan, cfg: TrainConfig, ideal: Ideals, until_step: int, profile: Profile
+    res: dict,
+    plan: Plan,
+    cfg: TrainConfig,
+    ideal: Ideals,
+    until_step: int,
+    profile: Profile,
+    charged_s: float,
 ) -> dict:
-    """One run's figures (pure): throughput and efficiency against the ideals, where the ranks'
-    time went, the plans and re-plans, and the error before `until_step` of the profile's model
+    """One run's figures (pure): throughput and efficiency against the ideals, end to end with
+    `charged_s` of profile paid before it (`history.profile_charged_s`), where the ranks' time
+    went, the plans and re-plans, and the error before `until_step` of the profile's model
     (the one the ideal is made of, whether the plan was or not)."""
     result = RunResult.model_validate({k: v for k, v in res.items() if k != "wall_s"})
     m = summarize(result, cfg.global_batch, cfg.target_accuracy, cfg.target_val_loss)
-    m = end_to_end(m, res["wall_s"], profile.profiling_time_s if needs_profile(cfg) else 0.0)
+    m = end_to_end(m, res["wall_s"], charged_s)
     lead = res["ranks"][0]
     caps = plan.caps if plan.micro_count else None  # micro-batches: a_i for each
     launched = [r.step_model() for r in profile.ranks if r.worker not in plan.dropped]
@@ -310,7 +324,8 @@ def run_rounds(
         planned = {}
         for position, name in enumerate(order):
             res, plan, cfg, planned[name] = run_variant(name, round_, bench, profile, dataset, tmp)
-            figures = variant_figures(res, plan, cfg, ideal, until, profile)
+            charged = profile_charged_s(name, cfg, profile)
+            figures = variant_figures(res, plan, cfg, ideal, until, profile, charged)
             runs[name].append(figures | {"round": round_, "position": position})
             print(
                 f"round {round_} #{position + 1} {name}: "
