@@ -1,46 +1,53 @@
-"""`hetflow bench diloco`: DiLoCo rounds against the sized synchronous run, on slow links.
+"""`hetflow bench diloco`: DiLoCo rounds against synchronous DDP at its best fixed setting.
 
     hetflow bench diloco --json diloco.json
-    hetflow bench diloco --links 0.1 --variants sync,diloco,diloco@int8,diloco@stale1
+    hetflow bench diloco --links 0.1 --variants sync,auto,diloco,diloco@int8,diloco@stale1
+    hetflow bench diloco --links 0.1 --sync-compression bf16 --target-accuracy 0.95 --seeds 3
 
-Every variant trains the same recipe (default digits-cnn) from the same seed on the same 4
-mixed emulated workers (presets t4, t4, v100, a100), each behind a link of the given bandwidth
-and the cross-region latency (`emulation.links`), for the same samples (`--steps` synchronous
-steps of `--global-batch`). Each is planned from the presets' published ratios, so neither
-pays a profile. `sync`: DDP on the static plan with compression 'auto' (its trials in its
-time); `sync@none`: plain all-reduce, no trials. `diloco`: rounds of `--round-steps` steps'
-worth of samples, inner steps in proportion to each worker's speed; `@int8` and `@bf16` send
-the outer change so; `@staleN` applies each round's average N rounds late; `@dynamic`
-re-plans the rounds' shares from their measured times (the re-balancer). Per run: end to end
-(launch, trials, evaluation and every step until the evaluation that met the target), final
-quality, bytes sent per sample; per link, each variant's speed-up to the target over `sync`
-(or `sync@none`) in the same invocation.
-The target is `--target` (test accuracy) on the digits; a token recipe (gpt) trains on the
-standard library's source and is measured by validation loss instead: `--target-val-loss`,
-met by the first evaluation at or below it, the final quality its last val_loss.
+Every variant trains the same recipe (default digits-cnn) on the same 4 mixed emulated
+workers (presets t4, t4, v100, a100), each behind a link of the given bandwidth and the
+cross-region latency (`emulation.links`), for the same samples (`--steps` synchronous steps of
+`--global-batch`), from each of `--seeds` training seeds. Each is planned from the presets'
+published ratios, so none pays a profile. `sync`: DDP on the static plan at a setting chosen
+ahead and stated, `--sync-compression` (none by default; fp16 or bf16), no trials; `sync@none`:
+uncompressed whatever that flag says; `auto`: DDP with compression 'auto', its trials in its
+time, a row of its own. `diloco`: rounds of `--round-steps` steps' worth of samples, inner steps
+in proportion to each worker's speed; `@int8` and `@bf16` send the outer change so; `@staleN`
+applies each round's average N rounds late; `@dynamic` re-plans the rounds' shares from their
+measured times (the re-balancer). Per run: end to end (launch, trials, evaluation and every
+step until the evaluation that met the target), final quality, bytes sent per sample. Per
+link and variant (`diloco_figures`): the time to the target's median with its min-max, the
+speed-up over `sync` paired within a seed and round, and the final quality's median and spread
+across seeds. Each round of a seed runs the variants in a rotated order (`repeats.run_order`).
+The target is fixed before the run and kept in the JSON: `--target-accuracy` (test accuracy,
+default 0.95) on the digits; a token recipe (gpt) trains on the standard library's source and
+is measured by validation loss instead: `--target-val-loss`, which it needs, met by the first
+evaluation at or below it, the final quality its last val_loss.
 Figures measured: docs/measurements/diloco.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
 from hetflow.cli.parser import Parser
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, WorkerSpec, check_job
 from hetflow.emulation.links import LINKS
+from hetflow.repeats import run_order
 from hetflow.training.launch.run import run_plan
 from hetflow.training.metrics import end_to_end, summarize
 from hetflow.training.plan.planner import make_plan
 from hetflow.training.plan.prior import published_prior
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
+from benchmarks.diloco_figures import progress_line, summarize_links, table
 
 PRESETS = ("t4", "t4", "v100", "a100")
 LATENCY_MS = LINKS["cross-region"].latency_ms
-ACCURACY_TARGET = 0.95  # --target's default, for a recipe that evaluates test accuracy
+ACCURACY_TARGET = 0.95  # --target-accuracy's default, for a recipe that evaluates accuracy
+SYNC_COMPRESSION = ("none", "fp16", "bf16")  # sync's fixed settings: no trials
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,23 +69,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variants",
         default="sync,diloco",
-        help="comma list: sync, sync@none (no compression, no trials), diloco, diloco@int8, "
-        "diloco@bf16, diloco@staleN, diloco@dynamic (the rounds' shares re-planned from "
-        "their times) (default sync,diloco)",
+        help="comma list: sync (DDP at --sync-compression, no trials), sync@none (no "
+        "compression), auto (DDP with compression 'auto', its trials in its time), diloco, "
+        "diloco@int8, diloco@bf16, diloco@staleN, diloco@dynamic (the rounds' shares "
+        "re-planned from their times) (default sync,diloco)",
+    )
+    p.add_argument(
+        "--sync-compression",
+        dest="sync_compression",
+        choices=SYNC_COMPRESSION,
+        default="none",
+        help="sync's gradient compression, fixed before the run: none, or a 16-bit method "
+        "(default none)",
     )
     p.add_argument("--steps", type=int, default=160, help="synchronous steps' worth of samples")
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument("--round-steps", type=int, default=16, dest="round_steps")
-    p.add_argument(
-        "--target", type=float, help=f"test accuracy (default {ACCURACY_TARGET:g}; not for gpt)"
-    )
-    p.add_argument(
-        "--target-val-loss",
-        type=float,
-        dest="target_val_loss",
-        help="validation loss, for a token recipe (gpt), which needs it: the time to target is "
-        "to the first evaluation at or below it",
-    )
+    _add_targets(p)
     p.add_argument("--time-scale", type=float, default=4.0, dest="time_scale")
     p.add_argument("--repeat", type=int, default=1, help="rounds of every run (default 1)")
     p.add_argument(
@@ -87,20 +94,47 @@ def parser() -> argparse.ArgumentParser:
         "times slower from synchronous step FROM to TO (a round's index under diloco: the "
         "round holding that step) (default: none)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the first training seed (default 0)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help="training seeds, from --seed on: every run once per seed (default 3)",
+    )
     p.add_argument("--json", help="write every run's figures and evaluations here")
     add_recipe_arg(p, "digits-cnn")
     return p
 
 
-def variant_config(name: str, base: TrainConfig) -> TrainConfig:
-    """The config of variant `name` over `base`; a one-line ConfigError naming --variants."""
+def _add_targets(p: argparse.ArgumentParser) -> None:
+    """The target a run is timed to, fixed before it and kept in the JSON."""
+    p.add_argument(
+        "--target-accuracy",
+        "--target",
+        type=float,
+        dest="target_accuracy",
+        help=f"test accuracy, fixed before the run (default {ACCURACY_TARGET:g}; not for gpt)",
+    )
+    p.add_argument(
+        "--target-val-loss",
+        type=float,
+        dest="target_val_loss",
+        help="validation loss, fixed before the run, for a token recipe (gpt), which needs it: "
+        "the time to target is to the first evaluation at or below it",
+    )
+
+
+def variant_config(name: str, base: TrainConfig, sync_compression: str = "none") -> TrainConfig:
+    """The config of variant `name` over `base` (`sync` at `sync_compression`); a one-line
+    ConfigError naming --variants."""
     head, *tags = name.split("@")
-    if head == "sync" and tags in ([], ["none"]):  # sync@none: plain all-reduce, no trials
-        return base.model_copy(update={"compression": "none" if tags else "auto"})
+    if head == "sync" and tags in ([], ["none"]):  # a fixed setting: no trials
+        return base.model_copy(update={"compression": "none" if tags else sync_compression})
+    if head == "auto" and not tags:  # compression 'auto': its trials in its time
+        return base.model_copy(update={"compression": "auto"})
     if head != "diloco":
         raise ConfigError(
-            f"--variants: {name!r} is not sync[@none] or diloco[@int8|@bf16|@staleN|@dynamic]"
+            f"--variants: {name!r} is not sync[@none], auto or diloco[@int8|@bf16|@staleN|@dynamic]"
         )
     diloco = base.diloco.model_copy()
     for tag in tags:
@@ -116,12 +150,13 @@ def variant_config(name: str, base: TrainConfig) -> TrainConfig:
 
 
 def targets(accuracy: float | None, val_loss: float | None, tokens: bool) -> dict:
-    """TrainConfig's target fields from --target and --target-val-loss: a token recipe (the
-    benchmark's text) is measured by val_loss, any other (the digits) by test accuracy; a
-    one-line ConfigError naming the flag that does not fit."""
+    """TrainConfig's target fields from --target-accuracy and --target-val-loss, fixed before
+    the run: a token recipe (the benchmark's text) is measured by val_loss, any other (the
+    digits) by test accuracy; a one-line ConfigError naming the flag that is missing or does
+    not fit."""
     if tokens and accuracy is not None:
         raise ConfigError(
-            "--target: test accuracy, which a token recipe (gpt) does not evaluate; "
+            "--target-accuracy: test accuracy, which a token recipe (gpt) does not evaluate; "
             "give --target-val-loss"
         )
     if tokens and val_loss is None:
@@ -129,8 +164,10 @@ def targets(accuracy: float | None, val_loss: float | None, tokens: bool) -> dic
     if not tokens and val_loss is not None:
         raise ConfigError(
             "--target-val-loss: only for a token recipe (gpt); the digits' recipes are "
-            "measured by --target (test accuracy)"
+            "measured by --target-accuracy (test accuracy)"
         )
+    if accuracy is not None and not 0 < accuracy <= 1:
+        raise ConfigError(f"--target-accuracy: a fraction in (0, 1] (got {accuracy:g})")
     if tokens:
         return {"target_accuracy": None, "target_val_loss": val_loss}
     return {"target_accuracy": ACCURACY_TARGET if accuracy is None else accuracy}
@@ -198,60 +235,9 @@ def one_run(
     }
 
 
-def median_of(runs: list[dict], key: str) -> float | None:
-    vals = [r[key] for r in runs if r[key] is not None]
-    return statistics.median(vals) if vals else None
-
-
-def quality(runs: list[dict]) -> tuple[str, str]:
-    """The final figure the runs have, and its format: val_loss (a token recipe's), else
-    accuracy."""
-    if any(r.get("final_val_loss") is not None for r in runs):
-        return "final_val_loss", ".4f"
-    return "final_accuracy", ".3f"
-
-
-def table(rows: dict[float, dict[str, list[dict]]]) -> str:
-    """The markdown table: per link and variant, medians, and the speed-up over sync."""
-    key, fmt = quality([r for v in rows.values() for runs in v.values() for r in runs])
-    out = [
-        f"| link | variant | to target (s) | speed-up vs sync | {key.replace('final_', 'final ')} "
-        "| bytes/sample | bytes vs sync | waiting | reached |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for gbps, variants in rows.items():
-        sync = variants.get("sync") or variants.get("sync@none")
-        base_t = median_of(sync, "end_to_end_time_to_target_s") if sync else None
-        base_b = median_of(sync, "bytes_per_sample") if sync else None
-        for name, runs in variants.items():
-            t = median_of(runs, "end_to_end_time_to_target_s")
-            b = median_of(runs, "bytes_per_sample")
-            acc = median_of(runs, key)
-            up = f"{base_t / t:.2f}x" if t and base_t else "-"
-            less = f"{b / base_b:.3f}" if b is not None and base_b else "-"
-            reached = sum(r["end_to_end_time_to_target_s"] is not None for r in runs)
-            out.append(
-                f"| {gbps:g} Gbit/s | {name} | {t:.1f} | {up} | {acc:{fmt}} | {b:,.0f} | {less} "
-                f"| {median_of(runs, 'wait_fraction'):.2f} | {reached}/{len(runs)} |"
-                if t
-                else f"| {gbps:g} Gbit/s | {name} | not reached | - | {acc:{fmt}} | {b:,.0f} "
-                f"| {less} | {median_of(runs, 'wait_fraction'):.2f} | 0/{len(runs)} |"
-            )
-    return "\n".join(out)
-
-
-def progress_line(gbps: float, name: str, round_: int, fig: dict) -> str:
-    """One run's line as it ends: its time to the target, or 'not reached'."""
-    t = fig["end_to_end_time_to_target_s"]
-    reached = "not reached" if t is None else f"{t:.1f} s"
-    key, fmt = quality([fig])
-    return (
-        f"{gbps:g} Gbit/s {name} #{round_}: to target {reached}, {key.removeprefix('final_')} "
-        f"{fig[key]:{fmt}}, bytes/sample {fig['bytes_per_sample']:.0f}"
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[float], list[int]]:
+    """The flags, the links (Gbit/s) and the training seeds; a one-line ConfigError naming the
+    flag, before anything runs."""
     a = parser().parse_args(argv)
     try:
         links = [float(x) for x in a.links.split(",") if x.strip()]
@@ -261,32 +247,53 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--links: {a.links!r}: each bandwidth a number of Gbit/s above 0")
     if a.repeat < 1:
         raise ConfigError(f"--repeat: at least 1 (got {a.repeat})")
+    if a.seeds < 1:
+        raise ConfigError(f"--seeds: at least 1 (got {a.seeds})")
+    return a, links, list(range(a.seed, a.seed + a.seeds))
+
+
+def schedule(configs: list[str], seeds: list[int], repeat: int) -> list[tuple[int, int, list]]:
+    """(round, seed, the variants in the order they run) for every round of every seed (pure):
+    the k-th runs them rotated by k (`repeats.run_order`), so each runs first in turn."""
+    groups = [(r, seed) for r in range(repeat) for seed in seeds]
+    return [(r, seed, run_order(configs, k)) for k, (r, seed) in enumerate(groups)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, links, seeds = parse_args(argv)
     knobs = {
         "recipe": recipe_flag(a),
         "recipe_options": recipe_options(a),
         "steps": a.steps,
         "global_batch": a.global_batch,
         "schedule": "proportional",
-        "seed": a.seed,
         "diloco": {"round_steps": a.round_steps},
     }
     text_mb = check_bench_recipe(TrainConfig(**knobs))  # a token recipe: the stdlib's source
-    base = TrainConfig(**knobs, **targets(a.target, a.target_val_loss, text_mb is not None))
-    configs = {v: variant_config(v.strip(), base) for v in a.variants.split(",") if v.strip()}
+    goal = targets(a.target_accuracy, a.target_val_loss, text_mb is not None)
+    base = TrainConfig(**knobs, **goal)
+    names = [v.strip() for v in a.variants.split(",") if v.strip()]
+    configs = {v: variant_config(v, base, a.sync_compression) for v in names}
     for cfg in configs.values():
         check_job(cluster_at(links[0], a.latency_ms, a.time_scale), cfg)
     straggler = parse_straggler(a.straggler)
+    plan = schedule(list(configs), seeds, a.repeat)
     rows: dict[float, dict[str, list[dict]]] = {g: {v: [] for v in configs} for g in links}
     with digits_workspace("diloco", text_mb=text_mb) as (tmp, dataset):
-        for round_ in range(a.repeat):
+        for round_, seed, order in plan:
+            print(f"round {round_}, seed {seed}: {', '.join(order)} ({order[0]} first)")
             for gbps in links:
                 cluster = cluster_at(gbps, a.latency_ms, a.time_scale)
-                for name, cfg in configs.items():
-                    run_dir = str(Path(tmp) / f"{name.replace('@', '-')}-{gbps:g}-{round_}")
-                    fig = one_run(cfg, cluster, dataset, run_dir, name, straggler)
-                    rows[gbps][name].append(fig | {"gbps": gbps, "round": round_})
-                    print(progress_line(gbps, name, round_, fig), flush=True)
-    print(table(rows))
-    if a.json:
-        write_json(a.json, {"args": vars(a), "runs": rows})
+                for position, name in enumerate(order):
+                    cfg = configs[name].model_copy(update={"seed": seed})
+                    tag = f"{name.replace('@', '-')}-{gbps:g}-{round_}-s{seed}"
+                    fig = one_run(cfg, cluster, dataset, str(Path(tmp) / tag), name, straggler)
+                    where = {"gbps": gbps, "round": round_, "seed": seed, "position": position}
+                    rows[gbps][name].append(fig | where)
+                    print(progress_line(gbps, name, round_, fig | where), flush=True)
+    summary = summarize_links(rows)
+    print(table(summary))
+    out = {"args": vars(a), "targets": goal, "sync_compression": a.sync_compression}
+    orders = [{"round": r, "seed": s, "order": o} for r, s, o in plan]
+    write_json(a.json, out | {"seeds": seeds, "orders": orders, "summary": summary, "runs": rows})
     return 0

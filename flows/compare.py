@@ -5,6 +5,10 @@ variants' headline figures and their ratios as metrics, the comparison table (wi
 the workers a variant ran without, why communication grew) as its description, and the plots
 of both on one time axis. The same table, with links to the three MLflow runs, is the flow
 run's Prefect markdown artifact.
+
+The variants run in the order `repeats.run_order` gives for round `train.seed`: an even seed
+runs the baseline first, an odd one the optimized variant, so that repeats over seeds 0..N
+alternate which launch finds the host warm; a note under the table says which ran first.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.report import comparison, headline, markdown, summary
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.infra.tracking.verdict import verdict
+from hetflow.repeats import run_order
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import MEASURED_NOW, prior_note, profile_for
 from hetflow.tasks.preflight import reach_services, validated_job
@@ -62,6 +67,14 @@ def report(outcomes: dict, table: dict, said: list[str], title: str, links: str)
     return lead, markdown(table, title, before=before, after=links, notes=said)
 
 
+def order_note(order: list[str]) -> str:
+    """Which variant ran first: the launch after another can find the host warmer."""
+    return (
+        f"{order[0]} ran first, then {order[1]}: an even --seed runs the baseline first, "
+        "an odd one the optimized variant (repeat over seeds to alternate them)."
+    )
+
+
 def reuse_note(profile) -> list[str]:
     """A note where the profile was reused from the history, in part or whole: the optimized
     run's end-to-end figures then charge it only what this run measured (`profiling_time_s`),
@@ -94,6 +107,7 @@ def compare(
     configs = train.compared()  # each variant's own knobs: 'auto' may try local SGD
     job = validated_job(cluster, list(configs.values()))
     outcomes = {}
+    order = run_order(VARIANTS, train.seed)
     reach_services(dataset, tracking)  # before anything is written: one line if a service is dead
     with local_s3_endpoint(dataset.url):
         cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
@@ -103,7 +117,7 @@ def compare(
         profile = profile_for(cluster, dataset, train, list(configs.values()), catalog)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_comparison(cluster, dataset, configs)
-        for variant in VARIANTS:
+        for variant in order:
             try:
                 outcomes[variant] = train_task(train.faults)(
                     variant,
@@ -120,7 +134,7 @@ def compare(
                 tracker.fail(parent, f"{variant}: {e}")
                 raise
     table, said = table_and_notes(outcomes, train)
-    said += reuse_note(profile)
+    said += [*reuse_note(profile), order_note(order)]
     runs = {"compare": parent, **{v: outcomes[v].run_id for v in VARIANTS}}
     title = f"{cluster.name}: baseline vs optimized"
     said_first, md = report(outcomes, table, said, title, tracker.links_markdown(runs))
@@ -130,6 +144,7 @@ def compare(
     return {
         "table": table,
         "verdict": said_first,
+        "order": order,  # the order the variants ran in
         "notes": said,
         "parent_run_id": parent,
         "run_ids": {v: outcomes[v].run_id for v in VARIANTS},

@@ -114,6 +114,7 @@ def test_repeats_take_median_times_and_pair_cuts_by_round():
     assert (
         none["step_time_s"] == 0.44 and none["compute_time_s"] == 0.22
     )  # medians, not the first run
+    assert none["step_time_s_range"] == [0.40, 0.50]
     assert none["step_time_s_runs"] == [0.40, 0.50, 0.44] and none["wall_s"] == 30.0
     assert none["final_accuracy"] == 0.9  # the first run's training figures
     cuts = paired_cuts({"none": none, "powersgd:4": fast}, "powersgd:4")

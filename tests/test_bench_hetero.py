@@ -8,7 +8,8 @@ from pydantic import ValidationError
 
 from hetflow.config import ConfigError
 
-from benchmarks.hetero import main, median_run, with_time_to_target
+from benchmarks.hetero import main
+from benchmarks.hetero.aggregate import median_run, with_speedups, with_time_to_target
 from benchmarks.hetero.model import at_run_pace, compute_model_error
 
 
@@ -62,16 +63,75 @@ def test_the_ideal_at_the_runs_pace_is_the_profiles_over_the_pace(pace):
     assert slower == pytest.approx(ideal / pace, rel=1e-6)
 
 
-def test_median_run_keeps_the_median_runs_figures_together_and_lists_every_efficiency():
-    def run(tp, plan):
-        return {"throughput_samples_per_s": tp, "efficiency": tp / 100, "final_plan": plan}
+def test_median_run_reports_each_headline_figures_own_median_and_keeps_the_rest_together():
+    def run(tp, e2e, plan):
+        return {
+            "throughput_samples_per_s": tp,
+            "end_to_end_s": e2e,
+            "efficiency": tp / 100,
+            "final_plan": plan,
+        }
 
-    runs = [run(90.0, [1]), run(70.0, [2]), run(80.0, [3])]
+    runs = [run(90.0, 10.0, [1]), run(70.0, 30.0, [2]), run(80.0, 40.0, [3])]
     out = median_run(runs)
-    assert out["throughput_samples_per_s"] == 80.0 and out["final_plan"] == [3]  # one run, whole
+    assert out["throughput_samples_per_s"] == 80.0 and out["final_plan"] == [3]
+    # the median end to end, not the end to end of the run of median throughput (40.0)
+    assert out["end_to_end_s"] == 30.0 and out["end_to_end_s_range"] == [10.0, 40.0]
+    assert out["throughput_samples_per_s_range"] == [70.0, 90.0]
     assert out["efficiency_runs"] == [0.9, 0.7, 0.8]  # in the order they ran
-    assert median_run(runs[:2])["final_plan"] == [2]  # even count: the lower middle
+    even = median_run(runs[:2])
+    assert even["final_plan"] == [2] and even["throughput_samples_per_s"] == 80.0
     assert "efficiency_runs" not in runs[2]  # the runs themselves are left as they were
+
+
+def test_speedups_are_paired_within_a_round_then_their_median_is_reported():
+    def run(tp, e2e):
+        return {"throughput_samples_per_s": tp, "end_to_end_s": e2e, "efficiency": tp / 200}
+
+    # the host slows down in round 1: both variants alike
+    runs = {
+        "baseline": [run(100.0, 20.0), run(50.0, 40.0), run(100.0, 20.0)],
+        "static": [run(150.0, 10.0), run(60.0, 40.0), run(120.0, 10.0)],
+    }
+    out = with_speedups(runs)["static"]
+    assert out["speedup_vs_baseline"] == pytest.approx(1.2)  # of 1.5, 1.2, 1.2
+    assert out["speedup_vs_baseline_range"] == pytest.approx([1.2, 1.5])
+    assert out["end_to_end_speedup"] == 2.0 and out["end_to_end_speedup_range"] == [1.0, 2.0]
+    assert with_speedups(runs)["baseline"]["speedup_vs_baseline"] == 1.0
+
+
+def test_the_table_shows_a_median_with_its_spread_and_a_single_run_without_one():
+    from benchmarks.hetero.table import cell
+
+    row = {"end_to_end_s": 30.0, "end_to_end_s_range": [10.0, 40.0], "replans": 2}
+    assert cell(row, "end_to_end_s") == "30.000 (10.000-40.000)"
+    assert cell({"end_to_end_s": 3.0, "end_to_end_s_range": [3.0, 3.0]}, "end_to_end_s") == "3.000"
+    assert cell(row, "replans") == "2" and cell(row, "final_plan") == "-"
+
+
+def test_each_round_runs_the_variants_rotated_and_says_in_which_order(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from hetflow.config import TrainConfig
+
+    import benchmarks.hetero as hetero
+    from benchmarks.hetero import parse_args, run_rounds
+
+    ran = []
+
+    def fake_run(name, round_, bench, profile, dataset, tmp):
+        ran.append((round_, name))
+        return {}, SimpleNamespace(local_batches=[1]), TrainConfig(), [1]
+
+    monkeypatch.setattr(hetero, "run_variant", fake_run)
+    figures = {"throughput_samples_per_s": 1.0, "efficiency": 1.0, "final_plan": [1]}
+    monkeypatch.setattr(hetero, "variant_figures", lambda *a: dict(figures))
+    _, bench = parse_args(["--repeat", "3", "--variants", "baseline,static,dynamic"])
+    bench = hetero.replace(bench, stragglers=[])
+    runs = run_rounds(bench, None, None, None, "")
+    assert [n for r, n in ran if r == 1] == ["static", "dynamic", "baseline"]
+    assert [runs[n][2]["position"] for n in ("baseline", "static", "dynamic")] == [1, 2, 0]
+    assert "round 2: dynamic, baseline, static (dynamic first)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -252,3 +312,64 @@ def test_the_bound_times_each_worker_alone_at_the_batches_the_plans_gave_it(
     assert run["efficiency_vs_bound"] == pytest.approx(
         run["throughput_samples_per_s"] / run["bound_samples_per_s"]
     )
+
+
+def _measured(cluster, speeds: list[float], profiling_time_s: float = 9.0):
+    from tests.profiles import profile_of, rank_profile
+
+    ranks = [
+        rank_profile(i, s, worker=w.name, grad_bytes=400_000)
+        for i, (w, s) in enumerate(zip(cluster.workers, speeds, strict=True))
+    ]
+    return profile_of(ranks, cluster=cluster.name, profiling_time_s=profiling_time_s)
+
+
+def test_static_at_history_plans_as_a_second_run_from_each_types_entry_and_pays_no_profile():
+    """Two workers of one type: a second run finds one entry for both (the first one's, as the
+    profile measured it), so it plans them alike where static, planning from this invocation's
+    profile, follows each one's own measurement."""
+    from hetflow.config import ClusterSpec, TrainConfig
+    from hetflow.training.plan.planner import make_plan
+
+    from benchmarks.hetero.history import history_profile
+
+    cluster, cfg = ClusterSpec.from_speeds([1, 1, 4]), TrainConfig(schedule="proportional")
+    measured = _measured(cluster, [100.0, 60.0, 400.0])  # w1 measured slow: noise in one run
+    second = history_profile(measured, cluster, cfg)
+    assert second.profiling_time_s == 0.0
+    assert [s.rsplit(": ", 1)[1] for s in second.sources] == ["w0", "w0", "w2"]
+    assert [r.worker for r in second.ranks] == ["w0", "w1", "w2"]
+    from_history = make_plan(second, cluster, cfg).local_batches
+    from_profile = make_plan(measured, cluster, cfg).local_batches
+    assert from_history[0] == from_history[1] and from_profile[1] < from_profile[0]
+    assert from_history[2] > from_history[0]  # the fast type still gets the most
+
+
+@pytest.mark.parametrize(
+    "name, schedule, charged",
+    [
+        ("static", "proportional", True),
+        ("static@history", "proportional", False),
+        ("static@history@micro", "proportional", False),
+        ("baseline", "equal", False),
+        ("dynamic", "dynamic", False),
+    ],
+)
+def test_only_a_variant_that_profiles_in_this_run_is_charged_its_profile(name, schedule, charged):
+    from hetflow.config import ClusterSpec, TrainConfig
+
+    from benchmarks.hetero.history import profile_charged_s
+
+    cluster = ClusterSpec.from_speeds([1, 2])
+    profile = _measured(cluster, [100.0, 200.0], profiling_time_s=9.0)
+    cfg = TrainConfig(schedule=schedule)
+    assert profile_charged_s(name, cfg, profile) == (9.0 if charged else 0.0)
+
+
+@pytest.mark.parametrize("variant", ["dynamic@history", "baseline@history", "static@histry"])
+def test_history_is_a_tag_of_static_only(variant):
+    from benchmarks.hetero import parse_args
+
+    with pytest.raises(ConfigError, match=r"^--variants: .*@history \(static only\)$"):
+        parse_args(["--variants", f"baseline,{variant}"])
+    assert parse_args(["--variants", "static,static@history"])[1].variants[1] == "static@history"

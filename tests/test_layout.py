@@ -46,6 +46,7 @@ ALLOWED = {
     },
     "hetflow.emulation": set(),
     "hetflow.output": set(),  # a command's JSON file and wide console: no hetflow below it
+    "hetflow.repeats": set(),  # the order of a round's variants, a figure's median: pure
     # the profile history's records and keys (`hetflow.history`), beside the config
     "hetflow.history": {"hetflow.records", "hetflow.config"},
     "hetflow.infra": {"hetflow.figures", "hetflow.records", "hetflow.config", "hetflow.emulation"},
@@ -81,6 +82,7 @@ ALLOWED = {
     # the queue's allocator and replay: pure, over the plan's balanced step
     "hetflow.queue": {"hetflow.training"},
     "hetflow.flows": {
+        "hetflow.repeats",
         "hetflow.config_queue",
         "hetflow.queue",
         "hetflow.figures",

@@ -31,6 +31,7 @@ from hetflow.config import (
     validated,
 )
 from hetflow.records import CompressionMethod, Plan
+from hetflow.repeats import run_order
 from hetflow.training.comm import DENSE_WARMUP_STEPS, method_warmup_steps
 from hetflow.training.launch.run import run_plan
 from hetflow.training.plan.balance import equal_batches
@@ -239,13 +240,17 @@ def _train_method(
 def run_rounds(
     methods: list[CompressionMethod], bench: Bench, dataset: DatasetSpec, tmp: str
 ) -> dict[str, list[dict]]:
-    """Every method `bench.repeat` times, round by round (every method once per round): per
-    method, each run's figures in the order they ran."""
-    rounds: dict[str, list[dict]] = {}
+    """Every method `bench.repeat` times, round by round (every method once per round, round r
+    in the order `repeats.run_order` gives: the methods rotated by r, each first in turn): per
+    method, each run's figures in the order of the rounds, with its `position` in its round
+    (0: it ran first)."""
+    rounds: dict[str, list[dict]] = {str(m): [] for m in methods}
     for round_ in range(bench.repeat):
-        for method in methods:
+        order = run_order(methods, round_)
+        print(f"round {round_}: {', '.join(map(str, order))} ({order[0]} first)", flush=True)
+        for position, method in enumerate(order):
             r = _train_method(method, round_, bench, dataset, tmp)
-            rounds.setdefault(str(method), []).append(r)
+            rounds[str(method)].append(r | {"round": round_, "position": position})
     return rounds
 
 
@@ -255,9 +260,10 @@ def summary(
     results: dict[str, dict],
     auto: Auto,
     wall_s: float,
+    orders: list[list[str]] | None = None,
 ) -> dict:
     """The benchmark's JSON (pure): every method's figures, what `auto` picked and what that
-    saved, and the flags."""
+    saved, the order each round ran the methods in (`orders`), and the flags."""
     picked = str(auto.method)
     vs_none = results[picked].get("step_time_vs_none")
     return {
@@ -269,6 +275,7 @@ def summary(
         "chosen_step_time_cut": 1 - vs_none if vs_none is not None else None,
         "chosen_step_time_cut_runs": paired_cuts(results, picked),
         "repeat": args.repeat,
+        "orders": orders or [],
         "link_gbps": args.link_gbps or None,
         "time_scale": bench.cluster.time_scale,
         "latency_ms": args.latency_ms,
@@ -294,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         extra = [auto.method] if auto.method not in bench.methods else []
         rounds = run_rounds(bench.methods + extra, bench, dataset, tmp)
     results = method_results(rounds, WORLD)
-    out = summary(args, bench, results, auto, time.perf_counter() - t_start)
+    orders = [list(map(str, run_order(bench.methods + extra, r))) for r in range(bench.repeat)]
+    out = summary(args, bench, results, auto, time.perf_counter() - t_start, orders)
     print_tables(out)
     write_json(args.json_path, out)
     return 0

@@ -4,8 +4,7 @@ docstring of `benchmarks.comm` says what each one means)."""
 
 from __future__ import annotations
 
-import statistics
-
+from hetflow.repeats import with_medians
 from hetflow.training.comm import ring_allreduce_bytes
 
 
@@ -48,12 +47,11 @@ TIMES = ("step_time_s", "compute_time_s", "comm_time_s", "idle_time_s")
 
 
 def combine_repeats(runs: list[dict]) -> dict:
-    """One method's figures over `--repeat` runs (pure): the times are the medians, and
-    `step_time_s_runs` keeps every run's step time. Bytes, loss and accuracy come from the first
-    run; the same seed gives the same training in every run."""
-    out = dict(runs[0])
-    for key in TIMES:
-        out[key] = statistics.median(r[key] for r in runs)
+    """One method's figures over `--repeat` runs (pure): each time is its own median, with
+    `TIME_range` ([min, max]) beside it (`repeats.with_medians`), and `step_time_s_runs` keeps
+    every run's step time. Bytes, loss and accuracy come from the first run; the same seed
+    gives the same training in every run."""
+    out = with_medians(runs[0], runs, TIMES)
     out["step_time_s_runs"] = [r["step_time_s"] for r in runs]
     out["wall_s"] = sum(r.get("wall_s", 0.0) for r in runs)
     return out

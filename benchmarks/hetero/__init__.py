@@ -36,6 +36,7 @@ from hetflow.config import (
 from hetflow.emulation.device_model import Straggler, straggler_factor
 from hetflow.infra.tracking.plots import rate_curves, rolling_rate
 from hetflow.records import Plan, Profile, RunResult
+from hetflow.repeats import run_order
 from hetflow.training.launch.run import measure_profile, run_plan
 from hetflow.training.metrics import end_to_end, needs_profile, summarize
 from hetflow.training.plan import planner
@@ -44,14 +45,18 @@ from hetflow.training.plan.prior import equal_prior, published_prior
 from hetflow.training.plan.ranks import RankMap
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
+from benchmarks.hetero.aggregate import with_speedups
 from benchmarks.hetero.args import PRECISION, parser
 from benchmarks.hetero.bound import bound_figures, solo_rates
 from benchmarks.hetero.hardware import set_hardware
+from benchmarks.hetero.history import HISTORY, history_profile, profile_charged_s
 from benchmarks.hetero.model import at_run_pace, compute_model_error, steps_to_final_rate
 from benchmarks.hetero.table import print_table
 from benchmarks.ray_cluster import local_ray
 
-VARIANT_TAGS = ("micro", "profile")  # VARIANT@TAG: micro-batches; dynamic planned from a profile
+# VARIANT@TAG: micro-batches; dynamic planned from a profile; static from the profile history
+VARIANT_TAGS = ("micro", "profile", "history")
+ONLY = {"profile": "dynamic", "history": "static"}  # a tag only one variant takes
 # the wall-clock figures of `summarize` a variant's row shows (`metrics.wall_figures`)
 WALL_FIGURES = ("startup_s", "trials_s", "eval_s", "checkpoint_s", "steady_samples_per_s")
 # what the variant paid from the start of its job (`metrics.end_to_end`)
@@ -102,16 +107,6 @@ def run_ideal(
         c = [x * f for x, f in zip(per_sample, factors, strict=True)]
         seconds += (stop - start) * global_batch / ideal_throughput(a, c, global_batch)
     return steps * global_batch / seconds
-
-
-def median_run(runs: list[dict]) -> dict:
-    """One variant's figures over `--repeat` runs (pure): the run of median throughput, whole
-    (the lower of the middle two for an even count), so that its figures belong together, with
-    `efficiency_runs` listing every run's efficiency in the order they ran."""
-    ranked = sorted(runs, key=lambda r: r["throughput_samples_per_s"])
-    out = dict(ranked[(len(ranked) - 1) // 2])
-    out["efficiency_runs"] = [r["efficiency"] for r in runs]
-    return out
 
 
 @dataclass(frozen=True)
@@ -174,10 +169,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
     for v in variants:
         kind, *tags = v.split("@")
-        bad = [t for t in tags if t not in VARIANT_TAGS or (t == "profile" and kind != "dynamic")]
+        bad = [t for t in tags if t not in VARIANT_TAGS or ONLY.get(t, kind) != kind]
         if bad:
             raise ConfigError(
-                f"--variants: {v!r}: @{bad[0]} is not one of @micro, @profile (dynamic only)"
+                f"--variants: {v!r}: @{bad[0]} is not one of @micro, @profile (dynamic only), "
+                "@history (static only)"
             )
     if args.launcher == "ray":
         variants = [name for v in variants for name in (v, f"{v}@ray")]
@@ -217,9 +213,10 @@ def run_variant(
     """One training run of variant `name` in round `round_`, with no gradient compression:
     (its result.json, its first plan over the ranks launched, its config). Planned from the
     profile where the variant needs one before its first step (`needs_profile`: 'static', and
-    'dynamic@profile'), else from the prior a first run has (`prior.published_prior`, else the
-    equal split). Workers the plan drops (`Plan.dropped`) are not launched; the others keep
-    their order."""
+    'dynamic@profile'), from the profile history as a second run assembles it where tagged
+    @history (`history.history_profile`), else from the prior a first run has
+    (`prior.published_prior`, else the equal split). Workers the plan drops (`Plan.dropped`)
+    are not launched; the others keep their order."""
     base, *tags = name.split("@")
     launcher = "ray" if "ray" in tags else ""
     knobs = {"schedule": VARIANTS[base], "compression": "none"}
@@ -227,10 +224,12 @@ def run_variant(
         knobs["accumulate"] = "auto"
     if "profile" in tags:
         knobs["profile_first"] = True
-    precision = [t for t in tags if t not in ("ray", "micro", "profile")]
+    precision = [t for t in tags if t not in ("ray", *VARIANT_TAGS)]
     cfg = bench.base.model_copy(update=knobs | ({"precision": precision[0]} if precision else {}))
     whole = bench.cluster.model_copy(update={"launcher": launcher or "local"})
-    if not needs_profile(cfg):
+    if HISTORY in tags:
+        profile = history_profile(profile, whole, cfg)
+    elif not needs_profile(cfg):
         profile = published_prior(whole, cfg) or equal_prior(whole, cfg)
     planned = make_plan(profile, whole, cfg)
     if base == "fastest":
@@ -249,14 +248,21 @@ def run_variant(
 
 
 def variant_figures(
-    res: dict, plan: Plan, cfg: TrainConfig, ideal: Ideals, until_step: int, profile: Profile
+    res: dict,
+    plan: Plan,
+    cfg: TrainConfig,
+    ideal: Ideals,
+    until_step: int,
+    profile: Profile,
+    charged_s: float,
 ) -> dict:
-    """One run's figures (pure): throughput and efficiency against the ideals, where the ranks'
-    time went, the plans and re-plans, and the error before `until_step` of the profile's model
+    """One run's figures (pure): throughput and efficiency against the ideals, end to end with
+    `charged_s` of profile paid before it (`history.profile_charged_s`), where the ranks' time
+    went, the plans and re-plans, and the error before `until_step` of the profile's model
     (the one the ideal is made of, whether the plan was or not)."""
     result = RunResult.model_validate({k: v for k, v in res.items() if k != "wall_s"})
     m = summarize(result, cfg.global_batch, cfg.target_accuracy, cfg.target_val_loss)
-    m = end_to_end(m, res["wall_s"], profile.profiling_time_s if needs_profile(cfg) else 0.0)
+    m = end_to_end(m, res["wall_s"], charged_s)
     lead = res["ranks"][0]
     caps = plan.caps if plan.micro_count else None  # micro-batches: a_i for each
     launched = [r.step_model() for r in profile.ranks if r.worker not in plan.dropped]
@@ -307,17 +313,23 @@ def run_rounds(
     bench: Bench, profile: Profile, ideal: Ideals, dataset: DatasetSpec, tmp: str
 ) -> dict[str, list[dict]]:
     """Every variant `bench.repeat` times, round by round (a slow spell of the host weighs on
-    every variant alike): per variant, each run's figures in the order they ran."""
+    every variant alike), round r in the order `repeats.run_order` gives (the variants rotated
+    by r: each runs first in turn): per variant, each run's figures in the order of the rounds,
+    with its `round` and `position` in it (0: it ran first)."""
     until = min([bench.base.steps, *[s[1] for s in bench.stragglers]])
     runs: dict[str, list[dict]] = {name: [] for name in bench.variants}
     for round_ in range(bench.repeat):
+        order = run_order(bench.variants, round_)
+        print(f"round {round_}: {', '.join(order)} ({order[0]} first)", flush=True)
         planned = {}
-        for name in bench.variants:
+        for position, name in enumerate(order):
             res, plan, cfg, planned[name] = run_variant(name, round_, bench, profile, dataset, tmp)
-            figures = variant_figures(res, plan, cfg, ideal, until, profile)
-            runs[name].append(figures)
+            charged = profile_charged_s(name, cfg, profile)
+            figures = variant_figures(res, plan, cfg, ideal, until, profile, charged)
+            runs[name].append(figures | {"round": round_, "position": position})
             print(
-                f"{name}: {figures['throughput_samples_per_s']:.0f} samples/s "
+                f"round {round_} #{position + 1} {name}: "
+                f"{figures['throughput_samples_per_s']:.0f} samples/s "
                 f"(efficiency {figures['efficiency']:.2f}), plan {plan.local_batches}"
                 f" -> {figures['final_plan']}",
                 flush=True,
@@ -336,68 +348,6 @@ def run_rounds(
     return runs
 
 
-def with_speedups(runs: dict[str, list[dict]]) -> dict[str, dict]:
-    """Each variant's median run (`median_run`) with its throughput over the baseline's
-    (`speedup_vs_baseline`, None without a baseline) (pure)."""
-    results = {name: median_run(rs) for name, rs in runs.items()}
-    base = baseline_of(results)
-    base_tp, base_e2e = base.get("throughput_samples_per_s"), base.get("end_to_end_s")
-    for r in results.values():
-        r["speedup_vs_baseline"] = r["throughput_samples_per_s"] / base_tp if base_tp else None
-        e2e = r.get("end_to_end_s")
-        r["end_to_end_speedup"] = base_e2e / e2e if base_e2e and e2e else None
-    return with_time_to_target(results)
-
-
-def baseline_of(results: dict[str, dict]) -> dict:
-    """The variant the others are compared with: 'baseline', else 'baseline@micro' (the equal
-    split with micro-batches, where a worker's share passes its memory cap); {} without one."""
-    return results.get("baseline") or results.get("baseline@micro") or {}
-
-
-SAME_LOSS_RTOL = 1e-5  # the variants' gradients are equal, summed in another order
-
-
-def with_time_to_target(results: dict[str, dict]) -> dict[str, dict]:
-    """Each variant's training time until its first evaluation that met the figure baseline
-    ended at (val_loss at most, or accuracy at least: `time_to_baseline_final_s`, None if it
-    never did) and baseline's time over it (`time_to_target_speedup`); the same from the start
-    of each variant's job, its profile and launch included (`end_to_end_time_to_baseline_final_s`,
-    `end_to_end_time_to_target_speedup`) (pure). A val_loss
-    within `SAME_LOSS_RTOL` of the target meets it: other local batches sum the same gradients
-    in another order (3.0702174 against 3.0702152 on the default gpt)."""
-    base = baseline_of(results).get("evals")
-    if not base:
-        return results
-    key = "val_loss" if "val_loss" in base[-1] else "accuracy"
-    target = base[-1][key]
-
-    def met(e: dict) -> bool:
-        if key == "val_loss":
-            return e[key] <= target * (1 + SAME_LOSS_RTOL)
-        return e[key] >= target
-
-    base_time = next(e["train_time_s"] for e in base if met(e))
-    base_e2e = _end_to_end_at(baseline_of(results), next(e for e in base if met(e)))
-    for r in results.values():
-        e = next((e for e in r.get("evals", []) if met(e)), None)
-        hit = e["train_time_s"] if e else None
-        r["time_to_baseline_final_s"] = hit
-        r["time_to_target_speedup"] = base_time / hit if hit else None
-        e2e = _end_to_end_at(r, e) if e else None
-        r["end_to_end_time_to_baseline_final_s"] = e2e
-        r["end_to_end_time_to_target_speedup"] = base_e2e / e2e if base_e2e and e2e else None
-    return results
-
-
-def _end_to_end_at(run: dict, e: dict) -> float | None:
-    """Seconds from the start of `run`'s job (its profile, if it paid one) to evaluation `e`,
-    where the run recorded when `e` was."""
-    if e.get("wall_s") is None:
-        return None
-    return (run.get("profiling_time_s") or 0.0) + e["wall_s"]
-
-
 def summary(
     args: argparse.Namespace, bench: Bench, profile: Profile, ideal: Ideals, results: dict
 ) -> dict:
@@ -412,6 +362,8 @@ def summary(
         "jitter": args.jitter,
         "pauses": args.pauses,
         "repeat": args.repeat,
+        # the order each round ran the variants in (`repeats.run_order`): the first ran first
+        "orders": [run_order(bench.variants, r) for r in range(bench.repeat)],
         "memory_caps": [w.memory_cap_batch for w in bench.cluster.workers],
         "cpu_quotas": [w.cpu_quota for w in bench.cluster.workers],
         "emulate": bench.cluster.emulate,

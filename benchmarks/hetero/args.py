@@ -44,7 +44,9 @@ def parser() -> argparse.ArgumentParser:
         "which it is charged), dynamic (from a prior, learned from its own steps; "
         "dynamic@profile: from the profile, charged), and fastest (the fastest worker alone "
         "with the whole batch, the others not launched: what dropping the slow workers "
-        "gives); VARIANT@micro runs it with train.accumulate 'auto' (shares past a memory cap "
+        "gives); static@history: static as a second run plans it, from the profile history "
+        "(this invocation's profile as its entries), charged no profile; VARIANT@micro runs it "
+        "with train.accumulate 'auto' (shares past a memory cap "
         f"as micro-batches) (default: {','.join(VARIANTS)})",
     )
     p.add_argument(

@@ -1,4 +1,5 @@
-"""`hetflow bench hetero`'s table: every variant's figures side by side."""
+"""`hetflow bench hetero`'s table: every variant's figures side by side, a median over the
+rounds with its min-max, and the order each round ran the variants in."""
 
 from __future__ import annotations
 
@@ -55,12 +56,21 @@ def print_table(out: dict) -> None:
     for name in out["variants"]:
         t.add_column(name, justify="right")
     for row in rows:
-        cells = []
-        for r in out["variants"].values():
-            v = r.get(row)
-            if isinstance(v, list) and v and not isinstance(v[0], int):
-                form = "+.2f" if row.startswith("compute_model_error") else ".3f"
-                v = "[" + ", ".join("-" if e is None else format(e, form) for e in v) + "]"
-            cells.append("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v))
-        t.add_row(row, *cells)
+        t.add_row(row, *(cell(r, row) for r in out["variants"].values()))
     wide_console(140).print(t)
+    for r, order in enumerate(out.get("orders", [])):
+        print(f"round {r} ran {', '.join(order)}")
+
+
+def cell(r: dict, row: str) -> str:
+    """Variant row `r`'s figure `row` as text: a median over rounds with its min-max after it
+    (`123.456 (120.000-125.000)`), a list in brackets, '-' where there is none."""
+    v = r.get(row)
+    if isinstance(v, list) and v and not isinstance(v[0], int):
+        form = "+.2f" if row.startswith("compute_model_error") else ".3f"
+        return "[" + ", ".join("-" if e is None else format(e, form) for e in v) + "]"
+    text = "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+    spread = r.get(f"{row}_range")
+    if spread and spread[0] != spread[1]:
+        text += f" ({spread[0]:.3f}-{spread[1]:.3f})"
+    return text

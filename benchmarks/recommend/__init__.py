@@ -45,6 +45,7 @@ from hetflow.forecast.search import (
     search,
 )
 from hetflow.records import Plan, RunResult
+from hetflow.repeats import run_order
 from hetflow.training.launch.run import run_plan
 from hetflow.training.metrics import summarize
 
@@ -259,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {name: [] for name in choices}
     with digits_workspace("digits") as (tmp, dataset):
         for round_ in range(args.repeat):
-            for name, choice in choices.items():
+            for name in run_order(list(choices), round_):  # each choice first in turn
+                choice = choices[name]
                 runs[name].append(run_choice(name, round_, cands, choice, args, dataset, tmp))
                 r = runs[name][-1]
                 print(
@@ -290,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "flags": vars(args),
         "choices": rows,
+        # the order each round ran the choices in (`repeats.run_order`)
+        "orders": [run_order(list(choices), r) for r in range(args.repeat)],
         "versus_naive": versus_naive(rows, args.deadline_h),
         "max_abs_error": max(
             abs(r[e]) for r in rows.values() for e in ("hours_error", "cost_error")

@@ -151,7 +151,8 @@ def cmd_demo(args) -> int:
     _print_table(out["table"], title, out["notes"], out.get("verdict", ""))
     print(f"demo finished in {time.perf_counter() - t:.0f}s")
     _print_runs(out["parent_run_id"], out["run_ids"])
-    write_json(args.json_path, out["table"])
+    # the table's two variants, and the order they ran in (`compare`'s docstring)
+    write_json(args.json_path, {**out["table"], "order": out["order"]})
     _where_to_look(tracking, out["mlflow_urls"])
     return 0
 

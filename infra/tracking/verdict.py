@@ -18,22 +18,26 @@ def upfront_s(m: dict) -> float:
 
 def pays_after(baseline: dict, optimized: dict) -> int | None:
     """The steps after which the optimized run's faster steps have paid for what it spent
-    before them beyond the baseline (`upfront_s`); 0 when it spent no more; None when its steps
-    are no faster.
+    before them beyond the baseline (`upfront_s`); 0 when it spent no more and its steps were
+    no slower (or their count is unknown); None when its steps are slower, or no faster while
+    it spent more: a run whose steps lost time has not paid for itself, however little it
+    spent before them.
 
     >>> b = {"startup_s": 10.0, "train_loop_s": 20.0, "steps": 100}
     >>> pays_after(b, {"startup_s": 13.0, "train_loop_s": 10.0, "steps": 100})
     30
     >>> pays_after(b, {"startup_s": 9.0, "train_loop_s": 10.0, "steps": 100})
     0
+    >>> pays_after(b, {"startup_s": 5.0, "train_loop_s": 26.0, "steps": 100}) is None
+    True
     """
     extra = upfront_s(optimized) - upfront_s(baseline)
-    if extra <= 0:
-        return 0
     steps_b, steps_o = _get(baseline, "steps"), _get(optimized, "steps")
     if not steps_b or not steps_o:
-        return None
+        return 0 if extra <= 0 else None
     saved = _get(baseline, "train_loop_s") / steps_b - _get(optimized, "train_loop_s") / steps_o
+    if extra <= 0:
+        return 0 if saved >= 0 else None
     return math.ceil(extra / saved) if saved > 0 else None
 
 
