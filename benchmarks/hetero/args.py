@@ -75,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
+    """The emulation's time scale and noise, the rounds, the launcher and the bound."""
     p.add_argument(
         "--time-scale",
         type=float,
@@ -126,6 +127,11 @@ def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
         help="after each round, time every worker alone at the batches the plans gave it: "
         "the bound each variant is graded against, measured, not modelled (efficiency_vs_bound)",
     )
+    _add_output(p)
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    """Where the figures go: the JSON, the rate plot, each run's records."""
     p.add_argument("--json", dest="json_path")
     p.add_argument(
         "--plot",

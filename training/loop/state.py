@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from hetflow.records import CompressionTrials, EvalPoint, PlanChange, StepRecord
-from hetflow.training.plan.rebalancer import narrowed_state
 
 # Steps of the plan in force kept for `Rebalancer.sudden_change` (it compares a rank's last
 # SUDDEN_STEPS with its median over the rest).
@@ -194,3 +193,22 @@ class Checkpoint:
             records=[self.records[i] for i in keep],
             rebalancer=narrowed_state(self.rebalancer, keep),
         )
+
+
+def narrowed_state(state: dict, keep: list[int]) -> dict:
+    """`Rebalancer.state()` of a run as it goes on with the ranks `keep` (old rank of each new
+    one, in order) alone: each rank's measurements are its worker's; the log of re-plans and
+    the model's errors stay; the plans of the old ranks (rejected, on trial, to revert to)
+    mean nothing on the new ones and are dropped (pure)."""
+    per_rank = ("per_sample_s", "points", "latest")
+    picked = {k: None if state.get(k) is None else [state[k][i] for i in keep] for k in per_rank}
+    return {
+        **state,
+        **picked,
+        "rejected": [],
+        "trial": None,
+        "revert_to": None,
+        "tried": [],
+        "last_plan": None,
+        "counts": [state["counts"][i] for i in keep] if state.get("counts") else [],
+    }

@@ -4,12 +4,20 @@ measure (pure; every rank holds one and feeds it the same figures)."""
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hetflow.training.plan.balance import micro_split
 from hetflow.training.plan.curves import MOVE_FACTOR, Curve, balance_on_curves, cost_of
+from hetflow.training.plan.measured import (
+    best_of,
+    entry_of,
+    judge,
+    record,
+    start_trial,
+    window_se,
+)
+from hetflow.training.plan.speed_change import host_noise, jump_of, sudden
 
 # Steps in a row that a rank's time must lie beyond `Rebalancer.jump` to count as a sudden change;
 # the re-plan after one is made from these steps alone.
@@ -27,15 +35,6 @@ BRING_BACK = 2.0
 # A re-plan whose predicted gain is below this many times its bar is adopted only when the
 # window before proposed no share moving the other way: that twice in a row is seldom noise.
 CLEAR_GAIN = 2.0
-# A new plan is kept as soon as its measured step is shorter than the plan's before it by more
-# than this many standard errors of their difference (one-sided, about 95%), given up as soon
-# as it is longer by as much; within the noise, it is measured for TRIAL_WINDOWS windows and
-# then kept only where their mean is shorter than the plan's before it.
-KEEP_Z = 1.64
-TRIAL_WINDOWS = 4
-# A rank's step beyond exp(JUMP_SIGMAS x the measured step spread) of its usual is a change of
-# speed, not a slow stretch of the host (and never less than 1 + 3 x threshold).
-JUMP_SIGMAS = 4.0
 # A curve's point is the mean of its batch's rows since the rank's speed last changed, the
 # newest this many: a window of a slow stretch moves it by its share of them, not by half.
 MEMORY_ROWS = 40
@@ -142,28 +141,21 @@ class Rebalancer:
         + 3 x `threshold`, or wider where its window means have spread more about its points
         (`JUMP_SIGMAS` x `spread`: a host that runs slow for a few windows does not look like
         a straggler)."""
-        return max(1 + 3 * self.threshold, math.exp(JUMP_SIGMAS * self.spread))
+        return jump_of(self.threshold, self.spread)
 
     @property
     def step_jump(self) -> float:
         """The same for a rank's single steps (`sudden_change`), from `step_noise`."""
-        return max(1 + 3 * self.threshold, math.exp(JUMP_SIGMAS * self.step_noise))
+        return jump_of(self.threshold, self.step_noise)
 
     def _entry(self, plan: Sequence[int] | None) -> dict | None:
-        return next((t for t in self.tried if plan is not None and t["plan"] == list(plan)), None)
+        return entry_of(self.tried, plan)
 
-    @staticmethod
-    def _se(noise: float, rows: int, entry: dict | None) -> float:
-        """The relative standard error of a window's mean step: its steps' spread over the
-        square root of their count, or, where the plan's windows differed more than that (slow
-        stretches of several steps: the steps are not independent), that difference."""
-        within = noise / math.sqrt(rows) if rows else 0.0
-        return max(within, entry["between"] if entry else 0.0)
+    _se = staticmethod(window_se)
 
     def measured_best(self, besides: Sequence[int] | None = None) -> list[int] | None:
         """The plan of shortest measured step since the speeds last changed (not `besides`)."""
-        kept = [t for t in self.tried if besides is None or t["plan"] != list(besides)]
-        return min(kept, key=lambda t: t["step_s"])["plan"] if kept else None
+        return best_of(self.tried, besides)
 
     @property
     def replans(self) -> int:
@@ -223,13 +215,7 @@ class Rebalancer:
         of the slowest computing rank's time per step; 0 where not measured) and its mean step
         (`step_s`: the mean over its steps of the slowest computing rank's time, what the plan
         cost; default the slowest rank's mean), and its rows (`samples[step][rank]`, for the
-        host's noise, `step_noise`).
-
-        A plan on trial (the newest re-plan) is judged here on measured windows, not on the
-        model: kept once its step is shorter than the plan's before it by more than KEEP_Z
-        standard errors of the difference; given up (reverted to the best plan measured
-        since the speeds last changed, `measured_best`) once it is longer by as much, or
-        after TRIAL_WINDOWS windows that do not show it shorter."""
+        host's noise, `step_noise`). A plan on trial is judged here (`_judge`)."""
         step_s = max(compute_s_per_step) if step_s is None else step_s
         self.last_step_s = step_s
         self.noise, self.rows, self.windows = noise, rows, self.windows + 1
@@ -253,23 +239,13 @@ class Rebalancer:
         means: Sequence[float],
         samples: Sequence[Sequence[float]],
     ) -> None:
-        """`spread` and `step_noise` from how far this window's means and steps lie from each
-        computing rank's point at its batch (log ratios, their root mean square), smoothed
-        over windows; a window beyond `jump` (a change of speed) is not noise and is left out."""
-        window, steps = [], []
-        for i, b in enumerate(plan):
-            point = (self.points or [{}] * len(plan))[i].get(b) if b else None
-            if not point or not 1 / self.jump <= means[i] / point <= self.jump:
-                continue
-            window.append(math.log(means[i] / point) ** 2)
-            steps += [math.log(row[i] / point) ** 2 for row in samples if row[i] > 0]
+        """`spread` and `step_noise` (`speed_change.host_noise`), smoothed over windows."""
+        window, step = host_noise(self.points or [], plan, means, samples, self.jump)
         w = self.smoothing
-        if window:
-            rms = math.sqrt(sum(window) / len(window))
-            self.spread = rms if not self.spread else w * rms + (1 - w) * self.spread
-        if steps:
-            rms = math.sqrt(sum(steps) / len(steps))
-            self.step_noise = rms if not self.step_noise else w * rms + (1 - w) * self.step_noise
+        if window is not None:
+            self.spread = window if not self.spread else w * window + (1 - w) * self.spread
+        if step is not None:
+            self.step_noise = step if not self.step_noise else w * step + (1 - w) * self.step_noise
 
     def _learn_points(
         self, plan: Sequence[int], compute_s_per_step: Sequence[float], rows: int
@@ -309,47 +285,24 @@ class Rebalancer:
         return changed
 
     def _record(self, plan: Sequence[int], step_s: float, noise: float, rows: int) -> None:
-        """`plan`'s measured step: the newest window weighs `smoothing`; `between` is how far
-        its windows' means moved from one to the next (relative, smoothed), the noise a mean
-        of one window carries where its steps are not independent."""
-        entry = self._entry(plan)
-        if entry is None:
-            self.tried.append(
-                {
-                    "plan": list(plan),
-                    "step_s": step_s,
-                    "rows": rows,
-                    "noise": noise,
-                    "between": 0.0,
-                    "windows": 1,
-                }
-            )
-            return
-        moved = abs(math.log(step_s / entry["step_s"])) / math.sqrt(2) if entry["step_s"] else 0.0
-        w = self.smoothing
-        entry["between"] = moved if not entry["between"] else w * moved + (1 - w) * entry["between"]
-        entry["step_s"] = w * step_s + (1 - w) * entry["step_s"]
-        entry["rows"], entry["noise"] = rows, noise
-        entry["windows"] = entry.get("windows", 1) + 1
+        record(self.tried, plan, step_s, noise, rows, self.smoothing)
 
     def _judge(self, plan: Sequence[int], step_s: float) -> None:
-        """The trial's verdict from its windows so far against the plan before it."""
+        """The trial's verdict from its windows so far against the plan before it
+        (`measured.judge`); the model's error at the batches it chose, from its first."""
         trial = self.trial
-        trial["windows"] = trial.get("windows", 0) + 1
-        n = trial["windows"]
-        trial["after_s"] = step_s if n == 1 else ((n - 1) * trial["after_s"] + step_s) / n
-        after, before = trial["after_s"], trial["step_s"]
+        verdict = judge(trial, step_s, self._se(self.noise, self.rows, self._entry(plan)))
         if trial["windows"] == 1 and trial.get("predicted_s") and trial.get("measured_range", True):
-            # how far the model was off, at the batches it chose; a plan beyond the batches
-            # the ranks had run was extrapolated, which says nothing of the curves between
-            self.errors = [*self.errors[-(ERRORS_KEPT - 1) :], after / trial["predicted_s"] - 1]
-        se_after = self._se(self.noise, self.rows, self._entry(plan)) / math.sqrt(trial["windows"])
-        bar = KEEP_Z * math.hypot(se_after, trial["se"])
-        last = trial["windows"] >= TRIAL_WINDOWS
-        if after < before * (1 - bar) or (last and after < before):  # measured faster: kept
+            # a plan beyond the batches the ranks had run was extrapolated, which says
+            # nothing of the curves between them
+            self.errors = [
+                *self.errors[-(ERRORS_KEPT - 1) :],
+                trial["after_s"] / trial["predicted_s"] - 1,
+            ]
+        if verdict == "kept":
             self.trial = None
             self.move = min(MOVE_FACTOR, self.move * 2)
-        elif after > before * (1 + bar) or last:
+        elif verdict == "given up":
             # The model promised a shorter step and the windows do not show one: it does not
             # hold at these batches. Go back to the best plan measured, do not propose this one
             # again until the speeds change, and move less far from what was measured next time.
@@ -365,26 +318,12 @@ class Rebalancer:
         recent: int = SUDDEN_STEPS,
         reference: int = 3,
     ) -> bool:
-        """Whether a rank's speed has jumped: its compute time in each of the last `recent` rows
-        lies more than `step_jump` times above, or each more than that below, its median over
-        the `reference` or more rows before them.
-
-        `rows[step][rank]`: compute time per step, every row under the same `plan`. Two steps in
-        a row, not one: a single slow step is noise (a page fault, the host), and each
-        further step a straggler runs on the old plan costs a step of its slow pace. A rank the
-        plan leaves out (batch 0) is not looked at: its empty step's time is noise, not speed.
-        """
-        if len(rows) < recent + reference:
-            return False
-        jump = self.step_jump
-        for rank in range(len(rows[0])):
-            if plan is not None and plan[rank] == 0:
-                continue
-            median = statistics.median(row[rank] for row in rows[:-recent])
-            last = [row[rank] for row in rows[-recent:]]
-            if median > 0 and (min(last) > median * jump or max(last) * jump < median):
-                return True
-        return False
+        """Whether a rank's speed has jumped (`speed_change.sudden`): each of its last
+        `recent` steps beyond `step_jump` of its median over the `reference` or more before.
+        Three steps in a row, not one: a single slow step is noise (a page fault, the host),
+        two paused steps in a row came about once in two runs on a shared host, and each
+        further step a straggler runs on the old plan costs a step of its slow pace."""
+        return sudden(rows, plan, self.step_jump, recent, reference)
 
     def imbalance(self, plan: Sequence[int]) -> float:
         """How far the slowest rank's predicted step lies above the mean of the ranks that
@@ -421,12 +360,7 @@ class Rebalancer:
         )
         before, after = max(self.step_times(plan)), max(self.step_times(new))
         gain = before / after - 1 if after > 0 else 0.0
-        back = any(b == 0 and n > 0 for b, n in zip(plan, new, strict=True))
-        # each plan given up since the speeds changed doubles the bar: the model was wrong
-        # there, and a trial costs windows on a plan that may be slower
-        bar = self.margin * (BRING_BACK if back else 1.0) * 2 ** min(len(self.rejected), 3)
-        if back and steps_left:
-            bar += switch_s / (steps_left * after) if after > 0 else 0.0
+        bar = self._bar(plan, new, after, steps_left, switch_s)
         if new == list(plan) or new in self.rejected or gain <= bar:
             self.pending = None
             return None
@@ -438,17 +372,15 @@ class Rebalancer:
             self.pending = moves  # no share moving the other way
             return None
         self.pending = None
-        entry = self._entry(plan)
-        self.trial = {
-            "plan": list(plan),
-            "new": list(new),
-            "step_s": entry["step_s"] if entry else self.last_step_s,
-            "se": self._se(self.noise, self.rows, entry) / math.sqrt(min(entry["windows"], 3))
-            if entry
-            else self._se(self.noise, self.rows, None),
-            "predicted_s": after,
-            "measured_range": self.within_points(new),
-        }
+        self.trial = start_trial(
+            plan,
+            new,
+            self._entry(plan),
+            self._se(self.noise, self.rows, self._entry(plan)),
+            step_s=self.last_step_s,
+            predicted_s=after,
+            measured_range=self.within_points(new),
+        )
         self.history.append(
             {
                 "step": step,
@@ -460,6 +392,24 @@ class Rebalancer:
             }
         )
         return new
+
+    def _bar(
+        self,
+        plan: Sequence[int],
+        new: Sequence[int],
+        after: float,
+        steps_left: int | None,
+        switch_s: float,
+    ) -> float:
+        """The predicted gain `new` must beat: `margin`, twice it where a rank comes back plus
+        its copy spread over the steps left, and doubled for each plan given up since the
+        speeds changed (the model was wrong there, and a trial costs windows on a plan that may
+        be slower), up to 8x."""
+        back = any(b == 0 and n > 0 for b, n in zip(plan, new, strict=True))
+        bar = self.margin * (BRING_BACK if back else 1.0) * 2 ** min(len(self.rejected), 3)
+        if back and steps_left and after > 0:
+            bar += switch_s / (steps_left * after)
+        return bar
 
     def state(self) -> dict:
         """What a checkpoint keeps so that a resumed run re-plans as the lost one would have."""
@@ -497,22 +447,3 @@ class Rebalancer:
         self.counts = [{int(b): int(n) for b, n in c} for c in state.get("counts", [])]
         self.spread, self.step_noise = state.get("spread", [0.0, 0.0])
         self.last_plan = state.get("last_plan")
-
-
-def narrowed_state(state: dict, keep: list[int]) -> dict:
-    """`Rebalancer.state()` of a run as it goes on with the ranks `keep` (old rank of each new
-    one, in order) alone: each rank's measurements are its worker's; the log of re-plans and
-    the model's errors stay; the plans of the old ranks (rejected, on trial, to revert to)
-    mean nothing on the new ones and are dropped (pure)."""
-    per_rank = ("per_sample_s", "points", "latest")
-    picked = {k: None if state.get(k) is None else [state[k][i] for i in keep] for k in per_rank}
-    return {
-        **state,
-        **picked,
-        "rejected": [],
-        "trial": None,
-        "revert_to": None,
-        "tried": [],
-        "last_plan": None,
-        "counts": [state["counts"][i] for i in keep] if state.get("counts") else [],
-    }
