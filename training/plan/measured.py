@@ -17,8 +17,7 @@ from typing import Literal
 
 # A new plan is kept as soon as its measured step is shorter than the plan's before it by more
 # than this many standard errors of their difference (one-sided, about 95%), given up as soon
-# as it is longer by as much; within the noise, it is measured for TRIAL_WINDOWS windows and
-# then kept only where their mean is shorter than the plan's before it.
+# as it is longer by as much, and given up after TRIAL_WINDOWS windows within the noise.
 KEEP_Z = 1.64
 TRIAL_WINDOWS = 4
 
@@ -50,11 +49,27 @@ def best_of(tried: Sequence[dict], besides: Sequence[int] | None = None) -> list
     return min(kept, key=lambda t: t["step_s"])["plan"] if kept else None
 
 
+def recent(tried: Sequence[dict], window: int, within: int = 2 * TRIAL_WINDOWS) -> list[dict]:
+    """The entries of `tried` measured within the last `within` windows before `window` (the
+    run's count): under a drift an older measurement tells another speed.
+
+    >>> [t["plan"] for t in recent([{"plan": [1], "at": 2}, {"plan": [2], "at": 9}], 12)]
+    [[2]]
+    """
+    return [t for t in tried if window - t.get("at", window) <= within]
+
+
 def record(
-    tried: list[dict], plan: Sequence[int], step_s: float, noise: float, rows: int, w: float
+    tried: list[dict],
+    plan: Sequence[int],
+    step_s: float,
+    noise: float,
+    rows: int,
+    w: float,
+    at: int = 0,
 ) -> None:
-    """One more window of `plan` into `tried`: its mean step `step_s`, weighing `w` against the
-    plan's earlier windows; the change from them feeds `between`."""
+    """One more window of `plan` into `tried` (the run's window `at`): its mean step `step_s`,
+    weighing `w` against the plan's earlier windows; the change from them feeds `between`."""
     entry = entry_of(tried, plan)
     if entry is None:
         tried.append(
@@ -65,9 +80,11 @@ def record(
                 "noise": noise,
                 "between": 0.0,
                 "windows": 1,
+                "at": at,
             }
         )
         return
+    entry["at"] = at
     moved = abs(math.log(step_s / entry["step_s"])) / math.sqrt(2) if entry["step_s"] else 0.0
     entry["between"] = moved if not entry["between"] else w * moved + (1 - w) * entry["between"]
     entry["step_s"] = w * step_s + (1 - w) * entry["step_s"]
@@ -94,8 +111,8 @@ def start_trial(
 def judge(trial: dict, step_s: float, se: float) -> Literal["kept", "given up"] | None:
     """The verdict on `trial` after one more window of its plan (mean step `step_s`, window
     noise `se`): 'kept' once its windows' mean is shorter than the plan's before it beyond
-    KEEP_Z standard errors of the difference, 'given up' once longer by as much, and after
-    TRIAL_WINDOWS windows 'kept' where shorter at all, else 'given up'; None: measure on.
+    KEEP_Z standard errors of the difference, 'given up' once longer by as much or after
+    TRIAL_WINDOWS windows that do not show it shorter; None: measure on.
     Updates the trial's `windows` and `after_s` (the mean of its windows).
 
     >>> t = {"plan": [64, 64], "new": [80, 48], "step_s": 0.1, "se": 0.01}
@@ -107,8 +124,25 @@ def judge(trial: dict, step_s: float, se: float) -> Literal["kept", "given up"] 
     after, before = trial["after_s"], trial["step_s"]
     bar = KEEP_Z * math.hypot(se / math.sqrt(n), trial["se"])
     last = n >= TRIAL_WINDOWS
-    if after < before * (1 - bar) or (last and after < before):
+    if after < before * (1 - bar):
         return "kept"
     if after > before * (1 + bar) or last:
         return "given up"
     return None
+
+
+def return_to(
+    tried: Sequence[dict], window: int, plan: Sequence[int], after_s: float
+) -> list[int] | None:
+    """Where a run goes when the trial of `plan` is given up at its `window`: the plan of
+    shortest step measured within the last windows (`recent`), the trial's own (`after_s`, the
+    mean of its windows) among them; None where that is the trial's: no plan measured lately
+    is better, so it stays.
+
+    >>> tried = [{"plan": [1], "step_s": 0.2, "at": 9}, {"plan": [2], "step_s": 0.3, "at": 10}]
+    >>> return_to(tried, 10, [2], 0.25), return_to(tried, 10, [2], 0.15)
+    ([1], None)
+    """
+    others = [t for t in recent(tried, window) if t["plan"] != list(plan)]
+    best = best_of([*others, {"plan": list(plan), "step_s": after_s}])
+    return None if best == list(plan) else best

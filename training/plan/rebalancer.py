@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from hetflow.training.plan.balance import micro_split
 from hetflow.training.plan.curves import MOVE_FACTOR, Curve, balance_on_curves, cost_of
 from hetflow.training.plan.measured import (
-    best_of,
     entry_of,
     judge,
     record,
+    return_to,
     start_trial,
     window_se,
 )
@@ -153,10 +153,6 @@ class Rebalancer:
 
     _se = staticmethod(window_se)
 
-    def measured_best(self, besides: Sequence[int] | None = None) -> list[int] | None:
-        """The plan of shortest measured step since the speeds last changed (not `besides`)."""
-        return best_of(self.tried, besides)
-
     @property
     def replans(self) -> int:
         """Plans adopted from the model (reverts of a failed one not counted)."""
@@ -285,7 +281,7 @@ class Rebalancer:
         return changed
 
     def _record(self, plan: Sequence[int], step_s: float, noise: float, rows: int) -> None:
-        record(self.tried, plan, step_s, noise, rows, self.smoothing)
+        record(self.tried, plan, step_s, noise, rows, self.smoothing, self.windows)
 
     def _judge(self, plan: Sequence[int], step_s: float) -> None:
         """The trial's verdict from its windows so far against the plan before it
@@ -304,11 +300,12 @@ class Rebalancer:
             self.move = min(MOVE_FACTOR, self.move * 2)
         elif verdict == "given up":
             # The model promised a shorter step and the windows do not show one: it does not
-            # hold at these batches. Go back to the best plan measured, do not propose this one
-            # again until the speeds change, and move less far from what was measured next time.
+            # hold at these batches. Go to the best plan measured lately, the trial's own windows
+            # counted (where they are the best, it stays: no plan measured is better), do not
+            # propose another on these curves lightly, and move less far next time.
             self.trial = None
             self.rejected.append(list(plan))
-            self.revert_to = self.measured_best(besides=plan) or trial["plan"]
+            self.revert_to = return_to(self.tried, self.windows, plan, trial["after_s"])
             self.move = max(LEAST_MOVE, self.move / 2)
 
     def sudden_change(
