@@ -266,3 +266,34 @@ def test_prefects_server_check_takes_the_forms_defaults_and_yaml_values(schemas)
     with pytest.raises(ValidationError, match="workers"):  # the schema still checks types
         validate({"cluster": {"workers": [{"name": "a", "speed": "fast"}]}}, schemas["train"], True)
     assert train.validate_parameters({"variant": None})["variant"] is None  # the CLI's default
+
+
+def test_a_presets_speed_follows_the_preset_changed_in_a_form():
+    """The queue form's cluster starts from the default's dump: a worker's preset changed
+    there (t4 -> a100) runs at the new preset's speed, not the speed the dump carried; a speed
+    the user typed stays."""
+    from hetflow.config_cluster import preset_speed
+    from hetflow.flows.job_queue import queue
+
+    given = schema_of(queue)["properties"]["cluster"]["default"]
+    first = given["workers"][0]
+    assert first["preset"] == "t4" and "speed" not in first  # nothing derived pre-filled
+    first["preset"] = "a100"
+    ran = queue.validate_parameters({"cluster": given})["cluster"]
+    assert ran.workers[0].speed == preset_speed("a100") != preset_speed("t4")
+    first["speed"] = 2.5
+    assert queue.validate_parameters({"cluster": given})["cluster"].workers[0].speed == 2.5
+
+
+def test_a_presets_speed_follows_the_preset_in_a_file_and_the_cli(tmp_path):
+    from hetflow.config import parse_speeds
+    from hetflow.config_cluster import preset_speed
+
+    path = tmp_path / "c.yaml"
+    path.write_text("workers: [{name: a, preset: v100}, {name: b, preset: v100, speed: 1}]\n")
+    a, b = ClusterSpec.from_file(path).workers
+    assert (a.speed, b.speed) == (preset_speed("v100"), 1.0)
+    read_back = ClusterSpec.model_validate(ClusterSpec.from_file(path).model_dump())
+    assert [w.speed for w in read_back.workers] == [a.speed, 1.0]
+    cli = ClusterSpec.from_speeds(parse_speeds("t4,a100"))
+    assert [w.speed for w in cli.workers] == [preset_speed("t4"), preset_speed("a100")]
