@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.config_base import ConfigModel
+from hetflow.config_base import RECIPE_DESCRIPTION, RECIPE_PATTERN, ConfigModel
 from hetflow.emulation.presets import PRESETS
 
 # The priority classes, highest first (`hetflow.queue.jobs.PRIORITIES` weighs them).
@@ -32,10 +32,10 @@ class QueueJob(ConfigModel):
         description="'high' takes workers from lower classes at their next checkpoint.",
     )
     recipe: str = Field(
-        "digits-cnn", title="Recipe", description="A built-in or package.module:Name."
+        "digits-cnn", title="Recipe", description=RECIPE_DESCRIPTION, pattern=RECIPE_PATTERN
     )
-    steps: int = Field(60, ge=1, title="Optimizer steps")
-    global_batch: int = Field(128, ge=1, title="Global batch")
+    steps: int = Field(60, ge=1, title="Optimizer steps", description="The job's length, in steps.")
+    global_batch: int = Field(128, ge=1, title="Global batch", description="Samples per step.")
     checkpoint_every: int = Field(
         20,
         ge=1,
