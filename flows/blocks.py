@@ -146,24 +146,39 @@ def demo_blocks() -> dict[str, _SpecBlock]:
     return out
 
 
-def save_demo_blocks(overwrite: bool = False) -> list[str]:
+def save_demo_blocks(overwrite: bool = False, sync: bool | None = None) -> list[str]:
     """Register both block types with the Prefect API and save `demo_blocks` that are not
-    there yet (a user's edits are kept unless `overwrite`); returns the slugs saved."""
-    ClusterBlock.register_type_and_schema()
-    DatasetBlock.register_type_and_schema()
+    there yet (a user's edits are kept unless `overwrite`); returns the slugs saved. `sync`:
+    force Prefect's sync calls (inside its event loop), else as the context decides."""
+    how = {} if sync is None else {"_sync": sync}
+    ClusterBlock.register_type_and_schema(**how)
+    DatasetBlock.register_type_and_schema(**how)
     saved = []
     for slug, block in demo_blocks().items():
         name = slug.split("/", 1)[1]
-        if not overwrite and _exists(type(block), name):
+        if not overwrite and _exists(type(block), name, how):
             continue
-        block.save(name, overwrite=overwrite)
+        block.save(name, overwrite=overwrite, **how)
         saved.append(slug)
     return saved
 
 
-def _exists(block_type: type[_SpecBlock], name: str) -> bool:
+def _exists(block_type: type[_SpecBlock], name: str, how: dict) -> bool:
     try:
-        block_type.load(name)
+        block_type.load(name, **how)
     except ValueError:
         return False
     return True
+
+
+def register_step() -> dict[str, list[str]]:
+    """prefect.yaml's build step (`hetflow.flows.blocks.register_step`): what `prefect deploy`
+    runs first, so that the forms' block types and the demo's blocks exist wherever the
+    deployments do. Runs in a thread of Prefect's event loop: the calls are made sync."""
+    return {"saved": save_demo_blocks(sync=True)}
+
+
+if __name__ == "__main__":  # `hetflow stack up` runs this against the stack's Prefect
+    import json
+
+    print(json.dumps(save_demo_blocks()))
