@@ -5,9 +5,10 @@ worker must have to hold it."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.config_base import RECIPE_DESCRIPTION, RECIPE_PATTERN, ConfigModel
@@ -17,12 +18,15 @@ from hetflow.emulation.presets import PRESETS
 PRIORITY_CLASSES = ("high", "normal", "low")
 
 
+JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
 class QueueJob(ConfigModel):
     """One training job of the queue: a train run with a priority, run in segments of
     `checkpoint_every` steps (the queue moves its workers only at a checkpoint)."""
 
     name: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        pattern=JOB_NAME,
         title="Name",
         description="Unique in the queue: letters, digits, '.', '_' and '-'.",
     )
@@ -53,6 +57,16 @@ class QueueJob(ConfigModel):
     arrive_after_s: float = Field(
         0.0, ge=0, title="Arrives after (s)", description="Seconds after the queue starts."
     )
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, v):
+        """The pattern, said in words (it also stands in the form's schema)."""
+        if isinstance(v, str) and not re.match(JOB_NAME, v):
+            raise ValueError(
+                "a job name is letters, digits, '.', '_' and '-', starting with a letter or a digit"
+            )
+        return v
 
     def train_config(self) -> TrainConfig:
         """The train run of each segment, but its steps (the segment's end)."""
