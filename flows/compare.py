@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
+from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config import (
     DatasetSpec,
@@ -22,7 +23,7 @@ from hetflow.config import (
     TrainConfig,
     default_cluster,
 )
-from hetflow.flows.forms import Cluster, Train
+from hetflow.flows.forms import Cluster, Compared, Dataset
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.infra.tracking.content import finish_comparison
 from hetflow.infra.tracking.notes import notes, workers_left
@@ -99,11 +100,13 @@ def reuse_note(profile) -> list[str]:
 
 @flow(name="compare", log_prints=True)
 def compare(
-    train: Train = TrainConfig(),
+    train: Compared = TrainConfig(),
     cluster: Cluster = default_cluster(),
-    dataset: DatasetSpec = DatasetSpec(),
-    tracking: TrackingConfig = TrackingConfig(),
+    dataset: Dataset = DatasetSpec(),
+    tracking: SkipJsonSchema[TrackingConfig] = TrackingConfig(),
 ) -> dict:
+    """Baseline and optimized runs of `train` on `cluster` and `dataset`, side by side; the
+    table is the run's `comparison` artifact. `tracking` is left out of the form."""
     configs = train.compared()  # each variant's own knobs: 'auto' may try local SGD
     job = validated_job(cluster, list(configs.values()))
     outcomes = {}

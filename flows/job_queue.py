@@ -3,13 +3,16 @@ it runs best on and moved only at its checkpoints (`tasks.queue_session`)."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
+from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config import ConfigError, DatasetSpec, TrackingConfig
 from hetflow.config_queue import QueueJob, queue_cluster
-from hetflow.flows.forms import Cluster
+from hetflow.flows.forms import Cluster, Dataset, Job, titled
 from hetflow.infra.paths import queue_dir
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.infra.tracking.plots import worker_timeline
@@ -65,19 +68,45 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# What the queue form starts from: one small digits job (Python callers pass none by default).
+FORM_JOB = QueueJob(name="digits-1", steps=40)
+JOB_TITLE = {"title": "Job", "description": "The training job this run submits to the queue."}
+FormJob = Annotated[
+    Job | SkipJsonSchema[None],
+    Field(json_schema_extra={"default": FORM_JOB.model_dump(), **JOB_TITLE}),
+]
+SwitchCost = Annotated[
+    float, titled("Cost of a move (s)", "What moving a job to other workers costs (its relaunch).")
+]
+ReadInbox = Annotated[
+    bool | SkipJsonSchema[None],
+    titled("Also run the inbox", "Also the jobs `hetflow queue submit` queues, now or later."),
+]
+
+
 @flow(name="queue", log_prints=True)
 def queue(
-    jobs: list[QueueJob] = default_jobs(),
+    job: FormJob = None,
     cluster: Cluster = queue_cluster(),
-    dataset: DatasetSpec = DatasetSpec(),
-    tracking: TrackingConfig = TrackingConfig(),
-    switch_s: float = 15.0,
-    read_inbox: bool | SkipJsonSchema[None] = True,
+    dataset: Dataset = DatasetSpec(),
+    tracking: SkipJsonSchema[TrackingConfig] = TrackingConfig(),
+    switch_s: Annotated[
+        float,
+        titled("Cost of a move (s)", "What moving a job to other workers costs (its relaunch)."),
+    ] = 15.0,
+    read_inbox: Annotated[
+        bool | SkipJsonSchema[None],
+        titled(
+            "Also run the inbox", "Also the jobs `hetflow queue submit` queued, then and later."
+        ),
+    ] = True,
+    jobs: SkipJsonSchema[list[QueueJob]] = [],  # noqa: B006 (never mutated)
 ) -> dict:
-    """Run `jobs` (and those `hetflow queue submit` leaves in the inbox while it runs) on
-    `cluster`: each job's run nested under the session's MLflow run, which holds the figures
-    and a plot of which job held which worker when. `switch_s`: what moving a job costs (its
-    relaunch), weighed against what the move gains."""
+    """Run `job`, `jobs` and the inbox's (`hetflow queue submit`) on `cluster`, each job's run
+    nested under the session's MLflow run (figures, who held which worker when). The form
+    submits one `job`; `jobs` and `tracking` come from the deployment's parameters or Python.
+    `switch_s`: a move's cost (its relaunch), weighed against what the move gains."""
+    jobs = ([job] if job is not None else []) + list(jobs)
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
         raise ConfigError(f"jobs: names must be unique, got {names}")

@@ -28,7 +28,7 @@ from hetflow.config import (
     TrainConfig,
     default_cluster,
 )
-from hetflow.flows.forms import Cluster, Train
+from hetflow.flows.forms import Cluster, Dataset, Train
 from hetflow.history import MEASURED_NOW, type_key
 from hetflow.infra.catalog import cost_usd
 from hetflow.infra.s3 import local_s3_endpoint
@@ -143,7 +143,7 @@ def print_profile_report(report: dict, console=None) -> None:
 @flow(name="profile-cluster", log_prints=True)
 def profile_cluster(
     cluster: Cluster = default_cluster(),
-    dataset: DatasetSpec = DatasetSpec(),
+    dataset: Dataset = DatasetSpec(),
     train: Train = TrainConfig(),
     tracking: TrackingConfig = TrackingConfig(),
     profiles_url: str | SkipJsonSchema[None] = "",

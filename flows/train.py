@@ -3,6 +3,8 @@ the cluster; record it in MLflow."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from prefect import flow
 from pydantic.json_schema import SkipJsonSchema
 
@@ -12,7 +14,7 @@ from hetflow.config import (
     TrainConfig,
     default_cluster,
 )
-from hetflow.flows.forms import Cluster, Train
+from hetflow.flows.forms import Cluster, Dataset, Train, titled
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import profile_for
@@ -39,14 +41,18 @@ def run_label(train: TrainConfig) -> str:
 def train(
     train: Train = TrainConfig(),
     cluster: Cluster = default_cluster(),
-    dataset: DatasetSpec = DatasetSpec(),
-    tracking: TrackingConfig = TrackingConfig(),
-    variant: str | SkipJsonSchema[None] = "",
+    dataset: Dataset = DatasetSpec(),
+    tracking: SkipJsonSchema[TrackingConfig] = TrackingConfig(),
+    variant: Annotated[
+        str | SkipJsonSchema[None],
+        titled("Run label", "The MLflow run's name and variant tag; empty: from the settings."),
+    ] = "",
 ) -> dict:
     """Train with `train` as given (its batch schedule and gradient communication included).
 
     `variant` only labels the run (MLflow run name and `variant` tag); empty: `run_label`.
-    Returns {"run_id": the MLflow run, "metrics": the run's figures}.
+    `tracking` (where runs are recorded) is left out of the form: the deployment's parameters
+    or $MLFLOW_TRACKING_URI. Returns {"run_id": the MLflow run, "metrics": the run's figures}.
     """
     job = validated_job(cluster, [train])
     label = variant or run_label(train)

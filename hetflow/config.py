@@ -20,14 +20,18 @@ from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config_base import (  # noqa: F401 (re-exported: callers import from hetflow.config)
     BUILTIN_RECIPES,
+    RECIPE_DESCRIPTION,
     RECIPE_NOTES,
     RECIPE_PATTERN,
     ConfigError,
     ConfigModel,
     FormChoices,
+    FormFields,
     describe_validation_error,
     finite_positive,
+    form_schema,
     load_mapping,
+    offer_choices,
     parse_speeds,
     suggestion,
     validated,
@@ -82,14 +86,13 @@ class TrainConfig(ConfigModel):
     recipe: str = Field(
         "digits-cnn",
         title="Recipe",
-        description="The model and loss: a built-in ("
-        + "; ".join(f"'{k}': {v}" for k, v in RECIPE_NOTES.items())
-        + ") or the import path 'package.module:Name' of your own Recipe class "
-        "(docs/recipes.md).",
+        description=RECIPE_DESCRIPTION,
         pattern=RECIPE_PATTERN,
         json_schema_extra={"examples": list(BUILTIN_RECIPES)},
     )
-    steps: int = Field(200, ge=1, title="Optimizer steps")
+    steps: int = Field(
+        200, ge=1, title="Optimizer steps", description="How long the run trains, in steps."
+    )
     global_batch: int = Field(128, ge=1, title="Global batch", description="Samples per step.")
     schedule: Literal["equal", "proportional", "dynamic"] = Field(
         "dynamic",
@@ -130,11 +133,9 @@ class TrainConfig(ConfigModel):
     strategy: Literal["ddp", "fsdp", "diloco"] = Field(
         "ddp",
         title="Data parallelism",
-        description="'ddp': every worker holds the whole model, gradient and optimizer state; "
-        "'fsdp': they are sharded across the workers (torch's FSDP2), each worker still with "
-        "its own share of the batch; plain gradient communication only (docs/fsdp.md); "
-        "'diloco': rounds of local steps, as many per worker as its speed allows, then an "
-        "outer step on the sample-weighted average of the changes (docs/diloco.md).",
+        description="'ddp': every worker holds the whole model; 'fsdp': model, gradients and "
+        "optimizer state sharded across the workers (docs/fsdp.md); 'diloco': rounds of local "
+        "steps, as many per worker as its speed allows (docs/diloco.md).",
     )
     # their length, the outer step, how the change is sent, bounded staleness
     diloco: DiLoCoConfig = Field(DiLoCoConfig(), title="DiLoCo rounds (strategy 'diloco')")
@@ -197,7 +198,11 @@ class TrainConfig(ConfigModel):
         description="Empty: the recipe's, when the optimizer is the recipe's; else 0. AdamW "
         "decays the weight matrices only, not biases or norms.",
     )
-    seed: int = Field(0, title="Seed")
+    seed: int = Field(
+        0,
+        title="Seed",
+        description="Weights' initialization and data order; the same seed, the same run.",
+    )
     eval_every: int = Field(10, ge=1, title="Evaluate every N steps")
     allow_local_sgd: bool = Field(
         False,

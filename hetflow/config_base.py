@@ -38,6 +38,9 @@ def describe_validation_error(err: ValidationError, prefix: str = "") -> str:
     return lines[0] if len(lines) == 1 else "; ".join(lines)
 
 
+ALSO_SETTABLE = " Also settable in YAML or JSON: "
+
+
 def form_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
     """A config model's JSON schema as the Prefect form reads it (changes the schema only;
     validation is the model's own, the same from YAML, the CLI or a flow run).
@@ -77,7 +80,7 @@ def form_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
     if hidden:
         schema["additionalProperties"] = True
         said = (schema.get("description") or "").rstrip()
-        schema["description"] = f"{said} Also settable in YAML or JSON: {', '.join(hidden)}."
+        schema["description"] = f"{said}{ALSO_SETTABLE}{', '.join(hidden)}."
 
 
 def offer_choices(prop: dict[str, Any], values: Iterable[str], listed: str, other: str | None):
@@ -118,6 +121,33 @@ class FormChoices:
             node = handler.resolve_ref_schema(node.get("items", node))
         props = node["properties"]
         props[leaf] = offer_choices(props[leaf], self.values, self.listed, self.other)
+        return json_schema
+
+
+class FormFields:
+    """`Annotated[SomeConfigModel, FormFields("recipe", "steps", ...)]`: the form of a flow
+    parameter of that type shows only these fields, in this order (what a person chooses for
+    one run); the model's other fields stay valid in the deployment's parameters
+    (prefect.yaml), YAML or JSON (`additionalProperties`; the model still refuses an unknown
+    field), and the form's description names them. Validation is unchanged."""
+
+    def __init__(self, *names: str):
+        self.names = names
+
+    def __get_pydantic_json_schema__(self, core_schema, handler):
+        json_schema = handler(core_schema)
+        node = handler.resolve_ref_schema(json_schema)
+        props = node["properties"]
+        node["properties"] = {n: {**props[n], "position": i} for i, n in enumerate(self.names)}
+        node["required"] = [n for n in node.get("required", []) if n in self.names]
+        node["additionalProperties"] = True
+        said, _, skipped = (node.get("description") or "").partition(ALSO_SETTABLE)
+        hidden = [n for n in props if n not in self.names]
+        hidden += [n for n in skipped.rstrip(".").split(", ") if n and n not in hidden]
+        node["description"] = (
+            f"{said} Also settable in the deployment's parameters (prefect.yaml), YAML or "
+            f"JSON: {', '.join(hidden)}."
+        )
         return json_schema
 
 
@@ -205,3 +235,8 @@ RECIPE_NOTES = {
     "resnet": "residual image classifier on uint8 image shards",
 }
 RECIPE_PATTERN = r"^[\w.-]+$|^[\w.]+:\w+$"
+# One line in a form; docs/recipes.md says what each built-in is (`RECIPE_NOTES`).
+RECIPE_DESCRIPTION = (
+    "A built-in model and loss (docs/recipes.md), or your own Recipe class as "
+    "'package.module:Name'."
+)

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config_base import ConfigModel, finite_positive, load_mapping
@@ -23,6 +23,11 @@ from hetflow.emulation.presets import PRESETS
 NOISE = "alone"
 NOISE_JITTER = NOISE_LEVELS[NOISE].cv
 NOISE_PAUSES = NOISE_LEVELS[NOISE].pauses
+
+
+def preset_speed(preset: str) -> float:
+    """A device preset's relative speed: its peak samples/s / 1000, e.g. 't4' -> 1.5617."""
+    return round(PRESETS[preset].peak_samples_per_s / 1e3, 4)
 
 
 class WorkerSpec(ConfigModel):
@@ -161,12 +166,23 @@ class WorkerSpec(ConfigModel):
             data = {"link_gbps": link.gbps, "link_latency_ms": link.latency_ms, **data}
         return data
 
-    @model_validator(mode="before")
-    @classmethod
-    def _preset_speed(cls, data):
-        """A preset's worker runs at its peak samples/s / 1000 unless it names a speed."""
-        if isinstance(data, dict) and data.get("preset") in PRESETS and "speed" not in data:
-            data = {**data, "speed": round(PRESETS[data["preset"]].peak_samples_per_s / 1e3, 4)}
+    @model_validator(mode="after")
+    def _preset_speed(self) -> WorkerSpec:
+        """A preset's worker runs at its peak samples/s / 1000 (`preset_speed`) unless a speed
+        was given: the speed follows the preset wherever it is read (a file, a form, the CLI),
+        since a derived speed is never recorded as given (`_derived_speed_left_out`). Change a
+        preset by validating a new dict, not by assignment."""
+        if self.preset is not None and "speed" not in self.model_fields_set:
+            object.__setattr__(self, "speed", preset_speed(self.preset))  # not marked as set
+        return self
+
+    @model_serializer(mode="wrap")
+    def _derived_speed_left_out(self, handler):
+        """A dump leaves out a speed derived from the preset, so that what reads it back (a
+        form's defaults, a job file, a saved block) derives it again from its own preset."""
+        data = handler(self)
+        if self.preset is not None and "speed" not in self.model_fields_set:
+            data.pop("speed", None)
         return data
 
     @model_validator(mode="after")

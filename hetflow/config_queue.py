@@ -5,16 +5,20 @@ worker must have to hold it."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.config_base import ConfigModel
+from hetflow.config_base import RECIPE_DESCRIPTION, RECIPE_PATTERN, ConfigModel
 from hetflow.emulation.presets import PRESETS
 
 # The priority classes, highest first (`hetflow.queue.jobs.PRIORITIES` weighs them).
 PRIORITY_CLASSES = ("high", "normal", "low")
+
+
+JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 class QueueJob(ConfigModel):
@@ -22,7 +26,7 @@ class QueueJob(ConfigModel):
     `checkpoint_every` steps (the queue moves its workers only at a checkpoint)."""
 
     name: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        pattern=JOB_NAME,
         title="Name",
         description="Unique in the queue: letters, digits, '.', '_' and '-'.",
     )
@@ -32,10 +36,10 @@ class QueueJob(ConfigModel):
         description="'high' takes workers from lower classes at their next checkpoint.",
     )
     recipe: str = Field(
-        "digits-cnn", title="Recipe", description="A built-in or package.module:Name."
+        "digits-cnn", title="Recipe", description=RECIPE_DESCRIPTION, pattern=RECIPE_PATTERN
     )
-    steps: int = Field(60, ge=1, title="Optimizer steps")
-    global_batch: int = Field(128, ge=1, title="Global batch")
+    steps: int = Field(60, ge=1, title="Optimizer steps", description="The job's length, in steps.")
+    global_batch: int = Field(128, ge=1, title="Global batch", description="Samples per step.")
     checkpoint_every: int = Field(
         20,
         ge=1,
@@ -53,6 +57,16 @@ class QueueJob(ConfigModel):
     arrive_after_s: float = Field(
         0.0, ge=0, title="Arrives after (s)", description="Seconds after the queue starts."
     )
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, v):
+        """The pattern, said in words (it also stands in the form's schema)."""
+        if isinstance(v, str) and not re.match(JOB_NAME, v):
+            raise ValueError(
+                "a job name is letters, digits, '.', '_' and '-', starting with a letter or a digit"
+            )
+        return v
 
     def train_config(self) -> TrainConfig:
         """The train run of each segment, but its steps (the segment's end)."""

@@ -166,6 +166,7 @@ class Session:
                 "workers": j.workers,
                 "steps_done": j.done,
                 "steps": j.job.steps,
+                "arrived_s": round(j.arrived_s, 1),  # after the session started
             }
             for j in self.jobs
         ]

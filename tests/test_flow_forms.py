@@ -1,6 +1,8 @@
-"""The Prefect run forms (issue 39): each flow's parameter schema, as `prefect deploy` stores it
-and the UI renders it, offers lists where the values are known, shows an optional field as one
-input, keeps a worker to a few fields; and Prefect's server still accepts what it did."""
+"""The Prefect run forms (issues 39, 56): each flow's parameter schema, as `prefect deploy`
+stores it and the UI renders it, holds what a person chooses for one run (about a dozen
+fields, each titled and described; the cluster and dataset picked among saved blocks), offers
+lists where the values are known, shows an optional field as one input, keeps a worker to a
+few fields in the cluster block's form; and Prefect's server still accepts what it did."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from hetflow.config import (
     WorkerSpec,
 )
 from hetflow.emulation.presets import PRESETS
+from hetflow.flows.blocks import ClusterBlock
 from hetflow.flows.compare import compare
-from hetflow.flows.forms import COMPRESSION_CHOICES
+from hetflow.flows.forms import COMPARE_FIELDS, COMPRESSION_CHOICES, TRAIN_FIELDS
+from hetflow.flows.job_queue import queue
 from hetflow.flows.prepare_dataset import prepare_dataset
 from hetflow.flows.profile_cluster import profile_cluster
 from hetflow.flows.recommend import recommend
@@ -27,7 +31,9 @@ from hetflow.infra.catalog import load_snapshot
 
 from tests.test_cli import LAB_NOTE
 
-FLOWS = {f.name: f for f in (train, compare, profile_cluster, prepare_dataset, recommend)}
+FLOWS = {f.name: f for f in (train, compare, profile_cluster, prepare_dataset, recommend, queue)}
+RUN_FORMS = ("train", "compare", "queue")
+MOST_FIELDS = 12  # a run form's inputs, the cluster and dataset pickers one each
 # A worker's fields in the form: its name, what it is (an EC2 type, a device preset or a
 # relative speed), its device and its emulated link. Six, so that the demo's 4 workers are 24
 # fields, not 52; the rest (node, precision, cores, memory cap, link latency, the emulated
@@ -45,8 +51,10 @@ def resolve(prop: dict, defs: dict) -> dict:
 
 
 def fields(schema: dict) -> dict[str, dict]:
-    """Every input the form draws, by dotted path (`cluster.workers[].name`): the leaves under
-    the parameters, through nested models and lists of models."""
+    """Every input the form draws, by dotted path (`train.recipe`, `cluster.workers[].name` in
+    a block's own form): the leaves under the parameters, through nested models and lists of
+    models; a block (a definition with a `block_type_slug`) is one input, a list to pick from,
+    as Prefect's UI draws it."""
     defs, out = schema.get("definitions", {}), {}
 
     def walk(prop: dict, path: str) -> None:
@@ -54,7 +62,7 @@ def fields(schema: dict) -> dict[str, dict]:
         items = resolve(prop.get("items", {}), defs)
         if "properties" in items:
             prop, path = items, path + "[]"
-        if "properties" not in prop:
+        if "properties" not in prop or (path and "block_type_slug" in prop):
             out[path] = prop
             return
         for name, sub in prop["properties"].items():
@@ -88,13 +96,13 @@ def test_an_optional_field_is_one_input_not_a_none_toggle(schemas):
         for path, prop in fields(schema).items()
         if any(b.get("type") == "null" for b in prop.get("anyOf", []))
     ]
-    assert {path for _, path in toggles} == {"train.target_accuracy"}, toggles
-    lr = fields(schemas["train"])["train.lr"]  # empty: the recipe's
+    assert {path for _, path in toggles} <= {"train.target_accuracy"}, toggles
+    lr = TrainConfig.model_json_schema()["properties"]["lr"]  # empty: the recipe's
     assert lr["type"] == "number" and "default" not in lr and "Empty" in lr["description"]
 
 
 def test_known_sets_are_lists_with_the_catalogs_values(schemas):
-    form = fields(schemas["compare"])
+    form = fields(schemas["compare"]) | block_fields()
     instance = form["cluster.workers[].instance_type"]
     assert sorted(listed(instance)) == sorted(load_snapshot())  # the catalog, offline
     assert [b["title"] for b in instance["anyOf"]] == ["catalog", "another EC2 type"]
@@ -107,9 +115,19 @@ def test_known_sets_are_lists_with_the_catalogs_values(schemas):
         recipe["anyOf"][1]["pattern"]
         == TrainConfig.model_json_schema()["properties"]["recipe"]["pattern"]
     )  # your own Recipe class, by import path
-    assert listed(form["train.compression"]) == list(COMPRESSION_CHOICES)
+    assert listed(fields(schemas["train"])["train.compression"]) == list(COMPRESSION_CHOICES)
     for method in COMPRESSION_CHOICES:  # each one listed is one the config takes as it is
         assert TrainConfig(compression=method).compression == method
+
+
+def block_schema() -> dict:
+    """The ClusterSpec block's own form (Blocks > ClusterSpec), as Prefect registers it."""
+    return ClusterBlock.model_json_schema()
+
+
+def block_fields() -> dict[str, dict]:
+    """The inputs of the ClusterSpec block's form, by path under `cluster.`."""
+    return {f"cluster.{path}": prop for path, prop in fields(block_schema()).items()}
 
 
 def test_recommend_lists_exactly_what_it_can_price_and_time(schemas):
@@ -148,22 +166,65 @@ def test_the_forms_restart_default_is_the_spot_models():
 
 # What a user changes first in a run form, in this order, before anything else (the model and
 # its steps, not the cluster's or the dataset's finer settings).
-FIRST_FIELDS = (
-    "train.recipe",
-    "train.steps",
-    "train.global_batch",
-    "train.schedule",
-    "train.compression",
-    "train.target_accuracy",
-)
+FIRST_FIELDS = ("recipe", "steps", "global_batch")
 
 
 @pytest.mark.parametrize("name", ["train", "compare"])
 def test_the_form_opens_on_the_fields_a_user_changes_first(schemas, name):
-    """Prefect draws the parameters by `position` and a model's fields in declaration order."""
+    """Prefect draws the parameters by `position` and a model's fields by theirs."""
     schema = schemas[name]
     assert min(schema["properties"], key=lambda k: schema["properties"][k]["position"]) == "train"
-    assert tuple(fields(schema))[: len(FIRST_FIELDS)] == FIRST_FIELDS
+    shown = schema["definitions"]["TrainConfig"]["properties"]
+    in_order = sorted(shown, key=lambda k: shown[k]["position"])
+    assert tuple(in_order[: len(FIRST_FIELDS)]) == FIRST_FIELDS
+
+
+@pytest.mark.parametrize("name", RUN_FORMS)
+def test_a_run_form_is_about_a_dozen_titled_described_fields(schemas, name):
+    schema = schemas[name]
+    form = fields(schema)
+    assert len(form) <= MOST_FIELDS, list(form)
+    shown = {**schema["properties"], **form}  # each parameter, and each input under it
+    for path, prop in shown.items():
+        assert prop.get("title") and prop["title"] != path, f"{name}: {path}: no title"
+        said = prop.get("description", "")
+        assert said and "\n" not in said and len(said) <= 240, f"{name}: {path}: {said!r}"
+
+
+@pytest.mark.parametrize("name", RUN_FORMS)
+def test_the_cluster_and_dataset_are_picked_among_saved_blocks(schemas, name):
+    form = fields(schemas[name])
+    assert form["cluster"]["block_type_slug"] == "cluster-spec"
+    assert form["dataset"]["block_type_slug"] == "dataset-spec"
+    assert not [p for p in form if p.startswith(("cluster.", "dataset.", "tracking"))]
+
+
+def test_the_recipe_is_the_same_list_in_every_form(schemas):
+    recipes = {
+        "train": fields(schemas["train"])["train.recipe"],
+        "compare": fields(schemas["compare"])["train.recipe"],
+        "queue": fields(schemas["queue"])["job.recipe"],
+    }
+    for name, recipe in recipes.items():
+        assert listed(recipe) == list(BUILTIN_RECIPES), name
+        assert recipe["anyOf"] == recipes["train"]["anyOf"], name
+
+
+def test_a_comparison_form_leaves_out_what_each_variant_fixes(schemas):
+    """compare runs its own schedule and compression per variant (`TrainConfig.compared`)."""
+    assert set(TRAIN_FIELDS) - set(COMPARE_FIELDS) == {"schedule", "compression"}
+    form = fields(schemas["compare"])
+    assert "train.schedule" not in form and "train.compression" not in form
+
+
+def test_the_queue_form_submits_one_job(schemas):
+    prop = schemas["queue"]["properties"]
+    assert prop["job"]["$ref"].endswith("/QueueJob") and "jobs" not in prop
+    job = prop["job"]["default"]
+    validate({"job": job}, schemas["queue"], raise_on_error=True)
+    ran = queue.validate_parameters({"job": job})
+    assert ran["job"].name == job["name"] and ran["jobs"] == []
+    assert queue.validate_parameters({})["job"] is None  # Python callers: only `jobs`
 
 
 def test_every_field_carries_its_place_in_the_models_declaration(schemas):
@@ -193,6 +254,7 @@ MACHINERY = (
 
 @pytest.mark.parametrize("name", ["train", "compare", "profile-cluster"])
 def test_the_machinerys_knobs_stay_out_of_the_form_and_are_still_taken(schemas, name):
+    """And every other field the form leaves out, from the deployment's parameters."""
     schema, flow = schemas[name], FLOWS[name]
     form = fields(schema)
     assert not [p for p in form if p.startswith("train.") and p.split(".")[1] in MACHINERY]
@@ -206,11 +268,12 @@ def test_the_machinerys_knobs_stay_out_of_the_form_and_are_still_taken(schemas, 
 
 
 def test_a_worker_is_a_few_fields_and_the_rest_stay_settable(schemas):
-    form = fields(schemas["train"])
+    form = block_fields()
     worker = [p for p in form if p.startswith("cluster.workers[].")]
     assert len(worker) <= WORKER_FIELDS, worker
     assert len(worker) * 2 <= len(WorkerSpec.model_fields)  # the demo's 4 workers: half
-    defs = schemas["train"]["definitions"]
+    defs = {**schemas["train"]["definitions"]}
+    defs |= {"ClusterSpec": defs["ClusterBlock"], "DatasetSpec": defs["DatasetBlock"]}
     for model in (WorkerSpec, ClusterSpec, DatasetSpec):  # hidden, named, still accepted
         shown = defs[model.__name__]
         hidden = set(model.model_fields) - set(shown["properties"])
@@ -243,6 +306,7 @@ def parameters_from_yaml_and_cli() -> dict[str, dict]:
         "compare": common,
         "profile-cluster": {**common, "profiles_url": "s3://b/p", "record": False},
         "prepare-dataset": {"dataset": dataset, "overwrite": True},
+        "queue": {"jobs": [{"name": "a", "arrive_after_s": 5}], "cluster": cluster, "switch_s": 0},
         "recommend": {
             "job": {"recipe": "bert-large", "max_local_batch": None},
             "candidates": [{"instance_type": "p3.2xlarge", "count": 2}],
@@ -266,3 +330,34 @@ def test_prefects_server_check_takes_the_forms_defaults_and_yaml_values(schemas)
     with pytest.raises(ValidationError, match="workers"):  # the schema still checks types
         validate({"cluster": {"workers": [{"name": "a", "speed": "fast"}]}}, schemas["train"], True)
     assert train.validate_parameters({"variant": None})["variant"] is None  # the CLI's default
+
+
+def test_a_presets_speed_follows_the_preset_changed_in_a_form():
+    """The queue form's cluster starts from the default's dump: a worker's preset changed
+    there (t4 -> a100) runs at the new preset's speed, not the speed the dump carried; a speed
+    the user typed stays."""
+    from hetflow.config_cluster import preset_speed
+    from hetflow.flows.job_queue import queue
+
+    given = schema_of(queue)["properties"]["cluster"]["default"]
+    first = given["workers"][0]
+    assert first["preset"] == "t4" and "speed" not in first  # nothing derived pre-filled
+    first["preset"] = "a100"
+    ran = queue.validate_parameters({"cluster": given})["cluster"]
+    assert ran.workers[0].speed == preset_speed("a100") != preset_speed("t4")
+    first["speed"] = 2.5
+    assert queue.validate_parameters({"cluster": given})["cluster"].workers[0].speed == 2.5
+
+
+def test_a_presets_speed_follows_the_preset_in_a_file_and_the_cli(tmp_path):
+    from hetflow.config import parse_speeds
+    from hetflow.config_cluster import preset_speed
+
+    path = tmp_path / "c.yaml"
+    path.write_text("workers: [{name: a, preset: v100}, {name: b, preset: v100, speed: 1}]\n")
+    a, b = ClusterSpec.from_file(path).workers
+    assert (a.speed, b.speed) == (preset_speed("v100"), 1.0)
+    read_back = ClusterSpec.model_validate(ClusterSpec.from_file(path).model_dump())
+    assert [w.speed for w in read_back.workers] == [a.speed, 1.0]
+    cli = ClusterSpec.from_speeds(parse_speeds("t4,a100"))
+    assert [w.speed for w in cli.workers] == [preset_speed("t4"), preset_speed("a100")]

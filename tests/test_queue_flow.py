@@ -16,9 +16,29 @@ def test_submit_refuses_an_unknown_class_and_a_job_no_worker_holds(capsys, hetfl
     assert main(["queue", "submit", "a", "--priority", "urgent"]) == 2
     assert main(["queue", "submit", "a", "--memory-gb", "100"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == "hetflow: error: priority: unknown class 'urgent'; one of high, normal, low"
-    assert err[1].startswith("hetflow: error: memory_gb: job 'a' needs 100 GB a worker; the ")
+    assert err[0] == "hetflow: error: --priority: unknown class 'urgent'; one of high, normal, low"
+    assert err[1].startswith("hetflow: error: --memory-gb: job 'a' needs 100 GB a worker; the ")
     assert not list((hetflow_home / "queue" / "inbox").glob("*.json"))
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["_x"], "NAME: a job name is letters, digits, '.', '_' and '-', starting with a letter"),
+        (["a/b"], "NAME: a job name is letters, digits"),
+        (["a", "--global-batch", "0"], "--global-batch: Input should be greater than or equal"),
+        (["a", "--steps", "0"], "--steps: "),
+        (["a", "--checkpoint-every", "0"], "--checkpoint-every: "),
+        (["a", "--memory-gb", "-1"], "--memory-gb: "),
+        (["a", "--arrive-after-s", "-1"], "--arrive-after-s: "),
+        (["a", "--recipe", "resnt"], "--recipe: unknown recipe 'resnt'; did you mean resnet?"),
+    ],
+)
+def test_submit_names_the_flag_the_user_typed(capsys, hetflow_home, argv, said):
+    assert main(["queue", "submit", *argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"hetflow: error: {said}"), err
+    assert "^" not in err[0] and "_batch" not in err[0] and "memory_gb" not in err[0]
 
 
 def test_list_says_so_where_no_job_was_queued(capsys, hetflow_home):
@@ -32,7 +52,9 @@ def test_submit_leaves_the_job_in_the_inbox_and_list_shows_it(capsys, hetflow_ho
     assert (job.priority, job.steps, job.recipe) == ("high", 30, "digits-cnn")
     assert main(["queue", "submit", "g"]) == 2  # the name is taken
     assert main(["queue", "list"]) == 0
-    assert "g                    high    queued" in capsys.readouterr().out
+    header, row = capsys.readouterr().out.splitlines()[-2:]
+    assert header.split() == ["JOB", "CLASS", "STATE", "STEPS", "ARRIVAL", "WORKERS"]
+    assert row.split()[:5] == ["g", "high", "queued", "0/30", "+0s"]
 
 
 def test_submit_and_list_load_neither_the_flow_nor_its_services(hetflow_home):
@@ -57,7 +79,7 @@ def test_run_refuses_an_empty_inbox_and_bad_flags_before_the_session(capsys, het
     assert main(["queue", "run", "--switch-s", "-3"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("hetflow: error: queue: no job in the inbox: `hetflow queue submit")
-    assert err[1].startswith("hetflow: error: time_scale: ")
+    assert err[1].startswith("hetflow: error: --time-scale: ")
     assert err[2].startswith("hetflow: error: --switch-s: ")
     assert len(err) == 3
     assert not (hetflow_home / "queue/cluster.json").exists()  # the next run's cluster
@@ -144,13 +166,10 @@ def test_the_queue_form_takes_its_defaults_and_refuses_an_unknown_class():
     schema = parameter_schema(queue.fn).model_dump_for_openapi()
     defaults = {k: p["default"] for k, p in schema["properties"].items() if "default" in p}
     validate(defaults, schema, raise_on_error=True)
-    assert [j.priority for j in queue.validate_parameters(defaults)["jobs"]] == [
-        "low",
-        "normal",
-        "high",
-    ]
+    ran = queue.validate_parameters(defaults)
+    assert ran["job"].name == defaults["job"]["name"] and ran["jobs"] == []  # one job
     with pytest.raises(ValidationError, match="urgent"):
-        validate({"jobs": [{"name": "a", "priority": "urgent"}]}, schema, raise_on_error=True)
+        validate({"job": {"name": "a", "priority": "urgent"}}, schema, raise_on_error=True)
 
 
 @pytest.mark.parametrize(

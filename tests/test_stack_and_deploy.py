@@ -179,6 +179,8 @@ def stack(tmp_path_factory):
         # `stack up` passes its environment on to the server: the scheduler's main loop every
         # 2 s instead of 60 s
         PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2",
+        # the tests start their own workers (flags of their own) until the last test's `up`
+        HETFLOW_STACK_WORKER="0",
         **{f"HETFLOW_STACK_{k.upper()}_PORT": str(v) for k, v in ports.items()},
     )
     up = _cli(env, "stack", "up")
@@ -188,6 +190,8 @@ def stack(tmp_path_factory):
     finally:
         down = _cli(env, "stack", "down", timeout=120)
     assert down.returncode == 0, down.stderr
+    worker_pid = home / "stack" / "worker.pid"
+    assert not worker_pid.exists(), down.stdout  # the worker stops with the stack
     _assert_clean_logs(home)
 
 
@@ -223,6 +227,7 @@ def deployed(stack) -> dict[str, str]:
 def test_up_serves_s3_mlflow_and_prefect_on_loopback(stack):
     ex, ports = stack["exports"], stack["ports"]
     assert set(ex) == {
+        "HETFLOW_HOME",
         "PREFECT_API_URL",
         "MLFLOW_TRACKING_URI",
         "AWS_ENDPOINT_URL",
@@ -230,7 +235,14 @@ def test_up_serves_s3_mlflow_and_prefect_on_loopback(stack):
         "AWS_SECRET_ACCESS_KEY",
         "AWS_DEFAULT_REGION",
     }
+    assert ex["HETFLOW_HOME"] == str(stack["home"])  # a worker in a new shell reads this home
     assert ex["PREFECT_API_URL"] == f"http://127.0.0.1:{ports['prefect']}/api"
+    said = stack["up"].stdout
+    assert (
+        "# saved blocks: cluster-spec/demo-1-1-2-4, cluster-spec/queue-6, dataset-spec/digits"
+        in said
+    )
+    assert "# deployments run once a worker polls the pool: prefect worker start --pool " in said
     assert ex["MLFLOW_TRACKING_URI"] == f"http://127.0.0.1:{ports['mlflow']}"
     assert ex["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{ports['s3']}"
     env_sh = (stack["home"] / "stack" / "env.sh").read_text()
@@ -305,10 +317,12 @@ def test_deploy_all_and_run_prepare_dataset_on_a_process_worker(stack, deployed)
         assert [s.schedule.cron for s in deps["compare"].schedules] == ["0 3 * * 1"]
         assert not deps["prepare-dataset"].schedules and not deps["train"].schedules
         schema = deps["compare"].parameter_openapi_schema  # forms: the pydantic config models
-        assert {"cluster", "dataset", "train", "tracking"} <= set(schema["properties"])
-        assert {"ClusterSpec", "DatasetSpec", "TrainConfig", "TrackingConfig"} <= set(
-            schema["definitions"]
-        )
+        assert {"cluster", "dataset", "train"} == set(schema["properties"])
+        defs = schema["definitions"]
+        assert defs["ClusterBlock"]["block_type_slug"] == "cluster-spec"  # picked by name
+        assert defs["DatasetBlock"]["block_type_slug"] == "dataset-spec"
+        slugs = {b.block_type.slug: b.name for b in client.read_block_documents()}
+        assert {"cluster-spec", "dataset-spec"} <= set(slugs)  # prefect.yaml's build step
         assert deps["prepare-dataset"].pull_steps == [
             {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
         ]
@@ -590,6 +604,26 @@ def test_down_stops_everything_and_s3_state_survives_a_restart(stack):
         _s3(ex).list_objects_v2(Bucket="hetflow-mlflow", Prefix="artifacts/").get("KeyCount", 0)
         >= 1
     )
+
+
+def test_up_starts_a_worker_and_every_deployment_is_ready(stack, deployed):
+    """Last in the module: `up` on the running stack starts the pool's worker, the server
+    reports every deployment READY, and the stack's `down` (the fixture's) stops it."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    up = _cli({**stack["env"], "HETFLOW_STACK_WORKER": "1"}, "stack", "up", timeout=240)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert re.search(r"# worker: pid \d+ polls hetflow-local: deployments are Ready", up.stdout)
+    status = _cli(stack["env"], "stack", "status", timeout=60)
+    assert re.search(r"^worker +up +pid \d+ +pool hetflow-local ready$", status.stdout, re.M)
+    with SyncPrefectClient(stack["exports"]["PREFECT_API_URL"]) as client:
+        deadline = time.monotonic() + 90
+        while True:
+            states = {d.name: d.status.value for d in client.read_deployments()}
+            if set(states.values()) == {"READY"} or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    assert set(states) == set(deployed) and set(states.values()) == {"READY"}, states
 
 
 def start_worker(stack, env: dict, log, *flags: str) -> subprocess.Popen:

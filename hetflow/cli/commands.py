@@ -84,9 +84,9 @@ def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None)
     uri = MLflowTracker(tracking).tracking_uri
     print("\nWhere to look:")
     if links.served(uri):
-        print(f"  MLflow UI:  {uri}  (experiment '{tracking.experiment}')")
+        print(f"  MLflow UI:  {links.home_url(uri)}  (experiment '{tracking.experiment}')")
     else:
-        print(f"  MLflow UI:  {links.ui_hint(uri)}   then open {links.ui_base(uri)}")
+        print(f"  MLflow UI:  {links.ui_hint(uri)}   then open {links.home_url(uri)}")
         if port_open(links.UI_PORT):
             print(
                 f"    (port {links.UI_PORT} is in use now: free it first, or the run pages' "

@@ -62,33 +62,54 @@ def queue_cluster_of(path: str | None = None) -> ClusterSpec:
     return ClusterSpec.model_validate_json(last.read_text()) if last.exists() else queue_cluster()
 
 
-def checked_job(args: argparse.Namespace, cluster: ClusterSpec):
-    """The `QueueJob` of `submit`'s flags, refused in one line (a ConfigError) where its
-    priority is no class or no worker of `cluster` holds it."""
-    from hetflow.config_queue import QueueJob, worker_memory_gb
-    from hetflow.queue.jobs import QueueError, check_priority
+# What `submit` names a QueueJob's (and its TrainConfig's) fields by: the flag the user typed.
+SUBMIT_FLAGS = {
+    "name": "NAME",
+    "priority": "--priority",
+    "recipe": "--recipe",
+    "steps": "--steps",
+    "global_batch": "--global-batch",
+    "checkpoint_every": "--checkpoint-every",
+    "eval_every": "--checkpoint-every",
+    "memory_gb": "--memory-gb",
+    "arrive_after_s": "--arrive-after-s",
+}
 
-    try:
-        check_priority(args.priority)
-    except QueueError as e:
-        raise ConfigError(str(e)) from None
-    most = max(worker_memory_gb(cluster, i) for i in range(cluster.world_size))
-    if args.memory_gb > most:
+
+def by_flag(e) -> ConfigError:
+    """A pydantic error of `submit`'s job as one line naming the flag of its first problem."""
+    first = e.errors()[0]
+    field = next((str(p) for p in first["loc"] if not isinstance(p, int)), "")
+    got = first.get("input")
+    shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+    message = first["msg"].removeprefix("Value error, ")
+    return ConfigError(f"{SUBMIT_FLAGS.get(field, field or 'job')}: {message}{shown}")
+
+
+def checked_job(args: argparse.Namespace, cluster: ClusterSpec):
+    """The `QueueJob` of `submit`'s flags, refused in one line naming the flag (a
+    ConfigError) where a value is bad, its priority is no class or no worker of `cluster`
+    holds it."""
+    from pydantic import ValidationError
+
+    from hetflow.config_queue import PRIORITY_CLASSES, QueueJob, worker_memory_gb
+
+    if args.priority not in PRIORITY_CLASSES:
         raise ConfigError(
-            f"memory_gb: job {args.name!r} needs {args.memory_gb:g} GB a worker; the largest "
+            f"--priority: unknown class {args.priority!r}; one of {', '.join(PRIORITY_CLASSES)}"
+        )
+    fields = {f: getattr(args, f) for f in SUBMIT_FLAGS if f != "eval_every"}
+    try:
+        job = QueueJob.model_validate(fields)
+        job.train_config()  # its recipe, steps and batch, as a train run takes them
+    except ValidationError as e:
+        raise by_flag(e) from None
+    most = max(worker_memory_gb(cluster, i) for i in range(cluster.world_size))
+    if job.memory_gb > most:
+        raise ConfigError(
+            f"--memory-gb: job {job.name!r} needs {job.memory_gb:g} GB a worker; the largest "
             f"worker of {cluster.name} has {most:g} GB"
         )
-    job = QueueJob(
-        name=args.name,
-        priority=args.priority,
-        recipe=args.recipe,
-        steps=args.steps,
-        global_batch=args.global_batch,
-        checkpoint_every=args.checkpoint_every,
-        memory_gb=args.memory_gb,
-        arrive_after_s=args.arrive_after_s,
-    )
-    job.train_config()  # its recipe, steps and batch, as a train run takes them
     return job
 
 
@@ -98,30 +119,51 @@ def cmd_queue_submit(args) -> int:
     job = checked_job(args, queue_cluster_of())
     inbox = queue_dir() / "inbox"
     if (inbox / f"{job.name}.json").exists():
-        raise ConfigError(f"name: a job {job.name!r} is already queued")
+        raise ConfigError(f"NAME: a job {job.name!r} is already queued")
     (inbox / f"{job.name}.json").write_text(job.model_dump_json(indent=1))
     print(f"queued {job.name} ({job.priority}): `hetflow queue run` runs it")
     return 0
 
 
+LIST_HEADER = ("JOB", "CLASS", "STATE", "STEPS", "ARRIVAL", "WORKERS")
+
+
+def queue_rows(where) -> list[tuple[str, ...]]:
+    """`hetflow queue list`'s rows: the inbox's jobs (queued, arriving that many seconds after
+    the next session starts), then the last session's (`state.json`: arrived that many
+    seconds after it started, the workers each holds)."""
+    rows = []
+    for path in sorted((where / "inbox").glob("*.json")):
+        job = json.loads(path.read_text())
+        arrival = f"+{job.get('arrive_after_s', 0):g}s next run"
+        rows.append((job["name"], job["priority"], "queued", f"0/{job['steps']}", arrival, "-"))
+    state = where / "state.json"
+    for row in json.loads(state.read_text()) if state.exists() else []:
+        arrived = row.get("arrived_s")
+        rows.append(
+            (
+                row["name"],
+                row["priority"],
+                row["state"],
+                f"{row['steps_done']}/{row['steps']}",
+                "-" if arrived is None else f"+{arrived:g}s",
+                ",".join(row["workers"]) or "-",
+            )
+        )
+    return rows
+
+
 def cmd_queue_list(args) -> int:
     from hetflow.infra.paths import queue_dir
 
-    where = queue_dir()
-    lines = []
-    for path in sorted((where / "inbox").glob("*.json")):
-        job = json.loads(path.read_text())
-        lines.append(f"{job['name']:<20} {job['priority']:<7} queued")
-    state = where / "state.json"
-    for row in json.loads(state.read_text()) if state.exists() else []:
-        held = ",".join(row["workers"]) or "-"
-        lines.append(
-            f"{row['name']:<20} {row['priority']:<7} {row['state']:<8} "
-            f"{row['steps_done']}/{row['steps']} steps  workers {held}"
-        )
-    print(
-        "\n".join(lines) or "no job queued or run here yet: `hetflow queue submit NAME` queues one"
-    )
+    rows = queue_rows(queue_dir())
+    if not rows:
+        print("no job queued or run here yet: `hetflow queue submit NAME` queues one")
+        return 0
+    table = [LIST_HEADER, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(LIST_HEADER))]
+    for r in table:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return 0
 
 
@@ -131,9 +173,15 @@ def cmd_queue_run(args) -> int:
 
     cluster = queue_cluster_of(args.cluster)
     if args.time_scale is not None:
-        cluster = ClusterSpec.model_validate(
-            {**cluster.model_dump(), "time_scale": args.time_scale}
-        )
+        from pydantic import ValidationError
+
+        try:
+            cluster = ClusterSpec.model_validate(
+                {**cluster.model_dump(), "time_scale": args.time_scale}
+            )
+        except ValidationError as e:
+            message = e.errors()[0]["msg"]
+            raise ConfigError(f"--time-scale: {message} (got {args.time_scale:g})") from None
     if args.switch_s < 0:
         raise ConfigError(f"--switch-s: a move's cost is at least 0 s (got {args.switch_s:g})")
     if not args.demo and not any((queue_dir() / "inbox").glob("*.json")):

@@ -1,9 +1,12 @@
 """A persistent local stack on 127.0.0.1: an S3 endpoint, a Prefect server, an MLflow server.
 
-    hetflow stack up       start what is not running, create the `hetflow-local` work pool and
-                           print the `export ...` lines (`eval "$(hetflow stack up)"` works)
-    hetflow stack status   one line per service: up or down, pid, URL, log file
-    hetflow stack down     stop the services (SIGTERM to each process group, then SIGKILL)
+    hetflow stack up       start what is not running, create the `hetflow-local` work pool,
+                           save the demo's cluster and dataset blocks, start a process worker
+                           on the pool (the deployments are then Ready), and print the
+                           `export ...` lines (`eval "$(hetflow stack up)"` works)
+    hetflow stack status   one line per service and the worker: up or down, pid, URL, log file
+    hetflow stack down     stop the worker and the services (SIGTERM to each process group,
+                           then SIGKILL)
 
 State lives in `$HETFLOW_HOME/stack` (`~/.hetflow/stack`); the S3 endpoint (moto) keeps its
 objects across restarts by replaying its recorded requests. Ports: `HETFLOW_STACK_S3_PORT`,
@@ -23,6 +26,7 @@ from hetflow.stack.layout import (
     PREFECT,
     S3,
     SERVICES,
+    WORK_POOL,
     Service,
     StackError,
     chosen_port,
@@ -43,6 +47,15 @@ from hetflow.stack.services import (
     start_mlflow,
     start_prefect,
     start_s3,
+)
+from hetflow.stack.worker import (
+    WORKER,
+    WORKER_COMMAND,
+    pool_status,
+    save_blocks,
+    start_worker,
+    stop_worker,
+    wanted,
 )
 
 
@@ -74,6 +87,7 @@ def _up() -> int:
             f"({', '.join(f'{s.name} pid {p}' for s, p in running.items())})"
         )
         _print_exports(ports)
+        _worker_up(ports, _timeout())
         return 0
     to_start = [svc for svc in SERVICES if svc not in running]
     for svc in to_start:
@@ -82,12 +96,7 @@ def _up() -> int:
                 f"cannot start {svc.name}: {HOST}:{ports[svc.name]} is already in use "
                 f"(set {svc.port_env} to a free port)"
             )
-    try:
-        timeout = float(os.environ.get("HETFLOW_STACK_TIMEOUT") or 180)
-    except ValueError:
-        raise StackError(
-            f"HETFLOW_STACK_TIMEOUT: expected seconds (got {os.environ['HETFLOW_STACK_TIMEOUT']!r})"
-        ) from None
+    timeout = _timeout()
     _save_ports(ports)  # from here on, `status` and `down` find the services
     started: list[tuple[Service, int]] = []
     try:
@@ -105,13 +114,36 @@ def _up() -> int:
         started += [(svc, proc.pid) for svc, (proc, _) in procs.items()]
         wait_healthy(procs, timeout)
         ensure_work_pool(ports["prefect"])
+        saved = save_blocks(ports["prefect"])
     except BaseException:
         for svc, pid in reversed(started):  # leave nothing half-started behind
             stop(svc, pid, ports[svc.name], grace=5.0)
         raise
     print(f"# hetflow stack: up, state in {stack_dir()}")
+    if saved:
+        print(f"# saved blocks: {', '.join(saved)}")
     _print_exports(ports)
+    _worker_up(ports, timeout)
     return 0
+
+
+def _timeout() -> float:
+    try:
+        return float(os.environ.get("HETFLOW_STACK_TIMEOUT") or 180)
+    except ValueError:
+        raise StackError(
+            f"HETFLOW_STACK_TIMEOUT: expected seconds (got {os.environ['HETFLOW_STACK_TIMEOUT']!r})"
+        ) from None
+
+
+def _worker_up(ports: dict[str, int], timeout: float) -> None:
+    """Start the pool's worker (unless HETFLOW_STACK_WORKER=0) and say so in one line."""
+    if not wanted():
+        print(f"# deployments run once a worker polls the pool: {WORKER_COMMAND}")
+        return
+    _progress(f"starting a worker on pool {WORK_POOL} ...")
+    pid = start_worker(ports, timeout)
+    print(f"# worker: pid {pid} polls {WORK_POOL}: deployments are Ready (log: {log_path(WORKER)})")
 
 
 def status() -> int:
@@ -126,14 +158,21 @@ def status() -> int:
         all_up &= state == "up"
         shown = f"pid {pid}" if pid else "-"
         print(f"{svc.name:<8} {state:<8} {shown:<11} {url_of(svc, port):<24} log: {log_path(svc)}")
+    pid = running_pid(WORKER)
+    pool = pool_status(saved["prefect"]) if "prefect" in saved else "unknown"
+    shown = f"pid {pid}" if pid else "-"
+    print(f"{'worker':<8} {'up' if pid else 'down':<8} {shown:<11} pool {WORK_POOL} {pool.lower()}")
     if all_up:
         print(f"env: . {stack_dir() / 'env.sh'}")
     return 0 if all_up else 1
 
 
 def down() -> int:
-    """Stop the services (MLflow and Prefect first, then S3 after compacting its state)."""
+    """Stop the worker, then the services (MLflow and Prefect first, then S3 after compacting
+    its state)."""
     saved = saved_ports()
+    pid = stop_worker()
+    print(f"worker: stopped (pid {pid})" if pid else "worker: not running")
     for svc in reversed(SERVICES):
         pid = running_pid(svc)
         port = saved.get(svc.name)

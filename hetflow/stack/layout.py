@@ -85,8 +85,10 @@ def url_of(svc: Service, port: int) -> str:
 
 
 def exports(ports: dict[str, int]) -> dict[str, str]:
-    """The variables a client needs to use the stack (fake credentials of the local endpoint)."""
+    """The variables a client needs to use the stack (fake credentials of the local endpoint,
+    the stack's HETFLOW_HOME)."""
     return {
+        "HETFLOW_HOME": str(home()),  # a worker started from a new shell reads the same home
         "PREFECT_API_URL": f"{url_of(PREFECT, ports['prefect'])}/api",
         "MLFLOW_TRACKING_URI": url_of(MLFLOW, ports["mlflow"]),
         "AWS_ENDPOINT_URL": url_of(S3, ports["s3"]),

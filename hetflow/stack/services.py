@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from hetflow.infra.s3 import LOCAL_CREDENTIALS
+from hetflow.infra.tracking.links import home_url
 from hetflow.stack.layout import (
     HOST,
     MLFLOW,
@@ -245,5 +246,5 @@ def _print_exports(ports: dict[str, int]) -> None:
         print(line)
     print(
         f"# Prefect UI: {url_of(PREFECT, ports['prefect'])}   "
-        f"MLflow UI: {url_of(MLFLOW, ports['mlflow'])}"
+        f"MLflow UI: {home_url(url_of(MLFLOW, ports['mlflow']))}"
     )

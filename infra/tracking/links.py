@@ -39,6 +39,15 @@ def ui_hint(tracking_uri: str, port: int = UI_PORT) -> str | None:
     return f"mlflow ui --backend-store-uri {tracking_uri} --port {port}"
 
 
+def home_url(tracking_uri: str, port: int = UI_PORT) -> str:
+    """The UI's experiments list, in its model-training view.
+
+    >>> home_url("http://h:5000")
+    'http://h:5000/#/experiments?workflowType=machine_learning'
+    """
+    return f"{ui_base(tracking_uri, port)}/#/experiments?{VIEW}"
+
+
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """One run's page.
 
