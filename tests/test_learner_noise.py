@@ -3,7 +3,8 @@ stragglers that jump or drift in: it never ends below the plan it started from, 
 the best plan, re-plans little after it has learned, and moves off a straggler at once.
 
 The training loop's own turn (`loop.rebalancing.rebalance`, with its `LoopState`) is driven
-here by `emulation.device_model.EmulatedCluster`: each device its own published curve, noise
+here by `emulation.device_model.EmulatedCluster` (`benchmarks.learner`, which reports the same
+figures over more seeds): each device its own published curve, noise
 `alone` (a worker with a core to itself) or `shared` (workers sharing a host: CV 0.2, slow
 stretches of several steps, pauses). A plan is graded by what its steps cost under that noise
 (the mean over many steps of the slowest rank's time), not by the model's prediction (pure).
@@ -13,58 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from hetflow.config import TrainConfig
-from hetflow.emulation.device_model import NOISE_LEVELS, Device, EmulatedCluster
-from hetflow.training.loop.rebalancing import rebalance
+from hetflow.emulation.device_model import Device
 from hetflow.training.loop.state import LoopState
-from hetflow.training.plan.curves import fill
-from hetflow.training.plan.rebalancer import Rebalancer
 
-B, STEPS = 128, 150
-MIXES = {
-    "t4,t4,v100,a100": [Device(preset=p) for p in ("t4", "t4", "v100", "a100")],
-    "a100 beside 3 t4": [Device(preset=p) for p in ("t4", "t4", "t4", "a100")],
-    "1,1,2,4": [Device(speed=s) for s in (1, 1, 2, 4)],
-    "1,2,3,4,6": [Device(speed=s) for s in (1, 2, 3, 4, 6)],
-    "1,1,2,3,5,8": [Device(speed=s) for s in (1, 1, 2, 3, 5, 8)],
-}
-
-
-def run(devices, noise: str, seed: int, stragglers=(), steps: int = STEPS):
-    """A dynamic run from the equal split: every step's compute times into the loop's state and
-    its re-balancer's turn, as the training loop takes it; (the state, the re-balancer)."""
-    n = len(devices)
-    cfg = TrainConfig(recipe="digits-cnn", schedule="dynamic", steps=steps, global_batch=B)
-    cluster = EmulatedCluster(devices, NOISE_LEVELS[noise], seed=seed, stragglers=stragglers)
-    reb = Rebalancer(B, [None] * n, [0.0] * n, [1e-3] * n, threshold=cfg.rebalance_threshold)
-    state = LoopState.fresh(fill([lambda b: b] * n, B, [B] * n))
-    for step in range(steps):
-        state.add_row(len(state.plans), step, cluster.step_times(state.plan, step))
-        rebalance(reb, state, cfg, step, flush=False, last=step == steps - 1)
-    return state, reb
-
-
-def paid(devices, plan, noise: str, stragglers=(), at: int = 0, steps: int = 600) -> float:
-    """What `plan`'s steps cost under `noise` from step `at` on: the mean over `steps` steps of
-    the slowest rank's time (another seed than the run's)."""
-    cluster = EmulatedCluster(devices, NOISE_LEVELS[noise], seed=999, stragglers=stragglers)
-    return sum(max(cluster.step_times(plan, at + s)) for s in range(steps)) / steps
-
-
-def best_plan(devices, factors=None) -> list[int]:
-    """The plan of least noise-free step, each worker kept or left out (exhaustive)."""
-    factors = factors or [1.0] * len(devices)
-    n, best = len(devices), None
-    for mask in range(1, 2**n):
-        keep = [i for i in range(n) if mask >> i & 1]
-        costs = [lambda b, i=i: devices[i].compute_s(b) * factors[i] for i in keep]
-        plan = [0] * n
-        for i, b in zip(keep, fill(costs, B, [B] * len(keep)), strict=True):
-            plan[i] = b
-        step = max(devices[i].compute_s(b) * factors[i] for i, b in enumerate(plan) if b)
-        if best is None or step < best[0]:
-            best = (step, plan)
-    return best[1]
+from benchmarks.learner import MIXES, best_plan, paid, run
 
 
 def changes_after(state: LoopState, step: int) -> int:

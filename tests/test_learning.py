@@ -165,8 +165,10 @@ def test_a_noisy_window_raises_the_bar_a_replan_must_beat():
     reb.observe([64, 64], [0.064, 0.060], noise=0.0, rows=10)
     assert reb.margin == pytest.approx(0.05)  # the floor: half the threshold
     reb.observe([64, 64], [0.064, 0.060], noise=0.2, rows=4)
-    assert reb.margin == pytest.approx(2 * 0.2 * (2 / 4) ** 0.5)
-    assert reb.propose([64, 64], 10) is None  # 3% predicted: under a 28% bar
+    # twice the standard error of a difference of two means of this plan's step, each of its
+    # two windows so far (0.2 / sqrt(4) a window, over sqrt(2) for two)
+    assert reb.margin == pytest.approx(2 * 2**0.5 * 0.2 / 4**0.5 / 2**0.5)
+    assert reb.propose([64, 64], 10) is None  # 3% predicted: under a 20% bar
 
 
 # -- priors -----------------------------------------------------------------------------------

@@ -246,18 +246,30 @@ def test_sudden_change_ignores_noise_within_threshold(noise, base):
 
 
 @pytest.mark.parametrize("factor", [4.0, 0.25], ids=["slower", "faster"])
-def test_sudden_change_needs_two_steps_beyond_three_thresholds(factor):
+def test_sudden_change_needs_three_steps_beyond_three_thresholds(factor):
     r = Rebalancer(128, [None] * 4, [0.0] * 4, threshold=0.1)
     steady = [[0.08, 0.08, 0.04, 0.02]] * 5
     jumped = [0.08, 0.08, 0.04, 0.02 * factor]
     assert not r.sudden_change(steady)
     assert not r.sudden_change([*steady, jumped])  # one step is noise
-    assert not r.sudden_change([*steady, jumped, steady[0]])  # a spike, gone again
-    assert r.sudden_change([*steady, jumped, jumped])
-    assert not r.sudden_change([*steady[:2], jumped, jumped])  # too little before it to compare
-    # 30% is the line: 1.29x twice is not a jump, 1.31x twice is
-    assert not r.sudden_change([*steady, *[[0.08, 0.08, 0.04, 0.02 * 1.29]] * 2])
-    assert r.sudden_change([*steady, *[[0.08, 0.08, 0.04, 0.02 * 1.31]] * 2])
+    assert not r.sudden_change([*steady, jumped, jumped])  # two can be (two pauses in a row)
+    assert not r.sudden_change([*steady, jumped, jumped, steady[0]])  # a spike, gone again
+    assert r.sudden_change([*steady, jumped, jumped, jumped])
+    assert not r.sudden_change([*steady[:2], jumped, jumped, jumped])  # too little before it
+    # 30% is the line with no noise measured: 1.29x three times is not a jump, 1.31x is
+    assert not r.sudden_change([*steady, *[[0.08, 0.08, 0.04, 0.02 * 1.29]] * 3])
+    assert r.sudden_change([*steady, *[[0.08, 0.08, 0.04, 0.02 * 1.31]] * 3])
+
+
+def test_a_host_measured_noisy_widens_the_jump_a_sudden_change_needs():
+    r = Rebalancer(128, [None] * 2, [0.0] * 2, threshold=0.1)
+    steady = [[0.04, 0.02]] * 5
+    jumped = [[0.04, 0.02 * 1.8]] * 3
+    assert r.sudden_change([*steady, *jumped])  # quiet so far: 1.8x is a change of speed
+    r.observe([64, 64], [0.04, 0.02], 0.0, 10)
+    noisy = [[0.04 * f, 0.02 / f] for f in (1.25, 0.8, 1.3, 0.75, 1.2, 0.85, 1.0, 1.1, 0.9, 1.0)]
+    r.observe([64, 64], [0.04, 0.02], 0.2, 10, samples=noisy)  # its steps 20-25% off its curve
+    assert r.step_jump > 1.8 and not r.sudden_change([*steady, *jumped])
 
 
 def test_make_plan_balances_the_profiles_step_models_and_leaves_auto_to_the_workers_trials():
@@ -393,7 +405,7 @@ def test_a_left_out_workers_noise_is_no_sudden_change_and_no_imbalance():
     reb = Rebalancer(96, [None] * 4, latency, per_sample)
     busy = [GPU_A + GPU_C * b for b in plan[:3]]
     # the empty step of the left-out rank takes 1 ms, then 3 ms: noise, not a change of speed
-    rows = [[*busy, 0.001]] * 3 + [[*busy, 0.003]] * 2
+    rows = [[*busy, 0.001]] * 3 + [[*busy, 0.003]] * 3
     assert reb.sudden_change(rows)  # read as a speed, its noise would re-plan
     assert not reb.sudden_change(rows, plan)
     reb.observe(plan, rows[-1])

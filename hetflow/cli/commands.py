@@ -31,6 +31,7 @@ BENCHMARKS = (
     "gpu_all",
     "diloco",
     "queue",
+    "learner",
 )
 
 

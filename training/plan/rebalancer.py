@@ -122,15 +122,18 @@ class Rebalancer:
     @property
     def margin(self) -> float:
         """The predicted gain (step before / step after - 1) a proposal must exceed: the
-        largest of twice the standard error of a difference of two window means (`noise` x
-        sqrt(2 / `rows`)), the model's own demonstrated error (the largest |measured /
-        predicted - 1| of its last ERRORS_KEPT re-plans within the batches the ranks had run,
-        `within_points`), and half the threshold (AdaptDL's 5% by default). A plan predicted
-        10% faster by a model that was 15% off last time is no evidence of a faster plan. A
-        re-plan that extended the curves past their points (the first ones, from one point a
-        rank) is verified, not counted: its error says nothing of the curves between the points
-        it then measured."""
-        se = self._se(self.noise, self.rows, self._entry(self.last_plan))
+        largest of twice the standard error of a difference of two means of the plan's step
+        (a window's, `_se`, over the square root of the windows its mean holds, two at most:
+        the trial that follows measures as many or more), the model's own demonstrated error
+        (the largest |measured / predicted - 1| of its last ERRORS_KEPT re-plans within the
+        batches the ranks had run, `within_points`), and half the threshold (AdaptDL's 5% by
+        default). A plan predicted 10% faster by a model that was 15% off last time is no
+        evidence of a faster plan. A re-plan that extended the curves past their points (the
+        first ones, from one point a rank) is verified, not counted: its error says nothing of
+        the curves between the points it then measured."""
+        entry = self._entry(self.last_plan)
+        windows = min(entry["windows"], 2) if entry else 1
+        se = self._se(self.noise, self.rows, entry) / math.sqrt(windows)
         measured = 2 * math.sqrt(2) * se if self.rows else 0.0
         demonstrated = max((abs(e) for e in self.errors), default=0.0)
         return max(self.threshold / 2, measured, demonstrated)
@@ -295,17 +298,18 @@ class Rebalancer:
                 *self.errors[-(ERRORS_KEPT - 1) :],
                 trial["after_s"] / trial["predicted_s"] - 1,
             ]
-        if verdict == "kept":
+        back = verdict == "given up" and return_to(self.tried, self.windows, plan, trial["after_s"])
+        if verdict is not None:
             self.trial = None
+        if verdict == "kept" or (verdict == "given up" and back is None):
+            # measurably faster, or within the noise and still the best plan measured lately
             self.move = min(MOVE_FACTOR, self.move * 2)
-        elif verdict == "given up":
-            # The model promised a shorter step and the windows do not show one: it does not
-            # hold at these batches. Go to the best plan measured lately, the trial's own windows
-            # counted (where they are the best, it stays: no plan measured is better), do not
-            # propose another on these curves lightly, and move less far next time.
-            self.trial = None
+        elif back:
+            # The model promised a shorter step and the windows show a plan measured lately
+            # as faster: the model does not hold at these batches. Go back to that plan, do
+            # not propose this one again lightly, and move less far next time.
             self.rejected.append(list(plan))
-            self.revert_to = return_to(self.tried, self.windows, plan, trial["after_s"])
+            self.revert_to = back
             self.move = max(LEAST_MOVE, self.move / 2)
 
     def sudden_change(
