@@ -14,9 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-
-class ConfigError(ValueError):
-    """A bad configuration value: the message is one line and names the field."""
+from hetflow.errors import ConfigError
 
 
 def suggestion(word: str, candidates) -> str:

@@ -23,9 +23,10 @@ FOLDERS = {
 # What each layer may import of hetflow (besides itself). The CLI and the stack (under hetflow/)
 # sit on top and may import anything.
 ALLOWED = {
+    "hetflow.errors": set(),  # the one-line error (`ConfigError`): imports nothing
     "hetflow.figures": set(),  # the run's figures: records, at the bottom with them
     "hetflow.records": {"hetflow.figures"},
-    "hetflow.config_base": {"hetflow.emulation"},
+    "hetflow.config_base": {"hetflow.errors", "hetflow.emulation"},
     "hetflow.config_dataset": {"hetflow.config_base"},
     "hetflow.config_cluster": {"hetflow.config_base", "hetflow.emulation"},
     "hetflow.config_recommend": {"hetflow.config_base"},
