@@ -38,7 +38,7 @@ import torch.multiprocessing as mp
 from hetflow.cli.parser import Parser
 from hetflow.config import ConfigError
 from hetflow.infra.s3 import free_port
-from hetflow.training.plan.fitting import robust_affine
+from hetflow.perf.fitting import robust_affine
 from hetflow.training.recipes import DataInfo, get_recipe
 
 from benchmarks import write_json

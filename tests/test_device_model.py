@@ -27,8 +27,8 @@ from hetflow.emulation.device_model import (
 from hetflow.emulation.emulator import Emulator
 from hetflow.emulation.link import Link
 from hetflow.emulation.presets import PRESETS
+from hetflow.perf.fitting import fit_affine
 from hetflow.records import Plan
-from hetflow.training.plan.fitting import fit_affine
 from hetflow.training.plan.ranks import RankMap
 
 STEPS = 20_000

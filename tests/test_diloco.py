@@ -9,7 +9,7 @@ import torch
 
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job
 from hetflow.emulation.presets import PRESETS
-from hetflow.training.plan.fitting import fit_affine
+from hetflow.perf.fitting import fit_affine
 from hetflow.training.plan.prior import published_prior
 from hetflow.training.plan.rounds import inner_batch, inner_counts, round_config, round_plan
 

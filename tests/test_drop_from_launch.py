@@ -8,8 +8,9 @@ import pytest
 
 from hetflow.config import ClusterSpec, TrackingConfig, TrainConfig
 from hetflow.figures import RankFigures, RunMetrics
+from hetflow.perf.collective import measured_ring
 from hetflow.training.launch.spec import default_profile_batches
-from hetflow.training.plan.planner import make_plan, ring_allreduce_s
+from hetflow.training.plan.planner import make_plan
 from hetflow.training.plan.ranks import RankMap
 
 from tests.profiles import profile_of, rank_profile
@@ -51,15 +52,15 @@ def test_the_plan_drops_a_left_out_worker_by_what_its_all_reduce_share_costs(
 
 
 def test_the_ring_all_reduce_scales_with_the_ranks_it_spans():
-    assert ring_allreduce_s(0.003, 4, 1) == 0.0  # one rank reduces nothing
-    assert ring_allreduce_s(0.003, 4, 4) == pytest.approx(0.003)
-    assert ring_allreduce_s(0.003, 4, 2) == pytest.approx(0.003 * 0.5 / 0.75)
+    assert measured_ring(0.003, 4, 1) == 0.0  # one rank reduces nothing
+    assert measured_ring(0.003, 4, 4) == pytest.approx(0.003)
+    assert measured_ring(0.003, 4, 2) == pytest.approx(0.003 * 0.5 / 0.75)
     # its fixed part is paid per hop: 2 hops of 6 from 4 ranks to 2
-    assert ring_allreduce_s(0.003, 4, 2, latency_s=0.001) == pytest.approx(
+    assert measured_ring(0.003, 4, 2, latency_s=0.001) == pytest.approx(
         0.001 / 3 + 0.002 * 0.5 / 0.75
     )
     # a fitted latency beyond the whole (noise) counts as the whole
-    assert ring_allreduce_s(0.003, 4, 2, latency_s=0.01) == pytest.approx(0.001)
+    assert measured_ring(0.003, 4, 2, latency_s=0.01) == pytest.approx(0.001)
 
 
 def test_launched_renumbers_the_ranks_and_keeps_each_workers_slowdown():

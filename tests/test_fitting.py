@@ -1,10 +1,10 @@
-"""The probes' line fits (hetflow.training.plan.fitting), pure: no torch, no cluster."""
+"""The probes' line fits (hetflow.perf.fitting), pure: no torch, no cluster."""
 
 from __future__ import annotations
 
 import pytest
 
-from hetflow.training.plan.fitting import fit_affine, fit_transfer, robust_affine
+from hetflow.perf.fitting import fit_affine, fit_transfer, robust_affine
 
 
 def test_fit_affine_recovers_latency_and_slope():
@@ -36,5 +36,5 @@ def test_fitting_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, hetflow.training.plan.fitting; sys.exit('torch' in sys.modules)"
+    code = "import sys, hetflow.perf.fitting; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -15,10 +15,10 @@ import hetflow.tasks.history as history_task
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.history import MEASURED_NOW, TypeEntry, type_key
 from hetflow.infra.s3 import filesystem, local_s3_endpoint
+from hetflow.perf.collective import ring_allreduce_time
 from hetflow.records import Profile
 from hetflow.tasks.profile import profiles_prefix
 from hetflow.training.plan.assemble import assemble, ring_figures, sub_cluster
-from hetflow.training.plan.collective import ring_allreduce_time
 
 from tests.profiles import profile_of, rank_profile
 

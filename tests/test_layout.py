@@ -46,6 +46,8 @@ ALLOWED = {
         "hetflow.config_rules",
     },
     "hetflow.emulation": set(),
+    # the performance model: pure, at the bottom; the plan, the forecast and the queue call it
+    "hetflow.perf": {"hetflow.errors"},
     "hetflow.output": set(),  # a command's JSON file and wide console: no hetflow below it
     "hetflow.repeats": set(),  # the order of a round's variants, a figure's median: pure
     # the profile history's records and keys (`hetflow.history`), beside the config
@@ -58,6 +60,7 @@ ALLOWED = {
         "hetflow.history",
         "hetflow.emulation",
         "hetflow.infra",
+        "hetflow.perf",
     },
     # the forecast room: pure, above training (it may use the plan), below the tasks
     "hetflow.forecast": {
@@ -67,6 +70,7 @@ ALLOWED = {
         "hetflow.history",
         "hetflow.emulation",
         "hetflow.output",
+        "hetflow.perf",
         "hetflow.training",
     },
     "hetflow.tasks": {
@@ -78,10 +82,11 @@ ALLOWED = {
         "hetflow.history",
         "hetflow.infra",
         "hetflow.forecast",
+        "hetflow.perf",
         "hetflow.training",
     },
-    # the queue's allocator and replay: pure, over the plan's balanced step
-    "hetflow.queue": {"hetflow.training"},
+    # the queue's allocator and replay: pure, over the performance model's balanced step
+    "hetflow.queue": {"hetflow.perf", "hetflow.training"},
     "hetflow.flows": {
         "hetflow.repeats",
         "hetflow.config_queue",
@@ -187,7 +192,7 @@ def test_no_layer_may_import_one_above_it():
 # The pure rooms: no torch, no infra (hetflow's or the outside world's clients), anywhere in a
 # module (at the top, inside a function, or for type checkers), and of `training` only the plan
 # (the rest brings torch).
-PURE_ROOMS = ("hetflow.training.plan", "hetflow.forecast")
+PURE_ROOMS = ("hetflow.perf", "hetflow.training.plan", "hetflow.forecast")
 PLAN = "hetflow.training.plan"
 INFRA = (
     "hetflow.infra",
@@ -237,6 +242,7 @@ def test_the_purity_rule_sees_an_import_inside_a_function():
 
 
 QUEUE_ROOM = "hetflow.queue"
+PERF = "hetflow.perf"
 
 
 @pytest.mark.parametrize(
@@ -251,7 +257,7 @@ def test_the_queue_room_is_pure(module, path):
         n
         for n in all_imports(ast.parse(path.read_text()))
         if n.split(".")[0] in {"torch", "prefect", "mlflow", "boto3", "s3fs"}
-        or (n.startswith("hetflow") and not n.startswith((QUEUE_ROOM, PLAN)))
+        or (n.startswith("hetflow") and not n.startswith((QUEUE_ROOM, PERF, PLAN)))
     )
     assert not bad, f"{module} imports {bad}"
 
@@ -339,7 +345,14 @@ def test_every_package_folder_is_installed():
     )
 
 
-ROOMS = ["hetflow/forecast", "hetflow/queue", "training/loop", "training/launch", "training/comm"]
+ROOMS = [
+    "hetflow/perf",
+    "hetflow/forecast",
+    "hetflow/queue",
+    "training/loop",
+    "training/launch",
+    "training/comm",
+]
 
 
 @pytest.mark.parametrize("room", ROOMS)

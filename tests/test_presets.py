@@ -10,7 +10,7 @@ from hetflow.emulation.device_model import published_shape
 from hetflow.emulation.emulator import PAUSE_FACTOR, Emulator
 from hetflow.emulation.link import Link
 from hetflow.emulation.presets import PRESETS
-from hetflow.training.plan.fitting import fit_affine
+from hetflow.perf.fitting import fit_affine
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -91,7 +91,7 @@ def test_a_plan_from_a_profile_that_is_wrong_at_small_batches_is_fixed_and_kept(
 
 def _best_step(workers) -> float:
     """The shortest step any split of B gives (exhaustive over the slowest rank's time)."""
-    from hetflow.training.plan.curves import fill
+    from hetflow.perf.balance import fill
 
     steps = []
     for mask in range(1, 2 ** len(workers)):  # each worker left out or kept

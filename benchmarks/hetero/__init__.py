@@ -35,6 +35,7 @@ from hetflow.config import (
 )
 from hetflow.emulation.device_model import Straggler, straggler_factor
 from hetflow.infra.tracking.plots import rate_curves, rolling_rate
+from hetflow.perf.collective import measured_ring
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.repeats import run_order
 from hetflow.training.launch.run import measure_profile, run_plan
@@ -196,14 +197,15 @@ class Ideals(NamedTuple):
 
 def ideals(profile: Profile, bench: Bench) -> Ideals:
     """The run's Ideals (pure). The all-reduce is the one the plan prices
-    (`planner.allreduce_of`), over the workers the balanced step uses (`ring_allreduce_s`:
-    those whose fixed cost is shorter than that step; the others a plan need not launch)."""
+    (`planner.allreduce_of`), over the workers the balanced step uses
+    (`perf.collective.measured_ring`: those whose fixed cost is shorter than that step; the
+    others a plan need not launch)."""
     batch = bench.base.global_batch
     ideal = run_ideal(profile, batch, bench.base.steps, bench.stragglers)
     latency, _ = profile.step_models()
     used = sum(a < batch / ideal for a in latency)
     whole, fixed = planner.allreduce_of(profile)
-    allreduce_s = planner.ring_allreduce_s(whole, len(profile.ranks), used, fixed)
+    allreduce_s = measured_ring(whole, len(profile.ranks), used, fixed)
     return Ideals(ideal, allreduce_s, batch / (batch / ideal + allreduce_s))
 
 

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from hetflow.config import ClusterSpec, describe_validation_error
 from hetflow.forecast.job import ModelSpec, SimulationError, WorkerModel, check_workers
+from hetflow.perf.collective import ring_hops
 from hetflow.records import Profile
 
 
@@ -225,7 +226,7 @@ def profile_alpha_s(profile: Profile) -> float:
     n = len(profile.ranks)
     if n < 2:
         return 0.0
-    return max(r.allreduce_latency_s for r in profile.ranks) / (2 * (n - 1))
+    return max(r.allreduce_latency_s for r in profile.ranks) / ring_hops(n)
 
 
 # -- another size -----------------------------------------------------------------------------

@@ -2,9 +2,8 @@
 
 Frozen dataclasses, each checked on construction: a figure the simulator cannot use raises a
 `SimulationError` (a `ConfigError`) naming the field. No I/O and no torch. The models' figures
-(`ModelSpec`, `MODELS`) and the ring's (`INTRA_NODE_GBPS`, DDP's buckets) live in the plan
-layer, `hetflow.forecast.models` and `.collective`, where `hetflow recommend`'s flow may
-import them too; they are re-exported here.
+(`ModelSpec`, `MODELS`) live in `hetflow.forecast.models`, the ring's (`INTRA_NODE_GBPS`,
+DDP's buckets) in the performance model, `hetflow.perf.collective`; both are re-exported here.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Literal
 
 from hetflow.config import ConfigError
 from hetflow.forecast.models import MODELS, ModelSpec  # noqa: F401 (re-exported)
-from hetflow.training.plan.collective import (  # noqa: F401 (re-exported)
+from hetflow.perf.collective import (  # noqa: F401 (re-exported)
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     DEFAULT_INTRA_GBPS,
@@ -25,6 +24,7 @@ from hetflow.training.plan.collective import (  # noqa: F401 (re-exported)
     RING_INTRA_ALPHA_S,
     ddp_buckets,
 )
+from hetflow.perf.curve import Line
 
 MAX_WORKERS = 1 << 16
 
@@ -81,9 +81,14 @@ class WorkerModel:
         if self.cap is not None and self.cap < 1:
             raise SimulationError(f"{where}: cap must be >= 1 (got {self.cap})")
 
+    @property
+    def line(self) -> Line:
+        """Its compute step as the performance model's line, a + c x batch."""
+        return Line(self.latency_s, self.per_sample_s)
+
     def compute_s(self, batch: float) -> float:
         """a + c x batch."""
-        return self.latency_s + self.per_sample_s * batch
+        return self.line.time(batch)
 
 
 @dataclass(frozen=True)

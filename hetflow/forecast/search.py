@@ -13,8 +13,9 @@ The model, term by term (docs/recommend.md):
   batch the device's memory holds (`forecast.memory`, applied by `forecast.rental`) or at a
   largest local batch the user gives.
 - A mix's step: the balanced compute time T, the least T at which every device taking the most
-  samples its curve finishes within T holds the global batch (the planner's equal-finish rule,
-  `training.plan.balance`, on the curve itself rather than an affine fit of it; a type whose
+  samples its curve finishes within T holds the global batch (the performance model's solver,
+  `hetflow.perf.balance.balanced_time`, that the planner uses, on the curve itself rather than
+  an affine fit of it; a type whose
   one-sample step exceeds T takes nothing, the rule of `exclude_slow`), then the simulator's
   step (`step.step_time`) with the all-reduce of the fp32 gradient (`step.allreduce_s`: one
   ring, the slowest NIC between instances, the GPU family's bus inside one; no overlap with
@@ -34,7 +35,6 @@ mix satisfies the objective.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -48,7 +48,9 @@ from hetflow.forecast.models import MODELS, ModelSpec
 from hetflow.forecast.objective import Objective, by_cost, by_hours, pareto
 from hetflow.forecast.spot import DEFAULT_RESTART, Restart, expected_hours
 from hetflow.forecast.step import NodeGroup, allreduce_s, step_time
-from hetflow.training.plan.collective import DEFAULT_INTRA_GBPS, INTRA_NODE_GBPS
+from hetflow.perf.balance import balanced_time
+from hetflow.perf.collective import DEFAULT_INTRA_GBPS, INTRA_NODE_GBPS
+from hetflow.perf.curve import Table
 
 PRESET_OF_GPU = {"T4": "t4", "V100": "v100", "A100": "a100"}
 TRAIN_OVER_INFERENCE = 3.0  # forward + backward ~ 3 x forward (as the simulator counts FLOPs)
@@ -87,9 +89,14 @@ class Candidate:
     def intra_gbps(self) -> float:
         return INTRA_NODE_GBPS.get(self.gpu, DEFAULT_INTRA_GBPS)
 
+    @property
+    def curve(self) -> Table:
+        """One device's step-time curve, the performance model's `Table`."""
+        return Table(self.step_s)
+
     def batch_within(self, t: float) -> int:
         """The most samples one device computes within t seconds (0: not even one)."""
-        return bisect.bisect_right(self.step_s, t)
+        return self.curve.within(t)
 
 
 def curve_for(instance_type: str, gpu: str | None, model: ModelSpec, max_batch: int):
@@ -160,16 +167,11 @@ def balanced_compute_s(
     used = [(c, c.devices * n) for c, n in zip(cands, counts, strict=True) if n]
     if not used or sum(d for _, d in used) > global_batch:
         return None
-    if sum(d * len(c.step_s) for c, d in used) < global_batch:
+    curves, devices = [c.curve for c, _ in used], [d for _, d in used]
+    caps = [len(c.step_s) for c, _ in used]  # no batch past a curve's last
+    t = balanced_time(curves, global_batch, caps, counts=devices, levels=levels)
+    if math.isinf(t):
         return None  # the devices' largest batches do not hold it
-    lo, hi = 0, len(levels) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if sum(d * c.batch_within(levels[mid]) for c, d in used) >= global_batch:
-            hi = mid
-        else:
-            lo = mid + 1
-    t = levels[lo]
     if any(c.batch_within(t) == 0 for c, _ in used):
         return None
     return t

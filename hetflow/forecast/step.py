@@ -26,8 +26,8 @@ from hetflow.forecast.job import (
     WorkerModel,
     check_workers,
 )
+from hetflow.perf.collective import outer_allreduce_time, ring_allreduce_time
 from hetflow.training.plan.balance import balance_batches, equal_batches
-from hetflow.training.plan.collective import ring_allreduce_time
 
 PLANS = ("baseline", "optimized")
 
@@ -102,20 +102,19 @@ def allreduce_s(groups: Sequence[NodeGroup], grad_bytes: float, network: Network
         edges = [g.nic_gbps for g in groups] if n_nodes > 1 else []
         edges += [g.intra_gbps for g in groups if g.devices > 1]
         alpha = network.alpha_s if n_nodes > 1 else network.intra_alpha_s
-        t = ring_allreduce_time(
-            nbytes, n, alpha, min(edges), k
-        )  # an infinite bandwidth leaves alpha
-        if network.collective == "hierarchical" and n_nodes > 1:
-            t /= network.average_every
-        return t
+        # an infinite bandwidth leaves alpha
+        if network.collective == "hierarchical" and n_nodes > 1:  # averaged every H steps
+            return outer_allreduce_time(nbytes, n, alpha, min(edges), network.average_every, k)
+        return ring_allreduce_time(nbytes, n, alpha, min(edges), k)
     # hierarchical: reduce-scatter in each node, ring across nodes, all-gather in each node
     intra = max(
         ring_allreduce_time(nbytes, g.devices, network.intra_alpha_s, g.intra_gbps, k)
         for g in groups
     )
     nic = min(g.nic_gbps for g in groups)
-    inter = ring_allreduce_time(nbytes, n_nodes, network.alpha_s, nic, k)
-    return intra + inter / network.average_every
+    return intra + outer_allreduce_time(
+        nbytes, n_nodes, network.alpha_s, nic, network.average_every, k
+    )
 
 
 def _intra_gbps(group: Sequence[WorkerModel], network: Network) -> float:

@@ -15,9 +15,9 @@ an exchange raises the objective: a job that took a fast kind first, gaining lit
 hands it to one that gains more.
 
 A job's throughput on a set of workers is the planner's: the batch balanced on the workers'
-step-time lines (`training.plan.balance.balanced_step_time`) plus the ring all-reduce of its
-gradient, so fixed costs and communication make more workers help less, and a worker too slow
-to help is never added.
+step-time lines (the performance model's solver, `hetflow.perf.balance.balanced_time`) plus
+the ring all-reduce of its gradient (`hetflow.perf.collective`), so fixed costs and
+communication make more workers help less, and a worker too slow to help is never added.
 
 >>> from hetflow.queue.jobs import Job, Kind, Line
 >>> kinds = {"fast": Kind("fast", 40), "slow": Kind("slow", 16)}
@@ -33,9 +33,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
+from hetflow.perf.balance import balanced_time
 from hetflow.queue.jobs import Job, Kind, fits
 from hetflow.queue.jobs import allreduce_s as _allreduce_s
-from hetflow.training.plan.balance import balanced_step_time
 
 Holding = dict[str, list[str]]  # job name -> the workers it holds, in the cluster's order
 MIN_GAIN = 0.01  # the least rise of the objective a worker must bring to be added
@@ -46,10 +46,7 @@ def step_s(job: Job, kinds: Sequence[Kind]) -> float:
     step plus the all-reduce; inf on none."""
     if not kinds:
         return math.inf
-    lines = [job.lines[k.name] for k in kinds]
-    compute = balanced_step_time(
-        [line.fixed_s for line in lines], [line.per_sample_s for line in lines], job.global_batch
-    )
+    compute = balanced_time([job.lines[k.name].curve for k in kinds], job.global_batch)
     return compute + _allreduce_s(job, list(kinds))
 
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hetflow.perf import curve as perf_curve
+from hetflow.perf.collective import RING_ALPHA_S, ring_allreduce_time
+
 # Priority classes, highest first, with the weight each job of the class has in the
 # allocator's objective.
 PRIORITIES: dict[str, float] = {"high": 4.0, "normal": 1.0, "low": 0.5}
@@ -22,11 +25,13 @@ class QueueError(ValueError):
 
 @dataclass(frozen=True)
 class Kind:
-    """A worker kind of the cluster: the memory of one worker and its link."""
+    """A worker kind of the cluster: the memory of one worker and its link (bandwidth, and
+    latency per hop of a ring)."""
 
     name: str
     memory_gb: float
     link_gbps: float = 10.0
+    link_latency_s: float = RING_ALPHA_S
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,11 @@ class Line:
 
     fixed_s: float
     per_sample_s: float
+
+    @property
+    def curve(self) -> perf_curve.Line:
+        """The line as the performance model's curve."""
+        return perf_curve.Line(self.fixed_s, self.per_sample_s)
 
 
 @dataclass(frozen=True)
@@ -97,9 +107,12 @@ def unmeasured(job: Job, kinds: dict[str, Kind]) -> list[str]:
 
 def allreduce_s(job: Job, kinds: list[Kind]) -> float:
     """The ring all-reduce of the job's gradient over workers of `kinds` (one entry a
-    worker): 2(n-1)/n x bytes over the narrowest link; 0 on one worker."""
+    worker), the performance model's: 2(n-1) hops of the slowest link's latency and
+    2(n-1)/n x bytes over the narrowest link; 0 on one worker, or for a job whose gradient
+    is not known (`grad_mb` 0)."""
     n = len(kinds)
     if n < 2 or job.grad_mb <= 0:
         return 0.0
     gbps = min(k.link_gbps for k in kinds)
-    return 2 * (n - 1) / n * job.grad_mb * 8e-3 / gbps
+    alpha = max(k.link_latency_s for k in kinds)
+    return ring_allreduce_time(job.grad_mb * 1e6, n, alpha, gbps)

@@ -4,21 +4,21 @@ Which workers a run must measure (`to_measure`: one per type without a fresh ent
 cluster that measures them (`sub_cluster`: each keeps its emulated slowdown and link), and the
 `Profile` of the whole cluster from the entries (`assemble`). The compute, memory and device
 figures are the entries' own; the all-reduce is not measured in this cluster: it is the ring
-model (`collective.ring_allreduce_time`) over the entries' links, the slowest hop setting the
-pace. Our own assembly: torch has no notion of a profile to reuse.
+model (`hetflow.perf.collective.ring_allreduce_time`) over the entries' links, the slowest
+hop setting the pace. Our own assembly: torch has no notion of a profile to reuse.
 """
 
 from __future__ import annotations
 
 from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.history import TypeKey
-from hetflow.records import Profile, RankProfile
-from hetflow.training.plan.collective import (
+from hetflow.perf.collective import (
     INTRA_NODE_GBPS,
     RING_ALPHA_S,
     RING_INTRA_ALPHA_S,
     ring_allreduce_time,
 )
+from hetflow.records import Profile, RankProfile
 
 
 def to_measure(keys: list[TypeKey], known: set[TypeKey]) -> list[int]:
@@ -86,7 +86,7 @@ def ring_figures(ranks: list[RankProfile]) -> dict:
     gbps = min(r.link_gbps or INTRA_NODE_GBPS["CPU"] for r in ranks)
     grad = max(r.grad_bytes for r in ranks)
     return {
-        "allreduce_latency_s": 2 * (n - 1) * alpha,
+        "allreduce_latency_s": ring_allreduce_time(0.0, n, alpha, gbps),  # its hops alone
         "allreduce_gbps": gbps,
         "grad_allreduce_s": ring_allreduce_time(grad, n, alpha, gbps),
     }

@@ -1,4 +1,5 @@
-"""The heterogeneity scheduler: local batch sizes in proportion to measured speed (pure).
+"""The heterogeneity scheduler: local batch sizes in proportion to measured speed (pure); the
+step time they balance is the performance model's (`hetflow.perf.balance`).
 
 >>> plan_batches([1, 1, 2, 4], 128)
 [16, 16, 32, 64]
@@ -6,8 +7,6 @@
 [22, 22, 44, 40]
 >>> balance_batches([0.04, 0.04, 0.02, 0.01], [0.4, 0.4, 0.2, 0.1], 128)
 [11, 11, 32, 74]
->>> micro_split(15, 4), micro_split(8, 4), micro_split(3, None), micro_split(0, 4)
-([4, 4, 4, 3], [4, 4], [3], [])
 """
 
 from __future__ import annotations
@@ -15,47 +14,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from hetflow.perf.balance import balanced_time, bracket
+from hetflow.perf.curve import (
+    Line,
+    Micro,
+    micro_cost,
+    micro_share,
+    micro_split,  # noqa: F401 (the model's, for the loop's micro)
+)
+
 
 class PlanError(ValueError):
     """Inputs no plan can satisfy; the message names the field."""
-
-
-def micro_split(share: int, cap: int | None) -> list[int]:
-    """The micro-batches a rank runs its `share` of the step as under its memory cap `cap`
-    (accumulating their gradients): ceil(share / cap) of them, as equal as integers allow, so
-    each is at most `cap`; the share in one pass where `cap` is None or holds it; none for 0."""
-    if share <= 0:
-        return []
-    count = 1 if cap is None or cap >= share else math.ceil(share / cap)
-    size, extra = divmod(share, count)
-    return [size + 1] * extra + [size] * (count - extra)
-
-
-def micro_cost(a: float, c: float, b: float, cap: int | None, micro: bool = False) -> float:
-    """A rank's compute time for `b` samples: a + c x b in one pass; with micro-batches
-    (`micro`), each of the ceil(b / cap) micro-batches pays the fixed cost `a` once.
-
-    >>> micro_cost(0.1, 0.01, 10, 4, micro=True), micro_cost(0.1, 0.01, 10, 4)
-    (0.4, 0.2)
-    """
-    count = math.ceil(b / cap) if micro and cap is not None and b > cap else 1
-    return a * count + c * b
-
-
-def micro_share(t: float, a: float, c: float, cap: int | None) -> float:
-    """The most samples (continuous) a rank computes within `t` seconds when it runs them as
-    micro-batches of at most `cap` (the inverse of `micro_cost` with `micro`): with k of them,
-    b <= k x cap and k x a + c x b <= t; the k-th can begin once k x a + c x (k - 1) x cap < t.
-
-    >>> round(micro_share(0.4, 0.1, 0.01, 4), 6), micro_share(0.45, 0.1, 0.01, 4)
-    (10.0, 12)
-    """
-    if c <= 0:
-        return math.inf
-    if cap is None or t <= a:
-        return (t - a) / c
-    k = max(1, math.ceil((t + c * cap) / (a + c * cap)) - 1)
-    return min(k * cap, (t - k * a) / c)
 
 
 def _check(
@@ -150,12 +120,7 @@ def _apportion(
     def clipped(lam: float) -> list[float]:
         return [min(hc, max(1.0, v)) for v, hc in zip(shares(lam), hi_caps, strict=True)]
 
-    lo, hi = 0.0, 1.0
-    while sum(clipped(hi)) < global_batch:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if sum(clipped(mid)) < global_batch else (lo, mid)
+    _, hi = bracket(lambda lam: sum(clipped(lam)), global_batch, 1.0, iterations=200)
     x = clipped(hi)
     b = [
         max(1, min(math.floor(v + 1e-9), int(min(hc, global_batch))))
@@ -200,30 +165,14 @@ def balanced_step_time(
     """The step time T at which ranks computing a_i + c_i x b_i share `global_batch` with no
     rank waiting: sum_i clip((T - a_i) / c_i, 0, cap_i) = global_batch (continuous; inf when
     the caps cannot hold the batch). `micro`: no cap limits a share, each micro-batch pays a_i
-    (`micro_share`)."""
-    caps = list(caps) if caps is not None else [None] * len(latency_s)
-    hi_caps = [math.inf if c is None or micro else float(c) for c in caps]
-    if sum(hi_caps) < global_batch:
-        return math.inf
-
-    def held(t: float) -> float:
-        if micro:
-            return sum(
-                max(0.0, micro_share(t, a, c, cap))
-                for a, c, cap in zip(latency_s, per_sample_s, caps, strict=True)
-            )
-        return sum(
-            min(cap, max(0.0, (t - a) / c))
-            for a, c, cap in zip(latency_s, per_sample_s, hi_caps, strict=True)
+    (`micro_share`). The model's solver (`hetflow.perf.balance.balanced_time`) on lines."""
+    lines = [Line(a, c) for a, c in zip(latency_s, per_sample_s, strict=True)]
+    if micro:
+        caps = list(caps) if caps is not None else [None] * len(lines)
+        return balanced_time(
+            [Micro(line, cap) for line, cap in zip(lines, caps, strict=True)], global_batch
         )
-
-    lo, hi = 0.0, max(max(latency_s), 1e-9) * 2
-    while held(hi) < global_batch:
-        hi *= 2
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if held(mid) < global_batch else (lo, mid)
-    return hi
+    return balanced_time(lines, global_batch, caps)
 
 
 # How far a rank's least step must pass the others' step before it is left out: over one

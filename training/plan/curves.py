@@ -1,14 +1,10 @@
-"""Step-time curves learned from a run's own steps, and batches balanced on them (pure).
+"""Batches balanced on the step-time curves a run learned from its own steps (pure).
 
-A worker's compute time per step as a function of its local batch: the means it measured at
-the batches it ran, joined piecewise-linearly, so that a device whose time does not follow a
-line (a GPU flat below its knee, a throughput bump at one batch) is planned from what it did
-rather than from a line through it. Outside the batches it ran the curve extends the points
-by a line: the line fitted through them where their times spread beyond noise, else its
-prior (the profile history's fit, a preset's published ratio, or proportional where nothing
-is known) scaled through the nearest point. Times never fall as the batch grows, and never
-below proportional from the smallest point (a device does not run a sample faster than its
-share of the smallest batch it ran).
+The curves are the performance model's (`hetflow.perf.curve.Curve`: the means a worker
+measured at the batches it ran, joined piecewise-linearly, extended by a fitted line or its
+prior: the profile history's fit, a preset's published ratio, or proportional where nothing
+is known); the integer shares are its solver's (`hetflow.perf.balance.fill`). What this room
+adds is the plan's decision: which ranks to leave out, and how far a share may move.
 
 `balance_on_curves` splits a global batch so that the slowest computing rank's step is
 shortest (the greedy fill is optimal for non-decreasing costs), leaves out a rank whose least
@@ -25,148 +21,12 @@ no per-worker batch planner; AdaptDL's goodput model assumes a line.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from collections.abc import Sequence
 
-from hetflow.training.plan.balance import micro_split
-
-# How far above the largest batch a rank has run a plan may move its share in one re-plan:
-# a curve is trusted near what was measured, and a memory cap not yet known is approached in
-# bounded steps (the run measures the batch before it goes further).
-MOVE_FACTOR = 4
-
-
-@dataclass(frozen=True)
-class Curve:
-    """One rank's compute time per step against its local batch (see the module's docstring).
-
-    `prior`: (a, c) of a + c x b, the shape assumed where nothing was measured; `points`:
-    (batch, mean seconds) measured, any order; `spread`: the ratio of the points' times beyond
-    which a slope fitted through them is more than noise."""
-
-    prior: tuple[float, float]
-    points: tuple[tuple[int, float], ...] = ()
-    spread: float = 1.3
-
-    @cached_property  # `time` is called thousands of times a plan (`fill`)
-    def _sorted(self) -> list[tuple[int, float]]:
-        """The points by batch, each time raised to the largest at a smaller batch."""
-        out: list[tuple[int, float]] = []
-        for b, t in sorted(self.points):
-            out.append((b, max(t, out[-1][1]) if out else t))
-        return out
-
-    @cached_property
-    def _line(self) -> tuple[float, float] | None:
-        """(a, c) fitted through the points where their times spread beyond noise and the fit
-        is a line of positive slope; else None."""
-        pts = self._sorted
-        times = [t for _, t in pts]
-        if len(pts) < 2 or max(times) <= min(times) * self.spread:
-            return None
-        c, a = statistics.linear_regression([b for b, _ in pts], times)
-        return (a, c) if c > 0 else None
-
-    def _prior_through(self, b0: int, t0: float, b: float) -> float:
-        a, c = self.prior
-        at = a + c * b0
-        return t0 * (a + c * b) / at if at > 0 else t0 * b / b0
-
-    def time(self, b: float) -> float:
-        """Seconds of compute at batch `b` (0 for no samples)."""
-        if b <= 0:
-            return 0.0
-        pts = self._sorted
-        if not pts:
-            a, c = self.prior
-            return a + c * b
-        (lo, t_lo), (hi, t_hi) = pts[0], pts[-1]
-        if lo <= b <= hi:
-            for (b0, t0), (b1, t1) in itertools.pairwise(pts):
-                if b0 <= b <= b1:
-                    return t0 + (t1 - t0) * (b - b0) / (b1 - b0) if b1 > b0 else t1
-            return t_lo
-        line = self._line
-        if b < lo:
-            t = t_lo + line[1] * (b - lo) if line else self._prior_through(lo, t_lo, b)
-            return min(max(t, t_lo * b / lo), t_lo)
-        t = t_hi + line[1] * (b - hi) if line else self._prior_through(hi, t_hi, b)
-        return max(t, t_hi)
-
-    def ceiling(self, cap: int | None, move: float = MOVE_FACTOR) -> int | None:
-        """The largest share a re-plan may give: `cap`, and at most `move` times the largest
-        batch measured (None: unbounded)."""
-        bound = int(move * max(b for b, _ in self.points)) if self.points else None
-        if cap is None:
-            return bound
-        return cap if bound is None else min(cap, bound)
-
-    def floor(self, move: float = MOVE_FACTOR) -> int:
-        """The least share a re-plan may give while the rank computes: the smallest batch
-        measured over `move` (1 where nothing was measured). Leaving the rank out is apart."""
-        return max(1, int(min(b for b, _ in self.points) / move)) if self.points else 1
-
-
-def cost_of(curve: Curve, cap: int | None = None, micro: bool = False) -> Callable[[int], float]:
-    """A rank's compute time for a share: one pass on `curve`, or with `micro` (shares past
-    `cap` as micro-batches, `balance.micro_split`) the sum of its micro-batches' times."""
-    if not micro or cap is None:
-        return curve.time
-    return lambda b: sum(curve.time(m) for m in micro_split(b, cap))
-
-
-def _most_within(cost: Callable[[int], float], t: float, hi: int) -> int:
-    """The largest share in [0, hi] whose cost is at most `t` (costs non-decreasing)."""
-    lo, top = 0, hi
-    while lo < top:
-        mid = (lo + top + 1) // 2
-        lo, top = (mid, top) if cost(mid) <= t else (lo, mid - 1)
-    return lo
-
-
-def fill(
-    costs: Sequence[Callable[[int], float]],
-    global_batch: int,
-    ceilings: Sequence[int],
-    floors: Sequence[int] | None = None,
-) -> list[int]:
-    """Integer shares, each at least its floor (1 by default) and at most its ceiling, summing
-    to `global_batch`, whose largest cost is least: the shares all ranks reach within a time
-    found by bisection, then one sample at a time to the rank whose cost stays lowest. A
-    ValueError where the ceilings cannot hold the batch or the floors pass it."""
-    n = len(costs)
-    floors = list(floors) if floors is not None else [1] * n
-    if sum(ceilings) < global_batch or sum(floors) > global_batch:
-        raise ValueError(f"global_batch: {global_batch} does not fit the ranks' bounds")
-    lo, hi = 0.0, max(cost(1) for cost in costs)
-    while sum(_most_within(c, hi, h) for c, h in zip(costs, ceilings, strict=True)) < global_batch:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        held = sum(_most_within(c, mid, h) for c, h in zip(costs, ceilings, strict=True))
-        lo, hi = (mid, hi) if held < global_batch else (lo, mid)
-    b = [max(f, _most_within(c, lo, h)) for c, h, f in zip(costs, ceilings, floors, strict=True)]
-    heap = [(costs[i](b[i] + 1), i) for i in range(n) if b[i] < ceilings[i]]
-    heapq.heapify(heap)
-    while sum(b) < global_batch:
-        _, i = heapq.heappop(heap)
-        b[i] += 1
-        if b[i] < ceilings[i]:
-            heapq.heappush(heap, (costs[i](b[i] + 1), i))
-    while sum(b) > global_batch:  # the floors passed the batch: take from the slowest
-        i = max((j for j in range(n) if b[j] > floors[j]), key=lambda j: costs[j](b[j]))
-        b[i] -= 1
-    return b
-
-
-def step_on(costs: Sequence[Callable[[int], float]], plan: Sequence[int]) -> float:
-    """The slowest computing rank's predicted compute time under `plan`."""
-    return max((cost(b) for cost, b in zip(costs, plan, strict=True) if b), default=0.0)
+from hetflow.perf.balance import fill, step_on
+from hetflow.perf.curve import MOVE_FACTOR, Curve, cost_of
 
 
 def balance_on_curves(

@@ -13,8 +13,8 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from hetflow.perf.fitting import robust_affine
 from hetflow.records import RankProfile, RunResult
-from hetflow.training.plan.fitting import robust_affine
 from hetflow.training.plan.prior import line_rank
 
 LEARNED_FROM = "measured by a training run's steps"

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig
+from hetflow.perf.balance import balanced_time
+from hetflow.perf.collective import measured_ring
+from hetflow.perf.curve import Line
 from hetflow.records import CompressionMethod, Plan, Profile
 from hetflow.training.plan.balance import (
     PlanError,
@@ -153,8 +156,8 @@ def allreduce_of(profile: Profile) -> tuple[float, float]:
 class StepModel:
     """A synchronous step's predicted time (pure): the balanced compute of the ranks that
     compute (`balanced_step_time` of a_i + c_i x b_i under the caps) plus the all-reduce of one
-    gradient over the ranks in the ring (`ring_allreduce_s` of the one measured over every
-    worker, `allreduce_s`, whose fixed part is `allreduce_latency_s`)."""
+    gradient over the ranks in the ring (`hetflow.perf.collective.measured_ring` of the one
+    measured over every worker, `allreduce_s`, whose fixed part is `allreduce_latency_s`)."""
 
     latency_s: list[float]
     per_sample_s: list[float]
@@ -177,7 +180,7 @@ class StepModel:
         )
         ring = len(computing) if in_ring is None else in_ring
         world = len(self.latency_s)
-        return compute + ring_allreduce_s(self.allreduce_s, world, ring, self.allreduce_latency_s)
+        return compute + measured_ring(self.allreduce_s, world, ring, self.allreduce_latency_s)
 
 
 def leave_out_for_comm(
@@ -215,25 +218,6 @@ def leave_out_for_comm(
         kept = [i for i, b in enumerate(batches) if b > 0]  # a share may round to 0
         now = model.step(kept)
     return batches, why
-
-
-def ring_allreduce_s(measured_s: float, world: int, ranks: int, latency_s: float = 0.0) -> float:
-    """An all-reduce's time over `ranks` ranks from one measured over `world`, on the ring's
-    latency-bandwidth model: its fixed part (`latency_s`, the profile's fitted
-    `allreduce_latency_s`) is paid once per hop, 2(n-1) hops, so it scales with (n-1); the rest
-    moves 2(n-1)/n of the gradient per rank, so it scales with (n-1)/n. 0 on one rank, which
-    reduces nothing.
-
-    >>> round(ring_allreduce_s(0.007, 8, 4, latency_s=0.0), 4)  # bandwidth-bound: 14% less
-    0.006
-    >>> round(ring_allreduce_s(0.007, 8, 4, latency_s=0.007), 4)  # latency-bound: 57% less
-    0.003
-    """
-    if ranks <= 1 or world <= 1:
-        return 0.0
-    fixed = min(max(latency_s, 0.0), measured_s)
-    moved = measured_s - fixed
-    return fixed * (ranks - 1) / (world - 1) + moved * ((ranks - 1) / ranks) / ((world - 1) / world)
 
 
 def drop_from_launch(
@@ -365,17 +349,10 @@ def plan_compression(
 
 
 def ideal_throughput(latency: list[float], per_sample: list[float], global_batch: int) -> float:
-    """Samples/s if every rank computed its balanced share with no wait and no communication."""
-    lo, hi = 0.0, 1.0
-    while (
-        sum(max(0.0, (hi - a) / c) for a, c in zip(latency, per_sample, strict=True)) < global_batch
-    ):
-        hi *= 2
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        total = sum(max(0.0, (mid - a) / c) for a, c in zip(latency, per_sample, strict=True))
-        lo, hi = (mid, hi) if total < global_batch else (lo, mid)
-    return global_batch / hi
+    """Samples/s if every rank computed its balanced share with no wait and no communication
+    (the model's balanced step on the ranks' lines, no cap)."""
+    lines = [Line(a, c) for a, c in zip(latency, per_sample, strict=True)]
+    return global_batch / balanced_time(lines, global_batch)
 
 
 def fastest_alone(plan: Plan, cluster: ClusterSpec, global_batch: int) -> Plan:

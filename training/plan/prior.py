@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.emulation.presets import PRESETS
+from hetflow.perf.fitting import fit_affine
 from hetflow.records import Profile, RankProfile
-from hetflow.training.plan.fitting import fit_affine
 
 EQUAL = "prior: the equal split (nothing known)"
 

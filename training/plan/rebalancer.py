@@ -7,8 +7,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hetflow.training.plan.balance import micro_split
-from hetflow.training.plan.curves import MOVE_FACTOR, Curve, balance_on_curves, cost_of
+from hetflow.perf.curve import MOVE_FACTOR, Curve, cost_of, micro_split
+from hetflow.training.plan.curves import balance_on_curves
 from hetflow.training.plan.measured import (
     entry_of,
     judge,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig
+from hetflow.perf.curve import Line
 from hetflow.records import Plan, Profile
 from hetflow.training.plan.balance import equal_batches
 
@@ -95,10 +96,10 @@ def inner_counts(rates: list[float], total: int) -> list[int]:
 def round_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Plan:
     """The plan of a diloco run: each worker's share of a round (`round_config`'s global
     batch, or with `diloco.round_s` the inner steps the workers make in that time) as whole
-    inner steps, by its samples/s at the inner batch on the profile's step
-    model (or the equal split, schedule 'equal'). No worker is left out: the slowest takes at
-    least one inner step. A one-line ConfigError where a worker's memory cap is under the
-    inner batch."""
+    inner steps, by its samples/s at the inner batch on the profile's step model (the
+    performance model's `Line`), or the equal split (schedule 'equal'). No worker is left out:
+    the slowest takes at least one inner step. A one-line ConfigError where a worker's memory
+    cap is under the inner batch."""
     world = cluster.world_size
     b = inner_batch(train, world)
     for w in cluster.workers:
@@ -108,7 +109,8 @@ def round_plan(profile: Profile, cluster: ClusterSpec, train: TrainConfig) -> Pl
                 f"the inner batch of strategy 'diloco' ({b}: global_batch / workers)"
             )
     latency, per_sample = profile.step_models()
-    rates = [b / max(a + c * b, 1e-12) for a, c in zip(latency, per_sample, strict=True)]
+    lines = [Line(a, c) for a, c in zip(latency, per_sample, strict=True)]
+    rates = [b / max(line.time(b), 1e-12) for line in lines]
     total = round_config(train, world).global_batch // b
     if train.diloco.round_s is not None:  # the inner steps the workers make in round_s
         total = max(world, round(train.diloco.round_s * sum(rates) / b))

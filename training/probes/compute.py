@@ -20,8 +20,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hetflow.emulation.costs import SMOOTH_PHASES
 from hetflow.emulation.emulator import Emulator, now
+from hetflow.perf.fitting import robust_affine
 from hetflow.training.devices import MixedPrecision, to_device
-from hetflow.training.plan.fitting import robust_affine
 from hetflow.training.recipes import Recipe
 from hetflow.training.recipes.digits import Classifier
 

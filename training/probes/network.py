@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from hetflow.emulation.emulator import Emulator, now
+from hetflow.perf.fitting import fit_transfer
 from hetflow.training.comm import WireCounter
-from hetflow.training.plan.fitting import fit_transfer
 
 ALLREDUCE_SIZES = (4_096, 65_536, 524_288, 2_097_152)
 ALLREDUCE_REPS = 3  # timed, after one untimed warm-up per size

@@ -1,4 +1,4 @@
-"""Line fits of measured times (pure: numpy, no torch, no I/O).
+"""Line fits of measured times (pure: numpy, no torch, no I/O): the performance model fitted.
 
 The probes time a step or a transfer at a few sizes and fit `t = a + b x size`; these are the
 fits, kept apart so that they can be tested without a cluster.
