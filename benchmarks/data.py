@@ -25,15 +25,9 @@ shared host.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 
 from hetflow.cli.parser import Parser
 from hetflow.config import ConfigError
@@ -41,9 +35,9 @@ from hetflow.infra.data.cache import ShardCache
 from hetflow.infra.data.format import Manifest, synthetic_source, write_dataset
 from hetflow.infra.data.partition import check_plan
 from hetflow.infra.data.reader import RankReader, shard_reads
-from hetflow.infra.s3 import free_port, local_endpoint_environ, local_s3_endpoint
 
 from benchmarks import wide_console, write_json
+from benchmarks.s3_endpoint import s3_endpoint
 
 VARIANTS = ("no_cache", "cache", "cache_prefetch", "cache_half")
 
@@ -98,41 +92,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if not ok:
             raise ConfigError(f"{flag}: invalid value {getattr(a, flag[2:].replace('-', '_'))!r}")
     return a
-
-
-@contextlib.contextmanager
-def s3_endpoint(in_process: bool) -> Iterator[str]:
-    """infra.s3.local_s3_endpoint, with moto in a process of its own unless `in_process`.
-
-    In-process moto serves each GET on a thread of this process, so its request handling would
-    compete with the measured loop for the GIL and be counted as data wait; a real S3 is remote.
-    A configured endpoint (AWS_ENDPOINT_URL or credentials) is used as it is.
-    """
-    if in_process or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ACCESS_KEY_ID"):
-        with local_s3_endpoint(keep=False) as endpoint:
-            yield endpoint
-        return
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.1)
-        with local_endpoint_environ(f"http://127.0.0.1:{port}"), local_s3_endpoint() as endpoint:
-            yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def simulate_lru(reads: list[list[int]], sizes: list[int], budget: int) -> list[int]:

@@ -38,7 +38,7 @@ from hetflow.records import Plan, RunResult
 from hetflow.training.launch.run import run_plan
 
 from benchmarks import wide_console, write_json
-from benchmarks.data import s3_endpoint
+from benchmarks.s3_endpoint import s3_endpoint
 
 SAMPLE_BYTES = 64 * 4 + 8  # a decoded sample: 64 float32 features and an int64 label
 

@@ -17,13 +17,10 @@ from collections.abc import Iterator
 import fsspec
 
 from hetflow.config import DatasetSpec
+from hetflow.infra import s3_store
+from hetflow.infra.s3_store import LOCAL_CREDENTIALS
 
 DEFAULT_DATASET_URL = DatasetSpec.model_fields["url"].default
-LOCAL_CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "hetflow-local",
-    "AWS_SECRET_ACCESS_KEY": "hetflow-local-secret",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 _filesystems: dict[tuple, fsspec.AbstractFileSystem] = {}
@@ -190,8 +187,6 @@ def local_s3_endpoint(dataset_url: str | None = None, keep: bool = True) -> Iter
                 print(f"S3: a local endpoint at {endpoint} (moto, for this run), bucket {bucket}")
                 yield endpoint
             return
-        from hetflow.infra import s3_store
-
         root = s3_store.store_dir()
         snapshot = s3_store.load(endpoint, root)
         print(

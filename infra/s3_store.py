@@ -39,6 +39,14 @@ from pathlib import Path
 
 from hetflow.infra.paths import home, host_lock
 
+# The local endpoint's credentials (moto accepts any): the store's client and `infra.s3`'s
+# endpoint use them, and so does `hetflow stack`'s S3.
+LOCAL_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "hetflow-local",
+    "AWS_SECRET_ACCESS_KEY": "hetflow-local-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
 PARTIAL = ".hetflow-partial-"  # a temporary file being written; never loaded as an object
 
 
@@ -99,8 +107,6 @@ class Snapshot:
 def _client(endpoint: str):
     import boto3
     from botocore.config import Config
-
-    from hetflow.infra.s3 import LOCAL_CREDENTIALS
 
     return boto3.client(
         "s3",

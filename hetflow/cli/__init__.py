@@ -18,21 +18,13 @@ import os
 import sys
 
 from hetflow.cli import commands
+from hetflow.cli.errors import one_line
 from hetflow.cli.job import add_ingest_args, add_job_args
 from hetflow.cli.parser import Parser, UsageError
 from hetflow.cli.queue import add_queue_args
 from hetflow.cli.recommend import add_recommend_args, cmd_recommend
-from hetflow.config import ConfigError, describe_validation_error
 
-__all__ = ["UsageError", "build_parser", "main"]
-
-# Errors of bad input raised past validation (a plan the cluster cannot run, a dataset that is
-# not there), by module: a module not yet imported cannot have raised its error.
-LATER_ERRORS = (
-    ("hetflow.training.plan.balance", "PlanError"),
-    ("hetflow.infra.data.format", "DatasetError"),
-    ("hetflow.stack.layout", "StackError"),
-)
+__all__ = ["UsageError", "build_parser", "main", "one_line"]
 
 
 def _command(sub, name: str, summary: str, **kwargs) -> argparse.ArgumentParser:
@@ -124,36 +116,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_commands(sub)
     _add_other_commands(sub)
     return p
-
-
-def of_own_records(e: Exception) -> bool:
-    """A pydantic error of one of hetflow's own records (a `RunResult`, a `RunMetrics`: what
-    the code made, not what a user wrote): a bug, not bad input."""
-    from hetflow.figures import _Figures
-    from hetflow.records import _Record
-
-    own, todo = set(), [_Record, _Figures]
-    while todo:
-        cls = todo.pop()
-        own.add(cls.__name__)
-        todo.extend(cls.__subclasses__())
-    return getattr(e, "title", None) in own
-
-
-def one_line(e: Exception) -> str | None:
-    """The one-line message of an error of bad input; None for any other error (a bug)."""
-    from pydantic import ValidationError
-
-    if isinstance(e, ConfigError):
-        return str(e)
-    if isinstance(e, ValidationError):
-        return None if of_own_records(e) else describe_validation_error(e)
-    later = tuple(
-        cls
-        for module, name in LATER_ERRORS
-        if (cls := getattr(sys.modules.get(module), name, None))
-    )
-    return str(e) if later and isinstance(e, later) else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import textwrap
 import time
 from pathlib import Path
 
+from hetflow.cli.bench_loader import benchmark_module
 from hetflow.cli.checks import before_flow, check_ingest_source
 from hetflow.cli.job import ingest_of, job_of
 from hetflow.config import ConfigError, TrackingConfig
@@ -255,31 +255,6 @@ def cmd_stack(args) -> int:
     return {"up": stack.up, "down": stack.down, "status": stack.status}[args.action]()
 
 
-def benchmark_module(name: str):
-    """`benchmarks.NAME` from the source checkout this package is installed from.
-
-    benchmarks/ is not installed (it is measurement, not product): an editable install from a
-    clone finds it beside `hetflow/`, without any edit of `sys.path`.
-    """
-    import importlib
-    import importlib.util
-
-    if "benchmarks" not in sys.modules:
-        root = Path(__file__).resolve().parents[2] / "benchmarks"
-        if not (root / "__init__.py").exists():
-            raise ConfigError(
-                "hetflow bench: benchmarks/ ships with the source checkout; "
-                "install a clone with `pip install -e .` to run them"
-            )
-        spec = importlib.util.spec_from_file_location(
-            "benchmarks", root / "__init__.py", submodule_search_locations=[str(root)]
-        )
-        package = importlib.util.module_from_spec(spec)
-        sys.modules["benchmarks"] = package
-        spec.loader.exec_module(package)
-    return importlib.import_module(f"benchmarks.{name}")
-
-
 def cmd_bench(args) -> int:
     """Each benchmark module parses its own flags: `hetflow bench NAME --help`."""
     return benchmark_module(args.name).main(args.rest)
@@ -294,7 +269,6 @@ def cmd_simulate(args) -> int:
 
 def cmd_cluster_config(args) -> int:
     """The Ray cluster-launcher YAML for a cluster spec, checked by Ray's own schema."""
-    from pathlib import Path
 
     import yaml
 

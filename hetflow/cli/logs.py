@@ -58,11 +58,11 @@ _STATE_EXCEPTION = re.compile(r"(?:encountered an exception:? |failed with excep
 
 
 def user_error_types() -> tuple[type, ...]:
-    """hetflow's exception types of bad input (`hetflow.cli.one_line`), with their subclasses,
-    among the modules imported so far."""
+    """hetflow's exception types of bad input (`hetflow.cli.errors.one_line`), with their
+    subclasses, among the modules imported so far."""
     from pydantic import ValidationError
 
-    from hetflow.cli import LATER_ERRORS
+    from hetflow.cli.errors import LATER_ERRORS
     from hetflow.config import ConfigError
 
     later = [getattr(sys.modules.get(m), name, None) for m, name in LATER_ERRORS]
@@ -93,7 +93,7 @@ class ConsoleFilter(logging.Filter):
             return False
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None:
-            from hetflow.cli import of_own_records
+            from hetflow.cli.errors import of_own_records
 
             return not isinstance(exc, user_error_types()) or of_own_records(exc)
         if record.name.startswith(("prefect.task_runs", "prefect.flow_runs")):

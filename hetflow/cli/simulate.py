@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out: dict = {}
     if args.calibrate:
-        from hetflow.cli.commands import benchmark_module
+        from hetflow.cli.bench_loader import benchmark_module
 
         cal = benchmark_module("calibrate").calibrate(args.calibrate_steps)
         report.print_calibration(cal)

@@ -38,19 +38,17 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hetflow.config import ConfigError
 from hetflow.emulation.presets import PRESETS
 from hetflow.forecast.job import Job, Network
-from hetflow.forecast.memory import MemoryLimit
+from hetflow.forecast.mix import Candidate, Prediction
 from hetflow.forecast.models import MODELS, ModelSpec
 from hetflow.forecast.objective import Objective, by_cost, by_hours, pareto
 from hetflow.forecast.spot import DEFAULT_RESTART, Restart, expected_hours
 from hetflow.forecast.step import NodeGroup, allreduce_s, step_time
 from hetflow.perf.balance import balanced_time
-from hetflow.perf.collective import DEFAULT_INTRA_GBPS, INTRA_NODE_GBPS
-from hetflow.perf.curve import Table
 
 PRESET_OF_GPU = {"T4": "t4", "V100": "v100", "A100": "a100"}
 TRAIN_OVER_INFERENCE = 3.0  # forward + backward ~ 3 x forward (as the simulator counts FLOPs)
@@ -65,38 +63,6 @@ CLIMB_FROM = 5  # the best mixes of the grid each climbed by +-1 instance steps
 
 class RecommendError(ConfigError):
     """A job or a set of candidates no recommendation can be made for: one line."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One instance type that may be rented: up to `available` instances, each of `devices`
-    GPUs (workers) whose step at local batch b is `step_s[b - 1]` (non-decreasing)."""
-
-    instance_type: str
-    available: int
-    usd_per_hour: float  # one instance
-    devices: int
-    gpu: str
-    preset: str | None  # the GPU's emulation preset; None: none (its curve was measured)
-    nic_gbps: float  # one instance's network, all its GPUs together
-    step_s: tuple[float, ...] = field(repr=False)
-    spot_usd_per_hour: float | None = None  # one instance on spot; None: not on spot
-    interruptions_per_hour: float = 0.0  # one spot instance's
-    measured: str | None = None  # where its curve was measured; None: published
-    memory: MemoryLimit | None = field(default=None, repr=False)  # its largest local batch
-
-    @property
-    def intra_gbps(self) -> float:
-        return INTRA_NODE_GBPS.get(self.gpu, DEFAULT_INTRA_GBPS)
-
-    @property
-    def curve(self) -> Table:
-        """One device's step-time curve, the performance model's `Table`."""
-        return Table(self.step_s)
-
-    def batch_within(self, t: float) -> int:
-        """The most samples one device computes within t seconds (0: not even one)."""
-        return self.curve.within(t)
 
 
 def curve_for(instance_type: str, gpu: str | None, model: ModelSpec, max_batch: int):
@@ -117,32 +83,6 @@ def curve_for(instance_type: str, gpu: str | None, model: ModelSpec, max_batch: 
         top = max(top, preset.shape(b) * b * per_sample_best * scale / 1e3)
         steps.append(top)
     return preset.name, tuple(steps)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """One mix (instances per candidate, in the candidates' order) in one market as the model
-    predicts it; on spot, `hours` and `cost_usd` are expected with `interruptions`."""
-
-    counts: tuple[int, ...]
-    step_s: float
-    compute_s: float
-    comm_s: float
-    hours: float
-    cost_usd: float
-    usd_per_hour: float
-    market: str = "on-demand"
-    interruptions: float = 0.0  # expected over the run
-    bare_hours: float = 0.0  # without interruptions
-
-    def label(self, cands: Sequence[Candidate], market: bool = True) -> str:
-        mix = " + ".join(
-            f"{c.instance_type} x{n}" for c, n in zip(cands, self.counts, strict=True) if n
-        )
-        return mix + (" (spot)" if market and self.market == "spot" else "")
-
-    def types(self) -> int:
-        return sum(1 for n in self.counts if n)
 
 
 def comm_s(
