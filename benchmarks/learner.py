@@ -21,9 +21,9 @@ import statistics
 
 from hetflow.config import ConfigError, TrainConfig
 from hetflow.emulation.device_model import NOISE_LEVELS, Device, EmulatedCluster
+from hetflow.perf.balance import fill
 from hetflow.training.loop.rebalancing import rebalance
 from hetflow.training.loop.state import LoopState
-from hetflow.training.plan.curves import fill
 from hetflow.training.plan.rebalancer import Rebalancer
 
 from benchmarks import write_json
