@@ -15,16 +15,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hetflow.emulation.emulator import Emulator
 from hetflow.infra.data.reader import RankData
 from hetflow.training.comm.outer import OuterStep
+from hetflow.training.hooks import PhaseClock
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.micro import split_batch
-from hetflow.training.loop.net import Net
+from hetflow.training.loop.net import Net, replica
 from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
 from hetflow.training.loop.step import Stepper
 from hetflow.training.plan.rounds import inner_batch
-from hetflow.training.recipes import DataInfo, Recipe, check_fits, seed_rank, seeded_model
+from hetflow.training.recipes import Recipe
 
 
 def round_inner_batch(spec: RunSpec) -> int:
@@ -78,23 +78,20 @@ class _Drain:
 
 
 def build_round_net(
-    spec: RunSpec, data: RankData, emu: Emulator, recipe: Recipe, device: str, *, rank: int
+    spec: RunSpec, data: RankData, emu: PhaseClock, recipe: Recipe, device: str, *, rank: int
 ) -> Net:
-    """The recipe's model at the run's seed on `device` (as `step.build_net`: the same weights
-    on every rank, then the rank's own seed), no DDP; the configured optimizer at the inner
-    batch's learning rate (`resolve_optimizer` at that batch) with the outer step on a process
-    group of its own (the run's backend), so that its asynchronous collectives queue behind
-    nothing else (every rank builds it at the same point)."""
+    """The recipe's model (`net.replica`: the same weights on every rank, then the rank's own
+    seed), no DDP; the configured optimizer at the inner batch's learning rate
+    (`resolve_optimizer` at that batch) with the outer step on a process group of its own (the
+    run's backend), so that its asynchronous collectives queue behind nothing else (every rank
+    builds it at the same point). `emu` is the stepper's: no comm hook ends a phase here."""
     cfg = spec.train
-    info = DataInfo.from_manifest(data.manifest)
-    check_fits(recipe, info, data.manifest.url)
-    model = seeded_model(recipe, info, cfg.seed).to(device)
-    seed_rank(cfg.seed, rank)
+    model = replica(spec, data, recipe, device, rank)
     inner = cfg.model_copy(update={"global_batch": round_inner_batch(spec)})
     optim = build_optimizer(model, resolve_optimizer(inner, recipe))
     group = dist.new_group()  # the run's backend: gloo on CPUs, NCCL where every rank has a GPU
     outer = OuterStep(list(model.parameters()), cfg.diloco, group=group)
-    return Net(model, model, RoundOptimizer(optim, outer), None, device, strategy="diloco")
+    return Net(model, model, RoundOptimizer(optim, outer), None, device)
 
 
 @dataclass
@@ -105,7 +102,7 @@ class RoundStepper:
     `inner_steps`: how many the last round took."""
 
     net: Net
-    emu: Emulator
+    emu: PhaseClock
     amp: object
     counter: object
     recipe: Recipe
