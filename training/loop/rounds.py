@@ -1,7 +1,9 @@
-"""What one rank trains under `strategy: diloco`: the model with no DDP (no gradient
-all-reduce), its own inner optimizer wrapped with the outer step (`RoundOptimizer`), and one
-loop step as one round (`RoundStepper`): this rank's share of the round as inner steps, then
-the outer step (`training.comm.outer.OuterStep`).
+"""`strategy: diloco`'s builders: the model with no DDP (no gradient all-reduce), its own
+inner optimizer wrapped with the outer step (`RoundOptimizer`), and one loop step as one round
+(`RoundStepper`): this rank's share of the round as inner steps, a plain loop of them. The
+outer step (`training.comm.outer.OuterStep`) is not in that loop: as torchft's `DiLoCo`
+(`torchft/local_sgd.py`), it is a step post-hook on the inner optimizer, which takes it after
+the round's last inner step (`RoundOptimizer.begin_round` says how many there are).
 
 The loop's `TrainConfig` is the round's (`training.plan.rounds.round_config`): its steps are
 rounds and its global batch a round's samples; the inner batch is the global batch the user
@@ -37,12 +39,36 @@ class RoundOptimizer(torch.optim.Optimizer):
     step (`outer`) beside it: its param groups are the inner one's (the lr scheduler acts on
     them), its state dict both, so a checkpoint resumes both; `averager` is what the loop's
     last step drains (`comm.finish_optimizer`: every rank ends on the same weights). Written
-    as torch's `PostLocalSGDOptimizer` wraps its optimizer."""
+    as torch's `PostLocalSGDOptimizer` wraps its optimizer.
+
+    The outer step hooks the inner optimizer's step (`_stepped`, a step post-hook, as torchft's
+    `DiLoCo` does): it follows the round's last inner step. Every inner step steps (`diloco`
+    refuses what would skip one: fp16's loss scale, `nonfinite: skip`), so the count is exact."""
 
     def __init__(self, optim: torch.optim.Optimizer, outer: OuterStep) -> None:
         self.optim, self.outer = optim, outer
         self.param_groups = optim.param_groups
         self.averager = _Drain(outer)
+        self._left, self._weight = 0, 0.0  # the round's inner steps still to come, its weight
+        optim.register_step_post_hook(self._stepped)
+
+    def begin_round(self, inner_steps: int, weight: float) -> None:
+        """This rank's next round: `inner_steps` inner steps, then the outer step with its
+        `weight` (its samples over the round's: `OuterStep.end_round`). A rank with none (no
+        samples this round) takes the outer step at once: every rank joins each round's."""
+        if self._left:
+            raise RuntimeError(f"a round begun with {self._left} inner steps of the last to go")
+        self._left, self._weight = inner_steps, weight
+        if inner_steps == 0:
+            self.outer.end_round(weight)
+
+    def _stepped(self, *_) -> None:
+        """After each inner step: the outer step after the round's last."""
+        if self._left == 0:
+            return  # no round begun: a step of the optimizer alone
+        self._left -= 1
+        if self._left == 0:
+            self.outer.end_round(self._weight)
 
     @property
     def state(self):  # type: ignore[override]
@@ -113,11 +139,12 @@ class RoundStepper:
     def step(self, batch, n: int, plan: list[int]) -> tuple[torch.Tensor, int, float]:
         """This rank's `n` samples of the round whose shares are `plan`: inner steps of at
         most the inner batch (`split_batch`), each a compute phase of the emulator and an
-        optimizer step on the rank's own mean loss; then the outer step with this rank's
-        weight n / sum(plan) (`OuterStep.end_round`). Returns (the summed loss, its count,
-        the bytes the counter charged)."""
+        optimizer step on the rank's own mean loss; the optimizer takes the outer step after
+        the last, with this rank's weight n / sum(plan) (`RoundOptimizer.begin_round`).
+        Returns (the summed loss, its count, the bytes the counter charged)."""
         net, amp, emu = self.net, self.amp, self.emu
         parts = split_batch(batch, n, self.inner) if n > 0 else []
+        net.opt.begin_round(len(parts), n / max(sum(plan), 1))
         total_loss, total = torch.zeros(()), 0
         for part in parts:
             emu.start(key=len(part[0]))
@@ -130,7 +157,6 @@ class RoundStepper:
             total_loss = total_loss + loss_sum.detach().float().cpu()
             total += int(count)
         self.inner_steps = len(parts)
-        net.opt.outer.end_round(n / max(sum(plan), 1))
         nbytes, _ = self.counter.take()
         return total_loss, total, nbytes
 
