@@ -43,11 +43,13 @@ class TrainingLoop:
     learning rate warmed up by a scheduler stepped once per step (`optim.build_scheduler`).
 
     A loop over components built once, each owning its state:
-    the checkpointer (`checkpointer.Checkpointer`: resume and save), the stepper
-    (`stepper.LoopStepper`: each timed step), the re-balancer (`rebalancing.Rebalancing`: step
-    times shared, the plan revised), the membership of computing ranks
-    (`membership.Membership`: who is in the gradient's all-reduce) and the evaluator
-    (`evaluator.Evaluator`).
+    the checkpointer (`checkpointer.Checkpointer`: resume and save), the strategy's model and
+    optimizer (`net`) and the stepper on its step (`stepper.LoopStepper`: each timed step),
+    both from `train.strategy`'s registered builders (`strategies.strategy_of`), the
+    re-balancer (`rebalancing.Rebalancing`: step times shared, the plan revised), the
+    membership of computing ranks (`membership.Membership`: who is in the gradient's
+    all-reduce) and the evaluator (`evaluator.Evaluator`). The compute-phase clock (the
+    emulator) and the wire counter are the worker's hooks, in the `RankContext`.
 
     Every rank runs the same loop and so issues the same collectives in the same order ('auto''s
     compression trials first, then DDP's, the shared step times, the count's all-reduce when
