@@ -191,8 +191,9 @@ def install_clocks(spec: RunSpec, rank: int, amp: MixedPrecision, counter: WireC
     """The compute-phase clocks the worker installs (`training.hooks`): for a training run,
     the training's emulator (`emulator_for`), built once, its link attached to the wire
     `counter` so that from here on (the compression trials too) each collective over the
-    network costs the link's time; and the factory of a fresh one per scope (a trial's). A
-    profile gets the factory alone: its probes time their own phases."""
+    network costs the link's time; and the factory of a fresh one per scope (a trial's, the
+    profile's). A profile gets the factory alone: its probes take their own clock, and no link
+    is attached to the counter (the network probe times the link itself)."""
     clocks = partial(emulator_for, spec, rank, synchronizer(amp.device))
     if spec.mode != "train":
         return None, clocks
