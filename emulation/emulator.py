@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from hetflow.emulation.costs import LocalCosts, SharedCosts
-from hetflow.emulation.device_model import PAUSE_FACTOR, Noise, StepNoise
+from hetflow.emulation.device_model import (
+    PAUSE_FACTOR,
+    Noise,
+    StepNoise,
+    Straggler,
+    straggler_factor,
+)
 from hetflow.emulation.link import Link
 
 now = time.perf_counter
@@ -62,8 +69,11 @@ class Emulator:
         shape=None,
         pauses: float = 0.0,
         noise: Noise | None = None,
+        stragglers: Sequence[Straggler] = (),
+        rank: int = 0,
     ) -> None:
-        self.slowdown = slowdown
+        self.slowdown = self.base_slowdown = slowdown
+        self.stragglers, self.rank = list(stragglers), rank
         self.shape = shape if shape is not None else _flat
         self.sync = sync
         # each key's recent phases: shared by the job's ranks, or kept here (a GPU's phase is
@@ -92,6 +102,11 @@ class Emulator:
         self._wall = now()
         self._key = key
         self._open = True
+
+    def at_step(self, step: int) -> None:
+        """The run is at `step`: `slowdown` is the device's times the factor of this rank's
+        emulated stragglers there (`device_model.straggler_factor`: their onsets and ramps)."""
+        self.slowdown = self.base_slowdown * straggler_factor(self.stragglers, self.rank, step)
 
     def forget(self) -> None:
         """Drop every key's recent CPU times: the next phases are dilated from their own alone

@@ -307,3 +307,37 @@ def test_a_round_in_seconds_is_what_each_worker_computes_in_that_time():
     assert plan.local_batches == [200, 600]  # 2 s x each one's samples/s, in steps of 8
     loop = round_config(train, 2, sum(plan.local_batches))
     assert (loop.global_batch, loop.steps, loop.diloco.inner_batch) == (800, 2, 8)
+
+
+class _Outer:
+    """An `OuterStep` stand-in that records the weights of the rounds it is asked to end."""
+
+    def __init__(self) -> None:
+        self.ended: list[float] = []
+
+    def end_round(self, weight: float) -> None:
+        self.ended.append(weight)
+
+
+def test_the_outer_step_hooks_the_inner_optimizer_after_the_rounds_last_step():
+    """As torchft's DiLoCo: the outer step is a step post-hook on the inner optimizer, after
+    the round's last inner step, with the rank's weight; a rank with no samples takes it at
+    once (it joins every round's collective); a round begun before the last ended is refused."""
+    from hetflow.training.loop.rounds import RoundOptimizer
+
+    param = torch.nn.Parameter(torch.zeros(2))
+    outer = _Outer()
+    opt = RoundOptimizer(torch.optim.SGD([param], lr=0.1), outer)
+    param.grad = torch.ones(2)
+    opt.begin_round(3, 0.25)
+    ended = []
+    for _ in range(3):
+        opt.step()
+        ended.append(list(outer.ended))
+    assert ended == [[], [], [0.25]]
+    opt.begin_round(0, 0.0)
+    assert outer.ended == [0.25, 0.0]
+    opt.begin_round(2, 0.5)
+    opt.step()
+    with pytest.raises(RuntimeError, match="1 inner steps of the last to go"):
+        opt.begin_round(1, 0.5)

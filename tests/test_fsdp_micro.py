@@ -78,7 +78,7 @@ def sharded_micro_steps(rank: int, world: int, arg: dict) -> dict:
     from hetflow.training.comm import new_control_group
     from hetflow.training.devices import MixedPrecision
     from hetflow.training.loop import sharded
-    from hetflow.training.loop.net import Net
+    from hetflow.training.loop.fsdp import ShardedNet
     from hetflow.training.loop.step import Stepper
     from hetflow.training.loop.weighting import MeanOverCounts
     from hetflow.training.recipes import seeded_model
@@ -89,7 +89,7 @@ def sharded_micro_steps(rank: int, world: int, arg: dict) -> dict:
     model = sharded.shard_model(model, recipe.shard_units(model))
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     caps = arg["caps"]
-    net = Net(model, model, opt, None, strategy="fsdp", caps=caps)
+    net = ShardedNet(model, model, opt, None, caps=caps)
     counter = _Counting(world)
     emu = SimpleNamespace(start=lambda key=None: None, finish=lambda: 0.0)
     per_sample = recipe.count_per_sample

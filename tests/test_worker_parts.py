@@ -9,11 +9,13 @@ import json
 import torch
 import torch.distributed as dist
 
+from hetflow.emulation.device_model import straggler_factor
+from hetflow.emulation.emulator import Emulator
+from hetflow.emulation.link import Link
 from hetflow.records import EvalPoint, PlanChange, Recovery, StepRecord
 from hetflow.training.loop.progress import ProgressFile, note_recovery
 from hetflow.training.loop.state import SETTLE_STEPS, SUDDEN_ROWS, Checkpoint, LoopState
 from hetflow.training.loop.step_times import SharedStepTimes, column_means
-from hetflow.training.loop.stepper import straggler_factor
 
 
 def _rec(step: int, compute_s: float = 0.02, wait_s: float = 0.005) -> StepRecord:
@@ -39,6 +41,18 @@ def test_straggler_factor_is_the_last_listed_onset_reached_for_that_rank():
     assert straggler_factor(stragglers, 0, 9) == 1.5
     assert straggler_factor(stragglers, 0, 11) == 1.5
     assert straggler_factor([], 0, 0) == 1.0
+
+
+def test_the_emulator_slows_a_straggler_at_each_step_from_its_own_slowdown():
+    """`Emulator.at_step`, which the loop calls each step (the straggler hook the worker
+    installs): the device's slowdown times this rank's factor at that step, never compounded."""
+    stragglers = [(3, 12, 4.0), (0, 5, 2.0)]
+    emu = Emulator(1.5, Link(None, 0.0), stragglers=stragglers, rank=0)
+    slowdowns = []
+    for step in (4, 5, 6, 0):
+        emu.at_step(step)
+        slowdowns.append(emu.slowdown)
+    assert slowdowns == [1.5, 3.0, 3.0, 1.5]
 
 
 def test_rows_are_kept_only_for_the_settled_steps_of_the_plan_in_force():

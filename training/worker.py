@@ -20,6 +20,7 @@ import json
 import os
 import sys
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ from hetflow.records import RunResult
 from hetflow.training.comm import WireCounter
 from hetflow.training.cores import host_cores, pin_rank
 from hetflow.training.cpu_quota import join_quota, own_quota
-from hetflow.training.devices import MixedPrecision, rank_device_precision
+from hetflow.training.devices import MixedPrecision, rank_device_precision, synchronizer
 from hetflow.training.faults.records import (
     PREEMPTED_EXIT,
     STARTUP_TIMEOUT_S,
@@ -41,7 +42,7 @@ from hetflow.training.faults.records import (
     write_pid,
 )
 from hetflow.training.launch.mps import apply_rank_env
-from hetflow.training.launch.spec import RunSpec
+from hetflow.training.launch.spec import RunSpec, emulator_for
 from hetflow.training.loop.training_loop import train
 from hetflow.training.plan.rounds import loop_config
 from hetflow.training.probes import profile
@@ -167,7 +168,8 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
         data = open_rank_data(spec.dataset, context=recipe_of(spec.train).context)
         if spec.mode == "train":  # strategy 'diloco': the loop's steps are rounds
             spec = spec.model_copy(update={"train": loop_config(spec.train, spec.plan)})
-        ctx = RankContext(spec, rank, world, data, amp, counter)
+        emu, clocks = install_clocks(spec, rank, amp, counter)
+        ctx = RankContext(spec, rank, world, data, amp, counter, emu, clocks)
         if spec.mode == "train":
             mine, weights = train(ctx)
             mine.start_rss_bytes = start_rss
@@ -183,6 +185,21 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
             write_result(Path(spec.run_dir), spec.mode, gathered, weights, spec.state_url)
     finally:
         counter.uninstall()
+
+
+def install_clocks(spec: RunSpec, rank: int, amp: MixedPrecision, counter: WireCounter):
+    """The compute-phase clocks the worker installs (`training.hooks`): for a training run,
+    the training's emulator (`emulator_for`), built once, its link attached to the wire
+    `counter` so that from here on (the compression trials too) each collective over the
+    network costs the link's time; and the factory of a fresh one per scope (a trial's, the
+    profile's). A profile gets the factory alone: its probes take their own clock, and no link
+    is attached to the counter (the network probe times the link itself)."""
+    clocks = partial(emulator_for, spec, rank, synchronizer(amp.device))
+    if spec.mode != "train":
+        return None, clocks
+    emu = clocks("train")
+    counter.link = emu.link
+    return emu, clocks
 
 
 if __name__ == "__main__":

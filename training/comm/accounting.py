@@ -15,11 +15,14 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from time import perf_counter as now  # the emulated link's clock (`Link.occupy`)
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from hetflow.emulation.link import Link, now
+if TYPE_CHECKING:  # the worker attaches the link (`training.worker.install_clocks`)
+    from hetflow.emulation.link import Link
 
 # Process groups whose members share a node: their traffic does not use the emulated link.
 _INTRA_NODE_GROUPS: list = []
@@ -75,6 +78,27 @@ def _group_arg(args: tuple, kwargs: dict, position: int):
 @dataclass
 class WireCounter:
     """Bytes this rank sent and collectives it issued; `take()` returns and resets the window.
+
+    What it patches: `install` replaces, in the `torch.distributed` module itself,
+    `all_reduce`, `all_gather`, `all_gather_into_tensor` and FSDP2's all-gather and
+    reduce-scatter (`sharded_names`: `all_gather_single` and `reduce_scatter_single` in torch
+    2.13, `all_gather_into_tensor` and `reduce_scatter_tensor` before) with wrappers that charge
+    the bytes a ring sends from this rank, then call the real function (and, with an emulated
+    `link` attached, delay its work by the link's time). Process-wide: every caller that looks
+    the function up on the module (DDP's comm hooks, torch's model averagers, FSDP2,
+    `OuterStep`, the ranks' control messages) goes through it; a reference taken before
+    `install` (`from torch.distributed import all_reduce`) does not.
+
+    Why: torch has no byte counter per collective and no callback around one that a running
+    job can read step by step (its profiler traces, after the fact), and the run's figures
+    (`comm_bytes_total`, the trials' bytes per step) and the emulated link both need each
+    collective where it is issued, with its size and group.
+
+    How it restores: `install` keeps each replaced function, the real one, in `_restore`, and
+    `uninstall` sets them back on the module and forgets them. The worker installs it once
+    for the life of the job, after the process group exists, and uninstalls it in a `finally`
+    (`training.worker.run`). A second install (this counter's or another's) without an
+    uninstall between would wrap the first's wrappers and count each collective twice.
 
     The window and `total_bytes` hold the gradients' traffic over the network link; collectives
     inside a node-local group (hierarchical averaging) go to `intra_node_bytes` only, and those

@@ -117,13 +117,15 @@ def node_id() -> str:
 
 
 def emulator_for(spec: RunSpec, rank: int, sync=None, scope: str = "train") -> Emulator:
-    """The emulated device of `rank`: its slowdown and link, or none when not emulating.
+    """The emulated device of `rank`: its slowdown, stragglers and link, or slowdown 1 and no
+    link when not emulating (the stragglers still apply: tests slow a real rank with them).
     `sync` (`training.devices.synchronizer`: a CUDA rank's) times each compute phase to its end
     on the device, in wall time. On a CPU its phases' costs are shared with the job's other
     ranks on this host that compute the same thing (`SharedCosts` under the run directory, one
     table per `scope` and precision: the training, the profile, each compression trial)."""
+    stragglers = {"stragglers": spec.stragglers, "rank": rank}  # emulated or not
     if not spec.cluster.emulate:
-        return Emulator(1.0, Link(None, 0.0), sync=sync)
+        return Emulator(1.0, Link(None, 0.0), sync=sync, **stragglers)
     w = spec.cluster.workers[rank]
     precision = spec.precisions[rank] if spec.precisions else spec.train.precision
     folder = Path(spec.run_dir) / "emulator" / f"{scope}-{precision}"
@@ -136,6 +138,7 @@ def emulator_for(spec: RunSpec, rank: int, sync=None, scope: str = "train") -> E
         seed=spec.train.seed * 1009 + rank,
         sync=sync,
         costs=SharedCosts(folder, rank, world),  # none kept on a GPU (`Emulator`)
+        **stragglers,
     )
 
 

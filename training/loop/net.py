@@ -1,116 +1,89 @@
-"""What one rank trains: the recipe's model under DDP with the plan's comm hook (or sharded:
-`training.loop.sharded`), and the optimizer (`build_net`), as one `Net` the loop's components
-share: the stepper's passes, the checkpointer's state, the evaluator's model."""
+"""What one rank trains, as one `Net` the loop's components share (the stepper's passes, the
+checkpointer's state, the evaluator's model): the model, what a step calls, the optimizer and
+the comm hook's state. Each strategy builds its own (`training.loop.strategies`): `Net` is the
+replicated model every rank holds whole (`ddp`: `build_net`, DDP with the plan's comm hook;
+`diloco`: `rounds.build_round_net`); `fsdp.ShardedNet` overrides what a sharded model does
+otherwise."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hetflow.emulation.emulator import Emulator
 from hetflow.infra.data.reader import RankData
 from hetflow.records import CompressionMethod
 from hetflow.training.comm import register_compression, wrap_optimizer
+from hetflow.training.hooks import PhaseClock
 from hetflow.training.launch.spec import RunSpec
-from hetflow.training.loop import sharded
-from hetflow.training.loop.micro import micro_caps, splits
 from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
+from hetflow.training.loop.sharded import state_bytes
 from hetflow.training.recipes import DataInfo, Recipe, check_fits, seed_rank, seeded_model
 
 
 @dataclass
 class Net:
     """The model, what a step calls (`ddp`), the optimizer and the comm hook's state, on
-    `device`. Under `strategy` 'ddp', `ddp` is DDP over `model` with the comm hook; under
-    'fsdp' it is `model` itself, sharded in place (`training.loop.sharded`), and `hook_state`
-    is None. `plain` (fsdp) builds an unsharded copy of the model for rank 0's evaluation;
-    `caps` (fsdp, `train.accumulate` 'auto') every rank's largest micro-batch (`micro_caps`),
-    which tell each step whether any rank's share splits (`step_context`)."""
+    `device`, for a model every rank holds whole: `ddp` is DDP over `model` with the comm hook
+    (`ddp`), or `model` itself (`diloco`, no hook: `hook_state` None). Its state is the full
+    state dicts, which rank 0 checkpoints and evaluates; a sharded model answers the same
+    questions otherwise (`fsdp.ShardedNet`)."""
 
     model: nn.Module
     ddp: nn.Module
     opt: torch.optim.Optimizer
     hook_state: Any
     device: str = "cpu"
-    strategy: str = "ddp"
-    plain: Callable[[], nn.Module] | None = None
-    caps: list[int | None] | None = None
-    _copy: nn.Module | None = field(default=None, init=False, repr=False)
 
-    @property
-    def sharded(self) -> bool:
-        return self.strategy == "fsdp"
+    # whether every rank writes its shards into the checkpoint (else rank 0 the full dicts)
+    sharded = False
+    # whether a pass on the bare model runs without collectives (`Stepper.warm_up`)
+    warms_up = True
 
     def step_context(self, plan: list[int]) -> AbstractContextManager:
-        """What a step on the local batches `plan` runs in: under fsdp, where any rank's share
-        splits into micro-batches, every rank's units stay gathered for the step
-        (`sharded.gathered`; the plan is the same on every rank, so all enter it alike);
-        otherwise nothing."""
-        if self.sharded and self.caps and any(map(splits, plan, self.caps)):
-            return sharded.gathered(self.model)
+        """What a step on the local batches `plan` runs in: nothing for a whole model."""
         return nullcontext()
 
     def no_sync(self) -> AbstractContextManager:
         """A micro-batch's forward and backward but the last: gradients accumulate locally,
-        no collective (DDP's `no_sync`; fsdp: `sharded.no_sync`)."""
-        return sharded.no_sync(self.model) if self.sharded else self.ddp.no_sync()
+        no collective (DDP's `no_sync`)."""
+        return self.ddp.no_sync()
 
     def full_state(self) -> tuple[dict, dict]:
-        """(model, optimizer) state dicts, full, on rank 0 (the exported model). Under fsdp
-        gathered from every rank's shards: a collective every rank calls."""
-        if self.sharded:
-            return sharded.full_state(self.model, self.opt)
+        """(model, optimizer) state dicts, full, on rank 0 (the exported model)."""
         return self.model.state_dict(), self.opt.state_dict()
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The model's full state dict on rank 0 (every rank calls it)."""
+        return self.model.state_dict()
+
     def checkpoint_state(self, shards: str | None) -> tuple[dict, dict]:
-        """(model, optimizer) state dicts for rank 0's checkpoint. Under fsdp every rank
-        writes its shards into the folder `shards` instead (`sharded.save_shards`, a
-        collective) and both dicts are empty."""
-        if self.sharded:
-            sharded.save_shards(self.model, self.opt, shards)
-            return {}, {}
+        """(model, optimizer) state dicts for rank 0's checkpoint (`shards` unused)."""
         return self.full_state()
 
     def load_state(self, model_state: dict, opt_state: dict, shards: str | None) -> None:
-        """A checkpoint's state loaded on every rank: under fsdp from its DCP folder `shards`
-        (re-sharded onto this run's ranks), under DDP from the full dicts."""
-        if self.sharded:
-            sharded.load_shards(self.model, self.opt, shards)
-        else:
-            self.model.load_state_dict(model_state)
-            self.opt.load_state_dict(opt_state)
+        """A checkpoint's full state dicts loaded on every rank (`shards` unused)."""
+        self.model.load_state_dict(model_state)
+        self.opt.load_state_dict(opt_state)
 
     def evaluation_model(self, rank: int) -> nn.Module | None:
-        """The model rank 0 evaluates (None on the other ranks): `model` under DDP; under
-        fsdp an unsharded copy loaded with the weights gathered from every rank (every rank
-        calls it)."""
-        if not self.sharded:
-            return self.model if rank == 0 else None
-        weights, _ = sharded.full_state(self.model, self.opt)
-        if rank != 0:
-            return None
-        if self._copy is None:  # built once, on rank 0 only
-            self._copy = self.plain().to(self.device)
-        self._copy.load_state_dict(weights)
-        return self._copy
+        """The model rank 0 evaluates (None on the other ranks)."""
+        return self.model if rank == 0 else None
 
     def state_bytes(self) -> int:
         """Bytes of parameters, gradients and optimizer state this rank holds
-        (`sharded.state_bytes`: its shards under fsdp)."""
-        return sharded.state_bytes(self.model, self.opt)
+        (`sharded.state_bytes`)."""
+        return state_bytes(self.model, self.opt)
 
 
 def build_net(
     spec: RunSpec,
     data: RankData,
-    emu: Emulator,
+    emu: PhaseClock,
     recipe: Recipe,
     device: str = "cpu",
     method: CompressionMethod | None = None,
@@ -118,28 +91,14 @@ def build_net(
     rank: int,
     **warmup,
 ) -> Net:
-    """The recipe's model at the run's seed on `device`, DDP with the comm hook of `method`
-    (default: the plan's; its compute phase dilated by `emu`; `warmup`: `warmup_steps` and
-    `density_stage_steps` of `register_compression`), and the configured optimizer wrapped as
-    the hook needs: parameters, gradients and optimizer state all on `device`. Under
-    `train.strategy` 'fsdp' the model is sharded instead (`sharded.shard_model` over the
-    recipe's `shard_units`), with no comm hook, and the compute phase ends where the optimizer
-    steps (`training.loop.sharded` says what else differs). Seeds torch's generators: the
-    run's seed for the weights (`seeded_model`: the same on every rank), then (seed, `rank`)'s
-    for what the rank draws in training (`seed_rank`: its own dropout masks)."""
+    """`strategy: ddp`: the recipe's model (`replica`) under DDP with the comm hook of `method`
+    (default: the plan's; its compute phase ended by `emu`'s `dilating_hook`; `warmup`:
+    `warmup_steps` and `density_stage_steps` of `register_compression`), and the configured
+    optimizer wrapped as the hook needs: parameters, gradients and optimizer state all on
+    `device`."""
     cfg = spec.train
     method = spec.plan.compression if method is None else method
-    info = DataInfo.from_manifest(data.manifest)
-    check_fits(recipe, info, data.manifest.url)
-    model = seeded_model(recipe, info, cfg.seed).to(device)
-    seed_rank(cfg.seed, rank)
-    if cfg.strategy == "fsdp":
-        model = sharded.shard_model(model, recipe.shard_units(model))
-        opt = build_optimizer(model, resolve_optimizer(cfg, recipe))
-        sharded.end_phase_at_step(opt, emu)
-        plain = partial(seeded_model, recipe, info, cfg.seed)
-        caps = micro_caps(spec)
-        return Net(model, model, opt, None, device, strategy="fsdp", plain=plain, caps=caps)
+    model = replica(spec, data, recipe, device, rank)
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ids = [torch.device(device)] if device != "cpu" else None
@@ -149,3 +108,15 @@ def build_net(
     opt = build_optimizer(ddp.module, resolve_optimizer(cfg, recipe))
     opt = wrap_optimizer(opt, method, hook_state)
     return Net(model, ddp, opt, hook_state, device)
+
+
+def replica(spec: RunSpec, data: RankData, recipe: Recipe, device: str, rank: int) -> nn.Module:
+    """The recipe's model at the run's seed on `device`, checked against the data first. Seeds
+    torch's generators: the run's seed for the weights (`seeded_model`: the same on every rank),
+    then (seed, `rank`)'s for what the rank draws in training (`seed_rank`: its own dropout
+    masks). Every strategy starts from it."""
+    info = DataInfo.from_manifest(data.manifest)
+    check_fits(recipe, info, data.manifest.url)
+    model = seeded_model(recipe, info, spec.train.seed).to(device)
+    seed_rank(spec.train.seed, rank)
+    return model

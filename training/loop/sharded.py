@@ -3,7 +3,8 @@
 of training state a rank holds. torch's own APIs throughout (`fully_shard`,
 `torch.distributed.checkpoint` and its `state_dict` helpers); no collective of hetflow's own.
 
-What differs from DDP (`training.loop.net.build_net`):
+What differs from DDP (`training.loop.net.build_net`; the strategy's `Net` is
+`training.loop.fsdp.ShardedNet`):
 
 - Each rank holds 1/world of every parameter, its gradient and its optimizer state (a DTensor
   shard). Forward all-gathers each unit's parameters (`Recipe.shard_units`, then the root), and

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hetflow.emulation.emulator import Emulator
 from hetflow.training.comm import local_averager
+from hetflow.training.hooks import PhaseClock
 from hetflow.training.loop.micro import split_batch
 from hetflow.training.loop.net import Net
 from hetflow.training.loop.weighting import MeanOverCounts
@@ -19,13 +19,14 @@ from hetflow.training.recipes import Recipe
 
 @dataclass
 class Stepper:
-    """One rank's step, on what stays fixed for a run (or one trial): the model (`net`), its
-    emulator, the loss's mean over counts, the precision (`MixedPrecision`), the wire counter
-    (`WireCounter`) and the recipe; `cap`: the largest micro-batch (`micro_cap`; None: a share
-    runs in one pass)."""
+    """One rank's step under `ddp` or `fsdp` (`strategies.replica_stepper`), on what stays
+    fixed for a run (or one trial): the model (`net`), its compute-phase clock (`PhaseClock`:
+    the worker's emulator), the loss's mean over counts, the precision (`MixedPrecision`), the
+    wire counter (`WireCounter`) and the recipe; `cap`: the largest micro-batch (`micro_cap`;
+    None: a share runs in one pass)."""
 
     net: Net
-    emu: Emulator
+    emu: PhaseClock
     mean: MeanOverCounts
     amp: object
     counter: object

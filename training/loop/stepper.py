@@ -1,73 +1,56 @@
 """The training loop's stepper: each step of the run timed, on the plan in force, from its
 data to the optimizer (`LoopStepper.step`); a step this rank is left out of
 (`LoopStepper.idle_step`); the untimed pass before the first (`warm_up`) and the replicas'
-average after the last (`last_average`). One step's work is `step.Stepper`'s."""
+average after the last (`last_average`). One step's work is the strategy's stepper's
+(`strategies.Strategy.build_stepper`)."""
 
 from __future__ import annotations
 
-from hetflow.emulation.device_model import straggler_factor
-from hetflow.emulation.emulator import Emulator, now
+from time import perf_counter as now
+
 from hetflow.records import StepRecord
 from hetflow.training.comm import finish_optimizer
 from hetflow.training.devices import to_device
-from hetflow.training.launch.spec import RunSpec
-from hetflow.training.loop.micro import micro_cap, micro_count, split_batch
+from hetflow.training.loop.micro import micro_count, split_batch
 from hetflow.training.loop.net import Net
-from hetflow.training.loop.rounds import RoundStepper, round_inner_batch
 from hetflow.training.loop.state import LoopState
-from hetflow.training.loop.step import Stepper
 from hetflow.training.loop.step_times import SharedStepTimes
-from hetflow.training.loop.weighting import MeanOverCounts
+from hetflow.training.loop.strategies import StepParts
 from hetflow.training.rank import RankContext
-from hetflow.training.recipes import Recipe
-
-__all__ = ["LoopStepper", "straggler_factor"]  # a straggler's factor on the slowdown, per step
 
 
 class LoopStepper:
-    """One rank's steps over a run: its `Stepper` on the run's model `net` (the emulator, the
-    loss's mean over counts, the precision, the wire counter, the recipe and this rank's
-    micro-batch cap), the rank's reader of its share of each step, the first batch read ahead
-    by `warm_up`, the S3 bytes seen so far, and the emulator's slowdown before the stragglers'
-    factor. A rank left out of the all-reduce posts its step to `shared` itself."""
+    """One rank's steps over a run: its strategy's `stepper` on the run's model `net`
+    (`Strategy.build_stepper`, from the `parts` fixed for the run: the compute-phase clock, the
+    loss's mean over counts, the precision, the wire counter, the recipe), the rank's reader of
+    its share of each step, the first batch read ahead by `warm_up`, and the S3 bytes seen so
+    far. A rank left out of the all-reduce posts its step to `shared` itself."""
 
     def __init__(
-        self,
-        ctx: RankContext,
-        spec: RunSpec,
-        net: Net,
-        emu: Emulator,
-        mean: MeanOverCounts,
-        recipe: Recipe,
-        shared: SharedStepTimes,
+        self, ctx: RankContext, net: Net, stepper, parts: StepParts, shared: SharedStepTimes
     ) -> None:
-        self.spec = spec
+        self.spec = parts.spec
         self.rank = ctx.rank
         self.data = ctx.data
         self.counter = ctx.counter
         self.net = net
-        self.emu = emu
-        self.mean = mean
-        self.recipe = recipe
+        self.stepper = stepper
+        self.emu = parts.emu
+        self.mean = parts.mean
+        self.recipe = parts.recipe
         self.shared = shared
-        cap = micro_cap(spec, ctx.rank)
-        self.stepper = Stepper(net, emu, mean, ctx.amp, ctx.counter, recipe, cap)
-        if net.strategy == "diloco":  # a step is a round of inner steps
-            inner = round_inner_batch(spec)
-            self.stepper = RoundStepper(net, emu, ctx.amp, ctx.counter, recipe, inner)
-        self.base_slowdown = emu.slowdown
         self.s3_bytes_seen = ctx.data.cache.stats.bytes_read  # before the run's reads (trials')
-        self.reader = ctx.data.reader(ctx.rank, spec.train.seed)  # its share of each step
+        self.reader = ctx.data.reader(ctx.rank, self.spec.train.seed)  # its share of each step
         self.first_batch: tuple | None = None  # (step, plan, xs, ys) read by `warm_up`
 
     def warm_up(self, state: LoopState) -> None:
         """Before the first timed step, its batch read (kept for that step: the data is read
         once) and one untimed pass on it (`Stepper.warm_up`), on a rank the plan gives samples;
-        the same for every variant, counted in the run's start-up, not its steps. None under
-        fsdp: a sharded model has no pass without collectives, which a rank with no samples
-        would not join."""
+        the same for every variant, counted in the run's start-up, not its steps. None where
+        the model has no pass without collectives (`Net.warms_up`: fsdp's), which a rank with
+        no samples would not join."""
         first, plan = state.start, state.plan
-        if plan[self.rank] == 0 or first >= self.spec.train.steps or self.net.sharded:
+        if plan[self.rank] == 0 or first >= self.spec.train.steps or not self.net.warms_up:
             return
         xs, ys = self.reader.batch(first, plan)
         self.first_batch = (first, list(plan), xs, ys)
@@ -81,7 +64,7 @@ class LoopStepper:
         emulated link from where DDP issued it), waiting for the other ranks and the optimizer
         (`wait_s`)."""
         emu = self.emu
-        emu.slowdown = self.base_slowdown * straggler_factor(self.spec.stragglers, self.rank, step)
+        emu.at_step(step)  # an emulated straggler's factor at this step
         t0 = now()
         kept, self.first_batch = self.first_batch, None
         if kept is not None and kept[:2] == (step, state.plan):

@@ -4,10 +4,10 @@ named components, each in a module of its own."""
 from __future__ import annotations
 
 from pathlib import Path
+from time import perf_counter as now
 
 import torch
 
-from hetflow.emulation.emulator import now
 from hetflow.infra.data.reader import peak_rss_bytes
 from hetflow.records import (
     CacheCounts,
@@ -18,20 +18,19 @@ from hetflow.records import (
     Timeline,
 )
 from hetflow.training.comm import new_control_group
-from hetflow.training.devices import peak_device_bytes, synchronizer
+from hetflow.training.devices import peak_device_bytes
 from hetflow.training.faults.guard import StepGuard
 from hetflow.training.faults.records import Preempted
-from hetflow.training.launch.spec import emulator_for, node_id, since_submit
+from hetflow.training.launch.spec import node_id, since_submit
 from hetflow.training.loop.checkpointer import Checkpointer, CheckpointParts
 from hetflow.training.loop.evaluator import Evaluator
 from hetflow.training.loop.membership import Membership
-from hetflow.training.loop.net import build_net
 from hetflow.training.loop.optim import build_scheduler, resolve_optimizer, step_scheduler
 from hetflow.training.loop.progress import STOP_FILE, ProgressFile, note_recovery
 from hetflow.training.loop.rebalancing import Rebalancing, share_every
-from hetflow.training.loop.rounds import build_round_net
 from hetflow.training.loop.step_times import SharedStepTimes
 from hetflow.training.loop.stepper import LoopStepper
+from hetflow.training.loop.strategies import StepParts, strategy_of
 from hetflow.training.loop.trials import resolve_compression
 from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS
@@ -44,11 +43,13 @@ class TrainingLoop:
     learning rate warmed up by a scheduler stepped once per step (`optim.build_scheduler`).
 
     A loop over components built once, each owning its state:
-    the checkpointer (`checkpointer.Checkpointer`: resume and save), the stepper
-    (`stepper.LoopStepper`: each timed step), the re-balancer (`rebalancing.Rebalancing`: step
-    times shared, the plan revised), the membership of computing ranks
-    (`membership.Membership`: who is in the gradient's all-reduce) and the evaluator
-    (`evaluator.Evaluator`).
+    the checkpointer (`checkpointer.Checkpointer`: resume and save), the strategy's model and
+    optimizer (`net`) and the stepper on its step (`stepper.LoopStepper`: each timed step),
+    both from `train.strategy`'s registered builders (`strategies.strategy_of`), the
+    re-balancer (`rebalancing.Rebalancing`: step times shared, the plan revised), the
+    membership of computing ranks (`membership.Membership`: who is in the gradient's
+    all-reduce) and the evaluator (`evaluator.Evaluator`). The compute-phase clock (the
+    emulator) and the wire counter are the worker's hooks, in the `RankContext`.
 
     Every rank runs the same loop and so issues the same collectives in the same order ('auto''s
     compression trials first, then DDP's, the shared step times, the count's all-reduce when
@@ -70,8 +71,7 @@ class TrainingLoop:
         self.world = ctx.world
         self.amp = ctx.amp
         self.counter = ctx.counter
-        self.emu = emulator_for(self.spec, self.rank, synchronizer(self.amp.device))
-        self.counter.link = self.emu.link  # from here (trials too) collectives cost the link's time
+        self.emu = ctx.emu  # the worker's: its link already attached to the counter
         self.recipe = recipe_of(self.cfg)
         every = share_every(self.cfg)
         self.shared = SharedStepTimes(self.world, new_control_group(), every)
@@ -79,12 +79,7 @@ class TrainingLoop:
         self.checkpointer = Checkpointer(self.spec, self.rank, self.world)
         self.timeline = Timeline()
         self.trials = self.choose_compression()  # 'auto': self.spec's plan now has it
-        device = self.amp.device
-        build = build_round_net if self.cfg.strategy == "diloco" else build_net
-        self.net = build(self.spec, self.data, self.emu, self.recipe, device, rank=self.rank)
-        self.stepper = LoopStepper(
-            ctx, self.spec, self.net, self.emu, self.mean, self.recipe, self.shared
-        )
+        self.stepper = self.build_strategy()
         self.lr_schedule = build_scheduler(self.net.opt, resolve_optimizer(self.cfg, self.recipe))
         self.rebalancing = Rebalancing(self.spec, self.world, self.shared)
         self.rebalancer = self.rebalancing.rebalancer
@@ -161,6 +156,20 @@ class TrainingLoop:
         self.timeline.trials_s = since_submit(self.spec) - t if trials and not saved else 0.0
         return trials
 
+    def build_strategy(self) -> LoopStepper:
+        """The model and optimizer of `train.strategy` (`self.net`) and the stepper of its
+        steps, by its registered builders (`strategies.strategy_of`)."""
+        strategy = strategy_of(self.cfg.strategy)
+        device = self.amp.device
+        self.net = strategy.build_net(
+            self.spec, self.data, self.emu, self.recipe, device, rank=self.rank
+        )
+        parts = StepParts(
+            self.spec, self.rank, self.emu, self.mean, self.amp, self.counter, self.recipe
+        )
+        stepper = strategy.build_stepper(self.net, parts)
+        return LoopStepper(self.ctx, self.net, stepper, parts, self.shared)
+
     def note_recovery(self) -> Recovery:
         """Rank 0's count of this run's restarts (`progress.note_recovery`), with the workers
         the run goes on without; the latter alone elsewhere."""
@@ -233,7 +242,7 @@ class TrainingLoop:
     def weights(self) -> dict[str, torch.Tensor] | None:
         """A copy of the trained weights on rank 0; None elsewhere (every rank calls it: under
         fsdp they are gathered from every rank's shards)."""
-        weights = self.net.full_state()[0] if self.net.sharded else self.net.model.state_dict()
+        weights = self.net.weights()
         if self.rank != 0:
             return None
         return {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}

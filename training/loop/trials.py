@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import math
 import statistics
+from time import perf_counter as now
 
 import torch
 import torch.distributed as dist
 
-from hetflow.emulation.emulator import now
 from hetflow.records import LOCAL_SGD, CompressionMethod, CompressionTrials, MethodTrial
-from hetflow.training.devices import MixedPrecision, synchronizer, to_device
-from hetflow.training.launch.spec import RunSpec, emulator_for
+from hetflow.training.devices import MixedPrecision, to_device
+from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.micro import micro_cap
 from hetflow.training.loop.net import build_net
 from hetflow.training.loop.step import Stepper
-from hetflow.training.loop.stepper import straggler_factor
 from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.plan.compression import (
     TRIAL_STEPS,
@@ -60,6 +59,7 @@ class Trials:
         self.counter, self.rank, self.count_group = ctx.counter, ctx.rank, count_group
         self.control_group = control_group
         self.world = ctx.world
+        self.clocks = ctx.clocks  # a compute-phase clock per trial, the worker's factory
 
     def run(self) -> CompressionTrials:
         """Try every candidate in the plan's order; the table every rank agrees on and the
@@ -136,8 +136,7 @@ class Trials:
         if method.name in LOCAL_SGD and amp.scaler.is_enabled():
             self.comm_s.append(0.0)
             return float("inf"), 0.0, 0.0, NOT_WITH_FP16
-        emu = emulator_for(self.spec, self.rank, synchronizer(amp.device), scope=f"trial-{method}")
-        base = emu.slowdown
+        emu = self.clocks(f"trial-{method}")
         try:
             net = build_net(
                 self.spec,
@@ -162,7 +161,7 @@ class Trials:
             for step, (batch, n) in enumerate(batches):
                 if step == untimed:  # time the method's settled steps alone:
                     emu.forget()  # dilation uses a batch's least CPU time; a dense step's is less
-                emu.slowdown = base * straggler_factor(self.spec.stragglers, self.rank, step)
+                emu.at_step(step)
                 t0 = now()
                 _, _, nbytes = stepper.step(batch, n, plan)
                 computed, t1 = emu.finish(), now()

@@ -20,8 +20,7 @@ import torch.distributed as dist
 
 from hetflow.emulation.emulator import now
 from hetflow.records import RankProfile
-from hetflow.training.devices import synchronizer
-from hetflow.training.launch.spec import default_profile_batches, emulator_for, node_id
+from hetflow.training.launch.spec import default_profile_batches, node_id
 from hetflow.training.loop.optim import resolve_optimizer
 from hetflow.training.probes.compute import (
     COMPUTE_BUDGET_S,
@@ -49,7 +48,7 @@ def profile(ctx: RankContext) -> RankProfile:
     spec, data, rank, world = ctx.spec, ctx.data, ctx.rank, ctx.world
     amp, counter = ctx.amp, ctx.counter
     device = amp.device  # the rank's, in the precision it trains in
-    emu = emulator_for(spec, rank, synchronizer(device), scope="profile")
+    emu = ctx.clocks("profile")  # the worker's emulator, a table of its own for the probes
     recipe = recipe_of(spec.train)
     info = DataInfo.from_manifest(data.manifest)
     model = seeded_model(recipe, info, spec.train.seed).to(device)
