@@ -81,7 +81,10 @@ class _SpecBlock(Block):
 
     def as_spec(self) -> ConfigModel:
         """This block as the plain config model the flows and workers pass around."""
-        return self.spec.model_validate(self.model_dump(include=set(self.spec.model_fields)))
+        # only what was set: a field left to its default (a worker's speed an instance type
+        # will give) must stay unset in the spec the flow resolves
+        fields = set(self.spec.model_fields)
+        return self.spec.model_validate(self.model_dump(include=fields, exclude_unset=True))
 
 
 class ClusterBlock(_SpecBlock, ClusterSpec):
@@ -119,7 +122,7 @@ class DatasetBlock(_SpecBlock, DatasetSpec):
 def _inline(block_type: type[_SpecBlock]):
     def to_data(value: Any) -> Any:
         if isinstance(value, block_type.spec) and not isinstance(value, block_type):
-            return value.model_dump()
+            return value.model_dump(exclude_unset=True)
         return value
 
     return BeforeValidator(to_data)

@@ -254,7 +254,8 @@ def test_the_rebalancer_moves_a_capped_share_past_the_cap_and_back_when_it_slows
 
 
 def test_bench_hetero_takes_memory_caps_and_micro_variants_and_refuses_bad_caps():
-    from benchmarks.hetero import baseline_of, parse_args
+    from benchmarks.hetero import parse_args
+    from benchmarks.hetero.aggregate import baseline_of
 
     _, bench = parse_args(["--memory-caps", ",,,16", "--variants", "baseline@micro,static@micro"])
     assert [w.memory_cap_batch for w in bench.cluster.workers] == [None, None, None, 16]

@@ -105,7 +105,7 @@ def test_a_train_deployment_run_from_the_api_completes_on_the_ray_cluster(
     }
     with SyncPrefectClient(ex["PREFECT_API_URL"]) as client:
         dep = client.read_deployment_by_name("train/train")
-        schema = dep.parameter_openapi_schema["definitions"]["ClusterSpec"]["properties"]
+        schema = dep.parameter_openapi_schema["definitions"]["ClusterBlock"]["properties"]
         assert {"launcher", "ray_address"} <= set(schema)  # the form's fields
         run = client.create_flow_run_from_deployment(
             dep.id,

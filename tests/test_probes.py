@@ -133,6 +133,8 @@ def profile_run(cluster: ClusterSpec, digits, tmp_path, train: TrainConfig):
 def test_profile_of_four_emulated_workers_rediscovers_speeds_and_the_slow_link(digits, tmp_path):
     cluster = ClusterSpec.from_speeds(SPEEDS, name="probe-test")
     cluster.workers[SLOW_LINK[0]].link_gbps = SLOW_LINK[1]
+    for w in cluster.workers:  # the host's curve times the speed: the probes, not the shapes
+        w.knee_batch = 1
     result, profile = profile_run(cluster, digits, tmp_path, TrainConfig())
     report = profile_report(profile, cluster)
     print_profile_report(report)

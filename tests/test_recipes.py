@@ -147,6 +147,6 @@ def test_an_image_recipe_on_token_shards_is_refused_naming_both():
 def test_the_prefect_form_lists_the_builtins_and_accepts_a_path():
     schema = TrainConfig.model_json_schema()["properties"]["recipe"]
     assert schema["examples"] == list(BUILTIN_RECIPES)
-    assert all(name in schema["description"] for name in BUILTIN_RECIPES)
+    assert "\n" not in schema["description"]  # one line: the names are the dropdown's
     assert re.fullmatch(schema["pattern"].split("|")[1], "my_pkg.recipes:TinyGPT")
     assert TrainConfig(recipe="my_pkg.recipes:TinyGPT").recipe == "my_pkg.recipes:TinyGPT"
