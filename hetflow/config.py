@@ -222,7 +222,7 @@ class TrainConfig(ConfigModel):
         ge=1,
         title="Re-balance check every K steps",
         description="Also at once when a rank's step time jumps by more than 3 x the threshold "
-        "for two steps in a row (a straggler).",
+        "(or 4 standard deviations of the noise measured) for three steps in a row.",
     )
     rebalance_threshold: SkipJsonSchema[float] = Field(
         0.10, gt=0, title="Re-balance threshold", description="Imbalance (max/mean - 1) to act."
