@@ -5,7 +5,8 @@
 
 The training loop's own turn (`loop.rebalancing.rebalance` and its `LoopState`) is fed each
 step's compute times by `emulation.device_model.EmulatedCluster`: devices of their own
-published curves (presets, and speed-only devices of the presets' shapes), noise `alone`
+published curves (presets, and speed-only devices of the presets' shapes: `curve`
+'published'), noise `alone`
 or `shared` (slow stretches of several steps, pauses), stragglers that jump or drift in. A
 run starts from the equal split. A plan is graded by what its steps cost under that noise
 (`paid`: the mean over many steps of the slowest rank's time, on another seed), against the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from hetflow.cli.parser import Parser
 from hetflow.config import ConfigError, TrainConfig
 from hetflow.emulation.device_model import NOISE_LEVELS, Device, EmulatedCluster
 from hetflow.perf.balance import fill
@@ -32,9 +34,9 @@ B, STEPS = 128, 150
 MIXES = {
     "t4,t4,v100,a100": [Device(preset=p) for p in ("t4", "t4", "v100", "a100")],
     "a100 beside 3 t4": [Device(preset=p) for p in ("t4", "t4", "t4", "a100")],
-    "1,1,2,4": [Device(speed=s) for s in (1, 1, 2, 4)],
-    "1,2,3,4,6": [Device(speed=s) for s in (1, 2, 3, 4, 6)],
-    "1,1,2,3,5,8": [Device(speed=s) for s in (1, 1, 2, 3, 5, 8)],
+    "1,1,2,4": [Device(speed=s, curve="published") for s in (1, 1, 2, 4)],
+    "1,2,3,4,6": [Device(speed=s, curve="published") for s in (1, 2, 3, 4, 6)],
+    "1,1,2,3,5,8": [Device(speed=s, curve="published") for s in (1, 1, 2, 3, 5, 8)],
 }
 STRAGGLERS = {"jump": (3, 60, 4.0, 0), "drift": (3, 60, 4.0, 20)}  # on 1,1,2,4
 
@@ -124,11 +126,15 @@ def straggler_figures(kind: str, noise: str, seeds: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hetflow bench learner", description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="hetflow bench learner", description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=6, help="runs per mix and noise level")
     p.add_argument("--json", dest="json_path")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.seeds < 1:
         raise ConfigError(f"--seeds: must be >= 1 (got {args.seeds})")
     out = {"seeds": args.seeds, "steps": STEPS, "global_batch": B, "mixes": {}, "stragglers": {}}

@@ -175,8 +175,9 @@ def cliff(batch: int, cliff_batch: int | None, cliff_factor: float) -> float:
 class Device:
     """An emulated device's compute, before noise: `speed` thousand samples/s at its best batch
     (a preset's peak; `WorkerSpec.speed`), the shape of its curve (the preset's, else
-    `knee_batch` / `fixed_samples` where either is given, else `published_shape` of its speed)
-    and a memory cliff."""
+    `knee_batch` / `fixed_samples` where either is given, else with `curve` 'published' the
+    `published_shape` of its speed, else 1: the host's curve times the speed) and a memory
+    cliff."""
 
     speed: float = 1.0
     preset: str | None = None
@@ -184,6 +185,7 @@ class Device:
     fixed_samples: float = 0.0
     cliff_batch: int | None = None
     cliff_factor: float = 1.0
+    curve: str = "host"  # a device of a speed alone: 'host' (shape 1) or 'published'
 
     def __post_init__(self) -> None:
         if not (self.speed > 0 and self.cliff_factor >= 1):
@@ -197,8 +199,10 @@ class Device:
             own = PRESETS[self.preset].shape(batch)
         elif self.knee_batch is not None or self.fixed_samples:
             own = knee_shape(batch, self.knee_batch, self.fixed_samples)
-        else:
+        elif self.curve == "published":
             own = published_shape(self.speed, batch)
+        else:
+            own = 1.0
         return own * cliff(batch, self.cliff_batch, self.cliff_factor)
 
     def compute_s(self, batch: int) -> float:

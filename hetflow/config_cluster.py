@@ -113,9 +113,15 @@ class WorkerSpec(ConfigModel):
         ge=1,
         title="Knee batch (emulation)",
         description="A step below this local batch lasts as long as at it (a GPU not filled); "
-        "1: the host's own curve times the speed; empty (and no fixed_samples): the published "
-        "curve of a device of this speed (hetflow/emulation/device_model.py). Not with a "
-        "preset.",
+        "empty (and no fixed_samples): the curve `curve` says. Not with a preset.",
+    )
+    curve: SkipJsonSchema[Literal["host", "published"]] = Field(
+        "host",
+        title="Curve (emulation)",
+        description="A worker of a speed alone: 'host', the host's own curve times the speed "
+        "(the speed holds at every batch); 'published', the published curve of a device of this "
+        "speed, its knee and fixed cost (hetflow/emulation/device_model.py). A preset has its "
+        "own; knee_batch or fixed_samples give one of your own.",
     )
     fixed_samples: SkipJsonSchema[float] = Field(
         0.0,
@@ -214,6 +220,7 @@ class WorkerSpec(ConfigModel):
             fixed_samples=self.fixed_samples,
             cliff_batch=self.cliff_batch,
             cliff_factor=self.cliff_factor,
+            curve=self.curve,
         )
 
     def shape(self, batch: int) -> float:

@@ -147,7 +147,7 @@ def test_devices_of_other_speeds_have_curves_of_other_shapes_that_no_line_fits()
     shapes = {s: [published_shape(s, b) for b in batches] for s in (1.0, 2.0, 4.0, 8.0)}
     assert len({tuple(v) for v in shapes.values()}) == len(shapes)  # each its own
     for speed in shapes:
-        device = Device(speed=speed)
+        device = Device(speed=speed, curve="published")
         times = [device.compute_s(b) for b in batches]
         a, c = fit_affine(batches, times)
         worst = max(abs((a + c * b) / t - 1) for b, t in zip(batches, times, strict=True))
@@ -167,7 +167,9 @@ def test_a_knee_or_fixed_cost_of_ones_own_replaces_the_published_curve():
     assert {Device(speed=3.0, knee_batch=1).shape(b) for b in range(1, 100)} == {1.0}
     own = Device(speed=3.0, knee_batch=16, fixed_samples=8)
     assert own.shape(4) == pytest.approx((16 + 8) / 4)
-    assert WorkerSpec(name="w", speed=3.0).shape(8) == pytest.approx(published_shape(3.0, 8))
+    assert WorkerSpec(name="w", speed=3.0).shape(8) == 1.0  # the host's curve by default
+    published = WorkerSpec(name="w", speed=3.0, curve="published")
+    assert published.shape(8) == pytest.approx(published_shape(3.0, 8))
 
 
 def test_the_emulated_cluster_gives_each_rank_its_devices_time_with_its_own_noise():

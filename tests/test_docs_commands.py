@@ -84,6 +84,10 @@ def bench_parser(name: str, rest: list[str]):
         from benchmarks.queue import parser
 
         return parser()
+    if name == "learner":
+        from benchmarks.learner import parser
+
+        return parser()
     if "--train" in rest:
         from benchmarks import data_train
 

@@ -39,8 +39,11 @@ def test_speeds_name_presets_and_the_preset_sets_the_speed():
         PRESETS["a100"].peak_samples_per_s / PRESETS["t4"].peak_samples_per_s, rel=1e-3
     )
     assert t4.shape(8) == PRESETS["t4"].shape(8) > 2
-    # a worker of a speed alone has the published curve of a device of its speed, not 1
-    assert plain.shape(8) == published_shape(2.0, 8) > 1.0
+    # a worker of a speed alone keeps the host's curve (its speed holds at every batch), or
+    # takes the published curve of a device of its speed where it asks
+    assert plain.shape(8) == 1.0
+    published = WorkerSpec(name="w5", speed=2.0, curve="published")
+    assert published.shape(8) == published_shape(2.0, 8) > 1.0
     assert WorkerSpec(name="fast-t4", preset="t4", speed=9).speed == 9  # a given speed stays
     # as the job file carries it to the workers
     assert ClusterSpec.model_validate_json(cluster.model_dump_json()) == cluster

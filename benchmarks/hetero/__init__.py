@@ -124,13 +124,9 @@ class Bench:
     bound: bool = False  # time each worker alone at its batches: the measured bound (--bound)
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
-    """The flags and what they describe, refused before anything runs: a ConfigError (or the
-    config's ValidationError) naming the flag or field, checked in the order --repeat, the
-    cluster, the training, --straggler, --variants."""
-    args = parser().parse_args(argv)
-    if args.repeat < 1:
-        raise ConfigError(f"--repeat: must be >= 1 (got {args.repeat})")
+def bench_cluster(args: argparse.Namespace) -> ClusterSpec:
+    """The emulated (or, with --cpu-quotas, real) cluster the flags describe: one worker of
+    each speed (of each quota where no speeds are given), its noise and curve."""
     if args.speeds is None:
         quotas = args.cpu_quotas.split(",") if args.cpu_quotas else []
         args.speeds = ",".join("1" for _ in quotas) or "1,1,2,4"
@@ -145,6 +141,34 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         # the noise level's unless given
         **{k: getattr(args, k) for k in ("jitter", "pauses") if getattr(args, k) is not None},
     )
+    for w in cluster.workers:
+        w.curve = args.curve
+    return cluster
+
+
+def check_variants(variants: list[str]) -> None:
+    """--variants: known kinds, each tag one its kind takes; a one-line ConfigError."""
+    unknown = sorted({v.split("@")[0] for v in variants} - set(VARIANTS))
+    if unknown:
+        raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    for v in variants:
+        kind, *tags = v.split("@")
+        bad = [t for t in tags if t not in VARIANT_TAGS or ONLY.get(t, kind) != kind]
+        if bad:
+            raise ConfigError(
+                f"--variants: {v!r}: @{bad[0]} is not one of @micro, @profile (dynamic only), "
+                "@history (static only)"
+            )
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
+    """The flags and what they describe, refused before anything runs: a ConfigError (or the
+    config's ValidationError) naming the flag or field, checked in the order --repeat, the
+    cluster, the training, --straggler, --variants."""
+    args = parser().parse_args(argv)
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat: must be >= 1 (got {args.repeat})")
+    cluster = bench_cluster(args)
     precisions = args.precision.split(",")
     for p in precisions:
         if p not in get_args(PRECISION.annotation):
@@ -165,17 +189,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
     check_bench_recipe(base)
     stragglers = [parse_straggler(s, cluster.world_size) for s in args.straggler]
     variants = [v for v in args.variants.split(",") if v]
-    unknown = sorted({v.split("@")[0] for v in variants} - set(VARIANTS))
-    if unknown:
-        raise ConfigError(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
-    for v in variants:
-        kind, *tags = v.split("@")
-        bad = [t for t in tags if t not in VARIANT_TAGS or ONLY.get(t, kind) != kind]
-        if bad:
-            raise ConfigError(
-                f"--variants: {v!r}: @{bad[0]} is not one of @micro, @profile (dynamic only), "
-                "@history (static only)"
-            )
+    check_variants(variants)
     if args.launcher == "ray":
         variants = [name for v in variants for name in (v, f"{v}@ray")]
     if len(precisions) > 1:

@@ -84,25 +84,7 @@ def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
         help="emulation: the fastest worker runs this many times slower than a core "
         f"(default {TIME_SCALE:g})",
     )
-    p.add_argument(
-        "--noise",
-        default=ClusterSpec.model_fields["noise"].default,
-        help=f"emulation: step-time noise level, one of {', '.join(NOISE_LEVELS)}, each "
-        "measured (`hetflow bench noise`; 'shared': slow stretches of several steps) "
-        f"(default: {ClusterSpec.model_fields['noise'].default})",
-    )
-    p.add_argument(
-        "--jitter",
-        type=float,
-        help="emulation: coefficient of variation of every compute step's time (default: the "
-        "--noise level's)",
-    )
-    p.add_argument(
-        "--pauses",
-        type=float,
-        help="emulation: probability that a compute step lasts 2.3x its time (default: the "
-        "--noise level's)",
-    )
+    _add_noise(p)
     p.add_argument(
         "--repeat",
         type=int,
@@ -128,6 +110,36 @@ def _add_emulation_and_launch(p: argparse.ArgumentParser) -> None:
         "the bound each variant is graded against, measured, not modelled (efficiency_vs_bound)",
     )
     _add_output(p)
+
+
+def _add_noise(p: argparse.ArgumentParser) -> None:
+    """How far the emulated devices stray from a line: their noise and their curves."""
+    p.add_argument(
+        "--noise",
+        default=ClusterSpec.model_fields["noise"].default,
+        help=f"emulation: step-time noise level, one of {', '.join(NOISE_LEVELS)}, each "
+        "measured (`hetflow bench noise`; 'shared': slow stretches of several steps) "
+        f"(default: {ClusterSpec.model_fields['noise'].default})",
+    )
+    p.add_argument(
+        "--curve",
+        choices=("host", "published"),
+        default="host",
+        help="emulation: a worker of a speed alone follows the host's curve times its speed, "
+        "or the published curve of a device of that speed (default: host)",
+    )
+    p.add_argument(
+        "--jitter",
+        type=float,
+        help="emulation: coefficient of variation of every compute step's time (default: the "
+        "--noise level's)",
+    )
+    p.add_argument(
+        "--pauses",
+        type=float,
+        help="emulation: probability that a compute step lasts 2.3x its time (default: the "
+        "--noise level's)",
+    )
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
