@@ -1,9 +1,9 @@
 """Emulated devices from published figures: how a GPU's step time grows with its batch.
 
 An emulated worker's compute phase lasts `slowdown x host CPU time x shape(batch)`. A worker
-given a speed alone takes the presets' shapes interpolated to its speed
-(`device_model.published_shape`); with `knee_batch=1` its shape is 1 (the host's curve times a
-scalar, which an affine step-time model fits exactly). A preset's shape is its published
+given a speed alone has shape 1 (the host's curve times a scalar, which an affine step-time
+model fits exactly), or with `curve: published` the presets' shapes interpolated to its speed
+(`device_model.published_shape`). A preset's shape is its published
 per-sample time at that batch over its best one: a GPU below its knee takes nearly as long for
 a few samples as for many (T4 mixed precision: 7.6 ms for 1 image, 12.6 ms for 16), and some
 lose throughput past their best batch, so no affine model fits them exactly, as no affine
