@@ -61,4 +61,17 @@ def node_metrics(spec: RunSpec) -> Iterator[None]:
         yield
     finally:
         monitor.finish()
+        _last_sample(monitor)
         claim.unlink(missing_ok=True)
+
+
+def _last_sample(monitor) -> None:
+    """One more sample of this node, logged once the monitor's thread has stopped: MLflow's
+    monitor logs a sample only after a whole interval, so a rank whose work ends sooner would
+    leave its node unreported. A metrics failure never fails the rank."""
+    try:
+        monitor.collect_metrics()
+        monitor.publish_metrics(monitor.aggregate_metrics())
+        monitor.mlflow_logger.flush()
+    except Exception as e:  # a sample lost is a figure missing, not a failure
+        print(f"node metrics: the last sample was not logged ({e})", flush=True)
