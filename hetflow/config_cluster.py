@@ -17,9 +17,9 @@ from hetflow.emulation.device_model import NOISE_LEVELS, Device, Noise
 from hetflow.emulation.links import LINKS
 from hetflow.emulation.presets import PRESETS
 
-# The emulator's noise by default (`ClusterSpec.noise`, which sets `jitter` and `pauses`): what
-# a real CPU worker alone on this 2-core host showed step to step, CV 0.039-0.045 and 0-0.3% of
-# steps paused (`hetflow bench noise --ranks 1`; docs/measurements/emulation.md).
+# The emulator's noise by default (`ClusterSpec.noise`, which sets `jitter` and `pauses`): the
+# level `alone`, what a real CPU worker with a core to itself shows step to step
+# (`hetflow bench noise --ranks 1`; the figures: docs/measurements/emulation.md).
 NOISE = "alone"
 NOISE_JITTER = NOISE_LEVELS[NOISE].cv
 NOISE_PAUSES = NOISE_LEVELS[NOISE].pauses

@@ -1,4 +1,4 @@
-"""Clusters and datasets as Prefect blocks (issue 56), against a real Prefect API (the
+"""Clusters and datasets as Prefect blocks, against a real Prefect API (the
 session's `prefect_test_harness`): the demo's blocks saved once, picked by a run's form as a
 reference the flow loads, validated as a cluster file is, and edited without losing a rule."""
 

@@ -375,10 +375,10 @@ def test_no_flow_module_shadows_the_standard_library():
 ALLOWED_LOOPS = {
     # Type-only: the rules across models annotate with `TrainConfig`, defined in config.py,
     # which re-exports the rules (`from hetflow.config import check_job`, 8 callers). It goes
-    # when the config becomes a package with one section a module (issue 54), worked on apart.
+    # when the config becomes a package with one section a module, worked on apart.
     frozenset({"hetflow.config", "hetflow.config_rules"}),
     # Type-only: averaging's builders annotate with methods' `Setup`, and methods registers
-    # them. The comm methods are being re-cut as strategy plug-ins (issue 54), worked on apart.
+    # them. The comm methods are being re-cut as strategy plug-ins, worked on apart.
     frozenset({"hetflow.training.comm.averaging", "hetflow.training.comm.methods"}),
 }
 
