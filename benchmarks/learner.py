@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from typing import NamedTuple
 
 from hetflow.cli.parser import Parser
 from hetflow.config import ConfigError, TrainConfig
@@ -41,21 +42,30 @@ MIXES = {
 STRAGGLERS = {"jump": (3, 60, 4.0, 0), "drift": (3, 60, 4.0, 20)}  # on 1,1,2,4
 
 
-def run(devices, noise: str, seed: int, stragglers=(), steps: int = STEPS):
+class Run(NamedTuple):
+    """A driven run: the loop's state, its re-balancer, and what its steps cost (`paid_s`: the
+    sum over its steps of the slowest rank's time)."""
+
+    state: LoopState
+    rebalancer: Rebalancer
+    paid_s: float
+
+
+def run(devices, noise: str, seed: int, stragglers=(), steps: int = STEPS) -> Run:
     """A dynamic run from the equal split: every step's compute times into the loop's state and
-    its re-balancer's turn, as the training loop takes it; (the state, the re-balancer)."""
+    its re-balancer's turn, as the training loop takes it."""
     n = len(devices)
     cfg = TrainConfig(recipe="digits-cnn", schedule="dynamic", steps=steps, global_batch=B)
     cluster = EmulatedCluster(devices, NOISE_LEVELS[noise], seed=seed, stragglers=stragglers)
     reb = Rebalancer(B, [None] * n, [0.0] * n, [1e-3] * n, threshold=cfg.rebalance_threshold)
     state = LoopState.fresh(fill([lambda b: b] * n, B, [B] * n))
-    state.train_time_s = 0.0  # here: what the run's steps cost, the slowest rank's each step
+    paid_s = 0.0
     for step in range(steps):
         row = cluster.step_times(state.plan, step)
-        state.train_time_s += max(row)
+        paid_s += max(row)
         state.add_row(len(state.plans), step, row)
         rebalance(reb, state, cfg, step, flush=False, last=step == steps - 1)
-    return state, reb
+    return Run(state, reb, paid_s)
 
 
 def paid(devices, plan, noise: str, stragglers=(), at: int = 0, steps: int = 600) -> float:
@@ -89,10 +99,10 @@ def mix_figures(devices, noise: str, seeds: int) -> dict:
     best = paid(devices, best_plan(devices), noise)
     finals, gains, late, whole = [], [], [], []
     for seed in range(seeds):
-        state, _ = run(devices, noise, seed)
+        state, _, paid_s = run(devices, noise, seed)
         final = paid(devices, state.plan, noise)
         finals.append(final / best)
-        whole.append(state.train_time_s / (STEPS * best))
+        whole.append(paid_s / (STEPS * best))
         gains.append(paid(devices, state.plans[0].plan, noise) / final)
         late.append(sum(p.step > 30 for p in state.plans[1:]))
     return {
@@ -114,7 +124,7 @@ def straggler_figures(kind: str, noise: str, seeds: int) -> dict:
     slowed = paid(devices, best_plan(devices, [1, 1, 1, 4.0]), noise, [straggler], 100)
     reacts, replans, finals = [], [], []
     for seed in range(seeds):
-        state, reb = run(devices, noise, seed, stragglers=[straggler])
+        state, reb, _ = run(devices, noise, seed, stragglers=[straggler])
         after = [p.step for p in state.plans[1:] if p.step > straggler[1]]
         reacts.append(after[0] - full if after else None)
         replans.append(sum(h["step"] > straggler[1] and "reverted" not in h for h in reb.history))

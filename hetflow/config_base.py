@@ -238,3 +238,15 @@ RECIPE_DESCRIPTION = (
     "A built-in model and loss (docs/recipes.md), or your own Recipe class as "
     "'package.module:Name'."
 )
+
+
+def one_of(v: str | None, names) -> str | None:
+    """`v` where it is None or one of `names`, else a ValueError listing them (a named preset:
+    a device, a link, a noise level).
+
+    >>> one_of("t4", ["t4", "v100"]), one_of(None, ["t4"])
+    ('t4', None)
+    """
+    if v is not None and v not in names:
+        raise ValueError(f"{v!r} is not one of {', '.join(names)}")
+    return v

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_serializer, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from hetflow.config_base import ConfigModel, finite_positive, load_mapping
+from hetflow.config_base import ConfigModel, finite_positive, load_mapping, one_of
 from hetflow.emulation.device_model import NOISE_LEVELS, Device, Noise
 from hetflow.emulation.links import LINKS
 from hetflow.emulation.presets import PRESETS
@@ -152,16 +152,12 @@ class WorkerSpec(ConfigModel):
     @field_validator("preset")
     @classmethod
     def _preset(cls, v: str | None) -> str | None:
-        if v is not None and v not in PRESETS:
-            raise ValueError(f"{v!r} is not one of {', '.join(PRESETS)}")
-        return v
+        return one_of(v, PRESETS)
 
     @field_validator("link")
     @classmethod
     def _link_preset(cls, v: str | None) -> str | None:
-        if v is not None and v not in LINKS:
-            raise ValueError(f"{v!r} is not one of {', '.join(LINKS)}")
-        return v
+        return one_of(v, LINKS)
 
     @model_validator(mode="before")
     @classmethod
@@ -305,9 +301,7 @@ class ClusterSpec(ConfigModel):
     @field_validator("noise")
     @classmethod
     def _noise_level(cls, v: str) -> str:
-        if v not in NOISE_LEVELS:
-            raise ValueError(f"{v!r} is not one of {', '.join(NOISE_LEVELS)}")
-        return v
+        return one_of(v, NOISE_LEVELS)
 
     @model_validator(mode="before")
     @classmethod
