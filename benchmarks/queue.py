@@ -106,7 +106,7 @@ def compare(restart_s: float, interval_scale: float) -> list[dict]:
 
 def real_jobs(steps: int) -> list:
     """Three digits jobs, one per class, the higher ones arriving later."""
-    from hetflow.config_queue import QueueJob
+    from hetflow.config.queue import QueueJob
 
     common = {"recipe": "digits-mlp", "global_batch": 64, "checkpoint_every": steps // 5}
     return [

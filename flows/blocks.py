@@ -27,7 +27,7 @@ from hetflow.config import (
     form_schema,
     offer_choices,
 )
-from hetflow.config_queue import queue_cluster
+from hetflow.config.queue import queue_cluster
 from hetflow.infra.catalog import load_snapshot
 
 

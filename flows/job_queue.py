@@ -11,7 +11,7 @@ from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config import ConfigError, DatasetSpec, TrackingConfig
-from hetflow.config_queue import QueueJob, queue_cluster
+from hetflow.config.queue import QueueJob, queue_cluster
 from hetflow.flows.forms import Cluster, Dataset, Job, titled
 from hetflow.infra.paths import queue_dir
 from hetflow.infra.s3 import local_s3_endpoint

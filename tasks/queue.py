@@ -26,7 +26,7 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 from prefect.concurrency.sync import concurrency
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
-from hetflow.config_queue import QueueJob, worker_memory_gb
+from hetflow.config.queue import QueueJob, worker_memory_gb
 from hetflow.history import kind_slug, worker_kind
 from hetflow.queue.jobs import Job, Kind, Line
 from hetflow.tasks.history import profile_for, profile_or_reuse

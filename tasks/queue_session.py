@@ -17,7 +17,7 @@ from pathlib import Path
 from prefect.artifacts import create_table_artifact
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
-from hetflow.config_queue import QueueJob
+from hetflow.config.queue import QueueJob
 from hetflow.queue.allocate import step_s
 from hetflow.queue.jobs import Job, check_job
 from hetflow.queue.switch import decide

@@ -13,8 +13,8 @@ from prefect.utilities.schema_tools.validation import validate
 from pydantic import ValidationError
 
 from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, default_cluster, validated
-from hetflow.config_cluster import preset_speed
-from hetflow.config_queue import queue_cluster
+from hetflow.config.cluster import preset_speed
+from hetflow.config.queue import queue_cluster
 from hetflow.flows.blocks import ClusterBlock, DatasetBlock, demo_blocks, save_demo_blocks
 from hetflow.flows.job_queue import queue
 from hetflow.flows.train import train

@@ -336,7 +336,7 @@ def test_a_presets_speed_follows_the_preset_changed_in_a_form():
     """The queue form's cluster starts from the default's dump: a worker's preset changed
     there (t4 -> a100) runs at the new preset's speed, not the speed the dump carried; a speed
     the user typed stays."""
-    from hetflow.config_cluster import preset_speed
+    from hetflow.config.cluster import preset_speed
     from hetflow.flows.job_queue import queue
 
     given = schema_of(queue)["properties"]["cluster"]["default"]
@@ -351,7 +351,7 @@ def test_a_presets_speed_follows_the_preset_changed_in_a_form():
 
 def test_a_presets_speed_follows_the_preset_in_a_file_and_the_cli(tmp_path):
     from hetflow.config import parse_speeds
-    from hetflow.config_cluster import preset_speed
+    from hetflow.config.cluster import preset_speed
 
     path = tmp_path / "c.yaml"
     path.write_text("workers: [{name: a, preset: v100}, {name: b, preset: v100, speed: 1}]\n")

@@ -9,7 +9,7 @@ import pytest
 
 from hetflow.cli import main
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
-from hetflow.config_queue import QueueJob
+from hetflow.config.queue import QueueJob
 
 
 def test_submit_refuses_an_unknown_class_and_a_job_no_worker_holds(capsys, hetflow_home):

@@ -53,7 +53,7 @@ def add_queue_args(sub, command) -> None:
 
 def queue_cluster_of(path: str | None = None) -> ClusterSpec:
     """`path`'s cluster, else the last `run`'s, else the queue's default."""
-    from hetflow.config_queue import queue_cluster
+    from hetflow.config.queue import queue_cluster
     from hetflow.infra.paths import home
 
     if path:
@@ -92,7 +92,7 @@ def checked_job(args: argparse.Namespace, cluster: ClusterSpec):
     holds it."""
     from pydantic import ValidationError
 
-    from hetflow.config_queue import PRIORITY_CLASSES, QueueJob, worker_memory_gb
+    from hetflow.config.queue import PRIORITY_CLASSES, QueueJob, worker_memory_gb
 
     if args.priority not in PRIORITY_CLASSES:
         raise ConfigError(

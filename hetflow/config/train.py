@@ -1,9 +1,5 @@
-"""The configuration models, defined once and passed down to every layer.
-
-Flow parameters are these models, so the Prefect UI renders them as forms; the CLI builds them
-from flags and files; the torchrun workers receive them as one JSON job file. Cross-field rules
-that JSON Schema cannot express (a global batch smaller than the cluster) live in
-``config_rules.check_job``, called before anything is launched.
+"""The training job's section of the config: `TrainConfig` (what one run trains and how), the
+learning-rate rules, and the default cluster of the demo's speeds.
 
     >>> ClusterSpec.from_speeds([1, 1, 2, 4]).slowdowns()
     [32.0, 32.0, 16.0, 8.0]
@@ -18,42 +14,18 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from hetflow.config_base import (  # noqa: F401 (re-exported: callers import from hetflow.config)
+from hetflow.config.base import (
     BUILTIN_RECIPES,
     RECIPE_DESCRIPTION,
-    RECIPE_NOTES,
     RECIPE_PATTERN,
-    ConfigError,
     ConfigModel,
-    FormChoices,
-    FormFields,
-    describe_validation_error,
-    finite_positive,
-    form_schema,
-    load_mapping,
-    offer_choices,
-    parse_speeds,
-    suggestion,
-    validated,
 )
-from hetflow.config_cluster import ClusterSpec, WorkerSpec
-from hetflow.config_dataset import DatasetSpec, TrackingConfig  # noqa: F401 (re-exported)
-from hetflow.config_diloco import DiLoCoConfig
-from hetflow.config_faults import FaultPolicy
-from hetflow.config_recommend import (  # noqa: F401 (re-exported)
-    DEADLINE_MARGIN,
-    DEFAULT_RENTABLE,
+from hetflow.config.cluster import ClusterSpec, WorkerSpec
+from hetflow.config.diloco import DiLoCoConfig
+from hetflow.config.faults import FaultPolicy
+from hetflow.config.recommend import (
     PROFILE_MAX_AGE_H,
-    ProfileHistory,
-    RecommendJob,
-    RecommendMarket,
-    RecommendObjective,
-    RecommendRequest,
-    RentableType,
-    SpotOverride,
-    default_rentable,
 )
-from hetflow.config_rules import check_fsdp, check_job, fp16_fields  # noqa: F401 (re-exported)
 from hetflow.records import LOCAL_SGD, CompressionMethod
 
 # What 'auto' tries by default (`TrainConfig.compression_candidates`): the methods that keep
@@ -174,7 +146,7 @@ class TrainConfig(ConfigModel):
         "when the lr is the recipe's; 'none' when lr is set here. Set with lr, lr is read as "
         "the lr at the tuned batch.",
         # left out of dumps when empty: Prefect's server refuses a null that is not one of an
-        # enum's values in the form's defaults (`config_base.form_schema`)
+        # enum's values in the form's defaults (`config.base.form_schema`)
         exclude_if=lambda v: v is None,
     )
     lr_tuned_batch: int | None = Field(

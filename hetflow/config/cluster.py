@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_serializer, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from hetflow.config_base import ConfigModel, finite_positive, load_mapping, one_of
+from hetflow.config.base import ConfigModel, finite_positive, load_mapping, one_of
 from hetflow.emulation.device_model import NOISE_LEVELS, Device, Noise
 from hetflow.emulation.links import LINKS
 from hetflow.emulation.presets import PRESETS

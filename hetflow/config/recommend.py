@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from hetflow.config_base import ConfigModel
+from hetflow.config.base import ConfigModel
 
 # The share of a deadline kept in hand for the prediction's error: a mix counts as in time
 # when predicted to finish by (1 - margin) x the deadline. Why this share: docs/recommend.md,

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from hetflow.config_base import ConfigError, ConfigModel
+from hetflow.config.base import ConfigError, ConfigModel
 
 
 class DiLoCoConfig(ConfigModel):

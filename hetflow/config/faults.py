@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from hetflow.config_base import ConfigModel
+from hetflow.config.base import ConfigModel
 
 
 class FaultPolicy(ConfigModel):

@@ -10,8 +10,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.config_base import RECIPE_DESCRIPTION, RECIPE_PATTERN, ConfigModel
+from hetflow.config.base import RECIPE_DESCRIPTION, RECIPE_PATTERN, ConfigModel
+from hetflow.config.cluster import ClusterSpec
+from hetflow.config.train import TrainConfig
 from hetflow.emulation.presets import PRESETS
 
 # The priority classes, highest first (`hetflow.queue.jobs.PRIORITIES` weighs them).

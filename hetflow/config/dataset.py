@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from hetflow.config_base import ConfigModel
+from hetflow.config.base import ConfigModel
 
 _URL = re.compile(r"^(s3|memory)://[^/].*$|^file://.+$")
 

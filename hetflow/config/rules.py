@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hetflow.config_base import ConfigError
-from hetflow.config_diloco import check_rounds
+from hetflow.config.base import ConfigError
+from hetflow.config.diloco import check_rounds
 
 if TYPE_CHECKING:
-    from hetflow.config import TrainConfig
-    from hetflow.config_cluster import ClusterSpec
+    from hetflow.config.cluster import ClusterSpec
+    from hetflow.config.train import TrainConfig
 
 
 def fp16_fields(cluster: ClusterSpec, train: TrainConfig) -> list[str]:
