@@ -10,8 +10,8 @@ import pytest
 from hetflow.config import ClusterSpec, ConfigError, WorkerSpec
 from hetflow.emulation.link import Link
 from hetflow.emulation.presets import PRESETS
-from hetflow.forecast.models import MODELS
-from hetflow.forecast.search import curve_for
+from hetflow.forecast.rent.search import curve_for
+from hetflow.forecast.simulate.models import MODELS
 
 from benchmarks.recommend import main, parser, plan_choices
 from benchmarks.recommend.figures import (

@@ -131,9 +131,9 @@ def block_fields() -> dict[str, dict]:
 
 
 def test_recommend_lists_exactly_what_it_can_price_and_time(schemas):
-    from hetflow.forecast import rental
-    from hetflow.forecast.models import MODELS, NAMES, OLD_NAMES
-    from hetflow.forecast.search import Job
+    from hetflow.forecast.rent import rental
+    from hetflow.forecast.rent.search import Job
+    from hetflow.forecast.simulate.models import MODELS, NAMES, OLD_NAMES
     from hetflow.infra.market import load_market
 
     market = load_market()
@@ -158,7 +158,7 @@ def test_descriptions_state_contracts_not_lab_notes(schemas):
 
 def test_the_forms_restart_default_is_the_spot_models():
     from hetflow.config import RecommendMarket
-    from hetflow.forecast.spot import SPOT_RESTART_S
+    from hetflow.forecast.rent.spot import SPOT_RESTART_S
 
     said = RecommendMarket.model_fields["restart_s"].description
     assert f"empty: {SPOT_RESTART_S:g} s," in said

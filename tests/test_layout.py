@@ -314,14 +314,14 @@ def test_the_size_rule_covers_the_benchmarks_and_the_layer_rule_does_not():
 # Modules whose docstrings must hold no lab notes: their figures, dates and issue numbers live
 # in docs/measurements/; a docstring states the contract.
 CONTRACT_DOCSTRINGS = (
-    "hetflow/forecast/search.py",
-    "hetflow/forecast/spot.py",
-    "hetflow/forecast/models.py",
-    "hetflow/forecast/measured.py",
-    "hetflow/forecast/rental.py",
-    "hetflow/forecast/spot_table.py",
-    "hetflow/forecast/recommend.py",
-    "hetflow/forecast/table.py",
+    "hetflow/forecast/rent/search.py",
+    "hetflow/forecast/rent/spot.py",
+    "hetflow/forecast/simulate/models.py",
+    "hetflow/forecast/rent/measured.py",
+    "hetflow/forecast/rent/rental.py",
+    "hetflow/forecast/rent/spot_table.py",
+    "hetflow/forecast/rent/recommend.py",
+    "hetflow/forecast/rent/table.py",
     "infra/market.py",
     "hetflow/config/recommend.py",
     "hetflow/cli/recommend.py",
@@ -363,7 +363,8 @@ def test_every_package_folder_is_installed():
 
 ROOMS = [
     "hetflow/perf",
-    "hetflow/forecast",
+    "hetflow/forecast/simulate",
+    "hetflow/forecast/rent",
     "hetflow/queue",
     "training/loop",
     "training/launch",

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.forecast.job import Job, Network, WorkerModel
-from hetflow.forecast.models import MODELS
-from hetflow.forecast.search import Candidate, balanced_compute_s
-from hetflow.forecast.step import allreduce_time, simulate_step
+from hetflow.forecast.rent.search import Candidate, balanced_compute_s
+from hetflow.forecast.simulate.job import Job, Network, WorkerModel
+from hetflow.forecast.simulate.models import MODELS
+from hetflow.forecast.simulate.step import allreduce_time, simulate_step
 from hetflow.perf.balance import balanced_time, fill, step_on
 from hetflow.perf.collective import (
     RING_ALPHA_S,

@@ -12,10 +12,8 @@ import yaml
 
 from hetflow.cli import main
 from hetflow.config import ClusterSpec
-from hetflow.forecast.clusters import parse_mix
-from hetflow.forecast.models import MODELS
-from hetflow.forecast.rental import candidates
-from hetflow.forecast.search import (
+from hetflow.forecast.rent.rental import candidates
+from hetflow.forecast.rent.search import (
     Candidate,
     Evaluator,
     Job,
@@ -24,7 +22,9 @@ from hetflow.forecast.search import (
     local_batches,
     search,
 )
-from hetflow.forecast.table import mixing_line
+from hetflow.forecast.rent.table import mixing_line
+from hetflow.forecast.simulate.clusters import parse_mix
+from hetflow.forecast.simulate.models import MODELS
 from hetflow.infra.market import load_market
 
 RESNET = MODELS["resnet50"]
@@ -240,7 +240,7 @@ def test_a_multi_gpu_instance_is_one_node_of_several_workers(tmp_path, capsys):
 
 def test_recipe_lists_each_model_once_and_still_takes_an_old_name(tmp_path, capsys):
     from hetflow.cli import build_parser
-    from hetflow.forecast.models import NAMES
+    from hetflow.forecast.simulate.models import NAMES
 
     rec = build_parser()._subparsers._group_actions[0].choices["recommend"]
     assert "{" + ",".join(NAMES) + "}" in rec.format_help()
@@ -290,7 +290,7 @@ def test_the_pruned_search_finds_what_the_exhaustive_one_finds(objective, monkey
         affine("tiny", 4, 0.2, 0.02, 0.01, 512),
     ]
     full = search(cands, job, objective)
-    monkeypatch.setattr("hetflow.forecast.search.EXHAUSTIVE", 10)
+    monkeypatch.setattr("hetflow.forecast.rent.search.EXHAUSTIVE", 10)
     pruned = search(cands, job, objective)
     assert pruned.evaluated < full.evaluated
     assert objective.key(pruned.best) == objective.key(full.best)

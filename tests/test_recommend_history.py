@@ -14,7 +14,7 @@ import yaml
 import hetflow.tasks.history as history_task
 from hetflow.cli import main
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig, WorkerSpec
-from hetflow.forecast.measured import MeasuredCurve
+from hetflow.forecast.rent.measured import MeasuredCurve
 from hetflow.history import TypeEntry
 from hetflow.infra.s3 import filesystem
 

@@ -10,11 +10,11 @@ import pytest
 
 from hetflow.cli import main
 from hetflow.config import RecommendJob, RecommendRequest, RentableType
-from hetflow.forecast.measured import MeasuredCurve
-from hetflow.forecast.memory import GIB, MIB, device_limit, largest_batch, state_bytes
-from hetflow.forecast.models import MODELS
-from hetflow.forecast.recommend import recommend
-from hetflow.forecast.rental import History
+from hetflow.forecast.rent.measured import MeasuredCurve
+from hetflow.forecast.rent.recommend import recommend
+from hetflow.forecast.rent.rental import History
+from hetflow.forecast.simulate.memory import GIB, MIB, device_limit, largest_batch, state_bytes
+from hetflow.forecast.simulate.models import MODELS
 from hetflow.infra.market import load_market
 
 RESNET = MODELS["resnet50"]

@@ -1,5 +1,5 @@
 """`hetflow recommend --market spot|both`: the expected time with interruptions (a case worked
-by hand from `hetflow/forecast/spot.py`'s formula), spot chosen where its discount pays and not
+by hand from `hetflow/forecast/rent/spot.py`'s formula), spot chosen where its discount pays and not
 where interruptions eat it, the spot table and its overrides, and bad input in one line."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from hetflow.cli import main
 from hetflow.config import TrainConfig
-from hetflow.forecast.models import MODELS
-from hetflow.forecast.search import Candidate, Evaluator, Job
-from hetflow.forecast.spot import DEFAULT_RESTART, Restart
+from hetflow.forecast.rent.search import Candidate, Evaluator, Job
+from hetflow.forecast.rent.spot import DEFAULT_RESTART, Restart
+from hetflow.forecast.simulate.models import MODELS
 
 RESNET = MODELS["resnet50"]
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from hetflow import forecast as sim
 from hetflow.config import ConfigError
-from hetflow.forecast import published
+from hetflow.forecast.simulate import published
 from hetflow.infra.catalog import Catalog, InstanceInfo
 from hetflow.infra.pricing import PriceTable
 from hetflow.records import Profile

@@ -34,8 +34,7 @@ from hetflow.config import (
 )
 from hetflow.emulation.costs import SMOOTH_PHASES
 from hetflow.emulation.presets import PRESETS
-from hetflow.forecast.models import MODELS
-from hetflow.forecast.search import (
+from hetflow.forecast.rent.search import (
     CURVE_MODEL,
     TRAIN_OVER_INFERENCE,
     Evaluator,
@@ -44,6 +43,7 @@ from hetflow.forecast.search import (
     local_batches,
     search,
 )
+from hetflow.forecast.simulate.models import MODELS
 from hetflow.records import Plan, RunResult
 from hetflow.repeats import run_order
 from hetflow.training.launch.run import run_plan
@@ -107,8 +107,8 @@ def positive(flag: str, value):
 def plan_choices(args):
     """(candidates, recommendation, {choice: (counts, prediction, local batches)}), checked:
     a one-line ConfigError naming the flag before anything runs."""
-    from hetflow.forecast.clusters import parse_mix
-    from hetflow.forecast.rental import candidates
+    from hetflow.forecast.rent.rental import candidates
+    from hetflow.forecast.simulate.clusters import parse_mix
     from hetflow.infra.market import load_market
 
     for flag in (

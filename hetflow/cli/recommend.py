@@ -1,7 +1,7 @@
 """`hetflow recommend`: which instances to rent for a job, from the offline catalog's types and
 on-demand prices and the presets' published or the history's measured step-time curves. The
 flags make one `RecommendRequest`, validated once; the pipeline is the flow's own
-(`hetflow.forecast.recommend.recommend`); this module prints its table and writes its files.
+(`hetflow.forecast.rent.recommend.recommend`); this module prints its table and writes its files.
 
 Bad input is refused in one line before anything is searched: an instance type the catalog
 lacks, a type with no step-time curve, a budget below one instance-hour; after the search, a
@@ -19,7 +19,7 @@ DEFAULT_CANDIDATES = ",".join(f"{t}:{n}" for t, n in DEFAULT_RENTABLE)
 
 
 def add_recommend_args(p: argparse.ArgumentParser) -> None:
-    from hetflow.forecast.models import NAMES, OLD_NAMES
+    from hetflow.forecast.simulate.models import NAMES, OLD_NAMES
 
     p.add_argument(
         "--candidates",
@@ -115,7 +115,7 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_market_args(p: argparse.ArgumentParser) -> None:
-    from hetflow.forecast.spot import SPOT_RESTART_S
+    from hetflow.forecast.rent.spot import SPOT_RESTART_S
 
     p.add_argument(
         "--market",
@@ -225,8 +225,8 @@ def request_of(args):
     from pydantic import ValidationError
 
     from hetflow.config import RecommendRequest
-    from hetflow.forecast.clusters import parse_mix
-    from hetflow.forecast.job import SimulationError
+    from hetflow.forecast.simulate.clusters import parse_mix
+    from hetflow.forecast.simulate.job import SimulationError
 
     try:
         mix = parse_mix(args.candidates)
@@ -279,8 +279,15 @@ def print_recommendation(rec) -> None:
     """The recommendation on the terminal: its inputs, the choice, its notes and the table."""
     from rich.table import Table
 
-    from hetflow.forecast.spot_table import restart_line
-    from hetflow.forecast.table import LEFT, columns, curve_lines, goal, mixing_line, table_rows
+    from hetflow.forecast.rent.spot_table import restart_line
+    from hetflow.forecast.rent.table import (
+        LEFT,
+        columns,
+        curve_lines,
+        goal,
+        mixing_line,
+        table_rows,
+    )
     from hetflow.output import wide_console
 
     ranking, spot = rec.ranking, rec.spot
@@ -331,8 +338,8 @@ def write_ray_config(path: str, rec) -> None:
 
 
 def cmd_recommend(args) -> int:
-    from hetflow.forecast.recommend import recommend
-    from hetflow.forecast.table import front
+    from hetflow.forecast.rent.recommend import recommend
+    from hetflow.forecast.rent.table import front
     from hetflow.infra.market import load_market
     from hetflow.output import write_json
 

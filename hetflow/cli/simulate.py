@@ -27,10 +27,10 @@ from functools import partial
 
 from hetflow.cli.parser import Parser
 from hetflow.config import ClusterSpec, ConfigError, load_mapping
-from hetflow.forecast import clusters, report
-from hetflow.forecast.job import MAX_WORKERS, MODELS, Job, ModelSpec, Network
-from hetflow.forecast.published import published_comparison
-from hetflow.forecast.step import StepPrediction, sweep
+from hetflow.forecast.simulate import clusters, report
+from hetflow.forecast.simulate.job import MAX_WORKERS, MODELS, Job, ModelSpec, Network
+from hetflow.forecast.simulate.published import published_comparison
+from hetflow.forecast.simulate.step import StepPrediction, sweep
 from hetflow.output import write_json
 
 DEFAULT_MIX = "g4dn.xlarge:32,g5.xlarge:16,p3dn.24xlarge:2"

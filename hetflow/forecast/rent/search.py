@@ -10,7 +10,7 @@ The model, term by term (docs/recommend.md):
   p4de.*). Other GPUs have no curve and are refused (`curve_for`). The curve is made
   non-decreasing (a step of b samples never beats one of fewer), and past the last published
   batch it grows in proportion to b (`PUBLISHED_BATCH`). A curve ends at the largest local
-  batch the device's memory holds (`forecast.memory`, applied by `forecast.rental`) or at a
+  batch the device's memory holds (`simulate.memory`, applied by `rent.rental`) or at a
   largest local batch the user gives.
 - A mix's step: the balanced compute time T, the least T at which every device taking the most
   samples its curve finishes within T holds the global batch (the performance model's solver,
@@ -22,7 +22,7 @@ The model, term by term (docs/recommend.md):
   compute, no jitter, no overhead: the `Job`'s and `Network`'s defaults).
 - Cost: every rented instance's on-demand hourly price x the predicted time (per-second
   billing; start-up, data loading and evaluation are not counted). On spot (`markets`), the
-  spot price, and time and cost are expectations with interruptions (`forecast.spot`).
+  spot price, and time and cost are expectations with interruptions (`rent.spot`).
 
 `search` picks the mix for an objective: 'cost' (least cost, i.e. per sample), 'deadline'
 (least cost predicted within `deadline_h`, less a margin), 'budget' (least time within
@@ -42,12 +42,12 @@ from dataclasses import dataclass
 
 from hetflow.config import ConfigError
 from hetflow.emulation.presets import PRESETS
-from hetflow.forecast.job import Job, Network
-from hetflow.forecast.mix import Candidate, Prediction
-from hetflow.forecast.models import MODELS, ModelSpec
-from hetflow.forecast.objective import Objective, by_cost, by_hours, pareto
-from hetflow.forecast.spot import DEFAULT_RESTART, Restart, expected_hours
-from hetflow.forecast.step import NodeGroup, allreduce_s, step_time
+from hetflow.forecast.rent.mix import Candidate, Prediction
+from hetflow.forecast.rent.objective import Objective, by_cost, by_hours, pareto
+from hetflow.forecast.rent.spot import DEFAULT_RESTART, Restart, expected_hours
+from hetflow.forecast.simulate.job import Job, Network
+from hetflow.forecast.simulate.models import MODELS, ModelSpec
+from hetflow.forecast.simulate.step import NodeGroup, allreduce_s, step_time
 from hetflow.perf.balance import balanced_time
 
 PRESET_OF_GPU = {"T4": "t4", "V100": "v100", "A100": "a100"}

@@ -2,7 +2,7 @@
 
 Frozen dataclasses, each checked on construction: a figure the simulator cannot use raises a
 `SimulationError` (a `ConfigError`) naming the field. No I/O and no torch. The models' figures
-(`ModelSpec`, `MODELS`) live in `hetflow.forecast.models`, the ring's (`INTRA_NODE_GBPS`,
+(`ModelSpec`, `MODELS`) live in `hetflow.forecast.simulate.models`, the ring's (`INTRA_NODE_GBPS`,
 DDP's buckets) in the performance model, `hetflow.perf.collective`; both are re-exported here.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hetflow.config import ConfigError
-from hetflow.forecast.models import MODELS, ModelSpec  # noqa: F401 (re-exported)
+from hetflow.forecast.simulate.models import MODELS, ModelSpec  # noqa: F401 (re-exported)
 from hetflow.perf.collective import (  # noqa: F401 (re-exported)
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,

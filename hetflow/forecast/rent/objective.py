@@ -1,4 +1,4 @@
-"""What 'best' means for `hetflow recommend` (`forecast.search`): the objective, its
+"""What 'best' means for `hetflow recommend` (`rent.search`): the objective, its
 order of mixes and why a mix loses to the chosen one, and the Pareto front of time and cost
 (pure; a mix is a `mix.Prediction`)."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hetflow.forecast.mix import Prediction
+    from hetflow.forecast.rent.mix import Prediction
 
 
 @dataclass(frozen=True)

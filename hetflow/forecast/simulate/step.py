@@ -6,7 +6,7 @@ Pure functions of the `job` dataclasses (the formulas: docs/benchmarks.md). The 
 step-time predictor: `allreduce_s` (the gradient's all-reduce over nodes of workers) and
 `step_time` (the slowest worker, jitter, overhead and the all-reduce left exposed) serve the
 simulator (`simulate_step`, on affine workers; `sweep` runs it for several worker counts and
-plans) and the rental search (`forecast.search`, on step-time curves) alike.
+plans) and the rental search (`rent.search`, on step-time curves) alike.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from hetflow.forecast.job import (
+from hetflow.forecast.simulate.job import (
     DEFAULT_INTRA_GBPS,
     INTRA_NODE_GBPS,
     Job,
@@ -167,7 +167,7 @@ def step_time(
     alone, which the all-reduce may overlap by `network.overlap`) and an all-reduce of
     `comm_s`.
 
-    >>> from hetflow.forecast.models import MODELS
+    >>> from hetflow.forecast.simulate.models import MODELS
     >>> step_time(0.2, 0.2, 0.05, 4, Job(MODELS["resnet50"], global_batch=64), Network())
     (0.25, 0.2, 0.05)
     """

@@ -12,7 +12,7 @@ A model's memory per sample is derived from a published training configuration, 
 batch a vendor trains it at on a device of known memory (`per_sample_bytes`): that batch fits,
 so the figure is an upper bound on what one sample takes there, allocator and workspace
 included, and the caps it gives are on the safe side. The figure and its source are the
-model's (`forecast.models`); a measured cap (a profile's `memory_cap_batch`, from the profile
+model's (`simulate.models`); a measured cap (a profile's `memory_cap_batch`, from the profile
 history) wins over it. Where either figure is missing, memory is not checked, and the
 recommendation says so (`MemoryLimit.note`).
 """

@@ -9,7 +9,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 
-from hetflow.forecast.memory import GIB, per_sample_bytes
+from hetflow.forecast.simulate.memory import GIB, per_sample_bytes
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class ModelSpec:
     `per_sample_flops` is training FLOPs per sample (forward + backward ~ 3 x forward);
     `sample_bytes` what one sample weighs in storage; `epoch_samples` one pass over the data;
     `sample_memory_bytes` what one sample of a local batch takes in a device's memory while
-    training, mixed precision (`forecast.memory`; None: not known), from `memory_source`.
+    training, mixed precision (`simulate.memory`; None: not known), from `memory_source`.
     """
 
     name: str

@@ -1,6 +1,6 @@
 """What prices spot instances for `hetflow recommend` and the `recommend` flow: the spot table
 (read by the caller: `hetflow.infra.market`), the candidates' per-type overrides, the markets
-searched and what an interruption costs (the model: `forecast.spot`). Bad input is one line
+searched and what an interruption costs (the model: `rent.spot`). Bad input is one line
 (a RecommendError) naming its flag, the same in both.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from hetflow.config import TrainConfig, suggestion
-from hetflow.forecast.search import RecommendError
-from hetflow.forecast.spot import DEFAULT_RESTART, MARKETS, Restart, deadline_risk
+from hetflow.forecast.rent.search import RecommendError
+from hetflow.forecast.rent.spot import DEFAULT_RESTART, MARKETS, Restart, deadline_risk
 
 # An interruption redoes half the steps since the last checkpoint: a run's checkpoint interval
 CHECKPOINT_EVERY = TrainConfig.model_fields["checkpoint_every"].default

@@ -10,10 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hetflow.config import suggestion
-from hetflow.forecast.measured import MeasuredCurve
-from hetflow.forecast.memory import device_limit
-from hetflow.forecast.models import MODELS, NAMES, ModelSpec
-from hetflow.forecast.search import (
+from hetflow.forecast.rent.measured import MeasuredCurve
+from hetflow.forecast.rent.search import (
     PRESET_OF_GPU,
     PRESETS,
     Candidate,
@@ -21,7 +19,9 @@ from hetflow.forecast.search import (
     RecommendError,
     curve_for,
 )
-from hetflow.forecast.spot_table import spot_terms
+from hetflow.forecast.rent.spot_table import spot_terms
+from hetflow.forecast.simulate.memory import device_limit
+from hetflow.forecast.simulate.models import MODELS, NAMES, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def candidates(
 ) -> list[Candidate]:
     """Candidates of `mix`, (name, count) pairs, from `market` (`hetflow.infra.market`'s: the
     offline catalog's types and their On-Demand prices) with step curves up to the global batch
-    or `max_local_batch`: a type's measured one where `history` has it (`forecast.measured`),
+    or `max_local_batch`: a type's measured one where `history` has it (`rent.measured`),
     else its GPU's published one; spot figures from the SpotTable `spot` where given. One line
     naming a type the catalog lacks, one without a price, one without either curve (and what
     would give it one), one without spot figures."""
@@ -110,7 +110,7 @@ def candidates(
 
 
 def _memory(name: str, info, preset: str | None, job: Job, measured):
-    """The largest local batch of one device of `name` (`forecast.memory.device_limit`): the
+    """The largest local batch of one device of `name` (`simulate.memory.device_limit`): the
     measured cap, else the model's memory against the device's (the catalog's, else its
     preset's); one line when not even the model's state fits."""
     device_mib = info.gpu_memory_mib or (PRESETS[preset].memory_gib * 1024 if preset else 0)

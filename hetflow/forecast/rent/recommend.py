@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass, field
 
 from hetflow.config import ClusterSpec, RecommendRequest
-from hetflow.forecast import table
-from hetflow.forecast.job import Job
-from hetflow.forecast.objective import Objective
-from hetflow.forecast.rental import History, candidates, model_of
-from hetflow.forecast.search import Prediction, Ranking, local_batches, search
-from hetflow.forecast.spot_table import market_setup
+from hetflow.forecast.rent import table
+from hetflow.forecast.rent.objective import Objective
+from hetflow.forecast.rent.rental import History, candidates, model_of
+from hetflow.forecast.rent.search import Prediction, Ranking, local_batches, search
+from hetflow.forecast.rent.spot_table import market_setup
+from hetflow.forecast.simulate.job import Job
 
 
 @dataclass(frozen=True)

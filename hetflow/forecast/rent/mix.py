@@ -1,4 +1,4 @@
-"""What the rental search (`forecast.search`) reasons over, and what 'best' (`forecast.objective`)
+"""What the rental search (`rent.search`) reasons over, and what 'best' (`rent.objective`)
 ranks: a candidate instance type with its step-time curve, and one mix as the model predicts it
 (pure). Both rooms import these; neither imports the other for them."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hetflow.forecast.memory import MemoryLimit
+from hetflow.forecast.simulate.memory import MemoryLimit
 from hetflow.perf.collective import DEFAULT_INTRA_GBPS, INTRA_NODE_GBPS
 from hetflow.perf.curve import Table
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hetflow.forecast.job import INTRA_NODE_GBPS, MODELS, Job, Network, WorkerModel
-from hetflow.forecast.step import StepPrediction, simulate_step
+from hetflow.forecast.simulate.job import INTRA_NODE_GBPS, MODELS, Job, Network, WorkerModel
+from hetflow.forecast.simulate.step import StepPrediction, simulate_step
 
 _DLE = "https://github.com/NVIDIA/DeepLearningExamples/blob"
 RESNET_README = (

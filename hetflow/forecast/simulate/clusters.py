@@ -16,7 +16,7 @@ from dataclasses import replace
 from pydantic import ValidationError
 
 from hetflow.config import ClusterSpec, describe_validation_error
-from hetflow.forecast.job import ModelSpec, SimulationError, WorkerModel, check_workers
+from hetflow.forecast.simulate.job import ModelSpec, SimulationError, WorkerModel, check_workers
 from hetflow.perf.collective import ring_hops
 from hetflow.records import Profile
 

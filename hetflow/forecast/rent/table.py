@@ -7,9 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetflow.forecast.rental import History
-from hetflow.forecast.search import CURVE_MODEL, PUBLISHED_BATCH, Candidate, Prediction, Ranking
-from hetflow.forecast.spot_table import spot_notes
+from hetflow.forecast.rent.rental import History
+from hetflow.forecast.rent.search import (
+    CURVE_MODEL,
+    PUBLISHED_BATCH,
+    Candidate,
+    Prediction,
+    Ranking,
+)
+from hetflow.forecast.rent.spot_table import spot_notes
 
 SHOWN = 6  # alternatives in the table
 LEFT = ("mix", "market", "why it loses")  # columns of text
