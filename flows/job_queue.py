@@ -14,8 +14,8 @@ from hetflow.config import ConfigError, DatasetSpec, TrackingConfig
 from hetflow.config.queue import QueueJob, queue_cluster
 from hetflow.flows.forms import Cluster, Dataset, Job, titled
 from hetflow.infra.paths import queue_dir
+from hetflow.infra.report.plots import worker_timeline
 from hetflow.infra.s3 import local_s3_endpoint
-from hetflow.infra.tracking.plots import worker_timeline
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.queue.jobs import QueueError
 from hetflow.tasks.data import ingest_dataset

@@ -24,7 +24,7 @@ from hetflow.forecast.rent.search import Job
 from hetflow.forecast.rent.table import front
 from hetflow.infra.market import load_market
 from hetflow.infra.ray_cluster import ray_yaml
-from hetflow.infra.tracking.plots import cost_time_front
+from hetflow.infra.report.plots import cost_time_front
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.history import request_history
 

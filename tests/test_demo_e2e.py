@@ -11,7 +11,7 @@ import socket
 import pytest
 from mlflow.tracking import MlflowClient
 
-from hetflow.infra.tracking.verdict import verdict
+from hetflow.infra.report.verdict import verdict
 
 from tests.run_metrics import FRACTIONS, RUN_METRICS
 

@@ -9,8 +9,8 @@ import pytest
 
 from hetflow.cli import main
 from hetflow.cli.commands import _print_runs, _print_table
-from hetflow.infra.tracking.notes import notes
-from hetflow.infra.tracking.report import comparison
+from hetflow.infra.report.notes import notes
+from hetflow.infra.report.table import comparison
 
 from tests.run_records import CLUSTER, EQUAL, figures_of, run_of
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hetflow.config import TrainConfig
-from hetflow.infra.tracking.report import headline, summary, table_metrics
+from hetflow.infra.report.table import headline, summary, table_metrics
 from hetflow.records import EvalPoint, PlanChange, RankResult, RunResult, StepRecord, Timeline
 from hetflow.training.metrics import end_to_end, needs_profile, summarize
 

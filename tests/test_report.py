@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 
 from hetflow.config import ClusterSpec, WorkerSpec
-from hetflow.infra.tracking import links
-from hetflow.infra.tracking.notes import notes, workers_left
-from hetflow.infra.tracking.plots import rank_labels, same_lines
-from hetflow.infra.tracking.report import (
+from hetflow.infra.report.notes import notes, workers_left
+from hetflow.infra.report.plots import rank_labels, same_lines
+from hetflow.infra.report.table import (
     LEGEND,
     change,
     comparison,
@@ -20,6 +19,7 @@ from hetflow.infra.tracking.report import (
     summary,
     unit,
 )
+from hetflow.infra.tracking import links
 from hetflow.records import Plan, Profile, RankProfile
 
 from tests.run_records import CLUSTER, EQUAL, figures_of, run_of

@@ -441,7 +441,7 @@ def test_runs_triggered_through_the_prefect_api_land_in_the_mlflow_server(
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    from hetflow.infra.tracking.report import NOT_REACHED, TO_TARGET, fmt
+    from hetflow.infra.report.table import NOT_REACHED, TO_TARGET, fmt
 
     ex = stack["exports"]
     env = {**stack["env"], **ex, "PREFECT_WORKER_QUERY_SECONDS": "2"}

@@ -1,4 +1,4 @@
-"""Who won a comparison (`infra/tracking/verdict.py`): the sentence says what the figures imply,
+"""Who won a comparison (`infra/report/verdict.py`): the sentence says what the figures imply,
 in either direction, and a sentence that contradicts its figures is caught."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from hetflow.infra.tracking.verdict import pays_after, verdict
+from hetflow.infra.report.verdict import pays_after, verdict
 
 
 def run(e2e: float, upfront: float, steps: int = 100, **more) -> dict:

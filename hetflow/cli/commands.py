@@ -42,7 +42,7 @@ def _print_table(
     (`report.notes`), one bullet each."""
     from rich.table import Table
 
-    from hetflow.infra.tracking.report import LEGEND, rows
+    from hetflow.infra.report.table import LEGEND, rows
     from hetflow.output import wide_console
 
     t = Table(title=title, caption=LEGEND)
@@ -190,10 +190,10 @@ def cmd_profile(args) -> int:
 
 def cmd_compare(args) -> int:
     reachable(tracking=TrackingConfig())
-    from hetflow.infra.tracking.notes import notes
-    from hetflow.infra.tracking.report import comparison
+    from hetflow.infra.report.notes import notes
+    from hetflow.infra.report.table import comparison
+    from hetflow.infra.report.verdict import verdict
     from hetflow.infra.tracking.tracker import MLflowTracker, RunNotFound
-    from hetflow.infra.tracking.verdict import verdict
 
     tracker = MLflowTracker(TrackingConfig())
     found, missing = {}, []

@@ -354,7 +354,7 @@ def cmd_recommend(args) -> int:
         write_ray_config(ray_config, rec)
     write_json(args.json_path, rec.figures())
     if args.plot:
-        from hetflow.infra.tracking.plots import cost_time_front
+        from hetflow.infra.report.plots import cost_time_front
 
         cost_time_front(args.plot, **front(rec.ranking))
         print(f"wrote {args.plot}")

@@ -212,7 +212,7 @@ def figures(rec: Ranking, batches, seconds: float, spot=None) -> dict:
 
 
 def front(rec: Ranking) -> dict:
-    """What a plot of cost against time shows (`hetflow.infra.tracking.plots.cost_time_front`'s
+    """What a plot of cost against time shows (`hetflow.infra.report.plots.cost_time_front`'s
     arguments after the path): every mix priced, the Pareto front, the choice, the title, and
     the objective's deadline or budget."""
     obj = rec.objective

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from hetflow.infra.tracking.report import byte_size, fmt, rank_of
+from hetflow.infra.report.table import byte_size, fmt, rank_of
 
 
 def workers_left(
