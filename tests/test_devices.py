@@ -194,7 +194,7 @@ def test_a_run_of_bf16_and_fp16_workers_trains_and_resumes_its_loss_scale(digits
     from hetflow.records import Plan, RunResult
     from hetflow.training.launch.run import run_workers
     from hetflow.training.launch.spec import RunSpec
-    from hetflow.training.loop.checkpoint import CheckpointStore
+    from hetflow.training.loop.checkpoint_store import CheckpointStore
 
     spec = RunSpec(
         run_name="amp",

@@ -323,7 +323,7 @@ def test_the_outer_step_hooks_the_inner_optimizer_after_the_rounds_last_step():
     """As torchft's DiLoCo: the outer step is a step post-hook on the inner optimizer, after
     the round's last inner step, with the rank's weight; a rank with no samples takes it at
     once (it joins every round's collective); a round begun before the last ended is refused."""
-    from hetflow.training.loop.rounds import RoundOptimizer
+    from hetflow.training.loop.diloco import RoundOptimizer
 
     param = torch.nn.Parameter(torch.zeros(2))
     outer = _Outer()

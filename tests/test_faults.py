@@ -15,7 +15,7 @@ from hetflow.infra.data.format import (
     read_manifest,
     write_dataset,
 )
-from hetflow.training.loop.checkpoint import CheckpointStore
+from hetflow.training.loop.checkpoint_store import CheckpointStore
 
 from tests.faults import FaultProxy
 

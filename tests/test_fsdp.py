@@ -19,7 +19,7 @@ from hetflow.records import Plan
 from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop import sharded
-from hetflow.training.loop.checkpoint import CheckpointStore
+from hetflow.training.loop.checkpoint_store import CheckpointStore
 from hetflow.training.loop.state import Checkpoint
 from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 

@@ -79,7 +79,7 @@ def sharded_micro_steps(rank: int, world: int, arg: dict) -> dict:
     from hetflow.training.devices import MixedPrecision
     from hetflow.training.loop import sharded
     from hetflow.training.loop.fsdp import ShardedNet
-    from hetflow.training.loop.step import Stepper
+    from hetflow.training.loop.rank_step import Stepper
     from hetflow.training.loop.weighting import MeanOverCounts
     from hetflow.training.recipes import seeded_model
 
@@ -187,7 +187,7 @@ def test_fsdp_micro_batches_train_like_one_process_and_resume_on_fewer_workers(d
     reference = _single_process_steps(four, [{"step": 0, "plan": [4, 9, 6, 0]}], 4)
     _assert_same_params(torch.load(Path(four.run_dir) / "model.pt"), reference[2][0])
     saved_at = Path(four.run_dir) / "checkpoints"
-    from hetflow.training.loop.checkpoint import CheckpointStore
+    from hetflow.training.loop.checkpoint_store import CheckpointStore
 
     folder = saved_at / CheckpointStore(str(saved_at)).load()["shards"]
     whole = dcp_state(folder, tmp_path)

@@ -22,7 +22,7 @@ from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.perf.balance import fill
 from hetflow.perf.curve import Curve
 from hetflow.records import PlanChange, RankResult, RunResult, StepRecord
-from hetflow.training.loop.step_times import step_spread
+from hetflow.training.loop.compute_times import step_spread
 from hetflow.training.plan.curves import balance_on_curves
 from hetflow.training.plan.planner import make_plan
 from hetflow.training.plan.prior import EQUAL, equal_prior, published_prior

@@ -148,7 +148,7 @@ def micro_gradients(rank: int, world: int, arg: dict) -> dict:
 
     from hetflow.training.comm import new_control_group
     from hetflow.training.loop.micro import split_batch
-    from hetflow.training.loop.step import Stepper
+    from hetflow.training.loop.rank_step import Stepper
     from hetflow.training.loop.weighting import MeanOverCounts
 
     recipe = recipe_of(arg["padded"])
@@ -310,7 +310,7 @@ class _LocalDDP(torch.nn.Module):
 
 def _peak_saved_bytes(n: int, cap: int | None) -> int:
     from hetflow.training.loop.micro import split_batch
-    from hetflow.training.loop.step import Stepper
+    from hetflow.training.loop.rank_step import Stepper
     from hetflow.training.loop.weighting import MeanOverCounts
     from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from hetflow.training.loop.step_times import step_spread
+from hetflow.training.loop.compute_times import step_spread
 from hetflow.training.plan.balance import balance_batches
 from hetflow.training.plan.rebalancer import Rebalancer
 

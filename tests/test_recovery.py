@@ -18,7 +18,7 @@ from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.records import Plan, RunResult
 from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
-from hetflow.training.loop.checkpoint import CheckpointStore
+from hetflow.training.loop.checkpoint_store import CheckpointStore
 from hetflow.training.metrics import summarize
 
 from tests.procs import pids_with

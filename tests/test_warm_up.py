@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from hetflow.training.devices import MixedPrecision
-from hetflow.training.loop.step import Stepper
+from hetflow.training.loop.rank_step import Stepper
 from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
 

@@ -13,9 +13,9 @@ from hetflow.emulation.device_model import straggler_factor
 from hetflow.emulation.emulator import Emulator
 from hetflow.emulation.link import Link
 from hetflow.records import EvalPoint, PlanChange, Recovery, StepRecord
+from hetflow.training.loop.compute_times import SharedStepTimes, column_means
 from hetflow.training.loop.progress import ProgressFile, note_recovery
 from hetflow.training.loop.state import SETTLE_STEPS, SUDDEN_ROWS, Checkpoint, LoopState
-from hetflow.training.loop.step_times import SharedStepTimes, column_means
 
 
 def _rec(step: int, compute_s: float = 0.02, wait_s: float = 0.005) -> StepRecord:

@@ -23,13 +23,13 @@ from hetflow.training.faults.guard import StepGuard
 from hetflow.training.faults.records import Preempted
 from hetflow.training.launch.spec import node_id, since_submit
 from hetflow.training.loop.checkpointer import Checkpointer, CheckpointParts
+from hetflow.training.loop.compute_times import SharedStepTimes
 from hetflow.training.loop.evaluator import Evaluator
+from hetflow.training.loop.loop_step import LoopStepper
 from hetflow.training.loop.membership import Membership
 from hetflow.training.loop.optim import build_scheduler, resolve_optimizer, step_scheduler
 from hetflow.training.loop.progress import STOP_FILE, ProgressFile, note_recovery
 from hetflow.training.loop.rebalancing import Rebalancing, share_every
-from hetflow.training.loop.step_times import SharedStepTimes
-from hetflow.training.loop.stepper import LoopStepper
 from hetflow.training.loop.strategies import StepParts, strategy_of
 from hetflow.training.loop.trials import resolve_compression
 from hetflow.training.loop.weighting import MeanOverCounts

@@ -24,7 +24,7 @@ from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.micro import split_batch
 from hetflow.training.loop.net import Net, replica
 from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
-from hetflow.training.loop.step import Stepper
+from hetflow.training.loop.rank_step import Stepper
 from hetflow.training.plan.rounds import inner_batch
 from hetflow.training.recipes import Recipe
 

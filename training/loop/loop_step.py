@@ -11,10 +11,10 @@ from time import perf_counter as now
 from hetflow.records import StepRecord
 from hetflow.training.comm import finish_optimizer
 from hetflow.training.devices import to_device
+from hetflow.training.loop.compute_times import SharedStepTimes
 from hetflow.training.loop.micro import micro_count, split_batch
 from hetflow.training.loop.net import Net
 from hetflow.training.loop.state import LoopState
-from hetflow.training.loop.step_times import SharedStepTimes
 from hetflow.training.loop.strategies import StepParts
 from hetflow.training.rank import RankContext
 
