@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetflow import forecast as sim
 from hetflow.config import ConfigError
+from hetflow.forecast import simulate as sim
 from hetflow.forecast.simulate import published
 from hetflow.infra.catalog import Catalog, InstanceInfo
 from hetflow.infra.pricing import PriceTable
