@@ -333,7 +333,7 @@ CONTRACT_DOCSTRINGS = (
 
 @pytest.mark.parametrize("path", CONTRACT_DOCSTRINGS)
 def test_docstrings_state_contracts_not_lab_notes(path):
-    from tests.test_cli import LAB_NOTE
+    from tests.cli.test_cli import LAB_NOTE
 
     tree = ast.parse((ROOT / path).read_text())
     documented = [tree] + [

@@ -1,7 +1,7 @@
 """Runs started at once on one host stay apart where they share something: the dataset they
 ingest (one writes it, the others find it), Runs through
 the Prefect API, each with its own run directory, checkpoints and MLflow run:
-tests/test_stack_and_deploy.py (`test_runs_triggered_through_the_prefect_api_...`)."""
+tests/flows/test_stack_and_deploy.py (`test_runs_triggered_through_the_prefect_api_...`)."""
 
 from __future__ import annotations
 

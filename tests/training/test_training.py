@@ -306,7 +306,7 @@ def test_a_worker_the_plan_leaves_out_leaves_the_all_reduce_and_every_replica_tr
         return [("tests.rank_weights_worker" if a == "hetflow.training.worker" else a) for a in cmd]
 
     monkeypatch.setattr(launch, "torchrun_command", entry)
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
     result, _ = run_workers(no_restarts(spec), timeout_s=200)
     ranks = result["ranks"]
     assert all(len(r["records"]) == train.steps for r in ranks)

@@ -1,6 +1,6 @@
 """The out-of-memory search's logic (`probes.memory.largest_fitting`) on fake predicates
 `fits(batch)`: the cap it returns fits and cap + 1 does not. Pure; the search on a real GPU is
-tests/test_cuda.py's and `benchmarks.gpu_all --oom-search`'s."""
+tests/training/test_cuda.py's and `benchmarks.gpu_all --oom-search`'s."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from hetflow.training.loop.checkpoint_store import CheckpointStore
 from hetflow.training.loop.state import Checkpoint
 from hetflow.training.recipes import DataInfo, get_recipe, seeded_model
 
-from tests.test_training import (
+from tests.training.test_training import (
     _assert_same_params,
     _single_process_steps,
     assert_moved_off_the_straggler,
@@ -298,8 +298,8 @@ def test_bench_fsdp_ratios_are_fsdp_over_ddp_and_planned_over_equal():
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_under_fsdp_the_dynamic_plan_moves_work_off_a_straggler(digits, tmp_path):
-    # as tests/test_training.py's DDP test: rank 3 slows 8x at step 12 (4x, under FSDP's fixed
-    # per-step cost, left an imbalance of 0.27-0.31, at the threshold), and the step-by-step
+    # as tests/training/test_training.py's DDP test: rank 3 slows 8x at step 12 (4x, under FSDP's
+    # fixed per-step cost, left an imbalance of 0.27-0.31, at the threshold), and the step-by-step
     # shared timings re-plan a few steps later, every rank alike, the global batch kept. The
     # others wait for it after the optimizer's step (`sharded.end_phase_at_step`), not in the
     # next forward's all-gather: otherwise every rank's compute time rises with the straggler's

@@ -29,7 +29,7 @@ from hetflow.flows.recommend import recommend
 from hetflow.flows.train import train
 from hetflow.infra.catalog import load_snapshot
 
-from tests.test_cli import LAB_NOTE
+from tests.cli.test_cli import LAB_NOTE
 
 FLOWS = {f.name: f for f in (train, compare, profile_cluster, prepare_dataset, recommend, queue)}
 RUN_FORMS = ("train", "compare", "queue")

@@ -18,7 +18,7 @@ from hetflow.forecast.rent.measured import MeasuredCurve
 from hetflow.history import TypeEntry
 from hetflow.infra.s3 import filesystem
 
-from tests.test_history import fake_measure
+from tests.infra.test_history import fake_measure
 
 pytestmark = pytest.mark.timeout(240)
 JOB = ["--recipe", "digits-mlp", "--global-batch", "2048", "--steps", "1000"]

@@ -311,7 +311,7 @@ def test_topk_sends_values_and_indices(topk_ranks):
 
 @pytest.mark.slow
 def test_topk_warms_up_through_density_stages(topk_ranks):
-    # one step per stage: 25%, 6.25%, 1.5625%, then the method's 1% (tests/test_topk.py)
+    # one step per stage: 25%, 6.25%, 1.5625%, then the method's 1% (tests/training/test_topk.py)
     ks = [topk_count(GRAD_BYTES // 4, topk_density(0.01, s, 1)) for s in range(STEPS - WARMUP)]
     expected = [allgather_bytes(k * 8, WORLD) for k in ks]
     assert _steady(topk_ranks, "topk:0.01@staged") == expected

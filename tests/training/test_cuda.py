@@ -15,7 +15,7 @@ from hetflow.training.devices import HostDevices, resolve_precision
 from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 
-from tests.test_training import _assert_same_params, _weights_after_one_step
+from tests.training.test_training import _assert_same_params, _weights_after_one_step
 
 pytestmark = [
     pytest.mark.cuda,

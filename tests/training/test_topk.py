@@ -15,7 +15,7 @@ from hetflow.training.comm import (
     topk_warmup_steps,
 )
 
-ENTRIES = 9610  # the tiny MLP's of tests/test_comm_methods.py, one DDP bucket
+ENTRIES = 9610  # the tiny MLP's of tests/training/test_comm_methods.py, one DDP bucket
 
 
 @pytest.mark.parametrize(

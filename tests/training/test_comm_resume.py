@@ -18,7 +18,7 @@ from hetflow.training.comm import (
     wrap_optimizer,
 )
 
-from tests.test_comm_methods import tiny_model
+from tests.training.test_comm_methods import tiny_model
 
 
 def _one_rank_run(

@@ -143,7 +143,7 @@ def test_each_round_runs_the_variants_rotated_and_says_in_which_order(monkeypatc
     ],
 )
 def test_bench_hetero_refuses_bad_numbers_before_launching(tmp_path, argv, field):
-    # the CLI turns either into one line naming the field (tests/test_bad_input.py)
+    # the CLI turns either into one line naming the field (tests/cli/test_bad_input.py)
     with pytest.raises((ConfigError, ValidationError), match=field):
         main([*argv, "--json", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()

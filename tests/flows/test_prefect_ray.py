@@ -20,7 +20,7 @@ import pytest
 
 from hetflow.training.launch.ray_train import NODE_LABEL
 
-from tests.test_stack_and_deploy import deployed, stack, start_worker, stop_worker  # noqa: F401 (fixtures)
+from tests.flows.test_stack_and_deploy import deployed, stack, start_worker, stop_worker  # noqa: F401 (fixtures)
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -130,7 +130,7 @@ def test_a_train_deployment_run_from_the_api_completes_on_the_ray_cluster(
     # rank r ran on a node labelled with worker r's instance type: the run's result in S3
     # (the dataset's bucket, where the flow run read it), and each of those nodes sampled its
     # own system metrics into the MLflow run
-    from tests.test_stack_and_deploy import _s3
+    from tests.flows.test_stack_and_deploy import _s3
 
     labels = {n.node_id: n.node_labels.get(NODE_LABEL) for n in ray_nodes.worker_nodes}
     bucket = dataset["url"].removeprefix("s3://").split("/", 1)[0]

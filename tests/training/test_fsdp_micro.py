@@ -19,8 +19,8 @@ from hetflow.training.plan.planner import make_plan
 
 from tests.dist import run_ranks
 from tests.profiles import profile_of, rank_profile
-from tests.test_fsdp import assert_same_momentum, dcp_state, fsdp_spec
-from tests.test_training import _assert_same_params, _single_process_steps, no_restarts
+from tests.training.test_fsdp import assert_same_momentum, dcp_state, fsdp_spec
+from tests.training.test_training import _assert_same_params, _single_process_steps, no_restarts
 
 WORLD = 3
 CAPS = [None, 3, 2]
@@ -36,7 +36,7 @@ def setup(kind: str):
     sample, so all-reduced every step)."""
     from hetflow.training.recipes import DataInfo, get_recipe
 
-    from tests.test_recipe_ddp import TOKENS, recipe_of
+    from tests.training.test_recipe_ddp import TOKENS, recipe_of
 
     return (recipe_of(True), TOKENS) if kind == "gpt" else (get_recipe(kind), DataInfo())
 
@@ -47,7 +47,7 @@ def global_batch(kind: str, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(step)
     if kind != "gpt":
         return rng.random((n, 64), dtype=np.float32), rng.integers(0, 10, n)
-    from tests.test_recipe_ddp import OPTIONS
+    from tests.training.test_recipe_ddp import OPTIONS
 
     w = rng.integers(0, 256, size=(n, OPTIONS["context"] + 1), dtype=np.int64)
     for i in range(n):

@@ -30,7 +30,7 @@ from tests.run_metrics import FRACTIONS, RUN_METRICS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CLIENT_VARS = (
     "PREFECT_API_URL",
     "PREFECT_API_KEY",

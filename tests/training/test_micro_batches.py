@@ -24,8 +24,8 @@ from hetflow.training.plan.planner import make_plan, with_micro
 
 from tests.dist import run_ranks
 from tests.profiles import profile_of, rank_profile
-from tests.test_recipe_ddp import TOKENS, _flat_grad, recipe_of, windows
-from tests.test_training import _assert_same_params, _one_step_spec, _single_process_steps
+from tests.training.test_recipe_ddp import TOKENS, _flat_grad, recipe_of, windows
+from tests.training.test_training import _assert_same_params, _one_step_spec, _single_process_steps
 
 AUTO_KW = {"accumulate": "auto"}
 AUTO = TrainConfig(**AUTO_KW)
@@ -195,7 +195,7 @@ class _NoAmp:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "full-windows"])
 def test_accumulated_micro_batches_give_the_global_batchs_mean_gradient(tmp_path, padded):
-    from tests.test_recipe_ddp import one_process_gradients
+    from tests.training.test_recipe_ddp import one_process_gradients
 
     results = run_ranks(micro_gradients, WORLD, {"padded": padded}, tmp_path, timeout_s=100)
     assert [r["parts"][0] for r in results] == [1, 2, 2, 1]  # counts differ: no hang

@@ -304,9 +304,9 @@ def test_the_recommend_page_s_commands_run_as_written(tmp_path, monkeypatch, het
     import shlex
     from pathlib import Path
 
-    from tests.test_docs_commands import commands
+    from tests.cli.test_docs_commands import commands
 
-    page = Path(__file__).resolve().parent.parent / "docs" / "recommend.md"
+    page = Path(__file__).resolve().parents[2] / "docs" / "recommend.md"
     lines = [
         c
         for c in commands(page.read_text())

@@ -24,7 +24,7 @@ from hetflow.training.recipes import (
     seeded_model,
 )
 
-README = Path(__file__).resolve().parent.parent / "docs" / "recipes.md"  # the recipe's page
+README = Path(__file__).resolve().parents[2] / "docs" / "recipes.md"  # the recipe's page
 TOKENS = DataInfo(kind="tokens", vocab=256)
 SMALL_GPT = {"n_layer": 1, "n_head": 2, "n_embd": 32, "context": 16}
 

@@ -19,7 +19,7 @@ from hetflow.config import (
     SpotOverride,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(flags: list[str], tmp_path, capsys) -> tuple[int, dict, str, str]:

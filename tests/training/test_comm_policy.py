@@ -1,6 +1,6 @@
 """The profile's rule for 'auto' where no method can be tried (one worker): the compression
 method a profiled communication share calls for. Where methods can be tried, the choice is
-measured: tests/test_compression_trials.py."""
+measured: tests/training/test_compression_trials.py."""
 
 from __future__ import annotations
 
