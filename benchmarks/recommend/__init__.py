@@ -93,6 +93,29 @@ def parser() -> argparse.ArgumentParser:
         "not unbalance a mix (figures.even_host_peaks)",
     )
     p.add_argument("--max-ranks", type=int, default=4, dest="max_ranks")
+    p.add_argument(
+        "--cpu-quotas",
+        action="store_true",
+        dest="cpu_quotas",
+        help="check recommend on real workers instead: each type a kernel CPU quota from its "
+        "published peak, profiled alone, its mixes trained for real (benchmarks.recommend."
+        "quotas); without it the check is the emulated one, a self-consistency check",
+    )
+    p.add_argument(
+        "--quota-cores",
+        type=float,
+        default=0.5,
+        dest="quota_cores",
+        metavar="CORES",
+        help="with --cpu-quotas: the quota of the fastest candidate GPU's worker; the others "
+        "in proportion to their published peak samples/s",
+    )
+    p.add_argument(
+        "--mixes",
+        type=int,
+        default=3,
+        help="with --cpu-quotas: how many of the mixes recommend ranks are run (its choice first)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="run every choice N times (median)")
     p.add_argument("--json", dest="json_path")
     return p
@@ -255,6 +278,10 @@ def run_choice(name, round_, cands, choice, args, dataset, tmp) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.cpu_quotas:
+        from benchmarks.recommend.quotas import main as quotas_main
+
+        return quotas_main(args)
     cands, _, choices = plan_choices(args)
     check_bench_recipe(TrainConfig(recipe=args.stand_in, global_batch=args.global_batch))
     runs: dict[str, list[dict]] = {name: [] for name in choices}
