@@ -70,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(prog="hetflow bench recommend", description=__doc__.splitlines()[0])
     p.add_argument("--candidates", default="g4dn.xlarge:2,p3.2xlarge:2", metavar="TYPE:N,...")
     p.add_argument("--job-recipe", default="resnet50", dest="job_recipe", choices=sorted(MODELS))
-    p.add_argument("--global-batch", type=int, default=512, dest="global_batch")
+    p.add_argument("--global-batch", type=int, default=448, dest="global_batch")
     p.add_argument("--steps", type=int, default=10_000, help="the job's steps (hours, cost)")
     p.add_argument("--deadline-h", type=float, default=2.0, dest="deadline_h", metavar="H")
     p.add_argument(
