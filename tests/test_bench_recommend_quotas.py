@@ -22,6 +22,7 @@ from benchmarks.recommend.quota_figures import (
     profile_batches,
     quota_rule,
     relative_error,
+    throttled_share,
     worker_rows,
 )
 from benchmarks.recommend.quotas import type_quotas
@@ -112,6 +113,17 @@ def test_each_worker_gets_its_measured_compute_beside_its_curve():
     assert rows[1]["compute_error"] == pytest.approx(relative_error(0.08, 0.1))
 
 
+def test_the_throttled_share_reads_the_later_half_of_the_job():
+    """Start-up (its first half here) is left out; a worker that used up its quota in every
+    period it ran reads 1, one held below it by something else reads less."""
+    bound = [(0.0, 0, 0), (1.0, 50, 10), (2.0, 100, 60), (3.0, 150, 110)]
+    assert throttled_share(bound) == 1.0
+    held = [(0.0, 0, 0), (1.0, 50, 50), (2.0, 100, 60), (3.0, 150, 70)]
+    assert throttled_share(held) == pytest.approx(0.2)
+    assert throttled_share([(0.0, 0, 0)]) is None
+    assert throttled_share([(0.0, 5, 0), (1.0, 5, 0)]) is None  # no period with work
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @needs_quotas
@@ -140,6 +152,7 @@ def test_a_short_real_check_on_two_workers_reports_each_measured(tmp_path):
         assert len(run["workers"]) == len(run["local_batches"]) and sum(run["local_batches"]) == 32
         for w in run["workers"]:
             assert w["measured_compute_s"] > 0
+            assert "throttled_share" in w
             assert w["kernel_cpu_quota"] == w["cpu_quota"] == out["quota_rule"][w["instance_type"]]
         assert run["step_error"] == pytest.approx(
             relative_error(run["measured_step_s"], run["predicted_step_s"])

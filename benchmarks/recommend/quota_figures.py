@@ -155,6 +155,33 @@ def mix_row(
     }
 
 
+def cpu_stat(text: str) -> dict[str, int]:
+    """A cgroup's `cpu.stat` (v1 or v2: 'key value' lines) as numbers.
+
+    >>> cpu_stat("nr_periods 10\\nnr_throttled 4\\n")["nr_throttled"]
+    4
+    """
+    return {k: int(v) for k, v in (line.split() for line in text.splitlines() if line.strip())}
+
+
+def throttled_share(samples: Sequence[tuple[float, int, int]]) -> float | None:
+    """Of the CFS periods a worker's cgroup had work in during the later half of its job
+    (`samples`: time, nr_periods, nr_throttled, read while it ran), the share in which it used
+    up its quota: near 1, the quota was what bound it; well under 1, something else held it
+    below its quota (other processes on the host, waiting on its peers). None: too few samples.
+
+    >>> throttled_share([(0, 0, 0), (1, 100, 100), (2, 200, 190), (3, 300, 280)])
+    0.9
+    """
+    if len(samples) < 2:
+        return None
+    middle = (samples[0][0] + samples[-1][0]) / 2
+    later = [s for s in samples if s[0] >= middle] or samples[-2:]
+    first, last = (later[0], later[-1]) if len(later) > 1 else (samples[-2], samples[-1])
+    periods = last[1] - first[1]
+    return (last[2] - first[2]) / periods if periods > 0 else None
+
+
 def within(rows: Sequence[Mapping], keys: Sequence[str], goal: float) -> bool:
     """Whether every row's error under each of `keys` is within `goal` (a fraction)."""
     return all(abs(r[k]) <= goal for r in rows for k in keys)

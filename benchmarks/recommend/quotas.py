@@ -27,6 +27,8 @@ worker under it. Figures: docs/measurements/recommend.md.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 from hetflow.config import (
@@ -49,15 +51,17 @@ from hetflow.forecast.search import PRESET_OF_GPU, Evaluator, local_batches
 from hetflow.records import Plan
 from hetflow.repeats import run_order
 from hetflow.training.cores import host_cores
-from hetflow.training.cpu_quota import check_quotas
+from hetflow.training.cpu_quota import check_quotas, find_controller
 from hetflow.training.launch.run import measure_profile, run_plan
 
 from benchmarks import check_bench_recipe, digits_workspace, write_json
 from benchmarks.recommend.quota_figures import (
+    cpu_stat,
     mix_row,
     mixes_to_run,
     profile_batches,
     quota_rule,
+    throttled_share,
     within,
     worker_rows,
 )
@@ -65,6 +69,44 @@ from benchmarks.recommend.quota_figures import (
 SKIP_STEPS = 3  # a run's first steps: warm-up, left out of the steady step
 GOAL = 0.15  # the error the check is judged against
 HISTORY = "profiled alone on its quota here"
+
+
+class ThrottleWatch:
+    """Reads each rank cgroup's `cpu.stat` of job `run_name` every `every_s` while the job runs
+    (its launcher removes the cgroups after it): per rank, the (time, nr_periods,
+    nr_throttled) samples, for `quota_figures.throttled_share`. Written here: the cgroup
+    files are the kernel's interface, and no library reads a cgroup that is about to go."""
+
+    def __init__(self, run_name: str, ranks: int, every_s: float = 0.2):
+        controller = find_controller()
+        self.paths = (
+            [controller.rank_dir(run_name, r) / "cpu.stat" for r in range(ranks)]
+            if controller
+            else []
+        )
+        self.samples: list[list[tuple[float, int, int]]] = [[] for _ in range(ranks)]
+        self.every_s, self.stop = every_s, threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self.stop.wait(self.every_s):
+            for path, kept in zip(self.paths, self.samples, strict=True):
+                try:
+                    stat = cpu_stat(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                kept.append((time.monotonic(), stat["nr_periods"], stat["nr_throttled"]))
+
+    def __enter__(self) -> ThrottleWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def shares(self) -> list[float | None]:
+        return [throttled_share(kept) for kept in self.samples]
 
 
 def type_quotas(args, market) -> tuple[list[tuple[str, int]], dict[str, float]]:
@@ -104,13 +146,14 @@ def train_config(args, steps: int) -> TrainConfig:
 
 def profile_alone(name: str, quota: float, args, dataset, run_dir: Path):
     """One worker of type `name` on its quota, profiled alone: its measured curve and what the
-    profile read (its fit, memory cap and the quota the kernel enforced)."""
+    profile read (its fit and memory cap) and how often its quota was used up."""
     worker = WorkerSpec(name=name.replace(".", "-"), cpu_quota=quota)
     cluster = ClusterSpec(name=f"alone-{worker.name}", workers=[worker], emulate=False)
     check_quotas(cluster, len(host_cores()))
     load = os.getloadavg()[0]
     batches = profile_batches(args.global_batch)
-    profile = measure_profile(cluster, dataset, train_config(args, 1), run_dir, batches)
+    with ThrottleWatch(run_dir.name, 1) as watch:
+        profile = measure_profile(cluster, dataset, train_config(args, 1), run_dir, batches)
     rank = profile.ranks[0]
     curve = curve_of(rank, f"{HISTORY} ({quota:g} cores)")
     if curve is None:
@@ -122,6 +165,7 @@ def profile_alone(name: str, quota: float, args, dataset, run_dir: Path):
         "fit_s_per_sample": rank.fit_s_per_sample,
         "memory_cap_batch": rank.memory_cap_batch,
         "profiling_time_s": profile.profiling_time_s,
+        "throttled_share": watch.shares()[0],
         "load_before": load,
     }
 
@@ -159,7 +203,9 @@ def run_mix(rec, counts, quotas, args, dataset, run_dir: Path) -> dict:
     check_job(cluster, cfg)
     check_quotas(cluster, len(host_cores()))
     load = os.getloadavg()[0]
-    ran = run_plan(cluster, Plan(local_batches=flat), cfg, dataset, run_dir, variant=cluster.name)
+    with ThrottleWatch(run_dir.name, len(flat)) as watch:
+        plan = Plan(local_batches=flat)
+        ran = run_plan(cluster, plan, cfg, dataset, run_dir, variant=cluster.name)
     ranks = sorted(ran.result.ranks, key=lambda r: r.rank)
     skip = min(SKIP_STEPS, args.run_steps // 2)
     curves = [c.step_s[b - 1] for c, bs in zip(cands, batches, strict=True) for b in bs]
@@ -184,8 +230,8 @@ def run_mix(rec, counts, quotas, args, dataset, run_dir: Path) -> dict:
             ran.wall_s,
         ),
         "workers": [
-            row | {"instance_type": t}
-            for row, t in zip(
+            row | {"instance_type": t, "throttled_share": share}
+            for row, t, share in zip(
                 worker_rows(
                     names,
                     qs,
@@ -196,6 +242,7 @@ def run_mix(rec, counts, quotas, args, dataset, run_dir: Path) -> dict:
                     skip,
                 ),
                 [c.instance_type for c, bs in zip(cands, batches, strict=True) for _ in bs],
+                watch.shares(),
                 strict=True,
             )
         ],

@@ -70,6 +70,10 @@ QUOTA_COLUMNS = (
 )
 
 
+def share(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0%}"
+
+
 def print_quota_table(out: dict) -> None:
     """`--cpu-quotas`: each run of each mix, predicted against measured, then each worker."""
     from rich.table import Table
@@ -85,13 +89,20 @@ def print_quota_table(out: dict) -> None:
     for row in out["runs"]:
         t.add_row(*(cell(row[key], fmt) for key, _, fmt in QUOTA_COLUMNS))
     wide_console(190).print(t)
+    for name, p in out["profiles"].items():
+        print(
+            f"  profile of {name} alone on {p['cpu_quota']:g} cores: {p['fit_latency_s'] * 1e3:.2f}"
+            f" ms + {p['fit_s_per_sample'] * 1e3:.3f} ms a sample; quota used up in "
+            f"{share(p['throttled_share'])} of its periods"
+        )
     for row in out["runs"]:
         for w in row["workers"]:
             print(
                 f"  {row['mix']} round {row['round']}: {w['worker']} quota {w['cpu_quota']:g} "
                 f"(kernel {w['kernel_cpu_quota']}), batch {w['local_batch']}: compute "
                 f"{w['predicted_compute_s'] * 1e3:.1f} ms predicted, "
-                f"{w['measured_compute_s'] * 1e3:.1f} measured ({w['compute_error']:+.1%})"
+                f"{w['measured_compute_s'] * 1e3:.1f} measured ({w['compute_error']:+.1%}); "
+                f"quota used up in {share(w['throttled_share'])} of its periods"
             )
     verdict = "within" if out["within_goal"] else "not within"
     print(
