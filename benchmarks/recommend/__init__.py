@@ -1,18 +1,24 @@
-"""`hetflow bench recommend`: `hetflow recommend`'s choice and the naive ones, run emulated.
+"""`hetflow bench recommend`: recommend's predictions against runs, real or emulated.
 
+    hetflow bench recommend --cpu-quotas --stand-in digits-cnn --global-batch 512
     hetflow bench recommend --json reccheck.json
     hetflow bench recommend --candidates g4dn.xlarge:2,p3.2xlarge:2 --deadline-h 2 --repeat 3
 
-For one job (`--job-recipe`, `--global-batch`, `--steps`) and candidates whose GPUs have presets
-(at most `--max-ranks` GPUs in any mix run), it asks recommend for the least cost within the
-deadline, builds the naive choices (`figures.naive_mixes`), and runs each as an emulated
-cluster on this host for `--run-steps` steps of a stand-in recipe (`--stand-in`, digits) at the
-prediction's own local batches, each worker on its GPU's preset curve and every link emulated
-at the bandwidth that makes the stand-in's gradient take the job's predicted all-reduce. The
-measured steady step (wall clock between steps after the warm-up) is converted to device
-seconds by the emulated clock (`figures`' docstring), then to hours for `--steps` and to cost
-at the catalog's price, as recommend prices a mix. Start-up, profiling and evaluation are not
-counted on either side (recommend does not price them). Figures: docs/measurements/recommend.md.
+With `--cpu-quotas`, the check of the predictor on real workers whose speeds it did not shape
+(`benchmarks.recommend.quotas`). Without it, a self-consistency check: the emulated workers'
+speeds and links are set from recommend's own curves and all-reduce, so what it measures is the
+rest of the prediction (the balanced step, what a step costs beyond compute and all-reduce), not
+the curves. For one job (`--job-recipe`, `--global-batch`, `--steps`) and candidates whose GPUs
+have presets (at most `--max-ranks` GPUs in any mix run), it asks recommend for the least cost
+within the deadline, builds the naive choices (`figures.naive_mixes`), and runs each as an
+emulated cluster on this host for `--run-steps` steps of a stand-in recipe (`--stand-in`,
+digits) at the prediction's own local batches, each worker on its GPU's preset curve and every
+link emulated at the bandwidth that makes the stand-in's gradient take the job's predicted
+all-reduce. The measured steady step (wall clock between steps after the warm-up) is converted
+to device seconds by the emulated clock (`figures`' docstring), then to hours for `--steps` and
+to cost at the catalog's price, as recommend prices a mix. Start-up, profiling and evaluation
+are not counted on either side (recommend does not price them). Figures:
+docs/measurements/recommend.md.
 """
 
 from __future__ import annotations
