@@ -132,13 +132,13 @@ def test_a_short_real_check_on_two_workers_reports_each_measured(tmp_path):
     argv = [
         "--cpu-quotas",
         "--candidates",
-        "g4dn.xlarge:1,p3.2xlarge:1",
+        "g4dn.xlarge:2,p3.2xlarge:1",
         "--global-batch",
         "32",
         "--run-steps",
         "6",
         "--mixes",
-        "2",
+        "4",
         "--max-ranks",
         "2",
         "--json",
@@ -147,7 +147,9 @@ def test_a_short_real_check_on_two_workers_reports_each_measured(tmp_path):
     assert main(argv) == 0
     out = json.loads(path.read_text())
     assert set(out["profiles"]) == {"g4dn.xlarge", "p3.2xlarge"}
-    assert any(len(r["workers"]) == 2 for r in out["runs"])  # the two types together
+    # every mix of at most 2 GPUs is run: g4dn.xlarge x2 among them, two real workers (and
+    # the two types together where the profiles let both take a share of 32)
+    assert any(len(r["workers"]) == 2 for r in out["runs"])
     for run in out["runs"]:
         assert len(run["workers"]) == len(run["local_batches"]) and sum(run["local_batches"]) == 32
         for w in run["workers"]:
