@@ -42,6 +42,12 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         help="samples per step, shared among every rented GPU",
     )
     p.add_argument("--steps", type=int, default=10_000, help="training steps of the job")
+    p.add_argument(
+        "--precision",
+        default="mixed",
+        choices=("mixed", "fp32"),
+        help="what the job trains in, for the memory caps (fp32: about half the batch)",
+    )
     goal = p.add_mutually_exclusive_group()
     goal.add_argument(
         "--deadline-h",
@@ -167,6 +173,7 @@ FLAGS = {
     "job.global_batch": "--global-batch",
     "job.steps": "--steps",
     "job.max_local_batch": "--max-local-batch",
+    "job.precision": "--precision",
     "candidates": "--candidates",
     "objective.deadline_h": "--deadline-h",
     "objective.budget_usd": "--budget",
@@ -242,6 +249,7 @@ def request_of(args):
             "recipe": args.recipe,
             "global_batch": args.global_batch,
             "steps": args.steps,
+            "precision": args.precision,
             "max_local_batch": args.max_local_batch,
         },
         "candidates": [{"instance_type": t, "count": n} for t, n in mix],
@@ -294,8 +302,8 @@ def print_recommendation(rec) -> None:
     job, cands = ranking.job, ranking.cands
     console = wide_console(160 if spot is not None else 130)
     print(
-        f"hetflow recommend: {job.model.name}, global batch {job.global_batch}, {job.steps} "
-        f"steps; objective: {goal(ranking.objective)}"
+        f"hetflow recommend: {job.model.name} ({rec.precision} precision), global batch "
+        f"{job.global_batch}, {job.steps} steps; objective: {goal(ranking.objective)}"
     )
     for line in curve_lines(cands, rec.history):
         print(f"  step-time curve: {line}")

@@ -34,6 +34,13 @@ class RecommendJob(ConfigModel):
     )
     global_batch: int = Field(256, ge=1, title="Global batch", description="Samples per step.")
     steps: int = Field(10_000, ge=1, title="Steps")
+    precision: Literal["mixed", "fp32"] = Field(
+        "mixed",
+        title="Precision",
+        description="What the job trains in, for its memory cap: 'mixed' (activations in 2 "
+        "bytes, as the published configurations the caps come from) or 'fp32' (4 bytes: "
+        "about half the local batch).",
+    )
     max_local_batch: int | None = Field(
         None,
         ge=1,

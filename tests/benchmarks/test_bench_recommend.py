@@ -130,7 +130,7 @@ def test_the_settled_cpu_is_the_typical_rolling_least_of_the_last_phases():
 def test_one_short_run_reports_every_choice_measured_against_its_prediction(tmp_path):
     out = tmp_path / "rec.json"
     argv = ["--candidates", "g4dn.xlarge:1,p3.2xlarge:1", "--deadline-h", "3"]
-    main([*argv, "--global-batch", "256", "--run-steps", "8", "--json", str(out)])
+    main([*argv, "--global-batch", "192", "--run-steps", "8", "--json", str(out)])
     figures = json.loads(out.read_text())
     assert set(figures["choices"]) == {"recommended", "all-cheapest", "all-fastest", "equal-counts"}
     for row in figures["choices"].values():

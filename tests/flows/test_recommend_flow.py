@@ -38,11 +38,11 @@ def cli(flags: list[str], tmp_path, capsys) -> tuple[int, dict, str, str]:
 SAME = [
     (
         [
-            *("--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "768"),
+            *("--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "640"),
             *("--steps", "1000", "--budget", "20"),
         ],
         {
-            "job": RecommendJob(global_batch=768, steps=1000),
+            "job": RecommendJob(global_batch=640, steps=1000),
             "candidates": [
                 RentableType(instance_type="g4dn.xlarge", count=2),
                 RentableType(instance_type="p3.2xlarge", count=1),
@@ -147,13 +147,13 @@ def test_the_flow_records_the_commands_choice_and_fails_as_it_does(
     from hetflow.flows.recommend import recommend
     from hetflow.infra.tracking.tracker import MLflowTracker
 
-    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "768"]
+    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "640"]
     code, want, cluster_text, _ = cli(
         [*flags, "--steps", "1000", "--budget", "20"], tmp_path, capsys
     )
     assert code == 0 and want["chosen"]["mix"] == {"g4dn.xlarge": 2, "p3.2xlarge": 1}
     out = recommend(
-        job=RecommendJob(global_batch=768, steps=1000),
+        job=RecommendJob(global_batch=640, steps=1000),
         candidates=[
             RentableType(instance_type="g4dn.xlarge", count=2),
             RentableType(instance_type="p3.2xlarge", count=1),

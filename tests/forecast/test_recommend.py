@@ -63,7 +63,7 @@ def test_with_plenty_of_a100s_the_cheaper_types_are_not_worth_adding():
 
 
 def test_under_a_tight_budget_the_cheap_type_wins():
-    job = Job(RESNET, global_batch=256, steps=10_000)
+    job = Job(RESNET, global_batch=128, steps=40_000)
     cands = catalog_cands(MIX, job)
     cheap = Evaluator(cands, job)((1, 0, 0))
     rec = search(cands, job, Objective("budget", budget_usd=cheap.cost_usd * 1.05))
@@ -108,7 +108,7 @@ def test_the_cli_defaults_to_a_margin_and_refuses_a_bad_one(tmp_path, capsys):
 
 
 def test_a_deadline_no_mix_meets_names_the_fastest():
-    job = Job(RESNET, global_batch=512, steps=10_000)
+    job = Job(RESNET, global_batch=384, steps=10_000)
     cands = catalog_cands("p3.2xlarge:1,g4dn.xlarge:1", job)
     with pytest.raises(RecommendError, match=r"the fastest, .* is predicted [\d.]+ h"):
         search(cands, job, Objective("deadline", deadline_h=0.01))
@@ -204,7 +204,7 @@ def test_bad_input_is_one_line(flags, message, capsys, tmp_path):
 
 def test_the_cluster_file_round_trips_and_names_the_presets(tmp_path, capsys):
     out, figures = tmp_path / "c.yaml", tmp_path / "r.json"
-    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "768"]
+    flags = ["--candidates", "g4dn.xlarge:2,p3.2xlarge:1", "--global-batch", "640"]
     flags += ["--steps", "1000", "--budget", "20", "-o", str(out), "--json", str(figures)]
     flags += ["--plot", str(tmp_path / "front.png")]
     assert main(["recommend", *flags]) == 0
@@ -224,7 +224,7 @@ def test_the_cluster_file_round_trips_and_names_the_presets(tmp_path, capsys):
     assert nodes == {"head": 0, "g4dn_xlarge": 2, "p3_2xlarge": 1}
     assert f"`ray up {tmp_path / 'c-ray.yaml'}`" in printed
     data = json.loads(figures.read_text())
-    assert sum(map(sum, data["chosen"]["local_batches"])) == 768
+    assert sum(map(sum, data["chosen"]["local_batches"])) == 640
     assert data["chosen"]["mix"] == {"g4dn.xlarge": 2, "p3.2xlarge": 1}
     assert (tmp_path / "front.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -248,12 +248,13 @@ def test_recipe_lists_each_model_once_and_still_takes_an_old_name(tmp_path, caps
     out = tmp_path / "c.yaml"
     flags = ["--recipe", "cnn", "--steps", "100", "-o", str(out), "--ray-config", ""]
     assert main(["recommend", *flags]) == 0
-    assert capsys.readouterr().out.startswith("hetflow recommend: digits-cnn,")
+    assert capsys.readouterr().out.startswith("hetflow recommend: digits-cnn (mixed precision),")
 
 
 def test_one_worker_is_counted_in_the_singular(tmp_path, capsys):
     out = tmp_path / "c.yaml"
-    flags = ["--candidates", "p3.2xlarge:1", "--steps", "100", "-o", str(out), "--ray-config", ""]
+    flags = ["--candidates", "p3.2xlarge:1", "--global-batch", "128", "--steps", "100"]
+    flags += ["-o", str(out), "--ray-config", ""]
     assert main(["recommend", *flags]) == 0
     assert f"wrote {out} (1 worker);" in capsys.readouterr().out
 
@@ -312,7 +313,21 @@ def test_the_recommend_page_s_commands_run_as_written(tmp_path, monkeypatch, het
         for c in commands(page.read_text())
         if c.startswith("hetflow recommend ") and "--profiles" not in c
     ]
-    assert len(lines) == 4
+    assert len(lines) == 5
     monkeypatch.chdir(tmp_path)
     for line in lines:
         assert main(shlex.split(line)[1:]) == 0, line
+
+
+def test_the_saving_the_recommend_page_cites_is_on_a_job_recommend_accepts(tmp_path, capsys):
+    """docs/recommend.md's 'Where a mix saves': recommend takes the job within every memory cap
+    and chooses the mix the page names, at the figures it gives."""
+    figures = tmp_path / "r.json"
+    flags = ["--candidates", "g4dn.xlarge:4,p3.2xlarge:2", "--global-batch", "512"]
+    flags += ["--steps", "10000", "--deadline-h", "1.5", "--json", str(figures)]
+    assert main(["recommend", *flags, "-o", str(tmp_path / "c.yaml"), "--ray-config", ""]) == 0
+    data = json.loads(figures.read_text())
+    assert data["chosen"]["mix"] == {"g4dn.xlarge": 3, "p3.2xlarge": 1}
+    assert round(data["chosen"]["cost_usd"], 2) == 5.81
+    caps = data["memory_caps"]
+    assert all(b <= caps[t] for t, bs in zip(caps, data["chosen"]["local_batches"]) for b in bs)

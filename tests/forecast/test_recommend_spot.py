@@ -105,7 +105,7 @@ def test_a_deadline_met_only_without_interruptions_is_said_so(tmp_path, capsys):
     """One g4dn.xlarge, the deadline a hair over its uninterrupted time: on spot, interrupted
     200 times a month and half an hour lost each time, it is expected late, so on-demand is
     chosen, and the table and a note say that spot would be in time only uninterrupted."""
-    one = ["--candidates", "g4dn.xlarge:1", "--global-batch", "256", "--steps", "10000"]
+    one = ["--candidates", "g4dn.xlarge:1", "--global-batch", "128", "--steps", "20000"]
     code, bare, _, _ = run(one, tmp_path, capsys)
     deadline = f"{bare['chosen']['hours'] * 1.001:.6f}"
     late = ["--market", "both", "--interruptions", "g4dn.xlarge:200", "--restart-s", "1800"]
@@ -142,7 +142,8 @@ def test_a_spot_table_of_ones_own_replaces_the_shipped_one(tmp_path, capsys):
     }
     path = tmp_path / "spot.json"
     path.write_text(json.dumps(table))
-    flags = ["--candidates", "g4dn.xlarge:1", "--market", "spot", "--spot-table", str(path)]
+    flags = ["--candidates", "g4dn.xlarge:1", "--global-batch", "128", "--market", "spot"]
+    flags += ["--spot-table", str(path)]
     code, data, out, _ = run(flags, tmp_path, capsys)
     assert code == 0 and "our own quotes, as of 2026-11-27" in out
     assert data["chosen"]["usd_per_hour"] == pytest.approx(0.526 * 0.5)
@@ -202,7 +203,8 @@ def test_bad_spot_input_is_one_line(flags, message, tmp_path, capsys):
 
 def test_a_budget_is_measured_against_the_cheapest_hour_of_the_markets_searched(tmp_path, capsys):
     """$0.30 is under an on-demand hour of a g4dn.xlarge ($0.526) but over a spot hour."""
-    flags = ["--candidates", "g4dn.xlarge:1", "--steps", "100", "--budget", "0.3"]
+    flags = ["--candidates", "g4dn.xlarge:1", "--global-batch", "128", "--steps", "100"]
+    flags += ["--budget", "0.3"]
     code, _, _, err = run(flags, tmp_path, capsys)
     assert code == 2 and "less than one instance-hour" in err
     for market in ("spot", "both"):  # with both: on-demand is a hair faster (no interruptions)

@@ -35,6 +35,7 @@ class Recommendation:
     history: History | None = field(default=None, repr=False)
     seconds: float = 0.0
     notes: tuple[str, ...] = ()
+    precision: str = "mixed"  # the job's, which its memory caps assume
 
     @property
     def best(self) -> Prediction:
@@ -60,7 +61,9 @@ class Recommendation:
 
     def figures(self) -> dict:
         """The choice, the alternatives and the front as JSON figures."""
-        return table.figures(self.ranking, self.batches, self.seconds, self.spot)
+        out = table.figures(self.ranking, self.batches, self.seconds, self.spot)
+        out["job"]["precision"] = self.precision
+        return out
 
     def cluster_file(self) -> dict:
         """The chosen mix as a ClusterSpec mapping (`cluster_file`)."""
@@ -115,15 +118,15 @@ def recommend(request: RecommendRequest, history: History | None, market) -> Rec
     markets, restart, spot = market_setup(
         m.kind, request.names, market, discounts, per_month, m.restart_s, m.checkpoint_every
     )
-    cands = candidates(mix, job, market, request.job.max_local_batch, spot, history)
+    j = request.job
+    cands = candidates(mix, job, market, j.max_local_batch, spot, history, j.precision)
     t = time.perf_counter()
     ranking = search(cands, job, objective_of(request), markets, restart)
     batches = local_batches(cands, ranking.best, job.global_batch)
     seconds = time.perf_counter() - t
     source = f"{market.prices.source}, as of {market.prices.as_of}"
-    return Recommendation(
-        ranking, batches, source, spot, history, seconds, memory_notes(ranking, batches)
-    )
+    notes = memory_notes(ranking, batches)
+    return Recommendation(ranking, batches, source, spot, history, seconds, notes, j.precision)
 
 
 def memory_notes(ranking: Ranking, batches: list[list[int]]) -> tuple[str, ...]:

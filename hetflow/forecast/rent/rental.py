@@ -65,11 +65,13 @@ def candidates(
     max_local_batch: int | None = None,
     spot=None,
     history: History | None = None,
+    precision: str = "mixed",
 ) -> list[Candidate]:
     """Candidates of `mix`, (name, count) pairs, from `market` (`hetflow.infra.market`'s: the
     offline catalog's types and their On-Demand prices) with step curves up to the global batch
     or `max_local_batch`: a type's measured one where `history` has it (`rent.measured`),
-    else its GPU's published one; spot figures from the SpotTable `spot` where given. One line
+    else its GPU's published one, up to the memory cap of a job in `precision`
+    (`simulate.memory`); spot figures from the SpotTable `spot` where given. One line
     naming a type the catalog lacks, one without a price, one without either curve (and what
     would give it one), one without spot figures."""
     names = [name for name, _ in mix]
@@ -88,7 +90,7 @@ def candidates(
         info = types[name]
         measured = history.curves.get(name) if history is not None else None
         preset = PRESET_OF_GPU.get(info.gpu_name or "")
-        memory = _memory(name, info, preset, job, measured)
+        memory = _memory(name, info, preset, job, measured, precision)
         top = max_batch if memory.cap is None else min(max_batch, memory.cap)
         if measured is not None:
             steps = measured.steps(top)
@@ -109,13 +111,13 @@ def candidates(
     return out
 
 
-def _memory(name: str, info, preset: str | None, job: Job, measured):
+def _memory(name: str, info, preset: str | None, job: Job, measured, precision: str):
     """The largest local batch of one device of `name` (`simulate.memory.device_limit`): the
     measured cap, else the model's memory against the device's (the catalog's, else its
     preset's); one line when not even the model's state fits."""
     device_mib = info.gpu_memory_mib or (PRESETS[preset].memory_gib * 1024 if preset else 0)
     cap = measured.cap if measured is not None else None
-    limit = device_limit(job.model, info.gpu_name, device_mib, cap)
+    limit = device_limit(job.model, info.gpu_name, device_mib, cap, precision)
     if limit.cap == 0:
         raise RecommendError(
             f"--candidates: {name}: not one sample of {job.model.name} fits its memory "

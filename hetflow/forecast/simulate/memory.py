@@ -3,18 +3,24 @@
 A device training a model holds the model's state, `STATE_BYTES_PER_PARAM` bytes per
 parameter (fp32 weights, gradients and two optimizer moments, as Adam and LAMB keep; SGD with
 momentum keeps one, so the rule errs towards fewer samples), and per sample of its local batch
-the activations kept for the backward pass, `ModelSpec.sample_memory_bytes`. The largest
-local batch is then
+the activations kept for the backward pass. Of the device's memory, a share `MEMORY_MARGIN`
+is not counted as room: what the driver does not hand out (a T4 sold and listed as 16 GB
+reports 15360 MiB), the CUDA context and the libraries' workspaces, and the allocator's
+fragmentation. The largest local batch is then
 
-    floor((device memory - state) / memory per sample)
+    floor(((1 - MEMORY_MARGIN) x device memory - state) / memory per sample)
 
 A model's memory per sample is derived from a published training configuration, the local
 batch a vendor trains it at on a device of known memory (`per_sample_bytes`): that batch fits,
 so the figure is an upper bound on what one sample takes there, allocator and workspace
-included, and the caps it gives are on the safe side. The figure and its source are the
-model's (`simulate.models`); a measured cap (a profile's `memory_cap_batch`, from the profile
-history) wins over it. Where either figure is missing, memory is not checked, and the
-recommendation says so (`MemoryLimit.note`).
+included. The published configurations are mixed precision, whose kept activations are 2
+bytes each; an fp32 job keeps them in 4 (`ACTIVATION_BYTES`), so its memory per sample is
+twice the published one (`sample_bytes_at`) and its cap about half: an upper bound again,
+since mixed precision keeps some activations (normalisation, losses) in fp32 already. The
+figure and its source are the model's (`simulate.models`); a measured cap (a profile's
+`memory_cap_batch`, from the profile history, measured on the device itself) wins over it.
+Where either figure is missing, memory is not checked, and the recommendation says so
+(`MemoryLimit.note`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,12 @@ from dataclasses import dataclass
 MIB = 2**20
 GIB = 2**30
 STATE_BYTES_PER_PARAM = 16  # fp32 weights, gradients and two optimizer moments
+MEMORY_MARGIN = 0.10  # of a device's listed memory, not counted as room (module docstring)
+# Bytes of one kept activation, by the job's precision; the models' published memory per
+# sample is of PUBLISHED_PRECISION.
+ACTIVATION_BYTES = {"mixed": 2, "fp32": 4}
+PRECISIONS = tuple(ACTIVATION_BYTES)
+PUBLISHED_PRECISION = "mixed"
 
 
 def state_bytes(params: int) -> float:
@@ -43,14 +55,31 @@ def per_sample_bytes(device_bytes: float, batch: int, params: int) -> float:
     return (device_bytes - state_bytes(params)) / batch
 
 
+def sample_bytes_at(published: float, precision: str) -> float:
+    """Memory per sample at `precision` of a model whose published figure (at
+    PUBLISHED_PRECISION) is `published`: scaled by the bytes of a kept activation.
+
+    >>> sample_bytes_at(100.0, "mixed"), sample_bytes_at(100.0, "fp32")
+    (100.0, 200.0)
+    """
+    if precision not in ACTIVATION_BYTES:
+        raise ValueError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    return published * ACTIVATION_BYTES[precision] / ACTIVATION_BYTES[PUBLISHED_PRECISION]
+
+
+def usable_bytes(device_bytes: float) -> float:
+    """What of a device's listed memory counts as room: all but MEMORY_MARGIN of it."""
+    return device_bytes * (1 - MEMORY_MARGIN)
+
+
 def largest_batch(device_bytes: float, params: int, sample_bytes: float) -> int:
-    """The most samples a device of `device_bytes` holds beside the model's state (0: not
-    even its state).
+    """The most samples a device of `device_bytes` holds beside the model's state, the margin
+    kept (0: not even its state).
 
     >>> largest_batch(16 * GIB, 25_600_000, per_sample_bytes(16 * GIB, 256, 25_600_000))
-    256
+    229
     """
-    room = device_bytes - state_bytes(params)
+    room = usable_bytes(device_bytes) - state_bytes(params)
     return max(0, math.floor(room / sample_bytes + 1e-9))
 
 
@@ -72,9 +101,12 @@ class MemoryLimit:
         return None
 
 
-def device_limit(model, gpu: str | None, device_mib: int, measured_cap: int | None) -> MemoryLimit:
-    """The largest local batch of `model` (a `ModelSpec`) on one device of `device_mib` MiB
-    (0: not known) of GPU `gpu`, or the profile history's `measured_cap` where there is one."""
+def device_limit(
+    model, gpu: str | None, device_mib: int, measured_cap: int | None, precision: str = "mixed"
+) -> MemoryLimit:
+    """The largest local batch of `model` (a `ModelSpec`) trained at `precision` (one of
+    PRECISIONS) on one device of `device_mib` MiB (0: not known) of GPU `gpu`, or the profile
+    history's `measured_cap` where there is one."""
     if measured_cap is not None:
         return MemoryLimit(measured_cap, "measured: the profile history's memory_cap_batch")
     if model.sample_memory_bytes is None:
@@ -82,10 +114,12 @@ def device_limit(model, gpu: str | None, device_mib: int, measured_cap: int | No
     if not device_mib:
         return MemoryLimit(None, f"the catalog gives no device memory for {gpu or 'its CPU'}")
     device = device_mib * MIB
-    cap = largest_batch(device, model.params, model.sample_memory_bytes)
+    per_sample = sample_bytes_at(model.sample_memory_bytes, precision)
+    cap = largest_batch(device, model.params, per_sample)
     why = (
-        f"{device / GIB:.3g} GiB {gpu} less {model.name}'s state, "
-        f"{state_bytes(model.params) / 1e9:.2g} GB, at "
-        f"{model.sample_memory_bytes / 1e6:.3g} MB a sample: {model.memory_source}"
+        f"{device / GIB:.3g} GiB {gpu} less a {MEMORY_MARGIN:.0%} margin and {model.name}'s "
+        f"state, {state_bytes(model.params) / 1e9:.2g} GB, at {per_sample / 1e6:.3g} MB a "
+        f"sample in {precision} precision, activations of {ACTIVATION_BYTES[precision]} "
+        f"bytes: {model.memory_source}"
     )
     return MemoryLimit(cap, why)
