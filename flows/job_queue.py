@@ -135,16 +135,8 @@ def queue(
         tracker = MLflowTracker(tracking)
         parent = tracker.start_run("queue", cluster, dataset)
         inbox = inbox_reader(where / "inbox" if read_inbox else None)
-        session = Session(
-            cluster,
-            dataset,
-            tracking,
-            parent,
-            switch_s,
-            inbox,
-            state=where / "state.json",
-            cancels=where / CANCEL_FOLDER,
-        )
+        files = {"state": where / "state.json", "cancels": where / CANCEL_FOLDER}
+        session = Session(cluster, dataset, tracking, parent, switch_s, inbox, **files)
         try:
             session.run(jobs)
         except QueueError as e:

@@ -99,6 +99,19 @@ def test_list_shows_each_jobs_state_and_why_it_failed(capsys, hetflow_home):
     assert bad.split()[2] == "failed" and bad.endswith("rank 0 (step 4): RuntimeError: boom")
 
 
+def test_run_exits_1_where_a_job_of_the_session_failed(capsys, hetflow_home):
+    from hetflow.cli.queue import failures_said
+
+    write_state(
+        hetflow_home,
+        [{"name": "ok", "state": "done"}, {"name": "c", "state": "cancelled"}],
+    )
+    assert failures_said(hetflow_home / "queue") == 0
+    write_state(hetflow_home, [{"name": "bad", "state": "failed", "reason": "rank 0: boom"}])
+    assert failures_said(hetflow_home / "queue") == 1
+    assert capsys.readouterr().err == "hetflow: job bad failed: rank 0: boom\n"
+
+
 def test_cancel_asks_the_session_to_end_a_job_it_runs_and_refuses_an_ended_one(
     capsys, hetflow_home
 ):
@@ -170,8 +183,8 @@ def cancel_when_running(home, name: str, said: list[str]) -> None:
 def test_a_failing_job_ends_alone_and_a_running_one_is_cancelled_at_its_checkpoint(
     s3, prefect_harness, tmp_path, hetflow_home, capsys
 ):
-    """Three jobs on three workers: `bad`'s recipe raises at step 4 (its first evaluation),
-    `long` is cancelled once running, `good` runs to its end on a worker of its own."""
+    """Three jobs on three workers: `bad`'s recipe raises at its first evaluation, its 4th
+    step (step 3, counted from 0), `long` is cancelled once running, `good` runs to its end."""
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 
@@ -203,7 +216,7 @@ def test_a_failing_job_ends_alone_and_a_running_one_is_cancelled_at_its_checkpoi
     rows = {r["name"]: r for r in json.loads((hetflow_home / "queue/state.json").read_text())}
     assert rows["good"]["state"] == "done" and rows["good"]["steps_done"] == 8
     assert rows["bad"]["state"] == "failed"
-    assert rows["bad"]["reason"].startswith("rank 0 (step 4): RuntimeError: the test recipe")
+    assert rows["bad"]["reason"].startswith("rank 0 (step 3): RuntimeError: the test recipe")
     stopped = rows["long"]["steps_done"]
     assert rows["long"]["state"] == "cancelled" and 0 < stopped < 400 and stopped % 4 == 0
     assert rows["long"]["reason"] == f"cancelled at its checkpoint, step {stopped}"

@@ -184,6 +184,17 @@ def cmd_queue_list(args) -> int:
     return 0
 
 
+def failures_said(where) -> int:
+    """`run`'s exit status: 1 where a job of the session failed (each named on stderr, with
+    its reason), else 0 (every job done or cancelled)."""
+    import sys
+
+    failed = [r for r in session_rows(where) if r["state"] == "failed"]
+    for r in failed:
+        print(f"hetflow: job {r['name']} failed: {r.get('reason', '')}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def cmd_queue_cancel(args) -> int:
     """A queued job taken out of the inbox; a job of the session asked to end (at once where
     it holds no workers, else at its next checkpoint); a one-line error for a name the queue
@@ -241,4 +252,4 @@ def cmd_queue_run(args) -> int:
     (queue_dir() / CLUSTER_FILE).write_text(cluster.model_dump_json())
     out = queue(jobs=default_jobs() if args.demo else [], cluster=cluster, switch_s=args.switch_s)
     print(json.dumps(out["figures"], indent=1))
-    return 0
+    return failures_said(queue_dir())
