@@ -62,9 +62,9 @@ class Live:
         return "cancelling" if self.cancelling else "running"
 
     def stop_step(self, progress: int) -> int | None:
-        """The checkpoint its running segment stops at to move, asked at `progress` steps
-        done: the first at least two steps on (`TrainingLoop.stop_asked`); None where the
-        job ends first."""
+        """The checkpoint its running segment is asked to stop at, at `progress` steps done:
+        the first at least two steps on (rank 0 of the run moves it to a later one that no
+        rank has passed: `training.loop.stop_request`); None where the job ends first."""
         k = self.job.checkpoint_every
         at = -(-(progress + 2) // k) * k
         return at if at < self.job.steps else None

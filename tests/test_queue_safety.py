@@ -242,3 +242,24 @@ def test_a_failing_job_ends_alone_and_a_running_one_is_cancelled_at_its_checkpoi
         for kind in ("speed-1", "speed-2"):
             limit = prefect.read_global_concurrency_limit_by_name(slot_name(kind))
             assert limit.active_slots == 0  # every worker back in the pool
+
+
+def test_every_rank_stops_at_the_same_checkpoint_however_late_the_request_comes(tmp_path):
+    """Rank 1 runs a step ahead of rank 0 and asks about boundary 112 before the queue writes
+    `stop_at` = 112: rank 0, which reads the file, moves the stop to the next checkpoint no
+    rank has asked about, and both stop there (a rank stopping alone waits in a collective)."""
+    import torch.distributed as dist
+
+    from hetflow.training.loop.progress import STOP_FILE
+    from hetflow.training.loop.stop_request import StopRequest
+
+    store = dist.HashStore()
+    rank0, rank1 = (StopRequest(tmp_path, r, every=4, slack=1, store=store) for r in (0, 1))
+    assert not rank1.asked(111) and not rank1.asked(112)
+    (tmp_path / STOP_FILE).write_text("112")
+    stops = {0: [], 1: []}
+    for boundary in range(112, 121):
+        stops[0].append(rank0.asked(boundary))
+        stops[1].append(rank1.asked(boundary + 1) if boundary < 120 else False)
+    assert [112 + i for i, s in enumerate(stops[0]) if s] == [116]
+    assert [113 + i for i, s in enumerate(stops[1]) if s] == [116]
