@@ -71,11 +71,14 @@ def test_cancel_takes_a_queued_job_out_and_refuses_a_name_it_does_not_know(capsy
     assert main(["queue", "cancel", "a"]) == 0
     assert inbox(hetflow_home) == ["b.json"]
     assert main(["queue", "cancel", "a"]) == 2  # gone: no longer known
+    assert main(["queue", "cancel", "../inbox/b"]) == 2  # a name, never a path
     out, err = capsys.readouterr()
     assert "cancelled a: taken out of the queue before it ran" in out
     assert err.splitlines() == [
-        "hetflow: error: NAME: no job 'a' in the queue (`hetflow queue list` names them)"
+        "hetflow: error: NAME: no job 'a' in the queue (`hetflow queue list` names them)",
+        "hetflow: error: NAME: '../inbox/b' is no job's name (`hetflow queue list` names them)",
     ]
+    assert inbox(hetflow_home) == ["b.json"]
 
 
 def write_state(home, rows: list[dict]) -> None:

@@ -199,10 +199,14 @@ def cmd_queue_cancel(args) -> int:
     """A queued job taken out of the inbox; a job of the session asked to end (at once where
     it holds no workers, else at its next checkpoint); a one-line error for a name the queue
     does not know or a job that has ended."""
-    from hetflow.config_queue import CANCEL_FOLDER, ENDED_STATES
+    import re
+
+    from hetflow.config_queue import CANCEL_FOLDER, ENDED_STATES, JOB_NAME
     from hetflow.infra.paths import queue_dir
 
     where, name = queue_dir(), args.name
+    if not re.match(JOB_NAME, name):  # it names files: never a path
+        raise ConfigError(f"NAME: {name!r} is no job's name (`hetflow queue list` names them)")
     try:
         (where / "inbox" / f"{name}.json").unlink()
     except FileNotFoundError:
@@ -220,7 +224,7 @@ def cmd_queue_cancel(args) -> int:
     if row["state"] in ("running", "cancelling"):
         print(f"cancelling {name}: it stops at its next checkpoint (`hetflow queue list`)")
     else:
-        print(f"cancelling {name}: the session takes it out at its next look (about a second)")
+        print(f"cancelling {name}: the running session takes it out at its next look")
     return 0
 
 
