@@ -11,7 +11,7 @@ from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config import ConfigError, DatasetSpec, TrackingConfig
-from hetflow.config.queue import QueueJob, queue_cluster
+from hetflow.config.queue import CANCEL_FOLDER, ENDED_STATES, QueueJob, queue_cluster
 from hetflow.flows.forms import Cluster, Dataset, Job, titled
 from hetflow.infra.paths import queue_dir
 from hetflow.infra.report.plots import worker_timeline
@@ -34,9 +34,14 @@ def default_jobs() -> list[QueueJob]:
 
 
 def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
-    """(the session's figures for MLflow; one row per job)."""
+    """(the session's figures for MLflow, over the jobs that ran to their end, with how many
+    failed and were cancelled; one row per job that ran to its end)."""
     rows = []
-    for j in session.jobs:
+    done = [j for j in session.jobs if j.ended == "done"]
+    counts = {f"jobs_{s}": sum(j.ended == s for j in session.jobs) for s in ENDED_STATES}
+    if not done:
+        return counts | {"measuring_s": session.measuring_s}, rows
+    for j in done:
         last = j.segments[-1]
         rows.append(
             {
@@ -49,10 +54,9 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
                 "launch_s": round(sum(s.wall_s - s.train_s for s in j.segments), 1),
             }
         )
-    out = {
+    out = counts | {
         "avg_job_completion_s": sum(r["completion_s"] for r in rows) / len(rows),
-        "makespan_s": max(j.finished_s for j in session.jobs)
-        - min(j.arrived_s for j in session.jobs),
+        "makespan_s": max(j.finished_s for j in done) - min(j.arrived_s for j in done),
         "steps_redone": sum(r["steps_redone"] for r in rows),
         "segments": sum(r["segments"] for r in rows),
         "measuring_s": session.measuring_s,
@@ -61,7 +65,18 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
     return out, rows
 
 
+def ended_badly(session: Session) -> list[dict]:
+    """One row per job that failed or was cancelled: its state and why."""
+    return [
+        {"job": j.job.name, "priority": j.job.priority, "state": j.ended, "reason": j.reason}
+        for j in session.jobs
+        if j.ended in ("failed", "cancelled")
+    ]
+
+
 def table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
     head = list(rows[0])
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
@@ -120,9 +135,8 @@ def queue(
         tracker = MLflowTracker(tracking)
         parent = tracker.start_run("queue", cluster, dataset)
         inbox = inbox_reader(where / "inbox" if read_inbox else None)
-        session = Session(
-            cluster, dataset, tracking, parent, switch_s, inbox, state=where / "state.json"
-        )
+        files = {"state": where / "state.json", "cancels": where / CANCEL_FOLDER}
+        session = Session(cluster, dataset, tracking, parent, switch_s, inbox, **files)
         try:
             session.run(jobs)
         except QueueError as e:
@@ -140,7 +154,7 @@ def queue(
         order = [w.name for w in cluster.workers]
         tracker.log_plots(parent, {"queue_workers.png": worker_timeline(session.spans, order)})
         tracker.log_json(parent, "queue.json", {"jobs": rows, "spans": session.spans})
-        md = table(rows)
+        md = "\n\n".join(t for t in (table(rows), table(ended_badly(session))) if t)
         create_markdown_artifact(md, key="queue", description="the queue's jobs")
         tracker.finish(parent)
     print(md)

@@ -21,6 +21,13 @@ PRIORITY_CLASSES = ("high", "normal", "low")
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
+# How a job of the queue ends: its last step done, a failure of its own (the others go on),
+# or `hetflow queue cancel` (taken out before it started, or stopped at a checkpoint).
+ENDED_STATES = ("done", "failed", "cancelled")
+# `$HETFLOW_HOME/queue/CANCEL_FOLDER/NAME`: `hetflow queue cancel NAME`'s request to the
+# running session (an empty file; the session removes it once read).
+CANCEL_FOLDER = "cancel"
+
 
 class QueueJob(ConfigModel):
     """One training job of the queue: a train run with a priority, run in segments of

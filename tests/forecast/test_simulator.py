@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetflow.config import ConfigError
-from hetflow.forecast.simulate import published
 from hetflow.forecast import simulate as sim
+from hetflow.forecast.simulate import published
 from hetflow.infra.catalog import Catalog, InstanceInfo
 from hetflow.infra.pricing import PriceTable
 from hetflow.records import Profile
