@@ -107,5 +107,6 @@ QUEUE_JOB_FIELDS = (
     "global_batch",
     "checkpoint_every",
     "memory_gb",
+    "workers",
 )
 Job = Annotated[QueueJob, RECIPES, FormFields(*QUEUE_JOB_FIELDS)]

@@ -3,7 +3,7 @@ it runs best on and moved only at its checkpoints (`tasks.queue_session`)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
@@ -47,6 +47,7 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
                 "segments": len(j.segments),
                 "steps_redone": last.steps_redone,
                 "launch_s": round(sum(s.wall_s - s.train_s for s in j.segments), 1),
+                "train_s": round(sum(s.train_s for s in j.segments), 1),
             }
         )
     out = {
@@ -101,11 +102,20 @@ def queue(
         ),
     ] = True,
     jobs: SkipJsonSchema[list[QueueJob]] = [],  # noqa: B006 (never mutated)
+    policy: Annotated[
+        Literal["allocator", "fifo"],
+        titled(
+            "Policy",
+            "allocator: each job the workers it runs best on, moved at checkpoints; fifo: "
+            "first come, first served, blind to the device type (the baseline).",
+        ),
+    ] = "allocator",
 ) -> dict:
     """Run `job`, `jobs` and the inbox's (`hetflow queue submit`) on `cluster`, each job's run
     nested under the session's MLflow run (figures, who held which worker when). The form
     submits one `job`; `jobs` and `tracking` come from the deployment's parameters or Python.
-    `switch_s`: a move's cost (its relaunch), weighed against what the move gains."""
+    `switch_s`: a move's cost (its relaunch), weighed against what the move gains; `policy`:
+    the allocator, or `fifo` (`hetflow.queue.fifo`), recorded as the session run's param."""
     jobs = ([job] if job is not None else []) + list(jobs)
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
@@ -119,9 +129,10 @@ def queue(
         ensure_slots(cluster)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_run("queue", cluster, dataset)
+        tracker.log_params(parent, {"policy": policy})
         inbox = inbox_reader(where / "inbox" if read_inbox else None)
         session = Session(
-            cluster, dataset, tracking, parent, switch_s, inbox, state=where / "state.json"
+            cluster, dataset, tracking, parent, switch_s, inbox, where / "state.json", policy=policy
         )
         try:
             session.run(jobs)
@@ -134,7 +145,8 @@ def queue(
         if not session.jobs:
             tracker.finish(parent)
             print("queue: no jobs (hetflow queue submit NAME queues one)")
-            return {"parent_run_id": parent, "figures": {}, "jobs": [], "spans": []}
+            nothing = {"figures": {}, "jobs": [], "spans": []}
+            return {"parent_run_id": parent, "policy": policy, **nothing}
         values, rows = figures(session)
         tracker.log_metrics(parent, values)
         order = [w.name for w in cluster.workers]
@@ -143,5 +155,11 @@ def queue(
         md = table(rows)
         create_markdown_artifact(md, key="queue", description="the queue's jobs")
         tracker.finish(parent)
-    print(md)
-    return {"parent_run_id": parent, "figures": values, "jobs": rows, "spans": session.spans}
+    print(f"queue ({policy}):\n{md}")
+    return {
+        "parent_run_id": parent,
+        "policy": policy,
+        "figures": values,
+        "jobs": rows,
+        "spans": session.spans,
+    }
