@@ -9,14 +9,15 @@ in the cluster's order. Since that order decides what FIFO's blind pick lands on
 lists the workers rotated left by r, so over three repeats each kind comes first once; both
 policies of a repeat see the same order.
 
-Before the repeats, one untimed session of the allocator (each job a single checkpoint) fills
-the profile history for the jobs' recipe and batch on every kind, so that no timed session
-measures (`measuring_s`, reported). Each repeat then runs both policies, which one first
-alternating (`hetflow.repeats.run_order`). Reported per policy, as the median over repeats
-with its min-max: average completion, makespan, the high job's wait, each job's wait and
-completion; and per repeat the ratio of the allocator's average completion to FIFO's, with
-its median and min-max. How much training outweighs launching: each session's training
-loops' seconds over its launches' (a launch: torchrun, the plan, the checkpoint, recording).
+Before the repeats, one untimed session of the allocator (the first job, to its first
+checkpoint) fills the profile history for the jobs' recipe and batch on every kind, so that
+no timed session measures (`measuring_s`, reported). Each repeat then runs both policies,
+which one first alternating (`hetflow.repeats.run_order`). Reported per policy, as the
+median over repeats with its min-max: average completion, makespan, the high job's wait,
+each job's wait and completion; and per repeat the ratio of the allocator's average
+completion to FIFO's, with its median and min-max. How much training outweighs launching:
+each session's training loops' seconds over its launches' (a launch: torchrun, the plan, the
+checkpoint, recording).
 """
 
 from __future__ import annotations
@@ -115,8 +116,8 @@ def compare_real(speeds: str, time_scale: float, steps: int, switch_s: float, re
     """The warm-up session, then `repeats` rounds of both policies (see the module)."""
     kinds = speeds.split(",")
     jobs = real_jobs(steps)
-    warm = [j.model_copy(update={"steps": j.checkpoint_every}) for j in jobs]
-    session(kinds, time_scale, warm, switch_s, "allocator")
+    warm = jobs[0].model_copy(update={"steps": jobs[0].checkpoint_every})
+    session(kinds, time_scale, [warm], switch_s, "allocator")
     runs = []
     for r in range(repeats):
         order = rotated(kinds, r)
