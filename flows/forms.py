@@ -107,6 +107,5 @@ QUEUE_JOB_FIELDS = (
     "global_batch",
     "checkpoint_every",
     "memory_gb",
-    "workers",
 )
 Job = Annotated[QueueJob, RECIPES, FormFields(*QUEUE_JOB_FIELDS)]

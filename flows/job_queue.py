@@ -81,7 +81,15 @@ SwitchCost = Annotated[
 ]
 ReadInbox = Annotated[
     bool | SkipJsonSchema[None],
-    titled("Also run the inbox", "Also the jobs `hetflow queue submit` queues, now or later."),
+    titled("Also run the inbox", "Also the jobs `hetflow queue submit` queued, then and later."),
+]
+Policy = Annotated[
+    Literal["allocator", "fifo"],
+    titled(
+        "Policy",
+        "allocator: each job the workers it runs best on, moved at checkpoints; fifo: first "
+        "come, first served, blind to the device type (the baseline).",
+    ),
 ]
 
 
@@ -91,25 +99,10 @@ def queue(
     cluster: Cluster = queue_cluster(),
     dataset: Dataset = DatasetSpec(),
     tracking: SkipJsonSchema[TrackingConfig] = TrackingConfig(),
-    switch_s: Annotated[
-        float,
-        titled("Cost of a move (s)", "What moving a job to other workers costs (its relaunch)."),
-    ] = 15.0,
-    read_inbox: Annotated[
-        bool | SkipJsonSchema[None],
-        titled(
-            "Also run the inbox", "Also the jobs `hetflow queue submit` queued, then and later."
-        ),
-    ] = True,
+    switch_s: SwitchCost = 15.0,
+    read_inbox: ReadInbox = True,
     jobs: SkipJsonSchema[list[QueueJob]] = [],  # noqa: B006 (never mutated)
-    policy: Annotated[
-        Literal["allocator", "fifo"],
-        titled(
-            "Policy",
-            "allocator: each job the workers it runs best on, moved at checkpoints; fifo: "
-            "first come, first served, blind to the device type (the baseline).",
-        ),
-    ] = "allocator",
+    policy: Policy = "allocator",
 ) -> dict:
     """Run `job`, `jobs` and the inbox's (`hetflow queue submit`) on `cluster`, each job's run
     nested under the session's MLflow run (figures, who held which worker when). The form
@@ -130,6 +123,7 @@ def queue(
         tracker = MLflowTracker(tracking)
         parent = tracker.start_run("queue", cluster, dataset)
         tracker.log_params(parent, {"policy": policy})
+        out = {"parent_run_id": parent, "policy": policy}
         inbox = inbox_reader(where / "inbox" if read_inbox else None)
         session = Session(
             cluster, dataset, tracking, parent, switch_s, inbox, where / "state.json", policy=policy
@@ -145,8 +139,7 @@ def queue(
         if not session.jobs:
             tracker.finish(parent)
             print("queue: no jobs (hetflow queue submit NAME queues one)")
-            nothing = {"figures": {}, "jobs": [], "spans": []}
-            return {"parent_run_id": parent, "policy": policy, **nothing}
+            return out | {"figures": {}, "jobs": [], "spans": []}
         values, rows = figures(session)
         tracker.log_metrics(parent, values)
         order = [w.name for w in cluster.workers]
@@ -156,10 +149,4 @@ def queue(
         create_markdown_artifact(md, key="queue", description="the queue's jobs")
         tracker.finish(parent)
     print(f"queue ({policy}):\n{md}")
-    return {
-        "parent_run_id": parent,
-        "policy": policy,
-        "figures": values,
-        "jobs": rows,
-        "spans": session.spans,
-    }
+    return out | {"figures": values, "jobs": rows, "spans": session.spans}
