@@ -88,6 +88,30 @@ def test_run_refuses_an_empty_inbox_and_bad_flags_before_the_session(capsys, het
     assert not (hetflow_home / "queue/cluster.json").exists()  # the next run's cluster
 
 
+def test_run_hands_the_policy_to_the_flow_and_submit_the_workers_fifo_gives(
+    hetflow_home, monkeypatch
+):
+    """`--policy fifo` reaches the session (the flow is replaced: its run is tested below);
+    `submit --workers 2` is what FIFO gives the job."""
+    import hetflow.flows.job_queue as flow
+
+    got = {}
+
+    def fake(**kw):
+        got.update(kw)
+        return {"figures": {}}
+
+    monkeypatch.setattr(flow, "queue", fake)
+    assert main(["queue", "submit", "a", "--workers", "2"]) == 0
+    assert (
+        QueueJob.model_validate_json((hetflow_home / "queue/inbox/a.json").read_text()).workers == 2
+    )
+    assert main(["queue", "run", "--policy", "fifo"]) == 0
+    assert got["policy"] == "fifo"
+    assert main(["queue", "run"]) == 0
+    assert got["policy"] == "allocator"
+
+
 def test_the_flow_refuses_a_session_with_no_job_before_its_services(hetflow_home):
     from hetflow.config import ConfigError
     from hetflow.flows.job_queue import queue
