@@ -3,7 +3,7 @@ it runs best on and moved only at its checkpoints (`tasks.queue_session`)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
@@ -52,6 +52,7 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
                 "segments": len(j.segments),
                 "steps_redone": last.steps_redone,
                 "launch_s": round(sum(s.wall_s - s.train_s for s in j.segments), 1),
+                "train_s": round(sum(s.train_s for s in j.segments), 1),
             }
         )
     out = counts | {
@@ -95,7 +96,15 @@ SwitchCost = Annotated[
 ]
 ReadInbox = Annotated[
     bool | SkipJsonSchema[None],
-    titled("Also run the inbox", "Also the jobs `hetflow queue submit` queues, now or later."),
+    titled("Also run the inbox", "Also the jobs `hetflow queue submit` queued, then and later."),
+]
+Policy = Annotated[
+    Literal["allocator", "fifo"],
+    titled(
+        "Policy",
+        "allocator: each job the workers it runs best on, moved at checkpoints; fifo: first "
+        "come, first served, blind to the device type (the baseline).",
+    ),
 ]
 
 
@@ -105,22 +114,16 @@ def queue(
     cluster: Cluster = queue_cluster(),
     dataset: Dataset = DatasetSpec(),
     tracking: SkipJsonSchema[TrackingConfig] = TrackingConfig(),
-    switch_s: Annotated[
-        float,
-        titled("Cost of a move (s)", "What moving a job to other workers costs (its relaunch)."),
-    ] = 15.0,
-    read_inbox: Annotated[
-        bool | SkipJsonSchema[None],
-        titled(
-            "Also run the inbox", "Also the jobs `hetflow queue submit` queued, then and later."
-        ),
-    ] = True,
+    switch_s: SwitchCost = 15.0,
+    read_inbox: ReadInbox = True,
     jobs: SkipJsonSchema[list[QueueJob]] = [],  # noqa: B006 (never mutated)
+    policy: Policy = "allocator",
 ) -> dict:
     """Run `job`, `jobs` and the inbox's (`hetflow queue submit`) on `cluster`, each job's run
     nested under the session's MLflow run (figures, who held which worker when). The form
     submits one `job`; `jobs` and `tracking` come from the deployment's parameters or Python.
-    `switch_s`: a move's cost (its relaunch), weighed against what the move gains."""
+    `switch_s`: a move's cost (its relaunch), weighed against what the move gains; `policy`:
+    the allocator, or `fifo` (`hetflow.queue.fifo`), recorded as the session run's param."""
     jobs = ([job] if job is not None else []) + list(jobs)
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
@@ -134,9 +137,13 @@ def queue(
         ensure_slots(cluster)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_run("queue", cluster, dataset)
+        tracker.log_params(parent, {"policy": policy})
+        out = {"parent_run_id": parent, "policy": policy}
         inbox = inbox_reader(where / "inbox" if read_inbox else None)
         files = {"state": where / "state.json", "cancels": where / CANCEL_FOLDER}
-        session = Session(cluster, dataset, tracking, parent, switch_s, inbox, **files)
+        session = Session(
+            cluster, dataset, tracking, parent, switch_s, inbox, **files, policy=policy
+        )
         try:
             session.run(jobs)
         except QueueError as e:
@@ -148,7 +155,7 @@ def queue(
         if not session.jobs:
             tracker.finish(parent)
             print("queue: no jobs (hetflow queue submit NAME queues one)")
-            return {"parent_run_id": parent, "figures": {}, "jobs": [], "spans": []}
+            return out | {"figures": {}, "jobs": [], "spans": []}
         values, rows = figures(session)
         tracker.log_metrics(parent, values)
         order = [w.name for w in cluster.workers]
@@ -157,5 +164,5 @@ def queue(
         md = "\n\n".join(t for t in (table(rows), table(ended_badly(session))) if t)
         create_markdown_artifact(md, key="queue", description="the queue's jobs")
         tracker.finish(parent)
-    print(md)
-    return {"parent_run_id": parent, "figures": values, "jobs": rows, "spans": session.spans}
+    print(f"queue ({policy}):\n{md}")
+    return out | {"figures": values, "jobs": rows, "spans": session.spans}

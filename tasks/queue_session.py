@@ -1,9 +1,10 @@
 """One queue session: jobs arrive (the flow's list, after each one's delay, and those
-`hetflow queue submit` leaves in the inbox), the allocator decides at each arrival and end
-(`hetflow.queue.switch.decide`), and each job runs as a train run on its workers
-(`tasks.queue.run_segment`) until it ends or the queue moves its workers: then it is asked
-to stop at its next checkpoint (`RUN_DIR/stop_at`), and a new segment resumes from there on
-the workers it moves to.
+`hetflow queue submit` leaves in the inbox), the policy decides at each arrival and end (the
+allocator, `hetflow.queue.switch.decide`; or `fifo`, `hetflow.queue.fifo`, which never moves a
+running job and needs no job's step times, so it measures none), and each job runs as a train
+run on its workers (`tasks.queue.run_segment`) until it ends or the queue moves its workers:
+then it is asked to stop at its next checkpoint (`RUN_DIR/stop_at`), and a new segment
+resumes from there on the workers it moves to.
 
 A job that fails (its step-time model, its profile or a segment raised) ends alone, `failed`
 with its one-line reason, and its workers go back to the others; `hetflow queue cancel`
@@ -23,10 +24,11 @@ from prefect.artifacts import create_table_artifact
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
 from hetflow.config.queue import QueueJob
-from hetflow.queue.allocate import step_s
+from hetflow.queue.allocate import Holding, step_s
+from hetflow.queue.fifo import fifo
 from hetflow.queue.jobs import Job, check_job
 from hetflow.queue.switch import decide
-from hetflow.tasks.queue import Segment, cluster_kinds, job_model, run_segment
+from hetflow.tasks.queue import Segment, cluster_kinds, job_model, queue_model, run_segment
 from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
 from hetflow.tasks.train import stable_run_dir
 from hetflow.training.loop.progress import STOP_FILE
@@ -74,7 +76,8 @@ class Live:
 class Session:
     """The session's loop (see the module); `inbox` returns jobs submitted since it last
     asked, `state` is where `hetflow queue list` reads who holds what, `cancels` the folder
-    of `hetflow queue cancel`'s requests (those left from an earlier session are dropped)."""
+    of `hetflow queue cancel`'s requests (those left from an earlier session are dropped),
+    `policy` one of `config.queue.QUEUE_POLICIES`."""
 
     cluster: ClusterSpec
     dataset: DatasetSpec
@@ -87,6 +90,7 @@ class Session:
     jobs: list[Live] = field(default_factory=list)
     spans: list[tuple[str, str, float, float]] = field(default_factory=list)
     measuring_s: float = 0.0
+    policy: str = "allocator"
 
     def __post_init__(self) -> None:
         self.workers, self.kinds = cluster_kinds(self.cluster)
@@ -98,10 +102,13 @@ class Session:
         return time.monotonic() - self.t0
 
     def admit(self, job: QueueJob) -> None:
-        """`job` taken in, its step time on each kind known (`job_model`); failed alone
-        where that raises or no worker of the cluster holds it."""
+        """`job` taken in, its step time on each kind known (`job_model`; none under `fifo`,
+        blind to the device type); failed alone where that raises or no worker holds it."""
         try:
-            model, measured = job_model(job, self.cluster, self.dataset)
+            if self.policy == "fifo":
+                model, measured = queue_model(job), 0.0
+            else:
+                model, measured = job_model(job, self.cluster, self.dataset)
             self.measuring_s += measured
             check_job(model, self.kinds)
         except Exception as e:  # the job's own failure: the others go on
@@ -144,10 +151,8 @@ class Session:
     def active(self) -> list[Live]:
         return [j for j in self.jobs if j.finished_s is None]
 
-    def decide(self) -> None:
-        act = self.active()
-        holding = {j.job.name: j.workers or j.target or [] for j in act}
-        holding = {n: w for n, w in holding.items() if w}
+    def allocate(self, act: list[Live], holding: Holding) -> Holding:
+        """The allocator's workers for the active jobs (`switch.decide`)."""
         running = {j.job.name: j.workers for j in act if j.future is not None}
         left = {
             j.job.name: (j.job.steps - j.done) * step_s(j.model, self.kinds_of(j.workers))
@@ -155,7 +160,17 @@ class Session:
             if j.future is not None
         }
         models = [j.model for j in act]
-        got = decide(models, holding, running, left, self.workers, self.kinds, self.switch_s)
+        return decide(models, holding, running, left, self.workers, self.kinds, self.switch_s)
+
+    def decide(self) -> None:
+        act = self.active()
+        holding = {j.job.name: j.workers or j.target or [] for j in act}
+        holding = {n: w for n, w in holding.items() if w}
+        if self.policy == "fifo":
+            asks = {j.job.name: j.job.workers for j in act}
+            got = fifo([j.model for j in act], holding, self.workers, self.kinds, asks)
+        else:
+            got = self.allocate(act, holding)
         for j in act:
             new = got.get(j.job.name, [])
             if j.future is None:

@@ -2,13 +2,14 @@
 
     hetflow queue submit NAME [--priority high|normal|low] [--recipe R] [--steps N] ...
     hetflow queue list
-    hetflow queue run [--cluster FILE] [--time-scale X] [--switch-s S] [--demo]
+    hetflow queue run [--cluster FILE] [--time-scale X] [--switch-s S] [--policy P] [--demo]
     hetflow queue cancel NAME
 
 `submit` checks the job against the queue's cluster (its priority class, that some worker
 holds it, and that its recipe imports and reads the session's data: `cli.queue_checks`) and
 leaves it in `$HETFLOW_HOME/queue/inbox/`; `run` starts the session (the `queue` flow), which
-takes the inbox's jobs, and those submitted while it runs. `cancel` takes a job out of the
+takes the inbox's jobs, and those submitted while it runs, under the allocator or `--policy
+fifo` (first come, first served, blind to the device type). `cancel` takes a job out of the
 inbox, or asks the running session to end it (`tasks.queue_ends`).
 """
 
@@ -18,6 +19,7 @@ import argparse
 import json
 
 from hetflow.config import ClusterSpec, ConfigError
+from hetflow.config.queue import QUEUE_POLICIES
 
 CLUSTER_FILE = "cluster.json"  # the cluster of the last `run`, which `submit` checks against
 
@@ -43,6 +45,7 @@ def add_queue_args(sub, command) -> None:
     s.add_argument(
         "--arrive-after-s", type=float, default=0.0, help="seconds after the session starts"
     )
+    s.add_argument("--workers", type=int, help="under --policy fifo: how many (default: all)")
     s.set_defaults(func=cmd_queue_submit)
     ls = command(qsub, "list", "the queued jobs, and who holds which workers")
     ls.set_defaults(func=cmd_queue_list)
@@ -50,6 +53,12 @@ def add_queue_args(sub, command) -> None:
     r.add_argument("--cluster", metavar="FILE", help="default: 6 emulated workers of 3 kinds")
     r.add_argument("--time-scale", type=float, help="the emulated cluster's time scale")
     r.add_argument("--switch-s", type=float, default=15.0, help="a move's cost (relaunch)")
+    r.add_argument(
+        "--policy",
+        choices=QUEUE_POLICIES,
+        default="allocator",
+        help="fifo: first come, first served, blind to the device type",
+    )
     r.add_argument("--demo", action="store_true", help="also the three default jobs")
     r.set_defaults(func=cmd_queue_run)
     c = command(qsub, "cancel", "take a queued job out, or stop a running one at its checkpoint")
@@ -79,6 +88,7 @@ SUBMIT_FLAGS = {
     "eval_every": "--checkpoint-every",
     "memory_gb": "--memory-gb",
     "arrive_after_s": "--arrive-after-s",
+    "workers": "--workers",
 }
 
 
@@ -254,6 +264,7 @@ def cmd_queue_run(args) -> int:
     from hetflow.flows.job_queue import default_jobs, queue
 
     (queue_dir() / CLUSTER_FILE).write_text(cluster.model_dump_json())
-    out = queue(jobs=default_jobs() if args.demo else [], cluster=cluster, switch_s=args.switch_s)
+    jobs = default_jobs() if args.demo else []
+    out = queue(jobs=jobs, cluster=cluster, switch_s=args.switch_s, policy=args.policy)
     print(json.dumps(out["figures"], indent=1))
     return failures_said(queue_dir())

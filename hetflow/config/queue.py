@@ -17,6 +17,9 @@ from hetflow.emulation.presets import PRESETS
 
 # The priority classes, highest first (`hetflow.queue.jobs.PRIORITIES` weighs them).
 PRIORITY_CLASSES = ("high", "normal", "low")
+# How a session gives out workers: the allocator (`hetflow.queue.switch.decide`, the default)
+# or first come, first served blind to the device type (`hetflow.queue.fifo`, the baseline).
+QUEUE_POLICIES = ("allocator", "fifo")
 
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -64,6 +67,14 @@ class QueueJob(ConfigModel):
     )
     arrive_after_s: float = Field(
         0.0, ge=0, title="Arrives after (s)", description="Seconds after the queue starts."
+    )
+    workers: int | None = Field(
+        None,
+        ge=1,
+        title="Workers it asks for (fifo)",
+        description="Under the fifo policy, the job waits for this many free workers and takes "
+        "the first ones in the cluster's order; empty: every worker that holds it. The "
+        "allocator chooses for itself.",
     )
 
     @field_validator("name", mode="before")

@@ -31,6 +31,7 @@ def test_submit_refuses_an_unknown_class_and_a_job_no_worker_holds(capsys, hetfl
         (["a", "--checkpoint-every", "0"], "--checkpoint-every: "),
         (["a", "--memory-gb", "-1"], "--memory-gb: "),
         (["a", "--arrive-after-s", "-1"], "--arrive-after-s: "),
+        (["a", "--workers", "0"], "--workers: Input should be greater than or equal to 1"),
         (["a", "--recipe", "resnt"], "--recipe: unknown recipe 'resnt'; did you mean resnet?"),
     ],
 )
@@ -84,12 +85,38 @@ def test_run_refuses_an_empty_inbox_and_bad_flags_before_the_session(capsys, het
     assert main(["queue", "submit", "a"]) == 0
     assert main(["queue", "run", "--time-scale", "-1"]) == 2
     assert main(["queue", "run", "--switch-s", "-3"]) == 2
+    assert main(["queue", "run", "--policy", "fifi"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("hetflow: error: queue: no job in the inbox: `hetflow queue submit")
     assert err[1].startswith("hetflow: error: --time-scale: ")
     assert err[2].startswith("hetflow: error: --switch-s: ")
-    assert len(err) == 3
+    assert "--policy: invalid choice: 'fifi'" in err[3] and "did you mean fifo?" in err[3]
+    assert len(err) == 4
     assert not (hetflow_home / "queue/cluster.json").exists()  # the next run's cluster
+
+
+def test_run_hands_the_policy_to_the_flow_and_submit_the_workers_fifo_gives(
+    hetflow_home, monkeypatch
+):
+    """`--policy fifo` reaches the session (the flow is replaced: its run is tested below);
+    `submit --workers 2` is what FIFO gives the job."""
+    import hetflow.flows.job_queue as flow
+
+    got = {}
+
+    def fake(**kw):
+        got.update(kw)
+        return {"figures": {}}
+
+    monkeypatch.setattr(flow, "queue", fake)
+    assert main(["queue", "submit", "a", "--workers", "2"]) == 0
+    assert (
+        QueueJob.model_validate_json((hetflow_home / "queue/inbox/a.json").read_text()).workers == 2
+    )
+    assert main(["queue", "run", "--policy", "fifo"]) == 0
+    assert got["policy"] == "fifo"
+    assert main(["queue", "run"]) == 0
+    assert got["policy"] == "allocator"
 
 
 def test_the_flow_refuses_a_session_with_no_job_before_its_services(hetflow_home):
@@ -162,6 +189,45 @@ def test_a_high_job_takes_workers_at_the_low_jobs_checkpoint(s3, prefect_harness
     )
     assert sorted(r.info.run_name for r in children) == ["high", "low"]
     assert "plots/queue_workers.png" in {a.path for a in client.list_artifacts(parent, "plots")}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_fifo_runs_jobs_in_arrival_order_whatever_their_class(s3, prefect_harness, tmp_path):
+    """Under `fifo` the first arrival takes the workers it asks for (both) and keeps them to
+    its end; the high job behind it waits, then takes the first worker in the cluster's
+    order: no move, nothing measured, the policy recorded on the session's run."""
+    from mlflow.tracking import MlflowClient
+
+    from hetflow.flows.job_queue import queue
+    from hetflow.infra.tracking.tracker import MLflowTracker
+
+    cluster = ClusterSpec.from_speeds([1, 2], time_scale=1.0, name="q2")
+    common = {"recipe": "digits-mlp", "global_batch": 32, "checkpoint_every": 4}
+    jobs = [
+        QueueJob(name="first", priority="low", steps=8, workers=2, **common),
+        QueueJob(name="high", priority="high", steps=4, workers=1, arrive_after_s=1, **common),
+    ]
+    out = queue(
+        jobs=jobs,
+        cluster=cluster,
+        dataset=DatasetSpec(url="s3://hetflow-queue/digits", cache_dir=str(tmp_path / "c")),
+        tracking=TrackingConfig(),
+        switch_s=0.0,
+        read_inbox=False,
+        policy="fifo",
+    )
+    assert out["policy"] == "fifo"
+    rows = {r["job"]: r for r in out["jobs"]}
+    assert rows["first"]["segments"] == rows["high"]["segments"] == 1  # nothing moved
+    assert out["figures"]["measuring_s"] == 0
+    held = {job: sorted(w for j, w, _, _ in out["spans"] if j == job) for job in rows}
+    assert held == {"first": ["w0", "w1"], "high": ["w0"]}
+    first_until = max(b for job, _, _, b in out["spans"] if job == "first")
+    assert min(a for job, _, a, _ in out["spans"] if job == "high") >= first_until
+    assert rows["high"]["wait_s"] > 0
+    client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
+    assert client.get_run(out["parent_run_id"]).data.params["policy"] == "fifo"
 
 
 def test_the_queue_form_takes_its_defaults_and_refuses_an_unknown_class():

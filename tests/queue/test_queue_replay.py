@@ -80,7 +80,13 @@ def test_every_job_ends_and_no_worker_is_held_twice_at_once(spec, policy):
 
 @pytest.mark.parametrize(
     ("flags", "line"),
-    [(["--restart-s", "-1"], "--restart-s: "), (["--interval-scale", "0"], "--interval-scale: ")],
+    [
+        (["--restart-s", "-1"], "--restart-s: "),
+        (["--interval-scale", "0"], "--interval-scale: "),
+        (["--real", "--repeats", "0"], "--repeats: at least 1"),
+        (["--real", "--real-steps", "1"], "--real-steps: at least 2"),
+        (["--real", "--real-speeds", "t4,h100"], "--real-speeds: not a preset: 'h100'"),
+    ],
 )
 def test_the_benchmark_refuses_a_negative_restart_and_no_interval(flags, line, monkeypatch):
     import benchmarks.queue as bench
@@ -89,3 +95,52 @@ def test_the_benchmark_refuses_a_negative_restart_and_no_interval(flags, line, m
     with pytest.raises(ConfigError) as e:
         bench.main(flags)
     assert str(e.value).startswith(line) and "\n" not in str(e.value)
+
+
+def test_the_speedup_sweep_moves_only_the_transformer_and_keeps_fifo_blind():
+    """Power 0: the transformer gains nothing on a fast kind; 1: the replay as set. FIFO's
+    wait for the high job does not read speeds, so it moves only through the jobs' lengths."""
+    import benchmarks.queue as bench
+
+    rows = {r["gpt_power"]: r for r in bench.sweep(20.0, 1.0)}
+    assert rows[0.0]["gpt_speedups"] == (1.0, 1.0, 1.0)
+    assert rows[1.0]["gpt_speedups"] == bench.SPEEDUPS["gpt"]
+    same = {r["policy"]: r for r in bench.compare(20.0, 1.0)}
+    assert rows[1.0]["preempt_vs_fifo"] == same["preempt"]["avg_jct_vs_fifo"]
+    assert len({r["fifo_avg_jct_s"] for r in rows.values()}) > 1
+
+
+def test_the_real_comparison_pairs_each_repeat_and_takes_each_figures_own_median():
+    from benchmarks.queue_real import aggregate, rotated
+
+    def run(repeat, policy, avg, high):
+        return {
+            "repeat": repeat,
+            "policy": policy,
+            "avg_job_completion_s": avg,
+            "makespan_s": avg * 2,
+            "high_wait_s": high,
+            "train_over_launch": 1.0,
+            "wait_s": {"high": high},
+            "completion_s": {"high": avg},
+        }
+
+    runs = [
+        run(0, "fifo", 100.0, 50.0),
+        run(0, "allocator", 80.0, 10.0),
+        run(1, "allocator", 90.0, 30.0),
+        run(1, "fifo", 90.0, 40.0),
+        run(2, "fifo", 120.0, 60.0),
+        run(2, "allocator", 60.0, 20.0),
+    ]
+    out = aggregate(runs)
+    assert out["allocator_vs_fifo"] == {
+        "per_repeat": [0.8, 1.0, 0.5],
+        "median": 0.8,
+        "range": [0.5, 1.0],
+    }
+    assert out["fifo"]["avg_job_completion_s"] == 100.0
+    assert out["fifo"]["avg_job_completion_s_range"] == [90.0, 120.0]
+    assert out["allocator"]["high_wait_s"] == 20.0
+    assert out["allocator"]["wait_s"]["high"] == (20.0, [10.0, 30.0])
+    assert [rotated(["t4", "v100", "a100"], r)[0] for r in range(3)] == ["t4", "v100", "a100"]
