@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.config_base import RECIPE_DESCRIPTION, RECIPE_PATTERN, ConfigModel
+from hetflow.config_base import RECIPE_ALIASES, RECIPE_DESCRIPTION, RECIPE_PATTERN, ConfigModel
 from hetflow.emulation.presets import PRESETS
 
 # The priority classes, highest first (`hetflow.queue.jobs.PRIORITIES` weighs them).
@@ -67,6 +67,11 @@ class QueueJob(ConfigModel):
                 "a job name is letters, digits, '.', '_' and '-', starting with a letter or a digit"
             )
         return v
+
+    @field_validator("recipe")
+    @classmethod
+    def _one_name_per_network(cls, v: str) -> str:
+        return RECIPE_ALIASES.get(v, v)  # recommend's name of the network (`alias_note`)
 
     def train_config(self) -> TrainConfig:
         """The train run of each segment, but its steps (the segment's end)."""

@@ -19,6 +19,7 @@ DEFAULT_CANDIDATES = ",".join(f"{t}:{n}" for t, n in DEFAULT_RENTABLE)
 
 
 def add_recommend_args(p: argparse.ArgumentParser) -> None:
+    from hetflow.config import MODEL_ALIASES
     from hetflow.forecast.models import NAMES, OLD_NAMES
 
     p.add_argument(
@@ -31,8 +32,10 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         "--recipe",
         default="resnet50",
         type=lambda name: OLD_NAMES.get(name, name),  # a name before recipes: still taken
-        choices=NAMES,
-        help="the model whose FLOPs and gradient size scale the curves (the simulator's)",
+        choices=NAMES + tuple(MODEL_ALIASES),
+        metavar="{" + ",".join(NAMES) + "}",
+        help="the model whose FLOPs and gradient size scale the curves (the simulator's); "
+        "resnet, training's ResNet name, means resnet50",
     )
     p.add_argument(
         "--global-batch",
@@ -224,7 +227,8 @@ def request_of(args):
     the flag of the first problem)."""
     from pydantic import ValidationError
 
-    from hetflow.config import RecommendRequest
+    from hetflow.cli.errors import say_alias
+    from hetflow.config import MODEL_ALIASES, RecommendRequest
     from hetflow.forecast.clusters import parse_mix
     from hetflow.forecast.job import SimulationError
 
@@ -232,6 +236,7 @@ def request_of(args):
         mix = parse_mix(args.candidates)
     except SimulationError as e:
         raise ConfigError(str(e).replace("--mix", "--candidates")) from None
+    say_alias("--recipe", args.recipe, MODEL_ALIASES)
     kind = "deadline" if args.deadline_h is not None else "cost"
     kind = "budget" if args.budget is not None else kind
     objective = {"kind": kind, "deadline_h": args.deadline_h, "budget_usd": args.budget}
