@@ -154,13 +154,16 @@ def field(page, label: str):
 
 def pick_block(page, label: str, name: str) -> None:
     """Choose the block `name` in the list of the field `label` (the list opens on a key)."""
-    field(page, label).locator("button.p-select-button__control").first.focus()
+    prop = field(page, label)
+    prop.locator("button.p-select-button__control").first.focus()
     page.keyboard.press("ArrowDown")
     page.locator(".p-select-option", has_text=name).first.click()
+    prop.locator(".p-select-button__value", has_text=name).wait_for()
 
 
-def submit_compare(page, ui: str, base: str, steps: int) -> str:
-    """Fill the compare form (both blocks, the steps) and submit it; the flow run's id."""
+def submit_compare(page, ui: str, base: str, out: Path, steps: int) -> str:
+    """Fill the compare form (both blocks, the steps) and submit it; the flow run's id. Where
+    no run appears, the page as it was goes to `ui-compare-submit-failed.png`."""
     page.goto(f"{ui}/deployments/deployment/{deployment_ids(base)['compare']}/run")
     settle(page, "Parameters")
     pick_block(page, "Cluster", CLUSTER_BLOCK)
@@ -168,11 +171,14 @@ def submit_compare(page, ui: str, base: str, steps: int) -> str:
     field(page, "Optimizer steps").locator("input").first.fill(str(steps))
     name = page.locator(".flow-run-name-input input").first.input_value()
     page.get_by_role("button", name="Submit").click()
-    page.wait_for_url(re.compile(r".*/deployments/deployment/[0-9a-f-]+(\?.*)?$"))
-    runs = api(base, "/flow_runs/filter", {"flow_runs": {"name": {"any_": [name]}}})
-    if len(runs) != 1:
-        raise SystemExit(f"ui_shots: {len(runs)} flow runs named {name!r} after submitting")
-    return runs[0]["id"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        runs = api(base, "/flow_runs/filter", {"flow_runs": {"name": {"any_": [name]}}})
+        if runs:
+            return runs[0]["id"]
+        page.wait_for_timeout(1000)
+    shoot(page, out, "ui-compare-submit-failed", whole=True)
+    raise SystemExit(f"ui_shots: no flow run {name!r} after submitting; see {out}")
 
 
 def wait_done(base: str, run_id: str, timeout_s: float) -> str:
@@ -190,7 +196,7 @@ def compare_run(
 ) -> dict:
     """A compare run from its form (or the run `run_id`, submitted before), to its end; its
     page, its table artifact, MLflow's."""
-    run_id = run_id or submit_compare(page, ui, base, steps)
+    run_id = run_id or submit_compare(page, ui, base, out, steps)
     state = wait_done(base, run_id, timeout_s)
     shots = {"run_id": run_id, "state": state}
     page.goto(f"{ui}/runs/flow-run/{run_id}")

@@ -191,6 +191,33 @@ def test_a_run_form_is_about_a_dozen_titled_described_fields(schemas, name):
         assert said and "\n" not in said and len(said) <= 240, f"{name}: {path}: {said!r}"
 
 
+# The inputs of the forms that are not run forms, as they are: a form that grows fails here.
+OTHER_FORMS = {"profile-cluster": 15, "prepare-dataset": 14, "recommend": 21}
+
+
+def test_each_deployment_of_prefect_yaml_renders_its_form_and_counts_its_fields(
+    schemas, monkeypatch
+):
+    """Every deployment prefect.yaml declares, its flow loaded from its entrypoint as `prefect
+    deploy` loads it: its schema is the one the other tests read, and its inputs are counted
+    (the run forms' at most MOST_FIELDS, the others' at most OTHER_FORMS')."""
+    from pathlib import Path
+
+    from prefect.flows import load_flow_from_entrypoint
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(root)
+    declared = yaml.safe_load((root / "prefect.yaml").read_text())["deployments"]
+    counted = {}
+    for d in declared:
+        schema = schema_of(load_flow_from_entrypoint(d["entrypoint"]))
+        assert schema == schemas[d["name"]], d["name"]
+        counted[d["name"]] = len(fields(schema))
+    assert set(counted) == set(RUN_FORMS) | set(OTHER_FORMS)
+    assert all(counted[n] <= MOST_FIELDS for n in RUN_FORMS), counted
+    assert all(counted[n] <= most for n, most in OTHER_FORMS.items()), counted
+
+
 @pytest.mark.parametrize("name", RUN_FORMS)
 def test_the_cluster_and_dataset_are_picked_among_saved_blocks(schemas, name):
     form = fields(schemas[name])
