@@ -12,9 +12,10 @@ for docs/measurements/ui.md:
   the height each takes (its scroll height in a 1400x1000 window) is printed;
 - unless `--no-run`: a `compare` run submitted from its form (the cluster block
   `demo-1-1-2-4`, the dataset block `digits`, `--steps` steps), waited for until it ends,
-  then `ui-compare-run.png` (its flow run page) and `ui-compare-artifact.png` (its table
-  artifact), and MLflow: `ui-mlflow-experiments.png` (the stack's MLflow address as printed)
-  and `ui-mlflow-run.png` (the table's first run link); `--run-id` shoots a compare run
+  then `ui-compare-run.png` (its flow run page), `ui-compare-artifact.png` (its table
+  artifact) and `ui-compare-artifact-links.png` (the end of it: the links), and MLflow:
+  `ui-mlflow-experiments.png` (the stack's MLflow address as printed) and
+  `ui-mlflow-run.png` (the table's first run link); `--run-id` shoots a compare run
   submitted before instead.
 
 The last line printed is a JSON object: each picture's path and, for the forms, the height.
@@ -209,6 +210,8 @@ def compare_run(
     page.goto(f"{ui}/artifacts/artifact/{table['id']}")
     settle(page, "MLflow runs")
     shots["compare_artifact"] = shoot(page, out, "ui-compare-artifact", whole=True)
+    page.get_by_text("MLflow runs").first.scroll_into_view_if_needed()  # its links, at the end
+    shots["compare_artifact_links"] = shoot(page, out, "ui-compare-artifact-links")
     links = re.findall(r"\((https?://[^)]+/runs/[^)]+)\)", table["data"])
     shots["mlflow_run_link"] = links[0] if links else None
     return shots
