@@ -20,8 +20,9 @@ def test_each_model_takes_the_other_commands_name_as_its_own():
     assert set(RECIPE_ALIASES.values()) <= {"resnet"} and set(MODEL_ALIASES.values()) <= set(MODELS)
 
 
-def test_recommend_takes_resnet_and_says_it_prices_resnet50(capsys, hetflow_home):
-    assert main(["recommend", "--recipe", "resnet", "--steps", "100"]) == 0
+def test_recommend_takes_resnet_and_says_it_prices_resnet50(capsys, hetflow_home, tmp_path):
+    out = ["-o", str(tmp_path / "c.yaml"), "--ray-config", ""]
+    assert main(["recommend", "--recipe", "resnet", "--steps", "100", *out]) == 0
     captured = capsys.readouterr()
     notes = [line for line in captured.err.splitlines() if line.startswith("hetflow: note:")]
     assert notes == [
