@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from hetflow.config import ClusterSpec, ConfigError
+from hetflow.cli.errors import say_alias
+from hetflow.config import RECIPE_ALIASES, ClusterSpec, ConfigError
 from hetflow.config.queue import QUEUE_POLICIES
 
 CLUSTER_FILE = "cluster.json"  # the cluster of the last `run`, which `submit` checks against
@@ -115,6 +116,7 @@ def checked_job(args: argparse.Namespace, cluster: ClusterSpec):
         raise ConfigError(
             f"--priority: unknown class {args.priority!r}; one of {', '.join(PRIORITY_CLASSES)}"
         )
+    say_alias("--recipe", args.recipe, RECIPE_ALIASES)
     fields = {f: getattr(args, f) for f in SUBMIT_FLAGS if f != "eval_every"}
     try:
         job = QueueJob.model_validate(fields)

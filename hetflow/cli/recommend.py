@@ -19,6 +19,7 @@ DEFAULT_CANDIDATES = ",".join(f"{t}:{n}" for t, n in DEFAULT_RENTABLE)
 
 
 def add_recommend_args(p: argparse.ArgumentParser) -> None:
+    from hetflow.config import MODEL_ALIASES
     from hetflow.forecast.simulate.models import NAMES, OLD_NAMES
 
     p.add_argument(
@@ -31,8 +32,10 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         "--recipe",
         default="resnet50",
         type=lambda name: OLD_NAMES.get(name, name),  # a name before recipes: still taken
-        choices=NAMES,
-        help="the model whose FLOPs and gradient size scale the curves (the simulator's)",
+        choices=NAMES + tuple(MODEL_ALIASES),
+        metavar="{" + ",".join(NAMES) + "}",
+        help="the model whose FLOPs and gradient size scale the curves (the simulator's); "
+        "resnet, training's ResNet name, means resnet50",
     )
     p.add_argument(
         "--global-batch",
@@ -48,6 +51,14 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         choices=("mixed", "fp32"),
         help="what the job trains in, for the memory caps (fp32: about half the batch)",
     )
+    add_goal_args(p)
+    add_output_args(p)
+    add_history_args(p)
+    add_market_args(p)
+
+
+def add_goal_args(p: argparse.ArgumentParser) -> None:
+    """--deadline-h or --budget, the deadline's margin, and the largest local batch."""
     goal = p.add_mutually_exclusive_group()
     goal.add_argument(
         "--deadline-h",
@@ -75,9 +86,6 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         help="the largest local batch of any GPU (default: what its memory holds, where the "
         "model's memory per sample or a measured cap is known)",
     )
-    add_output_args(p)
-    add_history_args(p)
-    add_market_args(p)
 
 
 def add_history_args(p: argparse.ArgumentParser) -> None:
@@ -231,7 +239,8 @@ def request_of(args):
     the flag of the first problem)."""
     from pydantic import ValidationError
 
-    from hetflow.config import RecommendRequest
+    from hetflow.cli.errors import say_alias
+    from hetflow.config import MODEL_ALIASES, RecommendRequest
     from hetflow.forecast.simulate.clusters import parse_mix
     from hetflow.forecast.simulate.job import SimulationError
 
@@ -239,6 +248,7 @@ def request_of(args):
         mix = parse_mix(args.candidates)
     except SimulationError as e:
         raise ConfigError(str(e).replace("--mix", "--candidates")) from None
+    say_alias("--recipe", args.recipe, MODEL_ALIASES)
     kind = "deadline" if args.deadline_h is not None else "cost"
     kind = "budget" if args.budget is not None else kind
     objective = {"kind": kind, "deadline_h": args.deadline_h, "budget_usd": args.budget}

@@ -232,6 +232,34 @@ RECIPE_NOTES = {
     "gpt": "byte-level transformer language model on token shards, 3.2M params",
     "resnet": "residual image classifier on uint8 image shards",
 }
+# One network, two names: training's recipe `resnet` is a CIFAR ResNet-14, recommend's model
+# `resnet50` is ResNet-50's published figures. Each command takes the other's name for the
+# network it has, and says so in one line (`alias_note`); docs/recipes.md, "Names across
+# commands".
+RECIPE_ALIASES = {"resnet50": "resnet"}  # demo, train, queue: the name -> the recipe trained
+MODEL_ALIASES = {"resnet": "resnet50"}  # recommend, simulate: the name -> the figures used
+ALIAS_NOTES = {
+    "resnet50": "training has no ResNet-50: this trains `resnet`, a CIFAR ResNet-14 (0.17M "
+    "parameters); `resnet50` is recommend's name for ResNet-50's published figures",
+    "resnet": "recommend models ResNet-50's published figures (`resnet50`); `resnet` trains "
+    "a CIFAR ResNet-14 in demo, train and queue",
+}
+
+
+def alias_note(flag: str, name: str, aliases: dict[str, str]) -> str | None:
+    """The one line saying what `name`, the other command's name of a network, means here
+    (`aliases` is RECIPE_ALIASES or MODEL_ALIASES); None for a name of this command's own.
+
+    >>> alias_note("--recipe", "resnet", MODEL_ALIASES).split(":")[0]
+    '--recipe resnet'
+    >>> alias_note("--recipe", "resnet", RECIPE_ALIASES) is None
+    True
+    """
+    if name not in aliases:
+        return None
+    return f"{flag} {name}: {ALIAS_NOTES[name]}"
+
+
 RECIPE_PATTERN = r"^[\w.-]+$|^[\w.]+:\w+$"
 # One line in a form; docs/recipes.md says what each built-in is (`RECIPE_NOTES`).
 RECIPE_DESCRIPTION = (

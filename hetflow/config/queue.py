@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from hetflow.config.base import RECIPE_DESCRIPTION, RECIPE_PATTERN, ConfigModel
+from hetflow.config.base import RECIPE_ALIASES, RECIPE_DESCRIPTION, RECIPE_PATTERN, ConfigModel
 from hetflow.config.cluster import ClusterSpec
 from hetflow.config.train import TrainConfig
 from hetflow.emulation.presets import PRESETS
@@ -86,6 +86,11 @@ class QueueJob(ConfigModel):
                 "a job name is letters, digits, '.', '_' and '-', starting with a letter or a digit"
             )
         return v
+
+    @field_validator("recipe")
+    @classmethod
+    def _one_name_per_network(cls, v: str) -> str:
+        return RECIPE_ALIASES.get(v, v)  # recommend's name of the network (`alias_note`)
 
     def train_config(self) -> TrainConfig:
         """The train run of each segment, but its steps (the segment's end)."""

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from hetflow.config.base import ConfigModel
+from hetflow.config.base import MODEL_ALIASES, ConfigModel
 
 # The share of a deadline kept in hand for the prediction's error: a mix counts as in time
 # when predicted to finish by (1 - margin) x the deadline. Why this share: docs/recommend.md,
@@ -48,6 +48,11 @@ class RecommendJob(ConfigModel):
         description="The largest local batch of any GPU; empty: what its memory holds, where "
         "the model's memory per sample or a measured cap is known.",
     )
+
+    @field_validator("recipe")
+    @classmethod
+    def _one_name_per_network(cls, v: str) -> str:
+        return MODEL_ALIASES.get(v, v)  # training's name of the network (`alias_note`)
 
 
 class RentableType(ConfigModel):

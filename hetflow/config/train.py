@@ -16,6 +16,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config.base import (
     BUILTIN_RECIPES,
+    RECIPE_ALIASES,
     RECIPE_DESCRIPTION,
     RECIPE_PATTERN,
     ConfigModel,
@@ -69,16 +70,14 @@ class TrainConfig(ConfigModel):
     schedule: Literal["equal", "proportional", "dynamic"] = Field(
         "dynamic",
         title="Batch schedule",
-        description="'equal': same local batch everywhere (baseline); 'proportional': sized by "
-        "profiled speed; 'dynamic': starts from a prior (or the profile, with profile_first) "
-        "and re-plans from the training steps.",
+        description="'equal': the same local batch everywhere; 'proportional': by profiled "
+        "speed; 'dynamic': from a prior, re-planned from the training steps.",
     )
     compression: str = Field(
         "none",
         title="Gradient communication",
-        description="none | auto | fp16 | bf16 | powersgd:RANK | topk:RATIO | localsgd:H | "
-        "hierarchical:H. 'auto' tries the candidates for a few steps each at the start of the "
-        "run, on the cluster and its links, and keeps the one with the shortest step.",
+        description="How gradients are sent; 'auto' tries the candidates a few steps each on "
+        "the cluster and keeps the one with the shortest step.",
     )
     target_accuracy: float | None = Field(
         0.95,
@@ -105,9 +104,8 @@ class TrainConfig(ConfigModel):
     strategy: Literal["ddp", "fsdp", "diloco"] = Field(
         "ddp",
         title="Data parallelism",
-        description="'ddp': every worker holds the whole model; 'fsdp': model, gradients and "
-        "optimizer state sharded across the workers (docs/fsdp.md); 'diloco': rounds of local "
-        "steps, as many per worker as its speed allows (docs/diloco.md).",
+        description="'ddp': each worker holds the whole model; 'fsdp': it is sharded across "
+        "them (docs/fsdp.md); 'diloco': rounds of local steps (docs/diloco.md).",
     )
     # their length, the outer step, how the change is sent, bounded staleness
     diloco: DiLoCoConfig = Field(DiLoCoConfig(), title="DiLoCo rounds (strategy 'diloco')")
@@ -249,6 +247,7 @@ class TrainConfig(ConfigModel):
     @field_validator("recipe")
     @classmethod
     def _recipe(cls, v: str) -> str:
+        v = RECIPE_ALIASES.get(v, v)  # recommend's name of the network (`alias_note`)
         if ":" not in v and v not in BUILTIN_RECIPES:
             close = difflib.get_close_matches(v, BUILTIN_RECIPES, n=1)
             hint = f"did you mean {close[0]}? " if close else ""

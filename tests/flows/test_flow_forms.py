@@ -191,12 +191,58 @@ def test_a_run_form_is_about_a_dozen_titled_described_fields(schemas, name):
         assert said and "\n" not in said and len(said) <= 240, f"{name}: {path}: {said!r}"
 
 
+# The inputs of the forms that are not run forms, as they are: a form that grows fails here.
+OTHER_FORMS = {"profile-cluster": 15, "prepare-dataset": 14, "recommend": 22}  # + precision
+
+
+def test_each_deployment_of_prefect_yaml_renders_its_form_and_counts_its_fields(
+    schemas, monkeypatch
+):
+    """Every deployment prefect.yaml declares, its flow loaded from its entrypoint as `prefect
+    deploy` loads it: its schema is the one the other tests read, and its inputs are counted
+    (the run forms' at most MOST_FIELDS, the others' at most OTHER_FORMS')."""
+    from pathlib import Path
+
+    from prefect.flows import load_flow_from_entrypoint
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    declared = yaml.safe_load((root / "prefect.yaml").read_text())["deployments"]
+    counted = {}
+    for d in declared:
+        schema = schema_of(load_flow_from_entrypoint(d["entrypoint"]))
+        assert schema == schemas[d["name"]], d["name"]
+        counted[d["name"]] = len(fields(schema))
+    assert set(counted) == set(RUN_FORMS) | set(OTHER_FORMS)
+    assert all(counted[n] <= MOST_FIELDS for n in RUN_FORMS), counted
+    assert all(counted[n] <= most for n, most in OTHER_FORMS.items()), counted
+
+
 @pytest.mark.parametrize("name", RUN_FORMS)
 def test_the_cluster_and_dataset_are_picked_among_saved_blocks(schemas, name):
     form = fields(schemas[name])
     assert form["cluster"]["block_type_slug"] == "cluster-spec"
     assert form["dataset"]["block_type_slug"] == "dataset-spec"
     assert not [p for p in form if p.startswith(("cluster.", "dataset.", "tracking"))]
+
+
+def without_not(schema):
+    """The schema as Prefect's UI sends it with a run form's values to the server's check
+    (`/ui/schemas/validate`): its schema model has no `not`."""
+    if isinstance(schema, dict):
+        return {k: without_not(v) for k, v in schema.items() if k != "not"}
+    return [without_not(v) for v in schema] if isinstance(schema, list) else schema
+
+
+@pytest.mark.parametrize("name", RUN_FORMS)
+def test_blocks_picked_in_a_run_form_pass_the_check_the_ui_asks_for(schemas, name):
+    """A picked block is `{"$ref": {...}}`; Prefect checks it against `oneOf` [a reference,
+    the block's fields]: exactly one must match, with or without the schema's `not`."""
+    picked = {"$ref": {"block_document_id": "ae12ab32-7318-4435-a644-16d0c8b12e50"}}
+    values = {k: picked for k in ("cluster", "dataset") if k in schemas[name]["properties"]}
+    assert "cluster" in values
+    for schema in (schemas[name], without_not(schemas[name])):
+        validate(values, schema, raise_on_error=True, preprocess=True)
 
 
 def test_the_recipe_is_the_same_list_in_every_form(schemas):
@@ -299,7 +345,7 @@ def parameters_from_yaml_and_cli() -> dict[str, dict]:
     compression argument off the list, None where Python took it."""
     cluster = yaml.safe_load(YAML_CLUSTER)
     train_cfg = {"recipe": "my_pkg.recipes:Tiny", "compression": "powersgd:8", "lr": None}
-    dataset = {"url": "s3://b/x", "shard_samples": 512, "s3_mbps": 100, "cache_dir": None}
+    dataset = {"source": "existing", "url": "s3://b/x", "shard_samples": 512, "s3_mbps": 100}
     common = {"cluster": cluster, "dataset": dataset, "train": train_cfg}
     return {
         "train": {**common, "variant": "mine"},

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetflow.config import suggestion
+from hetflow.config import MODEL_ALIASES, suggestion
 from hetflow.forecast.rent.measured import MeasuredCurve
 from hetflow.forecast.rent.search import (
     PRESET_OF_GPU,
@@ -49,7 +49,9 @@ def no_history(name: str, job: Job, history: History | None) -> str:
 
 
 def model_of(recipe: str) -> ModelSpec:
-    """The figures of `recipe` (the simulator's models), or one line naming the choices."""
+    """The figures of `recipe` (the simulator's models; `resnet`, training's name of a ResNet,
+    means `resnet50`: MODEL_ALIASES), or one line naming the choices."""
+    recipe = MODEL_ALIASES.get(recipe, recipe)
     if recipe not in MODELS:
         raise RecommendError(
             f"--recipe: {recipe!r} is not a model recommend knows ({', '.join(NAMES)})"
