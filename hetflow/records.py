@@ -356,13 +356,15 @@ class MembershipChange(_Record):
 class Recovery(_Record):
     """Restarts of this run (torchrun's, Ray Train's, a retried task's), the steps done again,
     `left_out`: the workers it went on without, name -> why (`training.ray_launch`), and
-    `membership`: the regroups in place of a job that went on without lost workers."""
+    `membership`: the regroups in place of a job that went on without lost workers, and
+    `replica_digest`: a digest of the rank's final weights there, which every rank left shares."""
 
     restarts: int = 0
     steps_redone: int = 0
     resumed_at: int | None = None
     left_out: dict[str, str] = {}
     membership: list[MembershipChange] = []
+    replica_digest: str | None = None
 
 
 class Timeline(_Record):

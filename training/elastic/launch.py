@@ -43,8 +43,8 @@ def check_elastic(spec: RunSpec) -> None:
         raise ConfigError(f"{where} runs on the local launcher only, not {spec.cluster.launcher!r}")
     if train.strategy != "ddp":
         raise ConfigError(f"{where} needs strategy 'ddp', not {train.strategy!r}")
-    method = spec.plan.compression
-    if train.compression == "auto" or (method is not None and method.name not in STATELESS):
+    methods = [spec.plan.compression if spec.plan else None, train.compression_method()]
+    if train.compression == "auto" or any(m and m.name not in STATELESS for m in methods):
         raise ConfigError(
             f"{where} needs compression none, fp16 or bf16, not {train.compression!r}"
         )
@@ -115,8 +115,9 @@ def run_elastic(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Lau
 
 def _watch(procs: dict, store, watch: JobWatch, run_dir: Path, deadline: float, on_progress):
     """Until every rank's process has ended: raise on a rank's failure or past the deadline;
-    announce each rank that ended with a non-zero status (`dead/R`, `deaths`); kill a live
-    rank the newest generation left out; report progress about once a second."""
+    announce each member that ended with a non-zero status (`dead/R`, `deaths`); kill a live
+    rank the newest generation left out (a stalled one), unannounced; report progress about
+    once a second."""
     announced: set[int] = set()
     progress, last_report = run_dir / "progress.json", 0.0
     while [p.poll() for p in procs.values()].count(None):  # each polled: its status set
@@ -132,7 +133,8 @@ def _watch(procs: dict, store, watch: JobWatch, run_dir: Path, deadline: float, 
                 store.set(f"{PREFIX}/dead/{r}", "1")
                 store.add(f"{PREFIX}/deaths", 1)
                 print(f"rank {r} ended (status {p.returncode}); the others go on", flush=True)
-        for r in left_out(store, procs):
+        for r in left_out(store, procs):  # no member's death: not announced
+            announced.add(r)
             _kill(procs[r].pid)
         if on_progress is not None and progress.exists() and now - last_report >= 1.0:
             last_report = now

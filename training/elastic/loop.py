@@ -6,6 +6,7 @@ batch re-cut over them (`replan`), the loop going on from the step they were at.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from time import perf_counter as now
@@ -172,6 +173,15 @@ class ElasticLoop:
             if r not in self.world.members:
                 rebalancer.caps[r] = 0
         rebalancer.trial = rebalancer.revert_to = rebalancer.pending = None
+
+
+def replica_digest(model: torch.nn.Module) -> str:
+    """A digest of `model`'s state (its tensors' bytes, in order): equal on ranks whose
+    replicas are equal."""
+    h = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def rebuild_ddp(loop, group) -> None:

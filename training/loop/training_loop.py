@@ -19,7 +19,7 @@ from hetflow.records import (
 )
 from hetflow.training.comm import new_control_group
 from hetflow.training.devices import peak_device_bytes
-from hetflow.training.elastic.loop import ElasticLoop
+from hetflow.training.elastic.loop import ElasticLoop, replica_digest
 from hetflow.training.faults.guard import StepGuard
 from hetflow.training.faults.records import Preempted
 from hetflow.training.launch.spec import node_id, since_submit
@@ -119,6 +119,8 @@ class TrainingLoop:
                     raise
                 step = self.elastic.recover(self, e, step)
         line.loop_end_s = since_submit(self.spec)
+        if self.elastic is not None:
+            self.recovery.replica_digest = replica_digest(self.net.model)
 
     def turn(self, step: int, first: int) -> bool:
         """One turn of the loop; True after the run's last step.
