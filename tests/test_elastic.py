@@ -43,7 +43,7 @@ def _spec(dataset, run_dir: Path, inject=(), **faults) -> RunSpec:
     )
 
 
-def _survived(result: RunResult, lost: list[int], at: int) -> None:
+def _survived(result: RunResult, lost: list[int], at: int, in_flight: str = "retried") -> None:
     """Every rank left ran each step once, in order; the regroup is recorded alike on each;
     from it on, the shares of the ranks left make the global batch; the replicas are equal."""
     ranks = sorted(r.rank for r in result.ranks)
@@ -52,7 +52,7 @@ def _survived(result: RunResult, lost: list[int], at: int) -> None:
         assert [rec.step for rec in r.records] == list(range(STEPS))  # none redone, none lost
         (change,) = r.recovery.membership
         assert (change.step, sorted(change.lost), change.world) == (at, lost, 4 - len(lost))
-        assert change.step_in_flight == "retried"  # killed mid-step: no rank applied it
+        assert change.step_in_flight == in_flight  # killed mid-step: no rank applied it
         assert sum(change.plan) == GLOBAL and all(change.plan[m] == 0 for m in lost)
     for step in range(at, STEPS):
         assert sum(r.records[step].batch for r in result.ranks) == GLOBAL
@@ -85,6 +85,15 @@ def test_a_stalled_worker_is_left_behind_and_killed(local_digits, tmp_path):
     spec = _spec(local_digits, tmp_path / "stalled", inject=[(3, 14, "stop")])
     raw, _ = run_workers(spec, timeout_s=200)
     _survived(RunResult.model_validate(raw), lost=[3], at=14)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_worker_sent_sigterm_leaves_at_the_next_boundary_alone(local_digits, tmp_path):
+    spec = _spec(local_digits, tmp_path / "term", inject=[(1, 12, "term")])
+    raw, _ = run_workers(spec, timeout_s=200)
+    # signalled in step 12, it asks to leave at boundary 13 and leaves before step 14
+    _survived(RunResult.model_validate(raw), lost=[1], at=14, in_flight="none")
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hetflow.records import MembershipChange
 from hetflow.training.comm import register_compression
+from hetflow.training.elastic.departure import Departures
 from hetflow.training.elastic.world import ElasticWorld, LeftBehind, StepAborted
 from hetflow.training.faults.records import STEP, failure_kind
 from hetflow.training.plan.balance import PlanError
@@ -61,6 +62,7 @@ class ElasticLoop:
 
     def __init__(self, world: ElasticWorld, min_workers: int) -> None:
         self.world, self.min_workers = world, min_workers
+        self.departures = Departures(world)
 
     @classmethod
     def attach(cls, loop) -> ElasticLoop:
@@ -85,15 +87,30 @@ class ElasticLoop:
 
     def recover(self, loop, exc: BaseException, step: int) -> int:
         """Regroup after `exc` in step `step`: the step not applied by any member where this
-        rank had not applied it (then it runs again), the new generation agreed, the loop's
-        collectives and DDP moved onto it, the global batch re-cut over its ranks; returns the
-        step to go on from. Raises `LeftBehind` where the others went on without this rank,
-        `TooFewWorkers` (after a checkpoint) below `faults.min_workers`."""
+        rank had not applied it (then it runs again), else the next (`regroup`); returns the
+        step to go on from."""
         t0, world = now(), self.world
         applied = world.committed is not None and world.committed >= step
         if not applied:
             world.abort(step)
         going_on = step + 1 if applied else step
+        return self.regroup(loop, going_on, t0, "none" if applied else "retried", str(exc))
+
+    def at_boundary(self, loop, step: int) -> None:
+        """Before step `step`: a worker that got SIGTERM leaves here, where every rank agreed
+        (`departure.Departures`), and the others regroup without it."""
+        who = self.departures.leaving(step)
+        if who is not None:
+            self.regroup(loop, step, now(), "none", f"rank {who} left on SIGTERM")
+
+    def regroup(self, loop, going_on: int, t0: float, in_flight: str, why: str) -> int:
+        """The new generation agreed, the loop's collectives and DDP moved onto it, the global
+        batch re-cut over its ranks from step `going_on` on, the change recorded (`t0`: when
+        this rank saw the failure; `in_flight`: what became of the step it interrupted).
+        Returns `going_on`. Leaves the process where the others went on without this rank;
+        raises `LeaderLost` without rank 0, `TooFewWorkers` (after a checkpoint) below
+        `faults.min_workers`."""
+        world = self.world
         try:
             lost = world.regroup(going_on)
         except LeftBehind as e:  # it stalled; the others went on: leave without a failure
@@ -101,7 +118,7 @@ class ElasticLoop:
             sys.stdout.flush()
             os._exit(0)
         print(
-            f"rank {loop.rank}: lost {list(lost)} at step {step} ({exc}); going on with "
+            f"rank {loop.rank}: lost {list(lost)} ({why}); going on with "
             f"{list(world.members)} from step {going_on}",
             flush=True,
         )
@@ -113,16 +130,15 @@ class ElasticLoop:
         state = loop.state
         plan = replan(loop.rebalancer, state.plan, world.members, loop.cfg.global_batch)
         state.adopt(plan, going_on)
-        loop.recovery.membership.append(
-            MembershipChange(
-                step=going_on,
-                lost=list(lost),
-                world=len(world.members),
-                step_in_flight="none" if applied else "retried",
-                regroup_s=round(now() - t0, 4),
-                plan=plan,
-            )
+        change = MembershipChange(
+            step=going_on,
+            lost=list(lost),
+            world=len(world.members),
+            step_in_flight=in_flight,
+            regroup_s=round(now() - t0, 4),
+            plan=plan,
         )
+        loop.recovery.membership.append(change)
         if len(world.members) < self.min_workers:
             loop.checkpointer.save(going_on, state)
             raise TooFewWorkers(

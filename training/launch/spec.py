@@ -21,11 +21,11 @@ _STARTED = time.time()  # this process's start, near enough (the module is impor
 
 class Injection(BaseModel):
     """A fault injected for a test: at `step`, `rank`'s forward raises, returns NaN, or its
-    process is killed (SIGKILL) or stopped (SIGSTOP: a stalled worker)."""
+    process is killed (SIGKILL), stopped (SIGSTOP: a stalled worker) or sent SIGTERM."""
 
     rank: int
     step: int
-    kind: Literal["raise", "nan", "kill", "stop"]
+    kind: Literal["raise", "nan", "kill", "stop", "term"]
 
 
 class RunSpec(BaseModel):

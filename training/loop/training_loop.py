@@ -133,6 +133,8 @@ class TrainingLoop:
         `checkpoint_every` steps and before a preemption, and progress.json. Raises
         `Preempted` after the checkpoint of the step a SIGTERM stopped at."""
         cfg, line, state, stepper = self.cfg, self.timeline, self.state, self.stepper
+        if self.elastic is not None:  # a worker that got SIGTERM leaves here
+            self.elastic.at_boundary(self, step)
         last = step == cfg.steps - 1 or self.stop_asked(step + 1)
         if step == first + THROUGHPUT_SKIP_STEPS:  # the steps throughput counts begin
             line.steady_from_s = since_submit(self.spec)
