@@ -6,7 +6,7 @@ the kill to the next step done (`progress.json` past the step it showed at the k
 every 20 ms), the steps redone, the final accuracy; and once, the same run with no kill.
 Each repeat runs both variants, alternating which goes first.
 
-    python benchmarks/elastic.py [REPEAT]
+    python -m benchmarks.elastic [REPEAT]
 
 Figures: docs/measurements/faults.md, "A worker lost in place".
 """

@@ -22,8 +22,10 @@ def record_training(
     series, and MLflow shows a metric's value at its highest step), per-step series, the
     evaluations (`test_accuracy`, or `val_loss` and `perplexity`), the profile and plan
     history as JSON, a tag `profile_source.<worker>` per worker (the profile's `sources`:
-    measured now, or the history entry reused and its age), and its plots (ranks labelled by
-    the cluster's workers, if given). Leaves the run open."""
+    measured now, or the history entry reused and its age), the regroups in place of a run
+    under `faults.on_loss: continue` (`membership.json`, the series `membership.world` at the
+    step each took effect), and its plots (ranks labelled by the cluster's workers, if given).
+    Leaves the run open."""
     rid, lead = outcome.run_id, outcome.result.lead
     tracker.log_metrics(rid, outcome.metrics.flat(), step=outcome.metrics.steps)
     tracker.log_series(
@@ -37,6 +39,11 @@ def record_training(
     tracker.client.set_tag(rid, "compression_reason", reason)
     if lead.recovery.left_out:  # workers the run went on without (a lost node: ray_launch)
         tracker.log_params(rid, {"recovery.left_out": json.dumps(lead.recovery.left_out)})
+    if lead.recovery.membership:  # regroups in place (faults.on_loss: continue)
+        changes = lead.recovery.membership
+        tracker.log_json(rid, "membership.json", [c.model_dump(mode="json") for c in changes])
+        for c in changes:
+            tracker.log_metrics(rid, {"membership.world": c.world}, step=c.step)
     if lead.trials is not None:
         record_trials(tracker, rid, lead.trials)
     tracker.log_json(rid, "profile.json", profile)
