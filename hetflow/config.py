@@ -53,7 +53,13 @@ from hetflow.config_recommend import (  # noqa: F401 (re-exported)
     SpotOverride,
     default_rentable,
 )
-from hetflow.config_rules import check_fsdp, check_job, fp16_fields  # noqa: F401 (re-exported)
+from hetflow.config_rules import (  # noqa: F401 (re-exported)
+    STATELESS_HOOKS,
+    check_fsdp,
+    check_job,
+    check_on_loss,
+    fp16_fields,
+)
 from hetflow.records import LOCAL_SGD, CompressionMethod
 
 # What 'auto' tries by default (`TrainConfig.compression_candidates`): the methods that keep

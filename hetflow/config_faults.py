@@ -88,7 +88,9 @@ class FaultPolicy(ConfigModel):
         title="Collective timeout under 'continue' (s)",
         description="Under on_loss 'continue': how long a collective in the step loop waits "
         "before its rank asks who is left. A rank not next to the lost one in gloo's ring "
-        "notices it only then; a timeout with nobody lost costs a regroup, not a step.",
+        "notices it only then; a timeout with nobody lost costs a regroup, not a step. Keep "
+        "it above the longest wait of a healthy step (a slow peer, rank 0's evaluation); a "
+        "rank silent for twice it and a second is left out as stalled.",
     )
     min_workers: int = Field(
         1,

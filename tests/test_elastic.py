@@ -73,6 +73,19 @@ def test_a_worker_killed_mid_step_leaves_the_others_running(local_digits, tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+def test_rank_0_lost_hands_its_part_to_the_lowest_rank_left(local_digits, tmp_path):
+    spec = _spec(local_digits, tmp_path / "zero", inject=[(0, 13, "kill")])
+    raw, _ = run_workers(spec, timeout_s=200)
+    result = RunResult.model_validate(raw)
+    _survived(result, lost=[0], at=13)
+    assert result.lead.rank == 1  # it wrote the result, evaluated and checkpointed
+    assert [e.step for e in result.lead.evals] == [10, 20, 30]  # 10: from rank 0's checkpoint
+    assert Path(spec.run_dir, "model.pt").exists()
+    assert CheckpointStore(str(Path(spec.run_dir) / "checkpoints")).load()["step"] == STEPS
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
 def test_two_workers_lost_at_once(local_digits, tmp_path):
     spec = _spec(local_digits, tmp_path / "two", inject=[(1, 9, "kill"), (2, 9, "kill")])
     raw, _ = run_workers(spec, timeout_s=200)

@@ -183,7 +183,7 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
         group, members = result_group(world)  # the ranks still in the job (`training.elastic`)
         gathered: list = [None] * len(members)
         dist.all_gather_object(gathered, mine, group=group)
-        if rank == 0:
+        if rank == members[0]:  # rank 0, or where it was lost, the lowest rank left
             write_result(Path(spec.run_dir), spec.mode, gathered, weights, spec.state_url)
     finally:
         counter.uninstall()

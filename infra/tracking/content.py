@@ -39,11 +39,7 @@ def record_training(
     tracker.client.set_tag(rid, "compression_reason", reason)
     if lead.recovery.left_out:  # workers the run went on without (a lost node: ray_launch)
         tracker.log_params(rid, {"recovery.left_out": json.dumps(lead.recovery.left_out)})
-    if lead.recovery.membership:  # regroups in place (faults.on_loss: continue)
-        changes = lead.recovery.membership
-        tracker.log_json(rid, "membership.json", [c.model_dump(mode="json") for c in changes])
-        for c in changes:
-            tracker.log_metrics(rid, {"membership.world": c.world}, step=c.step)
+    record_membership(tracker, rid, lead.recovery.membership)
     if lead.trials is not None:
         record_trials(tracker, rid, lead.trials)
     tracker.log_json(rid, "profile.json", profile)
@@ -75,6 +71,17 @@ def record_training(
             ),
         },
     )
+
+
+def record_membership(tracker: MLflowTracker, run_id: str, changes: list) -> None:
+    """The regroups in place of a run under `faults.on_loss: continue` (`MembershipChange`s):
+    the artifact `membership.json`, and the series `membership.world` at the step each took
+    effect; nothing where there were none."""
+    if not changes:
+        return
+    tracker.log_json(run_id, "membership.json", [c.model_dump(mode="json") for c in changes])
+    for c in changes:
+        tracker.log_metrics(run_id, {"membership.world": c.world}, step=c.step)
 
 
 def record_trials(tracker: MLflowTracker, run_id: str, trials: CompressionTrials) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from hetflow.config import ConfigError
+from hetflow.config import STATELESS_HOOKS, ConfigError, check_on_loss
 from hetflow.infra.s3 import free_port
 from hetflow.training.cpu_quota import JobCgroups, find_controller
 from hetflow.training.elastic.world import PREFIX
@@ -31,22 +31,16 @@ from hetflow.training.launch.mps import mps_daemon
 from hetflow.training.launch.outcome import Launched, LaunchError, RankFailed
 from hetflow.training.launch.spec import RunSpec
 
-STATELESS = ("none", "fp16", "bf16")  # comm hooks that keep nothing between steps
-
 
 def check_elastic(spec: RunSpec) -> None:
-    """A one-line ConfigError where `on_loss: continue` cannot run `spec`: under Ray, under
-    another strategy than ddp, or with a comm hook that keeps state between steps ('auto'
-    may choose one)."""
-    train, where = spec.train, "train.faults.on_loss: 'continue'"
-    if spec.cluster.launcher != "local":
-        raise ConfigError(f"{where} runs on the local launcher only, not {spec.cluster.launcher!r}")
-    if train.strategy != "ddp":
-        raise ConfigError(f"{where} needs strategy 'ddp', not {train.strategy!r}")
-    methods = [spec.plan.compression if spec.plan else None, train.compression_method()]
-    if train.compression == "auto" or any(m and m.name not in STATELESS for m in methods):
+    """A one-line ConfigError where `on_loss: continue` cannot run `spec`
+    (`config_rules.check_on_loss`), its plan's comm hook included."""
+    check_on_loss(spec.cluster, spec.train)
+    method = spec.plan.compression if spec.plan else None
+    if method is not None and method.name not in STATELESS_HOOKS:
         raise ConfigError(
-            f"{where} needs compression none, fp16 or bf16, not {train.compression!r}"
+            f"train.faults.on_loss: 'continue' needs compression none, fp16 or bf16, not "
+            f"the plan's {method.name!r}"
         )
 
 

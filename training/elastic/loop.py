@@ -9,17 +9,19 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from pathlib import Path
 from time import perf_counter as now
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hetflow.records import MembershipChange
+from hetflow.records import EvalPoint, MembershipChange
 from hetflow.training.comm import register_compression
 from hetflow.training.elastic.departure import Departures
 from hetflow.training.elastic.world import ElasticWorld, LeftBehind, StepAborted
 from hetflow.training.faults.records import STEP, failure_kind
+from hetflow.training.loop.progress import ProgressFile
 from hetflow.training.plan.balance import PlanError
 from hetflow.training.plan.curves import balance_on_curves
 from hetflow.training.plan.rebalancer import Rebalancer
@@ -27,10 +29,6 @@ from hetflow.training.plan.rebalancer import Rebalancer
 # What gloo's errors say where a peer died or did not answer (in a DDP comm hook's callback
 # too, whose error wraps the collective's).
 GLOO_FAILURES = ("pair closure", "Connection closed", "Connection reset", "imed out", "gloo")
-
-
-class LeaderLost(RuntimeError):
-    """Rank 0, which evaluates and writes the checkpoints and the result, was lost."""
 
 
 class TooFewWorkers(RuntimeError):
@@ -89,8 +87,11 @@ class ElasticLoop:
         """Regroup after `exc` in step `step`: the step not applied by any member where this
         rank had not applied it (then it runs again), else the next (`regroup`); returns the
         step to go on from."""
-        t0, world = now(), self.world
-        applied = world.committed is not None and world.committed >= step
+        t0, world, records = now(), self.world, loop.state.records
+        # committed here, or done without a commit (the loss scale skipped it on every rank)
+        applied = (world.committed is not None and world.committed >= step) or bool(
+            records and records[-1].step == step
+        )
         if not applied:
             world.abort(step)
         going_on = step + 1 if applied else step
@@ -108,8 +109,8 @@ class ElasticLoop:
         batch re-cut over its ranks from step `going_on` on, the change recorded (`t0`: when
         this rank saw the failure; `in_flight`: what became of the step it interrupted).
         Returns `going_on`. Leaves the process where the others went on without this rank;
-        raises `LeaderLost` without rank 0, `TooFewWorkers` (after a checkpoint) below
-        `faults.min_workers`."""
+        raises `TooFewWorkers` (after a checkpoint) below `faults.min_workers`. Where rank 0
+        was lost, the lowest rank left takes its part (`take_the_lead`)."""
         world = self.world
         try:
             lost = world.regroup(going_on)
@@ -124,8 +125,8 @@ class ElasticLoop:
         )
         loop.net.opt.zero_grad(set_to_none=True)
         self.rewire(loop, rebuild=True)
-        if world.leader != 0:
-            raise LeaderLost("rank 0 was lost: it evaluates and writes the checkpoints and result")
+        if loop.rank == world.leader and loop.progress is None:  # rank 0 was lost
+            take_the_lead(loop, going_on)
         self.resync(loop)
         state = loop.state
         plan = replan(loop.rebalancer, state.plan, world.members, loop.cfg.global_batch)
@@ -189,6 +190,19 @@ class ElasticLoop:
             if r not in self.world.members:
                 rebalancer.caps[r] = 0
         rebalancer.trial = rebalancer.revert_to = rebalancer.pending = None
+
+
+def take_the_lead(loop, step: int) -> None:
+    """This rank does what rank 0 did, rank 0 being lost: it evaluates and writes the
+    checkpoints (its evaluator and checkpointer act as rank 0's), progress.json from `step`,
+    and the result (`world.result_group`'s first rank). Rank 0's evaluations come back from
+    its last checkpoint; those it made after it are lost with it."""
+    loop.evaluator.rank = loop.checkpointer.rank = 0
+    loop.progress = ProgressFile(Path(loop.spec.run_dir) / "progress.json", step)
+    saved = loop.checkpointer.store.load()  # rank 0's evaluations, up to its last checkpoint
+    if saved is not None:
+        loop.state.evals = [EvalPoint.model_validate(e) for e in saved.get("evals", [])]
+    print(f"rank {loop.rank}: takes rank 0's part (evaluation, checkpoints, result)", flush=True)
 
 
 def replica_digest(model: torch.nn.Module) -> str:

@@ -268,10 +268,11 @@ class TrainingLoop:
         )
 
     def weights(self) -> dict[str, torch.Tensor] | None:
-        """A copy of the trained weights on rank 0; None elsewhere (every rank calls it: under
-        fsdp they are gathered from every rank's shards)."""
+        """A copy of the trained weights on rank 0 (under `on_loss: continue`, the lowest rank
+        left); None elsewhere (every rank calls it: under fsdp they are gathered from every
+        rank's shards)."""
         weights = self.net.weights()
-        if self.rank != 0:
+        if self.rank != (0 if self.elastic is None else self.elastic.world.leader):
             return None
         return {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
 
