@@ -7,6 +7,7 @@ every 20 ms), the steps redone, the final accuracy; and once, the same run with 
 Each repeat runs both variants, alternating which goes first.
 
     python -m benchmarks.elastic [REPEAT]
+    python -m benchmarks.elastic overhead [REPEAT]   # no kill: what each step's commit costs
 
 Figures: docs/measurements/faults.md, "A worker lost in place".
 """
@@ -92,7 +93,26 @@ def one(spec: RunSpec, kill: bool) -> dict:
     figures["steps_redone"] = max(lead.recovery.steps_redone, len(steps) - len(set(steps)))
     figures["final_accuracy"] = lead.evals[-1].accuracy
     figures["membership"] = [c.model_dump() for c in lead.recovery.membership]
+    timed = [rec.step_s for rec in lead.records[5:]]  # past the first steps' one-off costs
+    figures["median_step_s"] = statistics.median(timed)
     return figures
+
+
+def overhead(repeat: int) -> None:
+    """What `continue` costs a run nothing goes wrong in (each step's commit through the
+    store, the leave key read at each boundary): rank 0's median step, both variants with no
+    kill, alternating which goes first; the ratio of the medians over the repeats."""
+    steps: dict[str, list[float]] = {"continue": [], "restart": []}
+    with digits_workspace("elastic-overhead") as (tmp, dataset):
+        for i in range(repeat):
+            for variant in run_order(["continue", "restart"], i):
+                f = one(spec_of(tmp, dataset, f"{variant}{i}", variant), kill=False)
+                steps[variant].append(f["median_step_s"])
+                print(f"{variant}: median step {f['median_step_s'] * 1e3:.1f} ms", flush=True)
+    c, r = (statistics.median(steps[v]) for v in ("continue", "restart"))
+    print(
+        f"no kill, median step continue / restart: {c / r:.3f} ({c * 1e3:.1f} / {r * 1e3:.1f} ms)"
+    )
 
 
 def main(repeat: int = 3) -> None:
@@ -123,4 +143,7 @@ def main(repeat: int = 3) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    if sys.argv[1:2] == ["overhead"]:
+        overhead(int(sys.argv[2]) if len(sys.argv) > 2 else 3)
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
