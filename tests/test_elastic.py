@@ -12,7 +12,7 @@ from hetflow.config import ClusterSpec, ConfigError, TrainConfig
 from hetflow.config_base import validated
 from hetflow.records import Plan, RunResult
 from hetflow.training.elastic.launch import check_elastic
-from hetflow.training.launch.outcome import RankFailed
+from hetflow.training.launch.outcome import LaunchError, RankFailed
 from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import Injection, RunSpec
 from hetflow.training.loop.checkpoint import CheckpointStore
@@ -118,6 +118,15 @@ def test_too_few_workers_left_end_the_job_with_a_checkpoint(local_digits, tmp_pa
         run_workers(spec, timeout_s=200)
     saved = CheckpointStore(str(tmp_path / "few" / "checkpoints")).load()
     assert saved["step"] == 13  # the step the last worker reached, not the last interval's
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_every_worker_lost_ends_the_job_naming_its_checkpoints(local_digits, tmp_path):
+    spec = _spec(local_digits, tmp_path / "all", inject=[(r, 13, "kill") for r in range(4)])
+    with pytest.raises(LaunchError, match="every worker of the job was lost"):
+        run_workers(spec, timeout_s=200)
+    assert CheckpointStore(str(Path(spec.run_dir) / "checkpoints")).load()["step"] == 10
 
 
 def test_bad_on_loss_is_one_line_naming_the_field():

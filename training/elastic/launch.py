@@ -103,7 +103,13 @@ def run_elastic(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Lau
     if not result.exists():
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
         codes = {r: p.returncode for r, p in procs.items()}
-        raise LaunchError(f"no result (exit codes {codes}; log: {log}):\n" + "\n".join(tail))
+        why = "no result"
+        if all(c != 0 for c in codes.values()):
+            why = (
+                f"every worker of the job was lost; its checkpoints (the last of them "
+                f"resumes it) are in {spec.checkpoint_url or run_dir / 'checkpoints'}"
+            )
+        raise LaunchError(f"{why} (exit codes {codes}; log: {log}):\n" + "\n".join(tail))
     return Launched(json.loads(result.read_text()), wall)
 
 
