@@ -69,6 +69,8 @@ class RunMetrics(_Figures):
     restarts: int = 0
     steps_redone: int = 0
     workers_left_out: int = 0
+    workers_lost_in_place: int = 0
+    steps_retried: int = 0
     busy_fraction: float = 0.0
     comm_fraction: float = 0.0
     straggler_idle_fraction: float = 0.0

@@ -338,14 +338,33 @@ class CacheCounts(_Record):
     bytes_read: int = 0
 
 
+class MembershipChange(_Record):
+    """The ranks of a running job regrouped in place (`faults.on_loss: continue`): at `step`
+    (the step they went on from), `lost` left, `world` ranks stayed; `step_in_flight`: what
+    became of the step the loss interrupted, 'retried' (no rank applied it; the survivors ran
+    it again) or 'none' (it was done on every rank before the loss); `regroup_s`: from the
+    failure this rank saw to its new group; `plan`: the shares from `step` on."""
+
+    step: int
+    lost: list[int]
+    world: int
+    step_in_flight: Literal["retried", "none"]
+    regroup_s: float
+    plan: list[int]
+
+
 class Recovery(_Record):
     """Restarts of this run (torchrun's, Ray Train's, a retried task's), the steps done again,
-    and `left_out`: the workers it went on without, name -> why (`training.ray_launch`)."""
+    `left_out`: the workers it went on without, name -> why (`training.ray_launch`), and
+    `membership`: the regroups in place of a job that went on without lost workers, and
+    `replica_digest`: a digest of the rank's final weights there, which every rank left shares."""
 
     restarts: int = 0
     steps_redone: int = 0
     resumed_at: int | None = None
     left_out: dict[str, str] = {}
+    membership: list[MembershipChange] = []
+    replica_digest: str | None = None
 
 
 class Timeline(_Record):

@@ -58,6 +58,8 @@ def summarize(
         restarts=lead.recovery.restarts,
         steps_redone=lead.recovery.steps_redone,
         workers_left_out=len(lead.recovery.left_out),
+        workers_lost_in_place=sum(len(c.lost) for c in lead.recovery.membership),
+        steps_retried=sum(c.step_in_flight == "retried" for c in lead.recovery.membership),
         busy_fraction=sum(r.compute_s for r in per_rank) / ranks_s,
         comm_fraction=sum(r.comm_s for r in per_rank) / ranks_s,
         straggler_idle_fraction=sum(r.idle_s for r in per_rank) / ranks_s,

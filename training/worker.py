@@ -34,6 +34,7 @@ from hetflow.training.comm import WireCounter
 from hetflow.training.cores import host_cores, pin_rank
 from hetflow.training.cpu_quota import join_quota, own_quota
 from hetflow.training.devices import MixedPrecision, rank_device_precision, synchronizer
+from hetflow.training.elastic.world import result_group
 from hetflow.training.faults.records import (
     PREEMPTED_EXIT,
     STARTUP_TIMEOUT_S,
@@ -179,9 +180,10 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
             mine = profile(ctx).model_dump(mode="json")
             weights = None
         data.close()
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, mine)
-        if rank == 0:
+        group, members = result_group(world)  # the ranks still in the job (`training.elastic`)
+        gathered: list = [None] * len(members)
+        dist.all_gather_object(gathered, mine, group=group)
+        if rank == members[0]:  # rank 0, or where it was lost, the lowest rank left
             write_result(Path(spec.run_dir), spec.mode, gathered, weights, spec.state_url)
     finally:
         counter.uninstall()

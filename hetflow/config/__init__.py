@@ -50,7 +50,7 @@ from hetflow.config.recommend import (
     SpotOverride,
     default_rentable,
 )
-from hetflow.config.rules import check_fsdp, check_job, fp16_fields
+from hetflow.config.rules import STATELESS_HOOKS, check_fsdp, check_job, check_on_loss, fp16_fields
 from hetflow.config.train import (
     AUTO_CANDIDATES,
     DEFAULT_SPEEDS,
@@ -74,6 +74,7 @@ __all__ = [
     "RECIPE_DESCRIPTION",
     "RECIPE_NOTES",
     "RECIPE_PATTERN",
+    "STATELESS_HOOKS",
     "ClusterSpec",
     "ConfigError",
     "ConfigModel",
@@ -95,6 +96,7 @@ __all__ = [
     "alias_note",
     "check_fsdp",
     "check_job",
+    "check_on_loss",
     "default_cluster",
     "default_rentable",
     "describe_validation_error",

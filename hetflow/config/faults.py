@@ -11,6 +11,9 @@ deployment run's parameters), read by every layer that retries:
   lost, at most `group_restarts` times: torchrun's `--max-restarts`
   (`training.launch.local`), Ray Train's `FailureConfig(max_failures)`
   (`training.launch.ray_train`). Both restart at once: neither launcher has a delay.
+- a worker lost with `on_loss: continue` (the local launcher, strategy ddp): no restart; the
+  other ranks form a new group without it and go on from the step they were at
+  (`training.elastic`), while at least `min_workers` are left.
 - under Ray, a lost node with no replacement: Ray Train tries `placement_tries` times to place
   the restarted group; then the run goes on without that node's workers
   (`go_on_without`), or fails where that is off.
@@ -24,6 +27,8 @@ policy; the storage tasks (ingest, the profile history) keep theirs on their dec
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field
 
@@ -68,4 +73,29 @@ class FaultPolicy(ConfigModel):
         ge=0,
         title="Train task retry delay (s)",
         description="Seconds Prefect waits before retrying the train task.",
+    )
+    on_loss: Literal["restart", "continue"] = Field(
+        "restart",
+        title="On a lost worker",
+        description="'restart': the launcher restarts every rank from the last checkpoint "
+        "(group_restarts). 'continue': the other ranks keep their processes and state, form a "
+        "new group without it, re-plan the global batch over the workers left and go on from "
+        "the step they were at (local launcher, strategy ddp, no stateful compression).",
+    )
+    collective_timeout_s: float = Field(
+        3.0,
+        gt=0,
+        title="Collective timeout under 'continue' (s)",
+        description="Under on_loss 'continue': how long a collective in the step loop waits "
+        "before its rank asks who is left. A rank not next to the lost one in gloo's ring "
+        "notices it only then; a timeout with nobody lost costs a regroup, not a step. Keep "
+        "it above the longest wait of a healthy step (a slow peer, rank 0's evaluation); a "
+        "rank silent for twice it and a second is left out as stalled.",
+    )
+    min_workers: int = Field(
+        1,
+        ge=1,
+        title="Fewest workers under 'continue'",
+        description="Under on_loss 'continue': with fewer workers left than this, the "
+        "survivors checkpoint the step they reached and the job ends, stating so.",
     )

@@ -35,6 +35,7 @@ def check_job(cluster: ClusterSpec, train: TrainConfig) -> None:
         )
     if train.strategy == "fsdp":
         check_fsdp(cluster, train)
+    check_on_loss(cluster, train)
     check_rounds(train, fp16_fields(cluster, train))
     local = train.local_sgd()  # (field, method name) where local SGD may run
     if train.nonfinite == "skip" and local is not None:
@@ -91,4 +92,24 @@ def check_fsdp(cluster: ClusterSpec, train: TrainConfig) -> None:
         raise ConfigError(
             f"{fp16[0]}: fp16's loss scale checks each rank's shard of the gradient under "
             "strategy 'fsdp', and the ranks could skip different steps; use bf16 or fp32"
+        )
+
+
+# comm hooks that keep nothing between steps: a rank lost in place takes no hook state with it
+STATELESS_HOOKS = ("none", "fp16", "bf16")
+
+
+def check_on_loss(cluster: ClusterSpec, train: TrainConfig) -> None:
+    """What `faults.on_loss: continue` (`training.elastic`) runs: the local launcher, strategy
+    ddp, a comm hook that keeps no state between steps ('auto' may choose one that does)."""
+    if train.faults.on_loss != "continue":
+        return
+    where = "train.faults.on_loss: 'continue'"
+    if cluster.launcher != "local":
+        raise ConfigError(f"{where} runs on the local launcher only, not {cluster.launcher!r}")
+    if train.strategy != "ddp":
+        raise ConfigError(f"{where} needs strategy 'ddp', not {train.strategy!r}")
+    if train.compression.split(":")[0] not in STATELESS_HOOKS:
+        raise ConfigError(
+            f"{where} needs compression none, fp16 or bf16, not {train.compression!r}"
         )

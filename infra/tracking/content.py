@@ -23,8 +23,10 @@ def record_training(
     series, and MLflow shows a metric's value at its highest step), per-step series, the
     evaluations (`test_accuracy`, or `val_loss` and `perplexity`), the profile and plan
     history as JSON, a tag `profile_source.<worker>` per worker (the profile's `sources`:
-    measured now, or the history entry reused and its age), and its plots (ranks labelled by
-    the cluster's workers, if given). Leaves the run open."""
+    measured now, or the history entry reused and its age), the regroups in place of a run
+    under `faults.on_loss: continue` (`membership.json`, the series `membership.world` at the
+    step each took effect), and its plots (ranks labelled by the cluster's workers, if given).
+    Leaves the run open."""
     rid, lead = outcome.run_id, outcome.result.lead
     tracker.log_metrics(rid, outcome.metrics.flat(), step=outcome.metrics.steps)
     tracker.log_series(
@@ -38,6 +40,7 @@ def record_training(
     tracker.client.set_tag(rid, "compression_reason", reason)
     if lead.recovery.left_out:  # workers the run went on without (a lost node: ray_launch)
         tracker.log_params(rid, {"recovery.left_out": json.dumps(lead.recovery.left_out)})
+    record_membership(tracker, rid, lead.recovery.membership)
     if lead.trials is not None:
         record_trials(tracker, rid, lead.trials)
     tracker.log_json(rid, "profile.json", profile)
@@ -69,6 +72,17 @@ def record_training(
             ),
         },
     )
+
+
+def record_membership(tracker: MLflowTracker, run_id: str, changes: list) -> None:
+    """The regroups in place of a run under `faults.on_loss: continue` (`MembershipChange`s):
+    the artifact `membership.json`, and the series `membership.world` at the step each took
+    effect; nothing where there were none."""
+    if not changes:
+        return
+    tracker.log_json(run_id, "membership.json", [c.model_dump(mode="json") for c in changes])
+    for c in changes:
+        tracker.log_metrics(run_id, {"membership.world": c.world}, step=c.step)
 
 
 def record_trials(tracker: MLflowTracker, run_id: str, trials: CompressionTrials) -> None:

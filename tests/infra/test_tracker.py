@@ -193,3 +193,26 @@ def test_a_variant_run_records_the_workers_it_went_on_without_and_why(tracker):
     run = tracker.client.get_run(rid).data
     assert run.params["recovery.left_out"] == f'{{"t4": "{why}"}}'
     assert run.metrics["workers_left_out"] == 1 and run.metrics["restarts"] == 1
+
+
+def test_a_variant_run_records_each_regroup_in_place_as_an_event(tracker, tmp_path):
+    import json
+
+    from hetflow.infra.tracking.content import record_training
+    from hetflow.records import MembershipChange, Profile, Recovery
+
+    cluster = ClusterSpec.from_speeds([1, 1, 2])
+    rid = tracker.start_run("optimized", cluster, DatasetSpec(url="s3://bucket/digits"))
+    done = outcome("optimized", rid, [16, 16, 16], 0.1)
+    change = MembershipChange(
+        step=3, lost=[1], world=2, step_in_flight="retried", regroup_s=0.05, plan=[24, 0, 24]
+    )
+    done.result.ranks[0].recovery = Recovery(membership=[change])
+    done.metrics = summarize(done.result, 48)
+    record_training(tracker, done, Profile(cluster="local", model="digits-mlp", ranks=[]), cluster)
+    run = tracker.client.get_run(rid).data
+    assert run.metrics["workers_lost_in_place"] == 1 and run.metrics["steps_retried"] == 1
+    history = tracker.client.get_metric_history(rid, "membership.world")
+    assert [(m.step, m.value) for m in history] == [(3, 2.0)]
+    path = tracker.client.download_artifacts(rid, "membership.json", str(tmp_path))
+    assert json.loads(open(path).read())[0]["lost"] == [1]

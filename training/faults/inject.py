@@ -1,7 +1,11 @@
 """Faults a test injects into a rank (`RunSpec.inject`): at a given step, the model's forward
-raises, as a bug in a recipe would, or returns NaN."""
+raises, as a bug in a recipe would, or returns NaN, or the rank's process is killed (SIGKILL),
+stopped (SIGSTOP) or sent SIGTERM mid-step, as a lost, stalled or preempted worker is."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 from torch import nn
 
@@ -18,6 +22,14 @@ def install_injections(model: nn.Module, injections: list, step: dict) -> None:
         if (now, "raise") in pending:
             pending.discard((now, "raise"))
             raise RuntimeError(f"injected fault at step {now}")
+        for kind, sig in (
+            ("kill", signal.SIGKILL),
+            ("stop", signal.SIGSTOP),
+            ("term", signal.SIGTERM),
+        ):
+            if (now, kind) in pending:
+                pending.discard((now, kind))
+                os.kill(os.getpid(), sig)
         if (now, "nan") in pending:
             pending.discard((now, "nan"))
             return output * float("nan")

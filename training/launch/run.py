@@ -21,6 +21,7 @@ from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.cpu_quota import check_quotas
 from hetflow.training.devices import check_devices
+from hetflow.training.elastic.launch import run_elastic
 from hetflow.training.launch.local import run_torchrun
 from hetflow.training.launch.mps import check_mps, mps_available
 from hetflow.training.launch.outcome import Launched
@@ -49,6 +50,8 @@ def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Lau
             "submitted_at": spec.submitted_at or time.time(),
         }
     )
+    if spec.train.faults.on_loss == "continue":  # regroups in place: its own launcher
+        return run_elastic(spec, timeout_s, on_progress)
     if spec.cluster.launcher == "ray":
         return run_workers_ray(with_shared_state(spec), timeout_s)
     return run_torchrun(spec, timeout_s, on_progress)

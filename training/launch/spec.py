@@ -20,11 +20,12 @@ _STARTED = time.time()  # this process's start, near enough (the module is impor
 
 
 class Injection(BaseModel):
-    """A fault injected for a test: at `step`, `rank`'s forward raises or returns NaN."""
+    """A fault injected for a test: at `step`, `rank`'s forward raises, returns NaN, or its
+    process is killed (SIGKILL), stopped (SIGSTOP: a stalled worker) or sent SIGTERM."""
 
     rank: int
     step: int
-    kind: Literal["raise", "nan"]
+    kind: Literal["raise", "nan", "kill", "stop", "term"]
 
 
 class RunSpec(BaseModel):

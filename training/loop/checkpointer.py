@@ -47,6 +47,9 @@ class Checkpointer:
         self.store = CheckpointStore(spec.checkpoint_url or f"{spec.run_dir}/checkpoints")
         self.saved = self.on_these_workers(self.store.load())
         self.parts: CheckpointParts | None = None
+        # the ranks still in the job and their group (`training.elastic`); None: every rank
+        self.members: tuple[int, ...] | None = None
+        self.group = None
 
     def on_these_workers(self, saved: dict | None) -> Checkpoint | None:
         """The store's newest checkpoint `saved` for this run's workers: as saved where it was
@@ -88,8 +91,12 @@ class Checkpointer:
         """Gather every rank's step records; rank 0 saves them with the model, optimizer, comm
         hook, re-balancer and loop `state`, as the checkpoint of `step` steps done. Every rank
         calls it."""
-        everyone: list = [None] * self.world
-        dist.all_gather_object(everyone, state.records)
+        members = self.members or tuple(range(self.world))
+        gathered: list = [None] * len(members)
+        dist.all_gather_object(gathered, state.records, group=self.group)
+        everyone: list = [[] for _ in range(self.world)]  # a rank no longer in the job: none
+        for m, records in zip(members, gathered, strict=True):
+            everyone[m] = records
         parts = self.parts
         net = parts.net
         shards = self.store.shards_name(step) if net.sharded else None

@@ -32,6 +32,8 @@ class SharedStepTimes:
 
     def __init__(self, world: int, group, every: int) -> None:
         self.world, self.group, self.every = world, group, every
+        # the ranks in `group` (`training.elastic`); None: every rank. The others' times are 0
+        self.members: tuple[int, ...] | None = None
         self.unsent: list[tuple[StepRecord, int]] = []
         self.pending: list[tuple[list[tuple[StepRecord, int]], list[torch.Tensor], dist.Work]] = []
 
@@ -44,7 +46,8 @@ class SharedStepTimes:
     def _send(self) -> None:
         mine = torch.tensor([rec.compute_s for rec, _ in self.unsent], dtype=torch.float64)
         out = [torch.zeros_like(mine) for _ in range(self.world)]
-        work = dist.all_gather(out, mine, group=self.group, async_op=True)
+        into = out if self.members is None else [out[m] for m in self.members]
+        work = dist.all_gather(into, mine, group=self.group, async_op=True)
         self.pending.append((self.unsent, out, work))
         self.unsent = []
 

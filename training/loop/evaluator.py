@@ -22,6 +22,7 @@ class Evaluator:
         self.spec = spec
         self.rank = rank
         self.net = net
+        self.group = None  # the group its barrier runs on (None: every rank's)
         self.recipe = recipe
         self.data = data
 
@@ -40,4 +41,4 @@ class Evaluator:
             figures = evaluate(recipe, model, batches)
             wall = since_submit(self.spec)
             state.evals.append(EvalPoint.of(step, state.train_time_s, figures, wall))
-        dist.barrier()  # the others wait here, outside the timed step
+        dist.barrier(group=self.group)  # the others wait here, outside the timed step

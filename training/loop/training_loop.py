@@ -19,6 +19,7 @@ from hetflow.records import (
 )
 from hetflow.training.comm import new_control_group
 from hetflow.training.devices import peak_device_bytes
+from hetflow.training.elastic.loop import ElasticLoop, replica_digest
 from hetflow.training.faults.guard import StepGuard
 from hetflow.training.faults.records import Preempted
 from hetflow.training.launch.spec import node_id, since_submit
@@ -97,10 +98,36 @@ class TrainingLoop:
         slack = self.guard.preemption.slack  # how far ahead of rank 0 a rank may run
         every = self.cfg.checkpoint_every
         self.stop_request = StopRequest(self.spec.run_dir, self.rank, every, slack)
+        self.elastic = ElasticLoop.attach(self) if self.cfg.faults.on_loss == "continue" else None
 
     def run(self) -> None:
         """Train from the resumed step to `train.steps` (or to the checkpoint a stop request
-        names: `stop_asked`), one step per turn of the loop:
+        names: `stop_asked`), one step per `turn`. Under `faults.on_loss: continue` a turn that
+        fails because a peer is lost (`training.elastic.ElasticLoop.recovers`) regroups the
+        ranks left and goes on from the step they were at: the step in flight again, where no
+        rank applied it, else the next."""
+        cfg, line, state = self.cfg, self.timeline, self.state
+        first = state.start
+        self.stepper.warm_up(state)
+        self.counter.take()
+        line.first_step, line.first_step_s = first, since_submit(self.spec)
+        line.steady_from_s = line.first_step_s
+        step = first
+        while step < cfg.steps:
+            try:
+                if self.turn(step, first):
+                    break
+                step += 1
+            except Exception as e:  # only a lost peer is recovered from: the rest re-raised
+                if self.elastic is None or not self.elastic.recovers(e):
+                    raise
+                step = self.elastic.recover(self, e, step)
+        line.loop_end_s = since_submit(self.spec)
+        if self.elastic is not None:
+            self.recovery.replica_digest = replica_digest(self.net.model)
+
+    def turn(self, step: int, first: int) -> bool:
+        """One turn of the loop; True after the run's last step.
 
         the step (the stepper's, or an idle one where this rank is out of the all-reduce), the
         lr scheduler's step, the replicas' average after the last; the guard's verdict (a
@@ -110,43 +137,44 @@ class TrainingLoop:
         `checkpoint_every` steps and before a preemption, and progress.json. Raises
         `Preempted` after the checkpoint of the step a SIGTERM stopped at."""
         cfg, line, state, stepper = self.cfg, self.timeline, self.state, self.stepper
-        first = state.start
-        stepper.warm_up(state)
-        self.counter.take()
-        line.first_step, line.first_step_s = first, since_submit(self.spec)
-        line.steady_from_s = line.first_step_s
-        for step in range(first, cfg.steps):
-            last = step == cfg.steps - 1 or self.stop_asked(step + 1)
-            if step == first + THROUGHPUT_SKIP_STEPS:  # the steps throughput counts begin
-                line.steady_from_s = since_submit(self.spec)
-            self.guard.begin(step)
-            computes = self.membership.computes
-            rec = stepper.step(step, state) if computes else stepper.idle_step(step, state)
-            step_scheduler(self.lr_schedule)  # every rank: its position is the steps run
-            if last:
-                stepper.last_average(rec)
-            stop = self.guard.end(rec, step + 1)  # every rank alike: SIGTERM came
-            # the optimizer's or the loss scale's skip, on a step this rank stepped in
-            rec.skipped = computes and (rec.skipped or self.amp.last_skipped)
-            self.record(rec)
-            # the last step too where it falls on the interval: a run continued to more steps
-            # (the queue's next segment, on the same run directory) resumes there
-            checkpoint_now = (step + 1) % cfg.checkpoint_every == 0 or (stop and not last)
-            flush = last or checkpoint_now
-            self.rebalancing.after(rec, state, flush=flush, last=last, posted=not computes)
-            self.membership.follow(state, step + 1)
-            evaluate_now = (step + 1) % cfg.eval_every == 0 or last
-            self.membership.refresh(state, rank0=evaluate_now or checkpoint_now, everyone=last)
-            if evaluate_now:
-                line.eval_s += self.timed(self.evaluator.evaluate, step + 1, state)
-            if checkpoint_now:
-                line.checkpoint_s += self.timed(self.checkpointer.save, step + 1, state)
-            self.write_progress(step + 1)
-            if stop and not last:
-                raise Preempted(step + 1)
-            if last:
-                break
-        line.loop_end_s = since_submit(self.spec)
+        if self.elastic is not None:  # a worker that got SIGTERM leaves here
+            self.elastic.at_boundary(self, step)
+        last = step == cfg.steps - 1 or self.stop_asked(step + 1)
+        if step == first + THROUGHPUT_SKIP_STEPS:  # the steps throughput counts begin
+            line.steady_from_s = since_submit(self.spec)
+        self.guard.begin(step)
+        computes = self.membership.computes
+        rec = stepper.step(step, state) if computes else stepper.idle_step(step, state)
+        step_scheduler(self.lr_schedule)  # every rank: its position is the steps run
+        if last:
+            stepper.last_average(rec)
+        stop = self.guard.end(rec, step + 1)  # every rank alike: SIGTERM came
+        # the optimizer's or the loss scale's skip, on a step this rank stepped in
+        rec.skipped = computes and (rec.skipped or self.amp.last_skipped)
+        self.record(rec)
+        # the last step too where it falls on the interval: a run continued to more steps
+        # (the queue's next segment, on the same run directory) resumes there
+        checkpoint_now = (step + 1) % cfg.checkpoint_every == 0 or (stop and not last)
+        flush = last or checkpoint_now
+        self.rebalancing.after(rec, state, flush=flush, last=last, posted=not computes)
+        self.membership.follow(state, step + 1)
+        self.boundary(step + 1, last, checkpoint_now)
+        if stop and not last:
+            raise Preempted(step + 1)
+        return last
+
+    def boundary(self, done: int, last: bool, checkpoint_now: bool) -> None:
+        """After `done` steps, outside their time: the replicas synced where ranks were left
+        out, an evaluation every `eval_every` steps and at the end (`last`), the checkpoint
+        (`checkpoint_now`), and progress.json."""
+        line, state = self.timeline, self.state
+        evaluate_now = done % self.cfg.eval_every == 0 or last
+        self.membership.refresh(state, rank0=evaluate_now or checkpoint_now, everyone=last)
+        if evaluate_now:
+            line.eval_s += self.timed(self.evaluator.evaluate, done, state)
+        if checkpoint_now:
+            line.checkpoint_s += self.timed(self.checkpointer.save, done, state)
+        self.write_progress(done)
 
     def choose_compression(self) -> CompressionTrials | None:
         """'auto''s trials, or the checkpoint's (`trials.resolve_compression`): `self.spec`'s
@@ -237,10 +265,11 @@ class TrainingLoop:
         )
 
     def weights(self) -> dict[str, torch.Tensor] | None:
-        """A copy of the trained weights on rank 0; None elsewhere (every rank calls it: under
-        fsdp they are gathered from every rank's shards)."""
+        """A copy of the trained weights on rank 0 (under `on_loss: continue`, the lowest rank
+        left); None elsewhere (every rank calls it: under fsdp they are gathered from every
+        rank's shards)."""
         weights = self.net.weights()
-        if self.rank != 0:
+        if self.rank != (0 if self.elastic is None else self.elastic.world.leader):
             return None
         return {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
 

@@ -1,0 +1,55 @@
+"""A worker that gets SIGTERM under `faults.on_loss: continue` (a spot notice, the queue
+taking it back) leaves the job at a step boundary every rank agrees on, and only it: the
+others regroup without it at once, no failed collective, no timeout, no checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+from hetflow.training.elastic.world import ElasticWorld
+
+
+class Departures:
+    """This rank's side of the planned leaves of `world`'s members.
+
+    The rank that got SIGTERM writes, at its next boundary b, `gG/leave` = 'b+1:rank' into the
+    store (first writer wins; a second signalled rank asks again in the next generation);
+    every rank reads that key at each boundary (one round trip) and, at b+1, the leaver ends
+    its process (marking itself dead, so that no one waits for it) while the others regroup.
+    b+1 is the same boundary for all: no rank can finish step b before the leaver, at
+    boundary b, has written and joined step b's all-reduce (`faults.guard.Preemption`'s
+    argument). The handler replaces `Preemption`'s, which would stop every rank."""
+
+    def __init__(self, world: ElasticWorld) -> None:
+        self.world = world
+        self.signalled = self.asked = False
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.signalled = True
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one kills at once
+
+    def leaving(self, step: int) -> int | None:
+        """Before step `step`: the rank that leaves here, if one does (this process ends here
+        if it is that rank)."""
+        w = self.world
+        key = f"g{w.gen}/leave"
+        if self.signalled and not self.asked:
+            self.asked = True
+            w.store.compare_set(key, "", f"{step + 1}:{w.rank}")
+        if not w.store.check([key]):
+            return None
+        at, who = (int(x) for x in w.store.get(key).decode().split(":"))
+        if step < at:
+            return None
+        if who == w.rank:
+            print(f"rank {w.rank}: leaving the job before step {step} (SIGTERM)", flush=True)
+            w.store.set(f"dead/{w.rank}", "1")
+            sys.stdout.flush()
+            os._exit(0)
+        self.asked = False  # another rank's leave: a signalled one asks in the next generation
+        return who

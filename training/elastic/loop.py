@@ -1,0 +1,274 @@
+"""The training loop under `faults.on_loss: continue` (`ElasticLoop`): its collectives on the
+group of the ranks still in the job (`world.ElasticWorld`), each optimizer step applied only
+once every member holds the whole gradient (`CommitGate`), and, when a peer is lost, the ranks
+left regrouped in place: model and optimizer kept, DDP rebuilt over the new group, the global
+batch re-cut over them (`replan`), the loop going on from the step they were at."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+from time import perf_counter as now
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from hetflow.records import EvalPoint, MembershipChange
+from hetflow.training.comm import register_compression
+from hetflow.training.elastic.departure import Departures
+from hetflow.training.elastic.world import ElasticWorld, LeftBehind, StepAborted
+from hetflow.training.faults.records import STEP, failure_kind
+from hetflow.training.loop.progress import ProgressFile
+from hetflow.training.plan.balance import PlanError
+from hetflow.training.plan.curves import balance_on_curves
+from hetflow.training.plan.rebalancer import Rebalancer
+
+# What gloo's errors say where a peer died or did not answer (in a DDP comm hook's callback
+# too, whose error wraps the collective's).
+GLOO_FAILURES = ("pair closure", "Connection closed", "Connection reset", "imed out", "gloo")
+
+
+class TooFewWorkers(RuntimeError):
+    """Fewer workers are left than `faults.min_workers`: the job checkpointed and ended."""
+
+
+class CommitGate:
+    """The optimizer, stepping only on a step every member commits (`ElasticWorld.commit`);
+    raises `StepAborted` otherwise, before any state changes. Everything else is the wrapped
+    optimizer's (`faults.guard.FiniteGuard` wraps it the same way)."""
+
+    def __init__(self, opt, world: ElasticWorld) -> None:
+        self.opt, self.world = opt, world
+
+    def __getattr__(self, name: str):
+        return getattr(self.opt, name)
+
+    def step(self, *args, **kwargs):
+        step = STEP["now"]
+        if not self.world.commit(step):
+            raise StepAborted(f"step {step}: a member was lost before the gradient was whole")
+        return self.opt.step(*args, **kwargs)
+
+
+class ElasticLoop:
+    """A `TrainingLoop`'s membership under `on_loss: continue`: built by `attach` once the
+    loop's parts exist (every rank, at the same point), asked by the loop whether an exception
+    is a lost peer (`recovers`) and then to regroup (`recover`)."""
+
+    def __init__(self, world: ElasticWorld, min_workers: int) -> None:
+        self.world, self.min_workers = world, min_workers
+        self.departures = Departures(world)
+
+    @classmethod
+    def attach(cls, loop) -> ElasticLoop:
+        """Generation 0 over every rank: the loop's collectives moved onto its group (short
+        timeouts), the optimizer gated, ranks kept in the all-reduce with a share of 0 (no
+        subgroups of the old world)."""
+        faults = loop.cfg.faults
+        world = ElasticWorld(loop.rank, loop.world, faults.collective_timeout_s)
+        self = cls(world, faults.min_workers)
+        loop.membership.computing.can_leave = False
+        loop.net.opt = CommitGate(loop.net.opt, world)
+        self.rewire(loop, rebuild=True)  # DDP on the short-timeout group from the start
+        return self
+
+    def recovers(self, exc: BaseException) -> bool:
+        """Whether `exc` is a peer lost or stalled (a failed or timed-out collective, a step
+        no member applied), which the ranks left recover from."""
+        if isinstance(exc, StepAborted) or failure_kind(exc) in ("peer_lost", "timed_out"):
+            return True
+        text = str(exc)
+        return isinstance(exc, RuntimeError) and any(m in text for m in GLOO_FAILURES)
+
+    def recover(self, loop, exc: BaseException, step: int) -> int:
+        """Regroup after `exc` in step `step`: the step not applied by any member where this
+        rank had not applied it (then it runs again), else the next (`regroup`); returns the
+        step to go on from."""
+        t0, world, records = now(), self.world, loop.state.records
+        # committed here, or done without a commit (the loss scale skipped it on every rank)
+        applied = (world.committed is not None and world.committed >= step) or bool(
+            records and records[-1].step == step
+        )
+        if not applied:
+            world.abort(step)
+        going_on = step + 1 if applied else step
+        return self.regroup(loop, going_on, t0, "none" if applied else "retried", str(exc))
+
+    def at_boundary(self, loop, step: int) -> None:
+        """Before step `step`: a worker that got SIGTERM leaves here, where every rank agreed
+        (`departure.Departures`), and the others regroup without it."""
+        who = self.departures.leaving(step)
+        if who is not None:
+            self.regroup(loop, step, now(), "none", f"rank {who} left on SIGTERM")
+
+    def regroup(self, loop, going_on: int, t0: float, in_flight: str, why: str) -> int:
+        """The new generation agreed, the loop's collectives and DDP moved onto it, the global
+        batch re-cut over its ranks from step `going_on` on, the change recorded (`t0`: when
+        this rank saw the failure; `in_flight`: what became of the step it interrupted).
+        Returns `going_on`. Leaves the process where the others went on without this rank;
+        raises `TooFewWorkers` (after a checkpoint) below `faults.min_workers`. Where rank 0
+        was lost, the lowest rank left takes its part (`take_the_lead`)."""
+        world = self.world
+        try:
+            lost = world.regroup(going_on)
+        except LeftBehind as e:  # it stalled; the others went on: leave without a failure
+            print(f"rank {loop.rank}: {e}; leaving the job", flush=True)
+            sys.stdout.flush()
+            os._exit(0)
+        print(
+            f"rank {loop.rank}: lost {list(lost)} ({why}); going on with "
+            f"{list(world.members)} from step {going_on}",
+            flush=True,
+        )
+        loop.net.opt.zero_grad(set_to_none=True)
+        self.rewire(loop, rebuild=True)
+        if loop.rank == world.leader and loop.progress is None:  # rank 0 was lost
+            take_the_lead(loop, going_on)
+        self.resync(loop)
+        state = loop.state
+        plan = replan(loop.rebalancer, state.plan, world.members, loop.cfg.global_batch)
+        state.adopt(plan, going_on)
+        change = MembershipChange(
+            step=going_on,
+            lost=list(lost),
+            world=len(world.members),
+            step_in_flight=in_flight,
+            regroup_s=round(now() - t0, 4),
+            plan=plan,
+        )
+        loop.recovery.membership.append(change)
+        if len(world.members) < self.min_workers:
+            loop.checkpointer.save(going_on, state)
+            raise TooFewWorkers(
+                f"{len(world.members)} worker(s) left, fewer than faults.min_workers "
+                f"{self.min_workers}: checkpointed at step {going_on}"
+            )
+        if going_on >= loop.cfg.steps:  # the last step was done: its evaluation and checkpoint
+            loop.boundary(going_on, last=True, checkpoint_now=True)
+        return going_on
+
+    def rewire(self, loop, rebuild: bool) -> None:
+        """The loop's collectives onto the current generation's group: the shared step times
+        (their unsent and in-flight rows dropped), the count's all-reduce, the evaluation's
+        barrier, the checkpoint's gather; with `rebuild`, DDP over it too (its reducer may have
+        been mid-step), with a fresh comm hook of the plan's method on the group."""
+        group, members = self.world.group, self.world.members
+        shared = loop.shared
+        shared.group, shared.members, shared.unsent, shared.pending = group, members, [], []
+        mean = loop.mean
+        mean.world, mean._pending = len(members), None
+        if mean.group is not None:
+            mean.group = group
+        loop.evaluator.group = group
+        loop.checkpointer.group, loop.checkpointer.members = group, members
+        if rebuild:
+            rebuild_ddp(loop, group)
+
+    def resync(self, loop) -> None:
+        """The re-balancer's state and the loop's plan and rows made the leader's: an in-flight
+        gather of step times may have come in on some ranks and not others."""
+        state, rebalancer = loop.state, loop.rebalancer
+        box = [
+            {
+                "rebalancer": rebalancer.state(),
+                "plan": state.plan,
+                "plans": state.plans,
+                "window": state.window,
+                "current": state.current,
+            }
+        ]
+        dist.broadcast_object_list(box, self.world.leader, group=self.world.group)
+        theirs = box[0]
+        if loop.rank != self.world.leader:
+            rebalancer.restore(theirs["rebalancer"])
+            state.plan, state.plans = theirs["plan"], theirs["plans"]
+            state.window, state.current = theirs["window"], theirs["current"]
+        for r in range(len(rebalancer.caps)):
+            if r not in self.world.members:
+                rebalancer.caps[r] = 0
+        rebalancer.trial = rebalancer.revert_to = rebalancer.pending = None
+
+
+def take_the_lead(loop, step: int) -> None:
+    """This rank does what rank 0 did, rank 0 being lost: it evaluates and writes the
+    checkpoints (its evaluator and checkpointer act as rank 0's), progress.json from `step`,
+    and the result (`world.result_group`'s first rank). Rank 0's evaluations come back from
+    its last checkpoint; those it made after it are lost with it."""
+    loop.evaluator.rank = loop.checkpointer.rank = 0
+    loop.progress = ProgressFile(Path(loop.spec.run_dir) / "progress.json", step)
+    saved = loop.checkpointer.store.load()  # rank 0's evaluations, up to its last checkpoint
+    if saved is not None:
+        loop.state.evals = [EvalPoint.model_validate(e) for e in saved.get("evals", [])]
+    print(f"rank {loop.rank}: takes rank 0's part (evaluation, checkpoints, result)", flush=True)
+
+
+def replica_digest(model: torch.nn.Module) -> str:
+    """A digest of `model`'s state (its tensors' bytes, in order): equal on ranks whose
+    replicas are equal."""
+    h = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def rebuild_ddp(loop, group) -> None:
+    """`loop.net`'s DDP made anew over `group`, the plan's comm hook on it (a stateless one:
+    `check_elastic`), its gradients' buffers fresh; the model and optimizer kept."""
+    net = loop.net
+    device = net.device
+    ids = [torch.device(device)] if device != "cpu" else None
+    old, net.ddp = net.ddp, None
+    del old
+    ddp = DDP(net.model, device_ids=ids, process_group=group, gradient_as_bucket_view=True)
+    nodes = [w.node for w in loop.spec.cluster.workers]
+    hook_state = register_compression(
+        ddp, loop.spec.plan.compression, loop.emu.dilating_hook, nodes=nodes
+    )
+    hook_state.group = group
+    net.ddp, net.hook_state = ddp, hook_state
+
+
+def replan(rebalancer: Rebalancer, plan: list[int], members, global_batch: int) -> list[int]:
+    """The global batch re-cut over `members`: on the re-balancer's learned curves where it
+    has them (`balance_on_curves`, the others' caps 0), else in proportion to the shares the
+    members had.
+
+    >>> from hetflow.training.plan.rebalancer import Rebalancer
+    >>> replan(Rebalancer(64, [None] * 4, [0.0] * 4), [8, 8, 16, 32], (0, 2, 3), 64)
+    [9, 0, 18, 37]
+    """
+    caps = [c if r in members else 0 for r, c in enumerate(rebalancer.caps)]
+    if rebalancer.per_sample_s is not None:
+        try:
+            new, _ = balance_on_curves(
+                rebalancer.curves(),
+                global_batch,
+                caps,
+                micro=rebalancer.micro,
+                move=rebalancer.move,
+            )
+            return new
+        except PlanError:
+            pass
+    weights = [plan[r] if r in members else 0 for r in range(len(plan))]
+    if not sum(weights):
+        weights = [int(r in members) for r in range(len(plan))]
+    return apportion(weights, global_batch)
+
+
+def apportion(weights: list[int], total: int) -> list[int]:
+    """`total` split in proportion to `weights` by largest remainders (ties: lower index).
+
+    >>> apportion([8, 0, 16, 32], 64)
+    [9, 0, 18, 37]
+    """
+    s = sum(weights)
+    exact = [w * total / s for w in weights]
+    out = [int(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: (out[i] - exact[i], i))
+    for i in order[: total - sum(out)]:
+        out[i] += 1
+    return out
