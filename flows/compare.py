@@ -28,7 +28,13 @@ from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.infra.tracking.content import finish_comparison
 from hetflow.infra.tracking.notes import notes, workers_left
 from hetflow.infra.tracking.plots import rank_labels
-from hetflow.infra.tracking.report import comparison, headline, markdown, summary
+from hetflow.infra.tracking.report import (
+    comparison,
+    headline,
+    launch_phases,
+    markdown,
+    summary,
+)
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.infra.tracking.verdict import verdict
 from hetflow.repeats import run_order
@@ -153,4 +159,6 @@ def compare(
         "run_ids": {v: outcomes[v].run_id for v in VARIANTS},
         "mlflow_urls": {label: tracker.run_url(rid) for label, rid in runs.items()},
         "plans": {v: outcomes[v].plan.model_dump(mode="json") for v in VARIANTS},
+        # each worker's launch by phase, per variant (`report.launch_phases`)
+        "startup": {v: launch_phases(outcomes[v].metrics.flat()) for v in VARIANTS},
     }

@@ -28,6 +28,10 @@ from hetflow.training.launch.ray_train import run_workers_ray, with_shared_state
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.ranks import RankMap, Stragglers
 
+# torchrun's ranks forked from a warm agent (`launch.warm`) where every rank is on the CPU;
+# False: a fresh interpreter per rank, as `benchmarks.launch --cold` measures
+WARM_RANKS = True
+
 
 def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
     """Run the job `spec` to completion under its cluster's launcher: (result.json, wall s). Each
@@ -51,7 +55,9 @@ def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Lau
     )
     if spec.cluster.launcher == "ray":
         return run_workers_ray(with_shared_state(spec), timeout_s)
-    return run_torchrun(spec, timeout_s, on_progress)
+    # every rank on the CPU: forked from a warm agent (a CUDA driver does not survive a fork)
+    warm = WARM_RANKS and all(d == "cpu" for d in placement.devices)
+    return run_torchrun(spec, timeout_s, on_progress, warm=warm)
 
 
 def measure_profile(
