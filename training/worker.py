@@ -196,7 +196,8 @@ def run(
     try:
         start_rss = peak_rss_bytes()  # the process's fixed part: torch, the process group
         # reads no shard: each rank streams its own (token windows of the recipe's context)
-        data = open_rank_data(spec.dataset, context=recipe_of(spec.train).context)
+        context = recipe_of(spec.train).context
+        data = open_rank_data(spec.dataset, context=context, manifest=spec.manifest)
         if marks is not None:
             marks.mark("data")
         if spec.mode == "train":  # strategy 'diloco': the loop's steps are rounds

@@ -1,6 +1,6 @@
 """The `hetflow` command line.
 
-    hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH]
+    hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH] [--phases]
     hetflow train | profile | compare RUN_ID RUN_ID | data ingest|ls | stack up|down|status
     hetflow bench NAME ... | simulate ... | recommend [--candidates TYPE:N,...]
     hetflow queue submit NAME --priority high|normal|low ... | list | run

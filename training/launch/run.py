@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+from hetflow.infra.data.format import DatasetError, Manifest, check_shards, read_manifest
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.cpu_quota import check_quotas
@@ -55,9 +56,23 @@ def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Lau
     )
     if spec.cluster.launcher == "ray":
         return run_workers_ray(with_shared_state(spec), timeout_s)
+    spec = spec.model_copy(update={"manifest": spec.manifest or stage_manifest(spec.dataset)})
     # every rank on the CPU: forked from a warm agent (a CUDA driver does not survive a fork)
     warm = WARM_RANKS and all(d == "cpu" for d in placement.devices)
     return run_torchrun(spec, timeout_s, on_progress, warm=warm)
+
+
+def stage_manifest(dataset: DatasetSpec) -> Manifest | None:
+    """The dataset's manifest, read and its shards listed here once (`read_manifest`,
+    `check_shards`), for the job file: the ranks on this host then read and list nothing
+    (`open_rank_data`), and make no S3 client where their shards are cached. None where it
+    cannot be read: each rank then reads it and fails as before, naming what is wrong."""
+    try:
+        manifest = read_manifest(dataset.url)
+        check_shards(manifest)
+    except (DatasetError, OSError, ValueError):  # a rank reports it, as without staging
+        return None
+    return manifest
 
 
 def measure_profile(
