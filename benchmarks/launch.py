@@ -5,7 +5,7 @@
 Each run is `hetflow demo --speeds 3,1,2,1` (the flags after `--` replace those) in a fresh
 HETFLOW_HOME, on the base checkout and on this one, the first of a pair alternating from one
 pair to the next (`repeats.run_order`). `--cold` adds this checkout with the warm agent off
-(`run.WARM_RANKS`): the phases of a launch that imports per rank, as the base launches.
+(HETFLOW_WARM_RANKS=0): the phases of a launch that imports per rank, as the base launches.
 
 From each demo's JSON: both variants' `startup_s` and each worker's phases, the end-to-end gain
 (`end_to_end_time_to_target_s`, baseline over optimized) and the steps' gain
@@ -28,18 +28,10 @@ from hetflow.repeats import run_order
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ["--speeds", "3,1,2,1"]
-COLD = (
-    "import sys, hetflow.training.launch.run as r; r.WARM_RANKS = False; "
-    "from hetflow.cli import main; sys.exit(main(sys.argv[1:]))"
-)
 
 
-def demo_command(variant: str, flags: list[str], out: Path) -> list[str]:
-    """The demo as `variant` runs it: `cold` with the warm agent off."""
-    args = ["demo", *flags, "--json", str(out)]
-    if variant == "cold":
-        return [sys.executable, "-c", COLD, *args]
-    return [sys.executable, "-m", "hetflow.cli", *args]
+def demo_command(flags: list[str], out: Path) -> list[str]:
+    return [sys.executable, "-m", "hetflow.cli", "demo", *flags, "--json", str(out)]
 
 
 def one_run(variant: str, checkout: Path, flags: list[str], work: Path) -> dict:
@@ -47,10 +39,12 @@ def one_run(variant: str, checkout: Path, flags: list[str], work: Path) -> dict:
     home = Path(tempfile.mkdtemp(prefix=f"launch-{variant}-", dir=work))
     out = home / "demo.json"
     env = {**os.environ, "HETFLOW_HOME": str(home), "PYTHONPATH": str(checkout)}
+    if variant == "cold":  # this checkout with the warm agent off (`run.WARM_RANKS`)
+        env["HETFLOW_WARM_RANKS"] = "0"
     load = os.getloadavg()[0]
     t = time.perf_counter()
     done = subprocess.run(
-        demo_command(variant, flags, out), cwd=checkout, env=env, capture_output=True, text=True
+        demo_command(flags, out), cwd=checkout, env=env, capture_output=True, text=True
     )
     if done.returncode != 0:
         raise SystemExit(f"{variant}: demo failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")

@@ -12,6 +12,7 @@ cluster's `launcher` says; `measure_profile` is a profile-mode job through it.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,10 @@ from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.ranks import RankMap, Stragglers
 
 # torchrun's ranks forked from a warm agent (`launch.warm`) where every rank is on the CPU;
-# False: a fresh interpreter per rank, as `benchmarks.launch --cold` measures
-WARM_RANKS = True
+# HETFLOW_WARM_RANKS=0: a fresh interpreter per rank (`benchmarks.launch --cold`). On a host
+# loaded far past its cores a niced agent's imports, in one process, get less CPU than four
+# ranks' (docs/measurements/demo.md).
+WARM_RANKS = os.environ.get("HETFLOW_WARM_RANKS", "1") != "0"
 
 
 def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
