@@ -26,17 +26,17 @@ MARKS = ("import", "rendezvous", "data", "model")
 
 
 def process_started_at() -> float | None:
-    """This process's start (its exec), as `time.time()`, from Linux's /proc (the process's
-    start in clock ticks since boot, and the boot time); None where /proc does not say."""
+    """This process's start (its exec, or its fork), as `time.time()`: Linux's /proc gives it
+    in clock ticks since boot, read here against the boot-time clock now (to 1/CLK_TCK s; the
+    boot time /proc/stat gives is whole seconds, too coarse). None where /proc does not say."""
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rpartition(")")[2].split()
         ticks = int(fields[19])  # field 22, counted from the state (field 3)
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
         return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - max(0.0, age)
 
 
 # at this module's import: the entry's first line, where /proc does not give the start
