@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job, link_cluster
-from hetflow.forecast.clusters import profile_alpha_s, profile_workers
-from hetflow.forecast.job import MODELS, Job, Network
-from hetflow.forecast.step import StepPrediction, simulate_step
+from hetflow.forecast.simulate.clusters import profile_alpha_s, profile_workers
+from hetflow.forecast.simulate.job import MODELS, Job, Network
+from hetflow.forecast.simulate.step import StepPrediction, simulate_step
 from hetflow.records import Profile, RunResult
 
 HETERO_RUNS = ("baseline", "optimized")

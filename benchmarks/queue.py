@@ -1,7 +1,8 @@
 """Several jobs on one mixed cluster: first-in-first-out blind to the device type, the
 allocator without preemption, and the allocator with preemption at checkpoints.
 
-    hetflow bench queue [--restart-s 20] [--interval-scale 2] [--json PATH] [--real]
+    hetflow bench queue [--restart-s 20] [--interval-scale 2] [--sweep] [--json PATH]
+    hetflow bench queue --real [--repeats 3] [--real-steps 160] [--time-scale 20]
 
 The comparison is an event-driven replay (`hetflow.queue.replay`) of six jobs arriving over
 twenty minutes, two priority classes, on six emulated workers of three kinds (t4, v100,
@@ -11,10 +12,13 @@ from an a100, a transformer much). Every start and restart holds its workers idl
 `--restart-s` (launch, checkpoint load, warm-up; `--real` measures it); under preemption the
 jobs below the highest class run in segments of one checkpoint interval, each a launch.
 
-`--real` also runs the queue itself (the `queue` flow, three digits jobs of three classes,
-the highest arriving while the cluster is full) on a small emulated cluster of three kinds
-(`--real-speeds`) and reports what it measured: each job's wait and completion, steps
-redone, and what its launches cost beyond training.
+The transformer's speed-ups are set, not measured: `--sweep` replays the same arrivals with
+them raised to several powers (none, the presets' ResNet-50 order, as set, beyond) and says
+how the ratios to FIFO move.
+
+`--real` also runs the queue flow itself, FIFO (`hetflow queue run --policy fifo`) against
+the allocator on the same arrivals, `--repeats` rounds with the order alternated
+(`benchmarks.queue_real`).
 """
 
 from __future__ import annotations
@@ -50,16 +54,24 @@ JOBS = (
 )
 
 
-def arrivals(interval_scale: float = 1.0) -> list[Arrival]:
-    """The six jobs above, each checkpoint interval times `interval_scale`."""
+def arrivals(interval_scale: float = 1.0, gpt_power: float = 1.0) -> list[Arrival]:
+    """The six jobs above, each checkpoint interval times `interval_scale`, the transformer's
+    speed-ups raised to `gpt_power` (0: none, 1: as set in SPEEDUPS)."""
     out = []
     for name, cls, model, at, steps, batch, fixed, per, mem, grad, every, req in JOBS:
-        speedups = zip(("t4", "v100", "a100"), SPEEDUPS[model], strict=True)
+        ups = SPEEDUPS[model] if model != "gpt" else gpt_speedups(gpt_power)
+        speedups = zip(("t4", "v100", "a100"), ups, strict=True)
         lines = {k: Line(fixed, per / s) for k, s in speedups}
         every = max(1, round(every * interval_scale))
         job = Job(name, cls, batch, steps, mem, lines, grad, every)
         out.append(Arrival(job, float(at), req))
     return out
+
+
+def gpt_speedups(power: float) -> tuple[float, ...]:
+    """The transformer's speed-ups on (t4, v100, a100) raised to `power`: their ratio kept in
+    log space, their size scaled (0.5: (1, 1.73, 2.83); 1: as set)."""
+    return tuple(round(s**power, 3) for s in SPEEDUPS["gpt"])
 
 
 def interval_at(o: Outcome, jobs: list[Arrival], t: float) -> float:
@@ -93,9 +105,9 @@ def row(o: Outcome, jobs: list[Arrival], high: Arrival) -> dict:
     }
 
 
-def compare(restart_s: float, interval_scale: float) -> list[dict]:
+def compare(restart_s: float, interval_scale: float, gpt_power: float = 1.0) -> list[dict]:
     """One replay per policy of the same arrivals, each row with its ratio to FIFO's."""
-    jobs = arrivals(interval_scale)
+    jobs = arrivals(interval_scale, gpt_power)
     high = next(a for a in jobs if a.job.priority == "high")
     rows = [row(replay(jobs, WORKERS, KINDS, p, restart_s), jobs, high) for p in POLICIES]
     for r in rows:
@@ -104,54 +116,81 @@ def compare(restart_s: float, interval_scale: float) -> list[dict]:
     return rows
 
 
-def real_jobs(steps: int) -> list:
-    """Three digits jobs, one per class, the higher ones arriving later."""
-    from hetflow.config_queue import QueueJob
-
-    common = {"recipe": "digits-mlp", "global_batch": 64, "checkpoint_every": steps // 5}
-    return [
-        QueueJob(name="low", priority="low", steps=steps, **common),
-        QueueJob(name="normal", priority="normal", steps=steps, arrive_after_s=5, **common),
-        QueueJob(name="high", priority="high", steps=steps // 2, arrive_after_s=10, **common),
-    ]
+# The powers `--sweep` raises the transformer's speed-ups to: none, the presets' ResNet-50's
+# order (about 0.66), as set, and beyond.
+SWEEP_POWERS = (0.0, 0.25, 0.5, 0.66, 0.75, 1.0, 1.25)
 
 
-def real_run(speeds: str, time_scale: float, steps: int, switch_s: float) -> dict:
-    """The queue flow on `real_jobs` and an emulated cluster of `speeds` (presets)."""
-    from hetflow.config import ClusterSpec
-    from hetflow.flows.job_queue import queue
-
-    cluster = ClusterSpec.from_speeds(speeds.split(","), name="queue-real", time_scale=time_scale)
-    out = queue(jobs=real_jobs(steps), cluster=cluster, switch_s=switch_s, read_inbox=False)
-    return {k: out[k] for k in ("figures", "jobs", "spans", "parent_run_id")}
+def sweep(restart_s: float, interval_scale: float) -> list[dict]:
+    """How the replay's ratios to FIFO move with the transformer's assumed speed-ups: one
+    row per power of `SWEEP_POWERS`."""
+    out = []
+    for power in SWEEP_POWERS:
+        rows = {r["policy"]: r for r in compare(restart_s, interval_scale, power)}
+        out.append(
+            {
+                "gpt_power": power,
+                "gpt_speedups": gpt_speedups(power),
+                "packed_vs_fifo": rows["packed"]["avg_jct_vs_fifo"],
+                "preempt_vs_fifo": rows["preempt"]["avg_jct_vs_fifo"],
+                "fifo_avg_jct_s": rows["fifo"]["avg_jct_s"],
+                "preempt_high_wait_s": rows["preempt"]["high_wait_s"],
+                "fifo_high_wait_s": rows["fifo"]["high_wait_s"],
+            }
+        )
+    return out
 
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="hetflow bench queue", description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--restart-s", type=float, default=20.0, help="each start's cost (s)")
     p.add_argument("--interval-scale", type=float, default=1.0, help="checkpoint intervals x")
-    p.add_argument("--real", action="store_true", help="also run the queue flow itself")
+    p.add_argument("--sweep", action="store_true", help="also the transformer speed-up sweep")
+    p.add_argument("--real", action="store_true", help="also the queue flow: fifo vs allocator")
+    p.add_argument("--repeats", type=int, default=3, help="--real's rounds of both policies")
     p.add_argument("--time-scale", type=float, default=20.0, help="--real's emulation scale")
     p.add_argument("--real-speeds", default="t4,v100,a100", help="--real's workers (presets)")
-    p.add_argument("--real-steps", type=int, default=100, help="--real's low and normal jobs")
+    p.add_argument("--real-steps", type=int, default=160, help="--real's low and normal jobs")
     p.add_argument("--json", help="also write the figures to this file")
     return p
 
 
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+def check(args: argparse.Namespace) -> None:
+    """Each bad flag refused in one line naming it, before anything runs."""
     if args.restart_s < 0:
         raise ConfigError(f"--restart-s: a start's cost is at least 0 s (got {args.restart_s:g})")
     if args.interval_scale <= 0:
         raise ConfigError(f"--interval-scale: above 0 (got {args.interval_scale:g})")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats: at least 1 (got {args.repeats})")
+    if args.real_steps < 2:
+        raise ConfigError(f"--real-steps: at least 2, high runs half (got {args.real_steps})")
+    if args.time_scale <= 0:
+        raise ConfigError(f"--time-scale: above 0 (got {args.time_scale:g})")
+    from hetflow.emulation.presets import PRESETS
+
+    bad = [s for s in args.real_speeds.split(",") if s not in PRESETS]
+    if bad:
+        raise ConfigError(f"--real-speeds: not a preset: {bad[0]!r}; one of {', '.join(PRESETS)}")
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    check(args)
     out: dict = {"replay": compare(args.restart_s, args.interval_scale)}
-    if args.real:
-        out["real"] = real_run(args.real_speeds, args.time_scale, args.real_steps, args.restart_s)
     for r in out["replay"]:
         print({k: v for k, v in r.items() if k != "jct_s"})
+    if args.sweep:
+        out["sweep"] = sweep(args.restart_s, args.interval_scale)
+        for r in out["sweep"]:
+            print(r)
     if args.real:
-        print(json.dumps(out["real"]["figures"], indent=1))
-        print(json.dumps(out["real"]["jobs"], indent=1))
+        from benchmarks.queue_real import compare_real
+
+        out["real"] = compare_real(
+            args.real_speeds, args.time_scale, args.real_steps, args.restart_s, args.repeats
+        )
+        print(json.dumps(out["real"]["aggregate"], indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -5,9 +5,9 @@
 Each of 4 processes steps a fixed CPU load (40 matmuls of 256 x 256, one thread) and an
 all-reduce of a 0.6 MB gradient, 30 steps per round, in 8 rounds that alternate the order of the
 variants; rank 0 prints the median step time of each and the ratio against no sharing. The
-sharing is `hetflow.training.loop.step_times.SharedStepTimes`'s: an asynchronous gloo all-gather on
-a group of its own, waited for one gather later. Figures: docs/measurements/loop.md, "Step-time
-sharing".
+sharing is `hetflow.training.loop.compute_times.SharedStepTimes`'s: an asynchronous gloo
+all-gather on a group of its own, waited for one gather later. Figures:
+docs/measurements/loop.md, "Step-time sharing".
 """
 
 from __future__ import annotations

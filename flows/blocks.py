@@ -27,7 +27,7 @@ from hetflow.config import (
     form_schema,
     offer_choices,
 )
-from hetflow.config_queue import queue_cluster
+from hetflow.config.queue import queue_cluster
 from hetflow.infra.catalog import load_snapshot
 
 
@@ -52,13 +52,17 @@ def _block_schema(schema: dict[str, Any], model: type[Block]) -> None:
     """Prefect's block schema (its type's slug, secrets) over the config model's form. A
     mapping with a `$ref` is not the block's data: Prefect's server takes a parameter that is
     either, exactly one (`oneOf`), and a block whose fields all have defaults and that takes
-    fields the form leaves out would otherwise match a reference too."""
+    fields the form leaves out would otherwise match a reference too. Prefect's UI leaves the
+    `not` out of the schema it has the server check a run form's values against, so a block
+    with no required field requires its first (a dataset's `source`): a reference lacks it."""
     form_schema(schema, model)
     said = schema.get("description")
     schema_extra(schema, model)
     if said:
         schema["description"] = said
     schema["not"] = {"required": ["$ref"]}
+    if schema.get("properties") and not schema.get("required"):
+        schema["required"] = [next(iter(schema["properties"]))]
 
 
 # Set on each block type too: pydantic merges its bases' configs in order, the model's last.

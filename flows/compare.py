@@ -24,19 +24,19 @@ from hetflow.config import (
     default_cluster,
 )
 from hetflow.flows.forms import Cluster, Compared, Dataset
-from hetflow.infra.s3 import local_s3_endpoint
-from hetflow.infra.tracking.content import finish_comparison
-from hetflow.infra.tracking.notes import notes, workers_left
-from hetflow.infra.tracking.plots import rank_labels
-from hetflow.infra.tracking.report import (
+from hetflow.infra.report.notes import notes, workers_left
+from hetflow.infra.report.plots import rank_labels
+from hetflow.infra.report.table import (
     comparison,
     headline,
     launch_phases,
     markdown,
     summary,
 )
+from hetflow.infra.report.verdict import verdict
+from hetflow.infra.s3 import local_s3_endpoint
+from hetflow.infra.tracking.content import finish_comparison
 from hetflow.infra.tracking.tracker import MLflowTracker
-from hetflow.infra.tracking.verdict import verdict
 from hetflow.repeats import run_order
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import MEASURED_NOW, prior_note, profile_for

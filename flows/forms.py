@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import Field
 
 from hetflow.config import BUILTIN_RECIPES, FormChoices, FormFields, TrainConfig
-from hetflow.config_queue import QueueJob
+from hetflow.config.queue import QueueJob
 from hetflow.flows.blocks import (  # noqa: F401 (by_size, catalog_types: re-exported)
     ClusterParam,
     DatasetParam,

@@ -3,7 +3,7 @@ it runs best on and moved only at its checkpoints (`tasks.queue_session`)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
@@ -11,11 +11,11 @@ from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config import ConfigError, DatasetSpec, TrackingConfig
-from hetflow.config_queue import QueueJob, queue_cluster
+from hetflow.config.queue import CANCEL_FOLDER, ENDED_STATES, QueueJob, queue_cluster
 from hetflow.flows.forms import Cluster, Dataset, Job, titled
 from hetflow.infra.paths import queue_dir
+from hetflow.infra.report.plots import worker_timeline
 from hetflow.infra.s3 import local_s3_endpoint
-from hetflow.infra.tracking.plots import worker_timeline
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.queue.jobs import QueueError
 from hetflow.tasks.data import ingest_dataset
@@ -34,9 +34,14 @@ def default_jobs() -> list[QueueJob]:
 
 
 def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
-    """(the session's figures for MLflow; one row per job)."""
+    """(the session's figures for MLflow, over the jobs that ran to their end, with how many
+    failed and were cancelled; one row per job that ran to its end)."""
     rows = []
-    for j in session.jobs:
+    done = [j for j in session.jobs if j.ended == "done"]
+    counts = {f"jobs_{s}": sum(j.ended == s for j in session.jobs) for s in ENDED_STATES}
+    if not done:
+        return counts | {"measuring_s": session.measuring_s}, rows
+    for j in done:
         last = j.segments[-1]
         rows.append(
             {
@@ -47,12 +52,12 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
                 "segments": len(j.segments),
                 "steps_redone": last.steps_redone,
                 "launch_s": round(sum(s.wall_s - s.train_s for s in j.segments), 1),
+                "train_s": round(sum(s.train_s for s in j.segments), 1),
             }
         )
-    out = {
+    out = counts | {
         "avg_job_completion_s": sum(r["completion_s"] for r in rows) / len(rows),
-        "makespan_s": max(j.finished_s for j in session.jobs)
-        - min(j.arrived_s for j in session.jobs),
+        "makespan_s": max(j.finished_s for j in done) - min(j.arrived_s for j in done),
         "steps_redone": sum(r["steps_redone"] for r in rows),
         "segments": sum(r["segments"] for r in rows),
         "measuring_s": session.measuring_s,
@@ -61,7 +66,18 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
     return out, rows
 
 
+def ended_badly(session: Session) -> list[dict]:
+    """One row per job that failed or was cancelled: its state and why."""
+    return [
+        {"job": j.job.name, "priority": j.job.priority, "state": j.ended, "reason": j.reason}
+        for j in session.jobs
+        if j.ended in ("failed", "cancelled")
+    ]
+
+
 def table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
     head = list(rows[0])
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
@@ -80,7 +96,15 @@ SwitchCost = Annotated[
 ]
 ReadInbox = Annotated[
     bool | SkipJsonSchema[None],
-    titled("Also run the inbox", "Also the jobs `hetflow queue submit` queues, now or later."),
+    titled("Also run the inbox", "Also the jobs `hetflow queue submit` queued, then and later."),
+]
+Policy = Annotated[
+    Literal["allocator", "fifo"],
+    titled(
+        "Policy",
+        "allocator: each job the workers it runs best on, moved at checkpoints; fifo: first "
+        "come, first served, blind to the device type (the baseline).",
+    ),
 ]
 
 
@@ -90,22 +114,16 @@ def queue(
     cluster: Cluster = queue_cluster(),
     dataset: Dataset = DatasetSpec(),
     tracking: SkipJsonSchema[TrackingConfig] = TrackingConfig(),
-    switch_s: Annotated[
-        float,
-        titled("Cost of a move (s)", "What moving a job to other workers costs (its relaunch)."),
-    ] = 15.0,
-    read_inbox: Annotated[
-        bool | SkipJsonSchema[None],
-        titled(
-            "Also run the inbox", "Also the jobs `hetflow queue submit` queued, then and later."
-        ),
-    ] = True,
+    switch_s: SwitchCost = 15.0,
+    read_inbox: ReadInbox = True,
     jobs: SkipJsonSchema[list[QueueJob]] = [],  # noqa: B006 (never mutated)
+    policy: Policy = "allocator",
 ) -> dict:
     """Run `job`, `jobs` and the inbox's (`hetflow queue submit`) on `cluster`, each job's run
     nested under the session's MLflow run (figures, who held which worker when). The form
     submits one `job`; `jobs` and `tracking` come from the deployment's parameters or Python.
-    `switch_s`: a move's cost (its relaunch), weighed against what the move gains."""
+    `switch_s`: a move's cost (its relaunch), weighed against what the move gains; `policy`:
+    the allocator, or `fifo` (`hetflow.queue.fifo`), recorded as the session run's param."""
     jobs = ([job] if job is not None else []) + list(jobs)
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
@@ -119,9 +137,12 @@ def queue(
         ensure_slots(cluster)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_run("queue", cluster, dataset)
+        tracker.log_params(parent, {"policy": policy})
+        out = {"parent_run_id": parent, "policy": policy}
         inbox = inbox_reader(where / "inbox" if read_inbox else None)
+        files = {"state": where / "state.json", "cancels": where / CANCEL_FOLDER}
         session = Session(
-            cluster, dataset, tracking, parent, switch_s, inbox, state=where / "state.json"
+            cluster, dataset, tracking, parent, switch_s, inbox, **files, policy=policy
         )
         try:
             session.run(jobs)
@@ -134,14 +155,14 @@ def queue(
         if not session.jobs:
             tracker.finish(parent)
             print("queue: no jobs (hetflow queue submit NAME queues one)")
-            return {"parent_run_id": parent, "figures": {}, "jobs": [], "spans": []}
+            return out | {"figures": {}, "jobs": [], "spans": []}
         values, rows = figures(session)
         tracker.log_metrics(parent, values)
         order = [w.name for w in cluster.workers]
         tracker.log_plots(parent, {"queue_workers.png": worker_timeline(session.spans, order)})
         tracker.log_json(parent, "queue.json", {"jobs": rows, "spans": session.spans})
-        md = table(rows)
+        md = "\n\n".join(t for t in (table(rows), table(ended_badly(session))) if t)
         create_markdown_artifact(md, key="queue", description="the queue's jobs")
         tracker.finish(parent)
-    print(md)
-    return {"parent_run_id": parent, "figures": values, "jobs": rows, "spans": session.spans}
+    print(f"queue ({policy}):\n{md}")
+    return out | {"figures": values, "jobs": rows, "spans": session.spans}

@@ -6,7 +6,7 @@ is (`TrackingConfig`), the market (`RecommendMarket`: on-demand, spot or both, t
 table and per-type overrides, what an interruption costs) and the profile history whose
 measured curves it reads (`ProfileHistory`): together one `RecommendRequest`, the record
 `hetflow recommend`'s flags make. It runs the command's pipeline on it
-(`hetflow.tasks.recommend.recommend_mix`: `hetflow.forecast.recommend.recommend` on the market
+(`hetflow.tasks.recommend.recommend_mix`: `hetflow.forecast.rent.recommend.recommend` on the market
 and history read there), records an MLflow run (the chosen mix's predicted time and cost,
 on spot expected with its interruptions, as metrics; the table, the figures, the cluster file,
 the Ray launcher's YAML and the plot of cost against time with its Pareto front as

@@ -3,8 +3,6 @@ the cluster; record it in MLflow."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from prefect import flow
 from pydantic.json_schema import SkipJsonSchema
 
@@ -14,7 +12,7 @@ from hetflow.config import (
     TrainConfig,
     default_cluster,
 )
-from hetflow.flows.forms import Cluster, Dataset, Train, titled
+from hetflow.flows.forms import Cluster, Dataset, Train
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import profile_for
@@ -43,14 +41,13 @@ def train(
     cluster: Cluster = default_cluster(),
     dataset: Dataset = DatasetSpec(),
     tracking: SkipJsonSchema[TrackingConfig] = TrackingConfig(),
-    variant: Annotated[
-        str | SkipJsonSchema[None],
-        titled("Run label", "The MLflow run's name and variant tag; empty: from the settings."),
-    ] = "",
+    # out of the form (it labels the run, it does not change it), taken from the parameters
+    variant: SkipJsonSchema[str | None] = "",
 ) -> dict:
     """Train with `train` as given (its batch schedule and gradient communication included).
 
     `variant` only labels the run (MLflow run name and `variant` tag); empty: `run_label`.
+    It is not in the form: a deployment's or a run's parameters set it.
     `tracking` (where runs are recorded) is left out of the form: the deployment's parameters
     or $MLFLOW_TRACKING_URI. Returns {"run_id": the MLflow run, "metrics": the run's figures}.
     """

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hetflow.figures import RunMetrics, StepFigures
 
 if TYPE_CHECKING:
-    from hetflow.config_cluster import ClusterSpec
+    from hetflow.config.cluster import ClusterSpec
 
 METHOD_NAMES = ("none", "fp16", "bf16", "powersgd", "topk", "localsgd", "hierarchical")
 MethodName = Literal["none", "fp16", "bf16", "powersgd", "topk", "localsgd", "hierarchical"]

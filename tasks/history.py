@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from prefect import task
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from hetflow.forecast.measured import curve_of
-from hetflow.forecast.rental import History
+from hetflow.forecast.rent.measured import curve_of
+from hetflow.forecast.rent.rental import History
 from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, kind_slug, type_key, versions
 from hetflow.infra.catalog import Catalog, seed_profile
 from hetflow.infra.paths import new_run_dir
@@ -310,7 +310,7 @@ def type_history(url: str, instance_types: list[str], recipe: str, max_age_h: fl
     """What `hetflow recommend` reads of the history under `url` (a types prefix, e.g.
     `s3://<bucket>/profiles/types`): per instance type, the newest entry measured on that type
     without emulation (a real device), for `recipe`, by this torch and hetflow; its curve
-    (`forecast.measured.curve_of`) where it is at most `max_age_h` hours old, else a line saying
+    (`rent.measured.curve_of`) where it is at most `max_age_h` hours old, else a line saying
     how old. Entries of other recipes, versions or emulated workers are not read as curves."""
     fs, root = filesystem(url)
     try:

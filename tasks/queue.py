@@ -26,7 +26,7 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 from prefect.concurrency.sync import concurrency
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
-from hetflow.config_queue import QueueJob, worker_memory_gb
+from hetflow.config.queue import QueueJob, worker_memory_gb
 from hetflow.history import kind_slug, worker_kind
 from hetflow.queue.jobs import Job, Kind, Line
 from hetflow.tasks.history import profile_for, profile_or_reuse
@@ -79,16 +79,21 @@ def job_model(job: QueueJob, cluster: ClusterSpec, dataset: DatasetSpec) -> tupl
     lines: dict[str, Line] = {}
     for r in profile.ranks:
         lines.setdefault(workers[r.worker], Line(r.fit_latency_s, r.fit_s_per_sample))
-    model = Job(
+    return queue_model(job, lines), profile.profiling_time_s
+
+
+def queue_model(job: QueueJob, lines: dict[str, Line] | None = None) -> Job:
+    """`job` as the allocator sees it, with the step-time `lines` per kind (none: what the
+    fifo policy sees, blind to the device type)."""
+    return Job(
         name=job.name,
         priority=job.priority,
         global_batch=job.global_batch,
         steps=job.steps,
         memory_gb=job.memory_gb,
-        lines=lines,
+        lines=dict(lines or {}),
         checkpoint_every=job.checkpoint_every,
     )
-    return model, profile.profiling_time_s
 
 
 @dataclass(frozen=True)

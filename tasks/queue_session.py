@@ -1,9 +1,15 @@
 """One queue session: jobs arrive (the flow's list, after each one's delay, and those
-`hetflow queue submit` leaves in the inbox), the allocator decides at each arrival and end
-(`hetflow.queue.switch.decide`), and each job runs as a train run on its workers
-(`tasks.queue.run_segment`) until it ends or the queue moves its workers: then it is asked
-to stop at its next checkpoint (`RUN_DIR/stop_at`), and a new segment resumes from there on
-the workers it moves to.
+`hetflow queue submit` leaves in the inbox), the policy decides at each arrival and end (the
+allocator, `hetflow.queue.switch.decide`; or `fifo`, `hetflow.queue.fifo`, which never moves a
+running job and needs no job's step times, so it measures none), and each job runs as a train
+run on its workers (`tasks.queue.run_segment`) until it ends or the queue moves its workers:
+then it is asked to stop at its next checkpoint (`RUN_DIR/stop_at`), and a new segment
+resumes from there on the workers it moves to.
+
+A job that fails (its step-time model, its profile or a segment raised) ends alone, `failed`
+with its one-line reason, and its workers go back to the others; `hetflow queue cancel`
+ends a job, `cancelled`: at once where it holds no workers, else at its next checkpoint,
+asked as a move is (`tasks.queue_ends`).
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ from pathlib import Path
 from prefect.artifacts import create_table_artifact
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
-from hetflow.config_queue import QueueJob
-from hetflow.queue.allocate import step_s
+from hetflow.config.queue import QueueJob
+from hetflow.queue.allocate import Holding, step_s
+from hetflow.queue.fifo import fifo
 from hetflow.queue.jobs import Job, check_job
 from hetflow.queue.switch import decide
-from hetflow.tasks.queue import Segment, cluster_kinds, job_model, run_segment
+from hetflow.tasks.queue import Segment, cluster_kinds, job_model, queue_model, run_segment
+from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
 from hetflow.tasks.train import stable_run_dir
 from hetflow.training.loop.progress import STOP_FILE
 
@@ -31,7 +39,7 @@ class Live:
     """A job in the session."""
 
     job: QueueJob
-    model: Job
+    model: Job | None  # None where it failed or was cancelled before the queue modelled it
     arrived_s: float
     done: int = 0  # steps checkpointed
     workers: list[str] = field(default_factory=list)  # what its running segment holds
@@ -41,11 +49,24 @@ class Live:
     started_s: float | None = None
     finished_s: float | None = None
     segments: list[Segment] = field(default_factory=list)
+    ended: str | None = None  # done, failed or cancelled (`ENDED_STATES`)
+    reason: str = ""  # why it failed or was cancelled, in one line
+    cancelling: bool = False  # asked to stop at its next checkpoint, and end there
+    stop_at: int | None = None  # the checkpoint its running segment was asked to stop at
+
+    @property
+    def state(self) -> str:
+        """What `hetflow queue list` says of it."""
+        if self.ended:
+            return self.ended
+        if self.future is None:
+            return "waiting"
+        return "cancelling" if self.cancelling else "running"
 
     def stop_step(self, progress: int) -> int | None:
-        """The checkpoint its running segment stops at to move, asked at `progress` steps
-        done: the first at least two steps on (`TrainingLoop.stop_asked`); None where the
-        job ends first."""
+        """The checkpoint its running segment is asked to stop at, at `progress` steps done:
+        the first at least two steps on (rank 0 of the run moves it to a later one that no
+        rank has passed: `training.loop.stop_request`); None where the job ends first."""
         k = self.job.checkpoint_every
         at = -(-(progress + 2) // k) * k
         return at if at < self.job.steps else None
@@ -54,7 +75,9 @@ class Live:
 @dataclass
 class Session:
     """The session's loop (see the module); `inbox` returns jobs submitted since it last
-    asked, `state` is where `hetflow queue list` reads who holds what."""
+    asked, `state` is where `hetflow queue list` reads who holds what, `cancels` the folder
+    of `hetflow queue cancel`'s requests (those left from an earlier session are dropped),
+    `policy` one of `config.queue.QUEUE_POLICIES`."""
 
     cluster: ClusterSpec
     dataset: DatasetSpec
@@ -63,31 +86,73 @@ class Session:
     switch_s: float
     inbox: Callable[[], list[QueueJob]]
     state: Path | None = None
+    cancels: Path | None = None
     jobs: list[Live] = field(default_factory=list)
     spans: list[tuple[str, str, float, float]] = field(default_factory=list)
     measuring_s: float = 0.0
+    policy: str = "allocator"
 
     def __post_init__(self) -> None:
         self.workers, self.kinds = cluster_kinds(self.cluster)
         self.t0 = time.monotonic()
+        self.pending: list[QueueJob] = []  # taken from the inbox or the flow, not yet arrived
+        take_cancel_requests(self.cancels)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
     def admit(self, job: QueueJob) -> None:
-        model, measured = job_model(job, self.cluster, self.dataset)
-        self.measuring_s += measured
-        check_job(model, self.kinds)
+        """`job` taken in, its step time on each kind known (`job_model`; none under `fifo`,
+        blind to the device type); failed alone where that raises or no worker holds it."""
+        try:
+            if self.policy == "fifo":
+                model, measured = queue_model(job), 0.0
+            else:
+                model, measured = job_model(job, self.cluster, self.dataset)
+            self.measuring_s += measured
+            check_job(model, self.kinds)
+        except Exception as e:  # the job's own failure: the others go on
+            self.jobs.append(Live(job, None, self.now()))
+            self.end(self.jobs[-1], "failed", reason_of(e))
+            return
         self.jobs.append(Live(job, model, self.now()))
         print(f"queue: {job.name} ({job.priority}) arrived")
+
+    def end(self, j: Live, state: str, reason: str) -> None:
+        """`j` ended `state` (failed, cancelled) for `reason`, holding no workers; its MLflow
+        run ended so (`record_end`)."""
+        j.ended, j.reason, j.finished_s = state, reason, self.now()
+        j.target, j.cancelling = None, False
+        where = (self.cluster, self.dataset, self.parent_run_id)
+        record_end(j.job, state, reason, stable_run_dir(j.job.name), self.tracking, where)
+        print(f"queue: {j.job.name} {state}: {reason}")
+
+    def take_cancels(self) -> bool:
+        """Each of `hetflow queue cancel`'s requests met: a job not arrived yet, or waiting
+        for workers, ended at once; a running one asked to stop at its next checkpoint (and
+        ended there, `end_segment`). True when a job ended."""
+        ended = False
+        for name in take_cancel_requests(self.cancels):
+            live = [j for j in self.active() if j.job.name == name]
+            if any(q.name == name for q in self.pending):
+                job = next(q for q in self.pending if q.name == name)
+                self.pending.remove(job)
+                self.jobs.append(Live(job, None, self.now()))
+                self.end(self.jobs[-1], "cancelled", "cancelled before it arrived")
+            elif live and live[0].future is None:
+                self.end(live[0], "cancelled", f"cancelled while waiting, at step {live[0].done}")
+            elif live:
+                live[0].cancelling = True
+                self.ask_stop(live[0])
+                continue
+            ended = True
+        return ended
 
     def active(self) -> list[Live]:
         return [j for j in self.jobs if j.finished_s is None]
 
-    def decide(self) -> None:
-        act = self.active()
-        holding = {j.job.name: j.workers or j.target or [] for j in act}
-        holding = {n: w for n, w in holding.items() if w}
+    def allocate(self, act: list[Live], holding: Holding) -> Holding:
+        """The allocator's workers for the active jobs (`switch.decide`)."""
         running = {j.job.name: j.workers for j in act if j.future is not None}
         left = {
             j.job.name: (j.job.steps - j.done) * step_s(j.model, self.kinds_of(j.workers))
@@ -95,7 +160,17 @@ class Session:
             if j.future is not None
         }
         models = [j.model for j in act]
-        got = decide(models, holding, running, left, self.workers, self.kinds, self.switch_s)
+        return decide(models, holding, running, left, self.workers, self.kinds, self.switch_s)
+
+    def decide(self) -> None:
+        act = self.active()
+        holding = {j.job.name: j.workers or j.target or [] for j in act}
+        holding = {n: w for n, w in holding.items() if w}
+        if self.policy == "fifo":
+            asks = {j.job.name: j.job.workers for j in act}
+            got = fifo([j.model for j in act], holding, self.workers, self.kinds, asks)
+        else:
+            got = self.allocate(act, holding)
         for j in act:
             new = got.get(j.job.name, [])
             if j.future is None:
@@ -106,31 +181,49 @@ class Session:
                 self.ask_stop(j)
 
     def ask_stop(self, j: Live) -> None:
-        """`j`'s running segment asked to stop at its next checkpoint."""
+        """`j`'s running segment asked to stop at its next checkpoint, unless it was asked
+        already (that checkpoint stands: every rank may have read it)."""
+        if j.stop_at is not None:
+            return
         folder = stable_run_dir(j.job.name)
         try:
             progress = json.loads((folder / "progress.json").read_text())["step"]
         except (FileNotFoundError, ValueError):
             progress = j.done
         at = j.stop_step(progress)
+        why = "its cancel" if j.cancelling else f"a move to {j.target}"
         if at is not None:
             (folder / STOP_FILE).write_text(str(at))
-            print(f"queue: {j.job.name} asked to stop at step {at} for {j.target}")
+            j.stop_at = at
+            print(f"queue: {j.job.name} asked to stop at step {at} for {why}")
+        elif j.cancelling:
+            print(f"queue: {j.job.name} ends before its next checkpoint: it completes")
 
     def kinds_of(self, names: list[str]):
         return [self.kinds[self.workers[w]] for w in names]
 
     def end_segment(self, j: Live) -> bool:
-        """`j`'s segment ended; True when the queue should decide again (it ended)."""
-        seg: Segment = j.future.result()
-        j.segments.append(seg)
-        j.done, j.future = seg.to_step, None
+        """`j`'s segment ended: the job done, failed (what the segment raised, in one line),
+        cancelled at its checkpoint, or bound for its next workers. True when the queue
+        should decide again (the job ended: its workers are free)."""
+        try:
+            seg: Segment | None = j.future.result()
+        except Exception as e:  # the job's own failure: the others go on
+            seg, why = None, reason_of(e)
         self.spans += [(j.job.name, w, j.since_s, self.now()) for w in j.workers]
         nxt = j.workers if j.target is None else j.target
-        j.workers, j.target = [], list(nxt)
+        j.future, j.workers, j.target, j.stop_at = None, [], list(nxt), None
+        if seg is None:
+            self.end(j, "failed", why)
+            return True
+        j.segments.append(seg)
+        j.done = seg.to_step
         if j.done >= j.job.steps:
-            j.finished_s, j.target = self.now(), None
+            j.finished_s, j.target, j.ended = self.now(), None, "done"
             print(f"queue: {j.job.name} done at {j.finished_s:.0f} s")
+            return True
+        if j.cancelling:
+            self.end(j, "cancelled", f"cancelled at its checkpoint, step {j.done}")
             return True
         return False
 
@@ -141,6 +234,7 @@ class Session:
         for j in self.active():
             if j.future is None and j.target and not busy & set(j.target):
                 j.workers, j.target, j.since_s = list(j.target), None, self.now()
+                j.stop_at = None
                 j.started_s = j.since_s if j.started_s is None else j.started_s
                 (stable_run_dir(j.job.name) / STOP_FILE).unlink(missing_ok=True)
                 j.future = run_segment.submit(
@@ -162,13 +256,27 @@ class Session:
             {
                 "name": j.job.name,
                 "priority": j.job.priority,
-                "state": "done" if j.finished_s else "running" if j.future else "waiting",
+                "state": j.state,
                 "workers": j.workers,
                 "steps_done": j.done,
                 "steps": j.job.steps,
                 "arrived_s": round(j.arrived_s, 1),  # after the session started
+                "reason": j.reason,
             }
             for j in self.jobs
+        ]
+        rows += [
+            {
+                "name": q.name,
+                "priority": q.priority,
+                "state": "queued",
+                "workers": [],
+                "steps_done": 0,
+                "steps": q.steps,
+                "arrived_s": None,  # arrives `arrive_after_s` after the session started
+                "reason": "",
+            }
+            for q in self.pending
         ]
         if self.state is not None:
             self.state.write_text(json.dumps(rows, indent=1))
@@ -177,16 +285,18 @@ class Session:
 
     def run(self, planned: list[QueueJob], tick_s: float = 1.0) -> None:
         """Until every job has arrived and ended, and the inbox is empty."""
-        later = list(planned)
+        self.pending = list(planned)
         while True:
-            later = sorted(later + self.inbox(), key=lambda q: q.arrive_after_s)
-            arrivals = [q for q in later if q.arrive_after_s <= self.now()]
-            later = [q for q in later if q not in arrivals]
-            if not (later or self.active() or arrivals):
+            self.pending = sorted(self.pending + self.inbox(), key=lambda q: q.arrive_after_s)
+            ended = self.take_cancels()
+            arrivals = [q for q in self.pending if q.arrive_after_s <= self.now()]
+            if not (self.pending or self.active()):
+                self.write_state(publish=ended)
                 return
+            self.write_state(publish=False)  # the arrivals, queued while they are modelled
             for q in arrivals:
+                self.pending.remove(q)
                 self.admit(q)
-            ended = False
             for j in self.active():
                 if j.future is not None and j.future.state.is_final():
                     ended |= self.end_segment(j)

@@ -1,5 +1,6 @@
 """Recommend tasks: which instances to rent (the one pipeline of `hetflow recommend`,
-`hetflow.forecast.recommend.recommend`, on the market and history read here) and its MLflow run.
+`hetflow.forecast.rent.recommend.recommend`, on the market and history read here) and its
+MLflow run.
 
 The flow gets back a `Recommended`: the recommendation and the Ray launcher's YAML of its
 cluster file, so that it needs nothing of the forecast room itself.
@@ -17,13 +18,13 @@ from hetflow.config import (
     RecommendRequest,
     TrackingConfig,
 )
-from hetflow.forecast import rental
-from hetflow.forecast.recommend import Recommendation, recommend
-from hetflow.forecast.search import Job
-from hetflow.forecast.table import front
+from hetflow.forecast.rent import rental
+from hetflow.forecast.rent.recommend import Recommendation, recommend
+from hetflow.forecast.rent.search import Job
+from hetflow.forecast.rent.table import front
 from hetflow.infra.market import load_market
 from hetflow.infra.ray_cluster import ray_yaml
-from hetflow.infra.tracking.plots import cost_time_front
+from hetflow.infra.report.plots import cost_time_front
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.tasks.history import request_history
 
@@ -74,7 +75,7 @@ def form_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
 )
 def recommend_mix(request: RecommendRequest) -> Recommended:
     """The recommendation `hetflow recommend` makes of the same request (the market and the
-    history read, then `forecast.recommend.recommend`); the same one-line RecommendError on
+    history read, then `rent.recommend.recommend`); the same one-line RecommendError on
     bad input (an unknown type, a deadline or budget no mix meets, a bad spot figure)."""
     rec = recommend(request, request_history(request), load_market(request.market))
     return Recommended(rec, ray_yaml(rec.cluster()))

@@ -20,8 +20,8 @@ from hetflow.figures import RunMetrics
 from hetflow.infra.catalog import Catalog, cost_usd
 from hetflow.infra.data.format import read_manifest
 from hetflow.infra.paths import new_run_dir, runs_dir
+from hetflow.infra.report.plots import rank_labels
 from hetflow.infra.tracking.content import record_training
-from hetflow.infra.tracking.plots import rank_labels
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.tasks.history import store_learned

@@ -38,7 +38,7 @@ def with_examples() -> list[str]:
 def test_the_namespace_is_walked_whole():
     names = module_names()
     assert "hetflow.records" in names and "hetflow.training.worker" in names
-    assert "hetflow.forecast.spot" in names  # a room under hetflow/ is walked too
+    assert "hetflow.forecast.rent.spot" in names  # a room under hetflow/ is walked too
     assert not any(n.startswith(("hetflow.benchmarks", "hetflow.tests")) for n in names)
 
 

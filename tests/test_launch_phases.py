@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.infra.tracking.report import PHASES, launch_phases
+from hetflow.infra.report.table import PHASES, launch_phases
 from hetflow.records import Plan, RunResult, StartupPhases
 from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec

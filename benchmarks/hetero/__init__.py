@@ -34,7 +34,7 @@ from hetflow.config import (
     validated,
 )
 from hetflow.emulation.device_model import Straggler, straggler_factor
-from hetflow.infra.tracking.plots import rate_curves, rolling_rate
+from hetflow.infra.report.plots import rate_curves, rolling_rate
 from hetflow.perf.collective import measured_ring
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.repeats import run_order

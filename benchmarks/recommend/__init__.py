@@ -1,18 +1,24 @@
-"""`hetflow bench recommend`: `hetflow recommend`'s choice and the naive ones, run emulated.
+"""`hetflow bench recommend`: recommend's predictions against runs, real or emulated.
 
+    hetflow bench recommend --cpu-quotas --stand-in digits-cnn --global-batch 512
     hetflow bench recommend --json reccheck.json
     hetflow bench recommend --candidates g4dn.xlarge:2,p3.2xlarge:2 --deadline-h 2 --repeat 3
 
-For one job (`--job-recipe`, `--global-batch`, `--steps`) and candidates whose GPUs have presets
-(at most `--max-ranks` GPUs in any mix run), it asks recommend for the least cost within the
-deadline, builds the naive choices (`figures.naive_mixes`), and runs each as an emulated
-cluster on this host for `--run-steps` steps of a stand-in recipe (`--stand-in`, digits) at the
-prediction's own local batches, each worker on its GPU's preset curve and every link emulated
-at the bandwidth that makes the stand-in's gradient take the job's predicted all-reduce. The
-measured steady step (wall clock between steps after the warm-up) is converted to device
-seconds by the emulated clock (`figures`' docstring), then to hours for `--steps` and to cost
-at the catalog's price, as recommend prices a mix. Start-up, profiling and evaluation are not
-counted on either side (recommend does not price them). Figures: docs/measurements/recommend.md.
+With `--cpu-quotas`, the check of the predictor on real workers whose speeds it did not shape
+(`benchmarks.recommend.quotas`). Without it, a self-consistency check: the emulated workers'
+speeds and links are set from recommend's own curves and all-reduce, so what it measures is the
+rest of the prediction (the balanced step, what a step costs beyond compute and all-reduce), not
+the curves. For one job (`--job-recipe`, `--global-batch`, `--steps`) and candidates whose GPUs
+have presets (at most `--max-ranks` GPUs in any mix run), it asks recommend for the least cost
+within the deadline, builds the naive choices (`figures.naive_mixes`), and runs each as an
+emulated cluster on this host for `--run-steps` steps of a stand-in recipe (`--stand-in`,
+digits) at the prediction's own local batches, each worker on its GPU's preset curve and every
+link emulated at the bandwidth that makes the stand-in's gradient take the job's predicted
+all-reduce. The measured steady step (wall clock between steps after the warm-up) is converted
+to device seconds by the emulated clock (`figures`' docstring), then to hours for `--steps` and
+to cost at the catalog's price, as recommend prices a mix. Start-up, profiling and evaluation
+are not counted on either side (recommend does not price them). Figures:
+docs/measurements/recommend.md.
 """
 
 from __future__ import annotations
@@ -34,8 +40,7 @@ from hetflow.config import (
 )
 from hetflow.emulation.costs import SMOOTH_PHASES
 from hetflow.emulation.presets import PRESETS
-from hetflow.forecast.models import MODELS
-from hetflow.forecast.search import (
+from hetflow.forecast.rent.search import (
     CURVE_MODEL,
     TRAIN_OVER_INFERENCE,
     Evaluator,
@@ -44,6 +49,7 @@ from hetflow.forecast.search import (
     local_batches,
     search,
 )
+from hetflow.forecast.simulate.models import MODELS
 from hetflow.records import Plan, RunResult
 from hetflow.repeats import run_order
 from hetflow.training.launch.run import run_plan
@@ -70,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(prog="hetflow bench recommend", description=__doc__.splitlines()[0])
     p.add_argument("--candidates", default="g4dn.xlarge:2,p3.2xlarge:2", metavar="TYPE:N,...")
     p.add_argument("--job-recipe", default="resnet50", dest="job_recipe", choices=sorted(MODELS))
-    p.add_argument("--global-batch", type=int, default=512, dest="global_batch")
+    p.add_argument("--global-batch", type=int, default=448, dest="global_batch")
     p.add_argument("--steps", type=int, default=10_000, help="the job's steps (hours, cost)")
     p.add_argument("--deadline-h", type=float, default=2.0, dest="deadline_h", metavar="H")
     p.add_argument(
@@ -93,6 +99,29 @@ def parser() -> argparse.ArgumentParser:
         "not unbalance a mix (figures.even_host_peaks)",
     )
     p.add_argument("--max-ranks", type=int, default=4, dest="max_ranks")
+    p.add_argument(
+        "--cpu-quotas",
+        action="store_true",
+        dest="cpu_quotas",
+        help="check recommend on real workers instead: each type a kernel CPU quota from its "
+        "published peak, profiled alone, its mixes trained for real (benchmarks.recommend."
+        "quotas); without it the check is the emulated one, a self-consistency check",
+    )
+    p.add_argument(
+        "--quota-cores",
+        type=float,
+        default=0.5,
+        dest="quota_cores",
+        metavar="CORES",
+        help="with --cpu-quotas: the quota of the fastest candidate GPU's worker; the others "
+        "in proportion to their published peak samples/s",
+    )
+    p.add_argument(
+        "--mixes",
+        type=int,
+        default=3,
+        help="with --cpu-quotas: how many of the mixes recommend ranks are run (its choice first)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="run every choice N times (median)")
     p.add_argument("--json", dest="json_path")
     return p
@@ -107,8 +136,8 @@ def positive(flag: str, value):
 def plan_choices(args):
     """(candidates, recommendation, {choice: (counts, prediction, local batches)}), checked:
     a one-line ConfigError naming the flag before anything runs."""
-    from hetflow.forecast.clusters import parse_mix
-    from hetflow.forecast.rental import candidates
+    from hetflow.forecast.rent.rental import candidates
+    from hetflow.forecast.simulate.clusters import parse_mix
     from hetflow.infra.market import load_market
 
     for flag in (
@@ -255,6 +284,10 @@ def run_choice(name, round_, cands, choice, args, dataset, tmp) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.cpu_quotas:
+        from benchmarks.recommend.quotas import main as quotas_main
+
+        return quotas_main(args)
     cands, _, choices = plan_choices(args)
     check_bench_recipe(TrainConfig(recipe=args.stand_in, global_batch=args.global_batch))
     runs: dict[str, list[dict]] = {name: [] for name in choices}

@@ -6,7 +6,7 @@ The emulated clock (`device_seconds_per_emulated`). An emulated worker of preset
 local batch b in `slowdown_p x cpu(b) x shape_p(b)` seconds (`hetflow.emulation.emulator`),
 with `slowdown_p = time_scale x speed_f / speed_p` (f: the cluster's fastest worker, speed =
 peak samples/s / 1000) and cpu(b) the host's CPU seconds for the stand-in recipe's step. The
-prediction (`hetflow.forecast.search.curve_for`) puts the same device's step at
+prediction (`hetflow.forecast.rent.search.curve_for`) puts the same device's step at
 `shape_p(b) x b x scale / peak_p`, scale = 3 x the job model's FLOPs per sample over
 ResNet-50's. Where cpu(b) = c x b, their ratio is the same for every worker of the cluster:
 

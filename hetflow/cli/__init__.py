@@ -3,7 +3,7 @@
     hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH] [--phases]
     hetflow train | profile | compare RUN_ID RUN_ID | data ingest|ls | stack up|down|status
     hetflow bench NAME ... | simulate ... | recommend [--candidates TYPE:N,...]
-    hetflow queue submit NAME --priority high|normal|low ... | list | run
+    hetflow queue submit NAME --priority high|normal|low ... | list | run | cancel NAME
 
 `hetflow COMMAND --help` lists a command's options with their defaults. Bad input, from a
 mistyped option to a run id MLflow does not hold, is refused in one line on stderr,

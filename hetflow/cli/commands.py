@@ -42,7 +42,7 @@ def _print_table(
     (`report.notes`), one bullet each."""
     from rich.table import Table
 
-    from hetflow.infra.tracking.report import LEGEND, rows
+    from hetflow.infra.report.table import LEGEND, rows
     from hetflow.output import wide_console
 
     t = Table(title=title, caption=LEGEND)
@@ -68,7 +68,7 @@ def _print_phases(startup: dict, table: dict) -> None:
     rank 0's trials ('auto''s compression trials, part of its start-up)."""
     from rich.table import Table
 
-    from hetflow.infra.tracking.report import PHASES
+    from hetflow.infra.report.table import PHASES
     from hetflow.output import wide_console
 
     t = Table(title="launch by phase, s (from submit to the first step)")
@@ -214,10 +214,10 @@ def cmd_profile(args) -> int:
 
 def cmd_compare(args) -> int:
     reachable(tracking=TrackingConfig())
-    from hetflow.infra.tracking.notes import notes
-    from hetflow.infra.tracking.report import comparison
+    from hetflow.infra.report.notes import notes
+    from hetflow.infra.report.table import comparison
+    from hetflow.infra.report.verdict import verdict
     from hetflow.infra.tracking.tracker import MLflowTracker, RunNotFound
-    from hetflow.infra.tracking.verdict import verdict
 
     tracker = MLflowTracker(TrackingConfig())
     found, missing = {}, []

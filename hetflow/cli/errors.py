@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from hetflow.config import ConfigError, describe_validation_error
+from hetflow.config import ConfigError, alias_note, describe_validation_error
 
 # Errors of bad input raised past validation (a plan the cluster cannot run, a dataset that is
 # not there), by module: a module not yet imported cannot have raised its error.
@@ -15,6 +15,14 @@ LATER_ERRORS = (
     ("hetflow.infra.data.format", "DatasetError"),
     ("hetflow.stack.layout", "StackError"),
 )
+
+
+def say_alias(flag: str, name: str, aliases: dict[str, str]) -> None:
+    """Print on stderr, in one line, what the other command's name of a network means here
+    (`hetflow.config.alias_note`); nothing for a name of this command's own."""
+    note = alias_note(flag, name, aliases)
+    if note:
+        print(f"hetflow: note: {note}", file=sys.stderr)
 
 
 def of_own_records(e: Exception) -> bool:

@@ -15,9 +15,11 @@ from typing import NamedTuple, get_args
 from pydantic import ValidationError
 
 from hetflow.cli.checks import check_instance_types
+from hetflow.cli.errors import say_alias
 from hetflow.config import (
     BUILTIN_RECIPES,
     DEFAULT_SPEEDS,
+    RECIPE_ALIASES,
     ClusterSpec,
     ConfigError,
     DatasetSpec,
@@ -320,6 +322,7 @@ def job_of(args, variant: str | None = None, compare: bool = False) -> Job:
     """The cluster, training config and dataset of a job's flags, validated together: `train`
     as it runs, or with `compare` the variants a comparison runs of it
     (`TrainConfig.compared`). The catalog knows the instance types the workers name."""
+    say_alias("--recipe", recipe_flag(args), RECIPE_ALIASES)
     cluster, train, dataset = cluster_of(args), train_of(args, variant), dataset_of(args)
     check_instance_types(cluster)  # offline for the shipped catalog's types: before torch
     configs = list(train.compared().values()) if compare else [train]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from hetflow.config import ConfigError
-from hetflow.config_base import suggestion
+from hetflow.config.base import suggestion
 
 
 class UsageError(ConfigError):

@@ -2,11 +2,15 @@
 
     hetflow queue submit NAME [--priority high|normal|low] [--recipe R] [--steps N] ...
     hetflow queue list
-    hetflow queue run [--cluster FILE] [--time-scale X] [--switch-s S] [--demo]
+    hetflow queue run [--cluster FILE] [--time-scale X] [--switch-s S] [--policy P] [--demo]
+    hetflow queue cancel NAME
 
-`submit` checks the job against the queue's cluster (its priority class, and that some
-worker holds it) and leaves it in `$HETFLOW_HOME/queue/inbox/`; `run` starts the session (the
-`queue` flow), which takes the inbox's jobs, and those submitted while it runs.
+`submit` checks the job against the queue's cluster (its priority class, that some worker
+holds it, and that its recipe imports and reads the session's data: `cli.queue_checks`) and
+leaves it in `$HETFLOW_HOME/queue/inbox/`; `run` starts the session (the `queue` flow), which
+takes the inbox's jobs, and those submitted while it runs, under the allocator or `--policy
+fifo` (first come, first served, blind to the device type). `cancel` takes a job out of the
+inbox, or asks the running session to end it (`tasks.queue_ends`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from hetflow.config import ClusterSpec, ConfigError
+from hetflow.cli.errors import say_alias
+from hetflow.config import RECIPE_ALIASES, ClusterSpec, ConfigError
+from hetflow.config.queue import QUEUE_POLICIES
 
 CLUSTER_FILE = "cluster.json"  # the cluster of the last `run`, which `submit` checks against
 
@@ -40,6 +46,7 @@ def add_queue_args(sub, command) -> None:
     s.add_argument(
         "--arrive-after-s", type=float, default=0.0, help="seconds after the session starts"
     )
+    s.add_argument("--workers", type=int, help="under --policy fifo: how many (default: all)")
     s.set_defaults(func=cmd_queue_submit)
     ls = command(qsub, "list", "the queued jobs, and who holds which workers")
     ls.set_defaults(func=cmd_queue_list)
@@ -47,13 +54,22 @@ def add_queue_args(sub, command) -> None:
     r.add_argument("--cluster", metavar="FILE", help="default: 6 emulated workers of 3 kinds")
     r.add_argument("--time-scale", type=float, help="the emulated cluster's time scale")
     r.add_argument("--switch-s", type=float, default=15.0, help="a move's cost (relaunch)")
+    r.add_argument(
+        "--policy",
+        choices=QUEUE_POLICIES,
+        default="allocator",
+        help="fifo: first come, first served, blind to the device type",
+    )
     r.add_argument("--demo", action="store_true", help="also the three default jobs")
     r.set_defaults(func=cmd_queue_run)
+    c = command(qsub, "cancel", "take a queued job out, or stop a running one at its checkpoint")
+    c.add_argument("name", metavar="NAME", help="the job, as `hetflow queue list` names it")
+    c.set_defaults(func=cmd_queue_cancel)
 
 
 def queue_cluster_of(path: str | None = None) -> ClusterSpec:
     """`path`'s cluster, else the last `run`'s, else the queue's default."""
-    from hetflow.config_queue import queue_cluster
+    from hetflow.config.queue import queue_cluster
     from hetflow.infra.paths import home
 
     if path:
@@ -73,6 +89,7 @@ SUBMIT_FLAGS = {
     "eval_every": "--checkpoint-every",
     "memory_gb": "--memory-gb",
     "arrive_after_s": "--arrive-after-s",
+    "workers": "--workers",
 }
 
 
@@ -88,16 +105,18 @@ def by_flag(e) -> ConfigError:
 
 def checked_job(args: argparse.Namespace, cluster: ClusterSpec):
     """The `QueueJob` of `submit`'s flags, refused in one line naming the flag (a
-    ConfigError) where a value is bad, its priority is no class or no worker of `cluster`
-    holds it."""
+    ConfigError) where a value is bad, its priority is no class, no worker of `cluster`
+    holds it, or it could not run there (`queue_checks.check_runnable`: its recipe, its
+    data)."""
     from pydantic import ValidationError
 
-    from hetflow.config_queue import PRIORITY_CLASSES, QueueJob, worker_memory_gb
+    from hetflow.config.queue import PRIORITY_CLASSES, QueueJob, worker_memory_gb
 
     if args.priority not in PRIORITY_CLASSES:
         raise ConfigError(
             f"--priority: unknown class {args.priority!r}; one of {', '.join(PRIORITY_CLASSES)}"
         )
+    say_alias("--recipe", args.recipe, RECIPE_ALIASES)
     fields = {f: getattr(args, f) for f in SUBMIT_FLAGS if f != "eval_every"}
     try:
         job = QueueJob.model_validate(fields)
@@ -110,6 +129,9 @@ def checked_job(args: argparse.Namespace, cluster: ClusterSpec):
             f"--memory-gb: job {job.name!r} needs {job.memory_gb:g} GB a worker; the largest "
             f"worker of {cluster.name} has {most:g} GB"
         )
+    from hetflow.cli.queue_checks import check_runnable
+
+    check_runnable(job, cluster, SUBMIT_FLAGS)
     return job
 
 
@@ -125,7 +147,7 @@ def cmd_queue_submit(args) -> int:
     return 0
 
 
-LIST_HEADER = ("JOB", "CLASS", "STATE", "STEPS", "ARRIVAL", "WORKERS")
+LIST_HEADER = ("JOB", "CLASS", "STATE", "STEPS", "ARRIVAL", "WORKERS", "REASON")
 
 
 def queue_rows(where) -> list[tuple[str, ...]]:
@@ -136,9 +158,9 @@ def queue_rows(where) -> list[tuple[str, ...]]:
     for path in sorted((where / "inbox").glob("*.json")):
         job = json.loads(path.read_text())
         arrival = f"+{job.get('arrive_after_s', 0):g}s next run"
-        rows.append((job["name"], job["priority"], "queued", f"0/{job['steps']}", arrival, "-"))
-    state = where / "state.json"
-    for row in json.loads(state.read_text()) if state.exists() else []:
+        row = (job["name"], job["priority"], "queued", f"0/{job['steps']}", arrival, "-", "")
+        rows.append(row)
+    for row in session_rows(where):
         arrived = row.get("arrived_s")
         rows.append(
             (
@@ -148,9 +170,16 @@ def queue_rows(where) -> list[tuple[str, ...]]:
                 f"{row['steps_done']}/{row['steps']}",
                 "-" if arrived is None else f"+{arrived:g}s",
                 ",".join(row["workers"]) or "-",
+                row.get("reason", ""),
             )
         )
     return rows
+
+
+def session_rows(where) -> list[dict]:
+    """The last session's jobs as it wrote them (`state.json`); none before a first run."""
+    state = where / "state.json"
+    return json.loads(state.read_text()) if state.exists() else []
 
 
 def cmd_queue_list(args) -> int:
@@ -164,6 +193,50 @@ def cmd_queue_list(args) -> int:
     widths = [max(len(r[i]) for r in table) for i in range(len(LIST_HEADER))]
     for r in table:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return 0
+
+
+def failures_said(where) -> int:
+    """`run`'s exit status: 1 where a job of the session failed (each named on stderr, with
+    its reason), else 0 (every job done or cancelled)."""
+    import sys
+
+    failed = [r for r in session_rows(where) if r["state"] == "failed"]
+    for r in failed:
+        print(f"hetflow: job {r['name']} failed: {r.get('reason', '')}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_queue_cancel(args) -> int:
+    """A queued job taken out of the inbox; a job of the session asked to end (at once where
+    it holds no workers, else at its next checkpoint); a one-line error for a name the queue
+    does not know or a job that has ended."""
+    import re
+
+    from hetflow.config.queue import CANCEL_FOLDER, ENDED_STATES, JOB_NAME
+    from hetflow.infra.paths import queue_dir
+
+    where, name = queue_dir(), args.name
+    if not re.match(JOB_NAME, name):  # it names files: never a path
+        raise ConfigError(f"NAME: {name!r} is no job's name (`hetflow queue list` names them)")
+    try:
+        (where / "inbox" / f"{name}.json").unlink()
+    except FileNotFoundError:
+        pass  # not queued, or the session took it in meanwhile
+    else:
+        print(f"cancelled {name}: taken out of the queue before it ran")
+        return 0
+    row = next((r for r in reversed(session_rows(where)) if r["name"] == name), None)
+    if row is None:
+        raise ConfigError(f"NAME: no job {name!r} in the queue (`hetflow queue list` names them)")
+    if row["state"] in ENDED_STATES:
+        raise ConfigError(f"NAME: job {name!r} has already ended ({row['state']})")
+    (where / CANCEL_FOLDER).mkdir(exist_ok=True)
+    (where / CANCEL_FOLDER / name).touch()
+    if row["state"] in ("running", "cancelling"):
+        print(f"cancelling {name}: it stops at its next checkpoint (`hetflow queue list`)")
+    else:
+        print(f"cancelling {name}: the running session takes it out at its next look")
     return 0
 
 
@@ -193,6 +266,7 @@ def cmd_queue_run(args) -> int:
     from hetflow.flows.job_queue import default_jobs, queue
 
     (queue_dir() / CLUSTER_FILE).write_text(cluster.model_dump_json())
-    out = queue(jobs=default_jobs() if args.demo else [], cluster=cluster, switch_s=args.switch_s)
+    jobs = default_jobs() if args.demo else []
+    out = queue(jobs=jobs, cluster=cluster, switch_s=args.switch_s, policy=args.policy)
     print(json.dumps(out["figures"], indent=1))
-    return 0
+    return failures_said(queue_dir())

@@ -1,7 +1,7 @@
 """`hetflow recommend`: which instances to rent for a job, from the offline catalog's types and
 on-demand prices and the presets' published or the history's measured step-time curves. The
 flags make one `RecommendRequest`, validated once; the pipeline is the flow's own
-(`hetflow.forecast.recommend.recommend`); this module prints its table and writes its files.
+(`hetflow.forecast.rent.recommend.recommend`); this module prints its table and writes its files.
 
 Bad input is refused in one line before anything is searched: an instance type the catalog
 lacks, a type with no step-time curve, a budget below one instance-hour; after the search, a
@@ -19,7 +19,8 @@ DEFAULT_CANDIDATES = ",".join(f"{t}:{n}" for t, n in DEFAULT_RENTABLE)
 
 
 def add_recommend_args(p: argparse.ArgumentParser) -> None:
-    from hetflow.forecast.models import NAMES, OLD_NAMES
+    from hetflow.config import MODEL_ALIASES
+    from hetflow.forecast.simulate.models import NAMES, OLD_NAMES
 
     p.add_argument(
         "--candidates",
@@ -31,8 +32,10 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         "--recipe",
         default="resnet50",
         type=lambda name: OLD_NAMES.get(name, name),  # a name before recipes: still taken
-        choices=NAMES,
-        help="the model whose FLOPs and gradient size scale the curves (the simulator's)",
+        choices=NAMES + tuple(MODEL_ALIASES),
+        metavar="{" + ",".join(NAMES) + "}",
+        help="the model whose FLOPs and gradient size scale the curves (the simulator's); "
+        "resnet, training's ResNet name, means resnet50",
     )
     p.add_argument(
         "--global-batch",
@@ -42,6 +45,20 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         help="samples per step, shared among every rented GPU",
     )
     p.add_argument("--steps", type=int, default=10_000, help="training steps of the job")
+    p.add_argument(
+        "--precision",
+        default="mixed",
+        choices=("mixed", "fp32"),
+        help="what the job trains in, for the memory caps (fp32: about half the batch)",
+    )
+    add_goal_args(p)
+    add_output_args(p)
+    add_history_args(p)
+    add_market_args(p)
+
+
+def add_goal_args(p: argparse.ArgumentParser) -> None:
+    """--deadline-h or --budget, the deadline's margin, and the largest local batch."""
     goal = p.add_mutually_exclusive_group()
     goal.add_argument(
         "--deadline-h",
@@ -69,9 +86,6 @@ def add_recommend_args(p: argparse.ArgumentParser) -> None:
         help="the largest local batch of any GPU (default: what its memory holds, where the "
         "model's memory per sample or a measured cap is known)",
     )
-    add_output_args(p)
-    add_history_args(p)
-    add_market_args(p)
 
 
 def add_history_args(p: argparse.ArgumentParser) -> None:
@@ -115,7 +129,7 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_market_args(p: argparse.ArgumentParser) -> None:
-    from hetflow.forecast.spot import SPOT_RESTART_S
+    from hetflow.forecast.rent.spot import SPOT_RESTART_S
 
     p.add_argument(
         "--market",
@@ -167,6 +181,7 @@ FLAGS = {
     "job.global_batch": "--global-batch",
     "job.steps": "--steps",
     "job.max_local_batch": "--max-local-batch",
+    "job.precision": "--precision",
     "candidates": "--candidates",
     "objective.deadline_h": "--deadline-h",
     "objective.budget_usd": "--budget",
@@ -224,14 +239,16 @@ def request_of(args):
     the flag of the first problem)."""
     from pydantic import ValidationError
 
-    from hetflow.config import RecommendRequest
-    from hetflow.forecast.clusters import parse_mix
-    from hetflow.forecast.job import SimulationError
+    from hetflow.cli.errors import say_alias
+    from hetflow.config import MODEL_ALIASES, RecommendRequest
+    from hetflow.forecast.simulate.clusters import parse_mix
+    from hetflow.forecast.simulate.job import SimulationError
 
     try:
         mix = parse_mix(args.candidates)
     except SimulationError as e:
         raise ConfigError(str(e).replace("--mix", "--candidates")) from None
+    say_alias("--recipe", args.recipe, MODEL_ALIASES)
     kind = "deadline" if args.deadline_h is not None else "cost"
     kind = "budget" if args.budget is not None else kind
     objective = {"kind": kind, "deadline_h": args.deadline_h, "budget_usd": args.budget}
@@ -242,6 +259,7 @@ def request_of(args):
             "recipe": args.recipe,
             "global_batch": args.global_batch,
             "steps": args.steps,
+            "precision": args.precision,
             "max_local_batch": args.max_local_batch,
         },
         "candidates": [{"instance_type": t, "count": n} for t, n in mix],
@@ -279,16 +297,23 @@ def print_recommendation(rec) -> None:
     """The recommendation on the terminal: its inputs, the choice, its notes and the table."""
     from rich.table import Table
 
-    from hetflow.forecast.spot_table import restart_line
-    from hetflow.forecast.table import LEFT, columns, curve_lines, goal, mixing_line, table_rows
+    from hetflow.forecast.rent.spot_table import restart_line
+    from hetflow.forecast.rent.table import (
+        LEFT,
+        columns,
+        curve_lines,
+        goal,
+        mixing_line,
+        table_rows,
+    )
     from hetflow.output import wide_console
 
     ranking, spot = rec.ranking, rec.spot
     job, cands = ranking.job, ranking.cands
     console = wide_console(160 if spot is not None else 130)
     print(
-        f"hetflow recommend: {job.model.name}, global batch {job.global_batch}, {job.steps} "
-        f"steps; objective: {goal(ranking.objective)}"
+        f"hetflow recommend: {job.model.name} ({rec.precision} precision), global batch "
+        f"{job.global_batch}, {job.steps} steps; objective: {goal(ranking.objective)}"
     )
     for line in curve_lines(cands, rec.history):
         print(f"  step-time curve: {line}")
@@ -331,8 +356,8 @@ def write_ray_config(path: str, rec) -> None:
 
 
 def cmd_recommend(args) -> int:
-    from hetflow.forecast.recommend import recommend
-    from hetflow.forecast.table import front
+    from hetflow.forecast.rent.recommend import recommend
+    from hetflow.forecast.rent.table import front
     from hetflow.infra.market import load_market
     from hetflow.output import write_json
 
@@ -347,7 +372,7 @@ def cmd_recommend(args) -> int:
         write_ray_config(ray_config, rec)
     write_json(args.json_path, rec.figures())
     if args.plot:
-        from hetflow.infra.tracking.plots import cost_time_front
+        from hetflow.infra.report.plots import cost_time_front
 
         cost_time_front(args.plot, **front(rec.ranking))
         print(f"wrote {args.plot}")

@@ -25,12 +25,13 @@ import time
 from collections import Counter
 from functools import partial
 
+from hetflow.cli.errors import say_alias
 from hetflow.cli.parser import Parser
-from hetflow.config import ClusterSpec, ConfigError, load_mapping
-from hetflow.forecast import clusters, report
-from hetflow.forecast.job import MAX_WORKERS, MODELS, Job, ModelSpec, Network
-from hetflow.forecast.published import published_comparison
-from hetflow.forecast.step import StepPrediction, sweep
+from hetflow.config import MODEL_ALIASES, ClusterSpec, ConfigError, load_mapping
+from hetflow.forecast.simulate import clusters, report
+from hetflow.forecast.simulate.job import MAX_WORKERS, MODELS, Job, ModelSpec, Network
+from hetflow.forecast.simulate.published import published_comparison
+from hetflow.forecast.simulate.step import StepPrediction, sweep
 from hetflow.output import write_json
 
 DEFAULT_MIX = "g4dn.xlarge:32,g5.xlarge:16,p3dn.24xlarge:2"
@@ -204,6 +205,8 @@ def _price_source(catalog) -> str:
 
 def _model(name: str | None, default: str = "resnet50") -> ModelSpec:
     name = name or default
+    say_alias("--model", name, MODEL_ALIASES)
+    name = MODEL_ALIASES.get(name, name)
     if name not in MODELS:
         raise ConfigError(f"--model: unknown model {name!r}; choose one of {', '.join(MODELS)}")
     return MODELS[name]

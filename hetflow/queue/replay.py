@@ -10,11 +10,11 @@ finished; the policy decides at each arrival and end. Costs charged:
   where it stops (no step is redone) and restarts on its new workers; the job waiting for
   them waits as long.
 
-Policies: `fifo` (arrival order, each job the `request` first free workers that hold it,
-blind to their speed; runs to its end), `packed` (the allocator on the free workers at each
-event; a running job keeps its workers to its end), `preempt` (the allocator over every job at
-each event, a running job of the highest class kept as it is; a move only when
-`switch.choose` finds it worth its restarts).
+Policies: `fifo` (`hetflow.queue.fifo`: arrival order, each job the `request` first free
+workers that hold it, blind to their speed; runs to its end), `packed` (the allocator on the
+free workers at each event; a running job keeps its workers to its end), `preempt` (the
+allocator over every job at each event, a running job of the highest class kept as it is; a
+move only when `switch.choose` finds it worth its restarts).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass, field
 
 from hetflow.queue.allocate import Holding, step_s
-from hetflow.queue.jobs import Job, Kind, fits
+from hetflow.queue.fifo import fifo
+from hetflow.queue.jobs import Job, Kind
 from hetflow.queue.switch import decide
 
 POLICIES = ("fifo", "packed", "preempt")
@@ -217,21 +218,9 @@ def decide_for(r: _Replay) -> Holding:
 
 
 def _fifo(r: _Replay, act: list[Track], holding: Holding) -> Holding:
-    """Arrival order, each job the first `request` free workers that hold it, their speed
-    unseen; the first job that cannot start blocks those behind it."""
-    out = dict(holding)
-    taken = {w for names in holding.values() for w in names}
-    for tr in act:
-        if tr.job.name in out:
-            continue
-        holds = [w for w in r.workers if fits(tr.job, r.kinds[r.workers[w]])]
-        free = [w for w in holds if w not in taken]
-        want = min(tr.arrival.request, len(holds))
-        if len(free) < want:
-            break
-        out[tr.job.name] = free[:want]
-        taken |= set(free[:want])
-    return out
+    """`fifo.fifo` over the active jobs, each asking for its arrival's `request`."""
+    requests = {tr.job.name: tr.arrival.request for tr in act}
+    return fifo([tr.job for tr in act], holding, r.workers, r.kinds, requests)
 
 
 def replay(

@@ -1,5 +1,6 @@
-"""MLflow tracking: the tracker (`tracker.MLflowTracker`), its plots and the comparison table.
+"""MLflow tracking, the adapter: the tracker (`tracker.MLflowTracker`, the only reader and
+writer of MLflow), what hetflow's runs hold (`content`) and the runs' addresses in the UI
+(`links`). The comparison it logs is drawn and worded in `hetflow.infra.report`.
 
-Nothing here is a Prefect task: the tasks and flows call the tracker. The submodules are
-imported by name (`hetflow.infra.tracking.report` is pure and does not load MLflow).
+Nothing here is a Prefect task: the tasks and flows call the tracker.
 """

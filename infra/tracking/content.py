@@ -7,7 +7,8 @@ import json
 from collections.abc import Mapping
 
 from hetflow.config import ClusterSpec
-from hetflow.infra.tracking import plots, report
+from hetflow.infra.report import plots
+from hetflow.infra.report import table as report
 from hetflow.infra.tracking.tracker import NOTE, MLflowTracker
 from hetflow.records import CompressionTrials, EvalPoint, Profile, TrainOutcome
 

@@ -32,7 +32,8 @@ from pydantic import BaseModel
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, TrainConfig
 from hetflow.infra.paths import home
-from hetflow.infra.tracking import links, plots
+from hetflow.infra.report import plots
+from hetflow.infra.tracking import links
 from hetflow.records import Plan
 
 METRICS_PER_BATCH = 500  # MLflow accepts up to 1000 metrics per log_batch call

@@ -13,7 +13,7 @@ from hetflow.records import CompressionTrials
 from hetflow.training.comm import comm_state_dict, load_comm_state
 from hetflow.training.devices import MixedPrecision
 from hetflow.training.launch.spec import RunSpec
-from hetflow.training.loop.checkpoint import CheckpointStore
+from hetflow.training.loop.checkpoint_store import CheckpointStore
 from hetflow.training.loop.net import Net
 from hetflow.training.loop.state import Checkpoint, LoopState
 from hetflow.training.plan.rebalancer import Rebalancer

@@ -7,13 +7,13 @@ from __future__ import annotations
 from hetflow.config import TrainConfig
 from hetflow.records import StepRecord
 from hetflow.training.launch.spec import RunSpec
-from hetflow.training.loop.state import LoopState
-from hetflow.training.loop.step_times import (
+from hetflow.training.loop.compute_times import (
     SharedStepTimes,
     column_means,
     mean_step,
     step_spread,
 )
+from hetflow.training.loop.state import LoopState
 from hetflow.training.plan.rebalancer import SUDDEN_STEPS, Rebalancer
 
 

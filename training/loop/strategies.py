@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 from hetflow.training.hooks import PhaseClock
 from hetflow.training.launch.spec import RunSpec
+from hetflow.training.loop.diloco import RoundStepper, build_round_net, round_inner_batch
 from hetflow.training.loop.fsdp import build_sharded_net
 from hetflow.training.loop.micro import micro_cap
 from hetflow.training.loop.net import Net, build_net
-from hetflow.training.loop.rounds import RoundStepper, build_round_net, round_inner_batch
-from hetflow.training.loop.step import Stepper
+from hetflow.training.loop.rank_step import Stepper
 from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.recipes import Recipe
 

@@ -23,13 +23,14 @@ from hetflow.training.faults.guard import StepGuard
 from hetflow.training.faults.records import Preempted
 from hetflow.training.launch.spec import node_id, since_submit
 from hetflow.training.loop.checkpointer import Checkpointer, CheckpointParts
+from hetflow.training.loop.compute_times import SharedStepTimes
 from hetflow.training.loop.evaluator import Evaluator
+from hetflow.training.loop.loop_step import LoopStepper
 from hetflow.training.loop.membership import Membership
 from hetflow.training.loop.optim import build_scheduler, resolve_optimizer, step_scheduler
-from hetflow.training.loop.progress import STOP_FILE, ProgressFile, note_recovery
+from hetflow.training.loop.progress import ProgressFile, note_recovery
 from hetflow.training.loop.rebalancing import Rebalancing, share_every
-from hetflow.training.loop.step_times import SharedStepTimes
-from hetflow.training.loop.stepper import LoopStepper
+from hetflow.training.loop.stop_request import StopRequest
 from hetflow.training.loop.strategies import StepParts, strategy_of
 from hetflow.training.loop.trials import resolve_compression
 from hetflow.training.loop.weighting import MeanOverCounts
@@ -93,6 +94,9 @@ class TrainingLoop:
         self.recovery = self.note_recovery()
         self.progress = self.open_progress()
         self.guard = StepGuard(self.spec, self.rank, self.net)  # last: every process group exists
+        slack = self.guard.preemption.slack  # how far ahead of rank 0 a rank may run
+        every = self.cfg.checkpoint_every
+        self.stop_request = StopRequest(self.spec.run_dir, self.rank, every, slack)
 
     def run(self) -> None:
         """Train from the resumed step to `train.steps` (or to the checkpoint a stop request
@@ -199,16 +203,9 @@ class TrainingLoop:
 
     def stop_asked(self, boundary: int) -> bool:
         """Whether the run ends at `boundary` (steps done), a checkpoint, before its last
-        step: `RUN_DIR/stop_at` names that step (the queue moving the job's workers). Read
-        at checkpoint boundaries only; whoever writes it names a boundary at least two steps
-        past progress.json's step, which no rank has reached (ranks of one all-reduce are at
-        most a step apart), so every rank reads the same answer there."""
-        if boundary % self.cfg.checkpoint_every:
-            return False
-        try:
-            return int(Path(self.spec.run_dir, STOP_FILE).read_text()) == boundary
-        except (FileNotFoundError, ValueError):
-            return False
+        step: the checkpoint a stop request (`RUN_DIR/stop_at`, the queue moving or
+        cancelling the job) came to, agreed by every rank (`stop_request.StopRequest`)."""
+        return self.stop_request.asked(boundary)
 
     def write_progress(self, step: int) -> None:
         if self.progress is not None:

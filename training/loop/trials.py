@@ -28,7 +28,7 @@ from hetflow.training.devices import MixedPrecision, to_device
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.micro import micro_cap
 from hetflow.training.loop.net import build_net
-from hetflow.training.loop.step import Stepper
+from hetflow.training.loop.rank_step import Stepper
 from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.plan.compression import (
     TRIAL_STEPS,

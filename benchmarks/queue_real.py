@@ -1,0 +1,129 @@
+"""`hetflow bench queue --real`: the queue flow itself, first come first served blind to the
+device type (`--policy fifo`) against the allocator, on the same arrivals.
+
+The workers are real processes of unequal speed: emulated device presets (`--real-speeds`),
+each step's compute its host CPU time dilated by its preset's published curve at
+`--time-scale`. The jobs (`real_jobs`) are three `digits-cnn` jobs of three classes, the
+higher ones arriving later; under FIFO each asks for one worker and takes the first free one
+in the cluster's order. Since that order decides what FIFO's blind pick lands on, repeat r
+lists the workers rotated left by r, so over three repeats each kind comes first once; both
+policies of a repeat see the same order.
+
+Before the repeats, one untimed session of the allocator (the first job, to its first
+checkpoint) fills the profile history for the jobs' recipe and batch on every kind, so that
+no timed session measures (`measuring_s`, reported). Each repeat then runs both policies,
+which one first alternating (`hetflow.repeats.run_order`). Reported per policy, as the
+median over repeats with its min-max: average completion, makespan, the high job's wait,
+each job's wait and completion; and per repeat the ratio of the allocator's average
+completion to FIFO's, with its median and min-max. How much training outweighs launching:
+each session's training loops' seconds over its launches' (a launch: torchrun, the plan, the
+checkpoint, recording).
+"""
+
+from __future__ import annotations
+
+from hetflow.repeats import median_spread, run_order
+
+POLICIES = ("fifo", "allocator")
+FIGURES = ("avg_job_completion_s", "makespan_s", "high_wait_s", "train_over_launch")
+
+
+def real_jobs(steps: int, every: int | None = None) -> list:
+    """Three digits jobs, one per class, the higher ones arriving later, each asking FIFO
+    for one worker; `low` and `normal` of `steps` steps, `high` of half; a checkpoint
+    every `every` steps (a fifth of `steps` where None)."""
+    from hetflow.config.queue import QueueJob
+
+    every = every or max(1, steps // 5)
+    common = {"recipe": "digits-cnn", "global_batch": 64, "checkpoint_every": every}
+    return [
+        QueueJob(name="low", priority="low", steps=steps, workers=1, **common),
+        QueueJob(
+            name="normal", priority="normal", steps=steps, workers=1, arrive_after_s=5, **common
+        ),
+        QueueJob(
+            name="high", priority="high", steps=steps // 2, workers=1, arrive_after_s=10, **common
+        ),
+    ]
+
+
+def rotated(speeds: list[str], r: int) -> list[str]:
+    """`speeds` rotated left by `r`: repeat r's order of the workers."""
+    return run_order(speeds, r)
+
+
+def session(speeds: list[str], time_scale: float, jobs: list, switch_s: float, policy: str):
+    """The queue flow on `jobs` and an emulated cluster of `speeds` (presets), in order."""
+    from hetflow.config import ClusterSpec
+    from hetflow.flows.job_queue import queue
+
+    cluster = ClusterSpec.from_speeds(speeds, name="queue-real", time_scale=time_scale)
+    return queue(jobs=jobs, cluster=cluster, switch_s=switch_s, read_inbox=False, policy=policy)
+
+
+def summary(out: dict, order: list[str], first: str) -> dict:
+    """One session's figures, as the comparison reports them."""
+    fig, rows = out["figures"], out["jobs"]
+    train = sum(r["train_s"] for r in rows)
+    launch = sum(r["launch_s"] for r in rows)
+    return {
+        "policy": out["policy"],
+        "workers": order,
+        "ran_first": first,
+        "avg_job_completion_s": round(fig["avg_job_completion_s"], 1),
+        "makespan_s": round(fig["makespan_s"], 1),
+        "high_wait_s": next(r["wait_s"] for r in rows if r["job"] == "high"),
+        "wait_s": {r["job"]: r["wait_s"] for r in rows},
+        "completion_s": {r["job"]: r["completion_s"] for r in rows},
+        "train_s": round(train, 1),
+        "launch_s": round(launch, 1),
+        "train_over_launch": round(train / launch, 2) if launch > 0 else None,
+        "segments": int(fig["segments"]),
+        "steps_redone": fig["steps_redone"],
+        "measuring_s": round(fig["measuring_s"], 1),
+        "run_id": out["parent_run_id"],
+    }
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """Per policy, each figure's median over the repeats with its min-max (each job's wait and
+    completion too); the allocator's average completion over FIFO's, per repeat and as a
+    median with min-max."""
+    out: dict = {}
+    for policy in POLICIES:
+        mine = [r for r in runs if r["policy"] == policy]
+        row: dict = {}
+        for name in FIGURES:
+            row[name], row[f"{name}_range"] = median_spread(r[name] for r in mine)
+        for per in ("wait_s", "completion_s"):
+            jobs = mine[0][per] if mine else {}
+            row[per] = {j: median_spread(r[per][j] for r in mine) for j in jobs}
+        out[policy] = row
+    by_repeat: dict[int, dict[str, float]] = {}
+    for r in runs:
+        by_repeat.setdefault(r["repeat"], {})[r["policy"]] = r["avg_job_completion_s"]
+    ratios = [
+        round(v["allocator"] / v["fifo"], 3)
+        for _, v in sorted(by_repeat.items())
+        if set(v) == set(POLICIES)
+    ]
+    median, spread = median_spread(ratios)
+    out["allocator_vs_fifo"] = {"per_repeat": ratios, "median": median, "range": spread}
+    return out
+
+
+def compare_real(speeds: str, time_scale: float, steps: int, switch_s: float, repeats: int):
+    """The warm-up session, then `repeats` rounds of both policies (see the module)."""
+    kinds = speeds.split(",")
+    jobs = real_jobs(steps)
+    warm = jobs[0].model_copy(update={"steps": jobs[0].checkpoint_every})
+    session(kinds, time_scale, [warm], switch_s, "allocator")
+    runs = []
+    for r in range(repeats):
+        order = rotated(kinds, r)
+        names = run_order(list(POLICIES), r)
+        for policy in names:
+            out = session(order, time_scale, jobs, switch_s, policy)
+            runs.append({"repeat": r, **summary(out, order, names[0])})
+            print({k: v for k, v in runs[-1].items() if k not in ("run_id", "completion_s")})
+    return {"runs": runs, "aggregate": aggregate(runs)}

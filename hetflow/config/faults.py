@@ -1,0 +1,71 @@
+"""The failure policy: who retries what after a failure, how many times and after how long.
+
+One model, `FaultPolicy`, set as `TrainConfig.faults` (YAML `train: {faults: {...}}`, or a
+deployment run's parameters), read by every layer that retries:
+
+- a rank: never retried alone. A rank that raises, or meets a NaN/Inf gradient under
+  `nonfinite: fail`, ends the job at once (the error would come back); a data-parallel group
+  cannot go on with one rank replaced, so the launcher restarts the whole group instead.
+- the group: the launcher restarts every rank from the last checkpoint when a worker process
+  dies, stalls past `TrainConfig.stall_timeout_s` or is preempted, or (under Ray) its node is
+  lost, at most `group_restarts` times: torchrun's `--max-restarts`
+  (`training.launch.local`), Ray Train's `FailureConfig(max_failures)`
+  (`training.launch.ray_train`). Both restart at once: neither launcher has a delay.
+- under Ray, a lost node with no replacement: Ray Train tries `placement_tries` times to place
+  the restarted group; then the run goes on without that node's workers
+  (`go_on_without`), or fails where that is off.
+- the Prefect task: where the launch itself is lost (the launcher's restarts spent, its
+  process killed, past its deadline), Prefect runs the `train` task again `task_retries` times,
+  `task_retry_delay_s` after the failure, in the same run directory: the workers resume from
+  the last checkpoint. Bad input and a rank's own exception are never retried.
+
+The clients of S3 and MLflow keep their own retries (botocore's retry mode), outside this
+policy; the storage tasks (ingest, the profile history) keep theirs on their decorators.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from hetflow.config.base import ConfigModel
+
+
+class FaultPolicy(ConfigModel):
+    """Who retries what after a failure, how many times and after how long (see the module)."""
+
+    group_restarts: int = Field(
+        3,
+        ge=0,
+        title="Group restarts",
+        description="How many times the launcher (torchrun, Ray Train) restarts every rank "
+        "from the last checkpoint after a worker dies, stalls or its node is lost; 0: the "
+        "first such failure ends the launch.",
+    )
+    placement_tries: int = Field(
+        3,
+        ge=1,
+        title="Placement tries (Ray)",
+        description="Under Ray: how many times Ray Train tries, each for its start timeout, "
+        "to place a restarted group before the run goes on without the workers no node has "
+        "room for.",
+    )
+    go_on_without: bool = Field(
+        True,
+        title="Go on without a lost node (Ray)",
+        description="Under Ray: where no node of a lost worker's type comes back, go on "
+        "without its workers (the global batch shared by the others); off: the run fails.",
+    )
+    task_retries: int = Field(
+        1,
+        ge=0,
+        title="Train task retries (Prefect)",
+        description="How many times Prefect runs the train task again when the launch is lost "
+        "(restarts spent, the launcher killed): it resumes from the last checkpoint in the "
+        "same run directory. Bad input and a rank's own exception are never retried.",
+    )
+    task_retry_delay_s: float = Field(
+        5.0,
+        ge=0,
+        title="Train task retry delay (s)",
+        description="Seconds Prefect waits before retrying the train task.",
+    )

@@ -1,0 +1,343 @@
+"""strategy 'diloco': inner step counts that follow each worker's speed (no worker waits
+inside a round), the outer step on the sample-weighted change on real gloo ranks (fp32, bf16,
+int8; staleness), the settings refused before launch, and a run through the worker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job
+from hetflow.emulation.presets import PRESETS
+from hetflow.perf.fitting import fit_affine
+from hetflow.training.plan.prior import published_prior
+from hetflow.training.plan.rounds import inner_batch, inner_counts, round_config, round_plan
+
+from tests.dist import run_ranks
+
+DILOCO = TrainConfig(strategy="diloco", global_batch=64, steps=64, recipe="digits-mlp")
+
+
+def _step_s(preset: str, batch: int) -> float:
+    """A preset's published step time at `batch` on its fitted line (what the prior plans on)."""
+    table = PRESETS[preset].latency_ms
+    a, c = fit_affine(list(table), [ms / 1e3 for ms in table.values()])
+    return max(a, 0.0) + max(c, 1e-9) * batch
+
+
+@pytest.mark.parametrize("rates", [[1.0, 1.0, 2.0, 4.0], [3.0, 7.0, 11.0], [0.3, 5.0]])
+@pytest.mark.parametrize("total", [16, 64, 101])
+def test_inner_counts_follow_speed_so_no_worker_waits_within_a_step(rates, total):
+    counts = inner_counts(rates, total)
+    assert sum(counts) == total
+    step = [1.0 / r for r in rates]  # one inner step's time on each worker
+    busy = [k * t for k, t in zip(counts, step, strict=True)]
+    common = total / sum(rates)  # the round's length if steps could be split
+    for b, t in zip(busy, step, strict=True):
+        assert abs(b - common) < t  # within one of its own inner steps of every other's end
+
+
+def test_a_round_plan_gives_whole_inner_steps_by_speed_at_the_inner_batch():
+    cluster = ClusterSpec.from_speeds(["t4", "t4", "v100", "a100"])
+    plan = round_plan(published_prior(cluster, DILOCO), cluster, DILOCO)
+    b = inner_batch(DILOCO, 4)
+    loop = round_config(DILOCO, 4)
+    assert sum(plan.local_batches) == loop.global_batch == 16 * 4 * b
+    assert all(s % b == 0 and s >= b for s in plan.local_batches)
+    busy = [s // b * _step_s(w.preset, b) for s, w in zip(plan.local_batches, cluster.workers)]
+    assert max(busy) - min(busy) <= max(_step_s(w.preset, b) for w in cluster.workers)
+    assert plan.local_batches[3] > plan.local_batches[2] > plan.local_batches[0]
+
+
+def test_the_loop_counts_rounds_of_the_samples_asked():
+    loop = round_config(DILOCO, 4)
+    assert loop.steps * loop.global_batch >= DILOCO.steps * DILOCO.global_batch
+    assert (loop.steps - 1) * loop.global_batch < DILOCO.steps * DILOCO.global_batch
+    assert round_config(TrainConfig(), 4) == TrainConfig()
+
+
+@pytest.mark.parametrize(
+    ("knobs", "field"),
+    [
+        ({"compression": "powersgd:4"}, "train.compression"),
+        ({"accumulate": "auto"}, "train.accumulate"),
+        ({"nonfinite": "skip"}, "train.nonfinite"),
+        ({"precision": "fp16"}, "train.precision"),
+        ({"allow_local_sgd": True}, "train.allow_local_sgd"),
+    ],
+)
+def test_settings_diloco_cannot_run_with_are_refused_in_one_line(knobs, field):
+    with pytest.raises(ConfigError) as e:
+        check_job(ClusterSpec.from_speeds([1, 2]), DILOCO.model_copy(update=knobs))
+    assert str(e.value).startswith(field) and "\n" not in str(e.value)
+
+
+def test_staleness_without_rounds_is_refused():
+    with pytest.raises(ConfigError, match=r"^train\.diloco\.staleness"):
+        check_job(ClusterSpec.from_speeds([1, 2]), TrainConfig(diloco={"staleness": 1}))
+
+
+def test_a_diloco_comparison_validates_as_one_job():
+    """The demo's and compare's variants under diloco: the synchronous run beside the rounds."""
+    from hetflow.training.validated import validated_job
+
+    configs = DILOCO.compared()
+    assert {c.strategy for c in configs.values()} == {"ddp", "diloco"}
+    job = validated_job(ClusterSpec.from_speeds([1, 2]), list(configs.values()))
+    assert job.configs == tuple(configs.values())
+
+
+def test_a_memory_cap_under_the_inner_batch_is_refused():
+    cluster = ClusterSpec.from_speeds([1, 2])
+    cluster.workers[0].memory_cap_batch = 8
+    with pytest.raises(ConfigError, match=r"^cluster\.workers\[w0\]\.memory_cap_batch"):
+        round_plan(published_prior(cluster, DILOCO) or _equal(cluster), cluster, DILOCO)
+
+
+def _equal(cluster):
+    from hetflow.training.plan.prior import equal_prior
+
+    return equal_prior(cluster, DILOCO)
+
+
+# -- the outer step on real gloo ranks ---------------------------------------------------------
+
+WEIGHTS = [0.25, 0.75]  # rank r's share of the round's samples
+CHANGE = [[1.0, -2.0, 0.5], [-3.0, 4.0, 1.0]]  # each rank's parameter change over a round
+
+
+SCENARIOS = {
+    "plain": ({"outer_lr": 1.0, "outer_momentum": 0.0}, 1),
+    "int8": ({"outer_lr": 0.5, "outer_momentum": 0.9, "send": "int8"}, 2),
+    "stale": ({"outer_lr": 1.0, "outer_momentum": 0.0, "staleness": 1}, 2),
+}
+
+
+def outer_rank(rank: int, world: int, arg: dict) -> dict:
+    """One rank, every scenario in turn (one launch): a 3-parameter model moved by
+    CHANGE[rank] each round for the scenario's rounds of the outer step with its options; the
+    anchor and the model after each round, the bytes sent; then `resumed` (`_resumed`)."""
+    from hetflow.training.comm import WireCounter
+
+    counter = WireCounter(world)
+    counter.install()
+    out = {}
+    for name, (cfg, rounds) in SCENARIOS.items():
+        out[name] = _rounds(rank, cfg, rounds, counter)
+    out["resumed"] = _resumed(rank)
+    counter.uninstall()
+    return out
+
+
+def _one_round(rank: int, param, outer) -> None:
+    with torch.no_grad():
+        param += torch.tensor(CHANGE[rank])
+    outer.end_round(WEIGHTS[rank])
+
+
+def _rounds(rank: int, cfg: dict, rounds: int, counter) -> dict:
+    from hetflow.config import DiLoCoConfig
+    from hetflow.training.comm.outer import OuterStep
+
+    before = counter.total_bytes
+    param = torch.nn.Parameter(torch.zeros(3))
+    outer = OuterStep([param], DiLoCoConfig(**cfg))
+    seen = []
+    for _ in range(rounds):
+        _one_round(rank, param, outer)
+        seen.append({"anchor": outer.anchor.tolist(), "model": param.tolist()})
+    outer.drain()
+    return {"seen": seen, "anchor": outer.anchor.tolist(), "bytes": counter.total_bytes - before}
+
+
+def _resumed(rank: int) -> dict:
+    """Two rounds with Nesterov momentum, a checkpoint of the outer step, a third round; then
+    a fresh model and outer step loaded from the checkpoint and the same third round."""
+    from hetflow.config import DiLoCoConfig
+    from hetflow.training.comm.outer import OuterStep
+
+    cfg = DiLoCoConfig(outer_lr=0.5, outer_momentum=0.9)
+    param = torch.nn.Parameter(torch.zeros(3))
+    outer = OuterStep([param], cfg)
+    for _ in range(2):
+        _one_round(rank, param, outer)
+    saved = outer.state_dict()
+    _one_round(rank, param, outer)
+    fresh = torch.nn.Parameter(torch.full((3,), 7.0))
+    again = OuterStep([fresh], cfg)
+    again.load_state_dict(saved)
+    resumed_at = fresh.tolist()
+    _one_round(rank, fresh, again)
+    return {"went_on": param.tolist(), "resumed": fresh.tolist(), "at": resumed_at}
+
+
+@pytest.fixture(scope="module")
+def outer_ranks(tmp_path_factory) -> list[dict]:
+    return run_ranks(outer_rank, 2, {}, tmp_path_factory.mktemp("outer"))
+
+
+def _weighted() -> torch.Tensor:
+    return sum(w * torch.tensor(c) for w, c in zip(WEIGHTS, CHANGE, strict=True))
+
+
+def test_the_averaged_change_is_weighted_by_samples(outer_ranks):
+    # outer lr 1, no momentum: the sample-weighted average of the two models
+    for r in (rank["plain"] for rank in outer_ranks):
+        torch.testing.assert_close(torch.tensor(r["anchor"]), _weighted())
+        torch.testing.assert_close(torch.tensor(r["seen"][0]["model"]), _weighted())
+        assert r["bytes"] == 3 * 4  # a ring all-reduce of 3 fp32 over 2 ranks: 2(n-1)/n x B
+
+
+def test_nesterov_outer_momentum_and_int8_sends(outer_ranks):
+    ref = torch.nn.Parameter(torch.zeros(3))  # torch's SGD on the exact weighted change
+    opt = torch.optim.SGD([ref], lr=0.5, momentum=0.9, nesterov=True)
+    for _ in range(2):
+        ref.grad = -_weighted()
+        opt.step()
+    for r in (rank["int8"] for rank in outer_ranks):
+        torch.testing.assert_close(torch.tensor(r["anchor"]), ref.detach(), atol=0.05, rtol=0)
+        assert r["bytes"] == 2 * (3 + 4)  # per round, an all-gather of 3 int8 and a scale
+
+
+def test_a_stale_round_is_applied_a_round_later_keeping_local_progress(outer_ranks):
+    for rank, r in enumerate(x["stale"] for x in outer_ranks):
+        first, second = r["seen"]
+        assert first["anchor"] == [0.0, 0.0, 0.0]  # round 0 still in flight
+        # round 0's average landed after round 1: the anchor plus this rank's round 1
+        torch.testing.assert_close(torch.tensor(second["anchor"]), _weighted())
+        mine = _weighted() + torch.tensor(CHANGE[rank])
+        torch.testing.assert_close(torch.tensor(second["model"]), mine)
+        torch.testing.assert_close(torch.tensor(r["anchor"]), 2 * _weighted())  # drained
+
+
+# -- a run through the train task ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_diloco_run_through_the_train_task(digits, prefect_harness, hetflow_home):
+    from mlflow.tracking import MlflowClient
+    from prefect import flow
+
+    import hetflow.tasks.train as train_task
+    from hetflow.config import TrackingConfig
+    from hetflow.infra.tracking.tracker import MLflowTracker
+    from hetflow.training.comm import ring_allreduce_bytes
+
+    from tests.profiles import profile_of, rank_profile
+
+    cluster = ClusterSpec.from_speeds([1, 1, 2], time_scale=2.0)
+    train = TrainConfig(
+        recipe="digits-mlp",
+        global_batch=24,
+        steps=24,
+        schedule="proportional",
+        strategy="diloco",
+        diloco={"round_steps": 4},
+        eval_every=100,
+        target_accuracy=None,
+    )
+    profile = profile_of([rank_profile(r, s) for r, s in enumerate([100.0, 100.0, 200.0])])
+
+    @flow
+    def one_variant():
+        return train_task.train_variant("diloco", cluster, digits, train, profile, TrackingConfig())
+
+    out = one_variant()
+    assert out.plan.local_batches == [24, 24, 48]  # inner steps 3, 3, 6 of 8 samples
+    ranks = out.result.ranks
+    assert all(len(r.records) == 6 for r in ranks)  # 24 steps' samples in rounds of 4 steps'
+    assert [r.records[0].inner_steps for r in ranks] == [3, 3, 6]
+    params = out.result.lead.params
+    per_round = ring_allreduce_bytes(4 * params, 3)
+    assert all(rec.bytes_sent == pytest.approx(per_round) for rec in ranks[0].records)
+    assert out.metrics.final_accuracy > 0.3  # ten classes: it learned
+    run = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri).get_run(out.run_id)
+    assert run.data.metrics["rounds"] == 6
+    assert run.data.metrics["rank2/inner_steps_per_round"] == 6
+
+
+def test_a_link_preset_sets_what_the_worker_does_not():
+    from hetflow.config import WorkerSpec
+    from hetflow.emulation.links import LINKS
+
+    far = WorkerSpec(name="a", link="cross-region")
+    assert (far.link_gbps, far.link_latency_ms) == (LINKS["cross-region"].gbps, 79.0)
+    slow = WorkerSpec(name="a", link="cross-region", link_gbps=0.1)
+    assert (slow.link_gbps, slow.link_latency_ms) == (0.1, 79.0)
+    with pytest.raises(ValueError, match="same-zone, cross-zone, cross-region"):
+        WorkerSpec(name="a", link="moon")
+
+
+def test_a_transient_straggler_is_counted_in_rounds_under_diloco():
+    from benchmarks.diloco import parse_straggler, stragglers_of
+
+    slow = parse_straggler("3:40:80:4")
+    assert stragglers_of(slow, TrainConfig()) == [(3, 40, 4.0), (3, 80, 1.0)]
+    rounds = TrainConfig(strategy="diloco", diloco={"round_steps": 16})
+    assert stragglers_of(slow, rounds) == [(3, 2, 4.0), (3, 5, 1.0)]
+    with pytest.raises(ConfigError, match=r"^--straggler"):
+        parse_straggler("3:80:40:4")
+
+
+def test_a_resumed_outer_step_goes_on_as_the_run_did(outer_ranks):
+    for r in (rank["resumed"] for rank in outer_ranks):
+        assert r["at"] != [7.0, 7.0, 7.0]  # the model is the checkpoint's anchor
+        torch.testing.assert_close(torch.tensor(r["resumed"]), torch.tensor(r["went_on"]))
+
+
+def test_going_on_without_a_lost_worker_shares_a_round_among_the_rest():
+    from hetflow.records import Plan
+    from hetflow.training.plan.planner import replan_without
+
+    cluster = ClusterSpec.from_speeds([1, 1, 2])
+    train = TrainConfig(strategy="diloco", global_batch=24, diloco={"round_steps": 4})
+    plan = replan_without(cluster, Plan.equal([24, 24, 48]), {"w1": "node lost"}, train)
+    assert plan.local_batches == [32, 0, 64]  # the round of the 2 left: 4 steps x 2 x 12
+    assert sum(plan.local_batches) == round_config(train, 2).global_batch
+
+
+def test_a_round_in_seconds_is_what_each_worker_computes_in_that_time():
+    from tests.profiles import profile_of, rank_profile
+
+    cluster = ClusterSpec.from_speeds([1, 3])
+    train = TrainConfig(strategy="diloco", global_batch=16, steps=100, diloco={"round_s": 2.0})
+    profile = profile_of([rank_profile(0, 100.0), rank_profile(1, 300.0)])  # samples/s
+    plan = round_plan(profile, cluster, train)
+    assert plan.local_batches == [200, 600]  # 2 s x each one's samples/s, in steps of 8
+    loop = round_config(train, 2, sum(plan.local_batches))
+    assert (loop.global_batch, loop.steps, loop.diloco.inner_batch) == (800, 2, 8)
+
+
+class _Outer:
+    """An `OuterStep` stand-in that records the weights of the rounds it is asked to end."""
+
+    def __init__(self) -> None:
+        self.ended: list[float] = []
+
+    def end_round(self, weight: float) -> None:
+        self.ended.append(weight)
+
+
+def test_the_outer_step_hooks_the_inner_optimizer_after_the_rounds_last_step():
+    """As torchft's DiLoCo: the outer step is a step post-hook on the inner optimizer, after
+    the round's last inner step, with the rank's weight; a rank with no samples takes it at
+    once (it joins every round's collective); a round begun before the last ended is refused."""
+    from hetflow.training.loop.diloco import RoundOptimizer
+
+    param = torch.nn.Parameter(torch.zeros(2))
+    outer = _Outer()
+    opt = RoundOptimizer(torch.optim.SGD([param], lr=0.1), outer)
+    param.grad = torch.ones(2)
+    opt.begin_round(3, 0.25)
+    ended = []
+    for _ in range(3):
+        opt.step()
+        ended.append(list(outer.ended))
+    assert ended == [[], [], [0.25]]
+    opt.begin_round(0, 0.0)
+    assert outer.ended == [0.25, 0.0]
+    opt.begin_round(2, 0.5)
+    opt.step()
+    with pytest.raises(RuntimeError, match="1 inner steps of the last to go"):
+        opt.begin_round(1, 0.5)
