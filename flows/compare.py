@@ -26,7 +26,13 @@ from hetflow.config import (
 from hetflow.flows.forms import Cluster, Compared, Dataset
 from hetflow.infra.report.notes import notes, workers_left
 from hetflow.infra.report.plots import rank_labels
-from hetflow.infra.report.table import comparison, headline, markdown, summary
+from hetflow.infra.report.table import (
+    comparison,
+    headline,
+    launch_phases,
+    markdown,
+    summary,
+)
 from hetflow.infra.report.verdict import verdict
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.infra.tracking.content import finish_comparison
@@ -153,4 +159,6 @@ def compare(
         "run_ids": {v: outcomes[v].run_id for v in VARIANTS},
         "mlflow_urls": {label: tracker.run_url(rid) for label, rid in runs.items()},
         "plans": {v: outcomes[v].plan.model_dump(mode="json") for v in VARIANTS},
+        # each worker's launch by phase, per variant (`report.launch_phases`)
+        "startup": {v: launch_phases(outcomes[v].metrics.flat()) for v in VARIANTS},
     }

@@ -51,6 +51,14 @@ class RankFigures(_Figures):
     peak_memory_bytes: int | None = Field(
         None, description="Peak allocated on its GPU; on a CPU, its process's peak RSS."
     )
+    startup_s: float | None = Field(None, description="From submit to its first step.")
+    # its start-up by phase (`records.StartupPhases`), where its launcher marked them
+    startup_spawn_s: float | None = None
+    startup_import_s: float | None = None
+    startup_rendezvous_s: float | None = None
+    startup_data_s: float | None = None
+    startup_model_s: float | None = None
+    startup_first_step_s: float | None = None
 
     def flat(self) -> Figures:
         return self._named(f"rank{self.rank}/", skip=("rank",))
@@ -86,6 +94,13 @@ class RunMetrics(_Figures):
     time_to_target_wall_s: float | None = None
     # rank 0's wall clock (`training.metrics.wall_figures`)
     startup_s: float | None = None
+    # rank 0's start-up by phase (`training.launch.startup`); with trials_s they add up to it
+    startup_spawn_s: float | None = None
+    startup_import_s: float | None = None
+    startup_rendezvous_s: float | None = None
+    startup_data_s: float | None = None
+    startup_model_s: float | None = None
+    startup_first_step_s: float | None = None
     trials_s: float | None = None
     eval_s: float | None = None
     checkpoint_s: float | None = None

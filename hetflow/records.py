@@ -367,12 +367,27 @@ class Recovery(_Record):
     replica_digest: str | None = None
 
 
+class StartupPhases(_Record):
+    """A rank's start-up by phase, in seconds, one after another from the run's submit
+    (`training.launch.startup` says where each ends): the launcher's spawn of its process,
+    the imports, the rendezvous, the data, the model (the training loop built, 'auto''s
+    trials not counted) and the first step's warm-up; with `Timeline.trials_s` they add up
+    to its `first_step_s`. All 0: not recorded (the Ray launcher marks none yet)."""
+
+    spawn_s: float = 0.0
+    import_s: float = 0.0
+    rendezvous_s: float = 0.0
+    data_s: float = 0.0
+    model_s: float = 0.0
+    first_step_s: float = 0.0
+
+
 class Timeline(_Record):
     """A rank's wall clock through its run, in seconds since the run was submitted
     (`RunSpec.submitted_at`): when its first step began, when the steps that throughput counts
     began (after the warm-up), when its loop ended, and what the loop spent in 'auto''s
-    trials, evaluations and checkpoints; `first_step` is the step its loop began at (past 0 on
-    a resumed run). All 0: not recorded."""
+    trials, evaluations and checkpoints, and its `startup` by phase; `first_step` is the step
+    its loop began at (past 0 on a resumed run). All 0: not recorded."""
 
     first_step: int = 0
     first_step_s: float = 0.0
@@ -381,6 +396,7 @@ class Timeline(_Record):
     trials_s: float = 0.0
     eval_s: float = 0.0
     checkpoint_s: float = 0.0
+    startup: StartupPhases = StartupPhases()
 
 
 class RankResult(_Record):

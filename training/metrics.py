@@ -97,12 +97,28 @@ def wall_figures(lead: RankResult, global_batch: int) -> dict[str, float]:
     counted = counted or sum(r.step >= line.first_step for r in lead.records)
     return {
         "startup_s": line.first_step_s,
+        **startup_phases(lead),
         "trials_s": line.trials_s,
         "eval_s": line.eval_s,
         "checkpoint_s": line.checkpoint_s,
         "steps_wall_s": line.loop_end_s - line.first_step_s,
         "steady_samples_per_s": global_batch * counted / steady if steady > 0 else 0.0,
     }
+
+
+def startup_phases(r: RankResult) -> dict[str, float]:
+    """The rank's start-up by phase (`records.StartupPhases`) as figures, `startup_NAME_s`;
+    none where its launcher did not mark them (every phase 0).
+
+    >>> from hetflow.records import StartupPhases, Timeline
+    >>> line = Timeline(startup=StartupPhases(spawn_s=1.0, import_s=2.5))
+    >>> startup_phases(RankResult(rank=0, records=[], plans=[], timeline=line))["startup_import_s"]
+    2.5
+    """
+    phases = r.timeline.startup
+    if not any(v for _, v in phases):
+        return {}
+    return {f"startup_{name}": v for name, v in phases}
 
 
 def end_to_end(metrics: RunMetrics, run_s: float, profiling_time_s: float) -> RunMetrics:
@@ -190,6 +206,8 @@ def _rank_figures(r: RankResult) -> RankFigures:
         else None,
         state_bytes=r.state_bytes,
         peak_memory_bytes=r.peak_device_bytes,
+        startup_s=r.timeline.first_step_s or None,
+        **startup_phases(r),
     )
 
 

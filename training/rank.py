@@ -12,6 +12,7 @@ from hetflow.training.comm import WireCounter
 from hetflow.training.devices import MixedPrecision
 from hetflow.training.hooks import PhaseClock
 from hetflow.training.launch.spec import RunSpec
+from hetflow.training.launch.startup import StartupMarks
 
 
 @dataclass
@@ -20,8 +21,9 @@ class RankContext:
     and precision with the loss scale every rank shares (`amp`); the hooks the worker installs
     (`training.hooks`): the `counter` of the bytes it sends, the training's compute-phase
     clock `emu` (the emulator; its link attached to the counter) and `clocks`, which makes a
-    fresh one for a scope of its own (a compression trial's). The group of ranks that compute
-    changes with the plan: the loop holds it (`loop.computing.ComputingRanks`)."""
+    fresh one for a scope of its own (a compression trial's); `startup`: the marks of its
+    start-up's phases (`launch.startup`), where its launcher makes them. The group of ranks
+    that compute changes with the plan: the loop holds it (`loop.computing.ComputingRanks`)."""
 
     spec: RunSpec
     rank: int
@@ -31,6 +33,7 @@ class RankContext:
     counter: WireCounter
     emu: PhaseClock | None = None
     clocks: Callable[[str], PhaseClock] | None = None
+    startup: StartupMarks | None = None
 
     @property
     def device(self) -> str:

@@ -44,6 +44,7 @@ from hetflow.training.faults.records import (
 )
 from hetflow.training.launch.mps import apply_rank_env
 from hetflow.training.launch.spec import RunSpec, emulator_for
+from hetflow.training.launch.startup import StartupMarks
 from hetflow.training.loop.training_loop import train
 from hetflow.training.plan.rounds import loop_config
 from hetflow.training.probes import profile
@@ -99,9 +100,30 @@ def write_result(
 
 @record  # torchrun's error file: its summary in workers.log names the rank and exception
 def main(argv: list[str] | None = None) -> None:
-    """Run the job; on an exception, write this rank's `RankFailure` first (the launcher ends
-    the job on it), and after a SIGTERM's checkpoint exit with PREEMPTED_EXIT. Once the job is
-    done, the process exits at once (`os._exit(0)`), without the interpreter's teardown."""
+    """Run the job (`start`). Once it is done, the process exits at once (`os._exit(0)`),
+    without the interpreter's teardown."""
+    start(argv)
+    # Done and written: leave without the interpreter's teardown. There, once in a full test
+    # run on the loaded 2-core host, a C++ thread left joinable aborted a rank whose run was
+    # over ("terminate called without an active exception"), and torchrun failed the job.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def forked_main(*argv: str) -> None:
+    """The entry of a rank forked from a warm agent (`launch.warm`): `start`, then return, for
+    torchrun's agent to collect the rank's return (the fork's process then ends without the
+    interpreter's teardown: multiprocessing's `os._exit`)."""
+    start(list(argv))
+
+
+def start(argv: list[str] | None = None) -> None:
+    """Run the job on this rank; on an exception, write this rank's `RankFailure` first (the
+    launcher ends the job on it), and after a SIGTERM's checkpoint exit with PREEMPTED_EXIT.
+    The start-up's phases are marked as they end (`startup.StartupMarks`)."""
+    marks = StartupMarks()
+    marks.mark("import")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True, help="job.json written by the flow")
     args = parser.parse_args(argv)
@@ -110,14 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     device, precision = place_rank(spec, rank, int(os.environ.get("LOCAL_RANK", str(rank))))
     timeout = timedelta(seconds=max(STARTUP_TIMEOUT_S, spec.train.stall_timeout_s))
     init_process_group(timeout, spec.backend)
-    serve_rank(spec, rank, device, precision, "torchrun")
+    marks.mark("rendezvous")
+    serve_rank(spec, rank, device, precision, "torchrun", marks)
     dist.destroy_process_group()
-    # Done and written: leave without the interpreter's teardown. There, once in a full test
-    # run on the loaded 2-core host, a C++ thread left joinable aborted a rank whose run was
-    # over ("terminate called without an active exception"), and torchrun failed the job.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def place_rank(spec: RunSpec, rank: int, local_rank: int) -> tuple[str, str]:
@@ -135,13 +152,20 @@ def place_rank(spec: RunSpec, rank: int, local_rank: int) -> tuple[str, str]:
     return device, precision
 
 
-def serve_rank(spec: RunSpec, rank: int, device: str, precision: str, restarter: str) -> None:
+def serve_rank(
+    spec: RunSpec,
+    rank: int,
+    device: str,
+    precision: str,
+    restarter: str,
+    marks: StartupMarks | None = None,
+) -> None:
     """`run` in a process group that exists (torchrun's or Ray Train's); on an exception, this
     rank's `RankFailure` first, and after a SIGTERM's checkpoint exit with PREEMPTED_EXIT for
-    `restarter` to restart the group."""
+    `restarter` to restart the group. `marks`: the start-up's, where the launcher marks it."""
     write_pid(spec.run_dir, rank)
     try:
-        run(spec, rank, device, precision)
+        run(spec, rank, device, precision, marks)
     except Preempted as e:
         dist.destroy_process_group()
         print(f"rank {rank}: {e}; exiting for {restarter}'s restart", flush=True)
@@ -152,9 +176,16 @@ def serve_rank(spec: RunSpec, rank: int, device: str, precision: str, restarter:
         raise
 
 
-def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") -> None:
+def run(
+    spec: RunSpec,
+    rank: int,
+    device: str = "cpu",
+    precision: str = "fp32",
+    marks: StartupMarks | None = None,
+) -> None:
     """Train or profile on this rank, on `device` in `precision` (every rank scales its loss
-    when any computes in fp16); rank 0 writes the result."""
+    when any computes in fp16); rank 0 writes the result, a training rank's with its
+    start-up by phase where `marks` has them."""
     world = dist.get_world_size()
     if world != spec.cluster.world_size:
         raise SystemExit(f"world size {world} != {spec.cluster.world_size} workers in the cluster")
@@ -166,13 +197,19 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
     try:
         start_rss = peak_rss_bytes()  # the process's fixed part: torch, the process group
         # reads no shard: each rank streams its own (token windows of the recipe's context)
-        data = open_rank_data(spec.dataset, context=recipe_of(spec.train).context)
+        context = recipe_of(spec.train).context
+        data = open_rank_data(spec.dataset, context=context, manifest=spec.manifest)
+        if marks is not None:
+            marks.mark("data")
         if spec.mode == "train":  # strategy 'diloco': the loop's steps are rounds
             spec = spec.model_copy(update={"train": loop_config(spec.train, spec.plan)})
         emu, clocks = install_clocks(spec, rank, amp, counter)
-        ctx = RankContext(spec, rank, world, data, amp, counter, emu, clocks)
+        ctx = RankContext(spec, rank, world, data, amp, counter, emu, clocks, marks)
         if spec.mode == "train":
             mine, weights = train(ctx)
+            if marks is not None and spec.submitted_at:
+                line = mine.timeline
+                line.startup = marks.phases(spec.submitted_at, line.first_step_s, line.trials_s)
             mine.start_rss_bytes = start_rss
             mine.cores = host_cores()
             mine.cpu_quota = own_quota()

@@ -1,6 +1,6 @@
 """The `hetflow` command line.
 
-    hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH]
+    hetflow demo [--speeds 1,1,2,4 | --cluster FILE] [--steps N] [--json PATH] [--phases]
     hetflow train | profile | compare RUN_ID RUN_ID | data ingest|ls | stack up|down|status
     hetflow bench NAME ... | simulate ... | recommend [--candidates TYPE:N,...]
     hetflow queue submit NAME --priority high|normal|low ... | list | run | cancel NAME
@@ -35,6 +35,12 @@ def _command(sub, name: str, summary: str, **kwargs) -> argparse.ArgumentParser:
 def _add_job_commands(sub) -> None:
     demo = _command(sub, "demo", "the whole job once, small: baseline vs optimized")
     add_job_args(demo)
+    demo.add_argument(
+        "--phases",
+        action="store_true",
+        help="also each worker's launch by phase (spawn, import, rendezvous, data, model, "
+        "first step) in each variant",
+    )
     demo.set_defaults(func=commands.cmd_demo)
 
     tr = _command(sub, "train", "profile, plan and train one variant")

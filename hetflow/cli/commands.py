@@ -63,6 +63,27 @@ def _print_table(
         print(textwrap.fill(note, console.width, initial_indent="- ", subsequent_indent="  "))
 
 
+def _print_phases(startup: dict, table: dict) -> None:
+    """Each variant's workers' launch by phase (`report.launch_phases`), a row per worker, and
+    rank 0's trials ('auto''s compression trials, part of its start-up)."""
+    from rich.table import Table
+
+    from hetflow.infra.report.table import PHASES
+    from hetflow.output import wide_console
+
+    t = Table(title="launch by phase, s (from submit to the first step)")
+    columns = (*PHASES, "trials", "startup")
+    for name in ("variant", "worker", *columns):
+        t.add_column(name.replace("_", " "), justify="left" if name == "variant" else "right")
+    for variant, ranks in startup.items():
+        for r, phases in ranks.items():
+            trials = table.get(variant, {}).get("trials_s") if r == 0 else None
+            got = {**phases, "trials": phases.get("trials", trials)}
+            cells = ["-" if got.get(c) is None else f"{got[c]:.2f}" for c in columns]
+            t.add_row(variant, f"w{r}", *cells)
+    wide_console(100).print(t)
+
+
 def _print_runs(parent: str, run_ids: dict[str, str]) -> None:
     """The MLflow runs of a comparison, one a line, and the command that prints the table again."""
     print("MLflow runs:")
@@ -150,10 +171,13 @@ def cmd_demo(args) -> int:
     out = compare(cluster=cluster, dataset=dataset, train=train, tracking=tracking)
     title = f"{cluster.name}: baseline vs optimized"
     _print_table(out["table"], title, out["notes"], out.get("verdict", ""))
+    if getattr(args, "phases", False):
+        _print_phases(out["startup"], out["table"])
     print(f"demo finished in {time.perf_counter() - t:.0f}s")
     _print_runs(out["parent_run_id"], out["run_ids"])
-    # the table's two variants, and the order they ran in (`compare`'s docstring)
-    write_json(args.json_path, {**out["table"], "order": out["order"]})
+    # the table's two variants, the order they ran in (`compare`'s docstring), and each
+    # worker's launch by phase
+    write_json(args.json_path, {**out["table"], "order": out["order"], "startup": out["startup"]})
     _where_to_look(tracking, out["mlflow_urls"])
     return 0
 

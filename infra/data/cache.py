@@ -86,7 +86,8 @@ class ShardCache:
     """Read `base_url/key` through a local directory shared by the ranks of one host.
 
     `latency_s` and `mbps` emulate a slow object store on loopback (0 and None: off). The S3
-    client is made when the cache opens: its endpoint and credentials are the environment's then.
+    client is made at the first read from the source, once (a rank whose shards are all cached
+    makes none, nor imports s3fs): its endpoint and credentials are the environment's then.
     `prefetch_depth` > 0 starts a background reader: `prefetch(keys)` keeps the first
     `prefetch_depth` of them (the next shards of the caller's schedule) coming into the cache.
     """
@@ -103,7 +104,8 @@ class ShardCache:
         if budget_bytes < 0 or prefetch_depth < 0:
             raise ValueError("cache budget and prefetch depth must be >= 0")
         self.base_url = base_url.rstrip("/")
-        self.fs, self.root = filesystem(self.base_url)
+        self._source: tuple | None = None  # (filesystem, root): `source`, at the first fetch
+        self._source_lock = threading.Lock()
         self.dir = Path(directory).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.budget = int(budget_bytes)
@@ -114,9 +116,18 @@ class ShardCache:
         self._pending: dict[str, Future] = {}
         self._fetched_ahead: set[str] = set()  # fetched by a prefetch, not read yet
         _remove_stale_parts(self.dir)
-        connect = getattr(self.fs, "connect", None)  # s3fs: make the client now, once, rather
-        if callable(connect):  # than in the first read (concurrent first reads each make one)
-            connect()
+
+    def source(self):
+        """(filesystem, root) of the source, made at the first call, under a lock: concurrent
+        first reads (the caller's and a prefetch) make one S3 client between them."""
+        with self._source_lock:
+            if self._source is None:
+                fs, root = filesystem(self.base_url)
+                connect = getattr(fs, "connect", None)  # s3fs: the client now, once
+                if callable(connect):
+                    connect()
+                self._source = (fs, root)
+            return self._source
 
     def local_path(self, key: str) -> Path:
         digest = hashlib.sha256(f"{self.base_url}/{key}".encode()).hexdigest()[:32]
@@ -188,7 +199,8 @@ class ShardCache:
         url = f"{self.base_url}/{key}"
         started = time.perf_counter()
         try:
-            data = self.fs.cat_file(f"{self.root}/{key}")
+            fs, root = self.source()
+            data = fs.cat_file(f"{root}/{key}")
         except FileNotFoundError:
             raise FileNotFoundError(f"{url}: no such object") from None
         if self.store.active:

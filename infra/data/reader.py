@@ -130,12 +130,16 @@ def read_samples(
     return decode_samples(manifest, shard, cache.read(shard.key, shard.sha256), context)
 
 
-def open_rank_data(spec: DatasetSpec, context: int | None = None) -> RankData:
+def open_rank_data(
+    spec: DatasetSpec, context: int | None = None, manifest: Manifest | None = None
+) -> RankData:
     """The manifest, checked (one listing: a missing shard fails here, not mid-run, and a
-    context that does not fit the data too), and the host's cache. Reads no shard."""
+    context that does not fit the data too), and the host's cache. Reads no shard.
+    `manifest`: one its launcher read and listed already (the rank then asks S3 nothing)."""
     t = time.perf_counter()
-    manifest = read_manifest(spec.url)
-    check_shards(manifest)
+    if manifest is None:
+        manifest = read_manifest(spec.url)
+        check_shards(manifest)
     check_context(manifest, context)
     data = RankData(manifest, open_cache(spec, prefetch_depth=1), spec.prefetch, context)
     data.load_s = time.perf_counter() - t

@@ -372,3 +372,29 @@ def markdown(
     if after:
         lines += ["", after]
     return "\n".join(lines) + "\n"
+
+
+# a rank's launch by phase, in order (`training.launch.startup`): trials_s is the run's (rank 0's)
+PHASES = ("spawn", "import", "rendezvous", "data", "model", "first_step")
+
+
+def launch_phases(metrics: Mapping[str, float | None]) -> dict[int, dict[str, float]]:
+    """Each rank's start-up by phase from a run's flat figures (`rank{r}/startup_NAME_s`, and
+    its `rank{r}/startup_s`), by rank; empty where the ranks' phases were not recorded.
+
+    >>> launch_phases({"rank1/startup_s": 5.0, "rank1/startup_import_s": 2.0, "speedup": 1})
+    {1: {'import': 2.0, 'startup': 5.0}}
+    """
+    names = {f"startup_{p}_s": p for p in PHASES} | {"startup_s": "startup"}
+    order = list(names.values())
+    out: dict[int, dict[str, float]] = {}
+    for key, v in metrics.items():
+        r, phase = rank_of(key), names.get(key.rsplit("/", 1)[-1])
+        if r is not None and phase is not None and v is not None:
+            out.setdefault(r, {})[phase] = v
+    if not any(p in PHASES for ranks in out.values() for p in ranks):
+        return {}
+    return {
+        r: dict(sorted(p.items(), key=lambda kv: order.index(kv[0])))
+        for r, p in sorted(out.items())
+    }

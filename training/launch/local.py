@@ -28,22 +28,27 @@ def torchrun_command(
     nnodes: int = 1,
     rdzv_id: str = "hetflow",
     max_restarts: int = 0,
+    warm: bool = False,
 ) -> list[str]:
     """torchrun: c10d rendezvous across nodes (run the same command on each of them).
 
     On one node the static rendezvous is used: after an elastic restart, c10d's restarted
     round on one host sometimes fails to build the gloo mesh (connection refused to a peer of
     the previous round), while the static one comes back at the first restart.
+    `warm`: the same flags to torchrun's agent made warm (`launch.warm`), which forks each
+    rank from itself with the rank's imports done; else each rank is a fresh interpreter.
     """
     if nnodes == 1:
         host, port = endpoint.rsplit(":", 1)
         rdzv = ["--rdzv-backend", "static", "--master-addr", host, "--master-port", port]
     else:
         rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
+    agent = ["hetflow.training.launch.warm"] if warm else ["torch.distributed.run"]
+    entry = ["hetflow.training.worker"] if warm else ["-m", "hetflow.training.worker"]
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        *agent,
         "--nnodes",
         str(nnodes),
         "--nproc-per-node",
@@ -51,8 +56,7 @@ def torchrun_command(
         *rdzv,
         "--max-restarts",
         str(max_restarts),
-        "-m",
-        "hetflow.training.worker",
+        *entry,
         "--job",
         str(job),
     ]
@@ -62,8 +66,12 @@ def worker_env(spec: RunSpec) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(spec.train.threads_per_rank)}
 
 
-def run_torchrun(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
+def run_torchrun(
+    spec: RunSpec, timeout_s: float = 1800, on_progress=None, warm: bool = False
+) -> Launched:
     """Write the job file, run torchrun to completion, return its result and wall seconds.
+    `warm`: the ranks forked from an agent that imported what they run (`launch.warm`), for
+    jobs whose every rank is on the CPU (`run.run_workers` decides).
 
     `spec` comes checked and placed by `run.run_workers` (backend, precisions, submitted_at).
     Workers with a `cpu_quota` run in cgroups of their own, made before the ranks start and
@@ -84,6 +92,7 @@ def run_torchrun(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> La
         f"127.0.0.1:{free_port()}",
         rdzv_id=spec.run_name,
         max_restarts=spec.train.faults.group_restarts,
+        warm=warm,
     )
     watch = JobWatch(run_dir, spec.train.stall_timeout_s)
     log = run_dir / "workers.log"

@@ -12,11 +12,13 @@ cluster's `launcher` says; `measure_profile` is a profile-mode job through it.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
+from hetflow.infra.data.format import DatasetError, Manifest, check_shards, read_manifest
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.cpu_quota import check_quotas
@@ -28,6 +30,12 @@ from hetflow.training.launch.outcome import Launched
 from hetflow.training.launch.ray_train import run_workers_ray, with_shared_state
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.ranks import RankMap, Stragglers
+
+# torchrun's ranks forked from a warm agent (`launch.warm`) where every rank is on the CPU;
+# HETFLOW_WARM_RANKS=0: a fresh interpreter per rank (`benchmarks.launch --cold`). On a host
+# loaded far past its cores a niced agent's imports, in one process, get less CPU than four
+# ranks' (docs/measurements/demo.md).
+WARM_RANKS = os.environ.get("HETFLOW_WARM_RANKS", "1") != "0"
 
 
 def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
@@ -54,7 +62,23 @@ def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Lau
         return run_elastic(spec, timeout_s, on_progress)
     if spec.cluster.launcher == "ray":
         return run_workers_ray(with_shared_state(spec), timeout_s)
-    return run_torchrun(spec, timeout_s, on_progress)
+    spec = spec.model_copy(update={"manifest": spec.manifest or stage_manifest(spec.dataset)})
+    # every rank on the CPU: forked from a warm agent (a CUDA driver does not survive a fork)
+    warm = WARM_RANKS and all(d == "cpu" for d in placement.devices)
+    return run_torchrun(spec, timeout_s, on_progress, warm=warm)
+
+
+def stage_manifest(dataset: DatasetSpec) -> Manifest | None:
+    """The dataset's manifest, read and its shards listed here once (`read_manifest`,
+    `check_shards`), for the job file: the ranks on this host then read and list nothing
+    (`open_rank_data`), and make no S3 client where their shards are cached. None where it
+    cannot be read: each rank then reads it and fails as before, naming what is wrong."""
+    try:
+        manifest = read_manifest(dataset.url)
+        check_shards(manifest)
+    except (DatasetError, OSError, ValueError):  # a rank reports it, as without staging
+        return None
+    return manifest
 
 
 def measure_profile(

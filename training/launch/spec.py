@@ -14,6 +14,7 @@ from hetflow.emulation.costs import SharedCosts
 from hetflow.emulation.device_model import Straggler
 from hetflow.emulation.emulator import Emulator
 from hetflow.emulation.link import Link
+from hetflow.infra.data.format import Manifest
 from hetflow.records import Plan
 
 _STARTED = time.time()  # this process's start, near enough (the module is imported early)
@@ -52,6 +53,11 @@ class RunSpec(BaseModel):
         default_factory=list,
         description="Each rank's precision as the launcher resolved it (`check_devices`); a "
         "rank resolves its own again on its host. Empty: not yet resolved.",
+    )
+    manifest: Manifest | None = Field(
+        None,
+        description="The dataset's manifest, read and its shards listed once by the launcher "
+        "(`run.stage_manifest`); none: each rank reads and lists them itself.",
     )
     run_dir: str
     state_url: str | None = Field(

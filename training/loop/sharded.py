@@ -36,31 +36,30 @@ What differs from DDP (`training.loop.net.build_net`; the strategy's `Net` is
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
 
-# Full (unsharded) state dicts, gathered onto rank 0's CPU.
-GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# torch.distributed.checkpoint, .fsdp and .tensor are imported where used: together they take
+# a second of a rank's start (sympy under DTensor's shape rules), which a DDP run never needs.
+
+
+def _gather_options():
+    """Full (unsharded) state dicts, gathered onto rank 0's CPU."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def shard_model(model: nn.Module, units: list[nn.Module]) -> nn.Module:
     """`model` sharded in place: each of `units` that has parameters, then the root (which
     takes the parameters no unit holds). Returns `model` (its class now an FSDP module)."""
+    from torch.distributed.fsdp import fully_shard
+
     for unit in units:
         if any(True for _ in unit.parameters()):
             fully_shard(unit)
@@ -77,6 +76,8 @@ def gathered(model: nn.Module) -> Iterator[None]:
     the same steps (`Net.step_context`), so that each makes one all-gather per unit whatever
     its count of micro-batches; outside, units reshard after forward as FSDP's default. The
     whole parameters stay in memory from the first forward to the last backward."""
+    from torch.distributed.fsdp import FSDPModule
+
     units = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
@@ -129,8 +130,14 @@ def inner(opt):
 def full_state(model: nn.Module, opt) -> tuple[dict, dict]:
     """(the model's, the optimizer's) full state dicts on rank 0's CPU, keyed by parameter
     name; empty on the other ranks. A collective: every rank calls it."""
-    model_state = get_model_state_dict(model, options=GATHER)
-    return model_state, get_optimizer_state_dict(model, inner(opt), options=GATHER)
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    gather = _gather_options()
+    model_state = get_model_state_dict(model, options=gather)
+    return model_state, get_optimizer_state_dict(model, inner(opt), options=gather)
 
 
 def _storage(where: str, write: bool):
@@ -138,6 +145,9 @@ def _storage(where: str, write: bool):
     s3:// included (FsspecWriter/Reader). Those two live in torch's private
     `_fsspec_filesystem` module (torch 2.13 exports no public fsspec storage); s3fs reads the
     endpoint and credentials from the AWS_* variables, as `hetflow.infra.s3` does."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
     if "://" not in where or where.startswith("file://"):
         path = where.removeprefix("file://")
         return dcp.FileSystemWriter(path) if write else dcp.FileSystemReader(path)
@@ -149,6 +159,9 @@ def save_shards(model: nn.Module, opt, where: str) -> None:
     name) into the folder `where` (`_storage`); rank 0, DCP's coordinator, writes the
     folder's metadata. A collective: when it returns on any rank, every rank's files and the
     metadata are written (dcp.save ends in an all-reduce over every rank's write results)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_state, opt_state = get_state_dict(model, inner(opt))
     dcp.save({"model": model_state, "optim": opt_state}, storage_writer=_storage(where, True))
 
@@ -157,6 +170,9 @@ def load_shards(model: nn.Module, opt, where: str) -> None:
     """`save_shards`' folder `where` loaded into this rank's shards, whatever the number of
     ranks that wrote it: DCP reads each rank's part of every tensor for the placements of
     this run's DTensors (re-sharding). A collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     model_state, opt_state = get_state_dict(model, inner(opt))
     state = {"model": model_state, "optim": opt_state}
     dcp.load(state, storage_reader=_storage(where, False))
@@ -166,8 +182,10 @@ def load_shards(model: nn.Module, opt, where: str) -> None:
 
 
 def local_bytes(t: torch.Tensor) -> int:
-    """The bytes of `t` this rank holds: its local shard for a DTensor."""
-    t = t.to_local() if isinstance(t, DTensor) else t
+    """The bytes of `t` this rank holds: its local shard for a DTensor (none exists where
+    torch.distributed.tensor was never imported)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    t = t.to_local() if dtensor is not None and isinstance(t, dtensor.DTensor) else t
     return t.numel() * t.element_size()
 
 

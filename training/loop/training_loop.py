@@ -285,5 +285,7 @@ def train(ctx: RankContext) -> tuple[RankResult, dict[str, torch.Tensor] | None]
     """Train to `spec.train.steps` steps on the rank's device and precision; this rank's
     result, and rank 0's trained weights (on the CPU)."""
     loop = TrainingLoop(ctx)
+    if ctx.startup is not None:
+        ctx.startup.mark("model")  # the model built: the warm-up and the first step next
     loop.run()
     return loop.result(), loop.weights()

@@ -14,8 +14,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hetflow.emulation.costs import SMOOTH_PHASES
@@ -68,6 +66,9 @@ def solo_sharded(model: nn.Module, units: list[nn.Module]) -> nn.Module:
     priced from a DDP probe would not know it. The collectives' own time over a world of
     several ranks is not in it. The compute phase ends after backward (no comm hook).
     """
+    from torch.distributed.device_mesh import DeviceMesh  # fsdp's: not a DDP rank's start
+    from torch.distributed.fsdp import fully_shard
+
     solo, _ = dist.new_subgroups(group_size=1)  # every rank creates every group, in order
     mesh = DeviceMesh.from_group(solo, next(model.parameters()).device.type)
     for unit in units:
