@@ -19,7 +19,7 @@ from hetflow.training.launch.spec import RunSpec
 from hetflow.training.launch.startup import StartupMarks
 from hetflow.training.metrics import summarize
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_phases_follow_one_another_and_an_unmarked_one_counts_in_the_next():
