@@ -25,7 +25,8 @@ FOLDERS = {
 ALLOWED = {
     "hetflow.errors": set(),  # the one-line error (`ConfigError`): imports nothing
     "hetflow.figures": set(),  # the run's figures: records, at the bottom with them
-    "hetflow.records": {"hetflow.figures"},
+    "hetflow.methods": set(),  # the compression method as a parsed value: pure
+    "hetflow.records": {"hetflow.figures", "hetflow.methods"},
     "hetflow.config.base": {"hetflow.errors", "hetflow.emulation"},
     "hetflow.config.dataset": {"hetflow.config.base"},
     "hetflow.config.cluster": {"hetflow.config.base", "hetflow.emulation"},

@@ -70,6 +70,12 @@ def ring_hops(n: int) -> int:
     return 2 * (n - 1)
 
 
+def ring_allreduce_bytes(nbytes: float, n: int) -> float:
+    """Bytes one rank sends in a ring all-reduce of `nbytes` over n ranks: 2(n-1)/n x B; 0 on
+    one rank (what the wire counter charges and the link probe fits its bandwidth to)."""
+    return 2 * (n - 1) / n * nbytes if n > 1 else 0.0
+
+
 def _half_ring(nbytes: float, n: int, alpha_s: float, gbps: float, collectives: int) -> float:
     """n - 1 hops, each alpha and 1/n of the bytes: a reduce-scatter's or an all-gather's."""
     _check(n)

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from hetflow.perf.collective import ring_allreduce_bytes as perf_ring_bytes
+
 if TYPE_CHECKING:  # the worker attaches the link (`training.worker.install_clocks`)
     from hetflow.emulation.link import Link
 
@@ -45,8 +47,9 @@ def add_intra_node_group(group) -> None:
 
 
 def ring_allreduce_bytes(nbytes: int, world: int) -> float:
-    """Bytes one rank sends in a ring all-reduce of `nbytes` over `world` ranks: 2(n-1)/n x B."""
-    return 2 * (world - 1) / world * nbytes if world > 1 else 0.0
+    """Bytes one rank sends in a ring all-reduce of `nbytes` over `world` ranks: 2(n-1)/n x B
+    (the performance model's, `hetflow.perf.collective.ring_allreduce_bytes`)."""
+    return perf_ring_bytes(nbytes, world)
 
 
 def allgather_bytes(nbytes: int, world: int) -> float:

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from hetflow.emulation.emulator import Emulator, now
+from hetflow.perf.collective import ring_allreduce_bytes
 from hetflow.perf.fitting import fit_transfer
 from hetflow.training.comm import WireCounter
 
@@ -33,7 +34,7 @@ def probe_allreduce(
 ) -> dict:
     """Each size (and the gradient's) timed from the barrier before it to the end of this rank's
     own link delay; per size the median, fitted to latency + ring wire bytes / bandwidth."""
-    wire = 2 * (world - 1) / world if world > 1 else 1.0
+    wire = ring_allreduce_bytes(1.0, world) if world > 1 else 1.0
     all_sizes = sorted({int(s) for s in sizes} | {int(grad_bytes)})
     medians = []
     for nbytes in all_sizes:
