@@ -50,11 +50,10 @@ def one_step(rank: int, world: int, arg: dict) -> dict:
     from hetflow.training.launch.spec import RunSpec, emulator_for
     from hetflow.training.loop.strategies import StepParts, strategy_of
     from hetflow.training.loop.weighting import MeanOverCounts
-    from hetflow.training.plan.rounds import loop_config
+    from hetflow.training.launch.run import launch_ready
     from hetflow.training.recipes import recipe_of
 
-    spec = RunSpec.model_validate(arg)
-    spec = spec.model_copy(update={"train": loop_config(spec.train, spec.plan)})
+    spec = launch_ready(RunSpec.model_validate(arg))  # as `run_workers` hands it to the ranks
     counter = WireCounter(world)
     counter.install()
     data = open_rank_data(spec.dataset)

@@ -44,7 +44,6 @@ from hetflow.training.faults.records import (
 from hetflow.training.launch.mps import apply_rank_env
 from hetflow.training.launch.spec import RunSpec, emulator_for
 from hetflow.training.loop.training_loop import train
-from hetflow.training.plan.rounds import loop_config
 from hetflow.training.probes import profile
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import recipe_of
@@ -166,8 +165,6 @@ def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") 
         start_rss = peak_rss_bytes()  # the process's fixed part: torch, the process group
         # reads no shard: each rank streams its own (token windows of the recipe's context)
         data = open_rank_data(spec.dataset, context=recipe_of(spec.train).context)
-        if spec.mode == "train":  # strategy 'diloco': the loop's steps are rounds
-            spec = spec.model_copy(update={"train": loop_config(spec.train, spec.plan)})
         emu, clocks = install_clocks(spec, rank, amp, counter)
         ctx = RankContext(spec, rank, world, data, amp, counter, emu, clocks)
         if spec.mode == "train":

@@ -25,7 +25,7 @@ from hetflow.training.launch.spec import node_id, since_submit
 from hetflow.training.loop.checkpointer import Checkpointer, CheckpointParts
 from hetflow.training.loop.evaluator import Evaluator
 from hetflow.training.loop.membership import Membership
-from hetflow.training.loop.optim import build_scheduler, resolve_optimizer, step_scheduler
+from hetflow.training.loop.optim import build_scheduler, step_scheduler
 from hetflow.training.loop.progress import STOP_FILE, ProgressFile, note_recovery
 from hetflow.training.loop.rebalancing import Rebalancing, share_every
 from hetflow.training.loop.step_times import SharedStepTimes
@@ -34,6 +34,7 @@ from hetflow.training.loop.strategies import StepParts, strategy_of
 from hetflow.training.loop.trials import resolve_compression
 from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS
+from hetflow.training.plan.rounds import loop_counts
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import parameter_count, recipe_of
 
@@ -64,7 +65,8 @@ class TrainingLoop:
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
-        self.cfg = ctx.train
+        self.cfg = ctx.train  # resolved before launch: its optimizer, its rounds
+        self.counts = loop_counts(self.cfg)  # steps, or under diloco rounds
         self.spec = ctx.spec
         self.data = ctx.data
         self.rank = ctx.rank
@@ -80,7 +82,7 @@ class TrainingLoop:
         self.timeline = Timeline()
         self.trials = self.choose_compression()  # 'auto': self.spec's plan now has it
         self.stepper = self.build_strategy()
-        self.lr_schedule = build_scheduler(self.net.opt, resolve_optimizer(self.cfg, self.recipe))
+        self.lr_schedule = build_scheduler(self.net.opt, self.cfg)
         self.rebalancing = Rebalancing(self.spec, self.world, self.shared)
         self.rebalancer = self.rebalancing.rebalancer
         timeout_s = self.cfg.stall_timeout_s
@@ -105,7 +107,7 @@ class TrainingLoop:
         time, an evaluation every `eval_every` steps and at the end, a checkpoint every
         `checkpoint_every` steps and before a preemption, and progress.json. Raises
         `Preempted` after the checkpoint of the step a SIGTERM stopped at."""
-        cfg, line, state, stepper = self.cfg, self.timeline, self.state, self.stepper
+        cfg, line, state, stepper = self.counts, self.timeline, self.state, self.stepper
         first = state.start
         stepper.warm_up(state)
         self.counter.take()
@@ -203,7 +205,7 @@ class TrainingLoop:
         at checkpoint boundaries only; whoever writes it names a boundary at least two steps
         past progress.json's step, which no rank has reached (ranks of one all-reduce are at
         most a step apart), so every rank reads the same answer there."""
-        if boundary % self.cfg.checkpoint_every:
+        if boundary % self.counts.checkpoint_every:
             return False
         try:
             return int(Path(self.spec.run_dir, STOP_FILE).read_text()) == boundary
