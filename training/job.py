@@ -53,9 +53,17 @@ class ResolvedJob:
     cluster: ClusterSpec
     given: tuple[TrainConfig, ...]
     configs: tuple[TrainConfig, ...]
-    recipe: Recipe
+    recipe: Recipe = field(compare=False)  # made of `configs`: equal configs, equal recipe
     placement: Placement
     data_checked: set[DataInfo] = field(default_factory=set, compare=False, repr=False)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source, handler):
+        """As a flow's parameter (`job`), Prefect's validation takes the value as it is (an
+        instance check): it is never rebuilt, nor checked again."""
+        from pydantic_core import core_schema
+
+        return core_schema.is_instance_schema(cls)
 
     def matches(self, cluster: ClusterSpec, configs: Sequence[TrainConfig]) -> bool:
         """Whether this is the job of `cluster` running `configs` (as given, in order)."""
