@@ -110,19 +110,13 @@ def train_variant(
 ) -> TrainOutcome:
     """Plan, run torchrun with MLflow system metrics on, then record the run in MLflow.
 
-    `variant` labels the run (MLflow run name and tag, run directory); `train` is what runs,
-    resolved by the flow (`training.job.resolve_job`: its optimizer concrete) and launched as
-    it is, its rounds derived from the plan here under diloco (`resolve_rounds`); `data`, the
-    kind of data the flow read (`ResolvedJob.check_data`). A caller with neither (the queue)
-    gets both here: the config resolved, the dataset's manifest read.
-    Idempotent: a retry (or a re-run of the same flow run) reuses the run directory, so the
+    `variant` labels the run (MLflow run name and tag, run directory); `train`, what runs, as
+    the flow resolved it (`training.job`; else here), its diloco rounds derived from the plan
+    here; `data`, what the flow read (else read here). Idempotent: a retry (or a re-run of the same flow run) reuses the run directory, so the
     workers resume from the last checkpoint and the same MLflow run is completed. Flows call
     it as `train_task(train.faults)`, retried as the run's failure policy says.
     """
-    recipe = recipe_of(train)  # checked, with the data, at the flow's entry (`resolve_job`)
-    if not is_resolved(train):  # MLflow's params name the optimizer that ran
-        train = resolve_optimizer(train, recipe)
-    data = data or DataInfo.from_manifest(read_manifest(dataset.url))
+    train, recipe, data = _as_given(train, dataset, data)
     plan: Plan = make_plan(profile, cluster, train)
     train = resolve_rounds(train, plan)  # under diloco: what the loop counts, carried
     run_dir = stable_run_dir(variant)
@@ -162,6 +156,17 @@ def train_variant(
     tracker.finish(run_id)
     _print_outcome(variant, ran.result, metrics, ran.wall_s)
     return outcome
+
+
+def _as_given(
+    train: TrainConfig, dataset: DatasetSpec, data: DataInfo | None
+) -> tuple[TrainConfig, Recipe, DataInfo]:
+    """`train` (resolved where the caller did not: MLflow's params name the optimizer that
+    ran), its recipe, and the kind of data the run reads (`data`, else the manifest's)."""
+    recipe = recipe_of(train)  # checked, with the data, at the flow's entry (`resolve_job`)
+    if not is_resolved(train):
+        train = resolve_optimizer(train, recipe)
+    return train, recipe, data or DataInfo.from_manifest(read_manifest(dataset.url))
 
 
 def train_task(faults: FaultPolicy):
