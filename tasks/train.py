@@ -112,9 +112,9 @@ def train_variant(
 
     `variant` labels the run (MLflow run name and tag, run directory); `train`, what runs, as
     the flow resolved it (`training.job`; else here), its diloco rounds derived from the plan
-    here; `data`, what the flow read (else read here). Idempotent: a retry (or a re-run of the same flow run) reuses the run directory, so the
-    workers resume from the last checkpoint and the same MLflow run is completed. Flows call
-    it as `train_task(train.faults)`, retried as the run's failure policy says.
+    here; `data`, what the flow read (else read here). Idempotent: a retry reuses the run
+    directory, so the workers resume from the last checkpoint and the same MLflow run is
+    completed. Flows call it as `train_task(train.faults)`, retried as its policy says.
     """
     train, recipe, data = _as_given(train, dataset, data)
     plan: Plan = make_plan(profile, cluster, train)
