@@ -345,6 +345,33 @@ def test_going_on_without_a_lost_worker_shares_a_round_among_the_rest():
     assert sum(plan.local_batches) == round_samples(train, 2)
 
 
+def test_a_run_going_on_without_a_lost_worker_derives_its_rounds_anew(tmp_path):
+    """The Ray launcher's relaunch without a lost node (`go_on_without`): the rounds the run
+    spec carries are those of the workers left, derived from the user's fields as before."""
+    from hetflow.config import DatasetSpec
+    from hetflow.training.launch.ray_train import go_on_without
+    from hetflow.training.launch.spec import RunSpec
+
+    cluster = ClusterSpec.from_speeds([1, 1, 2])
+    given = TrainConfig(strategy="diloco", global_batch=24, steps=48, diloco={"round_steps": 4})
+    plan = Plan.equal([24, 24, 48])
+    train = resolve_rounds(given, plan)
+    spec = RunSpec(
+        run_name="r",
+        variant="diloco",
+        cluster=cluster,
+        dataset=DatasetSpec(),
+        train=train,
+        plan=plan,
+        run_dir=str(tmp_path),
+    )
+    left = go_on_without(spec, {"w1": "node lost"})
+    assert left.plan.local_batches == [32, 64] and left.train.steps == 48
+    d = left.train.diloco
+    assert (d.round_samples, d.round_inner_batch, d.rounds) == (96, 12, 12)  # 48 x 24 / 96
+    assert left.train == resolve_rounds(given, left.plan)
+
+
 def test_a_round_in_seconds_is_what_each_worker_computes_in_that_time():
     from tests.profiles import profile_of, rank_profile
 
