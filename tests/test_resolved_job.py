@@ -188,7 +188,7 @@ def test_the_run_spec_carries_the_resolved_job_and_the_ranks_resolve_nothing(
     import json
 
     from hetflow.records import RunResult
-    from hetflow.training.launch.run import launch_ready
+    from hetflow.training.launch.ready import launch_ready
     from hetflow.training.launch.spec import RunSpec
     from hetflow.training.plan.planner import make_plan
     from hetflow.training.plan.prior import equal_prior

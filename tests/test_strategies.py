@@ -47,7 +47,7 @@ def one_step(rank: int, world: int, arg: dict) -> dict:
     from hetflow.infra.data.reader import open_rank_data
     from hetflow.training.comm import WireCounter
     from hetflow.training.devices import MixedPrecision, to_device
-    from hetflow.training.launch.run import launch_ready
+    from hetflow.training.launch.ready import launch_ready
     from hetflow.training.launch.spec import RunSpec, emulator_for
     from hetflow.training.loop.strategies import StepParts, strategy_of
     from hetflow.training.loop.weighting import MeanOverCounts

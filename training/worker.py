@@ -42,6 +42,7 @@ from hetflow.training.faults.records import (
     write_pid,
 )
 from hetflow.training.launch.mps import apply_rank_env
+from hetflow.training.launch.ready import launch_ready
 from hetflow.training.launch.spec import RunSpec, emulator_for
 from hetflow.training.loop.training_loop import train
 from hetflow.training.probes import profile
@@ -152,7 +153,10 @@ def serve_rank(spec: RunSpec, rank: int, device: str, precision: str, restarter:
 
 def run(spec: RunSpec, rank: int, device: str = "cpu", precision: str = "fp32") -> None:
     """Train or profile on this rank, on `device` in `precision` (every rank scales its loss
-    when any computes in fp16); rank 0 writes the result."""
+    when any computes in fp16); rank 0 writes the result. The spec's train config is run as
+    the launcher carried it, resolved; a job file written by hand is resolved here first
+    (`launch_ready`, which resolves nothing in a carried one)."""
+    spec = launch_ready(spec)
     world = dist.get_world_size()
     if world != spec.cluster.world_size:
         raise SystemExit(f"world size {world} != {spec.cluster.world_size} workers in the cluster")

@@ -25,11 +25,9 @@ from hetflow.training.launch.local import run_torchrun
 from hetflow.training.launch.mps import check_mps, mps_available
 from hetflow.training.launch.outcome import Launched
 from hetflow.training.launch.ray_train import run_workers_ray, with_shared_state
+from hetflow.training.launch.ready import launch_ready
 from hetflow.training.launch.spec import RunSpec
-from hetflow.training.loop.optim import is_resolved, resolve_optimizer
 from hetflow.training.plan.ranks import RankMap, Stragglers
-from hetflow.training.plan.rounds import has_rounds, resolve_rounds
-from hetflow.training.recipes import recipe_of
 
 
 def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
@@ -57,20 +55,6 @@ def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Lau
     if spec.cluster.launcher == "ray":
         return run_workers_ray(with_shared_state(spec), timeout_s)
     return run_torchrun(spec, timeout_s, on_progress)
-
-
-def launch_ready(spec: RunSpec) -> RunSpec:
-    """`spec` with its train config as the ranks run it, neither of them resolving anything:
-    the optimizer and its learning-rate rule concrete (`resolve_optimizer`) and, for a
-    training run, its rounds derived for its plan (`rounds.resolve_rounds`). A flow's job is
-    resolved at its entry (`training.job`) and its rounds by the train task, so this changes
-    nothing there; a benchmark's or a test's raw config is resolved here, once per launch."""
-    train = spec.train
-    if not is_resolved(train):
-        train = resolve_optimizer(train, recipe_of(train))
-    if spec.plan is not None and not has_rounds(train, spec.plan):
-        train = resolve_rounds(train, spec.plan)
-    return spec if train is spec.train else spec.model_copy(update={"train": train})
 
 
 def measure_profile(
