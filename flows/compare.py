@@ -34,14 +34,11 @@ from hetflow.infra.report.table import (
     summary,
 )
 from hetflow.infra.report.verdict import verdict
-from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.infra.tracking.content import finish_comparison
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.repeats import run_order
-from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import MEASURED_NOW, prior_note, profile_for
-from hetflow.tasks.preflight import reach_services, validated_job
-from hetflow.tasks.profile import resolve_instance_types
+from hetflow.tasks.opening import Reached, ResolvedJob, opened
 from hetflow.tasks.train import launched_labels, train_task
 
 VARIANTS = ("baseline", "optimized")
@@ -110,19 +107,18 @@ def compare(
     cluster: Cluster = default_cluster(),
     dataset: Dataset = DatasetSpec(),
     tracking: SkipJsonSchema[TrackingConfig] = TrackingConfig(),
+    job: SkipJsonSchema[ResolvedJob | None] = None,
+    reached: SkipJsonSchema[Reached | None] = None,
 ) -> dict:
     """Baseline and optimized runs of `train` on `cluster` and `dataset`, side by side; the
-    table is the run's `comparison` artifact. `tracking` is left out of the form."""
+    table is the run's `comparison` artifact. `tracking` is left out of the form. `job` and
+    `reached`: what the command that started the flow resolved and asked
+    (`tasks.opening.opened`); none: the flow does both at its entry."""
     configs = train.compared()  # each variant's own knobs: 'auto' may try local SGD
-    job = validated_job(cluster, list(configs.values()))
     outcomes = {}
     order = run_order(VARIANTS, train.seed)
-    reach_services(dataset, tracking)  # before anything is written: one line if a service is dead
-    with local_s3_endpoint(dataset.url):
-        cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
-        manifest = ingest_dataset(dataset)
-        job.check_data(manifest)
-        epoch_samples = manifest.splits["train"].samples
+    with opened(cluster, list(configs.values()), dataset, tracking, job, reached) as run:
+        cluster, catalog = run.cluster, run.catalog
         profile = profile_for(cluster, dataset, train, list(configs.values()), catalog)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_comparison(cluster, dataset, configs)
@@ -132,12 +128,13 @@ def compare(
                     variant,
                     cluster,
                     dataset,
-                    configs[variant],
+                    run.job.resolved(configs[variant]),
                     profile,
                     tracking,
                     parent,
                     catalog=catalog,
-                    epoch_samples=epoch_samples,
+                    epoch_samples=run.epoch_samples,
+                    data=run.data,
                 )
             except Exception as e:
                 tracker.fail(parent, f"{variant}: {e}")

@@ -19,7 +19,7 @@ from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.queue.jobs import QueueError
 from hetflow.tasks.data import ingest_dataset
-from hetflow.tasks.preflight import reach_services
+from hetflow.tasks.opening import reach_services
 from hetflow.tasks.queue import ensure_slots, inbox_reader
 from hetflow.tasks.queue_session import Session
 

@@ -7,7 +7,7 @@ from prefect import flow
 from hetflow.config import DatasetSpec
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.tasks.data import ingest_dataset, verify
-from hetflow.tasks.preflight import reach_services
+from hetflow.tasks.opening import reach_services
 
 
 @flow(name="prepare-dataset", log_prints=True)

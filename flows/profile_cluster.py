@@ -31,18 +31,15 @@ from hetflow.config import (
 from hetflow.flows.forms import Cluster, Dataset, Train
 from hetflow.history import MEASURED_NOW, type_key
 from hetflow.infra.catalog import cost_usd
-from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.records import Profile
-from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import entries_of, store_entries, types_prefix
-from hetflow.tasks.preflight import reach_services, validated_job
+from hetflow.tasks.opening import Reached, ResolvedJob, opened
 from hetflow.tasks.profile import (
     profile_history,
     profile_stamp,
     profile_workers,
     profiles_prefix,
     record_profile,
-    resolve_instance_types,
     speed_drift,
     store_profile,
 )
@@ -149,20 +146,20 @@ def profile_cluster(
     profiles_url: str | SkipJsonSchema[None] = "",
     drift_threshold: float = 0.15,
     record: bool = True,
+    job: SkipJsonSchema[ResolvedJob | None] = None,
+    reached: SkipJsonSchema[Reached | None] = None,
 ) -> dict:
     """Profile the cluster; store the profile and flag workers whose speed drifted.
 
     Returns the Profile as JSON (`Profile.model_dump(mode="json")`) with its `report`
-    (`profile_report`) beside the fields.
+    (`profile_report`) beside the fields. `job` and `reached`: what the command that
+    started the flow resolved and asked (`tasks.opening.opened`); none: the flow does both.
     """
-    job = validated_job(cluster, [train])
     if not drift_threshold > 0:
         raise ConfigError(f"drift_threshold: must be > 0 (got {drift_threshold})")
-    reach_services(dataset, tracking if record else None)
-    with local_s3_endpoint(dataset.url):
-        cluster, catalog = resolve_instance_types(cluster)
-        job.check_data(ingest_dataset(dataset))
-        profile = profile_workers(cluster, dataset, train)
+    with opened(cluster, [train], dataset, tracking if record else None, job, reached) as run:
+        cluster, catalog = run.cluster, run.catalog
+        profile = profile_workers(cluster, dataset, run.job.resolved(train))
         profile.created_at = profile_stamp()
         profile.cluster_spec = cluster.model_dump(mode="json")
         report = profile_report(profile, cluster)

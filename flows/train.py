@@ -13,11 +13,8 @@ from hetflow.config import (
     default_cluster,
 )
 from hetflow.flows.forms import Cluster, Dataset, Train
-from hetflow.infra.s3 import local_s3_endpoint
-from hetflow.tasks.data import ingest_dataset
 from hetflow.tasks.history import profile_for
-from hetflow.tasks.preflight import reach_services, validated_job
-from hetflow.tasks.profile import resolve_instance_types
+from hetflow.tasks.opening import Reached, ResolvedJob, opened
 from hetflow.tasks.train import train_task
 
 PRESETS = ("baseline", "optimized")
@@ -43,31 +40,30 @@ def train(
     tracking: SkipJsonSchema[TrackingConfig] = TrackingConfig(),
     # out of the form (it labels the run, it does not change it), taken from the parameters
     variant: SkipJsonSchema[str | None] = "",
+    job: SkipJsonSchema[ResolvedJob | None] = None,
+    reached: SkipJsonSchema[Reached | None] = None,
 ) -> dict:
     """Train with `train` as given (its batch schedule and gradient communication included).
 
     `variant` only labels the run (MLflow run name and `variant` tag); empty: `run_label`.
     It is not in the form: a deployment's or a run's parameters set it.
     `tracking` (where runs are recorded) is left out of the form: the deployment's parameters
-    or $MLFLOW_TRACKING_URI. Returns {"run_id": the MLflow run, "metrics": the run's figures}.
+    or $MLFLOW_TRACKING_URI. `job` and `reached`: what the command that started the flow
+    resolved and asked (`tasks.opening.opened`); none: the flow does both at its entry.
+    Returns {"run_id": the MLflow run, "metrics": the run's figures}.
     """
-    job = validated_job(cluster, [train])
     label = variant or run_label(train)
-    reach_services(dataset, tracking)  # before anything is written: one line if a service is dead
-    with local_s3_endpoint(dataset.url):
-        cluster, catalog = resolve_instance_types(cluster)  # workers may name EC2 types
-        manifest = ingest_dataset(dataset)
-        job.check_data(manifest)
-        epoch_samples = manifest.splits["train"].samples
-        profile = profile_for(cluster, dataset, train, [train], catalog)
+    with opened(cluster, [train], dataset, tracking, job, reached) as run:
+        profile = profile_for(run.cluster, dataset, train, [train], run.catalog)
         outcome = train_task(train.faults)(
             label,
-            cluster,
+            run.cluster,
             dataset,
-            train,
+            run.job.resolved(train),
             profile,
             tracking,
-            catalog=catalog,
-            epoch_samples=epoch_samples,
+            catalog=run.catalog,
+            epoch_samples=run.epoch_samples,
+            data=run.data,
         )
     return {"run_id": outcome.run_id, "metrics": outcome.metrics.flat()}

@@ -24,15 +24,16 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from hetflow.config import ConfigError, TrackingConfig
 
 __all__ = [
+    "Reached",
     "ServiceUnreachable",
     "check_services",
     "http_problem",
@@ -189,9 +190,13 @@ def ray_problem(address: str) -> str | None:
         )
 
 
-# How long an answer is trusted in this process: a command's probe serves its flow's entry.
-ANSWER_KEPT_S = 300.0
-_answered: dict[tuple[str, str], float] = {}  # (service, where) -> time.monotonic() it answered
+@dataclass(frozen=True)
+class Reached:
+    """The services that answered a `check_services` call, as (service, where) pairs: what a
+    command hands its flow (the flows' `reached` parameter), so that the flow's own check
+    asks none of them again. Nothing else keeps an answer."""
+
+    answered: frozenset[tuple[str, str]] = frozenset()
 
 
 def check_services(
@@ -199,13 +204,14 @@ def check_services(
     tracking: TrackingConfig | None = None,
     prefect: bool = False,
     ray_address: str | None = None,
-) -> None:
+    reached: Reached | None = None,
+) -> Reached:
     """Raise ServiceUnreachable (one line, every dead service named) unless S3 for
     `dataset_url` (when given), MLflow for `tracking` (when given), the Ray cluster at
     `ray_address` (when given) and, with `prefect`, the Prefect API answer. All are asked at
-    once, each within a few seconds; nothing is written. A service that answered this process
-    in the last `ANSWER_KEPT_S` seconds is not asked again (a command probes, then starts its
-    flow, whose entry probes the same); one that did not answer is asked every time."""
+    once, each within a few seconds; nothing is written. A service in `reached` (what an
+    earlier call returned: a command's, passed to its flow) is not asked again; every other
+    one is asked on every call. Returns what answered, `reached`'s included."""
     asks: dict[tuple[str, str], object] = {}
     if prefect:
         asks[("prefect", os.environ.get("PREFECT_API_URL", ""))] = prefect_problem
@@ -217,12 +223,11 @@ def check_services(
     if tracking is not None:
         uri = tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
         asks[("mlflow", uri)] = lambda: mlflow_problem(tracking)
-    now = time.monotonic()
-    fresh = {k for k, t in _answered.items() if now - t < ANSWER_KEPT_S}
-    asks = {k: ask for k, ask in asks.items() if k not in fresh}
+    known = reached.answered if reached is not None else frozenset()
+    asks = {k: ask for k, ask in asks.items() if k not in known}
     with ThreadPoolExecutor(max(1, len(asks))) as pool:  # at once: the slowest one's time
         found = dict(zip(asks, pool.map(lambda ask: ask(), asks.values()), strict=True))
-    _answered.update({k: now for k, problem in found.items() if problem is None})
     problems = [p for p in found.values() if p]
     if problems:
         raise ServiceUnreachable("; and ".join(problems))
+    return Reached(known | frozenset(found))

@@ -27,7 +27,7 @@ from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.tasks.history import store_learned
 from hetflow.training.launch.outcome import LaunchError, RankFailed
 from hetflow.training.launch.run import Ran, run_plan
-from hetflow.training.loop.optim import resolve_optimizer
+from hetflow.training.loop.optim import is_resolved, resolve_optimizer
 from hetflow.training.metrics import (
     end_to_end,
     met_target,
@@ -38,7 +38,7 @@ from hetflow.training.metrics import (
 from hetflow.training.plan.balance import PlanError
 from hetflow.training.plan.planner import make_plan
 from hetflow.training.plan.ranks import RankMap
-from hetflow.training.plan.rounds import loop_config
+from hetflow.training.plan.rounds import loop_counts, resolve_rounds
 from hetflow.training.recipes import DataInfo, Recipe, recipe_of
 from hetflow.training.recipes.export import input_example, trained_model
 
@@ -106,19 +106,19 @@ def train_variant(
     parent_run_id: str | None = None,
     catalog: Catalog | None = None,
     epoch_samples: int | None = None,
+    data: DataInfo | None = None,
 ) -> TrainOutcome:
     """Plan, run torchrun with MLflow system metrics on, then record the run in MLflow.
 
-    `variant` labels the run (MLflow run name and tag, run directory); `train` is what runs,
-    validated by the flow (`validated_job`, and its data by `ValidatedJob.check_data`).
-    Idempotent: a retry (or a re-run of the same flow run) reuses the run directory, so the
-    workers resume from the last checkpoint and the same MLflow run is completed. Flows call
-    it as `train_task(train.faults)`, retried as the run's failure policy says.
+    `variant` labels the run (MLflow run name and tag, run directory); `train`, what runs, as
+    the flow resolved it (`training.job`; else here), its diloco rounds derived from the plan
+    here; `data`, what the flow read (else read here). Idempotent: a retry reuses the run
+    directory, so the workers resume from the last checkpoint and the same MLflow run is
+    completed. Flows call it as `train_task(train.faults)`, retried as its policy says.
     """
-    manifest = read_manifest(dataset.url)
-    recipe = recipe_of(train)  # checked, with the data, at the flow's entry (`validated_job`)
-    train = resolve_optimizer(train, recipe)  # MLflow's params name the optimizer that ran
+    train, recipe, data = _as_given(train, dataset, data)
     plan: Plan = make_plan(profile, cluster, train)
+    train = resolve_rounds(train, plan)  # under diloco: what the loop counts, carried
     run_dir = stable_run_dir(variant)
     _print_plan(variant, plan, train)
     tracker = MLflowTracker(tracking)
@@ -135,7 +135,7 @@ def train_variant(
     finished_cluster = ranks.launched()[0]
     if train.schedule == "dynamic":  # it ran its workers at the batches its plans gave them
         store_learned(finished_cluster, dataset, train, ran.result)
-    metrics = with_cost(finished_cluster, metrics, loop_config(train, plan), catalog, epoch_samples)
+    metrics = with_cost(finished_cluster, metrics, train, catalog, epoch_samples)
     outcome = TrainOutcome(
         variant=variant,
         run_id=run_id,
@@ -150,12 +150,23 @@ def train_variant(
     log_trained_model(
         tracker,
         outcome,
-        (recipe, DataInfo.from_manifest(manifest)),
+        (recipe, data),
         f"hetflow-{dataset.source}" if register else None,
     )
     tracker.finish(run_id)
     _print_outcome(variant, ran.result, metrics, ran.wall_s)
     return outcome
+
+
+def _as_given(
+    train: TrainConfig, dataset: DatasetSpec, data: DataInfo | None
+) -> tuple[TrainConfig, Recipe, DataInfo]:
+    """`train` (resolved where the caller did not: MLflow's params name the optimizer that
+    ran), its recipe, and the kind of data the run reads (`data`, else the manifest's)."""
+    recipe = recipe_of(train)  # checked, with the data, at the flow's entry (`resolve_job`)
+    if not is_resolved(train):
+        train = resolve_optimizer(train, recipe)
+    return train, recipe, data or DataInfo.from_manifest(read_manifest(dataset.url))
 
 
 def train_task(faults: FaultPolicy):
@@ -240,7 +251,7 @@ def launch(
 ) -> Ran:
     """`run_plan` with MLflow system metrics on and a Prefect progress artifact; on a
     failure the MLflow run is marked FAILED with why (the rank, step and exception)."""
-    steps = loop_config(train, plan).steps
+    steps = loop_counts(train).steps
     progress = _progress_reporter(variant, steps)
     # every node of a Ray cluster samples its own system metrics into the run (`node_metrics`)
     with tracker.system_metrics(run_id):
@@ -276,7 +287,8 @@ def with_cost(
     name none (a local emulation has no price). `cluster`: the workers the run finished on."""
     if catalog is None or not catalog.types:
         return metrics
-    epochs = metrics.steps * train.global_batch / epoch_samples if epoch_samples else None
+    turn = loop_counts(train).global_batch  # a round's samples under diloco
+    epochs = metrics.steps * turn / epoch_samples if epoch_samples else None
     cost = cost_usd(cluster, metrics.train_loop_s, catalog, epochs=epochs)
     by_rank = [cost["by_worker"][w.name] for w in cluster.workers]
     ranks = [r.model_copy(update={"cost_usd": by_rank[r.rank]}) for r in metrics.ranks]

@@ -43,10 +43,10 @@ from hetflow.training.faults.records import (
     write_pid,
 )
 from hetflow.training.launch.mps import apply_rank_env
+from hetflow.training.launch.ready import launch_ready
 from hetflow.training.launch.spec import RunSpec, emulator_for
 from hetflow.training.launch.startup import StartupMarks
 from hetflow.training.loop.training_loop import train
-from hetflow.training.plan.rounds import loop_config
 from hetflow.training.probes import profile
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import recipe_of
@@ -185,7 +185,11 @@ def run(
 ) -> None:
     """Train or profile on this rank, on `device` in `precision` (every rank scales its loss
     when any computes in fp16); rank 0 writes the result, a training rank's with its
-    start-up by phase where `marks` has them."""
+    start-up by phase where `marks` has them. The spec's train config is run as the
+    launcher carried it, resolved; a job file written by hand is resolved here first
+    (`launch_ready`, which resolves nothing in a carried one)."""
+    spec = launch_ready(spec)
+
     world = dist.get_world_size()
     if world != spec.cluster.world_size:
         raise SystemExit(f"world size {world} != {spec.cluster.world_size} workers in the cluster")
@@ -201,8 +205,6 @@ def run(
         data = open_rank_data(spec.dataset, context=context, manifest=spec.manifest)
         if marks is not None:
             marks.mark("data")
-        if spec.mode == "train":  # strategy 'diloco': the loop's steps are rounds
-            spec = spec.model_copy(update={"train": loop_config(spec.train, spec.plan)})
         emu, clocks = install_clocks(spec, rank, amp, counter)
         ctx = RankContext(spec, rank, world, data, amp, counter, emu, clocks, marks)
         if spec.mode == "train":

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from hetflow.config import ClusterSpec, DatasetSpec
 
 if TYPE_CHECKING:
-    from hetflow.training.validated import ValidatedJob
+    from hetflow.training.job import ResolvedJob
 
 
 def readable_now(url: str | None) -> bool:
@@ -68,7 +68,7 @@ def check_ray_nodes(cluster: ClusterSpec) -> None:
     label_selectors(cluster, ray.nodes())
 
 
-def check_dataset(dataset: DatasetSpec, job: ValidatedJob) -> None:
+def check_dataset(dataset: DatasetSpec, job: ResolvedJob) -> None:
     """A dataset the run reads as it is (`--dataset-url`): its manifest and shards are there,
     and the job's recipe reads what it holds; a one-line error otherwise (no such bucket, no
     manifest, with how to write it; a recipe that does not fit). Nothing to check for a
@@ -99,7 +99,7 @@ def check_ingest_source(spec: DatasetSpec) -> None:
     check_source(spec)
 
 
-def before_flow(job: ValidatedJob, dataset: DatasetSpec) -> None:
+def before_flow(job: ResolvedJob, dataset: DatasetSpec) -> None:
     """A job's checks that need its services (`commands.reachable` first): the Ray cluster's
     nodes carry the instance types, the dataset to read is there and the recipe reads it."""
     check_ray_nodes(job.cluster)

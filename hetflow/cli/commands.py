@@ -1,8 +1,9 @@
 """What each `hetflow` command does, once its flags are parsed.
 
-Every command validates its input first (`hetflow.cli.job`: into one value, which its flow
-finds again rather than checking twice) and probes the services once (`reachable`), and imports
-Prefect and MLflow only after that: bad input is refused before anything slow is started.
+Every command validates its input first (`hetflow.cli.job`: into one resolved job) and probes
+the services once (`reachable`), and imports Prefect and MLflow only after that: bad input is
+refused before anything slow is started. It passes both answers to its flow (`job`,
+`reached`), which checks neither again.
 """
 
 from __future__ import annotations
@@ -126,19 +127,18 @@ def _where_to_look(tracking: TrackingConfig, urls: dict[str, str] | None = None)
         )
 
 
-def reachable(
-    dataset_url: str | None = None, tracking: TrackingConfig | None = None, cluster=None
-) -> None:
+def reachable(dataset_url: str | None = None, tracking: TrackingConfig | None = None, cluster=None):
     """The services the command will use answer (the Prefect API when PREFECT_API_URL is set,
     S3 for `dataset_url`, MLflow for `tracking`, the Ray cluster of a `cluster` on the ray
     launcher); else one line naming each dead endpoint, within seconds, before Prefect, MLflow
-    or torch is imported (`hetflow.infra.preflight`)."""
+    or torch is imported (`hetflow.infra.preflight`). Returns what answered (`Reached`), for
+    the command's flow."""
     from hetflow.infra.preflight import check_services
 
     ray = None
     if cluster is not None and cluster.launcher == "ray":
         ray = cluster.ray_address or os.environ.get("RAY_ADDRESS") or "auto"
-    check_services(dataset_url, tracking, prefect=True, ray_address=ray)
+    return check_services(dataset_url, tracking, prefect=True, ray_address=ray)
 
 
 def start_flow_logs(args) -> None:
@@ -156,7 +156,7 @@ def start_flow_logs(args) -> None:
 def cmd_demo(args) -> int:
     cluster, train, dataset, job = job_of(args, compare=True)
     tracking = TrackingConfig()
-    reachable(dataset.url, tracking, cluster)
+    reached = reachable(dataset.url, tracking, cluster)
     before_flow(job, dataset)
     start_flow_logs(args)
     speeds = ", ".join(f"{w.speed:g}" for w in cluster.workers)
@@ -168,7 +168,9 @@ def cmd_demo(args) -> int:
     from hetflow.flows.compare import compare
 
     t = time.perf_counter()
-    out = compare(cluster=cluster, dataset=dataset, train=train, tracking=tracking)
+    out = compare(
+        cluster=cluster, dataset=dataset, train=train, tracking=tracking, job=job, reached=reached
+    )
     title = f"{cluster.name}: baseline vs optimized"
     _print_table(out["table"], title, out["notes"], out.get("verdict", ""))
     if getattr(args, "phases", False):
@@ -186,12 +188,14 @@ def cmd_train(args) -> int:
     # the variant's preset batch schedule and gradient communication, the flags' other knobs;
     # the flow trains what it is given
     cluster, cfg, dataset, job = job_of(args, variant=args.variant)
-    reachable(dataset.url, TrackingConfig(), cluster)
+    reached = reachable(dataset.url, TrackingConfig(), cluster)
     before_flow(job, dataset)
     start_flow_logs(args)
     from hetflow.flows.train import train as train_flow
 
-    out = train_flow(cluster=cluster, dataset=dataset, train=cfg, variant=args.variant)
+    out = train_flow(
+        cluster=cluster, dataset=dataset, train=cfg, variant=args.variant, job=job, reached=reached
+    )
     print(json.dumps(out, indent=1))
     write_json(args.json_path, out)
     return 0
@@ -199,12 +203,12 @@ def cmd_train(args) -> int:
 
 def cmd_profile(args) -> int:
     cluster, cfg, dataset, job = job_of(args)
-    reachable(dataset.url, TrackingConfig(), cluster)
+    reached = reachable(dataset.url, TrackingConfig(), cluster)
     before_flow(job, dataset)
     start_flow_logs(args)
     from hetflow.flows.profile_cluster import print_profile_report, profile_cluster
 
-    profile = profile_cluster(cluster=cluster, dataset=dataset, train=cfg)
+    profile = profile_cluster(cluster=cluster, dataset=dataset, train=cfg, job=job, reached=reached)
     report = profile.pop("report")
     print_profile_report(report)
     # the issue's shape at the top ({"workers": [...], "profiling_time_s"}), the raw probes beside

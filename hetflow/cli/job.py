@@ -2,8 +2,9 @@
 
 Defaults are the config models' own (`TrainConfig()`, `DatasetSpec()`, `DEFAULT_SPEEDS`). Every
 value is checked here before a command imports Prefect or MLflow: each flag by its model, then
-the job as a whole once (`training.validated.validated_job`: the rules across models before
-torch is imported, then the recipe and the devices), into the one value its flow takes. A bad
+the job as a whole once (`training.job.resolve_job`: the rules across models before torch is
+imported, then the recipe, the optimizer and the devices), into the one value the command
+passes to its flow. A bad
 value is refused at once, in one line that names its flag or field.
 """
 
@@ -27,7 +28,7 @@ from hetflow.config import (
     default_cluster,
     parse_speeds,
 )
-from hetflow.training.validated import ValidatedJob, validated_job
+from hetflow.training.job import ResolvedJob, resolve_job
 
 TRAIN = TrainConfig()
 DATASET = DatasetSpec()
@@ -310,12 +311,12 @@ def dataset_of(args) -> DatasetSpec:
 
 
 class Job(NamedTuple):
-    """A job's models from its flags, and the job validated once (`validated_job`)."""
+    """A job's models from its flags, and the job resolved once (`resolve_job`)."""
 
     cluster: ClusterSpec
     train: TrainConfig
     dataset: DatasetSpec
-    validated: ValidatedJob
+    resolved: ResolvedJob
 
 
 def job_of(args, variant: str | None = None, compare: bool = False) -> Job:
@@ -326,7 +327,7 @@ def job_of(args, variant: str | None = None, compare: bool = False) -> Job:
     cluster, train, dataset = cluster_of(args), train_of(args, variant), dataset_of(args)
     check_instance_types(cluster)  # offline for the shipped catalog's types: before torch
     configs = list(train.compared().values()) if compare else [train]
-    return Job(cluster, train, dataset, validated_job(cluster, configs))
+    return Job(cluster, train, dataset, resolve_job(cluster, configs))
 
 
 INGEST_FLAGS = {

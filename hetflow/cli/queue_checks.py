@@ -2,7 +2,7 @@
 and its memory (`hetflow.cli.queue.checked_job`): whatever would fail the job in the session
 that can be known now, refused in one line that names the flag.
 
-Every check is one the train commands already run (`training.validated.validated_job`: the
+Every check is one the train commands already run (`training.job.resolve_job`: the
 rules across models, the recipe imported and its learning-rate rule, the worker's device and
 cores; `infra.preflight.check_services`: the dataset's S3 answers; `cli.checks.check_dataset`:
 a dataset already written holds a manifest and what the recipe reads; `recipes.check_fits`
@@ -53,13 +53,13 @@ def check_runnable(
     `dataset` (see the module). Imports the recipe, and with it torch."""
     from hetflow.cli.checks import check_dataset
     from hetflow.infra.preflight import check_services
+    from hetflow.training.job import resolve_job
     from hetflow.training.plan.assemble import sub_cluster
     from hetflow.training.recipes import DataInfo, check_fits
-    from hetflow.training.validated import validated_job
 
     largest = max(range(cluster.world_size), key=lambda i: worker_memory_gb(cluster, i))
     try:
-        checked = validated_job(sub_cluster(cluster, [largest]), [job.train_config()])
+        checked = resolve_job(sub_cluster(cluster, [largest]), [job.train_config()])
         check_services(dataset_url=dataset.url)
         check_dataset(dataset, checked)
         if dataset.source in MADE_BY_THE_SESSION:

@@ -9,6 +9,14 @@ samples it trained on, and an outer SGD step with Nesterov momentum applies it.
 
     >>> DiLoCoConfig().round_steps, DiLoCoConfig().send
     (16, 'fp32')
+
+`TrainConfig.steps`, `global_batch`, `eval_every` and `checkpoint_every` keep their meaning
+under diloco (synchronous steps' worth of samples). What the loop counts in rounds is derived
+from them and the plan before launch (`training.plan.rounds.resolve_rounds`) into the fields
+`rounds`, `round_samples`, `round_inner_batch`, `round_eval_every` and
+`round_checkpoint_every`: left out of the form, empty in a config a user writes (a value set
+there is replaced when the run is planned), filled in the run spec the ranks read and in the
+MLflow run's params.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
 
 from hetflow.config.base import ConfigError, ConfigModel
 
@@ -69,6 +78,33 @@ class DiLoCoConfig(ConfigModel):
         description="0: every round ends with the average. s > 0: a round's average is "
         "applied s rounds later, and a worker runs up to s rounds ahead of the slowest while "
         "it travels (docs/diloco.md says which scheme, and where it loses).",
+    )
+    # Derived before launch (`resolve_rounds`), not set by a user: see the module.
+    rounds: SkipJsonSchema[int | None] = Field(
+        None,
+        ge=1,
+        description="Derived: the rounds the run takes, ceil(steps x "
+        "global_batch / round_samples).",
+    )
+    round_samples: SkipJsonSchema[int | None] = Field(
+        None,
+        ge=1,
+        description="Derived: the samples of one round, every worker's share of the plan.",
+    )
+    round_inner_batch: SkipJsonSchema[int | None] = Field(
+        None, ge=1, description="Derived: the inner batch, inner_batch or global_batch / workers."
+    )
+    round_eval_every: SkipJsonSchema[int | None] = Field(
+        None,
+        ge=1,
+        description="Derived: rounds between evaluations, those covering "
+        "eval_every synchronous steps (at least 1).",
+    )
+    round_checkpoint_every: SkipJsonSchema[int | None] = Field(
+        None,
+        ge=1,
+        description="Derived: rounds between checkpoints, those covering "
+        "checkpoint_every synchronous steps (at least 1).",
     )
 
 

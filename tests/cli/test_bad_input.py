@@ -177,13 +177,13 @@ def test_a_dataset_the_local_store_lacks_is_one_line_before_any_flow(tmp_path):
 
 def test_a_recipe_that_does_not_fit_the_datas_shape_is_one_line_before_launch(tmp_path):
     """The default recipe (digits-cnn) on 5 features: refused by the command before any flow,
-    and by the flows' own check (`ValidatedJob.check_data`, for data only a flow can read),
+    and by the flows' own check (`ResolvedJob.check_data`, for data only a flow can read),
     naming `train.recipe` and the built-in recipes that fit."""
     import numpy as np
 
     from hetflow.config import ClusterSpec
     from hetflow.infra.data.format import read_manifest, write_dataset
-    from hetflow.training.validated import validated_job
+    from hetflow.training.job import resolve_job
 
     rng = np.random.default_rng(0)
     url = (tmp_path / "tab").as_uri()
@@ -194,9 +194,9 @@ def test_a_recipe_that_does_not_fit_the_datas_shape_is_one_line_before_launch(tm
     assert expected in line and line.endswith("use --recipe digits-mlp or digits-wide-mlp"), line
     assert not (tmp_path / "home" / "runs").exists()
     with pytest.raises(ConfigError, match=expected) as e:
-        validated_job(ClusterSpec.from_speeds([1]), [TrainConfig()]).check_data(read_manifest(url))
+        resolve_job(ClusterSpec.from_speeds([1]), [TrainConfig()]).check_data(read_manifest(url))
     assert "\n" not in str(e.value)
-    fits = validated_job(ClusterSpec.from_speeds([1]), [TrainConfig(recipe="digits-mlp")])
+    fits = resolve_job(ClusterSpec.from_speeds([1]), [TrainConfig(recipe="digits-mlp")])
     fits.check_data(read_manifest(url))
 
 

@@ -10,8 +10,16 @@ import torch
 from hetflow.config import ClusterSpec, ConfigError, TrainConfig, check_job
 from hetflow.emulation.presets import PRESETS
 from hetflow.perf.fitting import fit_affine
+from hetflow.records import Plan
 from hetflow.training.plan.prior import published_prior
-from hetflow.training.plan.rounds import inner_batch, inner_counts, round_config, round_plan
+from hetflow.training.plan.rounds import (
+    inner_batch,
+    inner_counts,
+    loop_counts,
+    resolve_rounds,
+    round_plan,
+    round_samples,
+)
 
 from tests.dist import run_ranks
 
@@ -41,8 +49,7 @@ def test_a_round_plan_gives_whole_inner_steps_by_speed_at_the_inner_batch():
     cluster = ClusterSpec.from_speeds(["t4", "t4", "v100", "a100"])
     plan = round_plan(published_prior(cluster, DILOCO), cluster, DILOCO)
     b = inner_batch(DILOCO, 4)
-    loop = round_config(DILOCO, 4)
-    assert sum(plan.local_batches) == loop.global_batch == 16 * 4 * b
+    assert sum(plan.local_batches) == round_samples(DILOCO, 4) == 16 * 4 * b
     assert all(s % b == 0 and s >= b for s in plan.local_batches)
     busy = [s // b * _step_s(w.preset, b) for s, w in zip(plan.local_batches, cluster.workers)]
     assert max(busy) - min(busy) <= max(_step_s(w.preset, b) for w in cluster.workers)
@@ -50,10 +57,50 @@ def test_a_round_plan_gives_whole_inner_steps_by_speed_at_the_inner_batch():
 
 
 def test_the_loop_counts_rounds_of_the_samples_asked():
-    loop = round_config(DILOCO, 4)
+    plan = Plan.equal([round_samples(DILOCO, 4) // 4] * 4)
+    loop = loop_counts(resolve_rounds(DILOCO, plan))
     assert loop.steps * loop.global_batch >= DILOCO.steps * DILOCO.global_batch
     assert (loop.steps - 1) * loop.global_batch < DILOCO.steps * DILOCO.global_batch
-    assert round_config(TrainConfig(), 4) == TrainConfig()
+    assert resolve_rounds(TrainConfig(), plan) == TrainConfig()
+    t = TrainConfig()
+    assert loop_counts(t) == (t.steps, t.global_batch, t.eval_every, t.checkpoint_every)
+
+
+def test_rounds_are_fields_of_their_own_and_steps_keep_meaning_steps():
+    """Derived once from the plan (`resolve_rounds`): the synchronous fields as the user gave
+    them, the rounds beside them; the loop counts rounds only where it is asked to
+    (`loop_counts`), and refuses a diloco config whose rounds were never derived."""
+    train = DILOCO.model_copy(update={"eval_every": 32, "checkpoint_every": 64})
+    plan = Plan.equal([256, 768])  # a round of 1024 samples: 16 steps' worth at 64
+    resolved = resolve_rounds(train, plan)
+    kept = ("steps", "global_batch", "eval_every", "checkpoint_every", "recipe", "seed")
+    assert {k: getattr(resolved, k) for k in kept} == {k: getattr(train, k) for k in kept}
+    d = resolved.diloco
+    assert (d.rounds, d.round_samples, d.round_inner_batch) == (4, 1024, 32)
+    assert (d.round_eval_every, d.round_checkpoint_every) == (2, 4)
+    assert loop_counts(resolved) == (4, 1024, 2, 4)
+    assert resolve_rounds(resolved, plan) == resolved  # derived from the user's fields alone
+    with pytest.raises(ValueError, match="not derived"):
+        loop_counts(train)
+
+
+def test_an_existing_diloco_yaml_loads_and_derives_the_rounds_it_meant(tmp_path):
+    """A config written before the round fields existed loads as it is (they are empty) and
+    derives the rounds the loop used to count, with steps still meaning steps."""
+    import yaml
+
+    from hetflow.config import load_mapping
+
+    path = tmp_path / "train.yaml"
+    old = {"strategy": "diloco", "steps": 100, "global_batch": 128, "eval_every": 50}
+    path.write_text(yaml.safe_dump({**old, "diloco": {"round_steps": 4, "outer_lr": 0.5}}))
+    train = TrainConfig.model_validate(load_mapping(path))
+    assert train.diloco.rounds is None and train.steps == 100
+    resolved = resolve_rounds(train, Plan.equal([4 * 32] * 4))  # 4 steps' worth of 4 x 32
+    d = resolved.diloco
+    # ceil(100 x 128 / 512) rounds; evaluation every 50 x 128 // 512 of them
+    assert (d.rounds, d.round_samples, d.round_eval_every, d.round_inner_batch) == (25, 512, 12, 32)
+    assert (resolved.steps, resolved.global_batch, resolved.eval_every) == (100, 128, 50)
 
 
 @pytest.mark.parametrize(
@@ -79,12 +126,13 @@ def test_staleness_without_rounds_is_refused():
 
 def test_a_diloco_comparison_validates_as_one_job():
     """The demo's and compare's variants under diloco: the synchronous run beside the rounds."""
-    from hetflow.training.validated import validated_job
+    from hetflow.training.job import resolve_job
 
     configs = DILOCO.compared()
     assert {c.strategy for c in configs.values()} == {"ddp", "diloco"}
-    job = validated_job(ClusterSpec.from_speeds([1, 2]), list(configs.values()))
-    assert job.configs == tuple(configs.values())
+    job = resolve_job(ClusterSpec.from_speeds([1, 2]), list(configs.values()))
+    assert job.given == tuple(configs.values())
+    assert [c.strategy for c in job.configs] == [c.strategy for c in configs.values()]
 
 
 def test_a_memory_cap_under_the_inner_batch_is_refused():
@@ -294,7 +342,34 @@ def test_going_on_without_a_lost_worker_shares_a_round_among_the_rest():
     train = TrainConfig(strategy="diloco", global_batch=24, diloco={"round_steps": 4})
     plan = replan_without(cluster, Plan.equal([24, 24, 48]), {"w1": "node lost"}, train)
     assert plan.local_batches == [32, 0, 64]  # the round of the 2 left: 4 steps x 2 x 12
-    assert sum(plan.local_batches) == round_config(train, 2).global_batch
+    assert sum(plan.local_batches) == round_samples(train, 2)
+
+
+def test_a_run_going_on_without_a_lost_worker_derives_its_rounds_anew(tmp_path):
+    """The Ray launcher's relaunch without a lost node (`go_on_without`): the rounds the run
+    spec carries are those of the workers left, derived from the user's fields as before."""
+    from hetflow.config import DatasetSpec
+    from hetflow.training.launch.ray_train import go_on_without
+    from hetflow.training.launch.spec import RunSpec
+
+    cluster = ClusterSpec.from_speeds([1, 1, 2])
+    given = TrainConfig(strategy="diloco", global_batch=24, steps=48, diloco={"round_steps": 4})
+    plan = Plan.equal([24, 24, 48])
+    train = resolve_rounds(given, plan)
+    spec = RunSpec(
+        run_name="r",
+        variant="diloco",
+        cluster=cluster,
+        dataset=DatasetSpec(),
+        train=train,
+        plan=plan,
+        run_dir=str(tmp_path),
+    )
+    left = go_on_without(spec, {"w1": "node lost"})
+    assert left.plan.local_batches == [32, 64] and left.train.steps == 48
+    d = left.train.diloco
+    assert (d.round_samples, d.round_inner_batch, d.rounds) == (96, 12, 12)  # 48 x 24 / 96
+    assert left.train == resolve_rounds(given, left.plan)
 
 
 def test_a_round_in_seconds_is_what_each_worker_computes_in_that_time():
@@ -305,8 +380,8 @@ def test_a_round_in_seconds_is_what_each_worker_computes_in_that_time():
     profile = profile_of([rank_profile(0, 100.0), rank_profile(1, 300.0)])  # samples/s
     plan = round_plan(profile, cluster, train)
     assert plan.local_batches == [200, 600]  # 2 s x each one's samples/s, in steps of 8
-    loop = round_config(train, 2, sum(plan.local_batches))
-    assert (loop.global_batch, loop.steps, loop.diloco.inner_batch) == (800, 2, 8)
+    d = resolve_rounds(train, plan).diloco
+    assert (d.round_samples, d.rounds, d.round_inner_batch) == (800, 2, 8)
 
 
 class _Outer:

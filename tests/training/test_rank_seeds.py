@@ -55,11 +55,12 @@ def net_draws(rank: int, world: int, arg: dict) -> dict:
     """One rank: `build_net` on the job `arg` (a RunSpec's JSON); the weights it built and what
     torch draws next (as a dropout mask would be)."""
     from hetflow.infra.data.reader import open_rank_data
+    from hetflow.training.launch.ready import launch_ready
     from hetflow.training.launch.spec import RunSpec, emulator_for
     from hetflow.training.loop.net import build_net
     from hetflow.training.recipes import recipe_of
 
-    spec = RunSpec.model_validate(arg)
+    spec = launch_ready(RunSpec.model_validate(arg))  # as `run_workers` hands it to the ranks
     data = open_rank_data(spec.dataset)
     try:
         net = build_net(spec, data, emulator_for(spec, rank), recipe_of(spec.train), rank=rank)

@@ -38,6 +38,7 @@ from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.balance import PlanError
 from hetflow.training.plan.planner import replan_without
 from hetflow.training.plan.ranks import RankMap
+from hetflow.training.plan.rounds import resolve_rounds
 
 NODE_LABEL = "hetflow.io/instance-type"
 
@@ -250,7 +251,8 @@ def go_on_without(spec: RunSpec, lost: dict[str, str]) -> RunSpec:
     """`spec` as the run goes on without the workers `lost` names (name -> why): the global
     batch shared anew by the others (`planner.replan_without`), their ranks removed and the
     rest renumbered (`RankMap.launched`, stragglers too), their precisions and injected
-    faults dropped, and `left_out` naming them with why. The run resumes from the last
+    faults dropped, under diloco its rounds derived anew for them (`resolve_rounds`), and
+    `left_out` naming them with why. The run resumes from the last
     checkpoint (`state.narrowed`). Said on stdout; a PlanError when none is left."""
     plan = replan_without(spec.cluster, spec.plan, lost, spec.train)
     ranks = RankMap(spec.cluster, plan)
@@ -268,6 +270,7 @@ def go_on_without(spec: RunSpec, lost: dict[str, str]) -> RunSpec:
         update={
             "cluster": cluster,
             "plan": sub_plan,
+            "train": resolve_rounds(spec.train, sub_plan),  # a round of the workers left
             "stragglers": stragglers,
             "precisions": [spec.precisions[i] for i in keep] if spec.precisions else [],
             "inject": [

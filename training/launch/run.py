@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from hetflow.infra.data.format import DatasetError, Manifest, check_shards, read_manifest
+from hetflow.infra.data.format import Manifest, check_shards, read_manifest
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.cpu_quota import check_quotas
@@ -28,6 +28,7 @@ from hetflow.training.launch.local import run_torchrun
 from hetflow.training.launch.mps import check_mps, mps_available
 from hetflow.training.launch.outcome import Launched
 from hetflow.training.launch.ray_train import run_workers_ray, with_shared_state
+from hetflow.training.launch.ready import launch_ready
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.ranks import RankMap, Stragglers
 
@@ -46,7 +47,9 @@ def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Lau
     Under `launcher: ray` the job runs on Ray Train, its state in the dataset's bucket; else under
     torchrun on this host. Either restarts the group as the job's failure policy says
     (`train.faults`); `on_progress`: `run_torchrun`'s. Raises the launchers' `LaunchError`
-    (`RankFailed` when a rank raised)."""
+    (`RankFailed` when a rank raised). The ranks take `spec.train` as it is: it is resolved
+    here where the caller did not (`launch_ready`)."""
+    spec = launch_ready(spec)
     placement = check_devices(spec.cluster, spec.train)  # a one-line error before launch
     core_sets(spec.cluster, host_cores())  # the cores asked for exist here
     check_quotas(spec.cluster, len(host_cores()))  # the kernel enforces CPU quotas here
@@ -76,7 +79,7 @@ def stage_manifest(dataset: DatasetSpec) -> Manifest | None:
     try:
         manifest = read_manifest(dataset.url)
         check_shards(manifest)
-    except (DatasetError, OSError, ValueError):  # a rank reports it, as without staging
+    except Exception:  # no store, no credentials, a bad manifest: a rank reports it
         return None
     return manifest
 

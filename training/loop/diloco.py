@@ -5,9 +5,10 @@ outer step (`training.comm.outer.OuterStep`) is not in that loop: as torchft's `
 (`torchft/local_sgd.py`), it is a step post-hook on the inner optimizer, which takes it after
 the round's last inner step (`RoundOptimizer.begin_round` says how many there are).
 
-The loop's `TrainConfig` is the round's (`training.plan.rounds.round_config`): its steps are
-rounds and its global batch a round's samples; the inner batch is the global batch the user
-gave over the workers.
+The loop's `TrainConfig` carries its rounds in fields of their own, derived before launch
+(`training.plan.rounds.resolve_rounds`): `diloco.rounds` turns of the loop, each of
+`diloco.round_samples` samples, in inner steps of `diloco.round_inner_batch` (the global batch
+the user gave over the workers, unless `diloco.inner_batch` sets it).
 """
 
 from __future__ import annotations
@@ -23,15 +24,16 @@ from hetflow.training.hooks import PhaseClock
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.micro import split_batch
 from hetflow.training.loop.net import Net, replica
-from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
+from hetflow.training.loop.optim import build_optimizer
 from hetflow.training.loop.rank_step import Stepper
-from hetflow.training.plan.rounds import inner_batch
 from hetflow.training.recipes import Recipe
 
 
 def round_inner_batch(spec: RunSpec) -> int:
-    """The inner batch of a run whose train config is a round's (`round_config` sets it)."""
-    return inner_batch(spec.train, spec.cluster.world_size)
+    """The inner batch of a diloco run, as derived before launch (`resolve_rounds`)."""
+    if spec.train.diloco.round_inner_batch is None:
+        raise ValueError("round_inner_batch: a diloco spec whose rounds are not derived")
+    return spec.train.diloco.round_inner_batch
 
 
 class RoundOptimizer(torch.optim.Optimizer):
@@ -107,14 +109,14 @@ def build_round_net(
     spec: RunSpec, data: RankData, emu: PhaseClock, recipe: Recipe, device: str, *, rank: int
 ) -> Net:
     """The recipe's model (`net.replica`: the same weights on every rank, then the rank's own
-    seed), no DDP; the configured optimizer at the inner batch's learning rate
-    (`resolve_optimizer` at that batch) with the outer step on a process group of its own (the
-    run's backend), so that its asynchronous collectives queue behind nothing else (every rank
-    builds it at the same point). `emu` is the stepper's: no comm hook ends a phase here."""
+    seed), no DDP; the configured optimizer (resolved before launch) at the inner batch's
+    learning rate, with the outer step on a process group of its own (the run's backend), so
+    that its asynchronous collectives queue behind nothing else (every rank builds it at the
+    same point). `emu` is the stepper's: no comm hook ends a phase here."""
     cfg = spec.train
     model = replica(spec, data, recipe, device, rank)
     inner = cfg.model_copy(update={"global_batch": round_inner_batch(spec)})
-    optim = build_optimizer(model, resolve_optimizer(inner, recipe))
+    optim = build_optimizer(model, inner)
     group = dist.new_group()  # the run's backend: gloo on CPUs, NCCL where every rank has a GPU
     outer = OuterStep(list(model.parameters()), cfg.diloco, group=group)
     return Net(model, model, RoundOptimizer(optim, outer), None, device)

@@ -17,7 +17,7 @@ from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop import sharded
 from hetflow.training.loop.micro import micro_caps, splits
 from hetflow.training.loop.net import Net, replica
-from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
+from hetflow.training.loop.optim import build_optimizer
 from hetflow.training.recipes import DataInfo, Recipe, seeded_model
 
 
@@ -85,7 +85,7 @@ def build_sharded_net(
     cfg = spec.train
     model = replica(spec, data, recipe, device, rank)
     model = sharded.shard_model(model, recipe.shard_units(model))
-    opt = build_optimizer(model, resolve_optimizer(cfg, recipe))
+    opt = build_optimizer(model, cfg)  # resolved before launch
     sharded.end_phase_at_step(opt, emu)
     info = DataInfo.from_manifest(data.manifest)
     plain = partial(seeded_model, recipe, info, cfg.seed)

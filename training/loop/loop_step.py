@@ -16,6 +16,7 @@ from hetflow.training.loop.micro import micro_count, split_batch
 from hetflow.training.loop.net import Net
 from hetflow.training.loop.state import LoopState
 from hetflow.training.loop.strategies import StepParts
+from hetflow.training.plan.rounds import loop_counts
 from hetflow.training.rank import RankContext
 
 
@@ -50,7 +51,11 @@ class LoopStepper:
         the model has no pass without collectives (`Net.warms_up`: fsdp's), which a rank with
         no samples would not join."""
         first, plan = state.start, state.plan
-        if plan[self.rank] == 0 or first >= self.spec.train.steps or not self.net.warms_up:
+        if (
+            plan[self.rank] == 0
+            or first >= loop_counts(self.spec.train).steps
+            or not self.net.warms_up
+        ):
             return
         xs, ys = self.reader.batch(first, plan)
         self.first_batch = (first, list(plan), xs, ys)

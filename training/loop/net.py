@@ -20,7 +20,7 @@ from hetflow.records import CompressionMethod
 from hetflow.training.comm import register_compression, wrap_optimizer
 from hetflow.training.hooks import PhaseClock
 from hetflow.training.launch.spec import RunSpec
-from hetflow.training.loop.optim import build_optimizer, resolve_optimizer
+from hetflow.training.loop.optim import build_optimizer
 from hetflow.training.loop.sharded import state_bytes
 from hetflow.training.recipes import DataInfo, Recipe, check_fits, seed_rank, seeded_model
 
@@ -105,7 +105,7 @@ def build_net(
     ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
     nodes = [w.node for w in spec.cluster.workers]  # hierarchical averaging groups by node
     hook_state = register_compression(ddp, method, emu.dilating_hook, nodes=nodes, **warmup)
-    opt = build_optimizer(ddp.module, resolve_optimizer(cfg, recipe))
+    opt = build_optimizer(ddp.module, cfg)  # resolved before launch
     opt = wrap_optimizer(opt, method, hook_state)
     return Net(model, ddp, opt, hook_state, device)
 

@@ -73,12 +73,18 @@ def resolve_optimizer(train: TrainConfig, recipe) -> TrainConfig:
     return train.model_copy(update=update)
 
 
+def is_resolved(train: TrainConfig) -> bool:
+    """Whether `resolve_optimizer` has filled `train`'s optimizer and learning-rate rule."""
+    concrete = (train.lr, train.weight_decay, train.lr_scaling, train.lr_warmup_steps)
+    return train.optimizer != "recipe" and None not in concrete
+
+
 def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
     """The optimizer of a resolved `train` (`resolve_optimizer`) over `model`'s parameters.
     Weight decay applies to tensors of 2 or more dimensions only (weights, embeddings), not to
     biases and norms, as nanoGPT's `configure_optimizers` does; SGD takes `momentum`. Its lr
     is the scaled one (`TrainConfig.scaled_lr`); `build_scheduler` warms up to it."""
-    if train.optimizer == "recipe" or train.lr is None or train.weight_decay is None:
+    if not is_resolved(train):
         raise ValueError("build_optimizer needs a resolved TrainConfig (resolve_optimizer)")
     lr = train.scaled_lr()
     params = [p for p in model.parameters() if p.requires_grad]

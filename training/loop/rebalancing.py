@@ -15,6 +15,7 @@ from hetflow.training.loop.compute_times import (
 )
 from hetflow.training.loop.state import LoopState
 from hetflow.training.plan.rebalancer import SUDDEN_STEPS, Rebalancer
+from hetflow.training.plan.rounds import loop_counts
 
 
 class Rebalancing:
@@ -60,7 +61,7 @@ def new_rebalancer(spec: RunSpec, world: int) -> Rebalancer:
     caps = list(plan.caps) or [w.memory_cap_batch for w in spec.cluster.workers]
     latency = list(plan.latency_s) or [0.0] * world
     return Rebalancer(
-        cfg.global_batch,
+        loop_counts(cfg).global_batch,
         caps,
         latency,
         list(plan.per_sample_s) or None,
@@ -96,7 +97,7 @@ def rebalance(
         state.current = []
     if dynamic and not last:
         switch = switch_s(state.records)
-        new = rebalancer.propose(state.plan, step + 1, cfg.steps - step - 1, switch)
+        new = rebalancer.propose(state.plan, step + 1, loop_counts(cfg).steps - step - 1, switch)
         if new is not None:
             state.adopt(new, step + 1)
 

@@ -28,7 +28,7 @@ from hetflow.training.loop.compute_times import SharedStepTimes
 from hetflow.training.loop.evaluator import Evaluator
 from hetflow.training.loop.loop_step import LoopStepper
 from hetflow.training.loop.membership import Membership
-from hetflow.training.loop.optim import build_scheduler, resolve_optimizer, step_scheduler
+from hetflow.training.loop.optim import build_scheduler, step_scheduler
 from hetflow.training.loop.progress import ProgressFile, note_recovery
 from hetflow.training.loop.rebalancing import Rebalancing, share_every
 from hetflow.training.loop.stop_request import StopRequest
@@ -36,6 +36,7 @@ from hetflow.training.loop.strategies import StepParts, strategy_of
 from hetflow.training.loop.trials import resolve_compression
 from hetflow.training.loop.weighting import MeanOverCounts
 from hetflow.training.metrics import THROUGHPUT_SKIP_STEPS
+from hetflow.training.plan.rounds import loop_counts
 from hetflow.training.rank import RankContext
 from hetflow.training.recipes import parameter_count, recipe_of
 
@@ -66,7 +67,8 @@ class TrainingLoop:
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
-        self.cfg = ctx.train
+        self.cfg = ctx.train  # resolved before launch: its optimizer, its rounds
+        self.counts = loop_counts(self.cfg)  # steps, or under diloco rounds
         self.spec = ctx.spec
         self.data = ctx.data
         self.rank = ctx.rank
@@ -82,7 +84,7 @@ class TrainingLoop:
         self.timeline = Timeline()
         self.trials = self.choose_compression()  # 'auto': self.spec's plan now has it
         self.stepper = self.build_strategy()
-        self.lr_schedule = build_scheduler(self.net.opt, resolve_optimizer(self.cfg, self.recipe))
+        self.lr_schedule = build_scheduler(self.net.opt, self.cfg)
         self.rebalancing = Rebalancing(self.spec, self.world, self.shared)
         self.rebalancer = self.rebalancing.rebalancer
         timeout_s = self.cfg.stall_timeout_s
@@ -96,7 +98,7 @@ class TrainingLoop:
         self.progress = self.open_progress()
         self.guard = StepGuard(self.spec, self.rank, self.net)  # last: every process group exists
         slack = self.guard.preemption.slack  # how far ahead of rank 0 a rank may run
-        every = self.cfg.checkpoint_every
+        every = self.counts.checkpoint_every
         self.stop_request = StopRequest(self.spec.run_dir, self.rank, every, slack)
         self.elastic = ElasticLoop.attach(self) if self.cfg.faults.on_loss == "continue" else None
 
@@ -106,7 +108,7 @@ class TrainingLoop:
         fails because a peer is lost (`training.elastic.ElasticLoop.recovers`) regroups the
         ranks left and goes on from the step they were at: the step in flight again, where no
         rank applied it, else the next."""
-        cfg, line, state = self.cfg, self.timeline, self.state
+        cfg, line, state = self.counts, self.timeline, self.state
         first = state.start
         self.stepper.warm_up(state)
         self.counter.take()
@@ -136,7 +138,7 @@ class TrainingLoop:
         time, an evaluation every `eval_every` steps and at the end, a checkpoint every
         `checkpoint_every` steps and before a preemption, and progress.json. Raises
         `Preempted` after the checkpoint of the step a SIGTERM stopped at."""
-        cfg, line, state, stepper = self.cfg, self.timeline, self.state, self.stepper
+        cfg, line, state, stepper = self.counts, self.timeline, self.state, self.stepper
         if self.elastic is not None:  # a worker that got SIGTERM leaves here
             self.elastic.at_boundary(self, step)
         last = step == cfg.steps - 1 or self.stop_asked(step + 1)
@@ -168,7 +170,7 @@ class TrainingLoop:
         out, an evaluation every `eval_every` steps and at the end (`last`), the checkpoint
         (`checkpoint_now`), and progress.json."""
         line, state = self.timeline, self.state
-        evaluate_now = done % self.cfg.eval_every == 0 or last
+        evaluate_now = done % self.counts.eval_every == 0 or last
         self.membership.refresh(state, rank0=evaluate_now or checkpoint_now, everyone=last)
         if evaluate_now:
             line.eval_s += self.timed(self.evaluator.evaluate, done, state)

@@ -25,7 +25,7 @@ from hetflow.training.plan.compression import (
     too_short_for_trials,
 )
 from hetflow.training.plan.ranks import RankMap
-from hetflow.training.plan.rounds import round_config, round_plan
+from hetflow.training.plan.rounds import round_plan, round_samples
 
 
 def memory_caps(profile: Profile, cluster: ClusterSpec) -> list[int | None]:
@@ -273,7 +273,7 @@ def replan_without(
     """`plan` over `cluster` with the workers `lost` names (name -> why) left out, and
     `train.global_batch` shared anew by the others (pure): at batch 0, the lost workers join
     `dropped` (so `RankMap.launched` leaves them out and renumbers the rest) and `excluded`
-    with why. Under diloco the batch shared is a round's (`rounds.round_config`).
+    with why. Under diloco the batch shared is a round's (`rounds.round_samples`).
     The others' shares: equal under the 'equal' schedule; balanced on the plan's step model
     where it has one (`balance_with_exclusion`, which may leave more at batch 0, each in
     `excluded`); else in the ratio of their shares in `plan` (a share of 0 counts as 1). A
@@ -293,7 +293,8 @@ def replan_without(
     if not keep:
         gone = "; ".join(f"{name}: {why}" for name, why in lost.items())
         raise PlanError(f"cluster: no worker is left to go on with: {gone}")
-    g, names = round_config(train, len(keep)).global_batch, [cluster.workers[i].name for i in keep]
+    g = round_samples(train, len(keep)) if train.strategy == "diloco" else train.global_batch
+    names = [cluster.workers[i].name for i in keep]
 
     def pick(values: list) -> list:
         return [values[i] for i in keep]

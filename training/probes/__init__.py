@@ -21,7 +21,6 @@ import torch.distributed as dist
 from hetflow.emulation.emulator import now
 from hetflow.records import RankProfile
 from hetflow.training.launch.spec import default_profile_batches, node_id
-from hetflow.training.loop.optim import resolve_optimizer
 from hetflow.training.probes.compute import (
     COMPUTE_BUDGET_S,
     probe_compute,
@@ -73,7 +72,7 @@ def profile(ctx: RankContext) -> RankProfile:
     comp = timed(
         "compute", probe_compute, net, x, y, emu, sizes, ref, COMPUTE_BUDGET_S, recipe, amp
     )
-    optimizer = resolve_optimizer(spec.train, recipe).optimizer
+    optimizer = spec.train.optimizer  # resolved before launch (`run_workers`)
     mem = timed("memory", probe_memory, model, x, y, optimizer, recipe)
     mm = timed("matmul", probe_matmul, emu, device)
     bw = timed("memory_bandwidth", probe_memory_bandwidth, emu, device)
