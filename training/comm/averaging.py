@@ -19,7 +19,7 @@ from hetflow.records import CompressionMethod
 from hetflow.training.comm.accounting import add_intra_node_group
 
 if TYPE_CHECKING:
-    from hetflow.training.comm.methods import Setup
+    from hetflow.training.comm.setup import Setup
 
 
 def build_localsgd(ddp, method: CompressionMethod, setup: Setup):

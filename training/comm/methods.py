@@ -23,27 +23,13 @@ from hetflow.training.comm.averaging import (
     build_localsgd,
     local_averager,
 )
+from hetflow.training.comm.setup import DENSE_WARMUP_STEPS, Setup
 from hetflow.training.comm.topk import (
     DENSITY_STAGE_STEPS,
     TopKState,
     topk_hook,
     topk_warmup_steps,
 )
-
-# Steps of plain all-reduce before a compressing method compresses (torch's
-# `start_powerSGD_iter` / `start_localSGD_iter`): early gradients are the most sensitive to
-# compression error.
-DENSE_WARMUP_STEPS = 10
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What `register_compression` knows besides the method: `nodes[r]` the node of rank r
-    (None if unknown), the dense warm-up and top-k's density stage length (0: no stages)."""
-
-    nodes: list[str] | None = None
-    warmup_steps: int = DENSE_WARMUP_STEPS
-    density_stage_steps: int = DENSITY_STAGE_STEPS
 
 
 def _same_optimizer(optimizer, method: CompressionMethod, state):
