@@ -54,7 +54,8 @@ def _block_schema(schema: dict[str, Any], model: type[Block]) -> None:
     either, exactly one (`oneOf`), and a block whose fields all have defaults and that takes
     fields the form leaves out would otherwise match a reference too. Prefect's UI leaves the
     `not` out of the schema it has the server check a run form's values against, so a block
-    with no required field requires its first (a dataset's `source`): a reference lacks it."""
+    with no required field requires one, which a reference lacks: its `url` where it has one
+    (a dataset's: what an API caller giving a dataset inline always names), else its first."""
     form_schema(schema, model)
     said = schema.get("description")
     schema_extra(schema, model)
@@ -62,7 +63,8 @@ def _block_schema(schema: dict[str, Any], model: type[Block]) -> None:
         schema["description"] = said
     schema["not"] = {"required": ["$ref"]}
     if schema.get("properties") and not schema.get("required"):
-        schema["required"] = [next(iter(schema["properties"]))]
+        props = schema["properties"]
+        schema["required"] = ["url"] if "url" in props else [next(iter(props))]
 
 
 # Set on each block type too: pydantic merges its bases' configs in order, the model's last.

@@ -79,7 +79,12 @@ def test_the_table_explains_itself(demo):
 
 def test_demo_json_has_both_variants_with_design_metric_names(demo):
     _, table, _ = demo
-    assert set(table) == {"baseline", "optimized", "order"}
+    assert set(table) == {"baseline", "optimized", "order", "startup"}
+    # each variant's start-up by phase, per worker (JSON keys: the ranks as text)
+    for v in ("baseline", "optimized"):
+        ranks = table["startup"][v]
+        assert sorted(ranks) == ["0", "1", "2", "3"]
+        assert {"spawn", "import", "startup"} <= set(ranks["0"])
     for variant in (table["baseline"], table["optimized"]):
         for name in [
             "throughput_samples_per_s",

@@ -65,7 +65,7 @@ def test_ingest_then_demo_then_ls_with_nothing_configured(tmp_path):
     said = _ok(run_cli(demo, env, timeout=500), both=True)
     assert f"objects kept in {home / 's3'}" in said  # the store's endpoint, not an empty one
     table = json.loads(out.read_text())
-    assert set(table) == {"baseline", "optimized", "order"}  # and which of them ran first
+    assert set(table) == {"baseline", "optimized", "order", "startup"}  # which ran first, phases
     assert sorted(table["order"]) == ["baseline", "optimized"]
     assert table["baseline"]["final_val_loss"] > 0  # it trained on the ingested tokens
 

@@ -28,13 +28,15 @@ from torch.distributed.elastic.multiprocessing.errors import record
 PRELOAD = ("torch._dynamo", "s3fs")
 
 
-def preload() -> list[str]:
-    """Import the worker and `PRELOAD` into this process (the agent), so that the ranks
-    forked from it find them imported; the modules imported, in order."""
+def preload(entry: str = "hetflow.training.worker") -> list[str]:
+    """Import the worker, the entry module torchrun was named (a wrapper of the worker, as
+    tests use, runs its own imports here) and `PRELOAD` into this process (the agent), so that
+    the ranks forked from it find them imported; the modules imported, in order."""
     import importlib
 
-    done = ["hetflow.training.worker"]
-    importlib.import_module(done[0])
+    done = list(dict.fromkeys(["hetflow.training.worker", entry]))
+    for name in done:
+        importlib.import_module(name)
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.start_method = "fork"
-    preload()
+    preload(args.training_script)
     from hetflow.training.worker import forked_main
 
     config, _, _ = config_from_args(args)

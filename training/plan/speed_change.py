@@ -39,9 +39,14 @@ def host_noise(
 ) -> tuple[float | None, float | None]:
     """The root mean square of the log ratios of each computing rank's window mean (first)
     and single steps (second) to its point at its batch; None where no rank has a point there.
-    A rank whose window lies beyond `jump` changed speed: not noise, left out.
+    A rank whose window lies beyond `jump` changed speed: not noise, left out. A single step
+    beyond `jump` is a pause (a page fault, the host's other work), which `sudden`'s steps in
+    a row already tell from a change of speed: counted in the step noise, one such step among
+    a few would raise the bar a real change must pass past any change.
 
     >>> host_noise([{8: 0.1}], [8], [0.1], [[0.1], [0.1]], 1.3)
+    (0.0, 0.0)
+    >>> host_noise([{8: 0.1}], [8], [0.1], [[0.1], [0.9], [0.1]], 1.3)
     (0.0, 0.0)
     """
     window, steps = [], []
@@ -50,7 +55,11 @@ def host_noise(
         if not point or not 1 / jump <= means[i] / point <= jump:
             continue
         window.append(math.log(means[i] / point) ** 2)
-        steps += [math.log(row[i] / point) ** 2 for row in samples if row[i] > 0]
+        steps += [
+            math.log(row[i] / point) ** 2
+            for row in samples
+            if row[i] > 0 and 1 / jump <= row[i] / point <= jump
+        ]
     rms = [math.sqrt(sum(x) / len(x)) if x else None for x in (window, steps)]
     return rms[0], rms[1]
 
