@@ -223,6 +223,9 @@ def one_run(
         "end_to_end_s": m.end_to_end_s,
         "final_accuracy": m.final_accuracy,
         "final_val_loss": m.final_val_loss,
+        # a classifier's mean cross-entropy on the test split: finer than its accuracy
+        "final_test_loss": (ran.result.lead.evals or [None])[-1]
+        and ran.result.lead.evals[-1].more.get("test_loss"),
         "comm_bytes_total": m.comm_bytes_total,
         "bytes_per_sample": m.comm_bytes_total / samples if samples else None,
         "wait_fraction": m.comm_fraction + m.straggler_idle_fraction,

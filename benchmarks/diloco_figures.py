@@ -44,18 +44,28 @@ def summarize_variant(runs: list[dict], sync: list[dict] | None, key: str) -> di
         if r[TO_TARGET] and paired.get((r["round"], r["seed"]))
     ]
     out["speedup_vs_sync"], out["speedup_vs_sync_range"] = median_spread(ups)
+    out |= quality_against(runs, sync, key, "quality_change_vs_sync")
+    if any(r.get("final_test_loss") is not None for r in runs):  # a classifier's, finer
+        out |= quality_against(runs, sync, "final_test_loss", "test_loss_change_vs_sync")
+    out = with_medians(out, runs, SPREAD)
+    sync_bytes = median_spread(r["bytes_per_sample"] for r in sync or [])[0]
+    b = out.get("bytes_per_sample")
+    out["bytes_vs_sync"] = b / sync_bytes if b is not None and sync_bytes else None
+    return out
+
+
+def quality_against(runs: list[dict], sync: list[dict] | None, key: str, change: str) -> dict:
+    """`key`'s median over the seeds (each seed's median over its rounds) with its range and
+    each seed's, and its relative change against `sync`'s same seed (`change`)."""
     seeds = by_seed(runs, key)
+    out: dict = {}
     out[key], out[f"{key}_range"] = median_spread(seeds.values())
     out[f"{key}_by_seed"] = list(seeds.values())
     base = by_seed(sync or [], key)
     changes = [
         (q - base[s]) / abs(base[s]) for s, q in seeds.items() if q is not None and base.get(s)
     ]
-    out["quality_change_vs_sync"], out["quality_change_vs_sync_range"] = median_spread(changes)
-    out = with_medians(out, runs, SPREAD)
-    sync_bytes = median_spread(r["bytes_per_sample"] for r in sync or [])[0]
-    b = out.get("bytes_per_sample")
-    out["bytes_vs_sync"] = b / sync_bytes if b is not None and sync_bytes else None
+    out[change], out[f"{change}_range"] = median_spread(changes)
     return out
 
 
@@ -86,10 +96,12 @@ def table(summary: dict[float, dict[str, dict]]) -> str:
     across seeds), against sync."""
     rows = [r for v in summary.values() for r in v.values()]
     key, fmt = quality([{"final_val_loss": r.get("final_val_loss")} for r in rows])
+    loss = any(r.get("final_test_loss") is not None for r in rows)  # a classifier's, finer
+    extra = " test loss (across seeds) | vs sync |" if loss else ""
     out = [
         f"| link | variant | to target (s) | speed-up vs sync | {key.replace('final_', 'final ')} "
-        "(across seeds) | vs sync | bytes/sample | bytes vs sync | waiting | reached |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"(across seeds) | vs sync |{extra} bytes/sample | bytes vs sync | waiting | reached |",
+        "| --- " * (12 if loss else 10) + "|",
     ]
     for gbps, variants in summary.items():
         for name, r in variants.items():
@@ -102,6 +114,14 @@ def table(summary: dict[float, dict[str, dict]]) -> str:
                 spread(r, "speedup_vs_sync", ".2f", "x"),
                 spread(r, key, fmt),
                 spread(r, "quality_change_vs_sync", "+.2%"),
+                *(
+                    [
+                        spread(r, "final_test_loss", ".4f"),
+                        spread(r, "test_loss_change_vs_sync", "+.2%"),
+                    ]
+                    if loss
+                    else []
+                ),
                 "-" if b is None else f"{b:,.0f}",
                 "-" if less is None else f"{less:.3f}",
                 spread(r, "wait_fraction", ".2f"),

@@ -142,6 +142,27 @@ def test_the_table_shows_medians_with_their_spread_and_val_loss_for_gpt():
     assert "| not reached |" not in text
 
 
+def test_a_classifiers_test_loss_is_its_finer_quality_beside_its_accuracy():
+    def with_loss(seed, t, acc, loss):
+        return run(seed, t, acc) | {"final_test_loss": loss}
+
+    rows = {
+        0.1: {
+            "sync": [with_loss(0, 40.0, 0.98, 0.100), with_loss(1, 44.0, 0.97, 0.120)],
+            "diloco": [with_loss(0, 20.0, 0.98, 0.105), with_loss(1, 22.0, 0.97, 0.114)],
+        }
+    }
+    d = summarize_links(rows)[0.1]["diloco"]
+    # equal accuracy, and the loss tells them apart: +5% on seed 0, -5% on seed 1
+    assert d["quality_change_vs_sync"] == 0.0
+    assert d["final_test_loss_by_seed"] == [0.105, 0.114]
+    assert d["test_loss_change_vs_sync_range"] == pytest.approx([-0.05, 0.05])
+    text = table(summarize_links(rows))
+    header = "| final accuracy (across seeds) | vs sync | test loss (across seeds) | vs sync |"
+    assert header in text
+    assert "| 0.1095 (0.1050-0.1140) |" in text and "0.00% (-5.00% to +5.00%) |" in text
+
+
 def test_the_progress_line_says_the_seed_the_place_in_the_round_and_not_reached_in_words():
     fig = run(1, None, 0.81111) | {"position": 1, "bytes_per_sample": 1773.2}
     assert progress_line(0.1, "diloco", 0, fig) == (

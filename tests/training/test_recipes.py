@@ -96,7 +96,14 @@ def test_resnet_reads_uint8_images_and_learns_them(source):
     assert pixels.dtype == torch.float32 and abs(float(pixels.mean())) < 2.0
     losses = _train(recipe, model, x, y, steps=16, lr=0.1)
     assert losses[-1] < 0.8 * losses[0]
-    assert evaluate(recipe, model, eval_batches(recipe, x, y)).keys() == {"accuracy"}
+    figures = evaluate(recipe, model, eval_batches(recipe, x, y))
+    assert figures.keys() == {"accuracy", "test_loss"}
+    # the test split's mean cross-entropy: the training loss's own measure, over every sample
+    model.eval()
+    with torch.no_grad():
+        summed = sum(float(recipe.loss(model, b)[0]) for b in eval_batches(recipe, x, y))
+    model.train()
+    assert figures["test_loss"] == pytest.approx(summed / len(y), rel=1e-5)
 
 
 def readme_recipe() -> tuple[str, str]:
