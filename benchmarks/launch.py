@@ -39,8 +39,8 @@ def one_run(variant: str, checkout: Path, flags: list[str], work: Path) -> dict:
     home = Path(tempfile.mkdtemp(prefix=f"launch-{variant}-", dir=work))
     out = home / "demo.json"
     env = {**os.environ, "HETFLOW_HOME": str(home), "PYTHONPATH": str(checkout)}
-    # this checkout with the warm agent on (opt-in: `run.WARM_RANKS`), or off for `cold`
-    env["HETFLOW_WARM_RANKS"] = "0" if variant == "cold" else "1"
+    if variant == "cold":  # this checkout with the warm agent off (`run.WARM_RANKS`)
+        env["HETFLOW_WARM_RANKS"] = "0"
     load = os.getloadavg()[0]
     t = time.perf_counter()
     done = subprocess.run(

@@ -32,12 +32,11 @@ from hetflow.training.launch.ready import launch_ready
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.ranks import RankMap, Stragglers
 
-# HETFLOW_WARM_RANKS=1: torchrun's ranks forked from a warm agent (`launch.warm`) where every
-# rank is on the CPU; by default a fresh interpreter per rank. Opt-in: a forked rank inherits
-# the agent's signal handlers, and a job killed and retried under Prefect (the flow's retry
-# test, under a loaded host) saw a rank of the retry end on SIGINT; until that is understood
-# the warm agent is what a user turns on, not what every run takes.
-WARM_RANKS = os.environ.get("HETFLOW_WARM_RANKS", "0") == "1"
+# torchrun's ranks forked from a warm agent (`launch.warm`) where every rank is on the CPU;
+# HETFLOW_WARM_RANKS=0: a fresh interpreter per rank (`benchmarks.launch --cold`). On a host
+# loaded far past its cores a niced agent's imports, in one process, get less CPU than four
+# ranks' (docs/measurements/demo.md).
+WARM_RANKS = os.environ.get("HETFLOW_WARM_RANKS", "1") != "0"
 
 
 def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
