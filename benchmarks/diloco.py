@@ -206,6 +206,12 @@ def stragglers_of(straggler, cfg: TrainConfig) -> list[tuple[int, int, float]]:
     return [(w, start // per, factor), (w, max(end // per, start // per + 1), 1.0)]
 
 
+def last_more(ran) -> dict[str, float]:
+    """The last evaluation's figures beyond the named ones (a classifier's `test_loss`)."""
+    evals = ran.result.lead.evals
+    return evals[-1].more if evals else {}
+
+
 def one_run(
     cfg: TrainConfig, cluster: ClusterSpec, dataset, run_dir: str, name: str, straggler=None
 ) -> dict:
@@ -224,8 +230,7 @@ def one_run(
         "final_accuracy": m.final_accuracy,
         "final_val_loss": m.final_val_loss,
         # a classifier's mean cross-entropy on the test split: finer than its accuracy
-        "final_test_loss": (ran.result.lead.evals or [None])[-1]
-        and ran.result.lead.evals[-1].more.get("test_loss"),
+        "final_test_loss": last_more(ran).get("test_loss"),
         "comm_bytes_total": m.comm_bytes_total,
         "bytes_per_sample": m.comm_bytes_total / samples if samples else None,
         "wait_fraction": m.comm_fraction + m.straggler_idle_fraction,
