@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from hetflow.perf.collective import ring_allreduce_bytes as perf_ring_bytes
+from hetflow.perf.collective import ring_allreduce_bytes
 
 if TYPE_CHECKING:  # the worker attaches the link (`training.worker.install_clocks`)
     from hetflow.emulation.link import Link
@@ -44,12 +44,6 @@ def new_control_group():
 def add_intra_node_group(group) -> None:
     """Mark `group` as node-local: `WireCounter` counts its bytes as `intra_node_bytes`."""
     _INTRA_NODE_GROUPS.append(group)
-
-
-def ring_allreduce_bytes(nbytes: int, world: int) -> float:
-    """Bytes one rank sends in a ring all-reduce of `nbytes` over `world` ranks: 2(n-1)/n x B
-    (the performance model's, `hetflow.perf.collective.ring_allreduce_bytes`)."""
-    return perf_ring_bytes(nbytes, world)
 
 
 def allgather_bytes(nbytes: int, world: int) -> float:
