@@ -1,0 +1,1 @@
+"""Tools to change the repository itself (not installed): `python -m tools.split_tests`."""
