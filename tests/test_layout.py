@@ -142,9 +142,14 @@ def benchmark_sources() -> list[tuple[str, Path]]:
     return out
 
 
+def tool_sources() -> list[tuple[str, Path]]:
+    """(dotted module name, file) of the repository's own tools (`tools/`): not installed."""
+    return [(f"tools.{p.stem}", p) for p in sorted((ROOT / "tools").glob("*.py"))]
+
+
 def sized() -> list[tuple[str, Path]]:
-    """Every module the size rule covers: the installed ones and the benchmarks."""
-    return sources() + benchmark_sources()
+    """Every module the size rule covers: the installed ones, the benchmarks and the tools."""
+    return sources() + benchmark_sources() + tool_sources()
 
 
 def layer(module: str) -> str | None:
@@ -478,3 +483,67 @@ def test_no_import_loops():
     found = [frozenset(c) for c in loops(import_graph(sources() + benchmark_sources()))]
     assert [sorted(c) for c in found if c not in ALLOWED_LOOPS] == []
     assert [sorted(c) for c in ALLOWED_LOOPS if c not in found] == [], "a loop allowed is gone"
+
+
+# The tiers: the unit tests (the fast tier, `pytest tests/unit`) and the integration tests,
+# those marked slow or started on a server, a process or a cluster (tools/split_tests.py).
+TESTS = ROOT / "tests"
+
+
+def slow_tests(tree: ast.Module) -> list[str]:
+    """The tests a module marks `slow`, read from its source: every test under a slow
+    `pytestmark`, else each test (function or class) a decorator marks, or a class's method."""
+
+    def slow(node: ast.AST) -> bool:
+        marks = [getattr(d, "func", d) for d in getattr(node, "decorator_list", [])]
+        if isinstance(node, ast.List | ast.Tuple):
+            marks = [getattr(e, "func", e) for e in node.elts]
+        elif isinstance(node, ast.Attribute | ast.Call):
+            marks = [getattr(node, "func", node)]
+        named = any(ast.unparse(m).endswith("mark.slow") for m in marks)
+        return named or any(slow(n) for n in getattr(node, "body", []) if hasattr(n, "body"))
+
+    tests = [
+        n
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and n.name.lower().startswith("test")
+    ]
+    module = any(
+        isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "pytestmark" and slow(n.value)
+        for n in tree.body
+    )
+    return [n.name for n in tests if module or slow(n)]
+
+
+def test_no_test_under_tests_unit_is_marked_slow():
+    found = [
+        f"{path.relative_to(ROOT)}::{name}"
+        for path in sorted((TESTS / "unit").rglob("test_*.py"))
+        for name in slow_tests(ast.parse(path.read_text()))
+    ]
+    assert not found, f"slow tests in the unit tier (move them to tests/integration): {found}"
+
+
+def test_the_slow_rule_sees_a_module_mark_a_decorator_and_a_class():
+    marked = ast.parse("pytestmark = [pytest.mark.slow, pytest.mark.timeout(9)]\ndef test_a(): ...")
+    assert slow_tests(marked) == ["test_a"]
+    tree = ast.parse(
+        "pytestmark = pytest.mark.timeout(9)\n@pytest.mark.slow\ndef test_a(): ...\n"
+        "def test_b(): ...\n@pytest.mark.parametrize('x', [1])\ndef test_c(x): ...\n"
+        "class TestD:\n    @pytest.mark.slow\n    def test_e(self): ...\n"
+    )
+    assert slow_tests(tree) == ["test_a", "TestD"]
+
+
+def test_once_split_every_test_module_sits_in_a_tier():
+    """After `python -m tools.split_tests --apply`, no test module is left at an old place."""
+    if not (TESTS / "unit").is_dir():
+        pytest.skip("the tests are not split into tests/unit and tests/integration yet")
+    tiers = (TESTS / "unit", TESTS / "integration")
+    left = [
+        str(p.relative_to(ROOT))
+        for p in sorted(TESTS.rglob("test_*.py"))
+        if not any(t in p.parents for t in tiers)
+    ]
+    assert not left, f"test modules outside tests/unit and tests/integration: {left}"

@@ -9,12 +9,14 @@ pages are records of runs at a commit and keep the paths of their time.
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
+import tokenize
 from pathlib import Path
 
-from tools.split_plan import INTEGRATION, UNIT
-
+HOMES = ("unit", "integration")
+LINE = 100  # ruff's line-length
 TEXT_SUFFIXES = {".md", ".py", ".toml", ".yml", ".yaml", ".txt", ".cfg", ".ini", ""}
 KEPT = ("docs/measurements/", "tools/split_")  # records of their time; this tool's own text
 
@@ -96,9 +98,7 @@ def _targets(moves) -> dict[str, tuple[str, dict[str, str]]]:
             out[str(m.module.path)] = (next(iter(paths.values())), {})
             continue
         rest = "/".join(m.module.path.parts[1:])
-        tests = {
-            c.node.name: paths[c.place] for c in m.module.chunks if c.place in {UNIT, INTEGRATION}
-        }
+        tests = {c.node.name: paths[c.place] for c in m.module.chunks if c.kind == "test"}
         out[str(m.module.path)] = (f"tests/{{unit,integration}}/{rest}", tests)
     return out
 
@@ -122,7 +122,14 @@ def rewrite_references(root: Path, moves) -> list[str]:
 
     def new(match: re.Match) -> str:
         path, tests = targets[match.group(1)]
-        return tests.get(match.group(3) or "", path) + (match.group(2) or "")
+        path = tests.get(match.group(3) or "", path)
+        quoted = match.string[match.start() - 1 : match.start()] == match.string[match.end()]
+        if quoted and match.string[match.end()] in "\"'" and "{" in path:
+            q = match.string[match.end()]  # a quoted path alone: both halves, as two strings
+            line = match.string[: match.start()].rsplit("\n", 1)[-1]
+            indent = " " * (len(line) - len(line.lstrip()))
+            path = f"{q},\n{indent}{q}".join(path.replace("{unit,integration}", h) for h in HOMES)
+        return path + (match.group(2) or "")
 
     warnings = []
     for name in _tracked(root):
@@ -132,8 +139,49 @@ def rewrite_references(root: Path, moves) -> list[str]:
         except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
             continue
         changed = pattern.sub(new, text)
-        if changed != text:
-            path.write_text(changed)
-            if name.endswith(".py") and "tests/{unit,integration}/" in changed:
-                warnings.append(f"{name}: quotes a split module as tests/{{unit,integration}}/")
+        if changed == text:
+            continue
+        if name.endswith(".py"):
+            changed, long = rewrap(changed, set(text.splitlines()))
+            warnings += [f"{name}:{n}: longer than {LINE} characters; wrap by hand" for n in long]
+        path.write_text(changed)
     return warnings
+
+
+def _string_lines(text: str) -> set[int]:
+    """The line numbers (from 1) inside a string that spans several lines (a docstring)."""
+    out = set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
+            out |= set(range(tok.start[0], tok.end[0] + 1))
+    return out
+
+
+def _split(line: str, prefix: str) -> list[str]:
+    """`line` cut at its last space within the limit, the rest under `prefix`, repeatedly."""
+    out = []
+    while len(line) > LINE and " " in line[len(prefix) + 1 : LINE + 1]:
+        cut = line.rindex(" ", len(prefix) + 1, LINE + 1)
+        out.append(line[:cut].rstrip())
+        line = prefix + line[cut + 1 :]
+    return [*out, line]
+
+
+def rewrap(text: str, unchanged: set[str]) -> tuple[str, list[int]]:
+    """Lines a longer path made too long, cut: a comment continues as a comment, a line of a
+    docstring at its indentation; (the text, the numbers of code lines left too long)."""
+    strings = _string_lines(text)
+    out, long = [], []
+    for n, line in enumerate(text.splitlines(), 1):  # n: the line in `text`, for `strings`
+        if len(line) <= LINE or line in unchanged:
+            out.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        if line.lstrip().startswith("#"):
+            out += _split(line, indent + "# ")
+        elif n in strings:
+            out += _split(line, indent)
+        else:
+            out.append(line)
+            long.append(len(out))
+    return "\n".join(out) + ("\n" if text.endswith("\n") else ""), long

@@ -56,6 +56,11 @@ class Chunk:
     slow: bool = False
     place: str = ""
 
+    def refs(self, fixtures: set[str] | dict) -> set[str]:
+        """The module-level names this chunk needs: those it loads, and the fixtures among its
+        arguments and strings."""
+        return self.uses | ((self.params | self.strings) & set(fixtures))
+
 
 @dataclass
 class Fixture:
@@ -317,12 +322,12 @@ def _providers(chunks: list[Chunk]) -> dict[str, list[int]]:
     return out
 
 
-def _closure(chunks: list[Chunk], roots: set[int], providers: dict[str, list[int]]) -> set[int]:
+def _closure(module: Module, roots: set[int], providers: dict[str, list[int]]) -> set[int]:
     """The helper chunks `roots` need, through the helpers they need in turn (roots kept)."""
     found, todo = set(roots), list(roots)
     while todo:
-        c = chunks[todo.pop()]
-        for name in c.uses | c.params | c.strings:
+        c = module.chunks[todo.pop()]
+        for name in c.refs(module.fixtures):
             for j in providers.get(name, ()):
                 if j not in found:
                     found.add(j)
@@ -339,11 +344,11 @@ def place(module: Module, kinds: dict[int, str], exported: set[str]) -> None:
     common = {i for i, c in enumerate(chunks) if c.kind == "mark"}
     common |= {i for n, f in module.fixtures.items() if f.autouse for i in providers.get(n, ())}
     reach = {
-        kind: _closure(chunks, {i for i, k in kinds.items() if k == kind} | common, providers)
+        kind: _closure(module, {i for i, k in kinds.items() if k == kind} | common, providers)
         for kind in (UNIT, INTEGRATION)
     }
     wanted = {i for name in exported for i in providers.get(name, ())}
-    shared = _closure(chunks, (reach[UNIT] & reach[INTEGRATION]) | wanted, providers)
+    shared = _closure(module, (reach[UNIT] & reach[INTEGRATION]) | wanted, providers)
     for i, c in enumerate(chunks):
         if c.kind == "test":
             c.place = kinds[i]

@@ -6,6 +6,7 @@ everything around it (comments, `# noqa`) as written. Nothing here writes a file
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import PurePosixPath
 
 from tools.split_plan import SHARED, Module, dotted_name
@@ -87,10 +88,9 @@ def _climb(node: ast.AST) -> int | None:
             up, node = up + node.slice.value + 1, node.value.value
         else:
             break
-    if isinstance(node, ast.Call) and dotted_name(node.func) in {"resolve", "absolute"}:
-        node = node.func.value
-    if isinstance(node, ast.Attribute) and node.attr in {"resolve", "absolute"}:
-        node = node.value
+    func = getattr(node, "func", None)
+    if isinstance(func, ast.Attribute) and func.attr in {"resolve", "absolute"}:
+        node = func.value
     if isinstance(node, ast.Call) and node.args and dotted_name(node.func).endswith("Path"):
         arg = node.args[0]
         if isinstance(arg, ast.Name) and arg.id == "__file__" and up:
@@ -128,10 +128,10 @@ def rewrite_file_paths(
     return replace_spans(source, edits), warnings
 
 
-def _shared_import(module: str, names: set[str], loaded: set[str]) -> str:
+def _shared_import(module: str, names: set[str], plain: set[str]) -> str:
     """One import of the shared helpers a half uses; `# noqa: F401` where some are fixtures
-    the half only names as arguments (pyflakes sees no use)."""
-    noqa = "  # noqa: F401 (fixtures)" if names - loaded else ""
+    (a test names one as an argument, which pyflakes does not count as a use)."""
+    noqa = "  # noqa: F401 (fixtures)" if names - plain else ""
     return f"from {module} import {', '.join(sorted(names))}{noqa}\n"
 
 
@@ -140,8 +140,8 @@ def half_text(module: Module, kind: str, shared_module: str) -> str:
     ones it does not use), `pytestmark`, its own tests and helpers, and one import of the
     shared helpers it needs."""
     own = [c for c in module.chunks if c.place == kind]
-    used = set().union(*(c.uses | c.params | c.strings for c in own), *[set()])
-    loaded = set().union(*(c.uses for c in own), *[set()])
+    used = set().union(*(c.refs(module.fixtures) for c in own), *[set()])
+    plain = set().union(*(c.uses for c in own), *[set()]) - set(module.fixtures)
     shared = {n for c in module.chunks if c.place == SHARED for n in c.defines}
     auto = {n for n, f in module.fixtures.items() if f.autouse}
     wanted = (shared & used) | (shared & auto)
@@ -151,7 +151,7 @@ def half_text(module: Module, kind: str, shared_module: str) -> str:
             out.append(c.text)
             continue
         if wanted and not head_done:
-            out.append(_shared_import(shared_module, wanted, loaded))
+            out.append(_shared_import(shared_module, wanted, plain))
             head_done = True
         if c.place in {kind, "all"}:
             out.append(c.text)
@@ -160,10 +160,11 @@ def half_text(module: Module, kind: str, shared_module: str) -> str:
 
 def shared_text(module: Module, halves: list[PurePosixPath]) -> str:
     """The shared helpers of a split module, under a docstring naming its two halves."""
-    doc = (
-        f'"""Helpers both halves of {module.path.name} use: {halves[0]} and {halves[1]}\n'
-        '(and any other test module that imports them)."""\n'
+    said = (
+        f"Helpers both halves of {module.path.name} use: {halves[0]} and {halves[1]} (and any "
+        "other test module that imports them)."
     )
+    doc = '"""' + textwrap.fill(said, width=96) + '"""\n'
     out = [doc]
     for c in module.chunks:
         if c.kind in {"future", "import"} or c.place == SHARED:

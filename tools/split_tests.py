@@ -222,7 +222,7 @@ def apply(root: Path, moves: list[Move], symbols: dict) -> list[str]:
     warnings += split_docs.rewrite_references(root, moves)
     warnings += split_docs.apply_edits(root)
     _ruff(root, sorted(set(map(str, written)) | {str(conftest)}))
-    git(root, "add", "-A", "tests")
+    git(root, "add", "-A")
     return warnings
 
 
@@ -281,6 +281,13 @@ def _ruff(root: Path, files: list[str]) -> None:
         subprocess.run([*ruff, *step, *files], cwd=root, check=False, capture_output=True)
 
 
+def _dirty(root: Path) -> bool:
+    status = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True
+    )
+    return bool(status.stdout.strip())
+
+
 def report(moves: list[Move], warnings: list[str]) -> str:
     lines = []
     for m in moves:
@@ -300,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (args.root / "tests").is_dir():
         parser.error(f"--root: no tests/ folder in {args.root}")
+    if args.apply and _dirty(args.root):
+        parser.error(f"--apply: {args.root} has uncommitted changes; commit or stash them first")
     moves, symbols, warnings = plan(args.root)
     if args.apply:
         warnings += apply(args.root, moves, symbols)
