@@ -128,11 +128,17 @@ def rewrite_file_paths(
     return replace_spans(source, edits), warnings
 
 
-def _shared_import(module: str, names: set[str], plain: set[str]) -> str:
-    """One import of the shared helpers a half uses; `# noqa: F401` where some are fixtures
-    (a test names one as an argument, which pyflakes does not count as a use)."""
-    noqa = "  # noqa: F401 (fixtures)" if names - plain else ""
-    return f"from {module} import {', '.join(sorted(names))}{noqa}\n"
+def _shared_import(module: str, names: set[str], fixtures: set[str]) -> str:
+    """The import of the shared helpers a half uses. A fixture is bound by assignment, not
+    imported by name: a test's argument of the same name would read to pyflakes as an unused
+    import redefined (F401, F811), where pytest sees the fixture it asks for."""
+    plain, bound = sorted(names - fixtures), sorted(names & fixtures)
+    out = [f"from {module} import {', '.join(plain)}"] if plain else []
+    if bound:
+        package, _, leaf = module.rpartition(".")
+        out += [f"from {package} import {leaf} as _shared", "", "# the shared fixtures"]
+        out += [f"{n} = _shared.{n}" for n in bound]
+    return "\n".join(out) + "\n"
 
 
 def half_text(module: Module, kind: str, shared_module: str) -> str:
@@ -141,7 +147,6 @@ def half_text(module: Module, kind: str, shared_module: str) -> str:
     shared helpers it needs."""
     own = [c for c in module.chunks if c.place == kind]
     used = set().union(*(c.refs(module.fixtures) for c in own), *[set()])
-    plain = set().union(*(c.uses for c in own), *[set()]) - set(module.fixtures)
     shared = {n for c in module.chunks if c.place == SHARED for n in c.defines}
     auto = {n for n, f in module.fixtures.items() if f.autouse}
     wanted = (shared & used) | (shared & auto)
@@ -151,7 +156,7 @@ def half_text(module: Module, kind: str, shared_module: str) -> str:
             out.append(c.text)
             continue
         if wanted and not head_done:
-            out.append(_shared_import(shared_module, wanted, plain))
+            out.append(_shared_import(shared_module, wanted, set(module.fixtures)))
             head_done = True
         if c.place in {kind, "all"}:
             out.append(c.text)

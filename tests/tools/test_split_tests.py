@@ -161,8 +161,10 @@ def test_a_mixed_module_keeps_each_halfs_helpers_and_shares_the_common_ones_once
         "s": {"_answer", "doubled", "exported_helper"},
     }
     assert "# the figure both halves check\nANSWER = 42" in shared  # comments travel along
-    assert "from tests.helpers.room.mixed import ANSWER, _answer, doubled  # noqa: F401" in unit
-    assert "import doubled  # noqa: F401" in integration  # a fixture named only as an argument
+    assert "from tests.helpers.room.mixed import ANSWER, _answer\n" in unit
+    for half in (unit, integration):  # a fixture bound by name, not imported: see _shared_import
+        assert "from tests.helpers.room import mixed as _shared" in half
+        assert "\ndoubled = _shared.doubled\n" in half
     assert {c.place for c in module.chunks if c.kind == "helper"} == {SHARED, INTEGRATION}
 
 
