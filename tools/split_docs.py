@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import re
 import subprocess
+import textwrap
 import tokenize
 from pathlib import Path
 
@@ -82,6 +83,8 @@ def apply_edits(root: Path) -> list[str]:
             continue
         text = path.read_text()
         changed, n = _pattern(old).subn(new.replace("\\", r"\\"), text)
+        if n and name.endswith(".md"):
+            changed = reflow(changed, _pattern(new))
         if n:
             path.write_text(changed)
         elif not _pattern(new).search(text):
@@ -148,13 +151,16 @@ def rewrite_references(root: Path, moves) -> list[str]:
     return warnings
 
 
-def _string_lines(text: str) -> set[int]:
-    """The line numbers (from 1) inside a string that spans several lines (a docstring)."""
-    out = set()
+def _lexed(text: str) -> tuple[set[int], dict[int, int]]:
+    """(the line numbers, from 1, inside a string of several lines (a docstring); line number
+    -> the column of the comment on it)."""
+    strings, comments = set(), {}
     for tok in tokenize.generate_tokens(io.StringIO(text).readline):
         if tok.type == tokenize.STRING and tok.end[0] > tok.start[0]:
-            out |= set(range(tok.start[0], tok.end[0] + 1))
-    return out
+            strings |= set(range(tok.start[0], tok.end[0] + 1))
+        elif tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.start[1]
+    return strings, comments
 
 
 def _split(line: str, prefix: str) -> list[str]:
@@ -168,20 +174,40 @@ def _split(line: str, prefix: str) -> list[str]:
 
 
 def rewrap(text: str, unchanged: set[str]) -> tuple[str, list[int]]:
-    """Lines a longer path made too long, cut: a comment continues as a comment, a line of a
-    docstring at its indentation; (the text, the numbers of code lines left too long)."""
-    strings = _string_lines(text)
+    """Lines a longer path made too long, cut: a comment continues as a comment (one after
+    code goes above it), a line of a docstring at its indentation; (the text, the numbers of
+    code lines still too long)."""
+    strings, comments = _lexed(text)
     out, long = [], []
-    for n, line in enumerate(text.splitlines(), 1):  # n: the line in `text`, for `strings`
+    for n, line in enumerate(text.splitlines(), 1):  # n: the line in `text`, for the lexing
         if len(line) <= LINE or line in unchanged:
             out.append(line)
             continue
         indent = line[: len(line) - len(line.lstrip())]
-        if line.lstrip().startswith("#"):
-            out += _split(line, indent + "# ")
+        if n in comments:
+            code, comment = line[: comments[n]].rstrip(), line[comments[n] :]
+            out += _split(indent + comment, indent + "# ") + ([code] if code.strip() else [])
         elif n in strings:
             out += _split(line, indent)
         else:
             out.append(line)
+        if len(out[-1]) > LINE:
             long.append(len(out))
     return "\n".join(out) + ("\n" if text.endswith("\n") else ""), long
+
+
+def reflow(text: str, pattern: re.Pattern) -> str:
+    """Each prose paragraph of a Markdown page that `pattern` matches, filled to the line
+    length again (lists, tables, headings, quotes and code left as they are)."""
+    paragraphs = re.split(r"(\n\s*\n)", text)
+    for i, para in enumerate(paragraphs):
+        lines = para.splitlines()
+        prose = lines and not any(
+            line.lstrip().startswith(("|", "- ", "* ", "```", "#", ">")) for line in lines
+        )
+        if prose and pattern.search(para) and not lines[0].startswith("    "):
+            filled = textwrap.fill(
+                " ".join(para.split()), LINE, break_long_words=False, break_on_hyphens=False
+            )
+            paragraphs[i] = filled + ("\n" if para.endswith("\n") else "")
+    return "".join(paragraphs)

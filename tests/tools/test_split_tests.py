@@ -206,11 +206,28 @@ def test_a_path_climb_from_the_file_reaches_the_same_folder_one_level_deeper():
 
 def test_a_long_line_a_path_made_is_wrapped_in_a_comment_or_docstring_and_named_in_code():
     word = "tests/integration/room/test_x.py"
-    source = f'"""Doc\n{"w " * 40}{word}."""\n# {"c " * 40}{word}\nX = "{"v" * 80}{word}"\n'
+    source = (
+        f'"""Doc\n{"w " * 40}{word}."""\n# {"c " * 40}{word}\n'
+        f"N = 1  # {'t ' * 40}{word}\n"
+        f'X = "{"v" * 80}{word}"\n'
+    )
     text, long = split_docs.rewrap(source, set())
-    assert all(len(line) <= 100 for line in text.splitlines()[:5])
-    assert text.splitlines()[3].startswith("# ")
-    assert long == [len(text.splitlines())]
+    lines = text.splitlines()
+    assert all(len(line) <= 100 for line in lines[:-1])
+    assert lines[3].startswith("# ") and lines[-3:-1] == [f"# {word}", "N = 1"]
+    assert long == [len(lines)]
+
+
+def test_an_edited_paragraph_of_a_page_is_filled_again_and_a_list_is_not():
+    page = (
+        "Intro.\n\nThe fast tier: `pytest tests/unit` runs\nthe unit tests "
+        + "x " * 60
+        + "\n\n- a\n- b\n"
+    )
+    filled = split_docs.reflow(page, split_docs._pattern("`pytest tests/unit` runs"))
+    para = filled.split("\n\n")[1]
+    assert all(len(line) <= 100 for line in para.splitlines()) and len(para.splitlines()) == 2
+    assert filled.startswith("Intro.\n\nThe fast tier:") and filled.endswith("\n\n- a\n- b\n")
 
 
 def test_every_edit_of_the_fast_tiers_command_finds_its_text_in_this_repository():
