@@ -299,8 +299,9 @@ class Fixtures:
         return {n for home in self.visible(module) for n, f in home.fixtures.items() if f.autouse}
 
 
-def classify(module: Module, fixtures: Fixtures) -> dict[int, str]:
-    """Each test chunk's index -> UNIT or INTEGRATION."""
+def classify(module: Module, fixtures: Fixtures, by_fixtures: bool = True) -> dict[int, str]:
+    """Each test chunk's index -> UNIT or INTEGRATION (by the slow mark alone where not
+    `by_fixtures`)."""
     slow_module = module_pytestmark_slow(module)
     auto = fixtures.autouse(module)
     out = {}
@@ -308,7 +309,7 @@ def classify(module: Module, fixtures: Fixtures) -> dict[int, str]:
         if c.kind != "test":
             continue
         asked = c.params | _fixture_calls(c) | auto
-        started = any(fixtures.launches(module, n) for n in asked)
+        started = by_fixtures and any(fixtures.launches(module, n) for n in asked)
         out[i] = INTEGRATION if slow_module or c.slow or started else UNIT
     return out
 

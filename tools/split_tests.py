@@ -5,10 +5,11 @@
 
 Integration tests are those marked slow (the test, its class or its module) and those that ask
 for a fixture that starts a server, a process or a cluster (tools/split_plan.py says how that is
-read); unit tests are the rest. A module of one kind moves with `git mv`; a mixed one is split
-(the larger half keeps the file's history), the helpers both halves use going to
-tests/helpers/<room>/<name>.py. Imports of moved modules, `Path(__file__)` climbs, paths quoted
-in the docs and the fast tier's command follow. Top-level tests go to tests/unit/ itself.
+read; `--marks-only` leaves these in unit); unit tests are the rest. A module of one kind moves
+with `git mv`; a mixed one is split (the larger half keeps the file's history), the helpers both
+halves use going to tests/helpers/<room>/<name>.py. Imports of moved modules, `Path(__file__)`
+climbs, paths quoted in the docs and the fast tier's command follow. Top-level tests go to
+tests/unit/ itself.
 
 Re-runnable: test modules already under tests/unit, tests/integration or tests/helpers are left
 alone, so a second run moves only modules added at the old places since, and a run with nothing
@@ -120,14 +121,14 @@ def exported(root: Path, modules: dict[str, Module]) -> dict[str, set[str]]:
     return out
 
 
-def plan(root: Path) -> tuple[list[Move], dict, list[str]]:
+def plan(root: Path, by_fixtures: bool = True) -> tuple[list[Move], dict, list[str]]:
     """(the moves, old module -> new module or name -> new module, warnings)."""
     modules, conftests = discover(root)
     fixtures = Fixtures(modules, conftests)
     wanted = exported(root, modules)
     moves, symbols, warnings = [], {}, []
     for name, module in modules.items():
-        kinds = classify(module, fixtures)
+        kinds = classify(module, fixtures, by_fixtures)
         counts = {k: list(kinds.values()).count(k) for k in (UNIT, INTEGRATION)}
         held = [k for k in (UNIT, INTEGRATION) if counts[k]] or [UNIT]
         targets = {k: new_path(module.path, k) for k in held}
@@ -301,12 +302,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--apply", action="store_true", help="move the files (default: plan)")
     parser.add_argument("--root", type=Path, default=ROOT, help="the repository's root")
+    parser.add_argument(
+        "--marks-only",
+        action="store_true",
+        help="integration = marked slow only; a test on a server fixture stays unit",
+    )
     args = parser.parse_args(argv)
     if not (args.root / "tests").is_dir():
         parser.error(f"--root: no tests/ folder in {args.root}")
     if args.apply and _dirty(args.root):
         parser.error(f"--apply: {args.root} has uncommitted changes; commit or stash them first")
-    moves, symbols, warnings = plan(args.root)
+    moves, symbols, warnings = plan(args.root, not args.marks_only)
     if args.apply:
         warnings += apply(args.root, moves, symbols)
     print(report(moves, warnings))

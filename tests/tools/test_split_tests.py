@@ -137,6 +137,8 @@ def test_a_slow_module_mark_or_fixture_by_name_makes_every_test_integration():
     )
     assert _kinds(slow) == {"test_a": INTEGRATION}
     assert _kinds(named) == {"test_a": INTEGRATION, "test_b": UNIT}
+    by_marks = classify(named, _fixtures(named), by_fixtures=False)
+    assert set(by_marks.values()) == {UNIT}  # --marks-only
 
 
 def _split(exported: set[str]):
