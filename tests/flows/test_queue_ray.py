@@ -6,6 +6,8 @@ checkpoint and resumes there on its next workers."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, WorkerSpec
@@ -100,6 +102,16 @@ def test_a_high_job_moves_the_low_one_through_the_ray_channel(
     high_from = min(a for job, _, a, _ in spans if job == "high")
     low_until = max(b for job, _, _, b in spans if job == "low")
     assert high_from < low_until  # the high job ran before the low one had ended
+    held = {}  # the low job's segments, by their start: the workers each held
+    for job, worker, start, _ in spans:
+        if job == "low":
+            held.setdefault(start, set()).add(worker)
+    first, *_, last = [held[t] for t in sorted(held)]
+    assert first != last  # moved to other workers, so onto other labelled nodes
+    # it ended at the checkpoint agreed, and its next segment resumed there
+    (recovery,) = (hetflow_home / "runs").glob("*-low/recovery.json")
+    resumed = json.loads(recovery.read_text())
+    assert resumed["resumed_at"] in (4, 8) and resumed["steps_redone"] == 0, resumed
     # the request went through the Ray channel: no run directory holds the file
     assert not list((hetflow_home / "runs").glob(f"*/{STOP_FILE}"))
 

@@ -106,7 +106,8 @@ def board(create: bool):
 class RayStopChannel(StopChannel):
     """The run `key`'s entry on the cluster's `StopBoard` (see the module). The writer's side
     (`write`, `clear`) makes the board; the reader's (`read`, rank 0 in a Ray worker) only
-    looks for it, every `LOOK_EVERY_S` while there is none."""
+    looks for it, every `LOOK_EVERY_S` while there is none; a board that went is looked for
+    anew, the request read so far kept: a lost board never ends the run."""
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -142,7 +143,11 @@ class RayStopChannel(StopChannel):
         self.asked_once = True
         done, _ = ray.wait([self.pending], timeout=wait_s)
         if done:
-            self.last, self.pending = ray.get(self.pending), None
+            ref, self.pending = self.pending, None
+            try:
+                self.last = ray.get(ref)
+            except ray.exceptions.RayError:  # the board went (its node, the head): look again
+                self.actor, self.next_look = None, time.monotonic() + LOOK_EVERY_S
         return self.last
 
 
