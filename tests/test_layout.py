@@ -69,6 +69,13 @@ ALLOWED = {
     "hetflow.repeats": set(),  # the order of a round's variants, a figure's median: pure
     # the profile history's records and keys (`hetflow.history`), beside the config
     "hetflow.history": {"hetflow.records", "hetflow.config"},
+    # where the history's entries are stored and which are fresh: over S3 (`infra.s3`)
+    "hetflow.history.store": {
+        "hetflow.history",
+        "hetflow.records",
+        "hetflow.config",
+        "hetflow.infra",
+    },
     "hetflow.infra": {"hetflow.figures", "hetflow.records", "hetflow.config", "hetflow.emulation"},
     "hetflow.training": {
         "hetflow.figures",
@@ -97,6 +104,7 @@ ALLOWED = {
         "hetflow.records",
         "hetflow.config",
         "hetflow.history",
+        "hetflow.history.store",
         "hetflow.infra",
         "hetflow.forecast",
         "hetflow.perf",
@@ -112,6 +120,7 @@ ALLOWED = {
         "hetflow.records",
         "hetflow.config",
         "hetflow.history",
+        "hetflow.history.store",
         "hetflow.infra",
         "hetflow.tasks",
     },
