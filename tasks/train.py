@@ -17,7 +17,7 @@ from hetflow.config import (
     TrainConfig,
 )
 from hetflow.figures import RunMetrics
-from hetflow.infra.catalog import Catalog, cost_usd
+from hetflow.infra.catalog import Catalog, with_cost
 from hetflow.infra.data.format import read_manifest
 from hetflow.infra.paths import new_run_dir, runs_dir
 from hetflow.infra.report.plots import rank_labels
@@ -126,23 +126,23 @@ def train_variant(
         variant, cluster, dataset, train, plan, run_dir, parent_run_id
     )
     ran = launch(variant, cluster, plan, train, dataset, run_dir, tracker, run_id)
-    ranks = ran.ranks
     metrics = summarize(
         ran.result, train.global_batch, train.target_accuracy, train.target_val_loss
     )
     profiled = profile.profiling_time_s if needs_profile(train) else 0.0
     metrics = end_to_end(metrics, ran.wall_s, profiled)
-    finished_cluster = ranks.launched()[0]
+    finished_cluster = ran.ranks.launched()[0]
     if train.schedule == "dynamic":  # it ran its workers at the batches its plans gave them
         store_learned(finished_cluster, dataset, train, ran.result)
-    metrics = with_cost(finished_cluster, metrics, train, catalog, epoch_samples)
+    turn = loop_counts(train).global_batch  # a round's samples under diloco
+    metrics = with_cost(finished_cluster, metrics, turn, catalog, epoch_samples)
     outcome = TrainOutcome(
         variant=variant,
         run_id=run_id,
         run_dir=str(run_dir),
         plan=plan,
-        metrics=ranks.to_cluster(metrics),
-        series=[ranks.to_cluster(row) for row in step_series(ran.result, train.global_batch)],
+        metrics=ran.ranks.to_cluster(metrics),
+        series=[ran.ranks.to_cluster(row) for row in step_series(ran.result, train.global_batch)],
         result=ran.result,
     )
     record_training(tracker, outcome, profile, finished_cluster)
@@ -272,33 +272,6 @@ def launch(
             raise
     progress(steps)
     return ran
-
-
-def with_cost(
-    cluster: ClusterSpec,
-    metrics: RunMetrics,
-    train: TrainConfig,
-    catalog: Catalog | None,
-    epoch_samples: int | None,
-) -> RunMetrics:
-    """`metrics` with `cost_usd`, `cost_per_epoch_usd` and each launched rank's `cost_usd` of
-    the training loop's time (`train_loop_s`; price x instance-hours, a GPU instance's price
-    shared by its GPUs), when the workers name EC2 instance types; unchanged for workers that
-    name none (a local emulation has no price). `cluster`: the workers the run finished on."""
-    if catalog is None or not catalog.types:
-        return metrics
-    turn = loop_counts(train).global_batch  # a round's samples under diloco
-    epochs = metrics.steps * turn / epoch_samples if epoch_samples else None
-    cost = cost_usd(cluster, metrics.train_loop_s, catalog, epochs=epochs)
-    by_rank = [cost["by_worker"][w.name] for w in cluster.workers]
-    ranks = [r.model_copy(update={"cost_usd": by_rank[r.rank]}) for r in metrics.ranks]
-    return metrics.model_copy(
-        update={
-            "cost_usd": cost["total_usd"],
-            "cost_per_epoch_usd": cost.get("per_epoch_usd"),
-            "ranks": ranks,
-        }
-    )
 
 
 def _progress_reporter(variant: str, steps: int):
