@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections import OrderedDict
 
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser
 from hetflow.config import ConfigError
 from hetflow.infra.data.cache import ShardCache
 from hetflow.infra.data.format import Manifest, synthetic_source, write_dataset

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser
 from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrainConfig
 from hetflow.infra.data.format import Manifest, synthetic_source, write_dataset
 from hetflow.records import Plan, RunResult

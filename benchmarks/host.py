@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser
 from hetflow.config import ConfigError
 from hetflow.infra.s3 import free_port
 from hetflow.perf.fitting import robust_affine

@@ -21,9 +21,8 @@ import json
 import numpy as np
 import torch
 
-from hetflow.cli.job import add_recipe_arg
-from hetflow.cli.parser import Parser
-from hetflow.config import LR_RULES, TrainConfig
+from hetflow.cli.args import Parser, add_recipe_arg
+from hetflow.config import BUILTIN_RECIPES, LR_RULES, TrainConfig
 from hetflow.infra.data.format import digits_source
 from hetflow.training.loop.optim import (
     build_optimizer,
@@ -48,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rule", choices=LR_RULES, help="the rule to compare (default: recipe's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the figures to this file")
-    add_recipe_arg(p, "digits-cnn")
+    add_recipe_arg(p, "digits-cnn", BUILTIN_RECIPES)
     return p
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser
 from hetflow.config import ConfigError
 from hetflow.queue.allocate import step_s
 from hetflow.queue.jobs import Job, Kind, Line

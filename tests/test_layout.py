@@ -487,3 +487,60 @@ def test_no_import_loops():
     found = [frozenset(c) for c in loops(import_graph(sources() + benchmark_sources()))]
     assert [sorted(c) for c in found if c not in ALLOWED_LOOPS] == []
     assert [sorted(c) for c in ALLOWED_LOOPS if c not in found] == [], "a loop allowed is gone"
+
+
+# The CLI's argument helpers, which the commands and the benchmarks share: of hetflow, only the
+# one-line error (`hetflow.errors`, which imports nothing of hetflow's itself).
+ARGS = "hetflow.cli.args"
+ARGS_MAY_IMPORT = {"hetflow.errors"}
+
+
+def stdlib(name: str) -> bool:
+    return name.split(".")[0] in sys.stdlib_module_names or name == "__future__"
+
+
+@pytest.mark.parametrize("module", [ARGS, *sorted(ARGS_MAY_IMPORT)])
+def test_the_argument_helpers_import_only_the_standard_library(module):
+    path = dict(sources())[module]
+    bad = sorted(
+        n
+        for n in all_imports(ast.parse(path.read_text()))
+        if not stdlib(n) and (module != ARGS or n not in ARGS_MAY_IMPORT)
+    )
+    assert not bad, f"{module} imports {bad}"
+
+
+def test_importing_the_argument_helpers_loads_nothing_else():
+    """At run time too: the `hetflow.cli` package they live in imports its commands only when
+    its parser is built, so a benchmark that imports `hetflow.cli.args` loads no config model,
+    no pydantic and no command module."""
+    import subprocess
+
+    code = (
+        "import sys; before = set(sys.modules); import hetflow.cli.args; "
+        "print('\\n'.join(sorted(set(sys.modules) - before)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
+    assert {m for m in out if m.startswith("hetflow")} == {
+        "hetflow",
+        "hetflow.cli",
+        ARGS,
+        *ARGS_MAY_IMPORT,
+    }
+    assert [m for m in out if not m.startswith("hetflow") and not stdlib(m)] == []
+
+
+def test_the_benchmarks_take_of_the_cli_only_its_argument_helpers():
+    """A benchmark defines its flags with `hetflow.cli.args`; the CLI's command modules (the
+    job's validation, the recommend command) are the CLI's own."""
+    bad = {
+        module: sorted(
+            n
+            for n in all_imports(ast.parse(path.read_text()))
+            if n.startswith("hetflow.cli") and n != ARGS
+        )
+        for module, path in benchmark_sources()
+    }
+    assert {m: names for m, names in bad.items() if names} == {}

@@ -28,7 +28,7 @@ import statistics
 import struct
 from pathlib import Path
 
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser
 from hetflow.config import (
     DEADLINE_MARGIN,
     ClusterSpec,

@@ -25,8 +25,8 @@ import time
 from collections import Counter
 from functools import partial
 
+from hetflow.cli.args import Parser
 from hetflow.cli.errors import say_alias
-from hetflow.cli.parser import Parser
 from hetflow.config import MODEL_ALIASES, ClusterSpec, ConfigError, load_mapping
 from hetflow.forecast.simulate import clusters, report
 from hetflow.forecast.simulate.job import MAX_WORKERS, MODELS, Job, ModelSpec, Network
