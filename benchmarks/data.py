@@ -25,6 +25,7 @@ shared host.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from collections import OrderedDict
@@ -297,3 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(out)
     write_json(a.json_path, out)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

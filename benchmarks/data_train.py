@@ -349,3 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(out)
     write_json(a.json_path, out)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

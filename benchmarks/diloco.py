@@ -29,6 +29,7 @@ Figures measured: docs/measurements/diloco.md.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from hetflow.cli.args import Parser, add_recipe_arg, recipe_flag, recipe_options
@@ -311,3 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     orders = [{"round": r, "seed": s, "order": o} for r, s, o in plan]
     write_json(a.json, out | {"seeds": seeds, "orders": orders, "summary": summary, "runs": rows})
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 
 from hetflow.cli.args import Parser, add_recipe_arg, recipe_flag, recipe_options
 from hetflow.config import (
@@ -176,3 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(out)
     write_json(args.json_path, out)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -29,6 +29,7 @@ import argparse
 import os
 import socket
 import statistics
+import sys
 import time
 
 import torch
@@ -222,3 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     print_figures(out)
     write_json(args.json_path, out)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

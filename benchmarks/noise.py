@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 
 from hetflow.cli.args import Parser, add_recipe_arg
 from hetflow.config import BUILTIN_RECIPES, ClusterSpec, TrainConfig, WorkerSpec
@@ -105,3 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w") as fh:
             json.dump({"recipe": a.recipe, "batch": a.batch, "ranks": figures}, fh, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from hetflow.cli.args import Parser
 from hetflow.config import ConfigError
@@ -195,3 +196,7 @@ def main(argv: list[str]) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

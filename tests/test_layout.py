@@ -358,14 +358,16 @@ def test_docstrings_state_contracts_not_lab_notes(path):
 
 
 def test_every_package_folder_is_installed():
-    """pyproject lists every package explicitly (package-dir maps folders onto `hetflow`): a
-    folder missing there would be absent from a wheel while an editable install still finds it."""
+    """pyproject lists every package explicitly (package-dir maps folders onto `hetflow`), the
+    benchmarks' included: a folder missing there would be absent from a wheel while an
+    editable install still finds it."""
     import tomllib
 
     listed = set(
         tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
-    found = {module for module, path in sources() if path.name == "__init__.py"}
+    packages = sources() + benchmark_sources()
+    found = {module for module, path in packages if path.name == "__init__.py"}
     assert found == listed, (
         f"not listed: {sorted(found - listed)}; listed, not found: {sorted(listed - found)}"
     )
@@ -544,3 +546,23 @@ def test_the_benchmarks_take_of_the_cli_only_its_argument_helpers():
         for module, path in benchmark_sources()
     }
     assert {m: names for m, names in bad.items() if names} == {}
+
+
+def test_every_benchmark_with_a_main_runs_as_a_module():
+    """`python -m benchmarks.X`: a module that defines `main` calls it under a main guard, a
+    package's `main` has a `__main__.py` beside it."""
+
+    def guarded(tree: ast.Module) -> bool:
+        return any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
+
+    missing = []
+    for module, path in benchmark_sources():
+        tree = ast.parse(path.read_text())
+        if not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body):
+            continue
+        ok = (
+            (path.parent / "__main__.py").is_file() if path.name == "__init__.py" else guarded(tree)
+        )
+        if not ok:
+            missing.append(module)
+    assert missing == []
