@@ -159,7 +159,7 @@ def profile_cluster(
         raise ConfigError(f"drift_threshold: must be > 0 (got {drift_threshold})")
     with opened(cluster, [train], dataset, tracking if record else None, job, reached) as run:
         cluster, catalog = run.cluster, run.catalog
-        profile = profile_workers(cluster, dataset, run.job.resolved(train))
+        profile = profile_workers(cluster, dataset, run.job.resolved(train), run.job)
         profile.created_at = profile_stamp()
         profile.cluster_spec = cluster.model_dump(mode="json")
         report = profile_report(profile, cluster)

@@ -27,6 +27,7 @@ from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.records import Profile, RunResult
 from hetflow.tasks.profile import profile_stamp
+from hetflow.training.job import ResolvedJob
 from hetflow.training.launch.run import measure_profile
 from hetflow.training.launch.spec import default_profile_batches
 from hetflow.training.metrics import needs_profile
@@ -74,19 +75,24 @@ def known_types(
 
 
 @task(task_run_name="profile {cluster.name} or reuse its types' history")
-def profile_or_reuse(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
+def profile_or_reuse(
+    cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig, job: ResolvedJob | None = None
+) -> Profile:
     """The cluster's profile, measuring one worker per type without an entry at most
     `train.profile_max_age_h` old, and storing the entries of what it measured. Nothing
     unknown: no launch, `profiling_time_s` 0; some: one worker of each unknown type, then the
     profile assembled (`training.plan.assemble`: the all-reduce from the ring model). No entry
     at all (or `profile_max_age_h` 0): the whole cluster, as `profile_workers`, all-reduce
-    measured; its workers run in parallel, so one per type would save little time."""
+    measured; its workers run in parallel, so one per type would save little time. `job`: the
+    flow's resolved job, whose placement a profile of the whole cluster takes as it is."""
     keys, known = known_types(cluster, dataset, train)
     prefix = types_prefix(dataset)
     measure = to_measure(keys, set(known))
     profiled = 0.0
     if not known:
-        profile = measure_profile(cluster, dataset, train, new_run_dir("profile"))
+        placement = job.placement_of(cluster) if job else None
+        run_dir = new_run_dir("profile")
+        profile = measure_profile(cluster, dataset, train, run_dir, placement=placement)
         profile.sources = [MEASURED_NOW] * cluster.world_size
         store_entries(entries_of(profile, cluster, keys, profile_stamp()), prefix)
         _print_sources(profile, measured=cluster.world_size)
@@ -138,12 +144,13 @@ def profile_for(
     train: TrainConfig,
     variants: list[TrainConfig],
     catalog: Catalog | None = None,
+    job: ResolvedJob | None = None,
 ) -> Profile:
-    """What `variants` plan from: the profile (`profile_or_reuse`) where any of them needs one
-    measured before its first step (`metrics.needs_profile`), else a prior, nothing launched
-    (`prior_or_history`)."""
+    """What `variants` plan from: the profile (`profile_or_reuse`, given the flow's `job`)
+    where any of them needs one measured before its first step (`metrics.needs_profile`), else
+    a prior, nothing launched (`prior_or_history`)."""
     if any(needs_profile(v) for v in variants):
-        return profile_or_reuse(cluster, dataset, train)
+        return profile_or_reuse(cluster, dataset, train, job)
     return prior_or_history(cluster, dataset, train, catalog)
 
 

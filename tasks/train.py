@@ -25,6 +25,8 @@ from hetflow.infra.tracking.content import record_training
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.tasks.history import store_learned
+from hetflow.training.devices import Placement
+from hetflow.training.job import ResolvedJob
 from hetflow.training.launch.outcome import LaunchError, RankFailed
 from hetflow.training.launch.run import Ran, run_plan
 from hetflow.training.loop.optim import is_resolved, resolve_optimizer
@@ -107,16 +109,19 @@ def train_variant(
     catalog: Catalog | None = None,
     epoch_samples: int | None = None,
     data: DataInfo | None = None,
+    job: ResolvedJob | None = None,
 ) -> TrainOutcome:
     """Plan, run torchrun with MLflow system metrics on, then record the run in MLflow.
 
     `variant` labels the run (MLflow run name and tag, run directory); `train`, what runs, as
     the flow resolved it (`training.job`; else here), its diloco rounds derived from the plan
-    here; `data`, what the flow read (else read here). Idempotent: a retry reuses the run
+    here; `data`, what the flow read (else read here); `job`, the flow's resolved job, whose
+    recipe and placement on this host it takes (`ResolvedJob.placement_of`; else resolved
+    here). Idempotent: a retry reuses the run
     directory, so the workers resume from the last checkpoint and the same MLflow run is
     completed. Flows call it as `train_task(train.faults)`, retried as its policy says.
     """
-    train, recipe, data = _as_given(train, dataset, data)
+    train, recipe, data = _as_given(train, dataset, data, job)
     plan: Plan = make_plan(profile, cluster, train)
     train = resolve_rounds(train, plan)  # under diloco: what the loop counts, carried
     run_dir = stable_run_dir(variant)
@@ -125,7 +130,8 @@ def train_variant(
     run_id = tracker.open_variant_run(
         variant, cluster, dataset, train, plan, run_dir, parent_run_id
     )
-    ran = launch(variant, cluster, plan, train, dataset, run_dir, tracker, run_id)
+    placement = job.placement_of(cluster) if job else None
+    ran = launch(variant, cluster, plan, train, dataset, run_dir, tracker, run_id, placement)
     metrics = summarize(
         ran.result, train.global_batch, train.target_accuracy, train.target_val_loss
     )
@@ -147,23 +153,21 @@ def train_variant(
     )
     record_training(tracker, outcome, profile, finished_cluster)
     register = variant == "optimized" and met_target(outcome.metrics, train)
-    log_trained_model(
-        tracker,
-        outcome,
-        (recipe, data),
-        f"hetflow-{dataset.source}" if register else None,
-    )
+    name = f"hetflow-{dataset.source}" if register else None
+    log_trained_model(tracker, outcome, (recipe, data), name)
     tracker.finish(run_id)
     _print_outcome(variant, ran.result, metrics, ran.wall_s)
     return outcome
 
 
 def _as_given(
-    train: TrainConfig, dataset: DatasetSpec, data: DataInfo | None
+    train: TrainConfig, dataset: DatasetSpec, data: DataInfo | None, job: ResolvedJob | None
 ) -> tuple[TrainConfig, Recipe, DataInfo]:
     """`train` (resolved where the caller did not: MLflow's params name the optimizer that
-    ran), its recipe, and the kind of data the run reads (`data`, else the manifest's)."""
-    recipe = recipe_of(train)  # checked, with the data, at the flow's entry (`resolve_job`)
+    ran), its recipe (the `job`'s, else made here), and the kind of data the run reads
+    (`data`, else the manifest's)."""
+    # checked, with the data, at the flow's entry (`resolve_job`)
+    recipe = job.recipe if job is not None else recipe_of(train)
     if not is_resolved(train):
         train = resolve_optimizer(train, recipe)
     return train, recipe, data or DataInfo.from_manifest(read_manifest(dataset.url))
@@ -248,9 +252,11 @@ def launch(
     run_dir: Path,
     tracker: MLflowTracker,
     run_id: str,
+    placement: Placement | None = None,
 ) -> Ran:
-    """`run_plan` with MLflow system metrics on and a Prefect progress artifact; on a
-    failure the MLflow run is marked FAILED with why (the rank, step and exception)."""
+    """`run_plan` with MLflow system metrics on and a Prefect progress artifact (`placement`:
+    its own); on a failure the MLflow run is marked FAILED with why (the rank, step and
+    exception)."""
     steps = loop_counts(train).steps
     progress = _progress_reporter(variant, steps)
     # every node of a Ray cluster samples its own system metrics into the run (`node_metrics`)
@@ -265,6 +271,7 @@ def launch(
                 variant=variant,
                 metrics_run=(tracker.tracking_uri, run_id),
                 on_progress=progress,
+                placement=placement,
             )
         except LaunchError as e:
             if not _will_retry(e, train.faults):  # a retry completes the same run

@@ -31,7 +31,7 @@ def fake_measure():
     """A stand-in for `measure_profile`: each worker at 100 x its speed samples/s, a link of
     its own; `launched` keeps the clusters it measured."""
 
-    def measure(cluster, dataset, train, run_dir, profile_batches=None):
+    def measure(cluster, dataset, train, run_dir, profile_batches=None, placement=None):
         ranks = [
             rank_profile(
                 i,
@@ -201,7 +201,7 @@ def test_the_profile_flow_writes_an_entry_per_type_and_tags_its_run(
 
     measure = fake_measure()
     monkeypatch.setattr(
-        profile_flow, "profile_workers", lambda c, d, t: measure(c, d, t, "profile-dir")
+        profile_flow, "profile_workers", lambda c, d, t, job: measure(c, d, t, "profile-dir")
     )
     monkeypatch.setattr(history_task, "measure_profile", measure)
     cluster = ClusterSpec.from_speeds([1, 1, 2])
