@@ -9,9 +9,9 @@
 mistyped option to a run id MLflow does not hold, is refused in one line on stderr,
 `hetflow: error: ...`, with exit status 2. Importing this package and parsing loads neither
 Prefect, MLflow nor torch: a command imports them once its input is valid. Importing the
-package alone loads only the argument helpers (`hetflow.cli.args`, standard library only): the
-commands' modules are imported when the parser is built, so that a benchmark that takes its
-flags from `hetflow.cli.args` imports nothing of the CLI's commands.
+package alone loads only the argument helpers (`hetflow.cli.args`: the standard library and
+`hetflow.errors`): the commands' modules are imported when the parser is built, so that a
+benchmark that takes its flags from `hetflow.cli.args` imports nothing of the CLI's commands.
 """
 
 from __future__ import annotations
