@@ -214,12 +214,12 @@ def run(
     try:
         start_rss = peak_rss_bytes()  # the process's fixed part: torch, the process group
         # reads no shard: each rank streams its own (token windows of the recipe's context)
-        context = recipe_of(spec.train).context
-        data = open_rank_data(spec.dataset, context=context, manifest=spec.manifest)
+        recipe = recipe_of(spec.train)  # once: the loop and the probes take it from `ctx`
+        data = open_rank_data(spec.dataset, context=recipe.context, manifest=spec.manifest)
         if marks is not None:
             marks.mark("data")
         emu, clocks = install_clocks(spec, rank, amp, counter)
-        ctx = RankContext(spec, rank, world, data, amp, counter, emu, clocks, marks)
+        ctx = RankContext(spec, rank, world, data, amp, counter, emu, clocks, marks, recipe)
         if spec.mode == "train":
             mine, weights = train(ctx)
             if marks is not None and spec.submitted_at:

@@ -77,7 +77,7 @@ class TrainingLoop:
         self.amp = ctx.amp
         self.counter = ctx.counter
         self.emu = ctx.emu  # the worker's: its link already attached to the counter
-        self.recipe = recipe_of(self.cfg)
+        self.recipe = ctx.recipe or recipe_of(self.cfg)  # the worker's, made once
         every = share_every(self.cfg)
         self.shared = SharedStepTimes(self.world, new_control_group(), every)
         self.mean = count_mean(self.world, self.recipe.count_per_sample, self.cfg.accumulate)
