@@ -25,11 +25,12 @@ shared host.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from collections import OrderedDict
 
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser
 from hetflow.config import ConfigError
 from hetflow.infra.data.cache import ShardCache
 from hetflow.infra.data.format import Manifest, synthetic_source, write_dataset
@@ -297,3 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(out)
     write_json(a.json_path, out)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

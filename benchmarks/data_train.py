@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser
 from hetflow.config import ClusterSpec, ConfigError, DatasetSpec, TrainConfig
 from hetflow.infra.data.format import Manifest, synthetic_source, write_dataset
 from hetflow.records import Plan, RunResult
@@ -349,3 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(out)
     write_json(a.json_path, out)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

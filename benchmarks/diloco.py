@@ -29,11 +29,18 @@ Figures measured: docs/measurements/diloco.md.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
-from hetflow.cli.parser import Parser
-from hetflow.config import ClusterSpec, ConfigError, TrainConfig, WorkerSpec, check_job
+from hetflow.cli.args import Parser, add_recipe_arg, recipe_flag, recipe_options
+from hetflow.config import (
+    BUILTIN_RECIPES,
+    ClusterSpec,
+    ConfigError,
+    TrainConfig,
+    WorkerSpec,
+    check_job,
+)
 from hetflow.emulation.links import LINKS
 from hetflow.repeats import run_order
 from hetflow.training.launch.run import run_plan
@@ -102,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
         help="training seeds, from --seed on: every run once per seed (default 3)",
     )
     p.add_argument("--json", help="write every run's figures and evaluations here")
-    add_recipe_arg(p, "digits-cnn")
+    add_recipe_arg(p, "digits-cnn", BUILTIN_RECIPES)
     return p
 
 
@@ -270,7 +277,7 @@ def schedule(configs: list[str], seeds: list[int], repeat: int) -> list[tuple[in
 def main(argv: list[str] | None = None) -> int:
     a, links, seeds = parse_args(argv)
     knobs = {
-        "recipe": recipe_flag(a),
+        "recipe": recipe_flag(a, BUILTIN_RECIPES),
         "recipe_options": recipe_options(a),
         "steps": a.steps,
         "global_batch": a.global_batch,
@@ -305,3 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     orders = [{"round": r, "seed": s, "order": o} for r, s, o in plan]
     write_json(a.json, out | {"seeds": seeds, "orders": orders, "summary": summary, "runs": rows})
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

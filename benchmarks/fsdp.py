@@ -17,10 +17,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 
-from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
-from hetflow.cli.parser import Parser
-from hetflow.config import ClusterSpec, TrainConfig, check_job, parse_speeds, validated
+from hetflow.cli.args import Parser, add_recipe_arg, recipe_flag, recipe_options
+from hetflow.config import (
+    BUILTIN_RECIPES,
+    ClusterSpec,
+    TrainConfig,
+    check_job,
+    parse_speeds,
+    validated,
+)
 from hetflow.records import RunResult
 from hetflow.training.launch.run import measure_profile, run_plan
 from hetflow.training.metrics import summarize
@@ -42,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--speeds", default="1,1,2,4", help="relative speeds (default: 1,1,2,4)")
     p.add_argument("--steps", type=int, default=16, help="steps per run (default: 16)")
     p.add_argument("--global-batch", type=int, default=32, dest="global_batch")
-    add_recipe_arg(p, "gpt")
+    add_recipe_arg(p, "gpt", BUILTIN_RECIPES)
     p.add_argument(
         "--no-emulate",
         dest="emulate",
@@ -57,12 +64,12 @@ def parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, ClusterSpec, TrainConfig]:
     """The flags, checked before anything runs; gpt's options default to SMALL_GPT."""
     args = parser().parse_args(argv)
-    if recipe_flag(args) == "gpt" and not args.recipe_option:
+    if recipe_flag(args, BUILTIN_RECIPES) == "gpt" and not args.recipe_option:
         args.recipe_option = SMALL_GPT.split(",")
     speeds = parse_speeds(args.speeds)
     cluster = ClusterSpec.from_speeds(speeds, name=f"bench-{args.speeds}", emulate=args.emulate)
     knobs = {
-        "recipe": recipe_flag(args),
+        "recipe": recipe_flag(args, BUILTIN_RECIPES),
         "recipe_options": recipe_options(args),
         "steps": args.steps,
         "global_batch": args.global_batch,
@@ -170,3 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(out)
     write_json(args.json_path, out)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

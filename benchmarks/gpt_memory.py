@@ -1,6 +1,6 @@
 """The memory one process holds training a gpt size: one window, fp32, AdamW, on this CPU.
 
-    python benchmarks/gpt_memory.py medium 1024   # size, context
+    python -m benchmarks.gpt_memory medium 1024   # size, context
 
 Peak resident memory after building the model, after one backward pass and after the
 optimizer's step, beside 16 bytes per parameter (fp32 weights, gradients and AdamW's two

@@ -29,13 +29,14 @@ import argparse
 import os
 import socket
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser
 from hetflow.config import ConfigError
 from hetflow.infra.s3 import free_port
 from hetflow.perf.fitting import robust_affine
@@ -222,3 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     print_figures(out)
     write_json(args.json_path, out)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

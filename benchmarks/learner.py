@@ -21,7 +21,7 @@ import argparse
 import statistics
 from typing import NamedTuple
 
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser
 from hetflow.config import ConfigError, TrainConfig
 from hetflow.emulation.device_model import NOISE_LEVELS, Device, EmulatedCluster
 from hetflow.perf.balance import fill

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import numpy as np
 import torch
 
-from hetflow.cli.job import add_recipe_arg
-from hetflow.cli.parser import Parser
-from hetflow.config import LR_RULES, TrainConfig
+from hetflow.cli.args import Parser, add_recipe_arg
+from hetflow.config import BUILTIN_RECIPES, LR_RULES, TrainConfig
 from hetflow.infra.data.format import digits_source
 from hetflow.training.loop.optim import (
     build_optimizer,
@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rule", choices=LR_RULES, help="the rule to compare (default: recipe's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the figures to this file")
-    add_recipe_arg(p, "digits-cnn")
+    add_recipe_arg(p, "digits-cnn", BUILTIN_RECIPES)
     return p
 
 
@@ -113,3 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w") as fh:
             json.dump({"recipe": a.recipe, "epochs": a.epochs, "rows": rows}, fh, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

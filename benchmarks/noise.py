@@ -18,10 +18,10 @@ import argparse
 import json
 import math
 import statistics
+import sys
 
-from hetflow.cli.job import add_recipe_arg
-from hetflow.cli.parser import Parser
-from hetflow.config import ClusterSpec, TrainConfig, WorkerSpec
+from hetflow.cli.args import Parser, add_recipe_arg
+from hetflow.config import BUILTIN_RECIPES, ClusterSpec, TrainConfig, WorkerSpec
 from hetflow.infra.workspace import digits_workspace
 from hetflow.records import Plan
 from hetflow.training.launch.run import run_workers
@@ -71,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch", type=int, default=32, help="local batch of every worker")
     p.add_argument("--json", help="also write the figures to this file")
-    add_recipe_arg(p, "digits-cnn")
+    add_recipe_arg(p, "digits-cnn", BUILTIN_RECIPES)
     return p
 
 
@@ -106,3 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w") as fh:
             json.dump({"recipe": a.recipe, "batch": a.batch, "ranks": figures}, fh, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

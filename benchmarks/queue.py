@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser
 from hetflow.config import ConfigError
 from hetflow.queue.allocate import step_s
 from hetflow.queue.jobs import Job, Kind, Line
@@ -195,3 +196,7 @@ def main(argv: list[str]) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

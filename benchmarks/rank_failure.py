@@ -1,7 +1,7 @@
 """How fast a raising rank ends the job: seconds from its failure record to `run_workers`
 raising `RankFailed` with every process gone (4 emulated ranks, rank 3 raises at step 5).
 
-    python benchmarks/rank_failure.py
+    python -m benchmarks.rank_failure
 
 Figures: docs/measurements/faults.md, "A rank that raises".
 """

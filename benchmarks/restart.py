@@ -3,7 +3,7 @@ after torchrun restarts the group from its last checkpoint, and the steps redone
 ranks, checkpoint every 10 steps, the kill at a random step past the first checkpoint). The
 defaults of `hetflow recommend --market spot` (`SPOT_RESTART_S`) come from here.
 
-    python benchmarks/restart.py [REPEAT]
+    python -m benchmarks.restart [REPEAT]
 
 Figures: docs/measurements/faults.md, "A lost worker's restart".
 """

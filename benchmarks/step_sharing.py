@@ -1,6 +1,6 @@
 """What sharing step timings costs each step: no sharing, one all-gather per step, one per 10.
 
-    torchrun --nproc-per-node 4 benchmarks/step_sharing.py
+    torchrun --nproc-per-node 4 -m benchmarks.step_sharing
 
 Each of 4 processes steps a fixed CPU load (40 matmuls of 256 x 256, one thread) and an
 all-reduce of a 0.6 MB gradient, 30 steps per round, in 8 rounds that alternate the order of the

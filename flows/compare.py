@@ -119,7 +119,7 @@ def compare(
     order = run_order(VARIANTS, train.seed)
     with opened(cluster, list(configs.values()), dataset, tracking, job, reached) as run:
         cluster, catalog = run.cluster, run.catalog
-        profile = profile_for(cluster, dataset, train, list(configs.values()), catalog)
+        profile = profile_for(cluster, dataset, train, list(configs.values()), catalog, run.job)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_comparison(cluster, dataset, configs)
         for variant in order:
@@ -135,6 +135,7 @@ def compare(
                     catalog=catalog,
                     epoch_samples=run.epoch_samples,
                     data=run.data,
+                    job=run.job,
                 )
             except Exception as e:
                 tracker.fail(parent, f"{variant}: {e}")

@@ -94,9 +94,17 @@ FormJob = Annotated[
 SwitchCost = Annotated[
     float, titled("Cost of a move (s)", "What moving a job to other workers costs (its relaunch).")
 ]
-ReadInbox = Annotated[
-    bool | SkipJsonSchema[None],
-    titled("Also run the inbox", "Also the jobs `hetflow queue submit` queued, then and later."),
+# Whether the session also runs the inbox's jobs (`hetflow queue submit`), then and later: on
+# in a form's run (the form holds about a dozen fields), off from the deployment's parameters.
+ReadInbox = SkipJsonSchema[bool | None]
+Launcher = Annotated[
+    Literal["cluster", "local", "ray"],
+    titled(
+        "Launcher",
+        "cluster: as the cluster says; local: every job's runs under torchrun on this host; "
+        "ray: on the Ray cluster at the cluster's Ray address, each worker on a node labelled "
+        "with its instance type.",
+    ),
 ]
 Policy = Annotated[
     Literal["allocator", "fifo"],
@@ -106,6 +114,18 @@ Policy = Annotated[
         "come, first served, blind to the device type (the baseline).",
     ),
 ]
+
+
+def given_jobs(job, jobs, read_inbox, where) -> list[QueueJob]:
+    """The form's `job` and `jobs`, their names unique, and some job to run (given, or in the
+    inbox of `where` where the session reads it); a one-line ConfigError naming `jobs`."""
+    jobs = ([job] if job is not None else []) + list(jobs)
+    names = [j.name for j in jobs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"jobs: names must be unique, got {names}")
+    if not jobs and not (read_inbox and any((where / "inbox").glob("*.json"))):
+        raise ConfigError("jobs: none given and none in the inbox (`hetflow queue submit`)")
+    return jobs
 
 
 @flow(name="queue", log_prints=True)
@@ -118,26 +138,26 @@ def queue(
     read_inbox: ReadInbox = True,
     jobs: SkipJsonSchema[list[QueueJob]] = [],  # noqa: B006 (never mutated)
     policy: Policy = "allocator",
+    launcher: Launcher = "cluster",
 ) -> dict:
     """Run `job`, `jobs` and the inbox's (`hetflow queue submit`) on `cluster`, each job's run
     nested under the session's MLflow run (figures, who held which worker when). The form
     submits one `job`; `jobs` and `tracking` come from the deployment's parameters or Python.
     `switch_s`: a move's cost (its relaunch), weighed against what the move gains; `policy`:
-    the allocator, or `fifo` (`hetflow.queue.fifo`), recorded as the session run's param."""
-    jobs = ([job] if job is not None else []) + list(jobs)
-    names = [j.name for j in jobs]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"jobs: names must be unique, got {names}")
+    the allocator, or `fifo` (`hetflow.queue.fifo`), recorded as the session run's param;
+    `launcher`: where each job's segments run (`local`, `ray`; `cluster`: the cluster's
+    own); the stop requests travel as its ranks read them (`tasks.queue.job_stop_channel`)."""
+    if launcher != "cluster":
+        cluster = cluster.model_copy(update={"launcher": launcher})
     where = queue_dir()
-    if not jobs and not (read_inbox and any((where / "inbox").glob("*.json"))):
-        raise ConfigError("jobs: none given and none in the inbox (`hetflow queue submit`)")
+    jobs = given_jobs(job, jobs, read_inbox, where)
     reach_services(dataset, tracking)
     with local_s3_endpoint(dataset.url):
         ingest_dataset(dataset)
         ensure_slots(cluster)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_run("queue", cluster, dataset)
-        tracker.log_params(parent, {"policy": policy})
+        tracker.log_params(parent, {"policy": policy, "launcher": cluster.launcher})
         out = {"parent_run_id": parent, "policy": policy}
         inbox = inbox_reader(where / "inbox" if read_inbox else None)
         files = {"state": where / "state.json", "cancels": where / CANCEL_FOLDER}

@@ -29,10 +29,10 @@ from hetflow.config import (
     default_cluster,
 )
 from hetflow.flows.forms import Cluster, Dataset, Train
-from hetflow.history import MEASURED_NOW, type_key
+from hetflow.history import MEASURED_NOW
 from hetflow.infra.catalog import cost_usd
 from hetflow.records import Profile
-from hetflow.tasks.history import entries_of, store_entries, types_prefix
+from hetflow.tasks.history import store_profile_entries
 from hetflow.tasks.opening import Reached, ResolvedJob, opened
 from hetflow.tasks.profile import (
     profile_history,
@@ -159,7 +159,7 @@ def profile_cluster(
         raise ConfigError(f"drift_threshold: must be > 0 (got {drift_threshold})")
     with opened(cluster, [train], dataset, tracking if record else None, job, reached) as run:
         cluster, catalog = run.cluster, run.catalog
-        profile = profile_workers(cluster, dataset, run.job.resolved(train))
+        profile = profile_workers(cluster, dataset, run.job.resolved(train), run.job)
         profile.created_at = profile_stamp()
         profile.cluster_spec = cluster.model_dump(mode="json")
         report = profile_report(profile, cluster)
@@ -171,9 +171,7 @@ def profile_cluster(
         profile.drift = speed_drift(history[-1] if history else None, profile, drift_threshold)
         profile.stored_at = store_profile(profile, prefix)
         profile.sources = [MEASURED_NOW] * cluster.world_size
-        keys = [type_key(cluster, i, train) for i in range(cluster.world_size)]
-        entries = entries_of(profile, cluster, keys, profile.created_at)
-        entries = store_entries(entries, types_prefix(dataset))
+        entries = store_profile_entries(profile, cluster, dataset, train)
         if record:
             profile.mlflow_run_id = record_profile(profile, cluster, dataset, tracking, entries)
     _announce_drift(profile, report, cluster)

@@ -54,7 +54,7 @@ def train(
     """
     label = variant or run_label(train)
     with opened(cluster, [train], dataset, tracking, job, reached) as run:
-        profile = profile_for(run.cluster, dataset, train, [train], run.catalog)
+        profile = profile_for(run.cluster, dataset, train, [train], run.catalog, run.job)
         outcome = train_task(train.faults)(
             label,
             run.cluster,
@@ -65,5 +65,6 @@ def train(
             catalog=run.catalog,
             epoch_samples=run.epoch_samples,
             data=run.data,
+            job=run.job,
         )
     return {"run_id": outcome.run_id, "metrics": outcome.metrics.flat()}

@@ -23,6 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from hetflow.config import ClusterSpec
+from hetflow.figures import RunMetrics
 from hetflow.infra.pricing import DEFAULT_REGION, CatalogError, PriceTable, load_prices
 from hetflow.records import Profile, RankProfile
 
@@ -367,3 +368,31 @@ def cost_usd(
         out["epochs"] = epochs
         out["per_epoch_usd"] = total / epochs
     return out
+
+
+def with_cost(
+    cluster: ClusterSpec,
+    metrics: RunMetrics,
+    samples_per_step: int,
+    catalog: Catalog | None,
+    epoch_samples: int | None,
+) -> RunMetrics:
+    """`metrics` with `cost_usd`, `cost_per_epoch_usd` and each launched rank's `cost_usd` of
+    the training loop's time (`train_loop_s`; price x instance-hours, a GPU instance's price
+    shared by its GPUs: `cost_usd`), when the workers name EC2 instance types; unchanged for
+    workers that name none (a local emulation has no price). `cluster`: the workers the run
+    finished on; `samples_per_step`: what one of `metrics.steps` takes (a round's samples
+    under diloco), for the epochs of `epoch_samples`."""
+    if catalog is None or not catalog.types:
+        return metrics
+    epochs = metrics.steps * samples_per_step / epoch_samples if epoch_samples else None
+    cost = cost_usd(cluster, metrics.train_loop_s, catalog, epochs=epochs)
+    by_rank = [cost["by_worker"][w.name] for w in cluster.workers]
+    ranks = [r.model_copy(update={"cost_usd": by_rank[r.rank]}) for r in metrics.ranks]
+    return metrics.model_copy(
+        update={
+            "cost_usd": cost["total_usd"],
+            "cost_per_epoch_usd": cost.get("per_epoch_usd"),
+            "ranks": ranks,
+        }
+    )

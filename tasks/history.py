@@ -1,117 +1,66 @@
-"""The profile history per worker type in S3, and a profile that measures only what it lacks.
+"""The profile history's tasks: look a cluster's worker types up, measure only what is unknown,
+store what was measured, read what `hetflow recommend` may use.
 
-Entries (`hetflow.history.TypeEntry`) live next to the cluster profiles, in the dataset's
-bucket: `s3://<bucket>/profiles/types/<key slug>/<UTC timestamp>.json`; for a dataset outside
-S3, in the default bucket of the local store (`infra.s3.profiles_root`). Every profile run
-writes one entry per type it measured (`store_entries`); `profile_or_reuse` (train, compare,
-the demo) looks each worker's key up first and launches a profile of one worker per type
-without a fresh entry, or none at all.
+Thin: where the entries live and which are fresh is `hetflow.history.store`; the entries a
+profile or a run's steps give and the profile assembled from entries are the plan's
+(`training.plan.assemble`, `training.plan.learned`); the measured curves `recommend` reads are
+the forecast's (`forecast.rent.rental.measured_history`). Here: the Prefect tasks (retries,
+run names), the launch of a profile, and the lines a run's log shows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from prefect import task
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
-from hetflow.forecast.rent.measured import curve_of
-from hetflow.forecast.rent.rental import History
-from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, kind_slug, type_key, versions
+from hetflow.forecast.rent.rental import History, measured_history
+from hetflow.history import MEASURED_NOW, TypeEntry, TypeKey, source_of, sources_of
+from hetflow.history.store import (
+    cluster_keys,
+    fresh_entries,
+    newest_real,
+    types_prefix,
+    write_entries,
+)
 from hetflow.infra.catalog import Catalog, seed_profile
 from hetflow.infra.paths import new_run_dir
-from hetflow.infra.s3 import ensure_bucket, filesystem, local_s3_endpoint, profiles_root
+from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.records import Profile, RunResult
 from hetflow.tasks.profile import profile_stamp
+from hetflow.training.job import ResolvedJob
 from hetflow.training.launch.run import measure_profile
 from hetflow.training.launch.spec import default_profile_batches
 from hetflow.training.metrics import needs_profile
-from hetflow.training.plan.assemble import assemble, declared_link, sub_cluster, to_measure
-from hetflow.training.plan.learned import LEARNED_FROM, compute_points, learned_rank
-from hetflow.training.plan.prior import equal_prior, mark_prior, prior_kind, published_prior
-
-
-def types_prefix(dataset: DatasetSpec) -> str:
-    """`<profiles_root>/types`: the history of every worker type; for a dataset outside S3,
-    the default bucket's, in the local store (`infra.s3.profiles_root`)."""
-    return f"{profiles_root(dataset.url)}/types"
-
-
-def entries_of(
-    profile: Profile, cluster: ClusterSpec, keys: list[TypeKey], stamp: str
-) -> list[TypeEntry]:
-    """One entry per distinct key of `profile`'s ranks (the first worker of each; `keys` in
-    rank order). A profile of one rank measured no link: the worker's declared one is kept."""
-    entries: dict[TypeKey, TypeEntry] = {}
-    for i, (r, key) in enumerate(zip(profile.ranks, keys, strict=True)):
-        if key in entries:
-            continue
-        rank, source = r, "measured"
-        if cluster.world_size < 2:
-            gbps, latency, source = declared_link(cluster, i)
-            rank = r.model_copy(update={"link_gbps": gbps, "link_latency_s": latency})
-        entries[key] = TypeEntry(
-            key=key,
-            rank=rank,
-            measured_at=stamp,
-            link_source=source,
-            cluster=profile.cluster,
-            world_size=cluster.world_size,
-            host_ranks=sum(o.node == r.node for o in profile.ranks),
-        )
-    return list(entries.values())
+from hetflow.training.plan.assemble import entries_of, from_entries, sub_cluster, to_measure
+from hetflow.training.plan.learned import learned_entries
+from hetflow.training.plan.prior import (
+    equal_prior,
+    mark_prior,
+    prior_kind,
+    published_prior,
+)
 
 
 @task(retries=2, retry_delay_seconds=[1, 5], task_run_name="store {prefix} entries")
 def store_entries(entries: list[TypeEntry], prefix: str) -> list[TypeEntry]:
-    """Write each entry as `<prefix>/<slug>/<measured_at>.json`; returns them with `stored_at`."""
-    ensure_bucket(prefix)
-    fs, root = filesystem(prefix)
-    out = []
-    for e in entries:
-        name = f"{e.key.slug()}/{e.measured_at}.json"
-        fs.pipe_file(f"{root}/{name}", e.model_dump_json(indent=1).encode())
-        out.append(e.model_copy(update={"stored_at": f"{prefix}/{name}"}))
-    return out
+    """`hetflow.history.store.write_entries`, retried: each entry stored, with `stored_at`."""
+    return write_entries(entries, prefix)
 
 
-def entries_newest_first(fs, folder: str, scheme: str) -> Iterator[TypeEntry]:
-    """The entries of one key's `folder` that read as one, newest first, each with its URL
-    as `stored_at` (an unreadable file is skipped)."""
-    try:
-        names = sorted(p for p in fs.ls(folder, detail=False) if p.endswith(".json"))
-    except FileNotFoundError:
-        return
-    for path in reversed(names):
-        try:
-            entry = TypeEntry.model_validate_json(fs.cat_file(path))
-        except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
-            continue
-        yield entry.model_copy(update={"stored_at": f"{scheme}://{path}"})
-
-
-def latest_entry(prefix: str, key: TypeKey, max_age_h: float) -> TypeEntry | None:
-    """The newest readable entry under the key's folder whose key is `key` and which is at
-    most `max_age_h` hours old; None when there is none."""
-    fs, root = filesystem(prefix)
-    entries = entries_newest_first(fs, f"{root}/{key.slug()}", prefix.split("://", 1)[0])
-    return next((e for e in entries if e.key == key and e.age_h() <= max_age_h), None)
+def store_profile_entries(
+    profile: Profile, cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig
+) -> list[TypeEntry]:
+    """The entries of a profile of the whole `cluster` (one per worker type:
+    `training.plan.assemble.entries_of`), measured at its `created_at`, stored in the
+    dataset's history (`store_entries`)."""
+    entries = entries_of(profile, cluster, cluster_keys(cluster, train), profile.created_at)
+    return store_entries(entries, types_prefix(dataset))
 
 
 @task(retries=2, retry_delay_seconds=[1, 5], task_run_name="look up {prefix}")
 def lookup(prefix: str, keys: list[TypeKey], max_age_h: float) -> dict[TypeKey, TypeEntry]:
-    """The fresh entry of each distinct key that has one."""
-    found = {}
-    for key in dict.fromkeys(keys):
-        entry = latest_entry(prefix, key, max_age_h)
-        if entry is not None:
-            found[key] = entry
-    return found
-
-
-def source_of(entry: TypeEntry) -> str:
-    """'<entry URL> (<age> h old)'."""
-    return f"{entry.stored_at} ({entry.age_h():.1f} h old)"
+    """`hetflow.history.store.fresh_entries`, retried: the fresh entry of each distinct key."""
+    return fresh_entries(prefix, keys, max_age_h)
 
 
 def known_types(
@@ -119,26 +68,31 @@ def known_types(
 ) -> tuple[list[TypeKey], dict[TypeKey, TypeEntry]]:
     """Each worker's key (in cluster order), and the fresh history entry of each distinct key
     that has one (`lookup`; none where `train.profile_max_age_h` is 0)."""
-    keys = [type_key(cluster, i, train) for i in range(cluster.world_size)]
+    keys = cluster_keys(cluster, train)
     if not train.profile_max_age_h:
         return keys, {}
     return keys, lookup(types_prefix(dataset), keys, train.profile_max_age_h)
 
 
 @task(task_run_name="profile {cluster.name} or reuse its types' history")
-def profile_or_reuse(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
+def profile_or_reuse(
+    cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig, job: ResolvedJob | None = None
+) -> Profile:
     """The cluster's profile, measuring one worker per type without an entry at most
     `train.profile_max_age_h` old, and storing the entries of what it measured. Nothing
     unknown: no launch, `profiling_time_s` 0; some: one worker of each unknown type, then the
     profile assembled (`training.plan.assemble`: the all-reduce from the ring model). No entry
     at all (or `profile_max_age_h` 0): the whole cluster, as `profile_workers`, all-reduce
-    measured; its workers run in parallel, so one per type would save little time."""
+    measured; its workers run in parallel, so one per type would save little time. `job`: the
+    flow's resolved job, whose placement a profile of the whole cluster takes as it is."""
     keys, known = known_types(cluster, dataset, train)
     prefix = types_prefix(dataset)
     measure = to_measure(keys, set(known))
     profiled = 0.0
     if not known:
-        profile = measure_profile(cluster, dataset, train, new_run_dir("profile"))
+        placement = job.placement_of(cluster) if job else None
+        run_dir = new_run_dir("profile")
+        profile = measure_profile(cluster, dataset, train, run_dir, placement=placement)
         profile.sources = [MEASURED_NOW] * cluster.world_size
         store_entries(entries_of(profile, cluster, keys, profile_stamp()), prefix)
         _print_sources(profile, measured=cluster.world_size)
@@ -152,9 +106,7 @@ def profile_or_reuse(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainCon
         new = entries_of(measured, part, part_keys, profile_stamp())
         known.update({e.key: e for e in store_entries(new, prefix)})
     sources = sources_of(keys, measure, known, [w.name for w in cluster.workers])
-    entries = [known[k] for k in keys]
-    ranks = [e.rank for e in entries]
-    profile = assemble(cluster, train, ranks, sources, profiled, [e.host_ranks for e in entries])
+    profile = from_entries(cluster, train, [known[k] for k in keys], sources, profiled)
     _print_sources(profile, measured=len(measure))
     return profile
 
@@ -172,9 +124,7 @@ def prior_or_history(
     if all(k in known for k in keys):
         entries = [known[k] for k in keys]
         sources = [f"prior: the profile history, {source_of(e)}" for e in entries]
-        ranks = [e.rank for e in entries]
-        profile = assemble(cluster, train, ranks, sources, 0.0, [e.host_ranks for e in entries])
-        profile = mark_prior(profile, sources)
+        profile = mark_prior(from_entries(cluster, train, entries, sources), sources)
     elif (published := published_prior(cluster, train)) is not None:
         profile = published
     elif catalog is not None and catalog.types and all(w.instance_type for w in cluster.workers):
@@ -186,6 +136,22 @@ def prior_or_history(
     for r, source in zip(profile.ranks, profile.sources, strict=True):
         print(f"plan of {r.worker} at step 0: {source}; learned from the training steps")
     return profile
+
+
+def profile_for(
+    cluster: ClusterSpec,
+    dataset: DatasetSpec,
+    train: TrainConfig,
+    variants: list[TrainConfig],
+    catalog: Catalog | None = None,
+    job: ResolvedJob | None = None,
+) -> Profile:
+    """What `variants` plan from: the profile (`profile_or_reuse`, given the flow's `job`)
+    where any of them needs one measured before its first step (`metrics.needs_profile`), else
+    a prior, nothing launched (`prior_or_history`)."""
+    if any(needs_profile(v) for v in variants):
+        return profile_or_reuse(cluster, dataset, train, job)
+    return prior_or_history(cluster, dataset, train, catalog)
 
 
 def prior_note(profile: Profile) -> list[str]:
@@ -201,74 +167,13 @@ def prior_note(profile: Profile) -> list[str]:
     ]
 
 
-def profile_for(
-    cluster: ClusterSpec,
-    dataset: DatasetSpec,
-    train: TrainConfig,
-    variants: list[TrainConfig],
-    catalog: Catalog | None = None,
-) -> Profile:
-    """What `variants` plan from: the profile (`profile_or_reuse`) where any of them needs one
-    measured before its first step (`metrics.needs_profile`), else a prior, nothing launched
-    (`prior_or_history`)."""
-    if any(needs_profile(v) for v in variants):
-        return profile_or_reuse(cluster, dataset, train)
-    return prior_or_history(cluster, dataset, train, catalog)
-
-
 def store_learned(
     cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig, result: RunResult
 ) -> list[TypeEntry]:
-    """One entry per worker type of `cluster` (the workers `result`'s ranks ran on, in order)
-    from what the run's steps measured (`training.plan.learned`), stored in the history as a
-    profile's entries are, so that the next run plans from them. A worker that never computed
-    has none; the link is the declared one, the gradient's bytes its fp32 parameters'."""
-    ref = max(1, train.global_batch // cluster.world_size)
-    nodes = [r.node for r in result.ranks]
-    entries: dict[TypeKey, TypeEntry] = {}
-    stamp = profile_stamp()
-    for i, r in enumerate(result.ranks):
-        key = type_key(cluster, i, train)
-        learned = learned_rank(i, compute_points(result, r.rank), ref)
-        if key in entries or learned is None:
-            continue
-        gbps, latency, source = declared_link(cluster, i)
-        rank = learned.model_copy(
-            update={
-                "worker": cluster.workers[i].name,
-                "node": r.node,
-                "device": cluster.workers[i].device,
-                "link_gbps": gbps,
-                "link_latency_s": latency,
-                "grad_bytes": 4 * r.params,
-            }
-        )
-        entries[key] = TypeEntry(
-            key=key,
-            rank=rank,
-            measured_at=stamp,
-            link_source=f"{source}; {LEARNED_FROM}",
-            cluster=cluster.name,
-            world_size=cluster.world_size,
-            host_ranks=nodes.count(r.node),
-        )
-    return store_entries(list(entries.values()), types_prefix(dataset)) if entries else []
-
-
-def sources_of(
-    keys: list[TypeKey], measure: list[int], known: dict[TypeKey, TypeEntry], names: list[str]
-) -> list[str]:
-    """Per worker: 'measured now', 'measured now (as <the worker of its type measured>)', or
-    the entry reused (`source_of`)."""
-    first = {keys[i]: names[i] for i in measure}
-    return [
-        MEASURED_NOW
-        if i in measure
-        else f"{MEASURED_NOW} (as {first[k]})"
-        if k in first
-        else source_of(known[k])
-        for i, k in enumerate(keys)
-    ]
+    """The entries of what the run's steps measured (`training.plan.learned.learned_entries`),
+    stored in the history as a profile's are, so that the next run plans from them."""
+    entries = learned_entries(cluster, train, result, profile_stamp())
+    return store_entries(entries, types_prefix(dataset)) if entries else []
 
 
 def _print_sources(profile: Profile, measured: int) -> None:
@@ -290,11 +195,13 @@ def _print_sources(profile: Profile, measured: int) -> None:
 def read_type_history(
     url: str, instance_types: list[str], recipe: str, max_age_h: float
 ) -> History:
-    """`type_history` on the S3 the history lives in, as a run finds it (`local_s3_endpoint`):
-    `AWS_ENDPOINT_URL` where set, AWS for a bucket of the user's own with credentials, else
-    the local store's endpoint (the default bucket, where profile, train and the demo wrote)."""
+    """What `hetflow recommend` reads of the history under `url` (`newest_real`, made curves
+    by `measured_history`), on the S3 the history lives in, as a run finds it
+    (`local_s3_endpoint`): `AWS_ENDPOINT_URL` where set, AWS for a bucket of the user's own
+    with credentials, else the local store's endpoint (the default bucket, where profile,
+    train and the demo wrote)."""
     with local_s3_endpoint(url):
-        return type_history(url, instance_types, recipe, max_age_h)
+        return measured_history(url, max_age_h, newest_real(url, instance_types, recipe))
 
 
 def request_history(request) -> History | None:
@@ -304,41 +211,3 @@ def request_history(request) -> History | None:
     if not h.url:
         return None
     return read_type_history(h.url.rstrip("/"), request.names, request.job.recipe, h.max_age_h)
-
-
-def type_history(url: str, instance_types: list[str], recipe: str, max_age_h: float) -> History:
-    """What `hetflow recommend` reads of the history under `url` (a types prefix, e.g.
-    `s3://<bucket>/profiles/types`): per instance type, the newest entry measured on that type
-    without emulation (a real device), for `recipe`, by this torch and hetflow; its curve
-    (`rent.measured.curve_of`) where it is at most `max_age_h` hours old, else a line saying
-    how old. Entries of other recipes, versions or emulated workers are not read as curves."""
-    fs, root = filesystem(url)
-    try:
-        folders = fs.ls(root, detail=False)
-    except FileNotFoundError:
-        folders = []
-    newest: dict[str, TypeEntry] = {}
-    software = versions()
-    for name in instance_types:
-        for folder in folders:
-            if folder.rstrip("/").rsplit("/", 1)[-1][:-17] != kind_slug(name):
-                continue
-            entry = next(entries_newest_first(fs, folder, url.split("://", 1)[0]), None)
-            if entry is not None and _stands_for(entry, name, recipe, software):
-                if name not in newest or entry.measured_at > newest[name].measured_at:
-                    newest[name] = entry
-    curves, stale = {}, {}
-    for name, entry in newest.items():
-        if entry.age_h() > max_age_h:
-            stale[name] = f"its newest entry is {entry.age_h():.1f} h old (> {max_age_h:g} h)"
-        elif (curve := curve_of(entry.rank, source_of(entry))) is not None:
-            curves[name] = curve
-    return History(url, max_age_h, curves, stale)
-
-
-def _stands_for(entry: TypeEntry, instance_type: str, recipe: str, software) -> bool:
-    """Whether `entry` measured a real `instance_type` on `recipe` with `software`, the
-    installed (torch, hetflow) versions."""
-    key = entry.key
-    same = key.kind == instance_type and key.recipe == recipe and key.emulation is None
-    return same and (key.torch, key.hetflow) == software

@@ -21,6 +21,7 @@ from hetflow.infra.paths import new_run_dir
 from hetflow.infra.s3 import ensure_bucket, filesystem, profiles_root
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Profile, SpeedDrift
+from hetflow.training.job import ResolvedJob
 from hetflow.training.launch.run import measure_profile
 
 
@@ -36,9 +37,13 @@ def profile_stamp(now: dt.datetime | None = None) -> str:
 
 
 @task(task_run_name="profile {cluster.name} ({cluster.world_size} workers)")
-def profile_workers(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
-    """Measure every worker inside the cluster: fwd+bwd speed on the job's model, all-reduce."""
-    profile = measure_profile(cluster, dataset, train, new_run_dir("profile"))
+def profile_workers(
+    cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig, job: ResolvedJob | None = None
+) -> Profile:
+    """Measure every worker inside the cluster: fwd+bwd speed on the job's model, all-reduce;
+    the placement of the flow's resolved `job` taken as it is (`ResolvedJob.placement_of`)."""
+    placement = job.placement_of(cluster) if job else None
+    profile = measure_profile(cluster, dataset, train, new_run_dir("profile"), placement=placement)
     speeds = ", ".join(f"{r.worker}={r.relative_speed:.2f}" for r in profile.ranks)
     print(
         f"profiled {cluster.world_size} workers in {profile.profiling_time_s:.1f}s; "

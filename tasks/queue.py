@@ -31,6 +31,7 @@ from hetflow.history import kind_slug, worker_kind
 from hetflow.queue.jobs import Job, Kind, Line
 from hetflow.tasks.history import profile_for, profile_or_reuse
 from hetflow.tasks.train import train_variant
+from hetflow.training.loop.stop_channel import StopChannel, stop_channel
 from hetflow.training.plan.assemble import sub_cluster
 
 # How long a segment waits for its workers' slots: the queue frees them before it starts one,
@@ -121,9 +122,10 @@ def run_segment(
     parent_run_id: str,
 ) -> Segment:
     """`job`'s train run on the workers `names` of `cluster`, holding their kinds' slots,
-    until its end or the checkpoint a stop request names (`RUN_DIR/stop_at`): it resumes
+    until its end or the checkpoint a stop request names (`job_stop_channel`): it resumes
     from the job's last checkpoint (its run directory is the queue's flow run's, by job
-    name). The segment's `to_step` is the step it reached."""
+    name; under the Ray launcher its checkpoints are in the dataset's bucket, which every
+    node reaches). The segment's `to_step` is the step it reached (`reached_step`)."""
     t = time.monotonic()
     indices = [i for i, w in enumerate(cluster.workers) if w.name in names]
     sub = sub_cluster(cluster, indices).model_copy(update={"name": f"{cluster.name}/{job.name}"})
@@ -139,16 +141,36 @@ def run_segment(
         out = train_variant(job.name, sub, dataset, train, profile, tracking, parent_run_id)
     figures = out.metrics.flat()
     wall = time.monotonic() - t
-    reached = json.loads((Path(out.run_dir) / "progress.json").read_text())["step"]
     return Segment(
         job.name,
         tuple(names),
-        reached,
+        reached_step(out, cluster.launcher),
         wall,
         float(figures.get("train_loop_s", wall)),
         float(figures.get("steps_redone", 0.0)),
         out.run_id,
     )
+
+
+def reached_step(out, launcher: str) -> int:
+    """The steps a segment's run (`TrainOutcome`) reached: rank 0's progress.json in its run
+    directory on the local launcher; on Ray, whose rank 0 may run on another node, the step
+    after its last step record (the file where it recorded none)."""
+    records = out.result.lead.records if launcher == "ray" else []
+    if records:
+        return max(r.step for r in records) + 1
+    return json.loads((Path(out.run_dir) / "progress.json").read_text())["step"]
+
+
+def job_stop_channel(cluster: ClusterSpec, run_dir: Path) -> StopChannel:
+    """Where the queue asks the run in `run_dir` to stop: the channel its ranks read under
+    `cluster`'s launcher (`training.loop.stop_channel`: the run's file on the local launcher,
+    the Ray cluster's board on Ray, this process joined to the cluster first)."""
+    if cluster.launcher == "ray":
+        from hetflow.training.launch.ray_train import connect, ray_address
+
+        connect(ray_address(cluster))
+    return stop_channel(cluster.launcher, run_dir)
 
 
 def inbox_reader(folder: Path | None) -> Callable[[], list[QueueJob]]:

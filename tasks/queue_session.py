@@ -3,7 +3,8 @@
 allocator, `hetflow.queue.switch.decide`; or `fifo`, `hetflow.queue.fifo`, which never moves a
 running job and needs no job's step times, so it measures none), and each job runs as a train
 run on its workers (`tasks.queue.run_segment`) until it ends or the queue moves its workers:
-then it is asked to stop at its next checkpoint (`RUN_DIR/stop_at`), and a new segment
+then it is asked to stop at its next checkpoint (through the run's stop channel,
+`tasks.queue.job_stop_channel`: a file, or the Ray cluster's board), and a new segment
 resumes from there on the workers it moves to.
 
 A job that fails (its step-time model, its profile or a segment raised) ends alone, `failed`
@@ -28,10 +29,16 @@ from hetflow.queue.allocate import Holding, step_s
 from hetflow.queue.fifo import fifo
 from hetflow.queue.jobs import Job, check_job
 from hetflow.queue.switch import decide
-from hetflow.tasks.queue import Segment, cluster_kinds, job_model, queue_model, run_segment
+from hetflow.tasks.queue import (
+    Segment,
+    cluster_kinds,
+    job_model,
+    job_stop_channel,
+    queue_model,
+    run_segment,
+)
 from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
 from hetflow.tasks.train import stable_run_dir
-from hetflow.training.loop.progress import STOP_FILE
 
 
 @dataclass
@@ -193,7 +200,7 @@ class Session:
         at = j.stop_step(progress)
         why = "its cancel" if j.cancelling else f"a move to {j.target}"
         if at is not None:
-            (folder / STOP_FILE).write_text(str(at))
+            job_stop_channel(self.cluster, folder).write(at)
             j.stop_at = at
             print(f"queue: {j.job.name} asked to stop at step {at} for {why}")
         elif j.cancelling:
@@ -236,7 +243,7 @@ class Session:
                 j.workers, j.target, j.since_s = list(j.target), None, self.now()
                 j.stop_at = None
                 j.started_s = j.since_s if j.started_s is None else j.started_s
-                (stable_run_dir(j.job.name) / STOP_FILE).unlink(missing_ok=True)
+                job_stop_channel(self.cluster, stable_run_dir(j.job.name)).clear()
                 j.future = run_segment.submit(
                     j.job,
                     self.cluster,

@@ -17,7 +17,7 @@ from hetflow.config import (
     TrainConfig,
 )
 from hetflow.figures import RunMetrics
-from hetflow.infra.catalog import Catalog, cost_usd
+from hetflow.infra.catalog import Catalog, with_cost
 from hetflow.infra.data.format import read_manifest
 from hetflow.infra.paths import new_run_dir, runs_dir
 from hetflow.infra.report.plots import rank_labels
@@ -25,6 +25,8 @@ from hetflow.infra.tracking.content import record_training
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.tasks.history import store_learned
+from hetflow.training.devices import Placement
+from hetflow.training.job import ResolvedJob
 from hetflow.training.launch.outcome import LaunchError, RankFailed
 from hetflow.training.launch.run import Ran, run_plan
 from hetflow.training.loop.optim import is_resolved, resolve_optimizer
@@ -107,16 +109,19 @@ def train_variant(
     catalog: Catalog | None = None,
     epoch_samples: int | None = None,
     data: DataInfo | None = None,
+    job: ResolvedJob | None = None,
 ) -> TrainOutcome:
     """Plan, run torchrun with MLflow system metrics on, then record the run in MLflow.
 
     `variant` labels the run (MLflow run name and tag, run directory); `train`, what runs, as
     the flow resolved it (`training.job`; else here), its diloco rounds derived from the plan
-    here; `data`, what the flow read (else read here). Idempotent: a retry reuses the run
+    here; `data`, what the flow read (else read here); `job`, the flow's resolved job, whose
+    recipe and placement on this host it takes (`ResolvedJob.placement_of`; else resolved
+    here). Idempotent: a retry reuses the run
     directory, so the workers resume from the last checkpoint and the same MLflow run is
     completed. Flows call it as `train_task(train.faults)`, retried as its policy says.
     """
-    train, recipe, data = _as_given(train, dataset, data)
+    train, recipe, data = _as_given(train, dataset, data, job)
     plan: Plan = make_plan(profile, cluster, train)
     train = resolve_rounds(train, plan)  # under diloco: what the loop counts, carried
     run_dir = stable_run_dir(variant)
@@ -125,45 +130,44 @@ def train_variant(
     run_id = tracker.open_variant_run(
         variant, cluster, dataset, train, plan, run_dir, parent_run_id
     )
-    ran = launch(variant, cluster, plan, train, dataset, run_dir, tracker, run_id)
-    ranks = ran.ranks
+    placement = job.placement_of(cluster) if job else None
+    ran = launch(variant, cluster, plan, train, dataset, run_dir, tracker, run_id, placement)
     metrics = summarize(
         ran.result, train.global_batch, train.target_accuracy, train.target_val_loss
     )
     profiled = profile.profiling_time_s if needs_profile(train) else 0.0
     metrics = end_to_end(metrics, ran.wall_s, profiled)
-    finished_cluster = ranks.launched()[0]
+    finished_cluster = ran.ranks.launched()[0]
     if train.schedule == "dynamic":  # it ran its workers at the batches its plans gave them
         store_learned(finished_cluster, dataset, train, ran.result)
-    metrics = with_cost(finished_cluster, metrics, train, catalog, epoch_samples)
+    turn = loop_counts(train).global_batch  # a round's samples under diloco
+    metrics = with_cost(finished_cluster, metrics, turn, catalog, epoch_samples)
     outcome = TrainOutcome(
         variant=variant,
         run_id=run_id,
         run_dir=str(run_dir),
         plan=plan,
-        metrics=ranks.to_cluster(metrics),
-        series=[ranks.to_cluster(row) for row in step_series(ran.result, train.global_batch)],
+        metrics=ran.ranks.to_cluster(metrics),
+        series=[ran.ranks.to_cluster(row) for row in step_series(ran.result, train.global_batch)],
         result=ran.result,
     )
     record_training(tracker, outcome, profile, finished_cluster)
     register = variant == "optimized" and met_target(outcome.metrics, train)
-    log_trained_model(
-        tracker,
-        outcome,
-        (recipe, data),
-        f"hetflow-{dataset.source}" if register else None,
-    )
+    name = f"hetflow-{dataset.source}" if register else None
+    log_trained_model(tracker, outcome, (recipe, data), name)
     tracker.finish(run_id)
     _print_outcome(variant, ran.result, metrics, ran.wall_s)
     return outcome
 
 
 def _as_given(
-    train: TrainConfig, dataset: DatasetSpec, data: DataInfo | None
+    train: TrainConfig, dataset: DatasetSpec, data: DataInfo | None, job: ResolvedJob | None
 ) -> tuple[TrainConfig, Recipe, DataInfo]:
     """`train` (resolved where the caller did not: MLflow's params name the optimizer that
-    ran), its recipe, and the kind of data the run reads (`data`, else the manifest's)."""
-    recipe = recipe_of(train)  # checked, with the data, at the flow's entry (`resolve_job`)
+    ran), its recipe (the `job`'s, else made here), and the kind of data the run reads
+    (`data`, else the manifest's)."""
+    # checked, with the data, at the flow's entry (`resolve_job`)
+    recipe = job.recipe if job is not None else recipe_of(train)
     if not is_resolved(train):
         train = resolve_optimizer(train, recipe)
     return train, recipe, data or DataInfo.from_manifest(read_manifest(dataset.url))
@@ -248,9 +252,11 @@ def launch(
     run_dir: Path,
     tracker: MLflowTracker,
     run_id: str,
+    placement: Placement | None = None,
 ) -> Ran:
-    """`run_plan` with MLflow system metrics on and a Prefect progress artifact; on a
-    failure the MLflow run is marked FAILED with why (the rank, step and exception)."""
+    """`run_plan` with MLflow system metrics on and a Prefect progress artifact (`placement`:
+    its own); on a failure the MLflow run is marked FAILED with why (the rank, step and
+    exception)."""
     steps = loop_counts(train).steps
     progress = _progress_reporter(variant, steps)
     # every node of a Ray cluster samples its own system metrics into the run (`node_metrics`)
@@ -265,6 +271,7 @@ def launch(
                 variant=variant,
                 metrics_run=(tracker.tracking_uri, run_id),
                 on_progress=progress,
+                placement=placement,
             )
         except LaunchError as e:
             if not _will_retry(e, train.faults):  # a retry completes the same run
@@ -272,33 +279,6 @@ def launch(
             raise
     progress(steps)
     return ran
-
-
-def with_cost(
-    cluster: ClusterSpec,
-    metrics: RunMetrics,
-    train: TrainConfig,
-    catalog: Catalog | None,
-    epoch_samples: int | None,
-) -> RunMetrics:
-    """`metrics` with `cost_usd`, `cost_per_epoch_usd` and each launched rank's `cost_usd` of
-    the training loop's time (`train_loop_s`; price x instance-hours, a GPU instance's price
-    shared by its GPUs), when the workers name EC2 instance types; unchanged for workers that
-    name none (a local emulation has no price). `cluster`: the workers the run finished on."""
-    if catalog is None or not catalog.types:
-        return metrics
-    turn = loop_counts(train).global_batch  # a round's samples under diloco
-    epochs = metrics.steps * turn / epoch_samples if epoch_samples else None
-    cost = cost_usd(cluster, metrics.train_loop_s, catalog, epochs=epochs)
-    by_rank = [cost["by_worker"][w.name] for w in cluster.workers]
-    ranks = [r.model_copy(update={"cost_usd": by_rank[r.rank]}) for r in metrics.ranks]
-    return metrics.model_copy(
-        update={
-            "cost_usd": cost["total_usd"],
-            "cost_per_epoch_usd": cost.get("per_epoch_usd"),
-            "ranks": ranks,
-        }
-    )
 
 
 def _progress_reporter(variant: str, steps: int):

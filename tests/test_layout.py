@@ -69,6 +69,13 @@ ALLOWED = {
     "hetflow.repeats": set(),  # the order of a round's variants, a figure's median: pure
     # the profile history's records and keys (`hetflow.history`), beside the config
     "hetflow.history": {"hetflow.records", "hetflow.config"},
+    # where the history's entries are stored and which are fresh: over S3 (`infra.s3`)
+    "hetflow.history.store": {
+        "hetflow.history",
+        "hetflow.records",
+        "hetflow.config",
+        "hetflow.infra",
+    },
     "hetflow.infra": {"hetflow.figures", "hetflow.records", "hetflow.config", "hetflow.emulation"},
     "hetflow.training": {
         "hetflow.figures",
@@ -97,6 +104,7 @@ ALLOWED = {
         "hetflow.records",
         "hetflow.config",
         "hetflow.history",
+        "hetflow.history.store",
         "hetflow.infra",
         "hetflow.forecast",
         "hetflow.perf",
@@ -112,6 +120,7 @@ ALLOWED = {
         "hetflow.records",
         "hetflow.config",
         "hetflow.history",
+        "hetflow.history.store",
         "hetflow.infra",
         "hetflow.tasks",
     },
@@ -354,14 +363,16 @@ def test_docstrings_state_contracts_not_lab_notes(path):
 
 
 def test_every_package_folder_is_installed():
-    """pyproject lists every package explicitly (package-dir maps folders onto `hetflow`): a
-    folder missing there would be absent from a wheel while an editable install still finds it."""
+    """pyproject lists every package explicitly (package-dir maps folders onto `hetflow`), the
+    benchmarks' included: a folder missing there would be absent from a wheel while an
+    editable install still finds it."""
     import tomllib
 
     listed = set(
         tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     )
-    found = {module for module, path in sources() if path.name == "__init__.py"}
+    packages = sources() + benchmark_sources()
+    found = {module for module, path in packages if path.name == "__init__.py"}
     assert found == listed, (
         f"not listed: {sorted(found - listed)}; listed, not found: {sorted(listed - found)}"
     )
@@ -547,3 +558,80 @@ def test_once_split_every_test_module_sits_in_a_tier():
         if not any(t in p.parents for t in tiers)
     ]
     assert not left, f"test modules outside tests/unit and tests/integration: {left}"
+
+
+# The CLI's argument helpers, which the commands and the benchmarks share: of hetflow, only the
+# one-line error (`hetflow.errors`, which imports nothing of hetflow's itself).
+ARGS = "hetflow.cli.args"
+ARGS_MAY_IMPORT = {"hetflow.errors"}
+
+
+def stdlib(name: str) -> bool:
+    return name.split(".")[0] in sys.stdlib_module_names or name == "__future__"
+
+
+@pytest.mark.parametrize("module", [ARGS, *sorted(ARGS_MAY_IMPORT)])
+def test_the_argument_helpers_import_only_the_standard_library(module):
+    path = dict(sources())[module]
+    bad = sorted(
+        n
+        for n in all_imports(ast.parse(path.read_text()))
+        if not stdlib(n) and (module != ARGS or n not in ARGS_MAY_IMPORT)
+    )
+    assert not bad, f"{module} imports {bad}"
+
+
+def test_importing_the_argument_helpers_loads_nothing_else():
+    """At run time too: the `hetflow.cli` package they live in imports its commands only when
+    its parser is built, so a benchmark that imports `hetflow.cli.args` loads no config model,
+    no pydantic and no command module."""
+    import subprocess
+
+    code = (
+        "import sys; before = set(sys.modules); import hetflow.cli.args; "
+        "print('\\n'.join(sorted(set(sys.modules) - before)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
+    assert {m for m in out if m.startswith("hetflow")} == {
+        "hetflow",
+        "hetflow.cli",
+        ARGS,
+        *ARGS_MAY_IMPORT,
+    }
+    assert [m for m in out if not m.startswith("hetflow") and not stdlib(m)] == []
+
+
+def test_the_benchmarks_take_of_the_cli_only_its_argument_helpers():
+    """A benchmark defines its flags with `hetflow.cli.args`; the CLI's command modules (the
+    job's validation, the recommend command) are the CLI's own."""
+    bad = {
+        module: sorted(
+            n
+            for n in all_imports(ast.parse(path.read_text()))
+            if n.startswith("hetflow.cli") and n != ARGS
+        )
+        for module, path in benchmark_sources()
+    }
+    assert {m: names for m, names in bad.items() if names} == {}
+
+
+def test_every_benchmark_with_a_main_runs_as_a_module():
+    """`python -m benchmarks.X`: a module that defines `main` calls it under a main guard, a
+    package's `main` has a `__main__.py` beside it."""
+
+    def guarded(tree: ast.Module) -> bool:
+        return any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
+
+    missing = []
+    for module, path in benchmark_sources():
+        tree = ast.parse(path.read_text())
+        if not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body):
+            continue
+        ok = (
+            (path.parent / "__main__.py").is_file() if path.name == "__init__.py" else guarded(tree)
+        )
+        if not ok:
+            missing.append(module)
+    assert missing == []

@@ -122,15 +122,24 @@ def check_devices(
         setting = w.precision or train.precision
         field = who if w.precision else "train"
         precisions.append(resolve_precision(setting, device, host, field))
+    placement = Placement(devices, precisions, backend_for(devices))
+    check_scaled_sync(cluster, placement, train)
+    return placement
+
+
+def check_scaled_sync(cluster: ClusterSpec, placement: Placement, train: TrainConfig) -> None:
+    """A one-line ConfigError where a rank of `placement` computes in fp16 (its skipped steps
+    must be the same on every rank) and `train` may run local SGD, which cannot promise it.
+    The one rule of `check_devices` that reads a variant's knobs (its compression): a job of
+    several variants checks it for each against the one placement (`training.job`)."""
     local = train.local_sgd()  # (field, method name) where local SGD may run
-    if "fp16" in precisions and local is not None:
-        who = cluster.workers[precisions.index("fp16")].name
+    if "fp16" in placement.precisions and local is not None:
+        who = cluster.workers[placement.precisions.index("fp16")].name
         raise ConfigError(
             f"cluster.workers[{who}].precision: resolves to fp16 here, whose skipped steps must "
             f"be the same on every rank, which {local[1]} ({local[0]}) cannot promise; use "
             "bf16 or fp32"
         )
-    return Placement(devices, precisions, backend_for(devices))
 
 
 def autocast(device: str, precision: str):

@@ -5,7 +5,9 @@ the order of their cost: the rules across models (`check_job`) for each training
 job runs, without torch; then the recipe imported (`recipe_of`) and its optimizer and
 learning-rate rule resolved (`resolve_optimizer`, once: the configs differ in the knobs of a
 comparison's variants at most, which the optimizer does not read); then each worker's device,
-precision and cores on this host (`check_devices`). It returns a frozen `ResolvedJob`.
+precision and cores on this host (`check_devices`, once; the rule of it that reads a variant's
+compression for each config). It returns a frozen `ResolvedJob`, whose placement a launch of
+the job's cluster takes as it is (`placement_of`, `launch.run.run_workers`).
 
 Nothing is remembered between calls: a command resolves its job and hands the value to its
 flow (the flows' `job` parameter); a flow run started elsewhere (a deployment, the Prefect UI)
@@ -76,6 +78,18 @@ class ResolvedJob:
                 return resolved
         raise ValueError("ResolvedJob.resolved: a config this job was not resolved for")
 
+    def placement_of(self, cluster: ClusterSpec) -> Placement | None:
+        """The job's `placement` where `cluster` places as the job's cluster does (the same
+        launcher, and the same workers' devices and precisions in the same order: all a
+        placement reads of a cluster; `tasks.opening` may fill in the workers' instance types),
+        so that a launch of it checks nothing again; None for another cluster (a sub-cluster,
+        workers left out), whose ranks' local devices differ."""
+
+        def placed(c: ClusterSpec) -> tuple:
+            return c.launcher, [(w.device, w.precision) for w in c.workers]
+
+        return self.placement if placed(cluster) == placed(self.cluster) else None
+
     def check_data(self, manifest) -> DataInfo:
         """What the dataset of `manifest` holds (`DataInfo`); a one-line ConfigError naming
         `train.recipe` unless the recipe reads it (`recipes.check_fits`), each kind of data
@@ -101,7 +115,7 @@ def resolve_job(cluster: ClusterSpec, configs: Sequence[TrainConfig]) -> Resolve
     for train in given:
         check_job(cluster, train)
     from hetflow.training.cores import core_sets, host_cores
-    from hetflow.training.devices import check_devices
+    from hetflow.training.devices import check_devices, check_scaled_sync
     from hetflow.training.loop.optim import resolve_optimizer
     from hetflow.training.recipes import recipe_of
 
@@ -110,6 +124,9 @@ def resolve_job(cluster: ClusterSpec, configs: Sequence[TrainConfig]) -> Resolve
     chosen = {k: getattr(first, k) for k in OPTIMIZER_FIELDS}
     resolved = tuple(c.model_copy(update=chosen) for c in given)
     placement = check_devices(cluster, given[0])
+    if cluster.launcher != "ray":  # under Ray each rank's device is its node's: not known here
+        for train in given[1:]:  # the rule that reads a variant's compression
+            check_scaled_sync(cluster, placement, train)
     core_sets(cluster, host_cores())
     return ResolvedJob(cluster, given, resolved, recipe, placement)
 

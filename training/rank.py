@@ -13,6 +13,7 @@ from hetflow.training.devices import MixedPrecision
 from hetflow.training.hooks import PhaseClock
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.launch.startup import StartupMarks
+from hetflow.training.recipes import Recipe
 
 
 @dataclass
@@ -22,7 +23,8 @@ class RankContext:
     (`training.hooks`): the `counter` of the bytes it sends, the training's compute-phase
     clock `emu` (the emulator; its link attached to the counter) and `clocks`, which makes a
     fresh one for a scope of its own (a compression trial's); `startup`: the marks of its
-    start-up's phases (`launch.startup`), where its launcher makes them. The group of ranks
+    start-up's phases (`launch.startup`), where its launcher makes them; `recipe`: the job's
+    recipe (`recipes.recipe_of` of `spec.train`), made once by the worker. The group of ranks
     that compute changes with the plan: the loop holds it (`loop.computing.ComputingRanks`)."""
 
     spec: RunSpec
@@ -34,6 +36,7 @@ class RankContext:
     emu: PhaseClock | None = None
     clocks: Callable[[str], PhaseClock] | None = None
     startup: StartupMarks | None = None
+    recipe: Recipe | None = None
 
     @property
     def device(self) -> str:

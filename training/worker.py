@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from datetime import timedelta
 from functools import partial
@@ -114,8 +115,20 @@ def main(argv: list[str] | None = None) -> None:
 def forked_main(*argv: str) -> None:
     """The entry of a rank forked from a warm agent (`launch.warm`): `start`, then return, for
     torchrun's agent to collect the rank's return (the fork's process then ends without the
-    interpreter's teardown: multiprocessing's `os._exit`)."""
+    interpreter's teardown: multiprocessing's `os._exit`). The fork inherits the agent's
+    handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT (torchelastic's, which raise its
+    `SignalException`): they are put back to a fresh interpreter's first, so a rank answers
+    a signal as one torchrun started would (the rank's own SIGTERM handler comes later)."""
+    default_signals()
     start(list(argv))
+
+
+def default_signals() -> None:
+    """A fresh interpreter's signal handlers: KeyboardInterrupt on SIGINT, the system's
+    default for SIGTERM, SIGHUP and SIGQUIT."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def start(argv: list[str] | None = None) -> None:
@@ -201,12 +214,12 @@ def run(
     try:
         start_rss = peak_rss_bytes()  # the process's fixed part: torch, the process group
         # reads no shard: each rank streams its own (token windows of the recipe's context)
-        context = recipe_of(spec.train).context
-        data = open_rank_data(spec.dataset, context=context, manifest=spec.manifest)
+        recipe = recipe_of(spec.train)  # once: the loop and the probes take it from `ctx`
+        data = open_rank_data(spec.dataset, context=recipe.context, manifest=spec.manifest)
         if marks is not None:
             marks.mark("data")
         emu, clocks = install_clocks(spec, rank, amp, counter)
-        ctx = RankContext(spec, rank, world, data, amp, counter, emu, clocks, marks)
+        ctx = RankContext(spec, rank, world, data, amp, counter, emu, clocks, marks, recipe)
         if spec.mode == "train":
             mine, weights = train(ctx)
             if marks is not None and spec.submitted_at:

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from hetflow.cli.job import add_recipe_arg, recipe_flag, recipe_options
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser, add_recipe_arg, recipe_flag, recipe_options
 from hetflow.config import (
+    BUILTIN_RECIPES,
     ClusterSpec,
     ConfigError,
     DatasetSpec,
@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         help="optimizer steps per method (default 59: local SGD with H=4 and 10 warm-up "
         "steps then ends on an averaging step)",
     )
-    add_recipe_arg(p, "digits-wide-mlp")
+    add_recipe_arg(p, "digits-wide-mlp", BUILTIN_RECIPES)
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -155,7 +155,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
         raise ConfigError(f"--time-scale: must be >= 1 (got {args.time_scale})")
     cluster = link_cluster(args.link_gbps, args.latency_ms, time_scale=args.time_scale)
     knobs = {
-        "recipe": recipe_flag(args),
+        "recipe": recipe_flag(args, BUILTIN_RECIPES),
         "recipe_options": recipe_options(args),
         "steps": args.steps,
         "global_batch": args.global_batch,

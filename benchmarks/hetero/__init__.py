@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, get_args
 
-from hetflow.cli.job import recipe_flag, recipe_options
+from hetflow.cli.args import recipe_flag, recipe_options
 from hetflow.config import (
+    BUILTIN_RECIPES,
     ClusterSpec,
     ConfigError,
     DatasetSpec,
@@ -176,7 +177,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Bench]:
     set_hardware(cluster, args)
     knobs = {
         "precision": precisions[0],
-        "recipe": recipe_flag(args),
+        "recipe": recipe_flag(args, BUILTIN_RECIPES),
         "recipe_options": recipe_options(args),
         "steps": args.steps,
         "global_batch": args.global_batch,

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from hetflow.cli.job import add_recipe_arg, add_strategy_arg
-from hetflow.cli.parser import Parser
-from hetflow.config import ClusterSpec, TrainConfig
+from hetflow.cli.args import Parser, add_recipe_arg, add_strategy_arg, choices
+from hetflow.config import BUILTIN_RECIPES, ClusterSpec, TrainConfig
 from hetflow.emulation.device_model import NOISE_LEVELS
 
 PRECISION = TrainConfig.model_fields["precision"]
@@ -27,8 +26,8 @@ def parser() -> argparse.ArgumentParser:
         "(default: 1,1,2,4; with --cpu-quotas, one worker of each quota)",
     )
     p.add_argument("--steps", type=int, default=150)
-    add_recipe_arg(p, "digits-cnn")
-    add_strategy_arg(p)
+    add_recipe_arg(p, "digits-cnn", BUILTIN_RECIPES)
+    add_strategy_arg(p, choices(TrainConfig, "strategy"), TrainConfig().strategy)
     p.add_argument("--global-batch", type=int, default=128, dest="global_batch")
     p.add_argument(
         "--straggler",

@@ -1,7 +1,7 @@
 """`static@history`: the static plan a user's second run makes, from the profile history.
 
 A first run profiles the cluster and stores one history entry per worker type (the first
-worker of each: `tasks.history.entries_of`); a second run on the same types finds every one
+worker of each: `training.plan.assemble.entries_of`); a second run on the same types finds every one
 fresh and launches no profile, assembling its profile from the entries (`tasks.history.
 profile_or_reuse`, through `training.plan.assemble`: compute at this cluster's reference batch
 from each entry's fit, the all-reduce from the ring model). `history_profile` does the same
@@ -14,9 +14,8 @@ from __future__ import annotations
 from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.history import type_key
 from hetflow.records import Profile
-from hetflow.tasks.history import entries_of
 from hetflow.training.metrics import needs_profile
-from hetflow.training.plan.assemble import assemble
+from hetflow.training.plan.assemble import entries_of, from_entries
 
 HISTORY = "history"  # the variant tag: VARIANT@history
 FROM_HISTORY = "the profile history (this invocation's profile, stored as its type's entry)"
@@ -31,8 +30,7 @@ def history_profile(profile: Profile, cluster: ClusterSpec, train: TrainConfig) 
     entries = {e.key: e for e in entries_of(profile, cluster, keys, "history")}
     chosen = [entries[k] for k in keys]
     sources = [f"{FROM_HISTORY}: {e.rank.worker}" for e in chosen]
-    ranks = [e.rank for e in chosen]
-    return assemble(cluster, train, ranks, sources, 0.0, [e.host_ranks for e in chosen])
+    return from_entries(cluster, train, chosen, sources)
 
 
 def profile_charged_s(name: str, cfg: TrainConfig, profile: Profile) -> float:

@@ -28,7 +28,7 @@ import statistics
 import struct
 from pathlib import Path
 
-from hetflow.cli.parser import Parser
+from hetflow.cli.args import Parser
 from hetflow.config import (
     DEADLINE_MARGIN,
     ClusterSpec,
@@ -285,9 +285,9 @@ def run_choice(name, round_, cands, choice, args, dataset, tmp) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.cpu_quotas:
-        from benchmarks.recommend.quotas import main as quotas_main
+        from benchmarks.recommend.quotas import run_quotas
 
-        return quotas_main(args)
+        return run_quotas(args)
     cands, _, choices = plan_choices(args)
     check_bench_recipe(TrainConfig(recipe=args.stand_in, global_batch=args.global_batch))
     runs: dict[str, list[dict]] = {name: [] for name in choices}

@@ -250,7 +250,7 @@ def run_mix(rec, counts, quotas, args, dataset, run_dir: Path) -> dict:
     }
 
 
-def main(args) -> int:
+def run_quotas(args) -> int:
     """Profile each type alone, ask recommend, run its mixes; print and write the report."""
     from hetflow.infra.market import load_market
 

@@ -8,7 +8,10 @@
 `hetflow COMMAND --help` lists a command's options with their defaults. Bad input, from a
 mistyped option to a run id MLflow does not hold, is refused in one line on stderr,
 `hetflow: error: ...`, with exit status 2. Importing this package and parsing loads neither
-Prefect, MLflow nor torch: a command imports them once its input is valid.
+Prefect, MLflow nor torch: a command imports them once its input is valid. Importing the
+package alone loads only the argument helpers (`hetflow.cli.args`: the standard library and
+`hetflow.errors`): the commands' modules are imported when the parser is built, so that a
+benchmark that takes its flags from `hetflow.cli.args` imports nothing of the CLI's commands.
 """
 
 from __future__ import annotations
@@ -17,14 +20,18 @@ import argparse
 import os
 import sys
 
-from hetflow.cli import commands
-from hetflow.cli.errors import one_line
-from hetflow.cli.job import add_ingest_args, add_job_args
-from hetflow.cli.parser import Parser, UsageError
-from hetflow.cli.queue import add_queue_args
-from hetflow.cli.recommend import add_recommend_args, cmd_recommend
+from hetflow.cli.args import Parser, UsageError
 
 __all__ = ["UsageError", "build_parser", "main", "one_line"]
+
+
+def __getattr__(name: str):
+    """`one_line` (`hetflow.cli.errors`, over the config models), imported when asked for."""
+    if name == "one_line":
+        from hetflow.cli.errors import one_line
+
+        return one_line
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _command(sub, name: str, summary: str, **kwargs) -> argparse.ArgumentParser:
@@ -33,6 +40,9 @@ def _command(sub, name: str, summary: str, **kwargs) -> argparse.ArgumentParser:
 
 
 def _add_job_commands(sub) -> None:
+    from hetflow.cli import commands
+    from hetflow.cli.job import add_job_args
+
     demo = _command(sub, "demo", "the whole job once, small: baseline vs optimized")
     add_job_args(demo)
     demo.add_argument(
@@ -59,6 +69,11 @@ def _add_job_commands(sub) -> None:
 
 
 def _add_other_commands(sub) -> None:
+    from hetflow.cli import commands
+    from hetflow.cli.job import add_ingest_args
+    from hetflow.cli.queue import add_queue_args
+    from hetflow.cli.recommend import add_recommend_args, cmd_recommend
+
     cmp_ = _command(sub, "compare", "side-by-side table of two MLflow runs")
     cmp_.add_argument("run_a", metavar="RUN_ID", help="the first MLflow run (its full id)")
     cmp_.add_argument("run_b", metavar="RUN_ID", help="the second MLflow run")
@@ -142,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         args.run_log = as_program  # a flow's log to the run's log file (commands.start_flow_logs)
         return args.func(args)
     except Exception as e:
+        from hetflow.cli.errors import one_line
+
         message = one_line(e)
         if message is None:
             raise  # a bug: its traceback

@@ -8,13 +8,13 @@ refused before anything slow is started. It passes both answers to its flow (`jo
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import textwrap
 import time
 from pathlib import Path
 
-from hetflow.cli.bench_loader import benchmark_module
 from hetflow.cli.checks import before_flow, check_ingest_source
 from hetflow.cli.job import ingest_of, job_of
 from hetflow.config import ConfigError, TrackingConfig
@@ -281,6 +281,21 @@ def cmd_stack(args) -> int:
     from hetflow import stack
 
     return {"up": stack.up, "down": stack.down, "status": stack.status}[args.action]()
+
+
+def benchmark_module(name: str):
+    """`benchmarks.NAME`, the installed benchmark (pyproject installs `benchmarks` with
+    hetflow; `NAME` is one of `BENCHMARKS`); one line where an install made before it did
+    leaves the package out."""
+    try:
+        return importlib.import_module(f"benchmarks.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != "benchmarks":
+            raise
+        raise ConfigError(
+            "hetflow bench: the package `benchmarks` is not installed; reinstall hetflow "
+            "(`pip install -e .` in the checkout) to install it"
+        ) from None
 
 
 def cmd_bench(args) -> int:

@@ -11,10 +11,11 @@ value is refused at once, in one line that names its flag or field.
 from __future__ import annotations
 
 import argparse
-from typing import NamedTuple, get_args
+from typing import NamedTuple
 
 from pydantic import ValidationError
 
+from hetflow.cli.args import add_recipe_arg, add_strategy_arg, choices, recipe_flag, recipe_options
 from hetflow.cli.checks import check_instance_types
 from hetflow.cli.errors import say_alias
 from hetflow.config import (
@@ -47,60 +48,6 @@ FLAGS = {
 }
 
 
-def choices(model: type, field: str) -> tuple[str, ...]:
-    """The values of a model's Literal field, e.g. ('mlp', 'cnn', 'wide_mlp')."""
-    return get_args(model.model_fields[field].annotation)
-
-
-def add_recipe_arg(p: argparse.ArgumentParser, default: str) -> None:
-    """--recipe (a built-in name or package.module:Name), and --model refused in one line."""
-    p.add_argument(
-        "--recipe",
-        default=default,
-        help=f"the model and loss: {', '.join(BUILTIN_RECIPES)}, or the import path "
-        "package.module:Name of your own Recipe class",
-    )
-    p.add_argument(
-        "--recipe-option",
-        action="append",
-        default=[],
-        dest="recipe_option",
-        metavar="KEY=VALUE",
-        help="an option of the recipe, e.g. n_layer=2 (repeatable)",
-    )
-    p.add_argument("--model", help=argparse.SUPPRESS)
-
-
-def recipe_options(args) -> dict[str, int | float | str]:
-    """--recipe-option KEY=VALUE flags as a dict, numbers as numbers.
-
-    >>> recipe_options(argparse.Namespace(recipe_option=["n_layer=2", "dropout=0.1", "a=b"]))
-    {'n_layer': 2, 'dropout': 0.1, 'a': 'b'}
-    """
-    out: dict[str, int | float | str] = {}
-    for item in getattr(args, "recipe_option", None) or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--recipe-option: expected KEY=VALUE (got {item!r})")
-        for kind in (int, float, str):
-            try:
-                out[key.strip()] = kind(value)
-                break
-            except ValueError:
-                continue
-    return out
-
-
-def recipe_flag(args) -> str:
-    """--recipe's value; a one-line error for --model, which it replaced."""
-    if getattr(args, "model", None) is not None:
-        raise ConfigError(
-            f"--model: replaced by --recipe (one of {', '.join(BUILTIN_RECIPES)}, "
-            "or package.module:Name)"
-        )
-    return args.recipe
-
-
 def add_compression_args(p: argparse.ArgumentParser) -> None:
     """--allow-local-sgd (`TrainConfig.allow_local_sgd`) and --strategy."""
     p.add_argument(
@@ -111,7 +58,8 @@ def add_compression_args(p: argparse.ArgumentParser) -> None:
         "hierarchical:4 across nodes), which averages the model every 4 steps instead of the "
         "gradient every step",
     )
-    add_strategy_arg(p)  # how the gradient travels: DDP's all-reduce, or FSDP's shards
+    # how the gradient travels: DDP's all-reduce, or FSDP's shards
+    add_strategy_arg(p, choices(TrainConfig, "strategy"), TRAIN.strategy)
 
 
 def add_accumulate_arg(p: argparse.ArgumentParser) -> None:
@@ -122,19 +70,6 @@ def add_accumulate_arg(p: argparse.ArgumentParser) -> None:
         default=TRAIN.accumulate,
         help="auto: a worker whose share passes its memory cap runs it as micro-batches, and "
         "the plan may give it more than its cap where that shortens the step",
-    )
-
-
-def add_strategy_arg(p: argparse.ArgumentParser) -> None:
-    """--strategy (`TrainConfig.strategy`)."""
-    p.add_argument(
-        "--strategy",
-        choices=choices(TrainConfig, "strategy"),
-        default=TRAIN.strategy,
-        help="ddp: every worker holds the whole model; fsdp: parameters, gradients and "
-        "optimizer state sharded across the workers (torch's FSDP2), plain all-reduce only; "
-        "diloco: rounds of local steps by speed, then one weighted outer step (the demo "
-        "compares them with the sized synchronous run)",
     )
 
 
@@ -179,7 +114,7 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
         help="a cluster file (YAML or JSON, a ClusterSpec) instead of --speeds",
     )
     p.add_argument("--steps", type=int, default=TRAIN.steps, help="optimizer steps per variant")
-    add_recipe_arg(p, TRAIN.recipe)
+    add_recipe_arg(p, TRAIN.recipe, BUILTIN_RECIPES)
     add_compression_args(p)
     p.add_argument(
         "--global-batch",
@@ -276,7 +211,7 @@ def train_of(args, variant: str | None = None) -> TrainConfig:
     """TrainConfig of the flags; `variant` ('baseline' | 'optimized') sets its preset knobs."""
     knobs = {
         "steps": args.steps,
-        "recipe": recipe_flag(args),
+        "recipe": recipe_flag(args, BUILTIN_RECIPES),
         "recipe_options": recipe_options(args),
         "global_batch": args.global_batch,
         "seed": args.seed,
@@ -305,7 +240,7 @@ def dataset_of(args) -> DatasetSpec:
     try:
         if args.dataset_url != DATASET.url:
             return DatasetSpec(source="existing", url=args.dataset_url)
-        return DatasetSpec(**RECIPE_DATASETS.get(recipe_flag(args), {}))
+        return DatasetSpec(**RECIPE_DATASETS.get(recipe_flag(args, BUILTIN_RECIPES), {}))
     except ValidationError as e:
         raise flag_error(e) from None
 
@@ -323,7 +258,7 @@ def job_of(args, variant: str | None = None, compare: bool = False) -> Job:
     """The cluster, training config and dataset of a job's flags, validated together: `train`
     as it runs, or with `compare` the variants a comparison runs of it
     (`TrainConfig.compared`). The catalog knows the instance types the workers name."""
-    say_alias("--recipe", recipe_flag(args), RECIPE_ALIASES)
+    say_alias("--recipe", recipe_flag(args, BUILTIN_RECIPES), RECIPE_ALIASES)
     cluster, train, dataset = cluster_of(args), train_of(args, variant), dataset_of(args)
     check_instance_types(cluster)  # offline for the shipped catalog's types: before torch
     configs = list(train.compared().values()) if compare else [train]

@@ -3,13 +3,17 @@
     hetflow queue submit NAME [--priority high|normal|low] [--recipe R] [--steps N] ...
     hetflow queue list
     hetflow queue run [--cluster FILE] [--time-scale X] [--switch-s S] [--policy P] [--demo]
+                      [--launcher local|ray] [--ray-address ADDRESS]
     hetflow queue cancel NAME
 
 `submit` checks the job against the queue's cluster (its priority class, that some worker
 holds it, and that its recipe imports and reads the session's data: `cli.queue_checks`) and
 leaves it in `$HETFLOW_HOME/queue/inbox/`; `run` starts the session (the `queue` flow), which
 takes the inbox's jobs, and those submitted while it runs, under the allocator or `--policy
-fifo` (first come, first served, blind to the device type). `cancel` takes a job out of the
+fifo` (first come, first served, blind to the device type), each job's segments under the
+cluster's launcher or `--launcher` (`ray`: on the Ray cluster at `--ray-address`, each worker
+on a node of its instance type, checked before the session starts: `cli.queue_checks`).
+`cancel` takes a job out of the
 inbox, or asks the running session to end it (`tasks.queue_ends`).
 """
 
@@ -61,6 +65,18 @@ def add_queue_args(sub, command) -> None:
         help="fifo: first come, first served, blind to the device type",
     )
     r.add_argument("--demo", action="store_true", help="also the three default jobs")
+    r.add_argument(
+        "--launcher",
+        choices=("local", "ray"),
+        help="local: torchrun on this host (default, unless --cluster says); ray: Ray Train on "
+        "the Ray cluster at --ray-address, each worker on a node of its instance type",
+    )
+    r.add_argument(
+        "--ray-address",
+        "--address",
+        dest="ray_address",
+        help="the Ray cluster's address (default: $RAY_ADDRESS, else auto)",
+    )
     r.set_defaults(func=cmd_queue_run)
     c = command(qsub, "cancel", "take a queued job out, or stop a running one at its checkpoint")
     c.add_argument("name", metavar="NAME", help="the job, as `hetflow queue list` names it")
@@ -262,6 +278,9 @@ def cmd_queue_run(args) -> int:
             "queue: no job in the inbox: `hetflow queue submit NAME` first, or "
             "`hetflow queue run --demo`"
         )
+    from hetflow.cli.queue_checks import check_launcher
+
+    cluster = check_launcher(cluster, args.launcher, args.ray_address)
     start_flow_logs(args)
     from hetflow.flows.job_queue import default_jobs, queue
 

@@ -66,3 +66,28 @@ def check_runnable(
             check_fits(checked.recipe, DataInfo(), f"{dataset.url} ({dataset.source})")
     except ConfigError as e:
         raise by_flag(e, flags) from None
+
+
+def check_launcher(cluster: ClusterSpec, launcher: str | None, address: str | None) -> ClusterSpec:
+    """`cluster` under `hetflow queue run`'s `--launcher` and `--ray-address` (None: the
+    cluster's own), refused in one line naming the flag before the session starts: an address
+    without the Ray launcher; under Ray, no Ray cluster answering at the address, or a worker
+    whose instance type no node of it carries (`cli.checks.check_ray_nodes`, which joins it,
+    as the session would next)."""
+    if address and (launcher or cluster.launcher) != "ray":
+        raise ConfigError("--ray-address: needs --launcher ray (or launcher: ray in --cluster)")
+    update = {"launcher": launcher or cluster.launcher}
+    cluster = cluster.model_copy(update={**update, "ray_address": address or cluster.ray_address})
+    if cluster.launcher != "ray":
+        return cluster
+    from hetflow.cli.checks import check_ray_nodes
+    from hetflow.infra.preflight import ray_problem
+    from hetflow.training.launch.ray_train import ray_address
+
+    where = ray_address(cluster)
+    problem = ray_problem(where)
+    if problem is not None:
+        flag = "--ray-address" if address else "cluster.ray_address"
+        raise ConfigError(f"{flag}: {problem.replace(' (cluster.ray_address)', '')}")
+    check_ray_nodes(cluster)
+    return cluster

@@ -14,7 +14,7 @@ configured) and priced from infra/prices.json. `--workers` scales the cluster, k
 
 Compute of an instance type never measured: per-sample FLOPs / (FP32 peak x `--fraction`);
 a profile's ranks bring their own fitted a + c x batch. See docs/benchmarks.md for the model,
-`benchmarks/calibrate.py` for what `--calibrate` runs (torch: it is not installed).
+`benchmarks.calibrate` for what `--calibrate` runs (it imports torch, so only when asked).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import time
 from collections import Counter
 from functools import partial
 
+from hetflow.cli.args import Parser
 from hetflow.cli.errors import say_alias
-from hetflow.cli.parser import Parser
 from hetflow.config import MODEL_ALIASES, ClusterSpec, ConfigError, load_mapping
 from hetflow.forecast.simulate import clusters, report
 from hetflow.forecast.simulate.job import MAX_WORKERS, MODELS, Job, ModelSpec, Network
@@ -373,9 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out: dict = {}
     if args.calibrate:
-        from hetflow.cli.bench_loader import benchmark_module
+        from benchmarks.calibrate import calibrate  # installed with hetflow; it imports torch
 
-        cal = benchmark_module("calibrate").calibrate(args.calibrate_steps)
+        cal = calibrate(args.calibrate_steps)
         report.print_calibration(cal)
         out["calibration"] = cal
     explicit = any(v is not None for v in (args.mix, args.cluster, args.workers, args.model))

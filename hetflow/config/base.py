@@ -4,7 +4,6 @@ built-in recipes' names (re-exported by `hetflow.config`, where the models live)
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from collections.abc import Iterable
@@ -15,12 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hetflow.errors import ConfigError
-
-
-def suggestion(word: str, candidates) -> str:
-    """`"; did you mean X?"` for the candidate closest to `word`, or "" if none is close."""
-    close = difflib.get_close_matches(word, [str(c) for c in candidates], n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
+from hetflow.errors import suggestion as suggestion  # re-exported: hetflow.config names it
 
 
 def describe_validation_error(err: ValidationError, prefix: str = "") -> str:

@@ -59,7 +59,7 @@ def test_the_benchmark_refuses_in_one_line_before_anything_starts(flags, line, m
 
 
 def test_a_16_bit_sync_setting_outside_the_choices_is_refused_naming_the_flag(capsys):
-    from hetflow.cli.parser import UsageError
+    from hetflow.cli.args import UsageError
 
     from benchmarks.diloco import parse_args
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(240)
 def fake_profile_workers(measured: list[float]):
     """A stand-in for tasks.profile.profile_workers: ranks with the given samples/s."""
 
-    def run(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig) -> Profile:
+    def run(cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig, job=None) -> Profile:
         fastest = max(measured)
         ranks = [
             rank_profile(

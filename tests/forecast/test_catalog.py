@@ -7,6 +7,7 @@ import json
 import pytest
 
 from hetflow.config import ClusterSpec, ConfigError
+from hetflow.figures import RankFigures, RunMetrics
 from hetflow.infra.catalog import (
     Catalog,
     CatalogError,
@@ -15,6 +16,7 @@ from hetflow.infra.catalog import (
     network_gbps,
     resolve_cluster,
     seed_profile,
+    with_cost,
 )
 from hetflow.infra.pricing import load_prices, price_table
 
@@ -168,6 +170,25 @@ def test_cost_by_worker_total_and_per_epoch(catalog):
     assert local["total_usd"] == 0 and local["unpriced"] == ["w0", "w1"]
     with pytest.raises(CatalogError, match="duration_s"):
         cost_usd(cluster, -1, catalog)
+
+
+def test_a_runs_metrics_carry_the_cost_of_its_loop_per_rank_and_per_epoch(catalog):
+    cluster = ClusterSpec.model_validate(
+        {
+            "workers": [
+                {"name": "a", "instance_type": "g5.xlarge"},
+                {"name": "b", "instance_type": "g4dn.xlarge"},
+            ]
+        }
+    )
+    ranks = [RankFigures(rank=r, local_batch=32, busy_fraction=0.5) for r in (1, 0)]
+    metrics = RunMetrics(steps=100, train_loop_s=3600.0, ranks=ranks)
+    out = with_cost(cluster, metrics, 64, catalog, epoch_samples=1600)
+    g5, t4 = catalog.price("g5.xlarge"), catalog.price("g4dn.xlarge")
+    assert [r.cost_usd for r in out.ranks] == pytest.approx([t4, g5])  # by rank, not by order
+    assert out.cost_usd == pytest.approx(g5 + t4)
+    assert out.cost_per_epoch_usd == pytest.approx((g5 + t4) / 4)  # 100 x 64 samples: 4 epochs
+    assert with_cost(cluster, metrics, 64, None, 1600) is metrics
 
 
 def test_the_shipped_snapshot_resolves_gpu_families_offline(monkeypatch):

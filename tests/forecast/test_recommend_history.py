@@ -11,6 +11,7 @@ import json
 import pytest
 import yaml
 
+import hetflow.history.store as history_store
 import hetflow.tasks.history as history_task
 from hetflow.cli import main
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig, WorkerSpec
@@ -45,7 +46,7 @@ def history(s3, hetflow_home, prefect_harness, monkeypatch, request):
     ]
     cluster = ClusterSpec(name="real", workers=workers, emulate=False)
     history_task.profile_or_reuse.fn(cluster, dataset, TrainConfig(recipe="digits-mlp"))
-    return history_task.types_prefix(dataset)
+    return history_store.types_prefix(dataset)
 
 
 def test_recommend_reads_a_measured_curve_for_a_type_without_a_published_one(

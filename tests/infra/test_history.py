@@ -11,6 +11,7 @@ import datetime as dt
 
 import pytest
 
+import hetflow.history.store as history_store
 import hetflow.tasks.history as history_task
 from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.history import MEASURED_NOW, TypeEntry, type_key
@@ -30,7 +31,7 @@ def fake_measure():
     """A stand-in for `measure_profile`: each worker at 100 x its speed samples/s, a link of
     its own; `launched` keeps the clusters it measured."""
 
-    def measure(cluster, dataset, train, run_dir, profile_batches=None):
+    def measure(cluster, dataset, train, run_dir, profile_batches=None, placement=None):
         ranks = [
             rank_profile(
                 i,
@@ -169,13 +170,13 @@ def test_a_stale_or_mismatched_entry_is_not_used(dataset, prefect_harness, monke
     history_task.profile_or_reuse.fn(cluster, dataset, other_recipe)
     assert len(measure.launched) == 2  # another recipe: measured again
 
-    monkeypatch.setattr(history_task, "type_key", lambda *a: type_key(*a, torch="0.0.1"))
+    monkeypatch.setattr(history_store, "type_key", lambda *a: type_key(*a, torch="0.0.1"))
     history_task.profile_or_reuse.fn(cluster, dataset, TRAIN)
     assert len(measure.launched) == 3  # another torch version
-    monkeypatch.setattr(history_task, "type_key", type_key)
+    monkeypatch.setattr(history_store, "type_key", type_key)
 
     # every stored entry 30 hours old: older than a day, measured again
-    fs, root = filesystem(history_task.types_prefix(dataset))
+    fs, root = filesystem(history_store.types_prefix(dataset))
     old = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=30)).strftime("%Y%m%dT%H%M%S%fZ")
     for path in fs.find(root):
         entry = TypeEntry.model_validate_json(fs.cat_file(path))
@@ -200,7 +201,7 @@ def test_the_profile_flow_writes_an_entry_per_type_and_tags_its_run(
 
     measure = fake_measure()
     monkeypatch.setattr(
-        profile_flow, "profile_workers", lambda c, d, t: measure(c, d, t, "profile-dir")
+        profile_flow, "profile_workers", lambda c, d, t, job: measure(c, d, t, "profile-dir")
     )
     monkeypatch.setattr(history_task, "measure_profile", measure)
     cluster = ClusterSpec.from_speeds([1, 1, 2])
@@ -212,7 +213,7 @@ def test_the_profile_flow_writes_an_entry_per_type_and_tags_its_run(
     )
     urls = {k: v for k, v in tags.items() if k.startswith("history.")}
     assert len(urls) == 2 and all(
-        v.startswith(history_task.types_prefix(dataset)) for v in urls.values()
+        v.startswith(history_store.types_prefix(dataset)) for v in urls.values()
     )
     assert out["sources"] == [MEASURED_NOW] * 3
     history_task.profile_or_reuse.fn(cluster, dataset, TRAIN)  # a train run after it

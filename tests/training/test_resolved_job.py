@@ -20,7 +20,7 @@ from hetflow.training.loop.optim import is_resolved
 from tests.dist import run_ranks
 
 CHECKS = ("check_job", "check_recipe", "check_fits", "check_devices")
-RESOLVERS = ("resolve_optimizer", "resolve_rounds", "read_manifest", "resolve_job")
+RESOLVERS = ("resolve_optimizer", "resolve_rounds", "read_manifest", "resolve_job", "recipe_of")
 PROBES = ("prefect_problem", "mlflow_problem", "s3_problem_line")
 
 
@@ -58,6 +58,37 @@ def test_a_resolved_job_is_frozen_and_holds_its_configs_resolved():
         c.schedule for c in given.values()
     ]
     assert job.placement.devices == ["cpu", "cpu"] and job.placement.backend == "gloo"
+
+
+def test_a_launch_of_the_jobs_cluster_takes_its_placement_and_another_cluster_none():
+    cluster = ClusterSpec.from_speeds([1, 2])
+    job = resolve_job(cluster, [TrainConfig(recipe="digits-mlp")])
+    typed = cluster.model_copy(  # what `tasks.opening` may fill in: the placement holds
+        update={"workers": [w.model_copy(update={"speed": 3.0}) for w in cluster.workers]}
+    )
+    assert job.placement_of(cluster) is job.placement is job.placement_of(typed)
+    part = cluster.model_copy(update={"workers": cluster.workers[1:]})  # local ranks move
+    gpu = cluster.model_copy(
+        update={"workers": [w.model_copy(update={"device": "cuda"}) for w in cluster.workers]}
+    )
+    assert job.placement_of(part) is None and job.placement_of(gpu) is None
+
+
+def test_the_fp16_rule_is_checked_for_every_config_of_a_job_against_one_placement(monkeypatch):
+    """A comparison's optimized variant may try local SGD (`allow_local_sgd`), its baseline
+    not: the job refuses it before the baseline runs, with one placement resolved."""
+    import hetflow.training.devices as devices
+    from hetflow.config import ConfigError
+
+    fp16 = devices.Placement(["cuda:0", "cuda:1"], ["fp16", "fp16"], "nccl")
+    calls = []
+    monkeypatch.setattr(devices, "check_devices", lambda c, t: calls.append(t) or fp16)
+    base = TrainConfig(recipe="digits-mlp")
+    given = base.model_copy(update={"allow_local_sgd": True}).compared()
+    with pytest.raises(ConfigError, match=r"^cluster\.workers\[w0\]\.precision: resolves to fp16"):
+        resolve_job(ClusterSpec.from_speeds([1, 2]), list(given.values()))
+    assert len(calls) == 1 and not calls[0].local_sgd()  # the baseline's, once
+    assert resolve_job(ClusterSpec.from_speeds([1, 2]), list(base.compared().values()))
 
 
 def test_nothing_is_remembered_between_resolutions_and_a_job_given_is_used_as_it_is(monkeypatch):
@@ -102,11 +133,12 @@ def counted(monkeypatch) -> Counter:
     from tests.run_records import run_of
 
     seen = _count(monkeypatch, CHECKS + RESOLVERS + PROBES)
-    seen.launched = []
+    seen.launched, seen.placements = [], []
 
-    def recorded_run(cluster, plan, train, dataset, run_dir, **_):
+    def recorded_run(cluster, plan, train, dataset, run_dir, **kw):
         """The launch, replaced: a recorded run of the plan's batches, ranks as launched."""
         seen.launched.append(train)
+        seen.placements.append(kw.get("placement"))
         ranks = RankMap(cluster, plan)
         batches = [b for b in plan.local_batches if b > 0]
         result = run_of([batches] * train.steps, 0.05)
@@ -119,7 +151,9 @@ def counted(monkeypatch) -> Counter:
 def _expect_once(seen: Counter) -> None:
     assert seen["check_job"] == 2  # the baseline's and the optimized config's, each once
     assert seen["resolve_job"] == seen["resolve_optimizer"] == 1
-    assert seen["check_fits"] == seen["check_devices"] == 1
+    assert seen["check_fits"] == seen["check_devices"] == seen["recipe_of"] == 1
+    # each launch takes the job's placement, not a second `check_devices`
+    assert len(seen.placements) == 2 and None not in seen.placements
     assert seen["check_recipe"] == 0  # its parts, the recipe and the optimizer, resolved once
     assert seen["read_manifest"] <= 1  # the dataset's, read where it is ingested, if it is
     assert all(is_resolved(t) for t in seen.launched) and len(seen.launched) == 2

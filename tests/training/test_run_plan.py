@@ -23,13 +23,21 @@ class Launched(Exception):
     """Raised by the recording launcher once it holds the job."""
 
 
-@pytest.fixture
-def handed(monkeypatch) -> list[RunSpec]:
-    """The jobs handed to the launcher by `run_plan`, none of them run."""
-    jobs: list[RunSpec] = []
+class Handed(list):
+    """The jobs handed to the launcher, and the `placement` each was handed with."""
 
-    def record(spec: RunSpec, **_):
+    placements: list
+
+
+@pytest.fixture
+def handed(monkeypatch) -> Handed:
+    """The jobs handed to the launcher by `run_plan`, none of them run."""
+    jobs = Handed()
+    jobs.placements = []
+
+    def record(spec: RunSpec, **kw):
         jobs.append(spec)
+        jobs.placements.append(kw.get("placement"))
         raise Launched
 
     monkeypatch.setattr(run_module, "run_workers", record)
@@ -55,11 +63,14 @@ def test_the_plan_drops_w2():
 
 def test_the_train_task_does_not_launch_a_dropped_worker(handed, digits):
     from hetflow.tasks.train import train_variant
+    from hetflow.training.job import resolve_job
 
+    job = resolve_job(CLUSTER, [TRAIN])
     with pytest.raises(Launched):
-        train_variant.fn("static", CLUSTER, digits, TRAIN, _profile(), TrackingConfig())
+        train_variant.fn("static", CLUSTER, digits, TRAIN, _profile(), TrackingConfig(), job=job)
     (spec,) = handed
     _assert_w2_not_launched(spec)
+    assert handed.placements == [None]  # the job's placement is of 3 workers: placed anew
 
 
 def test_the_hetero_bench_does_not_launch_a_dropped_worker(handed, tmp_path):
@@ -84,9 +95,15 @@ def test_the_calibration_does_not_launch_a_dropped_worker(handed, tmp_path):
 
 
 def test_an_equal_plan_launches_every_worker(handed, tmp_path):
+    from hetflow.training.devices import Placement
+
     plan = Plan.equal([16, 16, 16])
+    placed = Placement(["cpu"] * 3, ["fp32"] * 3, "gloo")
     with pytest.raises(Launched):
-        run_module.run_plan(CLUSTER, plan, TRAIN, DatasetSpec(), tmp_path / "r", variant="b")
+        run_module.run_plan(
+            CLUSTER, plan, TRAIN, DatasetSpec(), tmp_path / "r", variant="b", placement=placed
+        )
     (spec,) = handed
+    assert handed.placements == [placed]  # every worker launched: the caller's placement
     assert [w.name for w in spec.cluster.workers] == ["w0", "w1", "w2"]
     assert spec.cluster.time_scale == CLUSTER.time_scale and spec.run_name == "r"

@@ -31,7 +31,7 @@ TRACEBACK_LINES = 8
 STEP: dict[str, int | None] = {"now": None}  # the step this process's loop is in
 
 
-FailureKind = Literal["error", "nonfinite", "peer_lost", "timed_out"]
+FailureKind = Literal["error", "nonfinite", "peer_lost", "timed_out", "signalled"]
 
 
 class RankFailure(BaseModel):
@@ -40,7 +40,9 @@ class RankFailure(BaseModel):
     `kind`: 'error', an exception in the rank's own code (a recipe, a shard, a CUDA error;
     deterministic, not worth a restart); 'nonfinite', a NaN/Inf gradient under
     `nonfinite='fail'`; 'peer_lost' and 'timed_out', a collective that failed because another
-    rank died or stalled (torchrun restarts the group). `step` is the step it was in, if any.
+    rank died or stalled (torchrun restarts the group); 'signalled', ended from outside by a
+    signal (its parent gone, a stop), handled as a killed rank is. `step` is the step it was
+    in, if any.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -78,9 +80,14 @@ def write_pid(run_dir: str | Path, rank: int) -> None:
 
 def failure_kind(exc: BaseException) -> FailureKind:
     """'peer_lost' or 'timed_out' for a collective that failed because of another rank (gloo
-    raises a plain RuntimeError naming its transport), 'nonfinite', else 'error'."""
+    raises a plain RuntimeError naming its transport), 'nonfinite', 'signalled' for a rank
+    ended from outside by SIGINT or a handler's exception for a signal (torchelastic's
+    `SignalException`: a parent that died, a stop from the launcher; not the rank's own
+    error, so not fatal to the job), else 'error'."""
     if isinstance(exc, NonFiniteGradient):
         return "nonfinite"
+    if isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SignalException":
+        return "signalled"
     text = str(exc)
     if isinstance(exc, dist.DistError) or "gloo/transport" in text:
         return "timed_out" if "Timed out" in text or "timed out" in text else "peer_lost"

@@ -22,7 +22,7 @@ from hetflow.infra.data.format import Manifest, check_shards, read_manifest
 from hetflow.records import Plan, Profile, RunResult
 from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.cpu_quota import check_quotas
-from hetflow.training.devices import check_devices
+from hetflow.training.devices import Placement, check_devices
 from hetflow.training.elastic.launch import run_elastic
 from hetflow.training.launch.local import run_torchrun
 from hetflow.training.launch.mps import check_mps, mps_available
@@ -39,18 +39,23 @@ from hetflow.training.plan.ranks import RankMap, Stragglers
 WARM_RANKS = os.environ.get("HETFLOW_WARM_RANKS", "1") != "0"
 
 
-def run_workers(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
-    """Run the job `spec` to completion under its cluster's launcher: (result.json, wall s). Each
-    worker's device and precision are checked on this host first (`check_devices`), which also sets
-    the backend: NCCL when every rank has a CUDA device of its own, else gloo; then the cores, CPU
-    quotas and MPS shares the workers ask for. A one-line ConfigError before anything is written.
-    Under `launcher: ray` the job runs on Ray Train, its state in the dataset's bucket; else under
+def run_workers(
+    spec: RunSpec, timeout_s: float = 1800, on_progress=None, placement: Placement | None = None
+) -> Launched:
+    """Run the job `spec` to completion under its cluster's launcher: (result.json, wall s).
+    Each worker's device and precision are checked on this host first (`check_devices`), which
+    also sets the backend: NCCL when every rank has a CUDA device of its own, else gloo;
+    `placement`, where the caller has it (the resolved job's, of `spec.cluster`:
+    `ResolvedJob.placement_of`), is taken as it is instead. Then the cores, CPU quotas and MPS
+    shares the workers ask for. A one-line ConfigError before anything is written. Under
+    `launcher: ray` the job runs on Ray Train, its state in the dataset's bucket; else under
     torchrun on this host. Either restarts the group as the job's failure policy says
     (`train.faults`); `on_progress`: `run_torchrun`'s. Raises the launchers' `LaunchError`
     (`RankFailed` when a rank raised). The ranks take `spec.train` as it is: it is resolved
     here where the caller did not (`launch_ready`)."""
     spec = launch_ready(spec)
-    placement = check_devices(spec.cluster, spec.train)  # a one-line error before launch
+    if placement is None:  # a one-line error before launch
+        placement = check_devices(spec.cluster, spec.train)
     core_sets(spec.cluster, host_cores())  # the cores asked for exist here
     check_quotas(spec.cluster, len(host_cores()))  # the kernel enforces CPU quotas here
     check_mps(spec.cluster, *mps_available())  # MPS runs here, where a worker has a gpu_share
@@ -90,11 +95,12 @@ def measure_profile(
     train: TrainConfig,
     run_dir: str | Path,
     profile_batches: list[int] | None = None,
+    placement: Placement | None = None,
 ) -> Profile:
     """Every worker of `cluster` measured inside it (a job with mode="profile", its files
     under `run_dir`, under the cluster's launcher): the `Profile` the planner and the
     simulator read. `profile_batches`: the batches each step is timed at (default:
-    `default_profile_batches` of this cluster)."""
+    `default_profile_batches` of this cluster); `placement`: `run_workers`' own."""
     run_dir = Path(run_dir)
     spec = RunSpec(
         run_name=run_dir.name,
@@ -106,7 +112,7 @@ def measure_profile(
         run_dir=str(run_dir),
         profile_batches=profile_batches,
     )
-    result, wall = run_workers(spec)
+    result, wall = run_workers(spec, placement=placement)
     return Profile.from_result(result, cluster, train.recipe, profiling_time_s=wall)
 
 
@@ -133,11 +139,14 @@ def run_plan(
     metrics_run: tuple[str, str] | None = None,
     on_progress=None,
     timeout_s: float = 1800,
+    placement: Placement | None = None,
 ) -> Ran:
     """Run `plan` (over every worker of `cluster`) to its result, its files under `run_dir`.
 
     `stragglers` (rank, step, factor[, ramp]) are numbered by the cluster's workers; `metrics_run`
-    and `on_progress` are `RunSpec.metrics_run` and `run_workers`' own. Raises what
+    and `on_progress` are `RunSpec.metrics_run` and `run_workers`' own; `placement`, of
+    `cluster` (`ResolvedJob.placement_of`), is used where the plan launches every worker (a
+    launch of fewer places its ranks anew). Raises what
     `run_workers` raises (`LaunchError`, `RankFailed`, a ConfigError before launch)."""
     ranks = RankMap(cluster, plan)
     launched, launched_plan, moved = ranks.launched(stragglers)
@@ -153,6 +162,7 @@ def run_plan(
         run_dir=str(run_dir),
         metrics_run=metrics_run,
     )
-    raw, wall = run_workers(spec, timeout_s=timeout_s, on_progress=on_progress)
+    placed = placement if launched.workers == cluster.workers else None
+    raw, wall = run_workers(spec, timeout_s=timeout_s, on_progress=on_progress, placement=placed)
     result = RunResult.model_validate(raw)
     return Ran(result, wall, ranks.finished(result), raw)

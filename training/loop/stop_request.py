@@ -1,14 +1,16 @@
 """A request from outside the run to end it at a checkpoint, agreed at the same step by every
 rank (`StopRequest`): how the queue stops a job to move its workers or to cancel it.
 
-The request is a file, `RUN_DIR/stop_at` (`progress.STOP_FILE`), naming a step; a process
-outside the run writes it at any time. Ranks that each read the file themselves at a boundary
-could read it on either side of that write: one ends the run there, another goes on into the
+The request names a step; a process outside the run writes it at any time through the run's
+`StopChannel` (`stop_channel`: the file `RUN_DIR/stop_at` on the local launcher, the Ray
+cluster's board on the Ray launcher), which this module reads without knowing which. Ranks
+that each read the request themselves at a boundary could read it on either side of that
+write: one ends the run there, another goes on into the
 next step's collectives alone and waits in them until the stall timeout ends the job (seen
 with steps of a few milliseconds, where the ranks pass a boundary between the queue's read of
-progress.json and its write). So rank 0 alone reads the file, before each step, and publishes
+progress.json and its write). So rank 0 alone reads the channel, before each step, and publishes
 the step every rank stops at in torchrun's store, as a SIGTERM's is (`faults.guard.Preemption`):
-the first checkpoint at or after the step the file names that lies at least `slack` steps past
+the first checkpoint at or after the step the request names that lies at least `slack` steps past
 rank 0's next boundary. No rank has asked about that boundary yet: a rank cannot finish a step
 before rank 0 has joined that step's all-reduce, which it does after publishing (`slack` is
 Preemption's: 1, or a local-SGD period more). The other ranks read the store at each
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from hetflow.training.faults.records import attempt
-from hetflow.training.loop.progress import STOP_FILE
+from hetflow.training.loop.stop_channel import FileStopChannel, StopChannel
 
 
 def stop_step(wanted: int, boundary: int, every: int, slack: int) -> int:
@@ -41,18 +43,23 @@ def stop_step(wanted: int, boundary: int, every: int, slack: int) -> int:
 
 class StopRequest:
     """The run's stop request on one rank (see the module). `asked(boundary)` is called by
-    every rank before each step, with the boundary that step reaches, in order. `store`:
-    the store the ranks share, default the process group's (torchrun's)."""
+    every rank before each step, with the boundary that step reaches, in order. `channel`:
+    where rank 0 reads the request (a run directory: its file); `store`: the store the
+    ranks share, default the process group's (torchrun's, Ray Train's)."""
 
     KEY = "stop_at"
 
-    def __init__(self, run_dir: str | Path, rank: int, every: int, slack: int, store=None) -> None:
+    def __init__(
+        self, channel: StopChannel | str | Path, rank: int, every: int, slack: int, store=None
+    ) -> None:
         if store is None:
             from torch.distributed.distributed_c10d import _get_default_store
 
             store = _get_default_store()
         self.store = dist.PrefixStore(f"hetflow/queue_stop_{attempt()}/", store)
-        self.path = Path(run_dir) / STOP_FILE
+        if not isinstance(channel, StopChannel):
+            channel = FileStopChannel(channel)
+        self.channel = channel
         self.rank, self.every, self.slack = rank, every, slack
         self.stop_at: int | None = None
 
@@ -68,10 +75,9 @@ class StopRequest:
         return self.stop_at == boundary
 
     def publish(self, boundary: int) -> None:
-        """Rank 0: the file's request, if there is one, as the step every rank stops at."""
-        try:
-            wanted = int(self.path.read_text())
-        except (FileNotFoundError, ValueError):
+        """Rank 0: the channel's request, if there is one, as the step every rank stops at."""
+        wanted = self.channel.read()
+        if wanted is None:
             return
         self.stop_at = stop_step(wanted, boundary, self.every, self.slack)
         self.store.set(self.KEY, str(self.stop_at))

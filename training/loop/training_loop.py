@@ -31,6 +31,7 @@ from hetflow.training.loop.membership import Membership
 from hetflow.training.loop.optim import build_scheduler, step_scheduler
 from hetflow.training.loop.progress import ProgressFile, note_recovery
 from hetflow.training.loop.rebalancing import Rebalancing, share_every
+from hetflow.training.loop.stop_channel import channel_of
 from hetflow.training.loop.stop_request import StopRequest
 from hetflow.training.loop.strategies import StepParts, strategy_of
 from hetflow.training.loop.trials import resolve_compression
@@ -76,7 +77,7 @@ class TrainingLoop:
         self.amp = ctx.amp
         self.counter = ctx.counter
         self.emu = ctx.emu  # the worker's: its link already attached to the counter
-        self.recipe = recipe_of(self.cfg)
+        self.recipe = ctx.recipe or recipe_of(self.cfg)  # the worker's, made once
         every = share_every(self.cfg)
         self.shared = SharedStepTimes(self.world, new_control_group(), every)
         self.mean = count_mean(self.world, self.recipe.count_per_sample, self.cfg.accumulate)
@@ -99,7 +100,7 @@ class TrainingLoop:
         self.guard = StepGuard(self.spec, self.rank, self.net)  # last: every process group exists
         slack = self.guard.preemption.slack  # how far ahead of rank 0 a rank may run
         every = self.counts.checkpoint_every
-        self.stop_request = StopRequest(self.spec.run_dir, self.rank, every, slack)
+        self.stop_request = StopRequest(channel_of(self.spec), self.rank, every, slack)
         self.elastic = ElasticLoop.attach(self) if self.cfg.faults.on_loss == "continue" else None
 
     def run(self) -> None:
@@ -233,8 +234,8 @@ class TrainingLoop:
 
     def stop_asked(self, boundary: int) -> bool:
         """Whether the run ends at `boundary` (steps done), a checkpoint, before its last
-        step: the checkpoint a stop request (`RUN_DIR/stop_at`, the queue moving or
-        cancelling the job) came to, agreed by every rank (`stop_request.StopRequest`)."""
+        step: the checkpoint a stop request (the queue moving or cancelling the job, through
+        the run's `stop_channel`) came to, agreed by every rank (`stop_request.StopRequest`)."""
         return self.stop_request.asked(boundary)
 
     def write_progress(self, step: int) -> None:

@@ -1,8 +1,10 @@
-"""A cluster's profile put together from per-type history entries (pure; `hetflow.history`).
+"""A cluster's profile put together from per-type history entries, and the entries a profile
+gives (pure; `hetflow.history`, stored by `hetflow.history.store`).
 
 Which workers a run must measure (`to_measure`: one per type without a fresh entry), the
-cluster that measures them (`sub_cluster`: each keeps its emulated slowdown and link), and the
-`Profile` of the whole cluster from the entries (`assemble`). The compute, memory and device
+cluster that measures them (`sub_cluster`: each keeps its emulated slowdown and link), the
+entries a profile's ranks make (`entries_of`), and the `Profile` of the whole cluster from the
+entries (`assemble`, `from_entries`). The compute, memory and device
 figures are the entries' own; the all-reduce is not measured in this cluster: it is the ring
 model (`hetflow.perf.collective.ring_allreduce_time`) over the entries' links, the slowest
 hop setting the pace. Our own assembly: torch has no notion of a profile to reuse.
@@ -11,7 +13,7 @@ hop setting the pace. Our own assembly: torch has no notion of a profile to reus
 from __future__ import annotations
 
 from hetflow.config import ClusterSpec, TrainConfig
-from hetflow.history import TypeKey
+from hetflow.history import TypeEntry, TypeKey
 from hetflow.perf.collective import (
     INTRA_NODE_GBPS,
     RING_ALPHA_S,
@@ -160,3 +162,44 @@ def assemble(
         profiling_time_s=profiling_time_s,
         sources=list(sources),
     )
+
+
+def from_entries(
+    cluster: ClusterSpec,
+    train: TrainConfig,
+    entries: list[TypeEntry],
+    sources: list[str],
+    profiling_time_s: float = 0.0,
+) -> Profile:
+    """`assemble` of one entry per worker (in cluster order): each entry's rank, measured with
+    its `host_ranks` ranks on its host."""
+    ranks = [e.rank for e in entries]
+    return assemble(
+        cluster, train, ranks, sources, profiling_time_s, [e.host_ranks for e in entries]
+    )
+
+
+def entries_of(
+    profile: Profile, cluster: ClusterSpec, keys: list[TypeKey], stamp: str
+) -> list[TypeEntry]:
+    """One entry per distinct key of `profile`'s ranks (the first worker of each; `keys` in
+    rank order), measured at `stamp`. A profile of one rank measured no link: the worker's
+    declared one is kept (`declared_link`)."""
+    entries: dict[TypeKey, TypeEntry] = {}
+    for i, (r, key) in enumerate(zip(profile.ranks, keys, strict=True)):
+        if key in entries:
+            continue
+        rank, source = r, "measured"
+        if cluster.world_size < 2:
+            gbps, latency, source = declared_link(cluster, i)
+            rank = r.model_copy(update={"link_gbps": gbps, "link_latency_s": latency})
+        entries[key] = TypeEntry(
+            key=key,
+            rank=rank,
+            measured_at=stamp,
+            link_source=source,
+            cluster=profile.cluster,
+            world_size=cluster.world_size,
+            host_ranks=sum(o.node == r.node for o in profile.ranks),
+        )
+    return list(entries.values())

@@ -3,9 +3,10 @@
 A run that learns from its steps (`rebalancer`) ran each worker at one or more batches; the
 mean compute time at each, fitted as a line (`fitting.robust_affine`, proportional where the
 worker ran one batch), is what a profile's compute probe would have measured, and is stored in
-the profile history as a profile's is (`tasks.history.store_learned`), so the next run starts
-from it. What the steps do not measure stays unknown: the memory cap (a profile's search or
-model), the device's matmul and copy rates, S3, and the all-reduce alone.
+the profile history as a profile's is (`learned_entries`, stored by
+`tasks.history.store_learned`), so the next run starts from it. What the steps do not measure
+stays unknown: the memory cap (a profile's search or model), the device's matmul and copy
+rates, S3, and the all-reduce alone.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from hetflow.config import ClusterSpec, TrainConfig
+from hetflow.history import TypeEntry, TypeKey, type_key
 from hetflow.perf.fitting import robust_affine
 from hetflow.records import RankProfile, RunResult
+from hetflow.training.plan.assemble import declared_link
 from hetflow.training.plan.prior import line_rank
 
 LEARNED_FROM = "measured by a training run's steps"
@@ -64,3 +68,41 @@ def learned_rank(rank: int, points: dict[int, float], reference_batch: int) -> R
     if c <= 0 or a < 0:  # noise bent the line: the pace at the largest batch, proportional
         a, c = 0.0, times[-1] / batches[-1]
     return line_rank(rank, a, c, reference_batch, compute_batches=batches, compute_best_s=times)
+
+
+def learned_entries(
+    cluster: ClusterSpec, train: TrainConfig, result: RunResult, stamp: str
+) -> list[TypeEntry]:
+    """One entry per worker type of `cluster` (the workers `result`'s ranks ran on, in order)
+    from what the run's steps measured (`compute_points`, `learned_rank`), measured at
+    `stamp`. A worker that never computed has none; the link is the declared one
+    (`assemble.declared_link`), the gradient's bytes its fp32 parameters'."""
+    ref = max(1, train.global_batch // cluster.world_size)
+    nodes = [r.node for r in result.ranks]
+    entries: dict[TypeKey, TypeEntry] = {}
+    for i, r in enumerate(result.ranks):
+        key = type_key(cluster, i, train)
+        learned = learned_rank(i, compute_points(result, r.rank), ref)
+        if key in entries or learned is None:
+            continue
+        gbps, latency, source = declared_link(cluster, i)
+        rank = learned.model_copy(
+            update={
+                "worker": cluster.workers[i].name,
+                "node": r.node,
+                "device": cluster.workers[i].device,
+                "link_gbps": gbps,
+                "link_latency_s": latency,
+                "grad_bytes": 4 * r.params,
+            }
+        )
+        entries[key] = TypeEntry(
+            key=key,
+            rank=rank,
+            measured_at=stamp,
+            link_source=f"{source}; {LEARNED_FROM}",
+            cluster=cluster.name,
+            world_size=cluster.world_size,
+            host_ranks=nodes.count(r.node),
+        )
+    return list(entries.values())

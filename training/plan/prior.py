@@ -3,8 +3,8 @@
 The optimized run starts training at once and learns each worker's step-time curve from its
 own steps (`rebalancer.Rebalancer`); its first plan comes from the best prior it has:
 
-1. the profile history, where every worker's type has a fresh entry (`assemble`, by the task
-   that looks the entries up: `tasks.history.prior_or_history`);
+1. the profile history, where every worker's type has a fresh entry (`assemble.from_entries`,
+   by the task that looks the entries up: `tasks.history.prior_or_history`);
 2. else published ratios, where every worker names a device preset (its published per-batch
    latencies, fitted as a line: `published_prior`) or an EC2 instance type (the catalog's peak
    FLOP/s: `infra.catalog.seed_profile`);

@@ -48,7 +48,7 @@ def profile(ctx: RankContext) -> RankProfile:
     amp, counter = ctx.amp, ctx.counter
     device = amp.device  # the rank's, in the precision it trains in
     emu = ctx.clocks("profile")  # the worker's emulator, a table of its own for the probes
-    recipe = recipe_of(spec.train)
+    recipe = ctx.recipe or recipe_of(spec.train)  # the worker's, made once
     info = DataInfo.from_manifest(data.manifest)
     model = seeded_model(recipe, info, spec.train.seed).to(device)
     sizes = spec.profile_batches or default_profile_batches(spec.train.global_batch, world)

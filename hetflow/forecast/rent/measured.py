@@ -1,5 +1,6 @@
 """Step-time curves that measured profiles give `hetflow recommend` (from the profile history;
-pure, no I/O: `hetflow.tasks.history.type_history` reads the entries).
+pure, no I/O: `hetflow.history.store.newest_real` reads the entries, `rental.measured_history`
+makes them curves).
 
 A profile fits one device's step as `fit_latency_s + fit_s_per_sample x b` at the job's own
 recipe on the type's own hardware (`hetflow.records.RankProfile`), and finds the largest local

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hetflow.config import MODEL_ALIASES, suggestion
-from hetflow.forecast.rent.measured import MeasuredCurve
+from hetflow.forecast.rent.measured import MeasuredCurve, curve_of
 from hetflow.forecast.rent.search import (
     PRESET_OF_GPU,
     PRESETS,
@@ -22,6 +22,7 @@ from hetflow.forecast.rent.search import (
 from hetflow.forecast.rent.spot_table import spot_terms
 from hetflow.forecast.simulate.memory import device_limit
 from hetflow.forecast.simulate.models import MODELS, NAMES, ModelSpec
+from hetflow.history import TypeEntry, source_of
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,19 @@ class History:
     max_age_h: float
     curves: dict[str, MeasuredCurve]
     stale: dict[str, str]  # instance type -> 'its newest entry is N h old (> M h)'
+
+
+def measured_history(url: str, max_age_h: float, newest: dict[str, TypeEntry]) -> History:
+    """The `History` of the newest real entry of each instance type under `url`
+    (`hetflow.history.store.newest_real`): its curve (`measured.curve_of`) where it is at most
+    `max_age_h` hours old, else a line saying how old."""
+    curves, stale = {}, {}
+    for name, entry in newest.items():
+        if entry.age_h() > max_age_h:
+            stale[name] = f"its newest entry is {entry.age_h():.1f} h old (> {max_age_h:g} h)"
+        elif (curve := curve_of(entry.rank, source_of(entry))) is not None:
+            curves[name] = curve
+    return History(url, max_age_h, curves, stale)
 
 
 def no_history(name: str, job: Job, history: History | None) -> str:

@@ -1,5 +1,6 @@
 """The profile history per worker type: what one worker of a type measured, under a key that
-says when a later run may reuse it (pure records and the key; storage: `tasks.history`).
+says when a later run may reuse it (pure records and the key; where the entries are stored and
+which a run may use: `hetflow.history.store`).
 
 A `TypeKey` holds everything that makes a worker's figures what they are: its kind (instance
 type, else emulated preset, else declared speed), the job's recipe and options, global batch,
@@ -169,3 +170,31 @@ def type_key(
         hetflow=hetflow_v,
         emulation=emulated_figures(cluster, i, host or os.uname().nodename),
     )
+
+
+def source_of(entry: TypeEntry) -> str:
+    """'<entry URL> (<age> h old)'."""
+    return f"{entry.stored_at} ({entry.age_h():.1f} h old)"
+
+
+def sources_of(
+    keys: list[TypeKey], measure: list[int], known: dict[TypeKey, TypeEntry], names: list[str]
+) -> list[str]:
+    """Per worker: 'measured now', 'measured now (as <the worker of its type measured>)', or
+    the entry reused (`source_of`).
+
+    >>> from hetflow.config import ClusterSpec, TrainConfig
+    >>> c = ClusterSpec.from_speeds([1, 1, 2])
+    >>> keys = [type_key(c, i, TrainConfig(), host="h") for i in range(3)]
+    >>> sources_of(keys, [0, 2], {}, ["a", "b", "c"])
+    ['measured now', 'measured now (as a)', 'measured now']
+    """
+    first = {keys[i]: names[i] for i in measure}
+    return [
+        MEASURED_NOW
+        if i in measure
+        else f"{MEASURED_NOW} (as {first[k]})"
+        if k in first
+        else source_of(known[k])
+        for i, k in enumerate(keys)
+    ]
