@@ -29,7 +29,7 @@ import torch.distributed as dist
 from hetflow.config import STATELESS_HOOKS, ConfigError, WorkerSpec, check_on_loss
 from hetflow.infra.s3 import free_port
 from hetflow.training.cpu_quota import JobCgroups, find_controller
-from hetflow.training.elastic.world import PREFIX
+from hetflow.training.elastic.world import JOINING, PREFIX
 from hetflow.training.faults.watch import JobWatch, _kill
 from hetflow.training.launch.mps import mps_daemon
 from hetflow.training.launch.outcome import Launched, LaunchError, RankFailed
@@ -142,10 +142,12 @@ class ElasticJob:
         with self.lock:
             if joining and self.pool:
                 proc = self.pool.pop(0)
-                proc.stdin.write(f"{rank}\n".encode())
+                proc.stdin.write(f"{rank} {JOINING}\n".encode())
                 proc.stdin.close()
             else:
                 env = {**self.env0, **rank_env(self.spec, rank, self.port)}
+                if joining:
+                    env[JOINING] = "1"
                 cmd = [sys.executable, "-m", "hetflow.training.worker", "--job", str(self.job)]
                 proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env)
             self.procs[rank] = proc

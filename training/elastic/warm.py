@@ -6,11 +6,12 @@ transfer, not the import (seconds of CPU each on a small host).
 
     python -m hetflow.training.elastic.warm --job RUN_DIR/job.json
 
-The launcher (`launch.ElasticJob`) keeps them and writes one line, the rank, to the one it
-assigns; an empty line or a closed input ends it unused. A process, not a fork of the
-launcher: a fork would share the launcher's threads' state and its signal handlers (the
-ranks forked from torchrun's warm agent must reset SIGINT/SIGTERM first); a process of its
-own has the default ones, and the rank installs its own (`departure.Departures`).
+The launcher (`launch.ElasticJob`) keeps them and writes one line, the rank and the names of
+the flags to set (`world.JOINING`), to the one it assigns; an empty line or a closed input
+ends it unused. A process, not a fork of the launcher: a fork would share the launcher's
+threads' state and its signal handlers (the ranks forked from torchrun's warm agent must reset
+SIGINT/SIGTERM first); a process of its own has the default ones, and the rank installs its
+own (`departure.Departures`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ def main(argv: list[str] | None = None) -> None:
 
     args = sys.argv[1:] if argv is None else argv
     preload()
-    line = sys.stdin.readline().strip()
+    line = sys.stdin.readline().split()
     if not line:
         os._exit(0)
-    os.environ["RANK"] = os.environ["LOCAL_RANK"] = line
+    os.environ["RANK"] = os.environ["LOCAL_RANK"] = line[0]
+    for name in line[1:]:  # flags the launcher sets (`world.JOINING`)
+        os.environ[name] = "1"
     os.environ["HETFLOW_ASSIGNED_AT"] = repr(time.time())  # the end of its warm wait
     from hetflow.training.worker import main as worker_main
 

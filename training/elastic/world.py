@@ -42,6 +42,8 @@ from datetime import timedelta
 import torch.distributed as dist
 
 PREFIX = "hetflow/elastic"  # a PrefixStore joins it to each key with a "/"
+LAZY = "TORCH_GLOO_LAZY_INIT"
+JOINING = "HETFLOW_ELASTIC_JOIN"  # set by the launcher on a worker started into a running job
 
 
 _CURRENT: list = []  # this process's ElasticWorld, once its loop built one
@@ -90,16 +92,27 @@ def named_group(ranks: list[int], name: str, timeout: timedelta):
     """A gloo group over `ranks` (global, sorted) named `name` in every process; None where
     this rank is not in it. `new_group(use_local_synchronization=True)` names a group by its
     ranks and the count of groups this process made before, which differs in a process that
-    joined late; torch's helper below takes the name."""
+    joined late; torch's helper below takes the name. Its ranks connect here (the job's other
+    groups connect lazily: `launch.rank_env`), so that a collective on it waits for a peer no
+    longer than `timeout`: a lazily connected pair waits for its peer's address as long as
+    the store does."""
     from torch.distributed import distributed_c10d as c10d
 
     rank = dist.get_rank()
     if rank not in ranks:
         return None
     _, store = c10d._world.pg_map[c10d._get_default_group()]
-    pg, _ = c10d._new_process_group_helper(
-        len(ranks), ranks.index(rank), list(ranks), "gloo", store, name, timeout=timeout
-    )
+    lazy = os.environ.get(LAZY)
+    os.environ[LAZY] = "0"  # connected now, within `timeout`, not at its first collective
+    try:
+        pg, _ = c10d._new_process_group_helper(
+            len(ranks), ranks.index(rank), list(ranks), "gloo", store, name, timeout=timeout
+        )
+    finally:
+        if lazy is None:
+            del os.environ[LAZY]
+        else:
+            os.environ[LAZY] = lazy
     c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
     return pg
 
@@ -120,7 +133,9 @@ class ElasticWorld:
     time out after `timeout_s`. Every member calls `regroup` after a failure, a leave or an
     admission, and `commit` before each optimizer step; `committed` is the last step this rank
     applied (None: none yet). A rank the launcher started late (not in generation 0's members,
-    which the launcher writes) is `joining`: a member of a group of its own until `join`."""
+    which the launcher writes) or started into the running job (`JOINING` in its environment:
+    a replacement in a slot whose worker left) is `joining`: a member of a group of its own
+    until `join`."""
 
     def __init__(self, rank: int, world: int, timeout_s: float, store=None) -> None:
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
@@ -128,7 +143,7 @@ class ElasticWorld:
         first = tuple(range(world))
         if self.store.check(["g0/members"]):
             first = tuple(json.loads(self.store.get("g0/members"))["ranks"])
-        self.joining = rank not in first
+        self.joining = rank not in first or os.environ.get(JOINING) == "1"
         self.gen, self.members = (-1, (rank,)) if self.joining else (0, first)
         self.leader = self.members[0]
         self.deaths = int(self.store.add("deaths", 0))
