@@ -21,7 +21,7 @@ from hetflow.training.launch.spec import Injection, RunSpec
 STEPS, GLOBAL, LATE, AT, SCALE = 30, 64, 3, 4, 20.0
 
 
-def _spec(dataset, run_dir: Path, inject=(), join_at=None, warm=0) -> RunSpec:
+def _spec(dataset, run_dir: Path, inject=(), join_at=None, warm=0, replace=False) -> RunSpec:
     train = TrainConfig(
         recipe="digits-mlp",
         global_batch=GLOBAL,
@@ -32,6 +32,7 @@ def _spec(dataset, run_dir: Path, inject=(), join_at=None, warm=0) -> RunSpec:
             "on_loss": "continue",
             "join_at": {LATE: AT} if join_at is None else join_at,
             "warm_workers": warm,
+            "replace": replace,
         },
     )
     return RunSpec(
@@ -95,9 +96,10 @@ def test_join_at_is_checked_in_one_line_naming_the_field():
         with pytest.raises(ConfigError, match=f"train.faults.join_at: .*{word}") as e:
             check_on_loss(cluster, train)
         assert "\n" not in str(e.value)
-    train = TrainConfig(recipe="digits-mlp", faults={"join_at": {1: 3}})
-    with pytest.raises(ConfigError, match="train.faults.join_at: .*'continue' only"):
-        check_on_loss(cluster, train)
+    for field, value in (("join_at", {1: 3}), ("replace", True)):
+        train = TrainConfig(recipe="digits-mlp", faults={field: value})
+        with pytest.raises(ConfigError, match=f"train.faults.{field}: .*'continue' only"):
+            check_on_loss(cluster, train)
 
 
 def _went_on(result: RunResult, ranks: list[int], lost: list[int]) -> None:
@@ -174,6 +176,21 @@ def test_the_launcher_api_releases_a_worker_and_adds_it_back_in_place(local_digi
     assert [(c.lost, c.joined) for c in changes] == [([LATE], []), ([], [LATE])]
     joiner = next(r for r in result.ranks if r.rank == LATE)
     assert joiner.records[0].step == changes[1].step
+    assert len({r.recovery.replica_digest for r in result.ranks}) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_lost_worker_is_replaced_in_place(local_digits, tmp_path):
+    spec = _spec(local_digits, tmp_path / "replace", [(2, 4, "kill")], join_at={}, replace=True)
+    raw, _ = run_workers(spec, timeout_s=200)
+    result = RunResult.model_validate(raw)
+    assert sorted(r.rank for r in result.ranks) == [0, 1, 2, 3]
+    changes = result.lead.recovery.membership
+    assert [(c.lost, c.joined) for c in changes] == [([2], []), ([], [2])]
+    replacement = next(r for r in result.ranks if r.rank == 2)
+    assert [rec.step for rec in replacement.records] == list(range(changes[1].step, STEPS))
+    assert [rec.step for rec in result.lead.records] == list(range(STEPS))
     assert len({r.recovery.replica_digest for r in result.ranks}) == 1
 
 

@@ -100,6 +100,8 @@ class ElasticJob:
         self.procs: dict[int, subprocess.Popen] = {}
         self.joining: set[int] = set()  # started to join, not yet in a generation
         self.pool: list[subprocess.Popen] = []  # warm workers waiting for a rank (`warm`)
+        self.replacing: set[int] = set()  # lost ranks whose replacement is due (`replace`)
+        self.replaced = 0
         self.late = dict(spec.train.faults.join_at)  # rank -> the step that starts it
         self.lock = threading.Lock()
         self._stack = contextlib.ExitStack()
@@ -131,7 +133,8 @@ class ElasticJob:
         self.port = port
         for r in first:
             self._spawn(r)
-        self.keep_warm(len(self.late) + spec.train.faults.warm_workers)
+        faults = spec.train.faults
+        self.keep_warm(len(self.late) + faults.warm_workers + int(faults.replace))
 
     def _spawn(self, rank: int, joining: bool = False) -> None:
         """Start rank `rank`'s worker; `joining`: into the running job, the slot's notices of
@@ -196,7 +199,7 @@ class ElasticJob:
             )
         rank = fits[0]
         self._spawn(rank, joining=True)
-        self.keep_warm(self.spec.train.faults.warm_workers)
+        self.keep_warm(self.spec.train.faults.warm_workers + int(self.spec.train.faults.replace))
         return rank
 
     def release(self, rank: int) -> None:
@@ -266,15 +269,37 @@ class ElasticJob:
                     self.store.set(f"{PREFIX}/dead/{r}", "1")
                     self.store.add(f"{PREFIX}/deaths", 1)
                     print(f"rank {r} ended (status {p.returncode}); the others go on", flush=True)
+                    self._to_replace(r)
             self._start_late()
             for r in left_out(self.store, procs, self.joining):  # not announced
                 announced.add((r, procs[r].pid))
                 _kill(procs[r].pid)
+                self._to_replace(r)
+            self._replace_lost()
             if self.on_progress is not None and progress.exists() and now - last_report >= 1.0:
                 last_report = now
                 with contextlib.suppress(ValueError, KeyError, OSError):
                     self.on_progress(json.loads(progress.read_text())["step"])
             time.sleep(0.05)
+
+    def _to_replace(self, rank: int) -> None:
+        """Where `faults.replace` is on and replacements are left (`group_restarts` in all),
+        a replacement of lost `rank` is due (`_replace_lost` starts it)."""
+        faults = self.spec.train.faults
+        if faults.replace and self.replaced < faults.group_restarts:
+            self.replaced += 1
+            self.replacing.add(rank)
+
+    def _replace_lost(self) -> None:
+        """Start the replacements due whose rank the newest generation left out (its members
+        have seen the loss: a replacement clears the slot's notices), each joining in place."""
+        if not self.replacing or not self.store.check([f"{PREFIX}/gen"]):
+            return
+        gen = int(self.store.get(f"{PREFIX}/gen"))
+        members = json.loads(self.store.get(f"{PREFIX}/g{gen}/members"))["ranks"]
+        for r in [r for r in self.replacing if r not in members]:
+            self.replacing.discard(r)
+            self._spawn(r, joining=True)
 
     def _start_late(self) -> None:
         """Start each late worker (`faults.join_at`) whose step the job has reached."""
