@@ -136,7 +136,7 @@ class ElasticLoop:
         if not applied:
             world.abort(step)
         going_on = step + 1 if applied else step
-        return self.regroup(loop, going_on, t0, "none" if applied else "retried", str(exc))
+        return self.settled(loop, going_on, t0, "none" if applied else "retried", str(exc))
 
     def at_boundary(self, loop, step: int) -> None:
         """Before step `step`: a worker that got SIGTERM leaves here, where every rank agreed
@@ -147,12 +147,20 @@ class ElasticLoop:
         if who is None and joiner is None:
             return
         why = f"rank {who} left on SIGTERM" if who is not None else f"rank {joiner} joins"
-        try:
-            self.regroup(loop, step, now(), "none", why)
-        except Exception as e:  # the joiner lost while it receives, the sender stalled
-            if not self.recovers(e):
-                raise
-            self.regroup(loop, step, now(), "none", f"the regroup failed: {e}")
+        self.settled(loop, step, now(), "none", why)
+
+    def settled(self, loop, going_on: int, t0: float, in_flight: str, why: str) -> int:
+        """`regroup`, again where the regroup itself failed for a peer lost (a joiner killed
+        while it receives the state, the sender stalled while it sends it, a member lost
+        meanwhile), at most as many times as the job has ranks; returns `going_on`."""
+        for _ in range(loop.world):
+            try:
+                return self.regroup(loop, going_on, t0, in_flight, why)
+            except Exception as e:
+                if not self.recovers(e):
+                    raise
+                why = f"the regroup failed: {e}"
+        return self.regroup(loop, going_on, t0, in_flight, why)
 
     def regroup(self, loop, going_on: int, t0: float, in_flight: str, why: str) -> int:
         """The new generation agreed (with the joiner this generation admitted, if any), the
@@ -178,8 +186,9 @@ class ElasticLoop:
             flush=True,
         )
         phases: dict[str, float] = {}
-        for j in joined if loop.rank == world.leader else ():
-            phases = send_state(loop, world, j, going_on)
+        if loop.rank == world.leader:
+            for j in joined:
+                phases = send_state(loop, world, j, going_on)
         loop.net.opt.zero_grad(set_to_none=True)
         t2 = now()
         self.rewire(loop, rebuild=True)
