@@ -251,7 +251,8 @@ class ElasticJob:
         deadline; announce each member that ended with a non-zero status (`dead/R`,
         `deaths`); kill a live rank the newest generation left out (a stalled one),
         unannounced; start the late workers whose step came; report progress about once a
-        second."""
+        second. A joiner that ends before any generation took it is marked dead (no
+        generation waits for it) but not counted (no member's step is aborted for it)."""
         announced: set[int] = set()
         progress, last_report = self.run_dir / "progress.json", 0.0
         while self._running():
@@ -267,7 +268,8 @@ class ElasticJob:
                 if p.returncode not in (None, 0) and (r, p.pid) not in announced:
                     announced.add((r, p.pid))
                     self.store.set(f"{PREFIX}/dead/{r}", "1")
-                    self.store.add(f"{PREFIX}/deaths", 1)
+                    if r not in self.joining:  # a joiner not yet in: no member's step waits
+                        self.store.add(f"{PREFIX}/deaths", 1)
                     print(f"rank {r} ended (status {p.returncode}); the others go on", flush=True)
                     self._to_replace(r)
             self._start_late()
