@@ -13,7 +13,9 @@ deployment run's parameters), read by every layer that retries:
   (`training.launch.ray_train`). Both restart at once: neither launcher has a delay.
 - a worker lost with `on_loss: continue` (the local launcher, strategy ddp): no restart; the
   other ranks form a new group without it and go on from the step they were at
-  (`training.elastic`), while at least `min_workers` are left.
+  (`training.elastic`), while at least `min_workers` are left; a worker can also join it in
+  place: one that starts late (`join_at`), a replacement for a lost one (`replace`), on a
+  warm worker the launcher keeps (`warm_workers`).
 - under Ray, a lost node with no replacement: Ray Train tries `placement_tries` times to place
   the restarted group; then the run goes on without that node's workers
   (`go_on_without`), or fails where that is off.
