@@ -13,7 +13,9 @@ deployment run's parameters), read by every layer that retries:
   (`training.launch.ray_train`). Both restart at once: neither launcher has a delay.
 - a worker lost with `on_loss: continue` (the local launcher, strategy ddp): no restart; the
   other ranks form a new group without it and go on from the step they were at
-  (`training.elastic`), while at least `min_workers` are left.
+  (`training.elastic`), while at least `min_workers` are left; a worker can also join it in
+  place: one that starts late (`join_at`), a replacement for a lost one (`replace`), on a
+  warm worker the launcher keeps (`warm_workers`).
 - under Ray, a lost node with no replacement: Ray Train tries `placement_tries` times to place
   the restarted group; then the run goes on without that node's workers
   (`go_on_without`), or fails where that is off.
@@ -98,4 +100,28 @@ class FaultPolicy(ConfigModel):
         title="Fewest workers under 'continue'",
         description="Under on_loss 'continue': with fewer workers left than this, the "
         "survivors checkpoint the step they reached and the job ends, stating so.",
+    )
+    join_at: dict[int, int] = Field(
+        default_factory=dict,
+        title="Workers that join late under 'continue'",
+        description="Under on_loss 'continue': rank -> step. The launcher starts these "
+        "workers of the cluster only once the job has done that many steps; each joins the "
+        "running job in place when it is ready (the others' weights, optimizer and data "
+        "position sent to it, the global batch re-cut over every worker). Rank 0 starts the "
+        "job.",
+    )
+    warm_workers: int = Field(
+        0,
+        ge=0,
+        title="Warm workers under 'continue'",
+        description="Under on_loss 'continue': worker processes the launcher keeps started, "
+        "torch imported, for workers added to the running job (besides one for each of "
+        "join_at's), so that a join costs the state transfer, not a Python and torch start.",
+    )
+    replace: bool = Field(
+        False,
+        title="Replace a lost worker under 'continue'",
+        description="Under on_loss 'continue': the launcher starts a replacement for a worker "
+        "that died or stalled (on a warm worker it keeps for it), which joins the running "
+        "job in place in the lost worker's slot; at most group_restarts replacements in all.",
     )
