@@ -1,5 +1,6 @@
 """Flow: several training jobs on one cluster, with priorities, each job given the workers
-it runs best on and moved only at its checkpoints (`tasks.queue_session`)."""
+it runs best on and moved at its checkpoints, or in place at a step where it runs elastic
+(`tasks.queue_session`)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
                 "wait_s": round(j.started_s - j.arrived_s, 1),
                 "completion_s": round(j.finished_s - j.arrived_s, 1),
                 "segments": len(j.segments),
+                "moved_in_place": session.moves.count(j.job.name),
                 "steps_redone": last.steps_redone,
                 "launch_s": round(sum(s.wall_s - s.train_s for s in j.segments), 1),
                 "train_s": round(sum(s.train_s for s in j.segments), 1),
@@ -61,6 +63,8 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
         "steps_redone": sum(r["steps_redone"] for r in rows),
         "segments": sum(r["segments"] for r in rows),
         "measuring_s": session.measuring_s,
+        "moves_in_place": sum(r["moved_in_place"] for r in rows),
+        "in_place_s": session.moves.cost_s,
     }
     out |= {f"{r['job']}/wait_s": r["wait_s"] for r in rows}
     return out, rows
@@ -94,6 +98,13 @@ FormJob = Annotated[
 SwitchCost = Annotated[
     float, titled("Cost of a move (s)", "What moving a job to other workers costs (its relaunch).")
 ]
+InPlaceCost = Annotated[
+    float,
+    titled(
+        "Cost of a move in place (s)",
+        "What a move in place costs an elastic job until the session has measured one.",
+    ),
+]
 ReadInbox = Annotated[
     bool | SkipJsonSchema[None],
     titled("Also run the inbox", "Also the jobs `hetflow queue submit` queued, then and later."),
@@ -118,11 +129,13 @@ def queue(
     read_inbox: ReadInbox = True,
     jobs: SkipJsonSchema[list[QueueJob]] = [],  # noqa: B006 (never mutated)
     policy: Policy = "allocator",
+    in_place_s: InPlaceCost = 1.0,
 ) -> dict:
     """Run `job`, `jobs` and the inbox's (`hetflow queue submit`) on `cluster`, each job's run
     nested under the session's MLflow run (figures, who held which worker when). The form
     submits one `job`; `jobs` and `tracking` come from the deployment's parameters or Python.
-    `switch_s`: a move's cost (its relaunch), weighed against what the move gains; `policy`:
+    `switch_s`: a move's cost (its relaunch), weighed against what the move gains (a move in
+    place: `in_place_s` until one is measured, `queue_moves.Moves.cost_s`); `policy`:
     the allocator, or `fifo` (`hetflow.queue.fifo`), recorded as the session run's param."""
     jobs = ([job] if job is not None else []) + list(jobs)
     names = [j.name for j in jobs]
@@ -142,7 +155,15 @@ def queue(
         inbox = inbox_reader(where / "inbox" if read_inbox else None)
         files = {"state": where / "state.json", "cancels": where / CANCEL_FOLDER}
         session = Session(
-            cluster, dataset, tracking, parent, switch_s, inbox, **files, policy=policy
+            cluster,
+            dataset,
+            tracking,
+            parent,
+            switch_s,
+            inbox,
+            **files,
+            policy=policy,
+            in_place_s=in_place_s,
         )
         try:
             session.run(jobs)

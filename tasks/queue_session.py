@@ -4,7 +4,10 @@ allocator, `hetflow.queue.switch.decide`; or `fifo`, `hetflow.queue.fifo`, which
 running job and needs no job's step times, so it measures none), and each job runs as a train
 run on its workers (`tasks.queue.run_segment`) until it ends or the queue moves its workers:
 then it is asked to stop at its next checkpoint (`RUN_DIR/stop_at`), and a new segment
-resumes from there on the workers it moves to.
+resumes from there on the workers it moves to. A job that runs elastic (`QueueJob.in_place`)
+and only gives workers up moves in place instead (`tasks.queue_moves`): they leave at its next
+step boundary, it goes on without them in the same segment, and they are free once their
+processes have ended; a move is priced at its measured cost then (`switch.InPlace`).
 
 A job that fails (its step-time model, its profile or a segment raised) ends alone, `failed`
 with its one-line reason, and its workers go back to the others; `hetflow queue cancel`
@@ -27,9 +30,10 @@ from hetflow.config.queue import QueueJob
 from hetflow.queue.allocate import Holding, step_s
 from hetflow.queue.fifo import fifo
 from hetflow.queue.jobs import Job, check_job
-from hetflow.queue.switch import decide
+from hetflow.queue.switch import InPlace, decide
 from hetflow.tasks.queue import Segment, cluster_kinds, job_model, queue_model, run_segment
 from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
+from hetflow.tasks.queue_moves import Moves
 from hetflow.tasks.train import stable_run_dir
 from hetflow.training.loop.progress import STOP_FILE
 
@@ -77,7 +81,8 @@ class Session:
     """The session's loop (see the module); `inbox` returns jobs submitted since it last
     asked, `state` is where `hetflow queue list` reads who holds what, `cancels` the folder
     of `hetflow queue cancel`'s requests (those left from an earlier session are dropped),
-    `policy` one of `config.queue.QUEUE_POLICIES`."""
+    `policy` one of `config.queue.QUEUE_POLICIES`; `in_place_s`, what a move in place costs
+    until the session has measured one (`queue_moves.Moves.cost_s`)."""
 
     cluster: ClusterSpec
     dataset: DatasetSpec
@@ -91,9 +96,11 @@ class Session:
     spans: list[tuple[str, str, float, float]] = field(default_factory=list)
     measuring_s: float = 0.0
     policy: str = "allocator"
+    in_place_s: float = 1.0
 
     def __post_init__(self) -> None:
         self.workers, self.kinds = cluster_kinds(self.cluster)
+        self.moves = Moves(self.in_place_s)
         self.t0 = time.monotonic()
         self.pending: list[QueueJob] = []  # taken from the inbox or the flow, not yet arrived
         take_cancel_requests(self.cancels)
@@ -160,7 +167,11 @@ class Session:
             if j.future is not None
         }
         models = [j.model for j in act]
-        return decide(models, holding, running, left, self.workers, self.kinds, self.switch_s)
+        elastic = frozenset(j.job.name for j in act if j.job.in_place)
+        in_place = InPlace(elastic, self.moves.cost_s)
+        return decide(
+            models, holding, running, left, self.workers, self.kinds, self.switch_s, True, in_place
+        )
 
     def decide(self) -> None:
         act = self.active()
@@ -177,8 +188,27 @@ class Session:
                 j.target = new
                 continue
             j.target = None if sorted(new) == sorted(j.workers) else new
-            if j.target is not None:
+            if j.target is not None and not self.shrink(j, new):
                 self.ask_stop(j)
+
+    def shrink(self, j: Live, new: list[str]) -> bool:
+        """`j` moved to `new` in place where it can be (`Moves.shrink`): it keeps running on
+        them, the others leaving at its next step boundary."""
+        if not j.job.in_place or j.stop_at is not None or j.cancelling:
+            return False
+        folder = stable_run_dir(j.job.name)
+        if not self.moves.shrink(j.job.name, folder, j.workers, new, self.now()):
+            return False
+        j.workers, j.target = [w for w in j.workers if w in new], None
+        return True
+
+    def settle(self) -> bool:
+        """The workers that left a job in place and are free now (`Moves.settle`), each one's
+        stretch with its job ended; True when any is."""
+        freed = self.moves.settle(self.now())
+        since = {j.job.name: j.since_s for j in self.jobs}
+        self.spans += [(m.job, m.worker, since[m.job], m.gone_s) for m in freed]
+        return bool(freed)
 
     def ask_stop(self, j: Live) -> None:
         """`j`'s running segment asked to stop at its next checkpoint, unless it was asked
@@ -230,7 +260,7 @@ class Session:
     def start_ready(self) -> bool:
         """Each waiting job whose workers are all free started on them; True if any was."""
         started = False
-        busy = {w for j in self.jobs for w in j.workers}
+        busy = {w for j in self.jobs for w in j.workers} | self.moves.busy()
         for j in self.active():
             if j.future is None and j.target and not busy & set(j.target):
                 j.workers, j.target, j.since_s = list(j.target), None, self.now()
@@ -302,6 +332,7 @@ class Session:
                     ended |= self.end_segment(j)
             if arrivals or ended:
                 self.decide()
+            freed = self.settle()
             started = self.start_ready()
-            self.write_state(publish=bool(arrivals or ended or started))
-            time.sleep(tick_s)
+            self.write_state(publish=bool(arrivals or ended or started or freed))
+            time.sleep(tick_s if not self.moves.leaving else min(tick_s, 0.05))

@@ -27,6 +27,7 @@ from hetflow.infra.s3 import free_port
 from hetflow.training.cpu_quota import JobCgroups, find_controller
 from hetflow.training.elastic.world import PREFIX
 from hetflow.training.faults.watch import JobWatch, _kill
+from hetflow.training.launch.live import Processes, registered
 from hetflow.training.launch.mps import mps_daemon
 from hetflow.training.launch.outcome import Launched, LaunchError, RankFailed
 from hetflow.training.launch.spec import RunSpec
@@ -92,7 +93,9 @@ def run_elastic(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Lau
                 env = {**env0, **rank_env(spec, r, port)}
                 procs[r] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
             try:
-                _watch(procs, store, watch, run_dir, t + timeout_s, on_progress)
+                names = [w.name for w in spec.cluster.workers]
+                with registered(run_dir, Processes(procs, names)):  # the queue's moves in place
+                    _watch(procs, store, watch, run_dir, t + timeout_s, on_progress)
             finally:
                 for p in procs.values():
                     if p.poll() is None:
