@@ -3,6 +3,7 @@ allocator without preemption, and the allocator with preemption at checkpoints.
 
     hetflow bench queue [--restart-s 20] [--interval-scale 2] [--sweep] [--json PATH]
     hetflow bench queue --real [--repeats 3] [--real-steps 160] [--time-scale 20]
+        [--real-case three|queued] [--real-relaunch]
 
 The comparison is an event-driven replay (`hetflow.queue.replay`) of six jobs arriving over
 twenty minutes, two priority classes, on six emulated workers of three kinds (t4, v100,
@@ -151,6 +152,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=20.0, help="--real's emulation scale")
     p.add_argument("--real-speeds", default="t4,v100,a100", help="--real's workers (presets)")
     p.add_argument("--real-steps", type=int, default=160, help="--real's low and normal jobs")
+    p.add_argument("--real-case", default="three", help="--real's jobs: three, or queued (5)")
+    p.add_argument(
+        "--real-relaunch", action="store_true", help="--real's jobs not elastic: moves relaunch"
+    )
     p.add_argument("--json", help="also write the figures to this file")
     return p
 
@@ -168,6 +173,11 @@ def check(args: argparse.Namespace) -> None:
     if args.time_scale <= 0:
         raise ConfigError(f"--time-scale: above 0 (got {args.time_scale:g})")
     from hetflow.emulation.presets import PRESETS
+
+    from benchmarks.queue_real import CASES
+
+    if args.real_case not in CASES:
+        raise ConfigError(f"--real-case: one of {', '.join(CASES)} (got {args.real_case!r})")
 
     bad = [s for s in args.real_speeds.split(",") if s not in PRESETS]
     if bad:
@@ -188,7 +198,13 @@ def main(argv: list[str]) -> int:
         from benchmarks.queue_real import compare_real
 
         out["real"] = compare_real(
-            args.real_speeds, args.time_scale, args.real_steps, args.restart_s, args.repeats
+            args.real_speeds,
+            args.time_scale,
+            args.real_steps,
+            args.restart_s,
+            args.repeats,
+            args.real_case,
+            not args.real_relaunch,
         )
         print(json.dumps(out["real"]["aggregate"], indent=1))
     if args.json:

@@ -98,13 +98,6 @@ FormJob = Annotated[
 SwitchCost = Annotated[
     float, titled("Cost of a move (s)", "What moving a job to other workers costs (its relaunch).")
 ]
-InPlaceCost = Annotated[
-    float,
-    titled(
-        "Cost of a move in place (s)",
-        "What a move in place costs an elastic job until the session has measured one.",
-    ),
-]
 ReadInbox = Annotated[
     bool | SkipJsonSchema[None],
     titled("Also run the inbox", "Also the jobs `hetflow queue submit` queued, then and later."),
@@ -129,11 +122,12 @@ def queue(
     read_inbox: ReadInbox = True,
     jobs: SkipJsonSchema[list[QueueJob]] = [],  # noqa: B006 (never mutated)
     policy: Policy = "allocator",
-    in_place_s: InPlaceCost = 1.0,
+    in_place_s: SkipJsonSchema[float] = 1.0,
 ) -> dict:
     """Run `job`, `jobs` and the inbox's (`hetflow queue submit`) on `cluster`, each job's run
     nested under the session's MLflow run (figures, who held which worker when). The form
-    submits one `job`; `jobs` and `tracking` come from the deployment's parameters or Python.
+    submits one `job`; `jobs`, `tracking` and `in_place_s` come from the deployment's
+    parameters or Python.
     `switch_s`: a move's cost (its relaunch), weighed against what the move gains (a move in
     place: `in_place_s` until one is measured, `queue_moves.Moves.cost_s`); `policy`:
     the allocator, or `fifo` (`hetflow.queue.fifo`), recorded as the session run's param."""
@@ -176,14 +170,21 @@ def queue(
         if not session.jobs:
             tracker.finish(parent)
             print("queue: no jobs (hetflow queue submit NAME queues one)")
-            return out | {"figures": {}, "jobs": [], "spans": []}
-        values, rows = figures(session)
-        tracker.log_metrics(parent, values)
-        order = [w.name for w in cluster.workers]
-        tracker.log_plots(parent, {"queue_workers.png": worker_timeline(session.spans, order)})
-        tracker.log_json(parent, "queue.json", {"jobs": rows, "spans": session.spans})
-        md = "\n\n".join(t for t in (table(rows), table(ended_badly(session))) if t)
-        create_markdown_artifact(md, key="queue", description="the queue's jobs")
-        tracker.finish(parent)
-    print(f"queue ({policy}):\n{md}")
-    return out | {"figures": values, "jobs": rows, "spans": session.spans}
+            return out | {"figures": {}, "jobs": [], "spans": [], "moves": []}
+        out |= record(session, tracker, parent, [w.name for w in cluster.workers])
+    return out
+
+
+def record(session: Session, tracker: MLflowTracker, parent: str, order: list[str]) -> dict:
+    """The ended session in its MLflow run (figures, who held which worker when, the moves
+    in place) and a Prefect artifact; what the flow returns of it."""
+    values, rows = figures(session)
+    tracker.log_metrics(parent, values)
+    tracker.log_plots(parent, {"queue_workers.png": worker_timeline(session.spans, order)})
+    moves = session.moves.figures()
+    tracker.log_json(parent, "queue.json", {"jobs": rows, "spans": session.spans, "moves": moves})
+    md = "\n\n".join(t for t in (table(rows), table(ended_badly(session))) if t)
+    create_markdown_artifact(md, key="queue", description="the queue's jobs")
+    tracker.finish(parent)
+    print(f"queue ({session.policy}):\n{md}")
+    return {"figures": values, "jobs": rows, "spans": session.spans, "moves": moves}

@@ -101,7 +101,8 @@ def progress_step(run_dir: Path) -> int | None:
 class Leaving:
     """A worker asked to leave `job` in place (rank `rank` of its run in `run_dir`) at `asked_s`
     (the session's clock), the job then at step `step`; `gone_s`, when its process had ended;
-    `resumed_s`, when the job had stepped again on the workers it kept."""
+    `resumed_s`, when the job had stepped again on the workers it kept; `taker`, the job the
+    worker went to (its run in `taker_dir`, from step `taker_from`), stepping at `taken_s`."""
 
     job: str
     worker: str
@@ -111,6 +112,17 @@ class Leaving:
     step: int
     gone_s: float | None = None
     resumed_s: float | None = None
+    taker: str | None = None
+    taker_dir: Path | None = None
+    taker_from: int = 0
+    taken_s: float | None = None
+
+    def figures(self) -> dict:
+        """The move's times from its request (s): to the worker free, to the giving job
+        stepping again, to the taking job stepping (None: not seen)."""
+        rel = {"free_s": self.gone_s, "giver_s": self.resumed_s, "taker_s": self.taken_s}
+        out = {k: None if v is None else round(v - self.asked_s, 3) for k, v in rel.items()}
+        return {"job": self.job, "worker": self.worker, "to": self.taker, "step": self.step} | out
 
 
 class Moves:
@@ -134,19 +146,18 @@ class Moves:
 
     def shrink(self, job: str, run_dir: Path, old: list[str], new: list[str], now: float) -> bool:
         """`job`, running elastic on `old` in `run_dir`, asked to go on with `new` (some of
-        `old`) in place: True where every worker it gives up was asked to leave; False where
-        the move is not one (a job that grows or gives up all its workers, one not running
-        elastic here, or not stepping yet), which then relaunches it."""
+        `old`, not none) in place: True where every worker it gives up was asked to leave (a
+        worker its plan dropped runs no rank: free at once); False where it does not step
+        yet (its launcher not started, its first step not done): ask again later."""
         members = live_job(run_dir)
         step = progress_step(run_dir)
-        if members is None or step is None or not new or not set(new) < set(old):
+        if members is None or step is None:
             return False
-        ranks = {w: members.rank_of(w) for w in old if w not in new}
-        if any(r is None for r in ranks.values()):
-            return False
-        for w, r in sorted(ranks.items()):
-            members.release(r)
-            self.leaving.append(Leaving(job, w, r, run_dir, now, step))
+        for w in sorted(set(old) - set(new)):
+            r = members.rank_of(w)
+            if r is not None:
+                members.release(r)
+            self.leaving.append(Leaving(job, w, -1 if r is None else r, run_dir, now, step))
             print(f"queue: {job} lets {w} (rank {r}) go in place, at step {step}")
         return True
 
@@ -156,7 +167,7 @@ class Moves:
         freed = []
         for m in self.leaving:
             members = live_job(m.run_dir)
-            if m.gone_s is None and (members is None or members.gone(m.rank)):
+            if m.gone_s is None and (members is None or m.rank < 0 or members.gone(m.rank)):
                 m.gone_s, m.step = now, progress_step(m.run_dir) or m.step
                 free_slot(m.job, m.worker)
                 freed.append(m)
@@ -168,6 +179,29 @@ class Moves:
                     print(f"queue: {m.job} stepping again {now - m.asked_s:.2f} s after the move")
         self.leaving = [m for m in self.leaving if m not in self.done]
         return freed
+
+    def hand(self, workers: list[str], job: str, run_dir: Path) -> None:
+        """`job`, its run in `run_dir`, started on `workers`: each of them that left a job in
+        place and went to none yet went to it."""
+        for m in self.done + self.leaving:
+            if m.worker in workers and m.gone_s is not None and m.taker is None:
+                m.taker, m.taker_dir, m.taker_from = job, run_dir, progress_step(run_dir) or 0
+
+    def watch(self, now: float) -> None:
+        """Each taking job seen stepping since its start on a moved worker."""
+        for m in self.done + self.leaving:
+            if m.taker_dir is not None and m.taken_s is None:
+                if (progress_step(m.taker_dir) or 0) > m.taker_from:
+                    m.taken_s = now
+
+    def watching(self) -> bool:
+        """Whether a move is under way: a worker leaving, a job yet to step again."""
+        moves = self.done + self.leaving
+        return bool(self.leaving) or any(m.taker and m.taken_s is None for m in moves)
+
+    def figures(self) -> list[dict]:
+        """Each move in place's times (`Leaving.figures`), in the order asked."""
+        return [m.figures() for m in sorted(self.done + self.leaving, key=lambda m: m.asked_s)]
 
     def count(self, job: str) -> int:
         """How many workers left `job` in place."""

@@ -103,26 +103,32 @@ class Session:
         self.moves = Moves(self.in_place_s)
         self.t0 = time.monotonic()
         self.pending: list[QueueJob] = []  # taken from the inbox or the flow, not yet arrived
+        self.seen: dict[str, float] = {}  # when each inbox job was read
         take_cancel_requests(self.cancels)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def admit(self, job: QueueJob) -> None:
-        """`job` taken in, its step time on each kind known (`job_model`; none under `fifo`,
-        blind to the device type); failed alone where that raises or no worker holds it."""
+    def admit(self, job: QueueJob, arrived_s: float) -> None:
+        """`job`, arrived at `arrived_s`, taken in, its step time on each kind known
+        (`job_model`; none under `fifo`, blind to the device type); failed alone where that
+        raises or no worker holds it. The measuring's wall time is the allocator's to pay:
+        the job's completion counts from `arrived_s`, and the session does nothing else
+        meanwhile (`measuring_s` sums it)."""
+        t = time.monotonic()
         try:
             if self.policy == "fifo":
-                model, measured = queue_model(job), 0.0
+                model = queue_model(job)
             else:
-                model, measured = job_model(job, self.cluster, self.dataset)
-            self.measuring_s += measured
+                model, _ = job_model(job, self.cluster, self.dataset)
             check_job(model, self.kinds)
         except Exception as e:  # the job's own failure: the others go on
-            self.jobs.append(Live(job, None, self.now()))
+            self.jobs.append(Live(job, None, arrived_s))
             self.end(self.jobs[-1], "failed", reason_of(e))
             return
-        self.jobs.append(Live(job, model, self.now()))
+        finally:
+            self.measuring_s += time.monotonic() - t if self.policy != "fifo" else 0.0
+        self.jobs.append(Live(job, model, arrived_s))
         print(f"queue: {job.name} ({job.priority}) arrived")
 
     def end(self, j: Live, state: str, reason: str) -> None:
@@ -188,19 +194,29 @@ class Session:
                 j.target = new
                 continue
             j.target = None if sorted(new) == sorted(j.workers) else new
-            if j.target is not None and not self.shrink(j, new):
+            if j.target is not None and not self.in_place(j):
                 self.ask_stop(j)
 
-    def shrink(self, j: Live, new: list[str]) -> bool:
-        """`j` moved to `new` in place where it can be (`Moves.shrink`): it keeps running on
-        them, the others leaving at its next step boundary."""
-        if not j.job.in_place or j.stop_at is not None or j.cancelling:
+    def in_place(self, j: Live) -> bool:
+        """Whether running `j` moves to its target in place: it runs elastic and only gives
+        workers up. Done at once where it steps already (`Moves.shrink`: it goes on with its
+        target, the others leaving at its next step boundary), else at a later tick."""
+        new = j.target or []
+        if not (j.job.in_place and new and set(new) < set(j.workers)) or j.cancelling:
+            return False
+        if j.stop_at is not None:  # asked to stop already: that stands
             return False
         folder = stable_run_dir(j.job.name)
-        if not self.moves.shrink(j.job.name, folder, j.workers, new, self.now()):
-            return False
-        j.workers, j.target = [w for w in j.workers if w in new], None
+        if self.moves.shrink(j.job.name, folder, j.workers, new, self.now()):
+            j.workers, j.target = [w for w in j.workers if w in new], None
         return True
+
+    def shrink_waiting(self) -> None:
+        """Each running job bound for a move in place that was not stepping yet, moved now
+        where it steps."""
+        for j in self.active():
+            if j.future is not None and j.target is not None and j.stop_at is None:
+                self.in_place(j)
 
     def settle(self) -> bool:
         """The workers that left a job in place and are free now (`Moves.settle`), each one's
@@ -267,6 +283,7 @@ class Session:
                 j.stop_at = None
                 j.started_s = j.since_s if j.started_s is None else j.started_s
                 (stable_run_dir(j.job.name) / STOP_FILE).unlink(missing_ok=True)
+                self.moves.hand(j.workers, j.job.name, stable_run_dir(j.job.name))
                 j.future = run_segment.submit(
                     j.job,
                     self.cluster,
@@ -317,7 +334,9 @@ class Session:
         """Until every job has arrived and ended, and the inbox is empty."""
         self.pending = list(planned)
         while True:
-            self.pending = sorted(self.pending + self.inbox(), key=lambda q: q.arrive_after_s)
+            new = self.inbox()
+            self.seen |= {q.name: self.now() for q in new}  # an inbox job arrives once read
+            self.pending = sorted(self.pending + new, key=lambda q: q.arrive_after_s)
             ended = self.take_cancels()
             arrivals = [q for q in self.pending if q.arrive_after_s <= self.now()]
             if not (self.pending or self.active()):
@@ -326,13 +345,15 @@ class Session:
             self.write_state(publish=False)  # the arrivals, queued while they are modelled
             for q in arrivals:
                 self.pending.remove(q)
-                self.admit(q)
+                self.admit(q, max(q.arrive_after_s, self.seen.get(q.name, 0.0)))
             for j in self.active():
                 if j.future is not None and j.future.state.is_final():
                     ended |= self.end_segment(j)
             if arrivals or ended:
                 self.decide()
+            self.shrink_waiting()
             freed = self.settle()
+            self.moves.watch(self.now())
             started = self.start_ready()
             self.write_state(publish=bool(arrivals or ended or started or freed))
-            time.sleep(tick_s if not self.moves.leaving else min(tick_s, 0.05))
+            time.sleep(min(tick_s, 0.05) if self.moves.watching() else tick_s)
