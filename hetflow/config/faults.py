@@ -99,3 +99,12 @@ class FaultPolicy(ConfigModel):
         description="Under on_loss 'continue': with fewer workers left than this, the "
         "survivors checkpoint the step they reached and the job ends, stating so.",
     )
+    join_at: dict[int, int] = Field(
+        default_factory=dict,
+        title="Workers that join late under 'continue'",
+        description="Under on_loss 'continue': rank -> step. The launcher starts these "
+        "workers of the cluster only once the job has done that many steps; each joins the "
+        "running job in place when it is ready (the others' weights, optimizer and data "
+        "position sent to it, the global batch re-cut over every worker). Rank 0 starts the "
+        "job.",
+    )

@@ -102,8 +102,22 @@ STATELESS_HOOKS = ("none", "fp16", "bf16")
 def check_on_loss(cluster: ClusterSpec, train: TrainConfig) -> None:
     """What `faults.on_loss: continue` (`training.elastic`) runs: the local launcher, strategy
     ddp, a comm hook that keeps no state between steps ('auto' may choose one that does)."""
+    if train.faults.join_at and train.faults.on_loss != "continue":
+        raise ConfigError(
+            "train.faults.join_at: workers join in place under on_loss 'continue' only"
+        )
     if train.faults.on_loss != "continue":
         return
+    for rank, step in train.faults.join_at.items():
+        if not 0 < rank < cluster.world_size:
+            raise ConfigError(
+                f"train.faults.join_at: rank {rank} is not a late worker of the cluster's "
+                f"{cluster.world_size} (rank 0 starts the job)"
+            )
+        if not 0 < step < train.steps:
+            raise ConfigError(
+                f"train.faults.join_at: step {step} of rank {rank} is not in 1..{train.steps - 1}"
+            )
     where = "train.faults.on_loss: 'continue'"
     if cluster.launcher != "local":
         raise ConfigError(f"{where} runs on the local launcher only, not {cluster.launcher!r}")

@@ -1,6 +1,8 @@
-"""The launcher of a job under `faults.on_loss: continue` on this machine (`run_elastic`): one
-process per worker, started and watched by the launcher itself, which also hosts the job's
-TCPStore.
+"""The launcher of a job under `faults.on_loss: continue` on this machine: one process per
+worker, started and watched by the launcher itself (`ElasticJob`), which also hosts the job's
+TCPStore. `start_elastic(spec)` hands back the running job: `add_worker` grows it in place,
+`release` lets one of its workers go in place, `wait` watches it to the end (`run_elastic` is
+the three in one, for a job nobody grows or shrinks).
 
 Not torchrun: its agent stops every worker of the group as soon as one fails, and restarts
 them all (`--max-restarts`), which is the relaunch this mode avoids. Here a worker's end is a
@@ -14,20 +16,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
 
-from hetflow.config import STATELESS_HOOKS, ConfigError, check_on_loss
+from hetflow.config import STATELESS_HOOKS, ConfigError, WorkerSpec, check_on_loss
 from hetflow.infra.s3 import free_port
 from hetflow.training.cpu_quota import JobCgroups, find_controller
 from hetflow.training.elastic.world import PREFIX
 from hetflow.training.faults.watch import JobWatch, _kill
-from hetflow.training.launch.live import Processes, registered
+from hetflow.training.launch.live import Handle, registered
 from hetflow.training.launch.mps import mps_daemon
 from hetflow.training.launch.outcome import Launched, LaunchError, RankFailed
 from hetflow.training.launch.spec import RunSpec
@@ -46,7 +50,10 @@ def check_elastic(spec: RunSpec) -> None:
 
 
 def rank_env(spec: RunSpec, rank: int, port: int) -> dict[str, str]:
-    """What torchrun would give rank `rank` of a one-node job, the store being the launcher's."""
+    """What torchrun would give rank `rank` of a one-node job, the store being the launcher's.
+    Gloo connects a group's ranks at its first collective (`TORCH_GLOO_LAZY_INIT`), not when it
+    is made: the job's default group spans every slot of the cluster, some of which start late
+    or never (`ElasticJob.add_worker`), and only the generations' groups are used."""
     world = str(spec.cluster.world_size)
     return {
         **os.environ,
@@ -59,91 +66,171 @@ def rank_env(spec: RunSpec, rank: int, port: int) -> dict[str, str]:
         "MASTER_PORT": str(port),
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCH_GLOO_LAZY_INIT": "1",
     }
 
 
 def run_elastic(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
-    """Write the job file, start one worker process per rank, watch them to the end; the
-    result (rank 0's result.json) and the wall seconds. A rank that raises ends the job
-    (`RankFailed`, as under torchrun); a rank's process that ends otherwise is announced to
-    the others, which go on without it. `spec` comes checked and placed by
-    `launch.run.run_workers`."""
+    """`start_elastic(spec)`, then `wait()`: the result (the leader's result.json) and the
+    wall seconds. `spec` comes checked and placed by `launch.run.run_workers`. The running
+    job is findable by its run directory meanwhile (`launch.live`: the queue's moves)."""
+    job = start_elastic(spec, timeout_s, on_progress)
+    with registered(spec.run_dir, Handle(job)):
+        return job.wait()
+
+
+def start_elastic(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> ElasticJob:
+    """Write the job file, host its store, start the worker process of each rank that starts
+    the job (every slot of the cluster but those `faults.join_at` starts late); the handle of
+    the running job, which `wait` watches to its end (within `timeout_s`, `on_progress(step)`
+    about once a second)."""
     check_elastic(spec)
-    run_dir = Path(spec.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    job = spec.write(run_dir / "job.json")
-    port = free_port()
-    store = dist.TCPStore(
-        "127.0.0.1",
-        port,
-        None,
-        is_master=True,
-        timeout=timedelta(seconds=60),
-        wait_for_workers=False,
-    )
-    watch = JobWatch(run_dir, spec.train.stall_timeout_s)
-    log = run_dir / "workers.log"
-    t = time.perf_counter()
-    cgroups = JobCgroups.of(spec.cluster, spec.run_name, find_controller())
-    cmd = [sys.executable, "-m", "hetflow.training.worker", "--job", str(job)]
-    with log.open("wb") as out, cgroups or contextlib.nullcontext():
-        with mps_daemon(spec.cluster, rank_env(spec, 0, port)) as env0:
-            procs = {}
-            for r in range(spec.cluster.world_size):
-                env = {**env0, **rank_env(spec, r, port)}
-                procs[r] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-            try:
-                names = [w.name for w in spec.cluster.workers]
-                with registered(run_dir, Processes(procs, names)):  # the queue's moves in place
-                    _watch(procs, store, watch, run_dir, t + timeout_s, on_progress)
-            finally:
-                for p in procs.values():
-                    if p.poll() is None:
-                        _kill(p.pid)
-                        p.wait()
-    wall = time.perf_counter() - t
-    result = run_dir / "result.json"
-    if not result.exists():
+    job = ElasticJob(spec, timeout_s, on_progress)
+    job.start()
+    return job
+
+
+class ElasticJob:
+    """A running job under `on_loss: continue`: its workers' processes by rank, its store.
+
+    Every rank is a slot of the job's cluster (`spec.cluster.workers`): the job has at most as
+    many workers as it lists, as torchrun's `--nnodes MIN:MAX` has at most MAX. A slot is free
+    before its worker starts (`faults.join_at`), and after its worker left or was lost.
+    `add_worker` and `release` may be called from any thread while another runs `wait`."""
+
+    def __init__(self, spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> None:
+        self.spec, self.run_dir = spec, Path(spec.run_dir)
+        self.timeout_s, self.on_progress = timeout_s, on_progress
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.lock = threading.Lock()
+        self._stack = contextlib.ExitStack()
+        self.store = None
+
+    def start(self) -> None:
+        """The job file, the store and the cgroups; the first generation's ranks started."""
+        spec = self.spec
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.job = spec.write(self.run_dir / "job.json")
+        port = free_port()
+        self.store = dist.TCPStore(
+            "127.0.0.1",
+            port,
+            None,
+            is_master=True,
+            timeout=timedelta(seconds=60),
+            wait_for_workers=False,
+        )
+        first = [r for r in range(spec.cluster.world_size) if r not in spec.train.faults.join_at]
+        self.store.set(f"{PREFIX}/g0/members", json.dumps(first))
+        self.watch = JobWatch(self.run_dir, spec.train.stall_timeout_s)
+        self.t0 = time.perf_counter()
+        self.out = self._stack.enter_context((self.run_dir / "workers.log").open("wb"))
+        cgroups = JobCgroups.of(spec.cluster, spec.run_name, find_controller())
+        if cgroups is not None:
+            self._stack.enter_context(cgroups)
+        self.env0 = self._stack.enter_context(mps_daemon(spec.cluster, rank_env(spec, 0, port)))
+        self.port = port
+        for r in first:
+            self._spawn(r)
+
+    def _spawn(self, rank: int) -> None:
+        env = {**self.env0, **rank_env(self.spec, rank, self.port)}
+        cmd = [sys.executable, "-m", "hetflow.training.worker", "--job", str(self.job)]
+        proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env)
+        with self.lock:
+            self.procs[rank] = proc
+
+    def free_slots(self) -> list[int]:
+        """The ranks of the cluster no live process holds."""
+        with self.lock:
+            busy = {r for r, p in self.procs.items() if p.poll() is None}
+        return [r for r in range(self.spec.cluster.world_size) if r not in busy]
+
+    def add_worker(self, worker: WorkerSpec) -> int:
+        """Start a worker in the free slot of the cluster named `worker.name` (else the first
+        free slot of the same instance type and speed); it joins the running job in place at
+        a step boundary, taking a share from the next step on. Returns its rank. Raises
+        ValueError where no slot fits."""
+        raise NotImplementedError("joining a running job in place is not built yet")
+
+    def release(self, rank: int) -> None:
+        """Ask the worker of `rank` to leave in place at its next step boundary (as a SIGTERM
+        does: `departure.Departures`); the others go on without it. A no-op where it ended."""
+        with self.lock:
+            proc = self.procs.get(rank)
+        if proc is None:
+            raise ValueError(f"rank {rank} is not a worker of this job")
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+
+    def wait(self) -> Launched:
+        """Watch every worker to its end: the result (the leader's result.json) and the wall
+        seconds since the start. A rank that raises ends the job (`RankFailed`, as under
+        torchrun); a rank's process that ends otherwise is announced to the others, which go
+        on without it."""
+        try:
+            self._watch(self.t0 + self.timeout_s)
+        finally:
+            with self.lock:
+                procs = list(self.procs.values())
+            for p in procs:
+                if p.poll() is None:
+                    _kill(p.pid)
+                    p.wait()
+            self._stack.close()
+        return self._outcome(time.perf_counter() - self.t0)
+
+    def _outcome(self, wall: float) -> Launched:
+        result, log = self.run_dir / "result.json", self.run_dir / "workers.log"
+        if result.exists():
+            return Launched(json.loads(result.read_text()), wall)
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
-        codes = {r: p.returncode for r, p in procs.items()}
+        codes = {r: p.returncode for r, p in self.procs.items()}
         why = "no result"
         if all(c != 0 for c in codes.values()):
+            where = self.spec.checkpoint_url or self.run_dir / "checkpoints"
             why = (
                 f"every worker of the job was lost; its checkpoints (the last of them "
-                f"resumes it) are in {spec.checkpoint_url or run_dir / 'checkpoints'}"
+                f"resumes it) are in {where}"
             )
         raise LaunchError(f"{why} (exit codes {codes}; log: {log}):\n" + "\n".join(tail))
-    return Launched(json.loads(result.read_text()), wall)
 
+    def _watch(self, deadline: float) -> None:
+        """Until every rank's process has ended: raise on a rank's failure or past the
+        deadline; announce each member that ended with a non-zero status (`dead/R`,
+        `deaths`); kill a live rank the newest generation left out (a stalled one),
+        unannounced; start the late workers whose step came; report progress about once a
+        second."""
+        announced: set[int] = set()
+        progress, last_report = self.run_dir / "progress.json", 0.0
+        while self._running():
+            now = time.perf_counter()
+            if now > deadline:
+                raise LaunchError(f"the job ran past its deadline (log: {self.out.name})")
+            failure = self.watch.fatal()
+            if failure is not None:
+                raise RankFailed(failure, Path(self.out.name))
+            with self.lock:
+                procs = dict(self.procs)
+            for r, p in procs.items():
+                if p.returncode not in (None, 0) and (r, p.pid) not in announced:
+                    announced.add((r, p.pid))
+                    self.store.set(f"{PREFIX}/dead/{r}", "1")
+                    self.store.add(f"{PREFIX}/deaths", 1)
+                    print(f"rank {r} ended (status {p.returncode}); the others go on", flush=True)
+            for r in left_out(self.store, procs):  # no member's death: not announced
+                announced.add((r, procs[r].pid))
+                _kill(procs[r].pid)
+            if self.on_progress is not None and progress.exists() and now - last_report >= 1.0:
+                last_report = now
+                with contextlib.suppress(ValueError, KeyError, OSError):
+                    self.on_progress(json.loads(progress.read_text())["step"])
+            time.sleep(0.05)
 
-def _watch(procs: dict, store, watch: JobWatch, run_dir: Path, deadline: float, on_progress):
-    """Until every rank's process has ended: raise on a rank's failure or past the deadline;
-    announce each member that ended with a non-zero status (`dead/R`, `deaths`); kill a live
-    rank the newest generation left out (a stalled one), unannounced; report progress about
-    once a second."""
-    announced: set[int] = set()
-    progress, last_report = run_dir / "progress.json", 0.0
-    while [p.poll() for p in procs.values()].count(None):  # each polled: its status set
-        now = time.perf_counter()
-        if now > deadline:
-            raise LaunchError(f"the job ran past its deadline (log: {run_dir / 'workers.log'})")
-        failure = watch.fatal()
-        if failure is not None:
-            raise RankFailed(failure, run_dir / "workers.log")
-        for r, p in procs.items():
-            if p.returncode not in (None, 0) and r not in announced:
-                announced.add(r)
-                store.set(f"{PREFIX}/dead/{r}", "1")
-                store.add(f"{PREFIX}/deaths", 1)
-                print(f"rank {r} ended (status {p.returncode}); the others go on", flush=True)
-        for r in left_out(store, procs):  # no member's death: not announced
-            announced.add(r)
-            _kill(procs[r].pid)
-        if on_progress is not None and progress.exists() and now - last_report >= 1.0:
-            last_report = now
-            with contextlib.suppress(ValueError, KeyError, OSError):
-                on_progress(json.loads(progress.read_text())["step"])
-        time.sleep(0.05)
+    def _running(self) -> bool:
+        with self.lock:
+            return [p.poll() for p in self.procs.values()].count(None) > 0
 
 
 def left_out(store, procs: dict) -> list[int]:

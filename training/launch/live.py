@@ -6,9 +6,10 @@ A registry of handles and not a file the launcher polls: the queue's segments ar
 of its flow run, threads of this process, and a handle answers at once whether the worker's
 process has ended (the queue gives the worker to another job only then).
 
-The handle (`Members`) is what the elastic launcher offers: `release(rank)` asks rank `rank`
-to leave at its next step boundary while the others go on (today a SIGTERM, which the rank's
-`elastic.departure.Departures` turns into a leave every rank agrees on); `gone(rank)`, whether
+The handle (`Members`, over the launcher's `elastic.launch.ElasticJob`: `Handle`):
+`release(rank)` asks rank `rank` to leave at its next step boundary while the others go on
+(a SIGTERM, which the rank's `elastic.departure.Departures` turns into a leave every rank
+agrees on); `gone(rank)`, whether
 its process has ended; `rank_of(worker)`, the rank a worker of the cluster runs as (the
 plan's dropped workers run none: `plan.ranks.RankMap`).
 """
@@ -16,7 +17,6 @@ plan's dropped workers run none: `plan.ranks.RankMap`).
 from __future__ import annotations
 
 import contextlib
-import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,21 +33,22 @@ class Members(Protocol):
     def rank_of(self, worker: str) -> int | None: ...
 
 
-class Processes:
-    """`Members` over the worker processes the launcher started, one per rank; `names`, the
-    launched cluster's workers in rank order."""
+class Handle:
+    """`Members` over a running `elastic.launch.ElasticJob` (its `release`; its processes by
+    rank, `procs`, under its `lock`; its launched cluster, `spec.cluster`)."""
 
-    def __init__(self, procs: dict, names: list[str]) -> None:
-        self.procs, self.names = procs, names
+    def __init__(self, job) -> None:
+        self.job = job
+        self.names = [w.name for w in job.spec.cluster.workers]
 
     def release(self, rank: int) -> None:
-        """SIGTERM to rank `rank`: it leaves at its next step boundary, the others regroup."""
-        p = self.procs[rank]
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
+        """Rank `rank` leaves at its next step boundary, the others regroup."""
+        self.job.release(rank)
 
     def gone(self, rank: int) -> bool:
-        return self.procs[rank].poll() is not None
+        with self.job.lock:
+            p = self.job.procs.get(rank)
+        return p is None or p.poll() is not None
 
     def rank_of(self, worker: str) -> int | None:
         return self.names.index(worker) if worker in self.names else None
