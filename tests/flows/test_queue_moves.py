@@ -16,7 +16,7 @@ from hetflow.config.queue import QueueJob
 from hetflow.tasks.queue_moves import Moves
 from hetflow.training.launch.live import registered
 
-STEPS = 1000
+STEPS = 600
 
 
 class FakeMembers:
@@ -65,6 +65,21 @@ def test_a_job_not_stepping_yet_is_not_shrunk_in_place(tmp_path):
     assert members.released == []
 
 
+def test_the_plan_plot_draws_a_rank_that_left_at_zero_after_its_leave(tmp_path):
+    """A run under `on_loss: continue` that a rank left: its steps' rows hold fewer ranks from
+    the leave on; the plot of the plan draws every rank, the one that left at 0 after it."""
+    from hetflow.figures import StepFigures, StepRank
+    from hetflow.infra.report.plots import step_series
+
+    def row(step: int, batches: dict[int, int]) -> StepFigures:
+        ranks = [StepRank(rank=r, busy_fraction=0.5, local_batch=b) for r, b in batches.items()]
+        return StepFigures(step=step, loss=1.0, step_time_s=0.1, ranks=ranks)
+
+    series = [row(0, {0: 16, 1: 16}), row(1, {0: 16, 1: 16}), row(2, {1: 32})]
+    path = step_series(series, tmp_path / "steps.png", labels=["w0", "w1"])
+    assert path.stat().st_size > 0
+
+
 def submit_when_stepping(job: QueueJob, low: str, at_step: int) -> None:
     """`job` into the inbox (as `hetflow queue submit` leaves it) once the run of `low` has
     reached `at_step`: a move while `low` trains, however long its launch took."""
@@ -100,7 +115,7 @@ def test_a_move_in_place_shrinks_the_giving_job_without_a_relaunch(
     from hetflow.infra.tracking.tracker import MLflowTracker
     from hetflow.tasks.queue import slot_name
 
-    common = {"recipe": "digits-mlp", "global_batch": 32, "checkpoint_every": 200}
+    common = {"recipe": "digits-mlp", "global_batch": 512, "checkpoint_every": 200}
     low = QueueJob(name="low", priority="low", steps=STEPS, in_place=True, **common)
     high = QueueJob(name="high", priority="high", steps=8, **common)
     submitter = threading.Thread(target=submit_when_stepping, args=(high, "low", 20))
