@@ -123,7 +123,9 @@ def decide(
     Without `preempt`, jobs keep what they hold and the free workers are shared. With it,
     the allocation over everything (a running job of the highest class kept as it is, since
     nothing outranks it) where `choose` finds it worth its switches over the time the
-    soonest-ending running job has left, each move priced as `InPlace.cost` says.
+    soonest-ending running job has left, each move priced as `InPlace.cost` says; and where
+    some running jobs move in place (`in_place`), the allocation that keeps each of them on
+    some of its own workers, where it is worth more, its switches counted, over that time.
     """
     keep = allocate(jobs, workers, kinds, fixed=holding)
     if not preempt:
@@ -131,4 +133,16 @@ def decide(
     top = {j.name: running[j.name] for j in jobs if j.rank == 0 and running.get(j.name)}
     move = allocate(jobs, workers, kinds, fixed=top, held=holding)
     horizon = min(left_s.values(), default=float("inf"))
-    return choose(jobs, running, keep, move, workers, kinds, switch_s, horizon, in_place)
+    best = choose(jobs, running, keep, move, workers, kinds, switch_s, horizon, in_place)
+    names = in_place.jobs if in_place else ()
+    elastic = {n: running[n] for n in names if running.get(n) and n not in top}
+    if not elastic:
+        return best
+    # the running elastic jobs kept on some of their own workers: moves all made in place
+    shrink = allocate(jobs, workers, kinds, fixed=top, held=holding, allowed=elastic)
+
+    def net(x: Holding) -> float:
+        value = objective(jobs, x, workers, kinds) * horizon
+        return value - switch_cost(jobs, running, x, workers, kinds, switch_s, in_place)
+
+    return shrink if net(shrink) > net(best) else best
