@@ -290,7 +290,9 @@ class MembershipChange(_Record):
     (the step they went on from), `lost` left, `world` ranks stayed; `step_in_flight`: what
     became of the step the loss interrupted, 'retried' (no rank applied it; the survivors ran
     it again) or 'none' (it was done on every rank before the loss); `regroup_s`: from the
-    failure this rank saw to its new group; `plan`: the shares from `step` on."""
+    failure this rank saw to its new group; `plan`: the shares from `step` on; `joined`: the
+    ranks admitted into it (a worker that joined in place); `join_s`: on a rank that joined or
+    sent it the state, the join's seconds by phase (`elastic.transfer`)."""
 
     step: int
     lost: list[int]
@@ -298,6 +300,8 @@ class MembershipChange(_Record):
     step_in_flight: Literal["retried", "none"]
     regroup_s: float
     plan: list[int]
+    joined: list[int] = []
+    join_s: dict[str, float] = {}
 
 
 class Recovery(_Record):

@@ -34,7 +34,7 @@ from hetflow.training.comm import WireCounter
 from hetflow.training.cores import host_cores, pin_rank
 from hetflow.training.cpu_quota import join_quota, own_quota
 from hetflow.training.devices import MixedPrecision, rank_device_precision, synchronizer
-from hetflow.training.elastic.world import result_group
+from hetflow.training.elastic.world import open_world, result_group
 from hetflow.training.faults.records import (
     PREEMPTED_EXIT,
     STARTUP_TIMEOUT_S,
@@ -193,8 +193,10 @@ def run(
     world = dist.get_world_size()
     if world != spec.cluster.world_size:
         raise SystemExit(f"world size {world} != {spec.cluster.world_size} workers in the cluster")
-    precisions: list = [None] * world
-    dist.all_gather_object(precisions, precision)
+    open_world(spec, rank, world)  # under `on_loss: continue`: the ranks that start the job
+    group, members, _ = result_group(world)
+    precisions: list = [None] * len(members)
+    dist.all_gather_object(precisions, precision, group=group)
     amp = MixedPrecision(device, precision, scaled="fp16" in precisions)
     counter = WireCounter(world)
     counter.install()
@@ -219,10 +221,11 @@ def run(
             mine = profile(ctx).model_dump(mode="json")
             weights = None
         data.close()
-        group, members = result_group(world)  # the ranks still in the job (`training.elastic`)
+        # the ranks still in the job (`training.elastic`)
+        group, members, writer = result_group(world)
         gathered: list = [None] * len(members)
         dist.all_gather_object(gathered, mine, group=group)
-        if rank == members[0]:  # rank 0, or where it was lost, the lowest rank left
+        if rank == writer:  # rank 0, or where it was lost, the lowest rank left
             write_result(Path(spec.run_dir), spec.mode, gathered, weights, spec.state_url)
     finally:
         counter.uninstall()

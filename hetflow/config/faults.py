@@ -108,3 +108,18 @@ class FaultPolicy(ConfigModel):
         "position sent to it, the global batch re-cut over every worker). Rank 0 starts the "
         "job.",
     )
+    warm_workers: int = Field(
+        0,
+        ge=0,
+        title="Warm workers under 'continue'",
+        description="Under on_loss 'continue': worker processes the launcher keeps started, "
+        "torch imported, for workers added to the running job (besides one for each of "
+        "join_at's), so that a join costs the state transfer, not a Python and torch start.",
+    )
+    replace: bool = Field(
+        False,
+        title="Replace a lost worker under 'continue'",
+        description="Under on_loss 'continue': the launcher starts a replacement for a worker "
+        "that died or stalled (on a warm worker it keeps for it), which joins the running "
+        "job in place in the lost worker's slot; at most group_restarts replacements in all.",
+    )

@@ -101,11 +101,14 @@ STATELESS_HOOKS = ("none", "fp16", "bf16")
 
 def check_on_loss(cluster: ClusterSpec, train: TrainConfig) -> None:
     """What `faults.on_loss: continue` (`training.elastic`) runs: the local launcher, strategy
-    ddp, a comm hook that keeps no state between steps ('auto' may choose one that does)."""
-    if train.faults.join_at and train.faults.on_loss != "continue":
-        raise ConfigError(
-            "train.faults.join_at: workers join in place under on_loss 'continue' only"
-        )
+    ddp, a comm hook that keeps no state between steps ('auto' may choose one that does); a
+    late worker's rank and step within the cluster and the run; joins only under it."""
+    faults = train.faults
+    for field, on in (("join_at", faults.join_at), ("replace", faults.replace)):
+        if on and faults.on_loss != "continue":
+            raise ConfigError(
+                f"train.faults.{field}: workers join in place under on_loss 'continue' only"
+            )
     if train.faults.on_loss != "continue":
         return
     for rank, step in train.faults.join_at.items():

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from hetflow.config import STATELESS_HOOKS, ConfigError, WorkerSpec, check_on_loss
 from hetflow.infra.s3 import free_port
 from hetflow.training.cpu_quota import JobCgroups, find_controller
-from hetflow.training.elastic.world import PREFIX
+from hetflow.training.elastic.world import JOINING, PREFIX
 from hetflow.training.faults.watch import JobWatch, _kill
 from hetflow.training.launch.live import Handle, registered
 from hetflow.training.launch.mps import mps_daemon
@@ -102,6 +102,11 @@ class ElasticJob:
         self.spec, self.run_dir = spec, Path(spec.run_dir)
         self.timeout_s, self.on_progress = timeout_s, on_progress
         self.procs: dict[int, subprocess.Popen] = {}
+        self.joining: set[int] = set()  # started to join, not yet in a generation
+        self.pool: list[subprocess.Popen] = []  # warm workers waiting for a rank (`warm`)
+        self.replacing: set[int] = set()  # lost ranks whose replacement is due (`replace`)
+        self.replaced = 0
+        self.late = dict(spec.train.faults.join_at)  # rank -> the step that starts it
         self.lock = threading.Lock()
         self._stack = contextlib.ExitStack()
         self.store = None
@@ -121,7 +126,7 @@ class ElasticJob:
             wait_for_workers=False,
         )
         first = [r for r in range(spec.cluster.world_size) if r not in spec.train.faults.join_at]
-        self.store.set(f"{PREFIX}/g0/members", json.dumps(first))
+        self.store.set(f"{PREFIX}/g0/members", json.dumps({"ranks": first, "leader": first[0]}))
         self.watch = JobWatch(self.run_dir, spec.train.stall_timeout_s)
         self.t0 = time.perf_counter()
         self.out = self._stack.enter_context((self.run_dir / "workers.log").open("wb"))
@@ -132,13 +137,46 @@ class ElasticJob:
         self.port = port
         for r in first:
             self._spawn(r)
+        faults = spec.train.faults
+        self.keep_warm(len(self.late) + faults.warm_workers + int(faults.replace))
 
-    def _spawn(self, rank: int) -> None:
-        env = {**self.env0, **rank_env(self.spec, rank, self.port)}
-        cmd = [sys.executable, "-m", "hetflow.training.worker", "--job", str(self.job)]
-        proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env)
+    def _spawn(self, rank: int, joining: bool = False) -> None:
+        """Start rank `rank`'s worker; `joining`: into the running job, the slot's notices of
+        an earlier worker in it cleared first, on a warm worker where one waits (`warm`)."""
+        if joining:
+            for key in (f"dead/{rank}", f"join/{rank}", f"admit/{rank}"):
+                self.store.delete_key(f"{PREFIX}/{key}")
         with self.lock:
+            if joining and self.pool:
+                proc = self.pool.pop(0)
+                proc.stdin.write(f"{rank} {JOINING}\n".encode())
+                proc.stdin.close()
+            else:
+                env = {**self.env0, **rank_env(self.spec, rank, self.port)}
+                if joining:
+                    env[JOINING] = "1"
+                cmd = [sys.executable, "-m", "hetflow.training.worker", "--job", str(self.job)]
+                proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env)
             self.procs[rank] = proc
+            if joining:
+                self.joining.add(rank)
+        print(f"rank {rank} started{' to join' if joining else ''} (pid {proc.pid})", flush=True)
+
+    def keep_warm(self, count: int) -> None:
+        """Start warm workers (`warm`) until `count` wait for an assignment."""
+        env = {**self.env0, **rank_env(self.spec, 0, self.port)}
+        cmd = [sys.executable, "-m", "hetflow.training.elastic.warm", "--job", str(self.job)]
+        with self.lock:
+            while len(self.pool) < count:
+                self.pool.append(
+                    subprocess.Popen(
+                        cmd,
+                        stdin=subprocess.PIPE,
+                        stdout=self.out,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                    )
+                )
 
     def free_slots(self) -> list[int]:
         """The ranks of the cluster no live process holds."""
@@ -148,10 +186,25 @@ class ElasticJob:
 
     def add_worker(self, worker: WorkerSpec) -> int:
         """Start a worker in the free slot of the cluster named `worker.name` (else the first
-        free slot of the same instance type and speed); it joins the running job in place at
-        a step boundary, taking a share from the next step on. Returns its rank. Raises
-        ValueError where no slot fits."""
-        raise NotImplementedError("joining a running job in place is not built yet")
+        free slot of the same instance type, preset and speed); it joins the running job in
+        place at a step boundary, taking a share from the next step on. Returns its rank.
+        Raises ValueError where no slot fits."""
+        workers, free = self.spec.cluster.workers, self.free_slots()
+        fits = [r for r in free if workers[r].name == worker.name] or [
+            r
+            for r in free
+            if (workers[r].instance_type, workers[r].preset, workers[r].speed)
+            == (worker.instance_type, worker.preset, worker.speed)
+        ]
+        if not fits:
+            raise ValueError(
+                f"no free slot of the job's cluster fits worker {worker.name!r} (free: "
+                f"{[workers[r].name for r in free]})"
+            )
+        rank = fits[0]
+        self._spawn(rank, joining=True)
+        self.keep_warm(self.spec.train.faults.warm_workers + int(self.spec.train.faults.replace))
+        return rank
 
     def release(self, rank: int) -> None:
         """Ask the worker of `rank` to leave in place at its next step boundary (as a SIGTERM
@@ -173,7 +226,8 @@ class ElasticJob:
             self._watch(self.t0 + self.timeout_s)
         finally:
             with self.lock:
-                procs = list(self.procs.values())
+                procs = list(self.procs.values()) + self.pool
+                self.pool = []
             for p in procs:
                 if p.poll() is None:
                     _kill(p.pid)
@@ -219,24 +273,59 @@ class ElasticJob:
                     self.store.set(f"{PREFIX}/dead/{r}", "1")
                     self.store.add(f"{PREFIX}/deaths", 1)
                     print(f"rank {r} ended (status {p.returncode}); the others go on", flush=True)
-            for r in left_out(self.store, procs):  # no member's death: not announced
+                    self._to_replace(r)
+            self._start_late()
+            for r in left_out(self.store, procs, self.joining):  # not announced
                 announced.add((r, procs[r].pid))
                 _kill(procs[r].pid)
+                self._to_replace(r)
+            self._replace_lost()
             if self.on_progress is not None and progress.exists() and now - last_report >= 1.0:
                 last_report = now
                 with contextlib.suppress(ValueError, KeyError, OSError):
                     self.on_progress(json.loads(progress.read_text())["step"])
             time.sleep(0.05)
 
+    def _to_replace(self, rank: int) -> None:
+        """Where `faults.replace` is on and replacements are left (`group_restarts` in all),
+        a replacement of lost `rank` is due (`_replace_lost` starts it)."""
+        faults = self.spec.train.faults
+        if faults.replace and self.replaced < faults.group_restarts:
+            self.replaced += 1
+            self.replacing.add(rank)
+
+    def _replace_lost(self) -> None:
+        """Start the replacements due whose rank the newest generation left out (its members
+        have seen the loss: a replacement clears the slot's notices), each joining in place."""
+        if not self.replacing or not self.store.check([f"{PREFIX}/gen"]):
+            return
+        gen = int(self.store.get(f"{PREFIX}/gen"))
+        members = json.loads(self.store.get(f"{PREFIX}/g{gen}/members"))["ranks"]
+        for r in [r for r in self.replacing if r not in members]:
+            self.replacing.discard(r)
+            self._spawn(r, joining=True)
+
+    def _start_late(self) -> None:
+        """Start each late worker (`faults.join_at`) whose step the job has reached."""
+        if not self.late:
+            return
+        with contextlib.suppress(ValueError, KeyError, OSError):
+            step = json.loads((self.run_dir / "progress.json").read_text())["step"]
+            for r in [r for r, at in self.late.items() if step >= at]:
+                del self.late[r]
+                self._spawn(r, joining=True)
+
     def _running(self) -> bool:
         with self.lock:
             return [p.poll() for p in self.procs.values()].count(None) > 0
 
 
-def left_out(store, procs: dict) -> list[int]:
-    """The live ranks that the newest generation's members do not include."""
+def left_out(store, procs: dict, joining: set[int]) -> list[int]:
+    """The live ranks that the newest generation's members do not include, but those still
+    asking to join (`joining`, from which a rank in that generation is taken out)."""
     if not store.check([f"{PREFIX}/gen"]):
         return []
     gen = int(store.get(f"{PREFIX}/gen"))
-    members = json.loads(store.get(f"{PREFIX}/g{gen}/members"))
-    return [r for r, p in procs.items() if p.poll() is None and r not in members]
+    members = json.loads(store.get(f"{PREFIX}/g{gen}/members"))["ranks"]
+    joining -= set(members)
+    return [r for r, p in procs.items() if p.poll() is None and r not in set(members) | joining]

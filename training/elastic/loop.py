@@ -6,9 +6,12 @@ batch re-cut over them (`replan`), the loop going on from the step they were at.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import sys
+import time
 from pathlib import Path
 from time import perf_counter as now
 
@@ -18,12 +21,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hetflow.records import EvalPoint, MembershipChange
 from hetflow.training.comm import register_compression
+from hetflow.training.elastic.admission import Admissions
 from hetflow.training.elastic.departure import Departures
-from hetflow.training.elastic.world import ElasticWorld, LeftBehind, StepAborted
+from hetflow.training.elastic.shares import joiner_curve, replan
+from hetflow.training.elastic.transfer import receive_state, send_state
+from hetflow.training.elastic.world import ElasticWorld, LeftBehind, StepAborted, current
 from hetflow.training.faults.records import STEP, failure_kind
+from hetflow.training.launch.startup import process_started_at
 from hetflow.training.loop.progress import ProgressFile
-from hetflow.training.plan.balance import PlanError
-from hetflow.training.plan.curves import balance_on_curves
 from hetflow.training.plan.rebalancer import Rebalancer
 
 # What gloo's errors say where a peer died or did not answer (in a DDP comm hook's callback
@@ -58,22 +63,58 @@ class ElasticLoop:
     loop's parts exist (every rank, at the same point), asked by the loop whether an exception
     is a lost peer (`recovers`) and then to regroup (`recover`)."""
 
-    def __init__(self, world: ElasticWorld, min_workers: int) -> None:
+    def __init__(self, world: ElasticWorld, min_workers: int, caps: list) -> None:
         self.world, self.min_workers = world, min_workers
+        self.caps = list(caps)  # every slot's memory cap: a joiner's comes back with it
         self.departures = Departures(world)
+        self.admissions = Admissions(world)
 
     @classmethod
     def attach(cls, loop) -> ElasticLoop:
-        """Generation 0 over every rank: the loop's collectives moved onto its group (short
-        timeouts), the optimizer gated, ranks kept in the all-reduce with a share of 0 (no
-        subgroups of the old world)."""
+        """The loop's collectives moved onto the world's group (the worker made it: generation
+        0's, short timeouts), the optimizer gated, ranks kept in the all-reduce with a share of
+        0 (no subgroups of the old world). A late rank joins here (`enter`); where generation
+        0 lacks late ranks, the plan is re-cut over its members."""
         faults = loop.cfg.faults
-        world = ElasticWorld(loop.rank, loop.world, faults.collective_timeout_s)
-        self = cls(world, faults.min_workers)
+        world = current()
+        if world is None or world.rank != loop.rank:
+            world = ElasticWorld(loop.rank, loop.world, faults.collective_timeout_s)
+        self = cls(world, faults.min_workers, loop.rebalancer.caps)
+        world.keep_timeout()
         loop.membership.computing.can_leave = False
         loop.net.opt = CommitGate(loop.net.opt, world)
+        if world.joining:
+            self.enter(loop, max(60.0, loop.cfg.stall_timeout_s))
+            return self
         self.rewire(loop, rebuild=True)  # DDP on the short-timeout group from the start
+        state = loop.state
+        if any(state.plan[r] for r in range(loop.world) if r not in world.members):
+            self.zero_caps(loop.rebalancer)
+            plan = replan(loop.rebalancer, state.plan, world.members, loop.cfg.global_batch)
+            state.adopt(plan, state.start)
         return self
+
+    def enter(self, loop, patience_s: float) -> None:
+        """This late rank joins the running job: admitted at the members' next boundary
+        (`ElasticWorld.join`), the state received from the leader (`transfer`), DDP and the
+        loop's collectives on the new group, the plan re-cut with it; the change recorded with
+        the join's seconds by phase (from its asking). Leaves the process (status 3: the
+        launcher announces it) where no generation took it or the transfer failed."""
+        t0, world = now(), self.world
+        phases = ready_phases(loop)
+        try:
+            step = world.join(patience_s)
+            t1 = now()
+            phases |= {"admit_s": round(t1 - t0, 4), **receive_state(loop, world, step)}
+            t2 = now()
+            self.rewire(loop, rebuild=True)
+            phases["rebuild_s"] = round(now() - t2, 4)
+        except Exception as e:  # LeftBehind, or the leader lost or stalled while sending
+            print(f"rank {loop.rank}: could not join ({e}); leaving", flush=True)
+            sys.stdout.flush()
+            os._exit(3)
+        print(f"rank {loop.rank}: joined {list(world.members)} at step {step}", flush=True)
+        self.settle(loop, step, t0, "none", (), [loop.rank], phases)
 
     def recovers(self, exc: BaseException) -> bool:
         """Whether `exc` is a peer lost or stalled (a failed or timed-out collective, a step
@@ -95,41 +136,79 @@ class ElasticLoop:
         if not applied:
             world.abort(step)
         going_on = step + 1 if applied else step
-        return self.regroup(loop, going_on, t0, "none" if applied else "retried", str(exc))
+        return self.settled(loop, going_on, t0, "none" if applied else "retried", str(exc))
 
     def at_boundary(self, loop, step: int) -> None:
         """Before step `step`: a worker that got SIGTERM leaves here, where every rank agreed
-        (`departure.Departures`), and the others regroup without it."""
+        (`departure.Departures`), and a worker that asked to join is admitted here
+        (`admission.Admissions`); the others regroup without the one, with the other."""
         who = self.departures.leaving(step)
-        if who is not None:
-            self.regroup(loop, step, now(), "none", f"rank {who} left on SIGTERM")
+        joiner = self.admissions.admitting(step)
+        if who is None and joiner is None:
+            return
+        why = f"rank {who} left on SIGTERM" if who is not None else f"rank {joiner} joins"
+        self.settled(loop, step, now(), "none", why)
+
+    def settled(self, loop, going_on: int, t0: float, in_flight: str, why: str) -> int:
+        """`regroup`, again where the regroup itself failed for a peer lost (a joiner killed
+        while it receives the state, the sender stalled while it sends it, a member lost
+        meanwhile), at most as many times as the job has ranks; returns `going_on`."""
+        for _ in range(loop.world):
+            try:
+                return self.regroup(loop, going_on, t0, in_flight, why)
+            except Exception as e:
+                if not self.recovers(e):
+                    raise
+                why = f"the regroup failed: {e}"
+        return self.regroup(loop, going_on, t0, in_flight, why)
 
     def regroup(self, loop, going_on: int, t0: float, in_flight: str, why: str) -> int:
-        """The new generation agreed, the loop's collectives and DDP moved onto it, the global
-        batch re-cut over its ranks from step `going_on` on, the change recorded (`t0`: when
-        this rank saw the failure; `in_flight`: what became of the step it interrupted).
+        """The new generation agreed (with the joiner this generation admitted, if any), the
+        state sent to a rank that joined, the loop's collectives and DDP moved onto it, the
+        global batch re-cut over its ranks from step `going_on` on, the change recorded (`t0`:
+        when this rank saw the failure; `in_flight`: what became of the step it interrupted).
         Returns `going_on`. Leaves the process where the others went on without this rank;
         raises `TooFewWorkers` (after a checkpoint) below `faults.min_workers`. Where rank 0
         was lost, the lowest rank left takes its part (`take_the_lead`)."""
-        world = self.world
+        world, before = self.world, self.world.members
+        pending = self.admissions.pending()
         try:
-            lost = world.regroup(going_on)
+            lost = world.regroup(going_on, admit=() if pending is None else (pending,))
         except LeftBehind as e:  # it stalled; the others went on: leave without a failure
             print(f"rank {loop.rank}: {e}; leaving the job", flush=True)
             sys.stdout.flush()
             os._exit(0)
+        self.departures.asked = False  # a leave asked in the last generation: asked again
+        joined = [m for m in world.members if m not in before]
         print(
-            f"rank {loop.rank}: lost {list(lost)} ({why}); going on with "
+            f"rank {loop.rank}: lost {list(lost)}, joined {joined} ({why}); going on with "
             f"{list(world.members)} from step {going_on}",
             flush=True,
         )
+        phases: dict[str, float] = {}
+        if loop.rank == world.leader:
+            for j in joined:
+                phases = send_state(loop, world, j, going_on)
         loop.net.opt.zero_grad(set_to_none=True)
+        t2 = now()
         self.rewire(loop, rebuild=True)
+        if joined:
+            phases["rebuild_s"] = round(now() - t2, 4)
         if loop.rank == world.leader and loop.progress is None:  # rank 0 was lost
             take_the_lead(loop, going_on)
+        return self.settle(loop, going_on, t0, in_flight, lost, joined, phases)
+
+    def settle(self, loop, going_on, t0, in_flight, lost, joined, phases) -> int:
+        """After a regroup (or a join, on the joiner): the leader's re-balancer state and
+        plan (`resync`), a joiner's curve (`joiner_curve`), the global batch re-cut over the
+        members from `going_on`, the change recorded; the end checks of `regroup`."""
+        world, state = self.world, loop.state
         self.resync(loop)
-        state = loop.state
-        plan = replan(loop.rebalancer, state.plan, world.members, loop.cfg.global_batch)
+        for j in joined:
+            joiner_curve(loop.rebalancer, j, world.members, loop.spec)
+        plan = replan(
+            loop.rebalancer, state.plan, world.members, loop.cfg.global_batch, loop.spec.plan
+        )
         state.adopt(plan, going_on)
         change = MembershipChange(
             step=going_on,
@@ -138,6 +217,8 @@ class ElasticLoop:
             step_in_flight=in_flight,
             regroup_s=round(now() - t0, 4),
             plan=plan,
+            joined=list(joined),
+            join_s=phases,
         )
         loop.recovery.membership.append(change)
         if len(world.members) < self.min_workers:
@@ -186,10 +267,29 @@ class ElasticLoop:
             rebalancer.restore(theirs["rebalancer"])
             state.plan, state.plans = theirs["plan"], theirs["plans"]
             state.window, state.current = theirs["window"], theirs["current"]
-        for r in range(len(rebalancer.caps)):
-            if r not in self.world.members:
-                rebalancer.caps[r] = 0
+        self.zero_caps(rebalancer)
         rebalancer.trial = rebalancer.revert_to = rebalancer.pending = None
+
+    def zero_caps(self, rebalancer: Rebalancer) -> None:
+        """The re-balancer's caps: 0 for a slot not in the generation, its own for a member."""
+        for r in range(len(rebalancer.caps)):
+            rebalancer.caps[r] = self.caps[r] if r in self.world.members else 0
+
+
+def ready_phases(loop) -> dict[str, float]:
+    """A joiner's figures when it is ready to ask: `ready_step`, the steps the job had done
+    (its progress.json), and `start_s`, the seconds from its assignment to a warm worker (or
+    its process's start) to here: its rendezvous, data and model."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        out["ready_step"] = json.loads((Path(loop.spec.run_dir) / "progress.json").read_text())[
+            "step"
+        ]
+    began = os.environ.get("HETFLOW_ASSIGNED_AT")
+    started = float(began) if began else process_started_at()
+    if started is not None:
+        out["start_s"] = round(time.time() - started, 4)
+    return out
 
 
 def take_the_lead(loop, step: int) -> None:
@@ -229,46 +329,3 @@ def rebuild_ddp(loop, group) -> None:
     )
     hook_state.group = group
     net.ddp, net.hook_state = ddp, hook_state
-
-
-def replan(rebalancer: Rebalancer, plan: list[int], members, global_batch: int) -> list[int]:
-    """The global batch re-cut over `members`: on the re-balancer's learned curves where it
-    has them (`balance_on_curves`, the others' caps 0), else in proportion to the shares the
-    members had.
-
-    >>> from hetflow.training.plan.rebalancer import Rebalancer
-    >>> replan(Rebalancer(64, [None] * 4, [0.0] * 4), [8, 8, 16, 32], (0, 2, 3), 64)
-    [9, 0, 18, 37]
-    """
-    caps = [c if r in members else 0 for r, c in enumerate(rebalancer.caps)]
-    if rebalancer.per_sample_s is not None:
-        try:
-            new, _ = balance_on_curves(
-                rebalancer.curves(),
-                global_batch,
-                caps,
-                micro=rebalancer.micro,
-                move=rebalancer.move,
-            )
-            return new
-        except PlanError:
-            pass
-    weights = [plan[r] if r in members else 0 for r in range(len(plan))]
-    if not sum(weights):
-        weights = [int(r in members) for r in range(len(plan))]
-    return apportion(weights, global_batch)
-
-
-def apportion(weights: list[int], total: int) -> list[int]:
-    """`total` split in proportion to `weights` by largest remainders (ties: lower index).
-
-    >>> apportion([8, 0, 16, 32], 64)
-    [9, 0, 18, 37]
-    """
-    s = sum(weights)
-    exact = [w * total / s for w in weights]
-    out = [int(x) for x in exact]
-    order = sorted(range(len(weights)), key=lambda i: (out[i] - exact[i], i))
-    for i in order[: total - sum(out)]:
-        out[i] += 1
-    return out

@@ -22,11 +22,14 @@ _STARTED = time.time()  # this process's start, near enough (the module is impor
 
 class Injection(BaseModel):
     """A fault injected for a test: at `step`, `rank`'s forward raises, returns NaN, or its
-    process is killed (SIGKILL), stopped (SIGSTOP: a stalled worker) or sent SIGTERM."""
+    process is killed (SIGKILL), stopped (SIGSTOP: a stalled worker) or sent SIGTERM; or, in
+    the first join in place at or after `step` (`elastic.transfer`), the joiner `rank` is
+    killed while it receives the state ('kill_receiving'), or the sender `rank` stops
+    (SIGSTOP) while it sends it ('stop_sending')."""
 
     rank: int
     step: int
-    kind: Literal["raise", "nan", "kill", "stop", "term"]
+    kind: Literal["raise", "nan", "kill", "stop", "term", "kill_receiving", "stop_sending"]
 
 
 class RunSpec(BaseModel):

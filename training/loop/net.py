@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from hetflow.infra.data.reader import RankData
 from hetflow.records import CompressionMethod
 from hetflow.training.comm import register_compression, wrap_optimizer
+from hetflow.training.elastic.world import elastic_group
 from hetflow.training.hooks import PhaseClock
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.loop.optim import build_optimizer
@@ -102,7 +103,8 @@ def build_net(
     # Gradients live in DDP's buckets: no copy between them each step, a copy that a worker's
     # compute phase would otherwise pay (and the emulator dilate).
     ids = [torch.device(device)] if device != "cpu" else None
-    ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+    # under `on_loss: continue`, on the generation's group (some slots of the world not started)
+    ddp = DDP(model, device_ids=ids, process_group=elastic_group(), gradient_as_bucket_view=True)
     nodes = [w.node for w in spec.cluster.workers]  # hierarchical averaging groups by node
     hook_state = register_compression(ddp, method, emu.dilating_hook, nodes=nodes, **warmup)
     opt = build_optimizer(ddp.module, cfg)  # resolved before launch

@@ -126,6 +126,7 @@ class TrainingLoop:
                 step = self.elastic.recover(self, e, step)
         line.loop_end_s = since_submit(self.spec)
         if self.elastic is not None:
+            self.elastic.world.store.set("over", "1")  # a worker still asking to join: too late
             self.recovery.replica_digest = replica_digest(self.net.model)
 
     def turn(self, step: int, first: int) -> bool:
