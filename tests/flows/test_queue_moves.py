@@ -153,3 +153,28 @@ def test_a_move_in_place_shrinks_the_giving_job_without_a_relaunch(
     assert high_from < low_until
     with get_client(sync_client=True) as prefect:
         assert prefect.read_global_concurrency_limit_by_name(slot_name("speed-1")).active_slots == 0
+
+
+def test_the_step_series_of_ranks_with_uneven_records_is_read_by_step():
+    """A run whose ranks' records differ in length (a rank that came or went in place): each
+    step's row holds the ranks that ran it, its loss over their samples."""
+    from hetflow.records import RankResult, RunResult, StepRecord
+    from hetflow.training.metrics import step_series
+
+    def rec(step: int, batch: int) -> StepRecord:
+        return StepRecord(
+            step=step,
+            batch=batch,
+            data_s=0.0,
+            compute_s=0.05,
+            wait_s=0.05,
+            step_s=0.1,
+            loss_sum=float(batch),
+            bytes_sent=0.0,
+        )
+
+    lead = RankResult(rank=0, records=[rec(s, 16 if s < 2 else 32) for s in range(4)], plans=[])
+    other = RankResult(rank=1, records=[rec(s, 16) for s in range(2)], plans=[])
+    rows = step_series(RunResult(ranks=[lead, other]), 32)
+    assert [[r.rank for r in row.ranks] for row in rows] == [[0, 1], [0, 1], [0], [0]]
+    assert [row.loss for row in rows] == [1.0] * 4
