@@ -33,7 +33,7 @@ from hetflow.queue.jobs import Job, check_job
 from hetflow.queue.switch import InPlace, decide
 from hetflow.tasks.queue import Segment, cluster_kinds, job_model, queue_model, run_segment
 from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
-from hetflow.tasks.queue_moves import Moves
+from hetflow.tasks.queue_moves import Moves, progress_step
 from hetflow.tasks.train import stable_run_dir
 from hetflow.training.loop.progress import STOP_FILE
 
@@ -174,10 +174,18 @@ class Session:
         }
         models = [j.model for j in act]
         elastic = frozenset(j.job.name for j in act if j.job.in_place)
-        in_place = InPlace(elastic, self.moves.cost_s)
+        until = {j.job.name: self.until_stop_s(j) for j in act if j.future is not None}
+        in_place = InPlace(elastic, self.moves.cost_s, until)
         return decide(
             models, holding, running, left, self.workers, self.kinds, self.switch_s, True, in_place
         )
+
+    def until_stop_s(self, j: Live) -> float:
+        """The seconds until running `j` would reach the checkpoint a stop asks for now (its
+        steps to it at its step time; 0 where it would end first)."""
+        progress = progress_step(stable_run_dir(j.job.name)) or j.done
+        at = j.stop_step(progress)
+        return 0.0 if at is None else (at - progress) * step_s(j.model, self.kinds_of(j.workers))
 
     def decide(self) -> None:
         act = self.active()

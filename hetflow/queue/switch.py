@@ -8,12 +8,15 @@ its next checkpoint (no step is lost) and restarts on its new workers, idle for 
 (launch, checkpoint load, warm-up), so it loses its new normalised throughput x `switch_s`.
 A job that moves in place (`InPlace`: it runs elastic and only gives workers up) does not stop:
 its workers left pause for a regroup at its next step boundary, `InPlace.cost_s`, measured.
+Where the seconds until each running job's checkpoint are known (`InPlace.until_stop_s`), a
+relaunch also costs the jobs that take its workers their wait for that checkpoint, which a
+move in place spares them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hetflow.queue.allocate import Holding, allocate, normalised, objective
 from hetflow.queue.jobs import Job
@@ -43,10 +46,14 @@ class InPlace:
 
     jobs: frozenset[str] = frozenset()
     cost_s: float = 0.0
+    until_stop_s: Mapping[str, float] = field(default_factory=dict)  # running job -> s
+
+    def moves_in_place(self, name: str, old: Sequence[str], new: Sequence[str]) -> bool:
+        """Whether job `name` going from `old` to `new` workers is a move in place."""
+        return name in self.jobs and bool(new) and set(new) < set(old)
 
     def cost(self, name: str, old: Sequence[str], new: Sequence[str], switch_s: float) -> float:
-        shrinks = bool(new) and set(new) < set(old)
-        return self.cost_s if name in self.jobs and shrinks else switch_s
+        return self.cost_s if self.moves_in_place(name, old, new) else switch_s
 
 
 def switch_cost(
@@ -61,13 +68,23 @@ def switch_cost(
     """What the moved jobs lose while they restart, or regroup in place (see the module)."""
     by_name = {j.name: j for j in jobs}
     in_place = in_place or InPlace()
-    return sum(
-        by_name[n].weight
-        * normalised(by_name[n], move.get(n, ()), workers, kinds)
-        * in_place.cost(n, running[n], move.get(n, ()), switch_s)
-        for n in moved(running, move)
-        if n in by_name
-    )
+    total = 0.0
+    for n in moved(running, move):
+        if n not in by_name:
+            continue
+        seconds = in_place.cost(n, running[n], move.get(n, ()), switch_s)
+        total += (
+            by_name[n].weight * normalised(by_name[n], move.get(n, ()), workers, kinds) * seconds
+        )
+        if in_place.moves_in_place(n, running[n], move.get(n, ())):
+            continue  # its workers are free at its next step
+        given = set(running[n]) - set(move.get(n, ()))
+        takers = [t for t in by_name if t != n and given & set(move.get(t, ()))]
+        wait = in_place.until_stop_s.get(n, 0.0)
+        total += wait * sum(
+            by_name[t].weight * normalised(by_name[t], move[t], workers, kinds) for t in takers
+        )
+    return total
 
 
 def choose(

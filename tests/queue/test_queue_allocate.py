@@ -130,3 +130,8 @@ def test_an_elastic_job_is_shrunk_in_place_where_a_relaunch_would_not_pay():
     moved = decide(*args, switch_s=1e6, in_place=InPlace(frozenset({"low"}), 0.1))
     assert len(moved["low"]) == 1 and set(moved["low"]) < {"w0", "w1"}
     assert set(moved["high"]) & {"w0", "w1"}
+    # a relaunch free of cost, but `high` would wait 1000 s for `low`'s checkpoint: in place
+    wait = InPlace(frozenset({"low"}), 0.1, {"low": 1000.0})
+    assert set(decide(*args, switch_s=0.0, in_place=wait)["low"]) < {"w0", "w1"}
+    free = InPlace(frozenset({"low"}), 0.1, {"low": 0.0})
+    assert decide(*args, switch_s=0.0, in_place=free)["low"] == ["w4"]  # moved: worth more
