@@ -9,8 +9,8 @@ its next checkpoint (no step is lost) and restarts on its new workers, idle for 
 A job that moves in place (`InPlace`: it runs elastic and only gives workers up) does not stop:
 its workers left pause for a regroup at its next step boundary, `InPlace.cost_s`, measured.
 Where the seconds until each running job's checkpoint are known (`InPlace.until_stop_s`), a
-relaunch also costs the jobs that take its workers their wait for that checkpoint, which a
-move in place spares them.
+move that relaunches a job changes nothing until that checkpoint: its gain runs over the
+horizon less that wait (`net`), which a move in place spares.
 """
 
 from __future__ import annotations
@@ -68,23 +68,41 @@ def switch_cost(
     """What the moved jobs lose while they restart, or regroup in place (see the module)."""
     by_name = {j.name: j for j in jobs}
     in_place = in_place or InPlace()
-    total = 0.0
-    for n in moved(running, move):
-        if n not in by_name:
-            continue
-        seconds = in_place.cost(n, running[n], move.get(n, ()), switch_s)
-        total += (
-            by_name[n].weight * normalised(by_name[n], move.get(n, ()), workers, kinds) * seconds
-        )
-        if in_place.moves_in_place(n, running[n], move.get(n, ())):
-            continue  # its workers are free at its next step
-        given = set(running[n]) - set(move.get(n, ()))
-        takers = [t for t in by_name if t != n and given & set(move.get(t, ()))]
-        wait = in_place.until_stop_s.get(n, 0.0)
-        total += wait * sum(
-            by_name[t].weight * normalised(by_name[t], move[t], workers, kinds) for t in takers
-        )
-    return total
+    return sum(
+        by_name[n].weight
+        * normalised(by_name[n], move.get(n, ()), workers, kinds)
+        * in_place.cost(n, running[n], move.get(n, ()), switch_s)
+        for n in moved(running, move)
+        if n in by_name
+    )
+
+
+def net(
+    jobs: Sequence[Job],
+    running: Holding,
+    keep: Holding,
+    move: Holding,
+    workers,
+    kinds,
+    switch_s: float,
+    horizon_s: float,
+    in_place: InPlace | None = None,
+) -> float:
+    """What `move` is worth over `keep` in `horizon_s`, less its switches: its objective's
+    rise over the horizon less the wait for the checkpoint of the slowest job it relaunches
+    (nothing changes before that: `InPlace.until_stop_s`), less `switch_cost`."""
+    in_place = in_place or InPlace()
+    wait = max(
+        (
+            in_place.until_stop_s.get(n, 0.0)
+            for n in moved(running, move)
+            if not in_place.moves_in_place(n, running[n], move.get(n, ()))
+        ),
+        default=0.0,
+    )
+    rise = objective(jobs, move, workers, kinds) - objective(jobs, keep, workers, kinds)
+    cost = switch_cost(jobs, running, move, workers, kinds, switch_s, in_place)
+    return rise * max(0.0, horizon_s - wait) - cost
 
 
 def choose(
@@ -115,11 +133,8 @@ def choose(
     """
     if not moved(running, move):
         return move
-    gain = (objective(jobs, move, workers, kinds) - objective(jobs, keep, workers, kinds)) * (
-        horizon_s
-    )
-    cost = switch_cost(jobs, running, move, workers, kinds, switch_s, in_place)
-    return move if gain > cost else keep
+    worth = net(jobs, running, keep, move, workers, kinds, switch_s, horizon_s, in_place)
+    return move if worth > 0 else keep
 
 
 def decide(
@@ -158,8 +173,7 @@ def decide(
     # the running elastic jobs kept on some of their own workers: moves all made in place
     shrink = allocate(jobs, workers, kinds, fixed=top, held=holding, allowed=elastic)
 
-    def net(x: Holding) -> float:
-        value = objective(jobs, x, workers, kinds) * horizon
-        return value - switch_cost(jobs, running, x, workers, kinds, switch_s, in_place)
+    def worth(x: Holding) -> float:
+        return net(jobs, running, keep, x, workers, kinds, switch_s, horizon, in_place)
 
-    return shrink if net(shrink) > net(best) else best
+    return shrink if worth(shrink) > worth(best) else best
