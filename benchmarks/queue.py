@@ -3,6 +3,8 @@ allocator without preemption, and the allocator with preemption at checkpoints.
 
     hetflow bench queue [--restart-s 20] [--interval-scale 2] [--sweep] [--json PATH]
     hetflow bench queue --real [--repeats 3] [--real-steps 160] [--time-scale 20]
+        [--real-case three|queued] [--real-relaunch]
+    hetflow bench queue --move [--repeats 3]
 
 The comparison is an event-driven replay (`hetflow.queue.replay`) of six jobs arriving over
 twenty minutes, two priority classes, on six emulated workers of three kinds (t4, v100,
@@ -18,7 +20,8 @@ how the ratios to FIFO move.
 
 `--real` also runs the queue flow itself, FIFO (`hetflow queue run --policy fifo`) against
 the allocator on the same arrivals, `--repeats` rounds with the order alternated
-(`benchmarks.queue_real`).
+(`benchmarks.queue_real`). `--move` measures a move in place alone, on real processes: an
+elastic job lets a worker go at a step (`benchmarks.queue_move`), `--repeats` times.
 """
 
 from __future__ import annotations
@@ -148,10 +151,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--interval-scale", type=float, default=1.0, help="checkpoint intervals x")
     p.add_argument("--sweep", action="store_true", help="also the transformer speed-up sweep")
     p.add_argument("--real", action="store_true", help="also the queue flow: fifo vs allocator")
+    p.add_argument("--move", action="store_true", help="also a move in place's cost, alone")
     p.add_argument("--repeats", type=int, default=3, help="--real's rounds of both policies")
     p.add_argument("--time-scale", type=float, default=20.0, help="--real's emulation scale")
     p.add_argument("--real-speeds", default="t4,v100,a100", help="--real's workers (presets)")
     p.add_argument("--real-steps", type=int, default=160, help="--real's low and normal jobs")
+    p.add_argument("--real-case", default="three", help="--real's jobs: three, or queued (5)")
+    p.add_argument(
+        "--real-relaunch", action="store_true", help="--real's jobs not elastic: moves relaunch"
+    )
     p.add_argument("--json", help="also write the figures to this file")
     return p
 
@@ -169,6 +177,11 @@ def check(args: argparse.Namespace) -> None:
     if args.time_scale <= 0:
         raise ConfigError(f"--time-scale: above 0 (got {args.time_scale:g})")
     from hetflow.emulation.presets import PRESETS
+
+    from benchmarks.queue_real import CASES
+
+    if args.real_case not in CASES:
+        raise ConfigError(f"--real-case: one of {', '.join(CASES)} (got {args.real_case!r})")
 
     bad = [s for s in args.real_speeds.split(",") if s not in PRESETS]
     if bad:
@@ -189,9 +202,20 @@ def main(argv: list[str]) -> int:
         from benchmarks.queue_real import compare_real
 
         out["real"] = compare_real(
-            args.real_speeds, args.time_scale, args.real_steps, args.restart_s, args.repeats
+            args.real_speeds,
+            args.time_scale,
+            args.real_steps,
+            args.restart_s,
+            args.repeats,
+            args.real_case,
+            not args.real_relaunch,
         )
         print(json.dumps(out["real"]["aggregate"], indent=1))
+    if args.move:
+        from benchmarks.queue_move import measure_moves
+
+        out["move"] = measure_moves(args.repeats)
+        print(json.dumps(out["move"]["median"], indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -3,21 +3,26 @@ device type (`--policy fifo`) against the allocator, on the same arrivals.
 
 The workers are real processes of unequal speed: emulated device presets (`--real-speeds`),
 each step's compute its host CPU time dilated by its preset's published curve at
-`--time-scale`. The jobs (`real_jobs`) are three `digits-cnn` jobs of three classes, the
-higher ones arriving later; under FIFO each asks for one worker and takes the first free one
+`--time-scale`. The jobs (`real_jobs`) are `digits-cnn` jobs of three classes, the higher
+ones arriving later: `--real-case three`, three jobs on the three workers; `queued`, five, so
+that FIFO must queue some. Under FIFO each asks for one worker and takes the first free one
 in the cluster's order. Since that order decides what FIFO's blind pick lands on, repeat r
 lists the workers rotated left by r, so over three repeats each kind comes first once; both
-policies of a repeat see the same order.
+policies of a repeat see the same order. The jobs run elastic (`QueueJob.in_place`: the
+allocator's moves that only shrink a job happen in place), under both policies alike;
+`--real-relaunch`: not, every move a stop at a checkpoint and a relaunch.
 
-Before the repeats, one untimed session of the allocator (the first job, to its first
-checkpoint) fills the profile history for the jobs' recipe and batch on every kind, so that
-no timed session measures (`measuring_s`, reported). Each repeat then runs both policies,
-which one first alternating (`hetflow.repeats.run_order`). Reported per policy, as the
-median over repeats with its min-max: average completion, makespan, the high job's wait,
-each job's wait and completion; and per repeat the ratio of the allocator's average
-completion to FIFO's, with its median and min-max. How much training outweighs launching:
-each session's training loops' seconds over its launches' (a launch: torchrun, the plan, the
-checkpoint, recording).
+Each policy pays its own costs: every session runs on a dataset bucket of its own, whose
+profile history is empty, so the allocator measures its jobs' step times in the session, on
+its clock (`measuring_s`: the session does nothing else meanwhile; the jobs' completion counts
+from their arrival); FIFO measures none. Each repeat runs both policies, which one first
+alternating (`hetflow.repeats.run_order`). Reported per policy, as the median over repeats
+with its min-max: average completion, makespan, the high job's wait, each job's wait and
+completion; per repeat the ratio of the allocator's average completion to FIFO's, with its
+median and min-max; each move in place's times from its request (to the worker free, to the
+giving job stepping again, to the taking job stepping). How much training outweighs
+launching: each session's training loops' seconds over its launches' (a launch: the
+processes, the plan, the checkpoint, recording).
 """
 
 from __future__ import annotations
@@ -28,15 +33,28 @@ POLICIES = ("fifo", "allocator")
 FIGURES = ("avg_job_completion_s", "makespan_s", "high_wait_s", "train_over_launch")
 
 
-def real_jobs(steps: int, every: int | None = None) -> list:
-    """Three digits jobs, one per class, the higher ones arriving later, each asking FIFO
-    for one worker; `low` and `normal` of `steps` steps, `high` of half; a checkpoint
-    every `every` steps (a fifth of `steps` where None)."""
+CASES = ("three", "queued")
+
+
+def real_jobs(steps: int, every: int | None = None, case: str = "three", in_place=True) -> list:
+    """Digits jobs, each asking FIFO for one worker, run elastic where `in_place`; a
+    checkpoint every `every` steps (a fifth of `steps` where None). `three`: one per class,
+    the higher ones arriving later, `low` and `normal` of `steps` steps, `high` of half;
+    `queued`: those and two more of half, `low-2` and `normal-2`, arriving after them."""
     from hetflow.config.queue import QueueJob
 
     every = every or max(1, steps // 5)
-    common = {"recipe": "digits-cnn", "global_batch": 64, "checkpoint_every": every}
-    return [
+    common = {
+        "recipe": "digits-cnn",
+        "global_batch": 64,
+        "checkpoint_every": every,
+        "in_place": in_place,
+    }
+    more = [
+        QueueJob(name="low-2", priority="low", steps=steps // 2, arrive_after_s=15, **common),
+        QueueJob(name="normal-2", priority="normal", steps=steps // 2, arrive_after_s=20, **common),
+    ]
+    return (more if case == "queued" else []) + [
         QueueJob(name="low", priority="low", steps=steps, workers=1, **common),
         QueueJob(
             name="normal", priority="normal", steps=steps, workers=1, arrive_after_s=5, **common
@@ -53,12 +71,23 @@ def rotated(speeds: list[str], r: int) -> list[str]:
 
 
 def session(speeds: list[str], time_scale: float, jobs: list, switch_s: float, policy: str):
-    """The queue flow on `jobs` and an emulated cluster of `speeds` (presets), in order."""
-    from hetflow.config import ClusterSpec
+    """The queue flow on `jobs` and an emulated cluster of `speeds` (presets), in order, on a
+    dataset bucket of its own (an empty profile history)."""
+    import uuid
+
+    from hetflow.config import ClusterSpec, DatasetSpec
     from hetflow.flows.job_queue import queue
 
     cluster = ClusterSpec.from_speeds(speeds, name="queue-real", time_scale=time_scale)
-    return queue(jobs=jobs, cluster=cluster, switch_s=switch_s, read_inbox=False, policy=policy)
+    dataset = DatasetSpec(url=f"s3://hetflow-queue-bench-{uuid.uuid4().hex[:8]}/digits")
+    return queue(
+        jobs=jobs,
+        cluster=cluster,
+        dataset=dataset,
+        switch_s=switch_s,
+        read_inbox=False,
+        policy=policy,
+    )
 
 
 def summary(out: dict, order: list[str], first: str) -> dict:
@@ -81,6 +110,8 @@ def summary(out: dict, order: list[str], first: str) -> dict:
         "segments": int(fig["segments"]),
         "steps_redone": fig["steps_redone"],
         "measuring_s": round(fig["measuring_s"], 1),
+        "moves_in_place": int(fig.get("moves_in_place", 0)),
+        "moves": out.get("moves", []),
         "run_id": out["parent_run_id"],
     }
 
@@ -109,15 +140,26 @@ def aggregate(runs: list[dict]) -> dict:
     ]
     median, spread = median_spread(ratios)
     out["allocator_vs_fifo"] = {"per_repeat": ratios, "median": median, "range": spread}
+    moves = [m for r in runs for m in r.get("moves", [])]
+    out["moves_in_place"] = {
+        k: median_spread(m[k] for m in moves if m[k] is not None) if moves else None
+        for k in ("free_s", "giver_s", "taker_s")
+    } | {"count": len(moves)}
     return out
 
 
-def compare_real(speeds: str, time_scale: float, steps: int, switch_s: float, repeats: int):
-    """The warm-up session, then `repeats` rounds of both policies (see the module)."""
+def compare_real(
+    speeds: str,
+    time_scale: float,
+    steps: int,
+    switch_s: float,
+    repeats: int,
+    case: str = "three",
+    in_place: bool = True,
+):
+    """`repeats` rounds of both policies on `case`'s jobs (see the module)."""
     kinds = speeds.split(",")
-    jobs = real_jobs(steps)
-    warm = jobs[0].model_copy(update={"steps": jobs[0].checkpoint_every})
-    session(kinds, time_scale, [warm], switch_s, "allocator")
+    jobs = real_jobs(steps, case=case, in_place=in_place)
     runs = []
     for r in range(repeats):
         order = rotated(kinds, r)

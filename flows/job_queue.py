@@ -1,5 +1,6 @@
 """Flow: several training jobs on one cluster, with priorities, each job given the workers
-it runs best on and moved only at its checkpoints (`tasks.queue_session`)."""
+it runs best on and moved at its checkpoints, or in place at a step where it runs elastic
+(`tasks.queue_session`)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
                 "wait_s": round(j.started_s - j.arrived_s, 1),
                 "completion_s": round(j.finished_s - j.arrived_s, 1),
                 "segments": len(j.segments),
+                "moved_in_place": session.moves.count(j.job.name),
                 "steps_redone": last.steps_redone,
                 "launch_s": round(sum(s.wall_s - s.train_s for s in j.segments), 1),
                 "train_s": round(sum(s.train_s for s in j.segments), 1),
@@ -61,6 +63,8 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
         "steps_redone": sum(r["steps_redone"] for r in rows),
         "segments": sum(r["segments"] for r in rows),
         "measuring_s": session.measuring_s,
+        "moves_in_place": sum(r["moved_in_place"] for r in rows),
+        "in_place_s": session.moves.cost_s,
     }
     out |= {f"{r['job']}/wait_s": r["wait_s"] for r in rows}
     return out, rows
@@ -139,11 +143,14 @@ def queue(
     jobs: SkipJsonSchema[list[QueueJob]] = [],  # noqa: B006 (never mutated)
     policy: Policy = "allocator",
     launcher: Launcher = "cluster",
+    in_place_s: SkipJsonSchema[float] = 1.0,
 ) -> dict:
     """Run `job`, `jobs` and the inbox's (`hetflow queue submit`) on `cluster`, each job's run
     nested under the session's MLflow run (figures, who held which worker when). The form
-    submits one `job`; `jobs` and `tracking` come from the deployment's parameters or Python.
-    `switch_s`: a move's cost (its relaunch), weighed against what the move gains; `policy`:
+    submits one `job`; `jobs`, `tracking` and `in_place_s` come from the deployment's
+    parameters or Python.
+    `switch_s`: a move's cost (its relaunch), weighed against what the move gains (a move in
+    place: `in_place_s` until one is measured, `queue_moves.Moves.cost_s`); `policy`:
     the allocator, or `fifo` (`hetflow.queue.fifo`), recorded as the session run's param;
     `launcher`: where each job's segments run (`local`, `ray`; `cluster`: the cluster's
     own); the stop requests travel as its ranks read them (`tasks.queue.job_stop_channel`)."""
@@ -162,7 +169,15 @@ def queue(
         inbox = inbox_reader(where / "inbox" if read_inbox else None)
         files = {"state": where / "state.json", "cancels": where / CANCEL_FOLDER}
         session = Session(
-            cluster, dataset, tracking, parent, switch_s, inbox, **files, policy=policy
+            cluster,
+            dataset,
+            tracking,
+            parent,
+            switch_s,
+            inbox,
+            **files,
+            policy=policy,
+            in_place_s=in_place_s,
         )
         try:
             session.run(jobs)
@@ -175,14 +190,21 @@ def queue(
         if not session.jobs:
             tracker.finish(parent)
             print("queue: no jobs (hetflow queue submit NAME queues one)")
-            return out | {"figures": {}, "jobs": [], "spans": []}
-        values, rows = figures(session)
-        tracker.log_metrics(parent, values)
-        order = [w.name for w in cluster.workers]
-        tracker.log_plots(parent, {"queue_workers.png": worker_timeline(session.spans, order)})
-        tracker.log_json(parent, "queue.json", {"jobs": rows, "spans": session.spans})
-        md = "\n\n".join(t for t in (table(rows), table(ended_badly(session))) if t)
-        create_markdown_artifact(md, key="queue", description="the queue's jobs")
-        tracker.finish(parent)
-    print(f"queue ({policy}):\n{md}")
-    return out | {"figures": values, "jobs": rows, "spans": session.spans}
+            return out | {"figures": {}, "jobs": [], "spans": [], "moves": []}
+        out |= record(session, tracker, parent, [w.name for w in cluster.workers])
+    return out
+
+
+def record(session: Session, tracker: MLflowTracker, parent: str, order: list[str]) -> dict:
+    """The ended session in its MLflow run (figures, who held which worker when, the moves
+    in place) and a Prefect artifact; what the flow returns of it."""
+    values, rows = figures(session)
+    tracker.log_metrics(parent, values)
+    tracker.log_plots(parent, {"queue_workers.png": worker_timeline(session.spans, order)})
+    moves = session.moves.figures()
+    tracker.log_json(parent, "queue.json", {"jobs": rows, "spans": session.spans, "moves": moves})
+    md = "\n\n".join(t for t in (table(rows), table(ended_badly(session))) if t)
+    create_markdown_artifact(md, key="queue", description="the queue's jobs")
+    tracker.finish(parent)
+    print(f"queue ({session.policy}):\n{md}")
+    return {"figures": values, "jobs": rows, "spans": session.spans, "moves": moves}

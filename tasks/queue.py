@@ -12,7 +12,6 @@ to another.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections import Counter
@@ -23,13 +22,13 @@ from pathlib import Path
 from prefect import task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-from prefect.concurrency.sync import concurrency
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
 from hetflow.config.queue import QueueJob, worker_memory_gb
 from hetflow.history import kind_slug, worker_kind
 from hetflow.queue.jobs import Job, Kind, Line
 from hetflow.tasks.history import profile_for, profile_or_reuse
+from hetflow.tasks.queue_moves import free_slots, hold_slots
 from hetflow.tasks.train import train_variant
 from hetflow.training.loop.stop_channel import StopChannel, stop_channel
 from hetflow.training.plan.assemble import sub_cluster
@@ -121,8 +120,9 @@ def run_segment(
     tracking: TrackingConfig,
     parent_run_id: str,
 ) -> Segment:
-    """`job`'s train run on the workers `names` of `cluster`, holding their kinds' slots,
-    until its end or the checkpoint a stop request names (`job_stop_channel`): it resumes
+    """`job`'s train run on the workers `names` of `cluster`, holding their kinds' slots (one
+    each, `queue_moves.hold_slots`), until its end or the checkpoint a stop request names
+    (`job_stop_channel`), some of its workers perhaps let go in place before: it resumes
     from the job's last checkpoint (its run directory is the queue's flow run's, by job
     name; under the Ray launcher its checkpoints are in the dataset's bucket, which every
     node reaches). The segment's `to_step` is the step it reached (`reached_step`)."""
@@ -131,14 +131,12 @@ def run_segment(
     sub = sub_cluster(cluster, indices).model_copy(update={"name": f"{cluster.name}/{job.name}"})
     train = job.train_config()
     workers, _ = cluster_kinds(cluster)
-    held = Counter(workers[n] for n in names)
-    with contextlib.ExitStack() as stack:
-        for kind, n in sorted(held.items()):
-            stack.enter_context(
-                concurrency(slot_name(kind), occupy=n, strict=True, timeout_seconds=SLOT_WAIT_S)
-            )
+    hold_slots(job.name, {n: slot_name(workers[n]) for n in names}, SLOT_WAIT_S)
+    try:  # a worker that leaves in place gives its slot back then (`queue_moves.Moves`)
         profile = profile_for(sub, dataset, train, [train])
         out = train_variant(job.name, sub, dataset, train, profile, tracking, parent_run_id)
+    finally:
+        free_slots(job.name)
     figures = out.metrics.flat()
     wall = time.monotonic() - t
     return Segment(

@@ -5,7 +5,10 @@ running job and needs no job's step times, so it measures none), and each job ru
 run on its workers (`tasks.queue.run_segment`) until it ends or the queue moves its workers:
 then it is asked to stop at its next checkpoint (through the run's stop channel,
 `tasks.queue.job_stop_channel`: a file, or the Ray cluster's board), and a new segment
-resumes from there on the workers it moves to.
+resumes from there on the workers it moves to. A job that runs elastic (`QueueJob.in_place`)
+and only gives workers up moves in place instead (`tasks.queue_moves`): they leave at its next
+step boundary, it goes on without them in the same segment, and they are free once their
+processes have ended; a move is priced at its measured cost then (`switch.InPlace`).
 
 A job that fails (its step-time model, its profile or a segment raised) ends alone, `failed`
 with its one-line reason, and its workers go back to the others; `hetflow queue cancel`
@@ -28,7 +31,7 @@ from hetflow.config.queue import QueueJob
 from hetflow.queue.allocate import Holding, step_s
 from hetflow.queue.fifo import fifo
 from hetflow.queue.jobs import Job, check_job
-from hetflow.queue.switch import decide
+from hetflow.queue.switch import InPlace, decide
 from hetflow.tasks.queue import (
     Segment,
     cluster_kinds,
@@ -38,6 +41,7 @@ from hetflow.tasks.queue import (
     run_segment,
 )
 from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
+from hetflow.tasks.queue_moves import Moves, progress_step
 from hetflow.tasks.train import stable_run_dir
 
 
@@ -84,7 +88,8 @@ class Session:
     """The session's loop (see the module); `inbox` returns jobs submitted since it last
     asked, `state` is where `hetflow queue list` reads who holds what, `cancels` the folder
     of `hetflow queue cancel`'s requests (those left from an earlier session are dropped),
-    `policy` one of `config.queue.QUEUE_POLICIES`."""
+    `policy` one of `config.queue.QUEUE_POLICIES`; `in_place_s`, what a move in place costs
+    until the session has measured one (`queue_moves.Moves.cost_s`)."""
 
     cluster: ClusterSpec
     dataset: DatasetSpec
@@ -98,31 +103,39 @@ class Session:
     spans: list[tuple[str, str, float, float]] = field(default_factory=list)
     measuring_s: float = 0.0
     policy: str = "allocator"
+    in_place_s: float = 1.0
 
     def __post_init__(self) -> None:
         self.workers, self.kinds = cluster_kinds(self.cluster)
+        self.moves = Moves(self.in_place_s)
         self.t0 = time.monotonic()
         self.pending: list[QueueJob] = []  # taken from the inbox or the flow, not yet arrived
+        self.seen: dict[str, float] = {}  # when each inbox job was read
         take_cancel_requests(self.cancels)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def admit(self, job: QueueJob) -> None:
-        """`job` taken in, its step time on each kind known (`job_model`; none under `fifo`,
-        blind to the device type); failed alone where that raises or no worker holds it."""
+    def admit(self, job: QueueJob, arrived_s: float) -> None:
+        """`job`, arrived at `arrived_s`, taken in, its step time on each kind known
+        (`job_model`; none under `fifo`, blind to the device type); failed alone where that
+        raises or no worker holds it. The measuring's wall time is the allocator's to pay:
+        the job's completion counts from `arrived_s`, and the session does nothing else
+        meanwhile (`measuring_s` sums it)."""
+        t = time.monotonic()
         try:
             if self.policy == "fifo":
-                model, measured = queue_model(job), 0.0
+                model = queue_model(job)
             else:
-                model, measured = job_model(job, self.cluster, self.dataset)
-            self.measuring_s += measured
+                model, _ = job_model(job, self.cluster, self.dataset)
             check_job(model, self.kinds)
         except Exception as e:  # the job's own failure: the others go on
-            self.jobs.append(Live(job, None, self.now()))
+            self.jobs.append(Live(job, None, arrived_s))
             self.end(self.jobs[-1], "failed", reason_of(e))
             return
-        self.jobs.append(Live(job, model, self.now()))
+        finally:
+            self.measuring_s += time.monotonic() - t if self.policy != "fifo" else 0.0
+        self.jobs.append(Live(job, model, arrived_s))
         print(f"queue: {job.name} ({job.priority}) arrived")
 
     def end(self, j: Live, state: str, reason: str) -> None:
@@ -167,7 +180,19 @@ class Session:
             if j.future is not None
         }
         models = [j.model for j in act]
-        return decide(models, holding, running, left, self.workers, self.kinds, self.switch_s)
+        elastic = frozenset(j.job.name for j in act if j.job.in_place)
+        until = {j.job.name: self.until_stop_s(j) for j in act if j.future is not None}
+        in_place = InPlace(elastic, self.moves.cost_s, until)
+        return decide(
+            models, holding, running, left, self.workers, self.kinds, self.switch_s, True, in_place
+        )
+
+    def until_stop_s(self, j: Live) -> float:
+        """The seconds until running `j` would reach the checkpoint a stop asks for now (its
+        steps to it at its step time; 0 where it would end first)."""
+        progress = progress_step(stable_run_dir(j.job.name)) or j.done
+        at = j.stop_step(progress)
+        return 0.0 if at is None else (at - progress) * step_s(j.model, self.kinds_of(j.workers))
 
     def decide(self) -> None:
         act = self.active()
@@ -184,8 +209,37 @@ class Session:
                 j.target = new
                 continue
             j.target = None if sorted(new) == sorted(j.workers) else new
-            if j.target is not None:
+            if j.target is not None and not self.in_place(j):
                 self.ask_stop(j)
+
+    def in_place(self, j: Live) -> bool:
+        """Whether running `j` moves to its target in place: it runs elastic and only gives
+        workers up. Done at once where it steps already (`Moves.shrink`: it goes on with its
+        target, the others leaving at its next step boundary), else at a later tick."""
+        new = j.target or []
+        if not (j.job.in_place and new and set(new) < set(j.workers)) or j.cancelling:
+            return False
+        if j.stop_at is not None:  # asked to stop already: that stands
+            return False
+        folder = stable_run_dir(j.job.name)
+        if self.moves.shrink(j.job.name, folder, j.workers, new, self.now()):
+            j.workers, j.target = [w for w in j.workers if w in new], None
+        return True
+
+    def shrink_waiting(self) -> None:
+        """Each running job bound for a move in place that was not stepping yet, moved now
+        where it steps."""
+        for j in self.active():
+            if j.future is not None and j.target is not None and j.stop_at is None:
+                self.in_place(j)
+
+    def settle(self) -> bool:
+        """The workers that left a job in place and are free now (`Moves.settle`), each one's
+        stretch with its job ended; True when any is."""
+        freed = self.moves.settle(self.now())
+        since = {j.job.name: j.since_s for j in self.jobs}
+        self.spans += [(m.job, m.worker, since[m.job], m.gone_s) for m in freed]
+        return bool(freed)
 
     def ask_stop(self, j: Live) -> None:
         """`j`'s running segment asked to stop at its next checkpoint, unless it was asked
@@ -237,13 +291,14 @@ class Session:
     def start_ready(self) -> bool:
         """Each waiting job whose workers are all free started on them; True if any was."""
         started = False
-        busy = {w for j in self.jobs for w in j.workers}
+        busy = {w for j in self.jobs for w in j.workers} | self.moves.busy()
         for j in self.active():
             if j.future is None and j.target and not busy & set(j.target):
                 j.workers, j.target, j.since_s = list(j.target), None, self.now()
                 j.stop_at = None
                 j.started_s = j.since_s if j.started_s is None else j.started_s
                 job_stop_channel(self.cluster, stable_run_dir(j.job.name)).clear()
+                self.moves.hand(j.workers, j.job.name, stable_run_dir(j.job.name))
                 j.future = run_segment.submit(
                     j.job,
                     self.cluster,
@@ -294,7 +349,9 @@ class Session:
         """Until every job has arrived and ended, and the inbox is empty."""
         self.pending = list(planned)
         while True:
-            self.pending = sorted(self.pending + self.inbox(), key=lambda q: q.arrive_after_s)
+            new = self.inbox()
+            self.seen |= {q.name: self.now() for q in new}  # an inbox job arrives once read
+            self.pending = sorted(self.pending + new, key=lambda q: q.arrive_after_s)
             ended = self.take_cancels()
             arrivals = [q for q in self.pending if q.arrive_after_s <= self.now()]
             if not (self.pending or self.active()):
@@ -303,12 +360,15 @@ class Session:
             self.write_state(publish=False)  # the arrivals, queued while they are modelled
             for q in arrivals:
                 self.pending.remove(q)
-                self.admit(q)
+                self.admit(q, max(q.arrive_after_s, self.seen.get(q.name, 0.0)))
             for j in self.active():
                 if j.future is not None and j.future.state.is_final():
                     ended |= self.end_segment(j)
             if arrivals or ended:
                 self.decide()
+            self.shrink_waiting()
+            freed = self.settle()
+            self.moves.watch(self.now())
             started = self.start_ready()
-            self.write_state(publish=bool(arrivals or ended or started))
-            time.sleep(tick_s)
+            self.write_state(publish=bool(arrivals or ended or started or freed))
+            time.sleep(min(tick_s, 0.05) if self.moves.watching() else tick_s)

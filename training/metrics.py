@@ -215,22 +215,28 @@ def step_series(result: RunResult, global_batch: int) -> list[StepFigures]:
     """Per step: global mean loss (over the counts the recipe's loss sums over), step time
     (rank 0), and per-rank busy fraction and batch."""
     ranks = sorted(result.ranks, key=lambda r: r.rank)
+    # by step, not by position: under `on_loss: continue` the ranks' records may differ in
+    # length (a rank that joined in place has none before its join)
+    by_step = [{x.step: x for x in r.records} for r in ranks]
     series = []
-    for i, lead in enumerate(ranks[0].records):
-        counts = [r.records[i].count for r in ranks]
+    for lead in ranks[0].records:
+        recs = [
+            (r.rank, m[lead.step]) for r, m in zip(ranks, by_step, strict=True) if lead.step in m
+        ]
+        counts = [x.count for _, x in recs]
         over = global_batch if None in counts else max(sum(counts), 1)
         series.append(
             StepFigures(
                 step=lead.step,
-                loss=sum(r.records[i].loss_sum for r in ranks) / over,
+                loss=sum(x.loss_sum for _, x in recs) / over,
                 step_time_s=lead.step_s,
                 ranks=[
                     StepRank(
-                        rank=r.rank,
-                        busy_fraction=r.records[i].compute_s / r.records[i].step_s,
-                        local_batch=r.records[i].batch,
+                        rank=rank,
+                        busy_fraction=x.compute_s / x.step_s,
+                        local_batch=x.batch,
                     )
-                    for r in ranks
+                    for rank, x in recs
                 ],
             )
         )

@@ -51,6 +51,11 @@ def add_queue_args(sub, command) -> None:
         "--arrive-after-s", type=float, default=0.0, help="seconds after the session starts"
     )
     s.add_argument("--workers", type=int, help="under --policy fifo: how many (default: all)")
+    s.add_argument(
+        "--in-place",
+        action="store_true",
+        help="elastic: the queue takes workers from it at a step, no relaunch",
+    )
     s.set_defaults(func=cmd_queue_submit)
     ls = command(qsub, "list", "the queued jobs, and who holds which workers")
     ls.set_defaults(func=cmd_queue_list)
@@ -106,6 +111,7 @@ SUBMIT_FLAGS = {
     "memory_gb": "--memory-gb",
     "arrive_after_s": "--arrive-after-s",
     "workers": "--workers",
+    "in_place": "--in-place",
 }
 
 

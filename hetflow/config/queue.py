@@ -76,6 +76,14 @@ class QueueJob(ConfigModel):
         "the first ones in the cluster's order; empty: every worker that holds it. The "
         "allocator chooses for itself.",
     )
+    in_place: bool = Field(
+        False,
+        title="Moves in place",
+        description="Run the job elastic (`faults.on_loss: continue`): a worker the queue "
+        "takes from it leaves at its next step boundary while the others go on, no "
+        "relaunch, no wait for a checkpoint. Off: each move stops the job at its next "
+        "checkpoint and relaunches it.",
+    )
 
     @field_validator("name", mode="before")
     @classmethod
@@ -102,6 +110,7 @@ class QueueJob(ConfigModel):
             eval_every=self.checkpoint_every,
             schedule="dynamic",
             compression="none",
+            faults={"on_loss": "continue" if self.in_place else "restart"},
         )
 
 

@@ -6,11 +6,17 @@ workers, the free ones are shared) to `move` (the allocation over everything), o
 `horizon_s` it lasts. The cost is the switch: every running job whose workers change stops at
 its next checkpoint (no step is lost) and restarts on its new workers, idle for `switch_s`
 (launch, checkpoint load, warm-up), so it loses its new normalised throughput x `switch_s`.
+A job that moves in place (`InPlace`: it runs elastic and only gives workers up) does not stop:
+its workers left pause for a regroup at its next step boundary, `InPlace.cost_s`, measured.
+Where the seconds until each running job's checkpoint are known (`InPlace.until_stop_s`), a
+move that relaunches a job changes nothing until that checkpoint: its gain runs over the
+horizon less that wait (`net`), which a move in place spares.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from hetflow.queue.allocate import Holding, allocate, normalised, objective
 from hetflow.queue.jobs import Job
@@ -25,16 +31,78 @@ def moved(running: Mapping[str, Sequence[str]], move: Mapping[str, Sequence[str]
     ]
 
 
+@dataclass(frozen=True)
+class InPlace:
+    """The running jobs that give workers up in place (`jobs`: elastic, `QueueJob.in_place`)
+    and the seconds such a move costs them (`cost_s`: from the request to the job stepping
+    again on the workers it keeps). A move that grows a job, or takes all its workers,
+    relaunches it: `switch_s`.
+
+    >>> InPlace(frozenset({"a"}), 0.5).cost("a", ["w0", "w1"], ["w0"], switch_s=15)
+    0.5
+    >>> InPlace(frozenset({"a"}), 0.5).cost("a", ["w0"], ["w0", "w1"], switch_s=15)
+    15
+    """
+
+    jobs: frozenset[str] = frozenset()
+    cost_s: float = 0.0
+    until_stop_s: Mapping[str, float] = field(default_factory=dict)  # running job -> s
+
+    def moves_in_place(self, name: str, old: Sequence[str], new: Sequence[str]) -> bool:
+        """Whether job `name` going from `old` to `new` workers is a move in place."""
+        return name in self.jobs and bool(new) and set(new) < set(old)
+
+    def cost(self, name: str, old: Sequence[str], new: Sequence[str], switch_s: float) -> float:
+        return self.cost_s if self.moves_in_place(name, old, new) else switch_s
+
+
 def switch_cost(
-    jobs: Sequence[Job], running: Holding, move: Holding, workers, kinds, switch_s: float
+    jobs: Sequence[Job],
+    running: Holding,
+    move: Holding,
+    workers,
+    kinds,
+    switch_s: float,
+    in_place: InPlace | None = None,
 ) -> float:
-    """What the moved jobs lose while they restart (see the module)."""
+    """What the moved jobs lose while they restart, or regroup in place (see the module)."""
     by_name = {j.name: j for j in jobs}
+    in_place = in_place or InPlace()
     return sum(
-        by_name[n].weight * normalised(by_name[n], move.get(n, ()), workers, kinds) * switch_s
+        by_name[n].weight
+        * normalised(by_name[n], move.get(n, ()), workers, kinds)
+        * in_place.cost(n, running[n], move.get(n, ()), switch_s)
         for n in moved(running, move)
         if n in by_name
     )
+
+
+def net(
+    jobs: Sequence[Job],
+    running: Holding,
+    keep: Holding,
+    move: Holding,
+    workers,
+    kinds,
+    switch_s: float,
+    horizon_s: float,
+    in_place: InPlace | None = None,
+) -> float:
+    """What `move` is worth over `keep` in `horizon_s`, less its switches: its objective's
+    rise over the horizon less the wait for the checkpoint of the slowest job it relaunches
+    (nothing changes before that: `InPlace.until_stop_s`), less `switch_cost`."""
+    in_place = in_place or InPlace()
+    wait = max(
+        (
+            in_place.until_stop_s.get(n, 0.0)
+            for n in moved(running, move)
+            if not in_place.moves_in_place(n, running[n], move.get(n, ()))
+        ),
+        default=0.0,
+    )
+    rise = objective(jobs, move, workers, kinds) - objective(jobs, keep, workers, kinds)
+    cost = switch_cost(jobs, running, move, workers, kinds, switch_s, in_place)
+    return rise * max(0.0, horizon_s - wait) - cost
 
 
 def choose(
@@ -46,6 +114,7 @@ def choose(
     kinds,
     switch_s: float,
     horizon_s: float,
+    in_place: InPlace | None = None,
 ) -> Holding:
     """`move` if its gain over `keep` in `horizon_s` beats the cost of its switches, else
     `keep`; `keep` when both hold the running jobs alike.
@@ -64,10 +133,8 @@ def choose(
     """
     if not moved(running, move):
         return move
-    gain = (objective(jobs, move, workers, kinds) - objective(jobs, keep, workers, kinds)) * (
-        horizon_s
-    )
-    return move if gain > switch_cost(jobs, running, move, workers, kinds, switch_s) else keep
+    worth = net(jobs, running, keep, move, workers, kinds, switch_s, horizon_s, in_place)
+    return move if worth > 0 else keep
 
 
 def decide(
@@ -79,6 +146,7 @@ def decide(
     kinds,
     switch_s: float,
     preempt: bool = True,
+    in_place: InPlace | None = None,
 ) -> Holding:
     """The workers every job of `jobs` (in arrival order) should hold, from what each holds
     or is bound for (`holding`) and what the running ones hold (`running`), `left_s` being
@@ -87,7 +155,9 @@ def decide(
     Without `preempt`, jobs keep what they hold and the free workers are shared. With it,
     the allocation over everything (a running job of the highest class kept as it is, since
     nothing outranks it) where `choose` finds it worth its switches over the time the
-    soonest-ending running job has left.
+    soonest-ending running job has left, each move priced as `InPlace.cost` says; and where
+    some running jobs move in place (`in_place`), the allocation that keeps each of them on
+    some of its own workers, where it is worth more, its switches counted, over that time.
     """
     keep = allocate(jobs, workers, kinds, fixed=holding)
     if not preempt:
@@ -95,4 +165,15 @@ def decide(
     top = {j.name: running[j.name] for j in jobs if j.rank == 0 and running.get(j.name)}
     move = allocate(jobs, workers, kinds, fixed=top, held=holding)
     horizon = min(left_s.values(), default=float("inf"))
-    return choose(jobs, running, keep, move, workers, kinds, switch_s, horizon)
+    best = choose(jobs, running, keep, move, workers, kinds, switch_s, horizon, in_place)
+    names = in_place.jobs if in_place else ()
+    elastic = {n: running[n] for n in names if running.get(n) and n not in top}
+    if not elastic:
+        return best
+    # the running elastic jobs kept on some of their own workers: moves all made in place
+    shrink = allocate(jobs, workers, kinds, fixed=top, held=holding, allowed=elastic)
+
+    def worth(x: Holding) -> float:
+        return net(jobs, running, keep, x, workers, kinds, switch_s, horizon, in_place)
+
+    return shrink if worth(shrink) > worth(best) else best

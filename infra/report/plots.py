@@ -129,9 +129,12 @@ def step_series(
     fig, (a, b) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     a.plot(steps, [row.step_time_s for row in series], color="#1565c0")
     a.set_ylabel("step time (s)")
-    ranks = sorted(r.rank for r in series[0].ranks)
-    names = _labels(labels, len(ranks))
-    lines = {names[r]: [row.ranks[i].local_batch for row in series] for i, r in enumerate(ranks)}
+    # every rank of any step: under `on_loss: continue` a rank that left is in the rows up to
+    # its leave only (0 after it)
+    ranks = sorted({r.rank for row in series for r in row.ranks})
+    names = _labels(labels, max(ranks, default=-1) + 1)
+    batch = [{r.rank: r.local_batch for r in row.ranks} for row in series]
+    lines = {names[r]: [b.get(r, 0) for b in batch] for r in ranks}
     for group, values in same_lines(lines):
         names_only = ", ".join(g.split(" · ")[0] for g in group)
         label = group[0] if len(group) == 1 else f"{names_only}: equal, one line for all"

@@ -176,6 +176,7 @@ def test_a_high_job_takes_workers_at_the_low_jobs_checkpoint(s3, prefect_harness
     )
     rows = {r["job"]: r for r in out["jobs"]}
     assert rows["low"]["segments"] >= 2  # stopped at its checkpoint, resumed
+    assert rows["low"]["moved_in_place"] == 0  # not elastic: moved by relaunch
     assert out["figures"]["steps_redone"] == 0
     spans = out["spans"]
     high_from = min(a for job, _, a, _ in spans if job == "high")

@@ -111,3 +111,27 @@ def test_invariants(spec, workers):
     for j in (j for j in jobs if got[j.name]):  # together never slower than the best alone
         mine = [KINDS[workers[w]] for w in got[j.name]]
         assert throughput(j, mine) >= max(throughput(j, [k]) for k in mine) * (1 - 1e-9)
+
+
+def test_an_elastic_job_is_shrunk_in_place_where_a_relaunch_would_not_pay():
+    """`low` runs on both a100s, a t4 is free; `high` arrives. Moving `low` to other workers
+    is a relaunch, too dear here: the rule keeps `low` as it is and `high` gets the t4. Run
+    elastic (`InPlace`), `low` can give an a100 up in place, which costs little: `high` gets
+    it, `low` keeps the other, no worker it did not hold."""
+    from hetflow.queue.switch import InPlace, decide
+
+    three = {"w0": "a100", "w1": "a100", "w4": "t4"}
+    low = job("low", priority="low", speedups=(1, 3, 8), global_batch=256)
+    high = job("high", priority="high", speedups=(1, 3, 8), global_batch=256)
+    running = {"low": ["w0", "w1"]}
+    args = ([low, high], dict(running), running, {"low": 600.0}, three, KINDS)
+    relaunched = decide(*args, switch_s=1e6)
+    assert relaunched == {"low": ["w0", "w1"], "high": ["w4"]}
+    moved = decide(*args, switch_s=1e6, in_place=InPlace(frozenset({"low"}), 0.1))
+    assert len(moved["low"]) == 1 and set(moved["low"]) < {"w0", "w1"}
+    assert set(moved["high"]) & {"w0", "w1"}
+    # a relaunch free of cost, but `high` would wait 1000 s for `low`'s checkpoint: in place
+    wait = InPlace(frozenset({"low"}), 0.1, {"low": 1000.0})
+    assert set(decide(*args, switch_s=0.0, in_place=wait)["low"]) < {"w0", "w1"}
+    free = InPlace(frozenset({"low"}), 0.1, {"low": 0.0})
+    assert decide(*args, switch_s=0.0, in_place=free)["low"] == ["w4"]  # moved: worth more

@@ -31,6 +31,7 @@ from hetflow.infra.s3 import free_port
 from hetflow.training.cpu_quota import JobCgroups, find_controller
 from hetflow.training.elastic.world import JOINING, PREFIX
 from hetflow.training.faults.watch import JobWatch, _kill
+from hetflow.training.launch.live import Handle, registered
 from hetflow.training.launch.mps import mps_daemon
 from hetflow.training.launch.outcome import Launched, LaunchError, RankFailed
 from hetflow.training.launch.spec import RunSpec
@@ -71,8 +72,11 @@ def rank_env(spec: RunSpec, rank: int, port: int) -> dict[str, str]:
 
 def run_elastic(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Launched:
     """`start_elastic(spec)`, then `wait()`: the result (the leader's result.json) and the
-    wall seconds. `spec` comes checked and placed by `launch.run.run_workers`."""
-    return start_elastic(spec, timeout_s, on_progress).wait()
+    wall seconds. `spec` comes checked and placed by `launch.run.run_workers`. The running
+    job is findable by its run directory meanwhile (`launch.live`: the queue's moves)."""
+    job = start_elastic(spec, timeout_s, on_progress)
+    with registered(spec.run_dir, Handle(job)):
+        return job.wait()
 
 
 def start_elastic(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> ElasticJob:

@@ -8,7 +8,8 @@ that each read the request themselves at a boundary could read it on either side
 write: one ends the run there, another goes on into the
 next step's collectives alone and waits in them until the stall timeout ends the job (seen
 with steps of a few milliseconds, where the ranks pass a boundary between the queue's read of
-progress.json and its write). So rank 0 alone reads the channel, before each step, and publishes
+progress.json and its write). So rank 0 alone reads the channel (under `on_loss: continue`,
+the lowest rank still in the job, rank 0 having perhaps left it), before each step, and publishes
 the step every rank stops at in torchrun's store, as a SIGTERM's is (`faults.guard.Preemption`):
 the first checkpoint at or after the step the request names that lies at least `slack` steps past
 rank 0's next boundary. No rank has asked about that boundary yet: a rank cannot finish a step
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from hetflow.training.elastic.world import current
 from hetflow.training.faults.records import attempt
 from hetflow.training.loop.stop_channel import FileStopChannel, StopChannel
 
@@ -39,6 +41,12 @@ def stop_step(wanted: int, boundary: int, every: int, slack: int) -> int:
     """
     least = max(wanted, boundary + slack)
     return -(-least // every) * every
+
+
+def leader() -> int:
+    """The rank that reads the request: 0, or the current elastic generation's lowest."""
+    world = current()
+    return 0 if world is None else world.leader
 
 
 class StopRequest:
@@ -66,7 +74,7 @@ class StopRequest:
     def asked(self, boundary: int) -> bool:
         """Whether the run ends at `boundary` (steps done), a checkpoint: the same answer on
         every rank."""
-        if self.stop_at is None and self.rank == 0:
+        if self.stop_at is None and self.rank == leader():
             self.publish(boundary)
         if boundary % self.every:
             return False

@@ -1,0 +1,79 @@
+"""The elastic jobs this process is running, by run directory (`live_job`): how the queue,
+in another thread of the same process, reaches a running job's launcher to take a worker
+from it in place (`training.elastic`, `faults.on_loss: continue`).
+
+A registry of handles and not a file the launcher polls: the queue's segments are task runs
+of its flow run, threads of this process, and a handle answers at once whether the worker's
+process has ended (the queue gives the worker to another job only then).
+
+The handle (`Members`, over the launcher's `elastic.launch.ElasticJob`: `Handle`):
+`release(rank)` asks rank `rank` to leave at its next step boundary while the others go on
+(a SIGTERM, which the rank's `elastic.departure.Departures` turns into a leave every rank
+agrees on); `gone(rank)`, whether
+its process has ended; `rank_of(worker)`, the rank a worker of the cluster runs as (the
+plan's dropped workers run none: `plan.ranks.RankMap`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+
+class Members(Protocol):
+    """A running elastic job's membership, as the queue moves it (see the module)."""
+
+    def release(self, rank: int) -> None: ...
+
+    def gone(self, rank: int) -> bool: ...
+
+    def rank_of(self, worker: str) -> int | None: ...
+
+
+class Handle:
+    """`Members` over a running `elastic.launch.ElasticJob` (its `release`; its processes by
+    rank, `procs`, under its `lock`; its launched cluster, `spec.cluster`)."""
+
+    def __init__(self, job) -> None:
+        self.job = job
+        self.names = [w.name for w in job.spec.cluster.workers]
+
+    def release(self, rank: int) -> None:
+        """Rank `rank` leaves at its next step boundary, the others regroup."""
+        self.job.release(rank)
+
+    def gone(self, rank: int) -> bool:
+        with self.job.lock:
+            p = self.job.procs.get(rank)
+        return p is None or p.poll() is not None
+
+    def rank_of(self, worker: str) -> int | None:
+        return self.names.index(worker) if worker in self.names else None
+
+
+_LIVE: dict[str, Members] = {}
+_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def registered(run_dir: str | Path, members: Members) -> Iterator[Members]:
+    """`members` findable by `run_dir` while the block runs."""
+    key = str(Path(run_dir).resolve())
+    with _LOCK:
+        _LIVE[key] = members
+    try:
+        yield members
+    finally:
+        with _LOCK:
+            if _LIVE.get(key) is members:
+                del _LIVE[key]
+
+
+def live_job(run_dir: str | Path) -> Members | None:
+    """The running elastic job of `run_dir` in this process, or None (none runs there, or it
+    is not elastic)."""
+    with _LOCK:
+        return _LIVE.get(str(Path(run_dir).resolve()))
