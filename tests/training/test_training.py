@@ -316,13 +316,19 @@ def test_a_worker_the_plan_leaves_out_leaves_the_all_reduce_and_every_replica_tr
     assert all(len(r["records"]) == train.steps for r in ranks)
     assert all(rec["batch"] == 0 for rec in ranks[out]["records"])
     assert all(sum(r["records"][i]["batch"] for r in ranks) == 48 for i in range(train.steps))
-    # the gradient's all-reduce: over all 4 ranks for steps 0 and 1, then over the 3 others
+    # the gradient's all-reduce: over all 4 ranks for steps 0 and 1, then over the others only
+    # (the ranks with a share in that step: the dynamic re-balancer may leave out one more on
+    # a loaded host, which then leaves the all-reduce too)
     grad = 4 * ranks[0]["params"]
     for r in ranks:
         sent = [rec["bytes_sent"] for rec in r["records"]]
         assert sent[:2] == [ring_allreduce_bytes(grad, 4)] * 2, (r["rank"], sent)
-        later = 0.0 if r["rank"] == out else ring_allreduce_bytes(grad, 3)
-        assert sent[2:] == [later] * (train.steps - 2), (r["rank"], sent)
+        for i in range(2, train.steps):
+            computing = sum(q["records"][i]["batch"] > 0 for q in ranks)
+            assert computing <= 3, i
+            share = r["records"][i]["batch"] > 0
+            later = ring_allreduce_bytes(grad, computing) if share else 0.0
+            assert sent[i] == later, (r["rank"], i, sent)
     # the left-out rank's steps end with the others': its wait is the step
     idle = ranks[out]["records"][2:]
     assert all(rec["wait_s"] > 0.5 * rec["step_s"] > 0 for rec in idle)
