@@ -95,7 +95,8 @@ def plan(out: Path, host: Host) -> list[Part]:
     return [
         Part("tests", "the tests marked cuda, and the device checks", 75,
              [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-              "tests/training/test_cuda.py", "tests/training/test_devices.py"]),
+              "tests/integration/training/test_cuda.py", "tests/unit/training/test_devices.py",
+              "tests/integration/training/test_devices.py"]),
         Part("oom", f"the out-of-memory search under a {OOM_LIMIT_GIB:g} GiB limit", 30,
              [sys.executable, "-m", "benchmarks.gpu_all", "--oom-search"]),
         Part("mps-learner", f"the learner and the equal split on MPS shares {shares}% as 4 "

@@ -5,7 +5,8 @@ trained at the tuned lr as given, scaled, and scaled with the warm-up.
 
 One process on the digits (80/20 split, seed 0), each step on a global batch drawn from a
 seeded shuffle, epoch by epoch: the gradient the loop all-reduces is the mean over the global
-batch whatever its split (tests/training/test_training.py), so one process stands for any cluster.
+batch whatever its split (tests/integration/training/test_training.py), so one process stands for
+any cluster.
 Every batch runs the same number of epochs (fewer steps at a larger batch, as Goyal et al.
 2017 compare), with the optimizer and scheduler a run builds (`training.loop.optim`) under
 each rule: `none` (the recipe's lr as given), the recipe's rule (or `--rule`) without warm-up,

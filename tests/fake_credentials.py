@@ -1,5 +1,5 @@
 """Recognisable fake AWS credentials, and where they leaked: a run is given these and every
-record it made is scanned for them (tests/config/test_secrets.py)."""
+record it made is scanned for them (tests/integration/config/test_secrets.py)."""
 
 from __future__ import annotations
 

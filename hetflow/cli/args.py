@@ -4,7 +4,7 @@ recipe and strategy flags, `--recipe-option`'s parsing.
 This module imports the standard library and `hetflow.errors` (the one-line error, which
 imports nothing) and nothing else, so that a benchmark or a command takes its flags from here
 without importing the CLI's commands, the config models or anything below them
-(tests/test_layout.py holds it so). What a flag's choices and defaults are comes from the
+(tests/unit/test_layout.py holds it so). What a flag's choices and defaults are comes from the
 caller (`choices(TrainConfig, "strategy")`, `BUILTIN_RECIPES`): the models stay the one place
 that says them.
 

@@ -124,7 +124,7 @@ class Size:
 # 1.7 GB, large 2.6 GB, xl 3.4 GB (estimates). Measured on a CPU, one process training medium
 # on a window of 1024 in fp32 peaked at 5.7 GB, at AdamW's step: its 4.9 GB of state and the
 # runtime (benchmarks/gpt_memory.py, docs/measurements/recipes.md). The counts: the built
-# model's, in tests/config/test_lr_rule.py.
+# model's, in tests/unit/config/test_lr_rule.py.
 SIZES = {
     "small": Size(4, 4, 256, 128, 1e-3, 64 * 256),
     "medium": Size(24, 16, 1024, 1024, 3e-4, 2**19),

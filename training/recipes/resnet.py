@@ -5,7 +5,7 @@ them in `batch`; the default (width 16, 2 blocks per stage) is ResNet-14, 0.17M 
 
 Its normalization is GroupNorm (Wu and He, 2018) by default: a sample's output does not depend
 on the other samples of its batch, so ranks holding unequal shares of a global batch all-reduce
-exactly the gradient of one process on the whole batch (`tests/training/test_recipe_ddp.py`).
+exactly the gradient of one process on the whole batch (`tests/unit/training/test_recipe_ddp.py`).
 BatchNorm (`norm="batch"`) normalizes over each rank's own local batch, whose size the planner
 varies per worker, so its gradient is not that of the global batch, and a worker with a batch of 1
 or 0 has no usable statistics; it is there for comparison only.

@@ -1,0 +1,92 @@
+"""The queue's moves in place: a job that runs elastic (`QueueJob.in_place`) gives a worker to
+another at a step boundary, without a stop at a checkpoint or a relaunch; its MLflow run shows
+the change of membership; a job that does not run elastic still moves by relaunch."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+
+import pytest
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
+from hetflow.config.queue import QueueJob
+
+STEPS = 600
+
+
+def submit_when_stepping(job: QueueJob, low: str, at_step: int) -> None:
+    """`job` into the inbox (as `hetflow queue submit` leaves it) once the run of `low` has
+    reached `at_step`: a move while `low` trains, however long its launch took."""
+    from hetflow.infra.paths import queue_dir, runs_dir
+
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        for progress in runs_dir().glob(f"*-{low}/progress.json"):
+            with contextlib.suppress(ValueError, KeyError):
+                if json.loads(progress.read_text())["step"] >= at_step:
+                    inbox = queue_dir() / "inbox"
+                    inbox.mkdir(parents=True, exist_ok=True)
+                    (inbox / f"{job.name}.json").write_text(job.model_dump_json())
+                    return
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_move_in_place_shrinks_the_giving_job_without_a_relaunch(
+    s3, prefect_harness, tmp_path, hetflow_home
+):
+    """`low` (elastic) holds both workers; `high` arrives while it trains and the allocator
+    gives it one of them, at a relaunch's price far above what the move gains, but in place:
+    `low` lets the worker go at a step and goes on, one launch, every step once, none
+    redone; its MLflow run records the change of membership; `high` starts on the worker
+    before `low` ends; every worker's slot is free at the end."""
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+
+    from hetflow.flows.job_queue import queue
+    from hetflow.infra.paths import runs_dir
+    from hetflow.infra.tracking.tracker import MLflowTracker
+    from hetflow.tasks.queue import slot_name
+
+    common = {"recipe": "digits-mlp", "global_batch": 512, "checkpoint_every": 200}
+    low = QueueJob(name="low", priority="low", steps=STEPS, in_place=True, **common)
+    high = QueueJob(name="high", priority="high", steps=8, **common)
+    submitter = threading.Thread(target=submit_when_stepping, args=(high, "low", 20))
+    submitter.start()
+    out = queue(
+        jobs=[low],
+        cluster=ClusterSpec.from_speeds([1, 1], time_scale=20.0, name="q2"),
+        dataset=DatasetSpec(url="s3://hetflow-queue/digits", cache_dir=str(tmp_path / "c")),
+        tracking=TrackingConfig(),
+        switch_s=600.0,
+        in_place_s=0.1,
+        read_inbox=True,
+    )
+    submitter.join(timeout=5)
+    rows = {r["job"]: r for r in out["jobs"]}
+    assert rows["low"]["segments"] == 1  # one launch: no stop, no relaunch
+    assert rows["low"]["moved_in_place"] == 1
+    assert out["figures"]["steps_redone"] == 0
+    assert 0 < out["figures"]["in_place_s"] < 600.0  # measured
+    (result,) = runs_dir().glob("*-low/result.json")
+    steps = [s["step"] for s in json.loads(result.read_text())["ranks"][0]["records"]]
+    assert steps == list(range(STEPS))  # every step once, none redone
+    client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
+    parent = out["parent_run_id"]
+    children = client.search_runs(
+        [client.get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'"
+    )
+    (run,) = [r for r in children if r.info.run_name == "low"]
+    path = client.download_artifacts(run.info.run_id, "membership.json", str(tmp_path))
+    (change,) = json.loads(open(path).read())
+    assert len(change["lost"]) == 1 and change["world"] == 1 and 20 <= change["step"] < STEPS
+    assert client.get_metric_history(run.info.run_id, "membership.world")[-1].value == 1
+    high_from = min(a for job, _, a, _ in out["spans"] if job == "high")
+    low_until = max(b for job, _, _, b in out["spans"] if job == "low")
+    assert high_from < low_until
+    with get_client(sync_client=True) as prefect:
+        assert prefect.read_global_concurrency_limit_by_name(slot_name("speed-1")).active_slots == 0

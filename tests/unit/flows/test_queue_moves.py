@@ -1,0 +1,96 @@
+"""The queue's moves in place: a job that runs elastic (`QueueJob.in_place`) gives a worker to
+another at a step boundary, without a stop at a checkpoint or a relaunch; its MLflow run shows
+the change of membership; a job that does not run elastic still moves by relaunch."""
+
+from __future__ import annotations
+
+import json
+
+from hetflow.tasks.queue_moves import Moves
+from hetflow.training.launch.live import registered
+
+
+class FakeMembers:
+    """A running elastic job's membership, its ranks' processes ending when told to."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.released, self.ended = names, [], set()
+
+    def release(self, rank: int) -> None:
+        self.released.append(rank)
+
+    def gone(self, rank: int) -> bool:
+        return rank in self.ended
+
+    def rank_of(self, worker: str) -> int | None:
+        return self.names.index(worker) if worker in self.names else None
+
+
+def test_a_shrink_releases_the_workers_given_up_and_frees_them_once_gone(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "progress.json").write_text(json.dumps({"step": 5}))
+    members = FakeMembers(["w0", "w1", "w2"])
+    moves = Moves(default_s=2.0)
+    with registered(run, members):
+        assert not moves.shrink("a", tmp_path / "other", ["w0", "w1"], ["w0"], 0.0)  # not live
+        assert members.released == []
+        assert moves.shrink("a", run, ["w0", "w1", "w2", "w3"], ["w1"], 10.0)
+        assert members.released == [0, 2]  # w3: dropped by the plan, no rank to release
+        assert moves.busy() == {"w0", "w2", "w3"}
+        assert [m.worker for m in moves.settle(10.5)] == ["w3"]  # free at once
+        assert moves.busy() == {"w0", "w2"}
+        members.ended |= {0, 2}
+        assert {m.worker for m in moves.settle(11.0)} == {"w0", "w2"}
+        assert moves.busy() == set() and moves.cost_s == 2.0  # not stepping again yet
+        (run / "progress.json").write_text(json.dumps({"step": 6}))
+        moves.settle(11.5)
+    assert moves.leaving == [] and moves.cost_s == 1.5  # request to the job stepping again
+    assert moves.count("a") == 3
+
+
+def test_a_job_not_stepping_yet_is_not_shrunk_in_place(tmp_path):
+    members = FakeMembers(["w0", "w1"])
+    with registered(tmp_path, members):
+        assert not Moves(1.0).shrink("a", tmp_path, ["w0", "w1"], ["w0"], 0.0)
+    assert members.released == []
+
+
+def test_the_plan_plot_draws_a_rank_that_left_at_zero_after_its_leave(tmp_path):
+    """A run under `on_loss: continue` that a rank left: its steps' rows hold fewer ranks from
+    the leave on; the plot of the plan draws every rank, the one that left at 0 after it."""
+    from hetflow.figures import StepFigures, StepRank
+    from hetflow.infra.report.plots import step_series
+
+    def row(step: int, batches: dict[int, int]) -> StepFigures:
+        ranks = [StepRank(rank=r, busy_fraction=0.5, local_batch=b) for r, b in batches.items()]
+        return StepFigures(step=step, loss=1.0, step_time_s=0.1, ranks=ranks)
+
+    series = [row(0, {0: 16, 1: 16}), row(1, {0: 16, 1: 16}), row(2, {1: 32})]
+    path = step_series(series, tmp_path / "steps.png", labels=["w0", "w1"])
+    assert path.stat().st_size > 0
+
+
+def test_the_step_series_of_ranks_with_uneven_records_is_read_by_step():
+    """A run whose ranks' records differ in length (a rank that came or went in place): each
+    step's row holds the ranks that ran it, its loss over their samples."""
+    from hetflow.records import RankResult, RunResult, StepRecord
+    from hetflow.training.metrics import step_series
+
+    def rec(step: int, batch: int) -> StepRecord:
+        return StepRecord(
+            step=step,
+            batch=batch,
+            data_s=0.0,
+            compute_s=0.05,
+            wait_s=0.05,
+            step_s=0.1,
+            loss_sum=float(batch),
+            bytes_sent=0.0,
+        )
+
+    lead = RankResult(rank=0, records=[rec(s, 16 if s < 2 else 32) for s in range(4)], plans=[])
+    other = RankResult(rank=1, records=[rec(s, 16) for s in range(2)], plans=[])
+    rows = step_series(RunResult(ranks=[lead, other]), 32)
+    assert [[r.rank for r in row.ranks] for row in rows] == [[0, 1], [0, 1], [0], [0]]
+    assert [row.loss for row in rows] == [1.0] * 4
