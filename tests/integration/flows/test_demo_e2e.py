@@ -41,7 +41,7 @@ def test_demo_prints_the_table_and_where_to_look(demo):
     assert "throughput_samples_per_s" in stdout and "rank3/busy_fraction" in stdout
     assert f"mlflow ui --backend-store-uri sqlite:///{home}/mlflow.db" in stdout
     assert "?workflowType=machine_learning" in stdout  # each run's page, in the training view
-    # one address: the printed command serves where the links inside MLflow point (issue 39)
+    # one address: the printed command serves where the links inside MLflow point
     ports = set(re.findall(r"http://127\.0\.0\.1:(\d+)/#/experiments", stdout))
     assert ports and ports == set(re.findall(r"mlflow ui .* --port (\d+)", stdout))
 
@@ -65,7 +65,7 @@ def test_the_printed_table_has_units(demo):
 
 
 def test_the_table_explains_itself(demo):
-    """Issue 39: the target named, "not reached" rather than a missing row; the runs one a
+    """The target named, "not reached" rather than a missing row; the runs one a
     line; nothing of Prefect's after "Where to look"."""
     home, table, stdout = demo
     assert "time_to_target_s (accuracy ≥ 95.0%)" in stdout

@@ -1,6 +1,6 @@
 """docs/data.md's "Your own data" as a user runs it, each command a process of its own, with
 nothing configured but HETFLOW_HOME: `hetflow data ingest` of a text folder to s3://, then
-`hetflow demo --recipe gpt --dataset-url` on it, then `hetflow data ls` listing it (issue 39).
+`hetflow demo --recipe gpt --dataset-url` on it, then `hetflow data ls` listing it.
 The demo is kept small (one worker, one step, a tiny gpt); the sequence is the README's."""
 
 from __future__ import annotations

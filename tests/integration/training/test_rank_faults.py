@@ -1,5 +1,6 @@
-"""A rank that raises, a NaN gradient, a stopped rank, a preempted worker: each ends as issue 23
-says, with real torchrun processes (2 ranks, a few steps). Each adds a row to the fault table."""
+"""A rank that raises, a NaN gradient, a stopped rank, a preempted worker: each ends as
+docs/faults.md says, with real torchrun processes (2 ranks, a few steps). Each adds a row to
+the fault table."""
 
 from __future__ import annotations
 

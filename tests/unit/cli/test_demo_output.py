@@ -1,4 +1,4 @@
-"""The demo's final printing (issue 39): the table with its notes, the MLflow runs one a line,
+"""The demo's final printing: the table with its notes, the MLflow runs one a line,
 and nothing of Prefect's after "Where to look"; `hetflow compare` prints the notes too."""
 
 from __future__ import annotations

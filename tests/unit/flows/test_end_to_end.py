@@ -1,4 +1,4 @@
-"""Every cost a variant pays, counted from the start of its job (issue 37): the profile where
+"""Every cost a variant pays, counted from the start of its job: the profile where
 its plan needs one, launch and set-up, 'auto''s trials, evaluations and checkpoints, and the
 steps' own wall clock."""
 

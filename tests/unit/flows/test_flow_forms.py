@@ -1,4 +1,4 @@
-"""The Prefect run forms (issues 39, 56): each flow's parameter schema, as `prefect deploy`
+"""The Prefect run forms: each flow's parameter schema, as `prefect deploy`
 stores it and the UI renders it, holds what a person chooses for one run (about a dozen
 fields, each titled and described; the cluster and dataset picked among saved blocks), offers
 lists where the values are known, shows an optional field as one input, keeps a worker to a

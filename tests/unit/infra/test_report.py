@@ -177,7 +177,7 @@ def test_equal_lines_are_drawn_once_and_named_together():
     assert len(same_lines({"w0": [16, 20], "w1": [48, 44]})) == 2
 
 
-# -- a table that explains itself (issue 39), from run records as the workers return them ----
+# -- a table that explains itself, from run records as the workers return them ----
 
 
 def test_a_replanned_local_batch_shows_the_start_plan_and_the_end_plan():

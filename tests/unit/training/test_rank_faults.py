@@ -1,5 +1,5 @@
-"""A rank that raises, a NaN gradient, a stopped rank, a preempted worker: each ends as issue 23
-says, with real torchrun processes (2 ranks, a few steps). Each adds a row to the fault table."""
+"""What the launcher reads of its ranks' failure records (the root cause, the rank that did
+not answer a timed-out collective), and a failure policy refused where it cannot hold."""
 
 from __future__ import annotations
 
