@@ -12,40 +12,22 @@ import pytest
 
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig, WorkerSpec
 from hetflow.config.queue import QueueJob
-from hetflow.training.launch.ray_train import NODE_LABEL, connect
+from hetflow.training.launch.ray_train import NODE_LABEL
 from hetflow.training.loop.progress import STOP_FILE
 from hetflow.training.loop.stop_channel import RayStopChannel
+
+from tests.helpers.training.ray_cluster import labelled_cluster
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 TYPES = ("g4dn.xlarge", "g5.xlarge")
-CREDENTIALS = {  # what the `s3` fixture sets: the nodes inherit them when they start
-    "AWS_ACCESS_KEY_ID": "testing-key-id",
-    "AWS_SECRET_ACCESS_KEY": "testing-secret",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(s3_server):
     """A 1-CPU head and one 1-CPU node per instance type, labelled; this process its driver."""
-    from ray.cluster_utils import Cluster
-
-    inherited = {**CREDENTIALS, "AWS_ENDPOINT_URL": s3_server}
-    inherited["MLFLOW_SYSTEM_METRICS_NODE_ID"] = "driver-host"
-    env = pytest.MonkeyPatch()  # module-scoped: undone after the cluster is down
-    for k, v in inherited.items():
-        env.setenv(k, v)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for t in TYPES:
-        cluster.add_node(num_cpus=1, labels={NODE_LABEL: t})
-    cluster.wait_for_nodes()
-    connect(cluster.address)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-    env.undo()
+    yield from labelled_cluster(s3_server, TYPES)
 
 
 def test_a_request_written_here_is_read_on_a_labelled_node(ray_cluster, tmp_path):

@@ -19,38 +19,18 @@ from hetflow.training.launch.ray_train import NODE_LABEL, connect, label_selecto
 from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 
+from tests.helpers.training.ray_cluster import labelled_cluster
+
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TYPES = ("g4dn.xlarge", "g5.xlarge", "p3.2xlarge")
-CREDENTIALS = {  # what the `s3` fixture sets: the nodes inherit them when they start
-    "AWS_ACCESS_KEY_ID": "testing-key-id",
-    "AWS_SECRET_ACCESS_KEY": "testing-secret",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(s3_server):
     """A head without CPUs for workers and one 1-CPU node per instance type, labelled."""
-    from ray.cluster_utils import Cluster
-
-    # the driver's own node id (its system metrics' host name), which the nodes inherit when
-    # they start from its environment: each node must name itself all the same
-    inherited = {**CREDENTIALS, "AWS_ENDPOINT_URL": s3_server}
-    inherited["MLFLOW_SYSTEM_METRICS_NODE_ID"] = "driver-host"
-    env = pytest.MonkeyPatch()  # module-scoped: undone after the cluster is down
-    for k, v in inherited.items():
-        env.setenv(k, v)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for t in TYPES:
-        cluster.add_node(num_cpus=1, labels={NODE_LABEL: t})
-    cluster.wait_for_nodes()
-    connect(cluster.address)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-    env.undo()
+    yield from labelled_cluster(s3_server, TYPES)
 
 
 def _spec(dataset, tmp_path, name: str, launcher: str, address=None) -> RunSpec:

@@ -27,15 +27,12 @@ from hetflow.training.launch.ray_train import connect
 from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import RunSpec
 
+from tests.helpers.training.ray_cluster import CREDENTIALS
+
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TYPES = ("g5.xlarge", "g4dn.xlarge")
-CREDENTIALS = {  # what the `s3` fixture sets: the nodes inherit them when they start
-    "AWS_ACCESS_KEY_ID": "testing-key-id",
-    "AWS_SECRET_ACCESS_KEY": "testing-secret",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 OBJECT_STORE = 150 * 1024 * 1024  # as `Cluster.add_node`'s nodes: small, many share this host
 
 
