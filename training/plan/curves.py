@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Sequence
 
 from hetflow.perf.balance import fill, step_on
-from hetflow.perf.curve import MOVE_FACTOR, Curve, cost_of
+from hetflow.perf.curve import MOVE_FACTOR, Curve, cost_of, micro_split
 
 
 def balance_on_curves(
@@ -118,3 +118,20 @@ def relative_spread(values: Sequence[float]) -> float:
         return 0.0
     mean = statistics.fmean(values)
     return statistics.stdev(values) / mean if mean > 0 and math.isfinite(mean) else 0.0
+
+
+def per_pass(points: dict[int, float], cap: int | None) -> dict[int, float]:
+    """A rank's points (batch -> step time) as one pass's where its batch runs as micro-batches
+    of at most `cap` (`perf.curve.micro_split`): a share of k micro-batches is a pass of
+    share / k samples taking 1 / k of its time; unchanged where there is no cap.
+
+    >>> per_pass({4: 0.05, 16: 0.2}, 8)
+    {4: 0.05, 8: 0.1}
+    """
+    if cap is None:
+        return points
+    out = {}
+    for b, t in points.items():
+        k = len(micro_split(b, cap))
+        out[math.ceil(b / k)] = t / k
+    return out

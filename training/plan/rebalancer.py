@@ -7,8 +7,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hetflow.perf.curve import MOVE_FACTOR, Curve, cost_of, micro_split
-from hetflow.training.plan.curves import balance_on_curves
+from hetflow.perf.curve import MOVE_FACTOR, Curve, cost_of
+from hetflow.training.plan.curves import balance_on_curves, per_pass
 from hetflow.training.plan.measured import (
     entry_of,
     judge,
@@ -17,7 +17,8 @@ from hetflow.training.plan.measured import (
     start_trial,
     window_se,
 )
-from hetflow.training.plan.speed_change import host_noise, jump_of, sudden
+from hetflow.training.plan.rebalancer_state import restore_from, state_of
+from hetflow.training.plan.speed_change import host_noise, jump_of, jumps, scaled
 
 # Steps in a row that a rank's time must lie beyond `Rebalancer.jump` to count as a sudden change;
 # the re-plan after one is made from these steps alone.
@@ -117,6 +118,8 @@ class Rebalancer:
     spread: float = 0.0
     step_noise: float = 0.0
     last_plan: list[int] | None = None  # the plan of the newest window observed
+    relearn: int = 0  # short windows left after a jump of speed during a trial
+    jumped: bool = False  # a trial ended by a jump of speed since the last proposal
     counts: list[dict[int, int]] = field(default_factory=list)  # per rank: batch -> rows seen
 
     @property
@@ -163,25 +166,21 @@ class Rebalancer:
 
     def window_rows(self, every: int) -> int:
         """The steps the next window holds: LEARNING_ROWS for the first LEARNING_WINDOWS, while
-        the curves know one batch per rank and a re-plan is worth most, then `every`."""
-        return min(every, LEARNING_ROWS) if self.windows < LEARNING_WINDOWS else every
+        the curves know one batch per rank and a re-plan is worth most, and after a jump of
+        speed during a trial (`_jump_on_trial`); then `every`."""
+        learning = self.windows < LEARNING_WINDOWS or self.relearn > 0
+        return min(every, LEARNING_ROWS) if learning else every
 
     def curves(self) -> list[Curve]:
-        """Each rank's step-time curve (see the class docstring)."""
+        """Each rank's step-time curve (the class docstring; `micro`: `curves.per_pass`)."""
         assert self.per_sample_s is not None
         points = self.points or [{} for _ in self.latency_s]
-        out = []
-        for a, c, pts, cap in zip(
-            self.latency_s, self.per_sample_s, points, self.caps, strict=True
-        ):
-            if self.micro and cap is not None:
-                per_pass = {}
-                for b, t in pts.items():
-                    k = len(micro_split(b, cap))
-                    per_pass[math.ceil(b / k)] = t / k
-                pts = per_pass
-            out.append(Curve((a, c), tuple(pts.items()), self.jump))
-        return out
+        return [
+            Curve((a, c), tuple((per_pass(pts, cap) if self.micro else pts).items()), self.jump)
+            for a, c, pts, cap in zip(
+                self.latency_s, self.per_sample_s, points, self.caps, strict=True
+            )
+        ]
 
     def within_points(self, plan: Sequence[int]) -> bool:
         """Whether every share of `plan` lies within the batches its rank has run (its curve
@@ -218,10 +217,10 @@ class Rebalancer:
         step_s = max(compute_s_per_step) if step_s is None else step_s
         self.last_step_s = step_s
         self.noise, self.rows, self.windows = noise, rows, self.windows + 1
+        self.relearn = max(self.relearn - 1, 0)
         self._learn_noise(plan, compute_s_per_step, samples)
-        changed = self._learn_points(plan, compute_s_per_step, rows)
-        if changed:  # every measured plan and the trial measured other speeds
-            self.tried, self.trial = [], None
+        if self._learn_points(plan, compute_s_per_step, rows):
+            self._speeds_changed()
         self._record(plan, step_s, noise, rows)
         self.last_plan = list(plan)
         if self.trial is not None and list(plan) == self.trial["new"]:
@@ -264,12 +263,9 @@ class Rebalancer:
                 continue
             latest[i] = b
             if b in pts and not on_trial and not 1 / self.jump <= t / pts[b] <= self.jump:
-                # slower (or faster) at every batch alike: its other points scaled by the
-                # change, each worth no more than this window until measured again
-                factor = t / pts[b]
-                self.points[i] = pts = {bb: tt * factor for bb, tt in pts.items() if bb != b}
-                self.counts[i] = {bb: min(n, rows) for bb, n in self.counts[i].items() if bb != b}
-                changed = True
+                # slower (or faster) at every batch alike (`speed_change.scaled`)
+                pts, self.counts[i] = scaled(pts, self.counts[i], t / pts[b], rows, b)
+                self.points[i], changed = pts, True
             if b in pts:  # a mean of the rows since the speed changed, the newest MEMORY_ROWS
                 seen = min(self.counts[i].get(b, 0), MEMORY_ROWS - rows)
                 pts[b] = (
@@ -278,8 +274,6 @@ class Rebalancer:
             else:
                 pts[b] = t
             self.counts[i][b] = self.counts[i].get(b, 0) + rows
-        if changed:
-            self.rejected, self.errors, self.move = [], [], MOVE_FACTOR
         self.latest = latest
         return changed
 
@@ -319,12 +313,43 @@ class Rebalancer:
         recent: int = SUDDEN_STEPS,
         reference: int = 3,
     ) -> bool:
-        """Whether a rank's speed has jumped (`speed_change.sudden`): each of its last
+        """Whether a rank's speed has jumped (`speed_change.jumps`): each of its last
         `recent` steps beyond `step_jump` of its median over the `reference` or more before.
         Three steps in a row, not one: a single slow step is noise (a page fault, the host),
         two paused steps in a row came about once in two runs on a shared host, and each
-        further step a straggler runs on the old plan costs a step of its slow pace."""
-        return sudden(rows, plan, self.step_jump, recent, reference)
+        further step a straggler runs on the old plan costs a step of its slow pace. A jump
+        during a trial is taken in here (`_jump_on_trial`)."""
+        factors = jumps(rows, plan, self.step_jump, recent, reference)
+        if factors is not None and self.trial is not None and list(plan or ()) == self.trial["new"]:
+            self._jump_on_trial(factors, list(plan or ()))
+        return factors is not None
+
+    def _jump_on_trial(self, factors: Sequence[float], plan: Sequence[int]) -> None:
+        """A trial's own windows cannot tell a change of speed (its batches are new to its
+        ranks, `_learn_points`): a straggler during a trial could leave the verdict open, and
+        the plan, for the rest of the run. A jump beyond `jump` (not the host's noise): the
+        window after is short, for the verdict to come soon. Beyond `jump` squared (no
+        verdict across such speeds means anything): the trial ends, each jumped rank's
+        points are scaled by its factor (`speed_change.scaled`), what measured the old
+        speeds is dropped, and the re-plan need not wait for a second window (`propose`):
+        another look at three steps beyond `jump` squared would cost a window at its pace."""
+        if not any(not 1 / self.jump <= f <= self.jump for f in factors):
+            return
+        self.relearn = 2  # this jump's own window, and the one after
+        big = self.jump**2
+        if self.points is None or all(1 / big <= f <= big for f in factors):
+            return
+        pts, counts = self.points, self.counts
+        for i, (f, b) in enumerate(zip(factors, plan, strict=True)):
+            if f != 1.0:  # the trial's own batch measured afresh
+                pts[i], counts[i] = scaled(pts[i], counts[i], f, SUDDEN_STEPS, b)
+        self._speeds_changed()
+        self.jumped = True
+
+    def _speeds_changed(self) -> None:
+        """Drop what measured other speeds; the shares' bounded move back to its widest."""
+        self.tried, self.trial = [], None
+        self.rejected, self.errors, self.move = [], [], MOVE_FACTOR
 
     def imbalance(self, plan: Sequence[int]) -> float:
         """How far the slowest rank's predicted step lies above the mean of the ranks that
@@ -345,6 +370,7 @@ class Rebalancer:
         bring a rank back, `BRING_BACK`) plus `switch_s` (a rank's copy of the replica where one
         returns) over the `steps_left` it would save on. A plan that leaves a rank out is looked
         at again every window: the others slowing down can make it worth its cost again."""
+        jumped, self.jumped = self.jumped, False
         if self.revert_to is not None:
             back, self.revert_to = self.revert_to, None
             if back != list(plan):
@@ -366,18 +392,17 @@ class Rebalancer:
             self.pending = None
             return None
         moves = [(n > b) - (n < b) for n, b in zip(new, plan, strict=True)]
-        agree = self.pending is not None and all(
-            a * b >= 0 for a, b in zip(self.pending, moves, strict=True)
-        )
+        agree = jumped or self._agrees(moves)
         if gain <= CLEAR_GAIN * bar and not agree:  # marginal: the next window must propose
             self.pending = moves  # no share moving the other way
             return None
-        self.pending = None
+        self.pending, entry = None, self._entry(plan)
+        se = self._se(self.noise, self.rows, entry)
         self.trial = start_trial(
             plan,
             new,
-            self._entry(plan),
-            self._se(self.noise, self.rows, self._entry(plan)),
+            entry,
+            se,
             step_s=self.last_step_s,
             predicted_s=after,
             measured_range=self.within_points(new),
@@ -393,6 +418,12 @@ class Rebalancer:
             }
         )
         return new
+
+    def _agrees(self, moves: Sequence[int]) -> bool:
+        """Whether the last window's marginal proposal moved no share the other way (a jump
+        that ended a trial stands for it: `_jump_on_trial`, `propose`)."""
+        pending = self.pending
+        return pending is not None and all(a * b >= 0 for a, b in zip(pending, moves, strict=True))
 
     def _bar(
         self,
@@ -413,38 +444,7 @@ class Rebalancer:
         return bar
 
     def state(self) -> dict:
-        """What a checkpoint keeps so that a resumed run re-plans as the lost one would have."""
-        return {
-            "per_sample_s": self.per_sample_s,
-            "replans": self.history,
-            "points": None if self.points is None else [sorted(p.items()) for p in self.points],
-            "latest": self.latest,
-            "rejected": self.rejected,
-            "trial": self.trial,
-            "revert_to": self.revert_to,
-            "errors": self.errors,
-            "noise": [self.noise, self.rows, self.windows, self.pending],
-            "move": self.move,
-            "tried": self.tried,
-            "counts": [sorted(c.items()) for c in self.counts],
-            "spread": [self.spread, self.step_noise],
-            "last_plan": self.last_plan,
-        }
+        """What a checkpoint keeps, for a resumed run to re-plan alike (`rebalancer_state`)."""
+        return state_of(self)
 
-    def restore(self, state: dict) -> None:
-        self.per_sample_s, self.latest = state["per_sample_s"], state.get("latest")
-        points = state.get("points")
-        self.points = (
-            None
-            if points is None or self.latest is None
-            else [{int(b): float(t) for b, t in p} for p in points]
-        )
-        self.history, self.rejected = state["replans"], state["rejected"]
-        self.trial, self.revert_to = state["trial"], state["revert_to"]
-        self.errors = list(state.get("errors", []))
-        self.noise, self.rows, self.windows, self.pending = state.get("noise", [0.0, 0, 0, None])
-        self.move = state.get("move", MOVE_FACTOR)
-        self.tried = list(state.get("tried", []))
-        self.counts = [{int(b): int(n) for b, n in c} for c in state.get("counts", [])]
-        self.spread, self.step_noise = state.get("spread", [0.0, 0.0])
-        self.last_plan = state.get("last_plan")
+    restore = restore_from

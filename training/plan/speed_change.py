@@ -81,13 +81,42 @@ def sudden(
     >>> sudden([[0.1, 0.1]] * 3 + [[0.1, 0.5]] * 2 + [[0.1, 0.1]], [8, 8], 1.3, 3)
     False
     """
+    return jumps(rows, plan, jump, recent, reference) is not None
+
+
+def jumps(
+    rows: Sequence[Sequence[float]],
+    plan: Sequence[int] | None,
+    jump: float,
+    recent: int,
+    reference: int = 3,
+) -> list[float] | None:
+    """Each rank's change of speed where one has jumped (`sudden`): the median of its last
+    `recent` rows over the median of those before, for a rank whose every recent row lies
+    beyond `jump`; 1.0 for the others. None where no rank jumped.
+
+    >>> jumps([[0.1, 0.1]] * 3 + [[0.1, 0.5]] * 3, [8, 8], 1.3, 3)
+    [1.0, 5.0]
+    """
     if len(rows) < recent + reference:
-        return False
+        return None
+    out = []
     for rank in range(len(rows[0])):
-        if plan is not None and plan[rank] == 0:
-            continue
         median = statistics.median(row[rank] for row in rows[:-recent])
         last = [row[rank] for row in rows[-recent:]]
-        if median > 0 and (min(last) > median * jump or max(last) * jump < median):
-            return True
-    return False
+        jumped = (plan is None or plan[rank] != 0) and median > 0
+        jumped = jumped and (min(last) > median * jump or max(last) * jump < median)
+        out.append(statistics.median(last) / median if jumped else 1.0)
+    return out if any(f != 1.0 for f in out) else None
+
+
+def scaled(
+    points: dict[int, float], counts: dict[int, int], factor: float, rows: int, drop: int | None
+) -> tuple[dict[int, float], dict[int, int]]:
+    """A rank's points and row counts after its speed changed by `factor`: slower (or faster)
+    at every batch alike, each point scaled and worth no more than `rows` rows until measured
+    again; the point at batch `drop` (the one that showed the change) left out."""
+    return (
+        {b: t * factor for b, t in points.items() if b != drop},
+        {b: min(n, rows) for b, n in counts.items() if b != drop},
+    )
