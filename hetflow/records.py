@@ -292,7 +292,8 @@ class MembershipChange(_Record):
     it again) or 'none' (it was done on every rank before the loss); `regroup_s`: from the
     failure this rank saw to its new group; `plan`: the shares from `step` on; `joined`: the
     ranks admitted into it (a worker that joined in place); `join_s`: on a rank that joined or
-    sent it the state, the join's seconds by phase (`elastic.transfer`)."""
+    sent it the state, the join's seconds by phase (`elastic.transfer`); `workers`: the worker
+    each rank of it runs as, rank -> name (the launcher's record: empty where it kept none)."""
 
     step: int
     lost: list[int]
@@ -302,6 +303,7 @@ class MembershipChange(_Record):
     plan: list[int]
     joined: list[int] = []
     join_s: dict[str, float] = {}
+    workers: dict[int, str] = {}
 
 
 class Recovery(_Record):

@@ -220,6 +220,7 @@ class ElasticLoop:
             plan=plan,
             joined=list(joined),
             join_s=phases,
+            workers={m: n for m in world.members if (n := world.worker_of(m))},
         )
         loop.recovery.membership.append(change)
         if len(world.members) < self.min_workers:

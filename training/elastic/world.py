@@ -147,8 +147,7 @@ class ElasticWorld:
         if self.store.check(["g0/members"]):
             first = tuple(json.loads(self.store.get("g0/members"))["ranks"])
         self.joining = rank not in first or os.environ.get(JOINING) == "1"
-        own = f"worker/{rank}"
-        self.worker = self.store.get(own).decode() if self.store.check([own]) else ""
+        self.worker = self.worker_of(rank)
         self.gen, self.members = (-1, (rank,)) if self.joining else (0, first)
         self.leader = self.members[0]
         self.deaths = int(self.store.add("deaths", 0))
@@ -156,6 +155,11 @@ class ElasticWorld:
         self.group = self._new_group(name)
         self.committed: int | None = None
         _CURRENT[:] = [self]
+
+    def worker_of(self, rank: int) -> str:
+        """The worker rank `rank`'s newest process runs as (`worker/R`), '' where unwritten."""
+        key = f"worker/{rank}"
+        return self.store.get(key).decode() if self.store.check([key]) else ""
 
     def _new_group(self, name: str):
         timeout = timedelta(seconds=self.timeout_s)

@@ -89,6 +89,7 @@ def test_a_worker_sent_sigterm_leaves_at_the_next_boundary_alone(local_digits, t
     assert (left.rank, left.worker) == (1, "w1")
     assert [rec.step for rec in left.records] == list(range(14))
     assert [r.worker for r in result.ranks] == ["w0", "w2", "w3"]
+    assert result.lead.recovery.membership[0].workers == {0: "w0", 2: "w2", 3: "w3"}
     # what the history stores and the timeline's rows name the right workers, not positions
     entries = learned_entries(spec.cluster, spec.train, result, "20260101T000000000000Z")
     assert {e.rank.worker: e.key.kind for e in entries} == {

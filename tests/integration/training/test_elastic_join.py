@@ -169,6 +169,10 @@ def test_the_launcher_api_releases_a_worker_and_adds_it_back_in_place(local_digi
     assert (left.rank, left.worker) == (LATE, "w3")
     assert [rec.step for rec in left.records] == list(range(changes[0].step))
     assert [r.worker for r in result.ranks] == ["w0", "w1", "w2", "spare"]
+    assert [c.workers for c in changes] == [
+        {0: "w0", 1: "w1", 2: "w2"},
+        {0: "w0", 1: "w1", 2: "w2", 3: "spare"},
+    ]
     entries = learned_entries(spec.cluster, spec.train, result, "20260101T000000000000Z")
     assert {e.rank.worker: e.key.kind for e in entries} == {
         "w0": "speed-1",
@@ -192,6 +196,9 @@ def test_a_lost_worker_is_replaced_in_place(local_digits, tmp_path):
     assert [(c.lost, c.joined) for c in changes] == [([2], []), ([], [2])]
     replacement = next(r for r in result.ranks if r.rank == 2)
     assert [rec.step for rec in replacement.records] == list(range(changes[1].step, STEPS))
+    # the replacement runs as its slot's worker; the lost one took its steps with it
+    assert replacement.worker == "w2" and changes[1].workers[2] == "w2"
+    assert 2 not in changes[0].workers and result.departed == []
     assert [rec.step for rec in result.lead.records] == list(range(STEPS))
     assert len({r.recovery.replica_digest for r in result.ranks}) == 1
 

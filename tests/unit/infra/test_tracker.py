@@ -205,7 +205,13 @@ def test_a_variant_run_records_each_regroup_in_place_as_an_event(tracker, tmp_pa
     rid = tracker.start_run("optimized", cluster, DatasetSpec(url="s3://bucket/digits"))
     done = outcome("optimized", rid, [16, 16, 16], 0.1)
     change = MembershipChange(
-        step=3, lost=[1], world=2, step_in_flight="retried", regroup_s=0.05, plan=[24, 0, 24]
+        step=3,
+        lost=[1],
+        world=2,
+        step_in_flight="retried",
+        regroup_s=0.05,
+        plan=[24, 0, 24],
+        workers={0: "w0", 2: "w2"},
     )
     done.result.ranks[0].recovery = Recovery(membership=[change])
     done.metrics = summarize(done.result, 48)
@@ -215,7 +221,8 @@ def test_a_variant_run_records_each_regroup_in_place_as_an_event(tracker, tmp_pa
     history = tracker.client.get_metric_history(rid, "membership.world")
     assert [(m.step, m.value) for m in history] == [(3, 2.0)]
     path = tracker.client.download_artifacts(rid, "membership.json", str(tmp_path))
-    assert json.loads(open(path).read())[0]["lost"] == [1]
+    saved = json.loads(open(path).read())[0]
+    assert saved["lost"] == [1] and saved["workers"] == {"0": "w0", "2": "w2"}
 
 
 def test_the_per_rank_timeline_labels_each_row_by_the_worker_that_rank_was(tracker, monkeypatch):
