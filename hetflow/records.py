@@ -292,7 +292,8 @@ class MembershipChange(_Record):
     it again) or 'none' (it was done on every rank before the loss); `regroup_s`: from the
     failure this rank saw to its new group; `plan`: the shares from `step` on; `joined`: the
     ranks admitted into it (a worker that joined in place); `join_s`: on a rank that joined or
-    sent it the state, the join's seconds by phase (`elastic.transfer`)."""
+    sent it the state, the join's seconds by phase (`elastic.transfer`); `workers`: the worker
+    each rank of it runs as, rank -> name (the launcher's record: empty where it kept none)."""
 
     step: int
     lost: list[int]
@@ -302,6 +303,7 @@ class MembershipChange(_Record):
     plan: list[int]
     joined: list[int] = []
     join_s: dict[str, float] = {}
+    workers: dict[int, str] = {}
 
 
 class Recovery(_Record):
@@ -351,10 +353,17 @@ class Timeline(_Record):
 
 
 class RankResult(_Record):
-    """What one rank of a training run returns."""
+    """What one rank of a training run returns: one process, from the step it began at to
+    the step it ended or left at (`RunResult.departed`), as the cluster's worker `worker`."""
 
     rank: int
     node: str = ""
+    worker: str = Field(
+        "",
+        description="The worker this rank's process ran as: its launch slot's, or the one "
+        "added into that slot in place (`elastic.launch.ElasticJob.add_worker`); '': not "
+        "recorded (`worker_index`: its slot's).",
+    )
     records: list[StepRecord]
     plans: list[PlanChange]
     evals: list[EvalPoint] = Field([], description="Rank 0's only; empty elsewhere.")
@@ -383,12 +392,28 @@ class RankResult(_Record):
     )
     timeline: Timeline = Timeline()
 
+    def worker_index(self, cluster: ClusterSpec) -> int:
+        """The index in `cluster` (the launched one) of the worker this rank ran as, by its
+        name; its slot (`rank`) where it names none or one outside `cluster` (a worker added
+        in place under a name of its own runs as its slot's worker)."""
+        names = [w.name for w in cluster.workers]
+        return names.index(self.worker) if self.worker in names else self.rank
+
 
 class RunResult(_Record):
-    """Every rank's result of one training run, in rank order (the workers' result.json)."""
+    """Every rank's result of one training run, in rank order (the workers' result.json): the
+    ranks in the job at its end, and `departed`, those that left it in place before (under
+    `faults.on_loss: continue`), each with the steps it ran. A rank lost (killed, stalled)
+    took its records with it."""
 
     mode: Literal["train"] = "train"
     ranks: list[RankResult]
+    departed: list[RankResult] = Field([], description="Ranks that left in place, in order.")
+
+    @property
+    def stretches(self) -> list[RankResult]:
+        """Every process's result: the ranks at the end, then those that left."""
+        return [*self.ranks, *self.departed]
 
     @property
     def lead(self) -> RankResult:

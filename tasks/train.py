@@ -20,7 +20,7 @@ from hetflow.figures import RunMetrics
 from hetflow.infra.catalog import Catalog, with_cost
 from hetflow.infra.data.format import read_manifest
 from hetflow.infra.paths import new_run_dir, runs_dir
-from hetflow.infra.report.plots import rank_labels
+from hetflow.infra.report.plots import rank_rows
 from hetflow.infra.tracking.content import record_training
 from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.records import Plan, Profile, RunResult, TrainOutcome
@@ -196,9 +196,11 @@ def log_trained_model(
 
 def launched_labels(cluster: ClusterSpec, outcome: TrainOutcome, profile: Profile) -> list[str]:
     """The labels of the ranks `outcome`'s variant finished on (all but its plan's dropped and
-    the workers a lost node took: `RankMap.finished`), in the order of the result's ranks."""
+    the workers a lost node took: `RankMap.finished`), in rank order, each the worker it ran
+    as (`plots.rank_rows`: not its position, which a leave in place shifts)."""
     ranks = RankMap(cluster, outcome.plan).finished(outcome.result)
-    return rank_labels(ranks.launched()[0], profile)
+    labels = rank_rows(outcome.result, ranks.launched()[0], profile)[1] or []
+    return labels[: len(outcome.result.ranks)]
 
 
 def _print_plan(variant: str, plan: Plan, train: TrainConfig) -> None:

@@ -30,11 +30,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from hetflow.infra.data.reader import open_rank_data, peak_rss_bytes
 from hetflow.infra.s3 import filesystem
-from hetflow.records import RunResult
+from hetflow.records import RankResult, RunResult
 from hetflow.training.comm import WireCounter
 from hetflow.training.cores import host_cores, pin_rank
 from hetflow.training.cpu_quota import join_quota, own_quota
 from hetflow.training.devices import MixedPrecision, rank_device_precision, synchronizer
+from hetflow.training.elastic.departure import departed_results
 from hetflow.training.elastic.world import open_world, result_group
 from hetflow.training.faults.records import (
     PREEMPTED_EXIT,
@@ -77,16 +78,23 @@ def init_process_group(timeout: timedelta, backend: str = "gloo") -> None:
 
 
 def write_result(
-    run_dir: Path, mode: str, ranks: list, weights: dict | None, state_url: str | None = None
+    run_dir: Path,
+    mode: str,
+    ranks: list,
+    weights: dict | None,
+    state_url: str | None = None,
+    departed: list[str] | None = None,
 ) -> None:
     """Rank 0's output: model.pt (the trained weights, if any), and result.json written whole
     (under a temporary name, then renamed), both also put at `state_url` if given:
-    `RunResult`'s JSON for a training run (`ranks`: every
-    rank's `RankResult`), `{"mode": "profile", "ranks": [...]}` for a profile."""
+    `RunResult`'s JSON for a training run (`ranks`: every rank's `RankResult`; `departed`:
+    the JSON of those that left in place), `{"mode": "profile", "ranks": [...]}` for a
+    profile."""
     if weights is not None:
         torch.save(weights, run_dir / "model.pt")
     if mode == "train":
-        text = RunResult(ranks=ranks).model_dump_json()
+        left = [RankResult.model_validate_json(t) for t in departed or []]
+        text = RunResult(ranks=ranks, departed=left).model_dump_json()
     else:
         text = json.dumps({"mode": mode, "ranks": ranks})
     tmp = run_dir / "result.json.tmp"
@@ -239,7 +247,8 @@ def run(
         gathered: list = [None] * len(members)
         dist.all_gather_object(gathered, mine, group=group)
         if rank == writer:  # rank 0, or where it was lost, the lowest rank left
-            write_result(Path(spec.run_dir), spec.mode, gathered, weights, spec.state_url)
+            left = departed_results() if spec.mode == "train" else []
+            write_result(Path(spec.run_dir), spec.mode, gathered, weights, spec.state_url, left)
     finally:
         counter.uninstall()
 

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 
 from hetflow.config import ClusterSpec
 from hetflow.figures import StepFigures
-from hetflow.records import Profile, StepRecord
+from hetflow.records import Profile, RunResult, StepRecord
 
 PARTS = (
     ("data_s", "data wait", "#9e9e9e"),
@@ -57,6 +57,37 @@ def rank_labels(cluster: ClusterSpec, profile: Profile | None = None) -> list[st
             label += f" (measured {measured[w.name]:.2f})"
         labels.append(label)
     return labels
+
+
+def rank_rows(
+    result: RunResult, cluster: ClusterSpec | None, profile: Profile | None = None
+) -> tuple[list[list[StepRecord]], list[str] | None]:
+    """The per-rank timeline's rows (`timeline`): the ranks at the run's end in rank order,
+    then those that left in place (`RunResult.departed`), each labelled by the worker it ran
+    as (`RankResult.worker_index`: its `rank_labels` label, or its own name where it was
+    added in place under one; '(left before step N)' where it left), never by its position
+    among the ranks, which a leave or a join shifts; no labels without `cluster`.
+
+    >>> from hetflow.records import RankResult
+    >>> r = lambda rank, worker="": RankResult(rank=rank, worker=worker, records=[], plans=[])
+    >>> rank_rows(RunResult(ranks=[r(2), r(0)], departed=[r(1, "w1")]),
+    ...     ClusterSpec.from_speeds([1, 2, 4]))[1]
+    ['w0 · 1x', 'w2 · 4x', 'w1 · 2x (left)']
+    """
+    ranks = [*sorted(result.ranks, key=lambda r: r.rank), *result.departed]
+    rows = [r.records for r in ranks]
+    if cluster is None:
+        return rows, None
+    names, by_index = [w.name for w in cluster.workers], rank_labels(cluster, profile)
+    labels = []
+    for k, r in enumerate(ranks):
+        i = r.worker_index(cluster)
+        own = r.worker in ("", *names[i : i + 1])
+        label = by_index[i] if own and i < len(names) else r.worker or f"rank {r.rank}"
+        if k >= len(result.ranks):
+            label += f" (left before step {r.records[-1].step + 1})" if r.records else " (left)"
+        labels.append(label)
+    return rows, labels
 
 
 def _labels(labels: Sequence[str] | None, n: int) -> list[str]:

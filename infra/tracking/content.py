@@ -55,17 +55,14 @@ def record_training(
             "replans": lead.replans,
         },
     )
-    ranks = sorted(outcome.result.ranks, key=lambda r: r.rank)
     title = outcome.variant
     labels = plots.rank_labels(cluster, profile) if cluster else None
+    rows, row_labels = plots.rank_rows(outcome.result, cluster, profile)
     tracker.log_plots(
         rid,
         {
             "timeline.png": lambda p: plots.timeline(
-                [r.records for r in ranks],
-                p,
-                title=f"{title}: per-rank timeline",
-                labels=labels,
+                rows, p, title=f"{title}: per-rank timeline", labels=row_labels
             ),
             "steps.png": lambda p: plots.step_series(
                 outcome.series, p, title=f"{title}: step time and plan", labels=labels

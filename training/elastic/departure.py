@@ -8,8 +8,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
-from hetflow.training.elastic.world import ElasticWorld
+from hetflow.training.elastic.world import ElasticWorld, current
 
 
 class Departures:
@@ -21,10 +22,14 @@ class Departures:
     its process (marking itself dead, so that no one waits for it) while the others regroup.
     b+1 is the same boundary for all: no rank can finish step b before the leaver, at
     boundary b, has written and joined step b's all-reduce (`faults.guard.Preemption`'s
-    argument). The handler replaces `Preemption`'s, which would stop every rank."""
+    argument). The handler replaces `Preemption`'s, which would stop every rank.
 
-    def __init__(self, world: ElasticWorld) -> None:
-        self.world = world
+    Before it ends, the leaver leaves its result (`publish`: its `RankResult`'s JSON, the
+    steps it ran) in the store (`world.PREFIX` `departed/I`), where the rank that writes the
+    run's result finds it (`departed_results`): the run keeps what its steps measured."""
+
+    def __init__(self, world: ElasticWorld, publish: Callable[[], str] | None = None) -> None:
+        self.world, self.publish = world, publish
         self.signalled = self.asked = False
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -48,8 +53,35 @@ class Departures:
             return None
         if who == w.rank:
             print(f"rank {w.rank}: leaving the job before step {step} (SIGTERM)", flush=True)
+            self.leave_result()
             w.store.set(f"dead/{w.rank}", "1")
             sys.stdout.flush()
             os._exit(0)
         self.asked = False  # another rank's leave: a signalled one asks in the next generation
         return who
+
+    def leave_result(self) -> None:
+        """This leaver's result in the store (`departed/I`, I counted by `departed`); a
+        result that cannot be made is said, and the leave goes on without it."""
+        if self.publish is None:
+            return
+        try:
+            text = self.publish()
+        except Exception as e:  # the leave must not fail for its record
+            print(f"rank {self.world.rank}: its result is not kept ({e!r})", flush=True)
+            return
+        i = int(self.world.store.add("departed", 1)) - 1
+        self.world.store.set(f"departed/{i}", text)
+
+
+def departed_results(store=None) -> list[str]:
+    """The results (JSON) the ranks that left in place left in the job's `store` (a
+    `world.PREFIX` one; by default this process's `ElasticWorld`'s), in the order they
+    left; none outside `on_loss: continue`."""
+    if store is None:
+        w = current()
+        if w is None:
+            return []
+        store = w.store
+    count = int(store.add("departed", 0))
+    return [store.get(f"departed/{i}").decode() for i in range(count)]

@@ -106,6 +106,7 @@ class ElasticJob:
         self.pool: list[subprocess.Popen] = []  # warm workers waiting for a rank (`warm`)
         self.replacing: set[int] = set()  # lost ranks whose replacement is due (`replace`)
         self.replaced = 0
+        self.holders: dict[int, str] = {}  # rank -> the worker its newest process runs as
         self.late = dict(spec.train.faults.join_at)  # rank -> the step that starts it
         self.lock = threading.Lock()
         self._stack = contextlib.ExitStack()
@@ -140,12 +141,16 @@ class ElasticJob:
         faults = spec.train.faults
         self.keep_warm(len(self.late) + faults.warm_workers + int(faults.replace))
 
-    def _spawn(self, rank: int, joining: bool = False) -> None:
-        """Start rank `rank`'s worker; `joining`: into the running job, the slot's notices of
-        an earlier worker in it cleared first, on a warm worker where one waits (`warm`)."""
+    def _spawn(self, rank: int, joining: bool = False, worker: str = "") -> None:
+        """Start rank `rank`'s worker, as the worker named `worker` (else the slot's: the
+        store's `worker/R`, which the rank records in its result); `joining`: into the
+        running job, the slot's notices of an earlier worker in it cleared first, on a warm
+        worker where one waits (`warm`)."""
         if joining:
             for key in (f"dead/{rank}", f"join/{rank}", f"admit/{rank}"):
                 self.store.delete_key(f"{PREFIX}/{key}")
+        name = worker or self.spec.cluster.workers[rank].name
+        self.store.set(f"{PREFIX}/worker/{rank}", name)
         with self.lock:
             if joining and self.pool:
                 proc = self.pool.pop(0)
@@ -157,7 +162,7 @@ class ElasticJob:
                     env[JOINING] = "1"
                 cmd = [sys.executable, "-m", "hetflow.training.worker", "--job", str(self.job)]
                 proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env)
-            self.procs[rank] = proc
+            self.procs[rank], self.holders[rank] = proc, name
             if joining:
                 self.joining.add(rank)
         print(f"rank {rank} started{' to join' if joining else ''} (pid {proc.pid})", flush=True)
@@ -202,7 +207,7 @@ class ElasticJob:
                 f"{[workers[r].name for r in free]})"
             )
         rank = fits[0]
-        self._spawn(rank, joining=True)
+        self._spawn(rank, joining=True, worker=worker.name)
         self.keep_warm(self.spec.train.faults.warm_workers + int(self.spec.train.faults.replace))
         return rank
 

@@ -80,6 +80,7 @@ class ElasticLoop:
         if world is None or world.rank != loop.rank:
             world = ElasticWorld(loop.rank, loop.world, faults.collective_timeout_s)
         self = cls(world, faults.min_workers, loop.rebalancer.caps)
+        self.departures.publish = lambda: loop.result().model_dump_json()  # kept on a leave
         world.keep_timeout()
         loop.membership.computing.can_leave = False
         loop.net.opt = CommitGate(loop.net.opt, world)
@@ -219,6 +220,7 @@ class ElasticLoop:
             plan=plan,
             joined=list(joined),
             join_s=phases,
+            workers={m: n for m in world.members if (n := world.worker_of(m))},
         )
         loop.recovery.membership.append(change)
         if len(world.members) < self.min_workers:

@@ -21,6 +21,8 @@ Store keys (under `PREFIX`, in the store the launcher hosts, `elastic.launch`):
     gG/leave              'S:R': rank R leaves before step S (`departure.Departures`)
     join/R, asks          rank R's worker is ready and asks to join (its pid); how many asked
     gG/admit              'S:R': generation G's members admit rank R before step S
+    worker/R              the worker rank R's newest process runs as (the launcher's)
+    departed, departed/I  how many ranks left in place; the I-th one's `RankResult` (JSON)
     admit/R               'G:S': rank R is to ask to be in generation G, going on from step S
     over                  the run's last step is done: a joiner still waiting gives up
 
@@ -135,7 +137,8 @@ class ElasticWorld:
     applied (None: none yet). A rank the launcher started late (not in generation 0's members,
     which the launcher writes) or started into the running job (`JOINING` in its environment:
     a replacement in a slot whose worker left) is `joining`: a member of a group of its own
-    until `join`."""
+    until `join`. `worker`: the worker this process runs as, as the launcher wrote it ('':
+    none written)."""
 
     def __init__(self, rank: int, world: int, timeout_s: float, store=None) -> None:
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
@@ -144,6 +147,7 @@ class ElasticWorld:
         if self.store.check(["g0/members"]):
             first = tuple(json.loads(self.store.get("g0/members"))["ranks"])
         self.joining = rank not in first or os.environ.get(JOINING) == "1"
+        self.worker = self.worker_of(rank)
         self.gen, self.members = (-1, (rank,)) if self.joining else (0, first)
         self.leader = self.members[0]
         self.deaths = int(self.store.add("deaths", 0))
@@ -151,6 +155,11 @@ class ElasticWorld:
         self.group = self._new_group(name)
         self.committed: int | None = None
         _CURRENT[:] = [self]
+
+    def worker_of(self, rank: int) -> str:
+        """The worker rank `rank`'s newest process runs as (`worker/R`), '' where unwritten."""
+        key = f"worker/{rank}"
+        return self.store.get(key).decode() if self.store.check([key]) else ""
 
     def _new_group(self, name: str):
         timeout = timedelta(seconds=self.timeout_s)

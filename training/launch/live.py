@@ -10,8 +10,8 @@ The handle (`Members`, over the launcher's `elastic.launch.ElasticJob`: `Handle`
 `release(rank)` asks rank `rank` to leave at its next step boundary while the others go on
 (a SIGTERM, which the rank's `elastic.departure.Departures` turns into a leave every rank
 agrees on); `gone(rank)`, whether
-its process has ended; `rank_of(worker)`, the rank a worker of the cluster runs as (the
-plan's dropped workers run none: `plan.ranks.RankMap`).
+its process has ended; `rank_of(worker)`, the rank a worker runs as (the plan's dropped
+workers run none: `plan.ranks.RankMap`; nor does one whose slot another worker holds now).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class Members(Protocol):
 
 class Handle:
     """`Members` over a running `elastic.launch.ElasticJob` (its `release`; its processes by
-    rank, `procs`, under its `lock`; its launched cluster, `spec.cluster`)."""
+    rank, `procs`, and the worker each runs as, `holders`, under its `lock`; its launched
+    cluster, `spec.cluster`)."""
 
     def __init__(self, job) -> None:
         self.job = job
@@ -51,7 +52,16 @@ class Handle:
         return p is None or p.poll() is not None
 
     def rank_of(self, worker: str) -> int | None:
-        return self.names.index(worker) if worker in self.names else None
+        """The slot whose newest process runs as `worker` (one added in place included), else
+        `worker`'s own slot in the launch where no process was started in it yet (a late
+        one); None where another worker holds that slot, or `worker` is not of the job."""
+        with self.job.lock:
+            held = dict(getattr(self.job, "holders", {}))
+        for r, name in held.items():
+            if name == worker:
+                return r
+        own = self.names.index(worker) if worker in self.names else None
+        return own if own not in held else None
 
 
 _LIVE: dict[str, Members] = {}

@@ -250,6 +250,7 @@ class TrainingLoop:
         return RankResult(
             rank=self.rank,
             node=node_id(),
+            worker=self.worker_name(),
             records=state.records,
             plans=state.plans,
             evals=state.evals,
@@ -267,6 +268,12 @@ class TrainingLoop:
             trials=self.trials,
             timeline=self.timeline,
         )
+
+    def worker_name(self) -> str:
+        """The worker this rank ran as: the one the elastic launcher started in its slot
+        (`ElasticWorld.worker`), else its slot's in the launched cluster."""
+        world = self.elastic.world if self.elastic is not None else None
+        return (world and world.worker) or self.spec.cluster.workers[self.rank].name
 
     def weights(self) -> dict[str, torch.Tensor] | None:
         """A copy of the trained weights on rank 0 (under `on_loss: continue`, the lowest rank

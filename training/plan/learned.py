@@ -17,7 +17,7 @@ from collections import defaultdict
 from hetflow.config import ClusterSpec, TrainConfig
 from hetflow.history import TypeEntry, TypeKey, type_key
 from hetflow.perf.fitting import robust_affine
-from hetflow.records import RankProfile, RunResult
+from hetflow.records import RankProfile, RankResult, RunResult
 from hetflow.training.plan.assemble import declared_link
 from hetflow.training.plan.prior import line_rank
 
@@ -25,9 +25,10 @@ LEARNED_FROM = "measured by a training run's steps"
 SKIP_AFTER_CHANGE = 2  # steps after each plan change left out (`loop.state.SETTLE_STEPS`)
 
 
-def compute_points(result: RunResult, rank: int) -> dict[int, float]:
-    """Rank `rank`'s mean compute time at each batch it ran in one pass, leaving out step 0
-    and the first SKIP_AFTER_CHANGE steps of each plan (the one-off costs of a new batch size).
+def compute_points(result: RunResult, rank: int | RankResult) -> dict[int, float]:
+    """A rank's mean compute time at each batch it ran in one pass (`rank`: its number among
+    `result.ranks`, or any of `result.stretches` itself), leaving out step 0 and the first
+    SKIP_AFTER_CHANGE steps of each plan (the one-off costs of a new batch size).
 
     >>> from hetflow.records import RankResult, StepRecord, PlanChange
     >>> recs = [StepRecord(step=s, batch=8 if s < 5 else 16, data_s=0, compute_s=0.1 if s < 5
@@ -42,7 +43,8 @@ def compute_points(result: RunResult, rank: int) -> dict[int, float]:
     starts = {p.step for p in lead.plans} | {0}
     fresh = {s + k for s in starts for k in range(SKIP_AFTER_CHANGE)}
     times: dict[int, list[float]] = defaultdict(list)
-    for rec in ranks[rank].records:
+    own = rank if isinstance(rank, RankResult) else ranks[rank]
+    for rec in own.records:
         if rec.batch > 0 and rec.step not in fresh and rec.micro_batches <= 1:
             times[rec.batch].append(rec.compute_s)
     return {b: statistics.median(ts) for b, ts in sorted(times.items())}
@@ -73,22 +75,26 @@ def learned_rank(rank: int, points: dict[int, float], reference_batch: int) -> R
 def learned_entries(
     cluster: ClusterSpec, train: TrainConfig, result: RunResult, stamp: str
 ) -> list[TypeEntry]:
-    """One entry per worker type of `cluster` (the workers `result`'s ranks ran on, in order)
-    from what the run's steps measured (`compute_points`, `learned_rank`), measured at
-    `stamp`. A worker that never computed has none; the link is the declared one
+    """One entry per worker type of `cluster` (the launched one) from what the run's steps
+    measured (`compute_points`, `learned_rank`), measured at `stamp`: each process of the run
+    (`RunResult.stretches`: the ranks at the end, then those that left in place, each with
+    the steps it ran) counted as the worker it ran as (`RankResult.worker_index`), never by
+    its position in the result, which a leave or a join in place shifts; of several of a
+    type, the first. A worker that never computed has none; the link is the declared one
     (`assemble.declared_link`), the gradient's bytes its fp32 parameters'."""
     ref = max(1, train.global_batch // cluster.world_size)
     nodes = [r.node for r in result.ranks]
     entries: dict[TypeKey, TypeEntry] = {}
-    for i, r in enumerate(result.ranks):
+    for r in result.stretches:
+        i = r.worker_index(cluster)
         key = type_key(cluster, i, train)
-        learned = learned_rank(i, compute_points(result, r.rank), ref)
+        learned = learned_rank(i, compute_points(result, r), ref)
         if key in entries or learned is None:
             continue
         gbps, latency, source = declared_link(cluster, i)
         rank = learned.model_copy(
             update={
-                "worker": cluster.workers[i].name,
+                "worker": r.worker or cluster.workers[i].name,
                 "node": r.node,
                 "device": cluster.workers[i].device,
                 "link_gbps": gbps,
@@ -103,6 +109,6 @@ def learned_entries(
             link_source=f"{source}; {LEARNED_FROM}",
             cluster=cluster.name,
             world_size=cluster.world_size,
-            host_ranks=nodes.count(r.node),
+            host_ranks=max(1, nodes.count(r.node)),
         )
     return list(entries.values())

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from hetflow.infra.report.plots import rank_rows
 from hetflow.records import RunResult
 from hetflow.training.launch.outcome import LaunchError, RankFailed
 from hetflow.training.launch.run import run_workers
 from hetflow.training.loop.checkpoint_store import CheckpointStore
 from hetflow.training.metrics import summarize
+from hetflow.training.plan.learned import learned_entries
 
 from tests.helpers.training.elastic import GLOBAL, STEPS, _spec
 
@@ -80,7 +82,27 @@ def test_a_worker_sent_sigterm_leaves_at_the_next_boundary_alone(local_digits, t
     spec = _spec(local_digits, tmp_path / "term", inject=[(1, 12, "term")])
     raw, _ = run_workers(spec, timeout_s=200)
     # signalled in step 12, it asks to leave at boundary 13 and leaves before step 14
-    _survived(RunResult.model_validate(raw), lost=[1], at=14, in_flight="none")
+    result = RunResult.model_validate(raw)
+    _survived(result, lost=[1], at=14, in_flight="none")
+    # the leaver's steps are kept; each rank is named as the worker it ran as
+    (left,) = result.departed
+    assert (left.rank, left.worker) == (1, "w1")
+    assert [rec.step for rec in left.records] == list(range(14))
+    assert [r.worker for r in result.ranks] == ["w0", "w2", "w3"]
+    assert result.lead.recovery.membership[0].workers == {0: "w0", 2: "w2", 3: "w3"}
+    # what the history stores and the timeline's rows name the right workers, not positions
+    entries = learned_entries(spec.cluster, spec.train, result, "20260101T000000000000Z")
+    assert {e.rank.worker: e.key.kind for e in entries} == {
+        "w0": "speed-1",  # w1's kind too: the first rank of it gives it
+        "w2": "speed-2",
+        "w3": "speed-4",
+    }
+    assert rank_rows(result, spec.cluster)[1] == [
+        "w0 · 1x",
+        "w2 · 2x",
+        "w3 · 4x",
+        "w1 · 1x (left before step 14)",
+    ]
 
 
 @pytest.mark.slow

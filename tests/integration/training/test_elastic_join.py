@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from hetflow.config import ClusterSpec, TrainConfig, WorkerSpec
+from hetflow.infra.report.plots import rank_rows
 from hetflow.records import Plan, RunResult
 from hetflow.training.elastic.launch import start_elastic
 from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import Injection, RunSpec
+from hetflow.training.plan.learned import learned_entries
 
 STEPS, GLOBAL, LATE, AT, SCALE = 30, 64, 3, 4, 20.0
 
@@ -154,13 +156,33 @@ def test_the_launcher_api_releases_a_worker_and_adds_it_back_in_place(local_digi
     assert job.procs[LATE].returncode == 0
     with pytest.raises(ValueError, match="no free slot .* 'nope'"):
         job.add_worker(WorkerSpec(name="nope", speed=9.0))
-    assert job.add_worker(spec.cluster.workers[LATE]) == LATE
+    # back in its place: a spare of its type, under a name of its own
+    assert job.add_worker(WorkerSpec(name="spare", speed=4.0)) == LATE
     result = RunResult.model_validate(job.wait().raw)
     changes = result.lead.recovery.membership
     assert [(c.lost, c.joined) for c in changes] == [([LATE], []), ([], [LATE])]
     joiner = next(r for r in result.ranks if r.rank == LATE)
     assert joiner.records[0].step == changes[1].step
     assert len({r.recovery.replica_digest for r in result.ranks}) == 1
+    # the leaver's steps kept under its name, the spare's under its own
+    (left,) = result.departed
+    assert (left.rank, left.worker) == (LATE, "w3")
+    assert [rec.step for rec in left.records] == list(range(changes[0].step))
+    assert [r.worker for r in result.ranks] == ["w0", "w1", "w2", "spare"]
+    assert [c.workers for c in changes] == [
+        {0: "w0", 1: "w1", 2: "w2"},
+        {0: "w0", 1: "w1", 2: "w2", 3: "spare"},
+    ]
+    entries = learned_entries(spec.cluster, spec.train, result, "20260101T000000000000Z")
+    assert {e.rank.worker: e.key.kind for e in entries} == {
+        "w0": "speed-1",
+        "w2": "speed-2",
+        "spare": "speed-4",  # the ranks at the end first: the spare's steps, not w3's
+    }
+    assert rank_rows(result, spec.cluster)[1][3:] == [
+        "spare",
+        f"w3 · 4x (left before step {changes[0].step})",
+    ]
 
 
 @pytest.mark.slow
@@ -174,6 +196,9 @@ def test_a_lost_worker_is_replaced_in_place(local_digits, tmp_path):
     assert [(c.lost, c.joined) for c in changes] == [([2], []), ([], [2])]
     replacement = next(r for r in result.ranks if r.rank == 2)
     assert [rec.step for rec in replacement.records] == list(range(changes[1].step, STEPS))
+    # the replacement runs as its slot's worker; the lost one took its steps with it
+    assert replacement.worker == "w2" and changes[1].workers[2] == "w2"
+    assert 2 not in changes[0].workers and result.departed == []
     assert [rec.step for rec in result.lead.records] == list(range(STEPS))
     assert len({r.recovery.replica_digest for r in result.ranks}) == 1
 

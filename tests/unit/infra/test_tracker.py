@@ -205,7 +205,13 @@ def test_a_variant_run_records_each_regroup_in_place_as_an_event(tracker, tmp_pa
     rid = tracker.start_run("optimized", cluster, DatasetSpec(url="s3://bucket/digits"))
     done = outcome("optimized", rid, [16, 16, 16], 0.1)
     change = MembershipChange(
-        step=3, lost=[1], world=2, step_in_flight="retried", regroup_s=0.05, plan=[24, 0, 24]
+        step=3,
+        lost=[1],
+        world=2,
+        step_in_flight="retried",
+        regroup_s=0.05,
+        plan=[24, 0, 24],
+        workers={0: "w0", 2: "w2"},
     )
     done.result.ranks[0].recovery = Recovery(membership=[change])
     done.metrics = summarize(done.result, 48)
@@ -215,4 +221,33 @@ def test_a_variant_run_records_each_regroup_in_place_as_an_event(tracker, tmp_pa
     history = tracker.client.get_metric_history(rid, "membership.world")
     assert [(m.step, m.value) for m in history] == [(3, 2.0)]
     path = tracker.client.download_artifacts(rid, "membership.json", str(tmp_path))
-    assert json.loads(open(path).read())[0]["lost"] == [1]
+    saved = json.loads(open(path).read())[0]
+    assert saved["lost"] == [1] and saved["workers"] == {"0": "w0", "2": "w2"}
+
+
+def test_the_per_rank_timeline_labels_each_row_by_the_worker_that_rank_was(tracker, monkeypatch):
+    """After a leave in place (rank 1 of w0..w2 left, its result kept) and a join of a worker
+    under a name of its own (rank 3's slot), each row is the worker its rank ran as."""
+    from hetflow.infra.report import plots
+    from hetflow.infra.tracking.content import record_training
+    from hetflow.records import Profile
+
+    drawn = {}
+    draw = plots.timeline
+
+    def timeline(rank_records, path, **kw):
+        drawn.update(rows=[[rec.step for rec in recs][:1] for recs in rank_records], **kw)
+        return draw(rank_records, path, **kw)
+
+    monkeypatch.setattr(plots, "timeline", timeline)
+    cluster = ClusterSpec.from_speeds([1, 1, 2, 4])
+    rid = tracker.start_run("optimized", cluster, DatasetSpec(url="s3://bucket/digits"))
+    done = outcome("optimized", rid, [16, 16, 16, 16], 0.1)
+    w0, w1, w2, w3 = done.result.ranks
+    w1.records = w1.records[:3]
+    w2.records = w2.records[2:]
+    w3.worker, w3.records = "spare-7", w3.records[1:]
+    done.result = RunResult(ranks=[w3, w0, w2], departed=[w1])  # ranks 3, 0, 2; 1 left
+    record_training(tracker, done, Profile(cluster="local", model="digits-mlp", ranks=[]), cluster)
+    assert drawn["labels"] == ["w0 · 1x", "w2 · 2x", "spare-7", "w1 · 1x (left before step 3)"]
+    assert drawn["rows"] == [[0], [2], [1], [0]]

@@ -24,3 +24,28 @@ def test_join_at_is_checked_in_one_line_naming_the_field():
         train = TrainConfig(recipe="digits-mlp", faults={field: value})
         with pytest.raises(ConfigError, match=f"train.faults.{field}: .*'continue' only"):
             check_on_loss(cluster, train)
+
+
+def test_the_queue_finds_a_worker_in_the_slot_it_holds_now_not_its_launch_slot():
+    """`live.Handle.rank_of` over the launcher's `holders`: a worker added in place into
+    another's slot is found there; the worker whose slot it took runs no rank; a late one not
+    started yet still has its own."""
+    import threading
+    from types import SimpleNamespace
+
+    from hetflow.training.launch.live import Handle
+
+    cluster = ClusterSpec.from_speeds([1, 1, 2, 4])
+    job = SimpleNamespace(
+        spec=SimpleNamespace(cluster=cluster),
+        lock=threading.Lock(),
+        holders={0: "w0", 1: "spare", 2: "w2"},  # w1 left, spare joined in its slot; w3 late
+    )
+    handle = Handle(job)
+    assert [handle.rank_of(w) for w in ("w0", "spare", "w1", "w3", "nope")] == [
+        0,
+        1,
+        None,
+        3,
+        None,
+    ]
