@@ -44,6 +44,7 @@ from hetflow.training.faults.records import (
     write_failure,
     write_pid,
 )
+from hetflow.training.faults.watch import dump_on_signal
 from hetflow.training.launch.mps import apply_rank_env
 from hetflow.training.launch.ready import launch_ready
 from hetflow.training.launch.spec import RunSpec, emulator_for
@@ -142,7 +143,9 @@ def default_signals() -> None:
 def start(argv: list[str] | None = None) -> None:
     """Run the job on this rank; on an exception, write this rank's `RankFailure` first (the
     launcher ends the job on it), and after a SIGTERM's checkpoint exit with PREEMPTED_EXIT.
-    The start-up's phases are marked as they end (`startup.StartupMarks`)."""
+    The start-up's phases are marked as they end (`startup.StartupMarks`). Asked by the
+    launcher (`faults.watch.dump_stacks`), the rank writes its threads' stacks to its log."""
+    dump_on_signal()
     marks = StartupMarks()
     marks.mark("import")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -14,6 +14,7 @@ Each rank writes its pid at start and a `RankFailure` before it exits on an exce
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -86,6 +87,38 @@ def job_pids(pid: int) -> set[int]:
         return {pid, *(p.pid for p in agent.children(recursive=True))}
     except psutil.NoSuchProcess:
         return set()
+
+
+# The signal on which a rank (and the warm agent) writes every thread's Python stack to its
+# log (`faulthandler.register`, `dump_on_signal`): what a job past its deadline was doing.
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+def dump_on_signal() -> None:
+    """Have this process write every thread's stack to stderr on STACKS_SIGNAL (the
+    standard library's `faulthandler`; its other handlers are left as they are)."""
+    import faulthandler
+
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
+
+
+def dump_stacks(pid: int, agent: bool = False, wait_s: float = 2.0) -> None:
+    """Ask the processes under torchrun `pid` (the ranks), and `pid` itself where `agent`
+    (the warm agent, `launch.warm`, registers too), for their stacks (STACKS_SIGNAL,
+    `dump_on_signal`), and give them `wait_s` to write them before the job is killed. A
+    process that registered no handler ends on it: only the ones about to be killed are
+    asked."""
+    try:
+        top = psutil.Process(pid)
+        children = top.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for p in [top, *children] if agent else children:
+        try:
+            p.send_signal(STACKS_SIGNAL)
+        except psutil.NoSuchProcess:
+            pass
+    time.sleep(wait_s)
 
 
 def kill_job(pid: int) -> None:

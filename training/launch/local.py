@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hetflow.infra.s3 import free_port
 from hetflow.training.cpu_quota import JobCgroups, find_controller
-from hetflow.training.faults.watch import JobWatch, job_pids, kill_job
+from hetflow.training.faults.watch import JobWatch, dump_stacks, job_pids, kill_job
 from hetflow.training.launch.mps import mps_daemon
 from hetflow.training.launch.outcome import Launched, LaunchError, RankFailed
 from hetflow.training.launch.spec import RunSpec
@@ -105,7 +105,7 @@ def run_torchrun(
     ):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
-            _watch(proc, watch, run_dir, t + timeout_s, on_progress)
+            _watch(proc, watch, run_dir, t + timeout_s, on_progress, warm)
         except BaseException:
             kill_job(proc.pid)
             proc.wait()
@@ -122,15 +122,26 @@ def run_torchrun(
     return Launched(json.loads((run_dir / "result.json").read_text()), wall)
 
 
-def _watch(proc: subprocess.Popen, watch: JobWatch, run_dir: Path, deadline: float, on_progress):
-    """Until torchrun exits: raise on a rank's failure or past the deadline, kill stalled
-    ranks, report progress."""
+def _watch(
+    proc: subprocess.Popen,
+    watch: JobWatch,
+    run_dir: Path,
+    deadline: float,
+    on_progress,
+    warm: bool = False,
+):
+    """Until torchrun exits: raise on a rank's failure or past the deadline (every rank's
+    stacks in the log and the error first: `faults.watch.dump_stacks`), kill stalled ranks,
+    report progress. `warm`: torchrun is the warm agent, which writes its stacks too."""
     progress = run_dir / "progress.json"
     last_report = 0.0
     while proc.poll() is None:
         now = time.perf_counter()
         if now > deadline:
-            raise LaunchError(f"torchrun ran past its deadline (log: {run_dir / 'workers.log'})")
+            dump_stacks(proc.pid, agent=warm)  # into the log: where each rank was
+            log = run_dir / "workers.log"
+            tail = log.read_text(errors="replace").strip().splitlines()[-60:]
+            raise LaunchError(f"torchrun ran past its deadline (log: {log}):\n" + "\n".join(tail))
         failure = watch.fatal()
         if failure is not None:
             raise RankFailed(failure, run_dir / "workers.log")

@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
+    from hetflow.training.faults.watch import dump_on_signal
+
+    dump_on_signal()  # inherited by the forks: a rank stuck before its own start says where
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.start_method = "fork"
     preload(args.training_script)
