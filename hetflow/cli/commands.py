@@ -33,6 +33,7 @@ BENCHMARKS = (
     "diloco",
     "queue",
     "learner",
+    "trial_straggler",
 )
 
 

@@ -194,7 +194,7 @@ def test_a_killed_node_is_survived_from_s3_and_every_node_reports_metrics(
     assert {r.node for r in result.ranks} <= reported and len(reported) >= 3
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["fsdp"])  # ddp's smaller state: the same path, locally
 def test_a_node_lost_with_no_replacement_the_run_goes_on_with_the_workers_left(
     ray_cluster, digits, tmp_path, monkeypatch, strategy
 ):

@@ -4,6 +4,7 @@ are parsed, not run: some need a GPU, a Ray cluster or many cores."""
 
 from __future__ import annotations
 
+import importlib
 import shlex
 from pathlib import Path
 
@@ -52,42 +53,8 @@ def bench_parser(name: str, rest: list[str]):
         from benchmarks.comm import _parser
 
         return _parser()
-    if name == "host":
-        from benchmarks.host import parser
-
-        return parser()
-    if name == "noise":
-        from benchmarks.noise import parser
-
-        return parser()
-    if name == "lr_rule":
-        from benchmarks.lr_rule import parser
-
-        return parser()
-    if name == "recommend":
-        from benchmarks.recommend import parser
-
-        return parser()
-    if name == "fsdp":
-        from benchmarks.fsdp import parser
-
-        return parser()
-    if name == "gpu_all":
-        from benchmarks.gpu_all import parser
-
-        return parser()
-    if name == "diloco":
-        from benchmarks.diloco import parser
-
-        return parser()
-    if name == "queue":
-        from benchmarks.queue import parser
-
-        return parser()
-    if name == "learner":
-        from benchmarks.learner import parser
-
-        return parser()
+    if name != "data":  # the others: their module's own `parser`
+        return importlib.import_module(f"benchmarks.{name}").parser()
     if "--train" in rest:
         from benchmarks import data_train
 
