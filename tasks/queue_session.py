@@ -41,7 +41,7 @@ from hetflow.tasks.queue import (
     run_segment,
 )
 from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
-from hetflow.tasks.queue_moves import Moves, progress_step
+from hetflow.tasks.queue_moves import Moves
 from hetflow.tasks.train import stable_run_dir
 
 
@@ -190,7 +190,7 @@ class Session:
     def until_stop_s(self, j: Live) -> float:
         """The seconds until running `j` would reach the checkpoint a stop asks for now (its
         steps to it at its step time; 0 where it would end first)."""
-        progress = progress_step(stable_run_dir(j.job.name)) or j.done
+        progress = job_stop_channel(self.cluster, stable_run_dir(j.job.name)).progress() or j.done
         at = j.stop_step(progress)
         return 0.0 if at is None else (at - progress) * step_s(j.model, self.kinds_of(j.workers))
 
@@ -247,14 +247,12 @@ class Session:
         if j.stop_at is not None:
             return
         folder = stable_run_dir(j.job.name)
-        try:
-            progress = json.loads((folder / "progress.json").read_text())["step"]
-        except (FileNotFoundError, ValueError):
-            progress = j.done
+        channel = job_stop_channel(self.cluster, folder)
+        progress = channel.progress() or j.done  # where rank 0 runs, on Ray too
         at = j.stop_step(progress)
         why = "its cancel" if j.cancelling else f"a move to {j.target}"
         if at is not None:
-            job_stop_channel(self.cluster, folder).write(at)
+            channel.write(at)
             j.stop_at = at
             print(f"queue: {j.job.name} asked to stop at step {at} for {why}")
         elif j.cancelling:

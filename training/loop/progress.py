@@ -11,6 +11,7 @@ from hetflow.records import Recovery
 # A run's stop request: the step (a checkpoint boundary) at which it ends before its last, as
 # text (`TrainingLoop.stop_asked`); the queue writes it to move a job's workers.
 STOP_FILE = "stop_at"
+PROGRESS_FILE = "progress.json"  # `ProgressFile`, in the run directory
 
 
 class ProgressFile:

@@ -20,10 +20,11 @@ loads it.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
-from hetflow.training.loop.progress import STOP_FILE
+from hetflow.training.loop.progress import PROGRESS_FILE, STOP_FILE
 
 BOARD_NAME = "hetflow-stop-requests"
 BOARD_NAMESPACE = "hetflow"
@@ -33,7 +34,15 @@ FIRST_ANSWER_S = 10.0  # how long rank 0 waits for the board's first answer
 
 class StopChannel:
     """A run's stop request, the step it names: `write` (the queue), `read` (rank 0: the
-    step written, or None), `clear` (before a segment of the run starts)."""
+    step written, or None), `clear` (before a segment of the run starts); and how far the run
+    got: `report` (rank 0, each step), `progress` (the queue: the step reported last, or
+    None before the first), so that the queue reads a run's progress wherever rank 0 runs."""
+
+    def report(self, step: int) -> None:
+        """Nothing, for a channel that carries no progress."""
+
+    def progress(self) -> int | None:
+        return None
 
     def write(self, step: int) -> None:
         raise NotImplementedError
@@ -63,12 +72,23 @@ class FileStopChannel(StopChannel):
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
 
+    def report(self, step: int) -> None:
+        """Nothing: rank 0 writes progress.json beside the request (`progress.ProgressFile`)."""
+
+    def progress(self) -> int | None:
+        """The step in the run's progress.json, or None before it is written."""
+        try:
+            return int(json.loads((self.path.parent / PROGRESS_FILE).read_text())["step"])
+        except (FileNotFoundError, ValueError, KeyError):
+            return None
+
 
 class StopBoard:
     """The Ray actor behind `RayStopChannel`: each run's requested step, by the run's name."""
 
     def __init__(self) -> None:
         self.steps: dict[str, int] = {}
+        self.reached: dict[str, int] = {}  # each run's progress, as its rank 0 reports it
 
     def set(self, key: str, step: int) -> None:
         self.steps[key] = step
@@ -78,6 +98,13 @@ class StopBoard:
 
     def drop(self, key: str) -> None:
         self.steps.pop(key, None)
+        self.reached.pop(key, None)
+
+    def report(self, key: str, step: int) -> None:
+        self.reached[key] = step
+
+    def progress(self, key: str) -> int | None:
+        return self.reached.get(key)
 
 
 def board(create: bool):
@@ -126,6 +153,18 @@ class RayStopChannel(StopChannel):
         import ray
 
         ray.get(board(create=True).drop.remote(self.key))
+
+    def report(self, step: int) -> None:
+        """Sent without waiting for its answer, on the board `read` found (none yet: not
+        sent; rank 0 reads before each step, so it finds the board as soon as it exists)."""
+        if self.actor is not None:
+            self.actor.report.remote(self.key, step)
+
+    def progress(self) -> int | None:
+        import ray
+
+        actor = board(create=False)
+        return None if actor is None else ray.get(actor.progress.remote(self.key))
 
     def read(self) -> int | None:
         import ray

@@ -74,8 +74,10 @@ class StopRequest:
     def asked(self, boundary: int) -> bool:
         """Whether the run ends at `boundary` (steps done), a checkpoint: the same answer on
         every rank."""
-        if self.stop_at is None and self.rank == leader():
-            self.publish(boundary)
+        if self.rank == leader():
+            self.channel.report(boundary)
+            if self.stop_at is None:
+                self.publish(boundary)
         if boundary % self.every:
             return False
         if self.stop_at is None and self.store.check([self.KEY]):

@@ -7,6 +7,7 @@ checkpoint and resumes there on its next workers."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -48,6 +49,29 @@ def test_a_request_written_here_is_read_on_a_labelled_node(ray_cluster, tmp_path
     assert ray.get(read_there.remote("q-other"))[0] is None
     writer.clear()
     assert ray.get(read_there.remote("q-low"))[0] is None
+
+
+def test_a_runs_progress_reported_on_a_labelled_node_is_read_here(ray_cluster):
+    """Rank 0's progress, reported where it runs, is what the queue reads on its own host:
+    none before the first report, the newest after, none once the run's entry is cleared."""
+
+    @ray.remote(num_cpus=1, label_selector={NODE_LABEL: TYPES[0]})
+    def report_there(key: str, steps: list[int]) -> None:
+        channel = RayStopChannel(key)
+        channel.read()  # finds the board, as rank 0's first read does
+        for step in steps:
+            channel.report(step)
+
+    reader = RayStopChannel("q-progress")
+    reader.clear()
+    assert reader.progress() is None
+    ray.get(report_there.remote("q-progress", [3, 4, 5]))
+    deadline = time.monotonic() + 30  # the reports are sent without waiting for an answer
+    while reader.progress() != 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert reader.progress() == 5
+    reader.clear()
+    assert reader.progress() is None
 
 
 def test_a_high_job_moves_the_low_one_through_the_ray_channel(

@@ -87,3 +87,16 @@ def test_a_run_reads_the_channel_its_launcher_runs_it_through(
     assert type(channel) is expected
     if expected is RayStopChannel:
         assert channel.key == "q-low"  # the run's name, as the queue keys it
+
+
+def test_the_file_channel_reads_the_progress_rank_0_writes_beside_it(tmp_path):
+    from hetflow.training.loop.progress import ProgressFile
+    from hetflow.training.loop.stop_channel import FileStopChannel
+
+    channel = FileStopChannel(tmp_path)
+    assert channel.progress() is None  # before rank 0's first write
+    progress = ProgressFile(tmp_path / "progress.json", 3)
+    assert channel.progress() == 3
+    progress.write(11)
+    channel.report(12)  # rank 0's report: the file is its record, nothing else is written
+    assert channel.progress() == 11
