@@ -195,6 +195,24 @@ def rolling_rate(
     return out
 
 
+def step_samples(ranks: Sequence[Sequence[StepRecord]]) -> list[int]:
+    """The samples of each of the first rank's steps, summed over the ranks that ran that
+    step (a rank that joined or left mid-run ran fewer) (pure).
+
+    >>> from hetflow.records import StepRecord
+    >>> r = lambda s, b: StepRecord(
+    ...     step=s, batch=b, data_s=0, compute_s=0, wait_s=0, step_s=0, loss_sum=0, bytes_sent=0
+    ... )
+    >>> step_samples([[r(0, 8), r(1, 6)], [r(1, 2)]])
+    [8, 8]
+    """
+    per_step: dict[int, int] = {}
+    for recs in ranks:
+        for x in recs:
+            per_step[x.step] = per_step.get(x.step, 0) + x.batch
+    return [per_step[x.step] for x in ranks[0]]
+
+
 def rate_curves(
     rates: Mapping[str, Sequence[float]], path: Path, title: str = "", window: int = 10
 ) -> Path:

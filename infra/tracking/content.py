@@ -133,10 +133,7 @@ def finish_comparison(
             "busy_fraction.png": lambda p: plots.busy_comparison(baseline, optimized, p, labels),
             "rate.png": lambda p: plots.rate_curves(
                 {
-                    v: plots.rolling_rate(
-                        [x.step_s for x in recs[0]],
-                        [sum(s) for s in zip(*([x.batch for x in r] for r in recs), strict=True)],
-                    )
+                    v: plots.rolling_rate([x.step_s for x in recs[0]], plots.step_samples(recs))
                     for v, recs in records.items()
                 },
                 p,
