@@ -1,8 +1,10 @@
 """The queue's moves in place: a worker taken from a running elastic job (`QueueJob.in_place`,
 `faults.on_loss: continue`) leaves it at the job's next step boundary while the others go on
 (`training.elastic`: no stop at a checkpoint, no relaunch), and is free for another job once
-its process has ended; and the Prefect slots the workers hold, one each (`hold_slots`), so
-that a worker that leaves gives its slot back at once.
+its process has ended (`Moves.shrink`); a free worker given to a running elastic job is
+started in its spare slot of the job and joins at a step boundary (`Moves.grow`,
+`ElasticJob.add_worker`); and the Prefect slots the workers hold, one each (`hold_slots`,
+`hold_slot`), so that a worker that leaves gives its slot back at once.
 
 Each worker's slot is held by a thread of its own, inside Prefect's own `concurrency` context
 manager (its lease renewed there): a segment's task run holds its workers' slots while its

@@ -6,9 +6,11 @@ run on its workers (`tasks.queue.run_segment`) until it ends or the queue moves 
 then it is asked to stop at its next checkpoint (through the run's stop channel,
 `tasks.queue.job_stop_channel`: a file, or the Ray cluster's board), and a new segment
 resumes from there on the workers it moves to. A job that runs elastic (`QueueJob.in_place`)
-and only gives workers up moves in place instead (`tasks.queue_moves`): they leave at its next
-step boundary, it goes on without them in the same segment, and they are free once their
-processes have ended; a move is priced at its measured cost then (`switch.InPlace`).
+and keeps some of its workers moves in place instead (`tasks.queue_moves`): those it gives up
+leave at its next step boundary, it goes on without them in the same segment, and they are
+free once their processes have ended; those it takes, once free, join it at a step boundary
+in the spare slots it was launched with (`tasks.queue.spare_workers`); a move is priced at
+its measured cost then (`switch.InPlace`).
 
 A job that fails (its step-time model, its profile or a segment raised) ends alone, `failed`
 with its one-line reason, and its workers go back to the others; `hetflow queue cancel`
