@@ -21,7 +21,8 @@ how the ratios to FIFO move.
 `--real` also runs the queue flow itself, FIFO (`hetflow queue run --policy fifo`) against
 the allocator on the same arrivals, `--repeats` rounds with the order alternated
 (`benchmarks.queue_real`). `--move` measures a move in place alone, on real processes: an
-elastic job lets a worker go at a step (`benchmarks.queue_move`), `--repeats` times.
+elastic job lets a worker go at a step and takes it back at another (`benchmarks.queue_move`),
+`--repeats` times.
 """
 
 from __future__ import annotations

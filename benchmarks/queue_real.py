@@ -9,7 +9,7 @@ that FIFO must queue some. Under FIFO each asks for one worker and takes the fir
 in the cluster's order. Since that order decides what FIFO's blind pick lands on, repeat r
 lists the workers rotated left by r, so over three repeats each kind comes first once; both
 policies of a repeat see the same order. The jobs run elastic (`QueueJob.in_place`: the
-allocator's moves that only shrink a job happen in place), under both policies alike;
+allocator's moves that keep some of a job's workers happen in place), under both policies alike;
 `--real-relaunch`: not, every move a stop at a checkpoint and a relaunch.
 
 Each policy pays its own costs: every session runs on a dataset bucket of its own, whose
@@ -20,7 +20,8 @@ alternating (`hetflow.repeats.run_order`). Reported per policy, as the median ov
 with its min-max: average completion, makespan, the high job's wait, each job's wait and
 completion; per repeat the ratio of the allocator's average completion to FIFO's, with its
 median and min-max; each move in place's times from its request (to the worker free, to the
-giving job stepping again, to the taking job stepping). How much training outweighs
+giving job stepping again, to the taking job stepping), the taking job's split by whether it
+grew in place while running or launched on the worker. How much training outweighs
 launching: each session's training loops' seconds over its launches' (a launch: the
 processes, the plan, the checkpoint, recording).
 """
@@ -145,6 +146,12 @@ def aggregate(runs: list[dict]) -> dict:
         k: median_spread(m[k] for m in moves if m[k] is not None) if moves else None
         for k in ("free_s", "giver_s", "taker_s")
     } | {"count": len(moves)}
+    grown = [m["taker_s"] for m in moves if m.get("grown") and m["taker_s"] is not None]
+    launched = [m["taker_s"] for m in moves if not m.get("grown") and m["taker_s"] is not None]
+    out["taker_s"] = {  # the taking side: a running job grown in place, or a launch on it
+        "grown": median_spread(grown) if grown else None,
+        "launched": median_spread(launched) if launched else None,
+    }
     return out
 
 

@@ -52,6 +52,7 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
                 "completion_s": round(j.finished_s - j.arrived_s, 1),
                 "segments": len(j.segments),
                 "moved_in_place": session.moves.count(j.job.name),
+                "grown_in_place": session.moves.grown(j.job.name),
                 "steps_redone": last.steps_redone,
                 "launch_s": round(sum(s.wall_s - s.train_s for s in j.segments), 1),
                 "train_s": round(sum(s.train_s for s in j.segments), 1),
@@ -64,6 +65,7 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
         "segments": sum(r["segments"] for r in rows),
         "measuring_s": session.measuring_s,
         "moves_in_place": sum(r["moved_in_place"] for r in rows),
+        "grows_in_place": sum(r["grown_in_place"] for r in rows),
         "in_place_s": session.moves.cost_s,
     }
     out |= {f"{r['job']}/wait_s": r["wait_s"] for r in rows}

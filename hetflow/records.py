@@ -417,7 +417,9 @@ class RunResult(_Record):
 
     @property
     def lead(self) -> RankResult:
-        """Rank 0, which holds the evaluations and the plan history."""
+        """The rank that wrote the result, first in `ranks`: rank 0, which holds the
+        evaluations and the plan history (under `on_loss: continue`, where rank 0 was lost,
+        the rank that took its part, though a worker that joined later holds rank 0)."""
         return self.ranks[0]
 
 

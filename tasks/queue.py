@@ -122,14 +122,21 @@ def run_segment(
 ) -> Segment:
     """`job`'s train run on the workers `names` of `cluster`, holding their kinds' slots (one
     each, `queue_moves.hold_slots`), until its end or the checkpoint a stop request names
-    (`job_stop_channel`), some of its workers perhaps let go in place before: it resumes
+    (`job_stop_channel`), some of its workers perhaps let go in place before, or others taken
+    in place (a job that runs elastic is launched with every other worker it could take as a
+    spare slot, not started: `spare_workers`, `queue_moves.Moves.grow`): it resumes
     from the job's last checkpoint (its run directory is the queue's flow run's, by job
     name; under the Ray launcher its checkpoints are in the dataset's bucket, which every
     node reaches). The segment's `to_step` is the step it reached (`reached_step`)."""
     t = time.monotonic()
-    indices = [i for i, w in enumerate(cluster.workers) if w.name in names]
+    spare = spare_workers(job, cluster, names)
+    order = {w.name: i for i, w in enumerate(cluster.workers)}
+    indices = sorted(order[n] for n in names) + [order[n] for n in spare]  # held ones first
     sub = sub_cluster(cluster, indices).model_copy(update={"name": f"{cluster.name}/{job.name}"})
     train = job.train_config()
+    if job.in_place:  # a warm worker for the first to join: a grow costs its join, not a start
+        faults = train.faults.model_copy(update={"spare": spare, "warm_workers": 1})
+        train = train.model_copy(update={"faults": faults})
     workers, _ = cluster_kinds(cluster)
     hold_slots(job.name, {n: slot_name(workers[n]) for n in names}, SLOT_WAIT_S)
     try:  # a worker that leaves in place gives its slot back then (`queue_moves.Moves`)
@@ -148,6 +155,20 @@ def run_segment(
         float(figures.get("steps_redone", 0.0)),
         out.run_id,
     )
+
+
+def spare_workers(job: QueueJob, cluster: ClusterSpec, names: list[str]) -> list[str]:
+    """The workers of `cluster` a segment of `job` on `names` launches as spare slots
+    (`faults.spare`: not started, joinable in place when the queue grows the job onto them,
+    `queue_moves.Moves.grow`): for a job that runs elastic (`QueueJob.in_place`), every
+    other worker that holds it (its memory), in the cluster's order; else none."""
+    if not job.in_place:
+        return []
+    return [
+        w.name
+        for i, w in enumerate(cluster.workers)
+        if w.name not in names and worker_memory_gb(cluster, i) >= job.memory_gb
+    ]
 
 
 def reached_step(out, launcher: str) -> int:

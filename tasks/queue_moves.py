@@ -1,8 +1,10 @@
 """The queue's moves in place: a worker taken from a running elastic job (`QueueJob.in_place`,
 `faults.on_loss: continue`) leaves it at the job's next step boundary while the others go on
 (`training.elastic`: no stop at a checkpoint, no relaunch), and is free for another job once
-its process has ended; and the Prefect slots the workers hold, one each (`hold_slots`), so
-that a worker that leaves gives its slot back at once.
+its process has ended (`Moves.shrink`); a free worker given to a running elastic job is
+started in its spare slot of the job and joins at a step boundary (`Moves.grow`,
+`ElasticJob.add_worker`); and the Prefect slots the workers hold, one each (`hold_slots`,
+`hold_slot`), so that a worker that leaves gives its slot back at once.
 
 Each worker's slot is held by a thread of its own, inside Prefect's own `concurrency` context
 manager (its lease renewed there): a segment's task run holds its workers' slots while its
@@ -73,6 +75,14 @@ def hold_slots(job: str, limits: dict[str, str], timeout_s: float) -> None:
         _HELD[job] = held
 
 
+def hold_slot(job: str, worker: str, limit: str, timeout_s: float) -> None:
+    """A slot of `limit` held for `job`'s `worker` besides those it holds (a worker it grew
+    onto in place), until `free_slot` or `free_slots`."""
+    h = SlotHold(limit, timeout_s)
+    with _LOCK:
+        _HELD.setdefault(job, {})[worker] = h
+
+
 def free_slot(job: str, worker: str) -> None:
     """`worker`'s slot, held for `job`, given back (a no-op where it holds none)."""
     with _LOCK:
@@ -125,15 +135,42 @@ class Leaving:
         return {"job": self.job, "worker": self.worker, "to": self.taker, "step": self.step} | out
 
 
+@dataclass
+class Joining:
+    """A worker added to running elastic `job` in place (rank `rank` of its run in `run_dir`)
+    at `asked_s`, the job then at step `step`; `in_step`, the job's step when the worker was
+    first seen in a generation; `joined_s`, when the job had stepped past it with the worker
+    in; `leave`, the move in place that freed the worker, where one did."""
+
+    job: str
+    worker: str
+    rank: int
+    run_dir: Path
+    asked_s: float
+    step: int
+    leave: Leaving | None = None
+    in_step: int | None = None
+    joined_s: float | None = None
+    over: bool = False  # its job's run ended first
+
+    def figures(self) -> dict:
+        """The grow's time from its request to the job stepping with the worker in
+        (`taker_s`; None: not seen), in `Leaving.figures`' keys."""
+        t = None if self.joined_s is None else round(self.joined_s - self.asked_s, 3)
+        rel = {"free_s": None, "giver_s": None, "taker_s": t}
+        return {"job": None, "worker": self.worker, "to": self.job, "step": self.step} | rel
+
+
 class Moves:
     """The session's moves in place (see the module) and what they cost: `cost_s`, the median
     of the measured moves (from the request to the giving job stepping again), `default_s`
-    before any."""
+    before any; a grow waits up to `slot_wait_s` for the added worker's Prefect slot."""
 
-    def __init__(self, default_s: float) -> None:
-        self.default_s = default_s
+    def __init__(self, default_s: float, slot_wait_s: float = 120.0) -> None:
+        self.default_s, self.slot_wait_s = default_s, slot_wait_s
         self.leaving: list[Leaving] = []
         self.done: list[Leaving] = []
+        self.joining: list[Joining] = []
 
     @property
     def cost_s(self) -> float:
@@ -160,6 +197,36 @@ class Moves:
             self.leaving.append(Leaving(job, w, -1 if r is None else r, run_dir, now, step))
             print(f"queue: {job} lets {w} (rank {r}) go in place, at step {step}")
         return True
+
+    def grow(
+        self, job: str, run_dir: Path, added: list[str], limits: dict[str, str], now: float
+    ) -> list[str] | None:
+        """`job`, running elastic in `run_dir`, grown in place onto the free workers `added`:
+        each one's slot held for it (`limits`: worker -> its kind's limit), then started in
+        its free slot of the job (`Members.add`), to join at a step boundary. The workers
+        added (fewer where a slot did not fit: the rest need a relaunch); None where the job
+        does not step yet (ask again later)."""
+        members = live_job(run_dir)
+        step = progress_step(run_dir)
+        if members is None or step is None:
+            return None
+        out = []
+        for w in sorted(added):
+            hold_slot(job, w, limits[w], timeout_s=self.slot_wait_s)
+            try:
+                r = members.add(w)
+            except ValueError as e:
+                free_slot(job, w)
+                print(f"queue: {job} cannot take {w} in place: {e}")
+                continue
+            freed = [m for m in self.done if m.worker == w and m.taker is None]
+            leave = freed[-1] if freed else None
+            if leave is not None:
+                leave.taker, leave.taker_dir, leave.taker_from = job, run_dir, step
+            self.joining.append(Joining(job, w, r, run_dir, now, step, leave))
+            out.append(w)
+            print(f"queue: {job} takes {w} in place (rank {r}), at step {step}")
+        return out
 
     def settle(self, now: float) -> list[Leaving]:
         """The workers whose process ended since last asked (their slots given back: they
@@ -188,21 +255,54 @@ class Moves:
                 m.taker, m.taker_dir, m.taker_from = job, run_dir, progress_step(run_dir) or 0
 
     def watch(self, now: float) -> None:
-        """Each taking job seen stepping since its start on a moved worker."""
+        """Each taking job seen stepping since its start on a moved worker, or since a worker
+        it grew onto in place joined (`watch_joins`)."""
+        self.watch_joins(now)
+        grown = {id(g.leave) for g in self.joining if g.leave is not None}
         for m in self.done + self.leaving:
-            if m.taker_dir is not None and m.taken_s is None:
+            if m.taker_dir is not None and m.taken_s is None and id(m) not in grown:
                 if (progress_step(m.taker_dir) or 0) > m.taker_from:
                     m.taken_s = now
+
+    def watch_joins(self, now: float) -> None:
+        """Each worker added in place seen in a generation of its job, then the job stepping
+        past the step it had then (the move that freed it, its taker's time)."""
+        for g in self.joining:
+            if g.joined_s is not None or g.over:
+                continue
+            members, step = live_job(g.run_dir), progress_step(g.run_dir) or 0
+            if members is None:
+                g.over = True
+            elif g.in_step is None and members.joined(g.rank):
+                g.in_step = step
+            elif g.in_step is not None and step > g.in_step:
+                g.joined_s = now
+                if g.leave is not None:
+                    g.leave.taken_s = now
+                print(f"queue: {g.job} stepping with {g.worker} {now - g.asked_s:.2f} s after")
 
     def watching(self) -> bool:
         """Whether a move is under way: a worker leaving, a job yet to step again."""
         moves = self.done + self.leaving
-        return bool(self.leaving) or any(m.taker and m.taken_s is None for m in moves)
+        joins = any(g.joined_s is None and not g.over for g in self.joining)
+        return bool(self.leaving) or joins or any(m.taker and m.taken_s is None for m in moves)
 
     def figures(self) -> list[dict]:
-        """Each move in place's times (`Leaving.figures`), in the order asked."""
-        return [m.figures() for m in sorted(self.done + self.leaving, key=lambda m: m.asked_s)]
+        """Each move in place's times (`Leaving.figures`; a worker freed otherwise and
+        taken in place, `Joining.figures`), in the order asked; `grown`: taken in place."""
+        grown = {id(g.leave) for g in self.joining}
+        rows = [
+            (m.asked_s, m.figures() | {"grown": id(m) in grown}) for m in self.done + self.leaving
+        ]
+        rows += [
+            (g.asked_s, g.figures() | {"grown": True}) for g in self.joining if g.leave is None
+        ]
+        return [r for _, r in sorted(rows, key=lambda x: x[0])]
 
     def count(self, job: str) -> int:
         """How many workers left `job` in place."""
         return sum(m.job == job for m in self.done + self.leaving)
+
+    def grown(self, job: str) -> int:
+        """How many workers joined `job` in place."""
+        return sum(g.job == job for g in self.joining)

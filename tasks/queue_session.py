@@ -6,9 +6,11 @@ run on its workers (`tasks.queue.run_segment`) until it ends or the queue moves 
 then it is asked to stop at its next checkpoint (through the run's stop channel,
 `tasks.queue.job_stop_channel`: a file, or the Ray cluster's board), and a new segment
 resumes from there on the workers it moves to. A job that runs elastic (`QueueJob.in_place`)
-and only gives workers up moves in place instead (`tasks.queue_moves`): they leave at its next
-step boundary, it goes on without them in the same segment, and they are free once their
-processes have ended; a move is priced at its measured cost then (`switch.InPlace`).
+and keeps some of its workers moves in place instead (`tasks.queue_moves`): those it gives up
+leave at its next step boundary, it goes on without them in the same segment, and they are
+free once their processes have ended; those it takes, once free, join it at a step boundary
+in the spare slots it was launched with (`tasks.queue.spare_workers`); a move is priced at
+its measured cost then (`switch.InPlace`).
 
 A job that fails (its step-time model, its profile or a segment raised) ends alone, `failed`
 with its one-line reason, and its workers go back to the others; `hetflow queue cancel`
@@ -33,12 +35,14 @@ from hetflow.queue.fifo import fifo
 from hetflow.queue.jobs import Job, check_job
 from hetflow.queue.switch import InPlace, decide
 from hetflow.tasks.queue import (
+    SLOT_WAIT_S,
     Segment,
     cluster_kinds,
     job_model,
     job_stop_channel,
     queue_model,
     run_segment,
+    slot_name,
 )
 from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
 from hetflow.tasks.queue_moves import Moves
@@ -64,6 +68,11 @@ class Live:
     reason: str = ""  # why it failed or was cancelled, in one line
     cancelling: bool = False  # asked to stop at its next checkpoint, and end there
     stop_at: int | None = None  # the checkpoint its running segment was asked to stop at
+    joined: dict[str, float] = field(default_factory=dict)  # worker -> when it grew onto it
+
+    def held_from(self, worker: str) -> float:
+        """When its running segment began to hold `worker` (it grew onto it, or started on it)."""
+        return self.joined.get(worker, self.since_s)
 
     @property
     def state(self) -> str:
@@ -107,7 +116,7 @@ class Session:
 
     def __post_init__(self) -> None:
         self.workers, self.kinds = cluster_kinds(self.cluster)
-        self.moves = Moves(self.in_place_s)
+        self.moves = Moves(self.in_place_s, SLOT_WAIT_S)
         self.t0 = time.monotonic()
         self.pending: list[QueueJob] = []  # taken from the inbox or the flow, not yet arrived
         self.seen: dict[str, float] = {}  # when each inbox job was read
@@ -213,17 +222,35 @@ class Session:
                 self.ask_stop(j)
 
     def in_place(self, j: Live) -> bool:
-        """Whether running `j` moves to its target in place: it runs elastic and only gives
-        workers up. Done at once where it steps already (`Moves.shrink`: it goes on with its
-        target, the others leaving at its next step boundary), else at a later tick."""
+        """Whether running `j` moves to its target in place: it runs elastic and keeps some
+        of its workers (`switch.InPlace`). Done where it steps already, else at a later tick:
+        the workers it gives up asked to leave at its next step boundary (`Moves.shrink`), then
+        each worker it takes, once free, started in its spare slot of the job to join at a
+        boundary (`Moves.grow`; a worker with no slot there: a relaunch, `ask_stop`)."""
         new = j.target or []
-        if not (j.job.in_place and new and set(new) < set(j.workers)) or j.cancelling:
+        if not (j.job.in_place and set(new) & set(j.workers)) or j.cancelling:
             return False
         if j.stop_at is not None:  # asked to stop already: that stands
             return False
-        folder = stable_run_dir(j.job.name)
-        if self.moves.shrink(j.job.name, folder, j.workers, new, self.now()):
-            j.workers, j.target = [w for w in j.workers if w in new], None
+        folder, name = stable_run_dir(j.job.name), j.job.name
+        if set(j.workers) - set(new):
+            keep = [w for w in j.workers if w in new]
+            if not self.moves.shrink(name, folder, j.workers, keep, self.now()):
+                return True
+            j.workers = keep
+        busy = {w for o in self.jobs if o is not j for w in o.workers} | self.moves.busy()
+        free = [w for w in new if w not in j.workers and w not in busy]
+        if free:
+            limits = {w: slot_name(self.workers[w]) for w in free}
+            added = self.moves.grow(name, folder, free, limits, self.now())
+            if added is None:
+                return True
+            j.workers += added
+            j.joined |= dict.fromkeys(added, self.now())
+            if len(added) < len(free):
+                self.ask_stop(j)
+        if sorted(j.workers) == sorted(new):
+            j.target = None
         return True
 
     def shrink_waiting(self) -> None:
@@ -237,8 +264,8 @@ class Session:
         """The workers that left a job in place and are free now (`Moves.settle`), each one's
         stretch with its job ended; True when any is."""
         freed = self.moves.settle(self.now())
-        since = {j.job.name: j.since_s for j in self.jobs}
-        self.spans += [(m.job, m.worker, since[m.job], m.gone_s) for m in freed]
+        live = {j.job.name: j for j in self.jobs}
+        self.spans += [(m.job, m.worker, live[m.job].held_from(m.worker), m.gone_s) for m in freed]
         return bool(freed)
 
     def ask_stop(self, j: Live) -> None:
@@ -269,9 +296,10 @@ class Session:
             seg: Segment | None = j.future.result()
         except Exception as e:  # the job's own failure: the others go on
             seg, why = None, reason_of(e)
-        self.spans += [(j.job.name, w, j.since_s, self.now()) for w in j.workers]
+        self.spans += [(j.job.name, w, j.held_from(w), self.now()) for w in j.workers]
         nxt = j.workers if j.target is None else j.target
         j.future, j.workers, j.target, j.stop_at = None, [], list(nxt), None
+        j.joined = {}
         if seg is None:
             self.end(j, "failed", why)
             return True

@@ -31,7 +31,7 @@ def summarize(
     cache; each launched rank's `RankFigures`, numbered as launched (`RankMap.to_cluster`
     renumbers them as the cluster's workers)."""
     ranks = sorted(result.ranks, key=lambda r: r.rank)
-    lead = ranks[0]
+    lead = result.lead  # the writer: under `on_loss: continue` a joiner may hold a lower rank
     steps = len(lead.records)
     rounds = steps if any(rec.inner_steps for rec in lead.records) else None
     if rounds:  # strategy 'diloco': a step is a round, of every rank's samples
@@ -219,7 +219,7 @@ def step_series(result: RunResult, global_batch: int) -> list[StepFigures]:
     # length (a rank that joined in place has none before its join)
     by_step = [{x.step: x for x in r.records} for r in ranks]
     series = []
-    for lead in ranks[0].records:
+    for lead in result.lead.records:
         recs = [
             (r.rank, m[lead.step]) for r, m in zip(ranks, by_step, strict=True) if lead.step in m
         ]

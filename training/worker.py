@@ -249,9 +249,11 @@ def run(
         group, members, writer = result_group(world)
         gathered: list = [None] * len(members)
         dist.all_gather_object(gathered, mine, group=group)
-        if rank == writer:  # rank 0, or where it was lost, the lowest rank left
+        if rank == writer:  # rank 0, or where it was lost, the rank that took its part
             left = departed_results() if spec.mode == "train" else []
-            write_result(Path(spec.run_dir), spec.mode, gathered, weights, spec.state_url, left)
+            ours = gathered.pop(members.index(writer))  # first: `RunResult.lead`
+            out = [ours, *gathered]
+            write_result(Path(spec.run_dir), spec.mode, out, weights, spec.state_url, left)
     finally:
         counter.uninstall()
 

@@ -54,7 +54,7 @@ def add_queue_args(sub, command) -> None:
     s.add_argument(
         "--in-place",
         action="store_true",
-        help="elastic: the queue takes workers from it at a step, no relaunch",
+        help="elastic: the queue takes and gives it workers at a step, no relaunch",
     )
     s.set_defaults(func=cmd_queue_submit)
     ls = command(qsub, "list", "the queued jobs, and who holds which workers")

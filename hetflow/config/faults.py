@@ -14,8 +14,9 @@ deployment run's parameters), read by every layer that retries:
 - a worker lost with `on_loss: continue` (the local launcher, strategy ddp): no restart; the
   other ranks form a new group without it and go on from the step they were at
   (`training.elastic`), while at least `min_workers` are left; a worker can also join it in
-  place: one that starts late (`join_at`), a replacement for a lost one (`replace`), on a
-  warm worker the launcher keeps (`warm_workers`).
+  place: one that starts late (`join_at`), a replacement for a lost one (`replace`), one
+  added when asked (`spare`: the queue's workers a job may grow onto), on a warm worker the
+  launcher keeps (`warm_workers`).
 - under Ray, a lost node with no replacement: Ray Train tries `placement_tries` times to place
   the restarted group; then the run goes on without that node's workers
   (`go_on_without`), or fails where that is off.
@@ -117,6 +118,14 @@ class FaultPolicy(ConfigModel):
         description="Under on_loss 'continue': worker processes the launcher keeps started, "
         "torch imported, for workers added to the running job (besides one for each of "
         "join_at's), so that a join costs the state transfer, not a Python and torch start.",
+    )
+    spare: list[str] = Field(
+        default_factory=list,
+        title="Spare workers under 'continue'",
+        description="Under on_loss 'continue': workers of the cluster (by name) the launcher "
+        "does not start; each is a free slot that a worker joins in place only when the "
+        "launcher API adds it (`add_worker`): the queue's workers a job may grow onto. At "
+        "least one worker of the cluster starts the job.",
     )
     replace: bool = Field(
         False,

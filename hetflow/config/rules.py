@@ -104,7 +104,8 @@ def check_on_loss(cluster: ClusterSpec, train: TrainConfig) -> None:
     ddp, a comm hook that keeps no state between steps ('auto' may choose one that does); a
     late worker's rank and step within the cluster and the run; joins only under it."""
     faults = train.faults
-    for field, on in (("join_at", faults.join_at), ("replace", faults.replace)):
+    fields = (("join_at", faults.join_at), ("replace", faults.replace), ("spare", faults.spare))
+    for field, on in fields:
         if on and faults.on_loss != "continue":
             raise ConfigError(
                 f"train.faults.{field}: workers join in place under on_loss 'continue' only"
@@ -121,6 +122,7 @@ def check_on_loss(cluster: ClusterSpec, train: TrainConfig) -> None:
             raise ConfigError(
                 f"train.faults.join_at: step {step} of rank {rank} is not in 1..{train.steps - 1}"
             )
+    check_spare(cluster, faults.spare)
     where = "train.faults.on_loss: 'continue'"
     if cluster.launcher != "local":
         raise ConfigError(f"{where} runs on the local launcher only, not {cluster.launcher!r}")
@@ -130,3 +132,15 @@ def check_on_loss(cluster: ClusterSpec, train: TrainConfig) -> None:
         raise ConfigError(
             f"{where} needs compression none, fp16 or bf16, not {train.compression!r}"
         )
+
+
+def check_spare(cluster: ClusterSpec, spare: list[str]) -> None:
+    """`faults.spare` names workers of `cluster` and leaves at least one to start the job."""
+    names = [w.name for w in cluster.workers]
+    unknown = [n for n in spare if n not in names]
+    if unknown:
+        raise ConfigError(
+            f"train.faults.spare: {unknown[0]!r} is not a worker of the cluster ({names})"
+        )
+    if spare and all(n in spare for n in names):
+        raise ConfigError("train.faults.spare: every worker is spare; one must start the job")

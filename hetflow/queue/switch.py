@@ -6,8 +6,9 @@ workers, the free ones are shared) to `move` (the allocation over everything), o
 `horizon_s` it lasts. The cost is the switch: every running job whose workers change stops at
 its next checkpoint (no step is lost) and restarts on its new workers, idle for `switch_s`
 (launch, checkpoint load, warm-up), so it loses its new normalised throughput x `switch_s`.
-A job that moves in place (`InPlace`: it runs elastic and only gives workers up) does not stop:
-its workers left pause for a regroup at its next step boundary, `InPlace.cost_s`, measured.
+A job that moves in place (`InPlace`: it runs elastic and keeps some of its workers) does not
+stop: the workers it gives up leave, and those it takes join, at a step boundary, its members
+pausing for a regroup, `InPlace.cost_s`, measured.
 Where the seconds until each running job's checkpoint are known (`InPlace.until_stop_s`), a
 move that relaunches a job changes nothing until that checkpoint: its gain runs over the
 horizon less that wait (`net`), which a move in place spares.
@@ -33,14 +34,17 @@ def moved(running: Mapping[str, Sequence[str]], move: Mapping[str, Sequence[str]
 
 @dataclass(frozen=True)
 class InPlace:
-    """The running jobs that give workers up in place (`jobs`: elastic, `QueueJob.in_place`)
-    and the seconds such a move costs them (`cost_s`: from the request to the job stepping
-    again on the workers it keeps). A move that grows a job, or takes all its workers,
-    relaunches it: `switch_s`.
+    """The running jobs that move in place (`jobs`: elastic, `QueueJob.in_place`: launched
+    with a spare slot for every worker they could take) and the seconds such a move costs
+    them (`cost_s`: from the request to the job stepping again on its new workers). A move
+    in place keeps some of the job's workers, gives others up, takes others or both; one
+    that takes all its workers relaunches it: `switch_s`.
 
     >>> InPlace(frozenset({"a"}), 0.5).cost("a", ["w0", "w1"], ["w0"], switch_s=15)
     0.5
     >>> InPlace(frozenset({"a"}), 0.5).cost("a", ["w0"], ["w0", "w1"], switch_s=15)
+    0.5
+    >>> InPlace(frozenset({"a"}), 0.5).cost("a", ["w0"], ["w1"], switch_s=15)
     15
     """
 
@@ -50,7 +54,7 @@ class InPlace:
 
     def moves_in_place(self, name: str, old: Sequence[str], new: Sequence[str]) -> bool:
         """Whether job `name` going from `old` to `new` workers is a move in place."""
-        return name in self.jobs and bool(new) and set(new) < set(old)
+        return name in self.jobs and bool(set(new) & set(old))
 
     def cost(self, name: str, old: Sequence[str], new: Sequence[str], switch_s: float) -> float:
         return self.cost_s if self.moves_in_place(name, old, new) else switch_s

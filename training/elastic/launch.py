@@ -49,6 +49,14 @@ def check_elastic(spec: RunSpec) -> None:
         )
 
 
+def first_ranks(spec: RunSpec) -> list[int]:
+    """The ranks that start the job: every slot of the cluster but the late ones
+    (`faults.join_at`) and the spare ones (`faults.spare`, joinable only by `add_worker`)."""
+    faults = spec.train.faults
+    names = [w.name for w in spec.cluster.workers]
+    return [r for r, n in enumerate(names) if r not in faults.join_at and n not in faults.spare]
+
+
 def rank_env(spec: RunSpec, rank: int, port: int) -> dict[str, str]:
     """What torchrun would give rank `rank` of a one-node job, the store being the launcher's.
     Gloo connects a group's ranks at its first collective (`TORCH_GLOO_LAZY_INIT`), not when it
@@ -81,9 +89,9 @@ def run_elastic(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> Lau
 
 def start_elastic(spec: RunSpec, timeout_s: float = 1800, on_progress=None) -> ElasticJob:
     """Write the job file, host its store, start the worker process of each rank that starts
-    the job (every slot of the cluster but those `faults.join_at` starts late); the handle of
-    the running job, which `wait` watches to its end (within `timeout_s`, `on_progress(step)`
-    about once a second)."""
+    the job (`first_ranks`: not those `faults.join_at` starts late, nor `faults.spare`);
+    the handle of the running job, which `wait` watches to its end (within `timeout_s`,
+    `on_progress(step)` about once a second)."""
     check_elastic(spec)
     job = ElasticJob(spec, timeout_s, on_progress)
     job.start()
@@ -126,7 +134,7 @@ class ElasticJob:
             timeout=timedelta(seconds=60),
             wait_for_workers=False,
         )
-        first = [r for r in range(spec.cluster.world_size) if r not in spec.train.faults.join_at]
+        first = first_ranks(spec)
         self.store.set(f"{PREFIX}/g0/members", json.dumps({"ranks": first, "leader": first[0]}))
         self.watch = JobWatch(self.run_dir, spec.train.stall_timeout_s)
         self.t0 = time.perf_counter()

@@ -66,6 +66,12 @@ class LeftBehind(RuntimeError):
     without it."""
 
 
+def joins_running_job() -> bool:
+    """Whether this process was started into a running job (`JOINING`: a late worker, a
+    replacement, one the launcher API added), not at its start."""
+    return os.environ.get(JOINING) == "1"
+
+
 def elastic_group():
     """The current generation's group, or None (the default group) outside `on_loss:
     continue`."""

@@ -147,7 +147,10 @@ def run_plan(
     and `on_progress` are `RunSpec.metrics_run` and `run_workers`' own; `placement`, of
     `cluster` (`ResolvedJob.placement_of`), is used where the plan launches every worker (a
     launch of fewer places its ranks anew). Raises what
-    `run_workers` raises (`LaunchError`, `RankFailed`, a ConfigError before launch)."""
+    `run_workers` raises (`LaunchError`, `RankFailed`, a ConfigError before launch). A job
+    with spare workers (`faults.spare`) launches every worker the plan covers, none dropped."""
+    if train.faults.spare:  # every slot launched: the started ones' shares are re-cut over
+        plan = plan.model_copy(update={"dropped": []})  # them at the start (`elastic.loop`)
     ranks = RankMap(cluster, plan)
     launched, launched_plan, moved = ranks.launched(stragglers)
     run_dir = Path(run_dir)

@@ -20,6 +20,7 @@ from hetflow.records import (
 from hetflow.training.comm import new_control_group
 from hetflow.training.devices import peak_device_bytes
 from hetflow.training.elastic.loop import ElasticLoop, replica_digest
+from hetflow.training.elastic.world import joins_running_job
 from hetflow.training.faults.guard import StepGuard
 from hetflow.training.faults.records import Preempted
 from hetflow.training.launch.spec import node_id, since_submit
@@ -95,6 +96,8 @@ class TrainingLoop:
         self.evaluator = Evaluator(self.spec, self.rank, self.net, self.recipe, self.data)
         parts = CheckpointParts(self.net, self.amp, self.rebalancer, self.lr_schedule, self.trials)
         self.state = self.checkpointer.resume(parts)
+        if self.rank == 0 and joins_running_job():  # the rank that took rank 0's part keeps it
+            self.evaluator.rank = self.checkpointer.rank = -1
         self.recovery = self.note_recovery()
         self.progress = self.open_progress()
         self.guard = StepGuard(self.spec, self.rank, self.net)  # last: every process group exists
@@ -210,13 +213,15 @@ class TrainingLoop:
         """Rank 0's count of this run's restarts (`progress.note_recovery`), with the workers
         the run goes on without; the latter alone elsewhere."""
         start = self.state.start
-        recovery = note_recovery(Path(self.spec.run_dir), start) if self.rank == 0 else Recovery()
+        lead = self.rank == 0 and not joins_running_job()
+        recovery = note_recovery(Path(self.spec.run_dir), start) if lead else Recovery()
         recovery.left_out = dict(self.spec.left_out)
         return recovery
 
     def open_progress(self) -> ProgressFile | None:
-        """Rank 0's progress.json, from the resumed step; None elsewhere."""
-        if self.rank != 0:
+        """Rank 0's progress.json, from the resumed step; None elsewhere (and on a worker
+        that joins a running job in rank 0's slot: the rank that took its part writes it)."""
+        if self.rank != 0 or joins_running_job():
             return None
         return ProgressFile(Path(self.spec.run_dir) / "progress.json", self.state.start)
 

@@ -1,6 +1,6 @@
 """The queue's moves in place: a job that runs elastic (`QueueJob.in_place`) gives a worker to
-another at a step boundary, without a stop at a checkpoint or a relaunch; its MLflow run shows
-the change of membership; a job that does not run elastic still moves by relaunch."""
+another at a step boundary, and takes it back at another when that one ends, without a stop at
+a checkpoint or a relaunch; its MLflow run shows both changes of membership."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
 from hetflow.config.queue import QueueJob
 
-STEPS = 600
+STEPS = 300
 
 
 def submit_when_stepping(job: QueueJob, low: str, at_step: int) -> None:
@@ -36,14 +36,16 @@ def submit_when_stepping(job: QueueJob, low: str, at_step: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_move_in_place_shrinks_the_giving_job_without_a_relaunch(
+def test_a_job_gives_a_worker_up_and_takes_it_back_in_place(
     s3, prefect_harness, tmp_path, hetflow_home
 ):
     """`low` (elastic) holds both workers; `high` arrives while it trains and the allocator
     gives it one of them, at a relaunch's price far above what the move gains, but in place:
-    `low` lets the worker go at a step and goes on, one launch, every step once, none
-    redone; its MLflow run records the change of membership; `high` starts on the worker
-    before `low` ends; every worker's slot is free at the end."""
+    `low` lets the worker go at a step and goes on; `high` starts on it before `low` ends;
+    when `high` ends, `low` takes the worker back in place (a spare slot of its launch, the
+    worker joining at a step boundary). One launch of `low`, every step once, none redone;
+    its MLflow run records both changes of membership; every worker's slot is free at the
+    end."""
     from mlflow.tracking import MlflowClient
     from prefect.client.orchestration import get_client
 
@@ -52,10 +54,10 @@ def test_a_move_in_place_shrinks_the_giving_job_without_a_relaunch(
     from hetflow.infra.tracking.tracker import MLflowTracker
     from hetflow.tasks.queue import slot_name
 
-    common = {"recipe": "digits-mlp", "global_batch": 512, "checkpoint_every": 200}
+    common = {"recipe": "digits-mlp", "global_batch": 512, "checkpoint_every": 100}
     low = QueueJob(name="low", priority="low", steps=STEPS, in_place=True, **common)
-    high = QueueJob(name="high", priority="high", steps=8, **common)
-    submitter = threading.Thread(target=submit_when_stepping, args=(high, "low", 20))
+    high = QueueJob(name="high", priority="high", steps=4, **common)
+    submitter = threading.Thread(target=submit_when_stepping, args=(high, "low", 10))
     submitter.start()
     out = queue(
         jobs=[low],
@@ -69,9 +71,11 @@ def test_a_move_in_place_shrinks_the_giving_job_without_a_relaunch(
     submitter.join(timeout=5)
     rows = {r["job"]: r for r in out["jobs"]}
     assert rows["low"]["segments"] == 1  # one launch: no stop, no relaunch
-    assert rows["low"]["moved_in_place"] == 1
+    assert rows["low"]["moved_in_place"] == 1 and rows["low"]["grown_in_place"] == 1
     assert out["figures"]["steps_redone"] == 0
     assert 0 < out["figures"]["in_place_s"] < 600.0  # measured
+    (grow,) = [m for m in out["moves"] if m["grown"]]
+    assert grow["to"] == "low" and grow["taker_s"] is not None  # low stepped with it again
     (result,) = runs_dir().glob("*-low/result.json")
     steps = [s["step"] for s in json.loads(result.read_text())["ranks"][0]["records"]]
     assert steps == list(range(STEPS))  # every step once, none redone
@@ -82,9 +86,10 @@ def test_a_move_in_place_shrinks_the_giving_job_without_a_relaunch(
     )
     (run,) = [r for r in children if r.info.run_name == "low"]
     path = client.download_artifacts(run.info.run_id, "membership.json", str(tmp_path))
-    (change,) = json.loads(open(path).read())
-    assert len(change["lost"]) == 1 and change["world"] == 1 and 20 <= change["step"] < STEPS
-    assert client.get_metric_history(run.info.run_id, "membership.world")[-1].value == 1
+    left, joined = json.loads(open(path).read())
+    assert len(left["lost"]) == 1 and left["world"] == 1 and 10 <= left["step"]
+    assert len(joined["joined"]) == 1 and joined["world"] == 2 and joined["step"] < STEPS
+    assert client.get_metric_history(run.info.run_id, "membership.world")[-1].value == 2
     high_from = min(a for job, _, a, _ in out["spans"] if job == "high")
     low_until = max(b for job, _, _, b in out["spans"] if job == "low")
     assert high_from < low_until

@@ -1,11 +1,13 @@
 """The queue's moves in place: a job that runs elastic (`QueueJob.in_place`) gives a worker to
-another at a step boundary, without a stop at a checkpoint or a relaunch; its MLflow run shows
-the change of membership; a job that does not run elastic still moves by relaunch."""
+another at a step boundary, or takes one into a spare slot, without a stop at a checkpoint or
+a relaunch; its MLflow run shows the change of membership; a job that does not run elastic
+still moves by relaunch."""
 
 from __future__ import annotations
 
 import json
 
+from hetflow.tasks import queue_moves
 from hetflow.tasks.queue_moves import Moves
 from hetflow.training.launch.live import registered
 
@@ -24,6 +26,15 @@ class FakeMembers:
 
     def rank_of(self, worker: str) -> int | None:
         return self.names.index(worker) if worker in self.names else None
+
+    def add(self, worker: str) -> int:
+        if worker not in self.names:
+            raise ValueError(f"no free slot fits worker {worker!r}")
+        self.added = [*getattr(self, "added", []), worker]
+        return self.names.index(worker)
+
+    def joined(self, rank: int) -> bool:
+        return rank in getattr(self, "admitted", set())
 
 
 def test_a_shrink_releases_the_workers_given_up_and_frees_them_once_gone(tmp_path):
@@ -94,3 +105,68 @@ def test_the_step_series_of_ranks_with_uneven_records_is_read_by_step():
     rows = step_series(RunResult(ranks=[lead, other]), 32)
     assert [[r.rank for r in row.ranks] for row in rows] == [[0, 1], [0, 1], [0], [0]]
     assert [row.loss for row in rows] == [1.0] * 4
+
+
+def test_a_grow_starts_each_free_worker_in_its_slot_and_times_its_join(tmp_path, monkeypatch):
+    """Each worker added holds its Prefect slot for the job (the limit is outside the claim:
+    recorded), is started in its slot, and a worker with no slot is not added (its slot
+    given back); the move that freed a worker names the job that took it in place, and its
+    taker's time runs to the job stepping past the step it had when the worker was in."""
+    held, freed = [], []
+    monkeypatch.setattr(queue_moves, "hold_slot", lambda *a, **k: held.append(a[:3]))
+    monkeypatch.setattr(queue_moves, "free_slot", lambda job, w: freed.append((job, w)))
+    giver, taker = tmp_path / "giver", tmp_path / "taker"
+    for run in (giver, taker):
+        run.mkdir()
+        (run / "progress.json").write_text(json.dumps({"step": 5}))
+    a, b = FakeMembers(["w0", "w1"]), FakeMembers(["w0", "w2"])
+    moves = Moves(default_s=1.0)
+    with registered(giver, a), registered(taker, b):
+        assert moves.shrink("a", giver, ["w0", "w1"], ["w0"], 0.0)
+        a.ended.add(1)
+        moves.settle(0.5)  # w1 free
+        assert moves.grow("b", tmp_path / "none", ["w1"], {"w1": "k"}, 1.0) is None  # not live
+        limits = {"w2": "k", "w1": "k"}
+        assert moves.grow("b", taker, ["w2", "w1"], limits, 1.0) == ["w2"]
+        assert held == [("b", "w1", "k"), ("b", "w2", "k")] and freed[-1] == ("b", "w1")
+        assert b.added == ["w2"] and moves.grown("b") == 1 and moves.watching()
+        moves.watch(1.5)
+        b.admitted = {1}  # in a generation, at step 5
+        moves.watch(2.0)
+        (taker / "progress.json").write_text(json.dumps({"step": 6}))
+        moves.watch(3.0)
+    (grow,) = [m for m in moves.figures() if m["to"] == "b"]
+    assert grow == {
+        "job": None,
+        "worker": "w2",
+        "to": "b",
+        "step": 5,
+        "free_s": None,
+        "giver_s": None,
+        "taker_s": 2.0,
+        "grown": True,
+    }
+
+
+def test_a_worker_freed_in_place_and_grown_onto_carries_both_sides(tmp_path, monkeypatch):
+    monkeypatch.setattr(queue_moves, "hold_slot", lambda *a, **k: None)
+    giver, taker = tmp_path / "giver", tmp_path / "taker"
+    for run in (giver, taker):
+        run.mkdir()
+        (run / "progress.json").write_text(json.dumps({"step": 5}))
+    a, b = FakeMembers(["w0", "w1"]), FakeMembers(["w1", "w2"])
+    moves = Moves(default_s=1.0)
+    with registered(giver, a), registered(taker, b):
+        moves.shrink("a", giver, ["w0", "w1"], ["w0"], 0.0)
+        a.ended.add(1)
+        moves.settle(0.5)
+        (giver / "progress.json").write_text(json.dumps({"step": 6}))
+        moves.settle(1.0)
+        assert moves.grow("b", taker, ["w1"], {"w1": "k"}, 1.0) == ["w1"]
+        b.admitted = {0}
+        moves.watch(1.5)
+        (taker / "progress.json").write_text(json.dumps({"step": 7}))
+        moves.watch(4.0)
+    (move,) = moves.figures()
+    assert move["job"] == "a" and move["to"] == "b" and move["grown"]
+    assert (move["free_s"], move["giver_s"], move["taker_s"]) == (0.5, 1.0, 4.0)

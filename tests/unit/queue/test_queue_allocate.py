@@ -135,3 +135,27 @@ def test_an_elastic_job_is_shrunk_in_place_where_a_relaunch_would_not_pay():
     assert set(decide(*args, switch_s=0.0, in_place=wait)["low"]) < {"w0", "w1"}
     free = InPlace(frozenset({"low"}), 0.1, {"low": 0.0})
     assert decide(*args, switch_s=0.0, in_place=free)["low"] == ["w4"]  # moved: worth more
+
+
+def test_a_grow_of_an_elastic_job_is_priced_in_place_a_trade_too():
+    """A running elastic job that takes a worker (and keeps its own) pays the measured cost of
+    a move in place, not a relaunch; one that keeps some workers and trades others too; one
+    moved onto none of its workers, a relaunch."""
+    from hetflow.queue.switch import InPlace, switch_cost
+
+    three = {"w0": "a100", "w1": "a100", "w4": "t4"}
+    low = job("low", priority="low", speedups=(1, 3, 8))
+    running = {"low": ["w0"]}
+    elastic = InPlace(frozenset({"low"}), 0.5)
+    for new in (["w0", "w1"], ["w0", "w4"]):
+        grow = switch_cost([low], running, {"low": new}, three, KINDS, 100.0, elastic)
+        relaunch = switch_cost([low], running, {"low": new}, three, KINDS, 100.0)
+        assert grow == pytest.approx(relaunch * 0.5 / 100.0)
+    trade = switch_cost(
+        [low], {"low": ["w0", "w1"]}, {"low": ["w0", "w4"]}, three, KINDS, 100.0, elastic
+    )
+    assert trade == pytest.approx(
+        switch_cost([low], {"low": ["w0", "w1"]}, {"low": ["w0", "w4"]}, three, KINDS, 0.5)
+    )
+    away = switch_cost([low], running, {"low": ["w1"]}, three, KINDS, 100.0, elastic)
+    assert away == pytest.approx(switch_cost([low], running, {"low": ["w1"]}, three, KINDS, 100.0))

@@ -49,3 +49,34 @@ def test_the_queue_finds_a_worker_in_the_slot_it_holds_now_not_its_launch_slot()
         3,
         None,
     ]
+
+
+def test_spare_workers_are_checked_in_one_line_naming_the_field():
+    cluster = ClusterSpec.from_speeds([1, 1])
+    for spare, word in [(["w9"], "'w9' is not a worker"), (["w0", "w1"], "every worker")]:
+        train = TrainConfig(recipe="digits-mlp", faults={"on_loss": "continue", "spare": spare})
+        with pytest.raises(ConfigError, match=f"train.faults.spare: {word}") as e:
+            check_on_loss(cluster, train)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="train.faults.spare: .*'continue' only"):
+        check_on_loss(cluster, TrainConfig(recipe="digits-mlp", faults={"spare": ["w1"]}))
+
+
+def test_spare_and_late_slots_do_not_start_the_job():
+    """`first_ranks`: the launcher starts every slot but the late ones and the spare ones;
+    the spare ones stay free slots for `add_worker`."""
+    from hetflow.records import Plan
+    from hetflow.training.elastic.launch import first_ranks
+    from hetflow.training.launch.spec import RunSpec
+
+    faults = {"on_loss": "continue", "spare": ["w1", "w3"], "join_at": {2: 5}}
+    spec = RunSpec(
+        run_name="r",
+        variant="v",
+        cluster=ClusterSpec.from_speeds([1, 1, 1, 1, 1]),
+        dataset={"url": "s3://b/d"},
+        train=TrainConfig(recipe="digits-mlp", steps=30, faults=faults),
+        plan=Plan.equal([8] * 5),
+        run_dir="/tmp/r",
+    )
+    assert first_ranks(spec) == [0, 4]

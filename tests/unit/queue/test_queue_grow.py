@@ -1,0 +1,139 @@
+"""The session's choice for a running job whose workers change: in place (an elastic job that
+keeps some of its workers gives the others up, `Moves.shrink`, and takes the new ones once they
+are free, `Moves.grow`) or by a stop at its checkpoint and a relaunch. The launcher's handle is
+outside the claim: `Moves` is replaced by a recorder that answers as a running job would."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
+from hetflow.config.queue import QueueJob
+from hetflow.tasks import queue_session
+from hetflow.tasks.queue_session import Live, Session
+
+
+class Recorder:
+    """`Moves` as the session calls it: each shrink and grow recorded; `grows` answers what a
+    grow of the job returns (None: not stepping yet; the workers added)."""
+
+    def __init__(self, grows=lambda added: list(added)) -> None:
+        self.calls: list[tuple] = []
+        self.grows = grows
+        self.leaving: set[str] = set()
+
+    def shrink(self, job, run_dir, old, new, now) -> bool:
+        self.calls.append(("shrink", job, sorted(set(old) - set(new))))
+        return True
+
+    def grow(self, job, run_dir, added, limits, now):
+        self.calls.append(("grow", job, sorted(added), sorted(set(limits.values()))))
+        return self.grows(added)
+
+    def busy(self) -> set[str]:
+        return set(self.leaving)
+
+
+@pytest.fixture
+def session(tmp_path, monkeypatch):
+    monkeypatch.setattr(queue_session, "stable_run_dir", lambda name: tmp_path / name)
+    s = Session(
+        cluster=ClusterSpec.from_speeds([1, 1, 1], name="q3"),
+        dataset=DatasetSpec(url="s3://b/d"),
+        tracking=TrackingConfig(),
+        parent_run_id="p",
+        switch_s=15.0,
+        inbox=list,
+    )
+    s.moves = Recorder()
+    return s
+
+
+def running(session: Session, name: str, workers: list[str], in_place=True) -> Live:
+    """A job of `session` whose segment runs on `workers`, its run directory made."""
+    job = QueueJob(name=name, steps=100, checkpoint_every=10, in_place=in_place)
+    live = Live(job, None, 0.0, workers=list(workers), future=object())
+    (queue_session.stable_run_dir(name)).mkdir(parents=True, exist_ok=True)
+    session.jobs.append(live)
+    return live
+
+
+def test_an_elastic_job_grows_onto_a_free_worker_in_place(session):
+    """No stop asked: the worker is started in its spare slot, under its kind's Prefect
+    limit, and the job holds it from then on."""
+    low = running(session, "low", ["w0"])
+    low.target = ["w0", "w1"]
+    assert session.in_place(low)
+    assert session.moves.calls == [("grow", "low", ["w1"], ["hetflow-workers-speed-1"])]
+    assert low.workers == ["w0", "w1"] and low.target is None and low.stop_at is None
+    assert "w1" in low.joined
+
+
+def test_a_grow_waits_for_a_worker_another_job_still_holds(session):
+    """The worker is taken only once free (its other job's segment over, or its leave in
+    place done); meanwhile the target stands and no stop is asked."""
+    low = running(session, "low", ["w0"])
+    high = running(session, "high", ["w1"], in_place=False)
+    low.target = ["w0", "w1"]
+    assert session.in_place(low)
+    assert session.moves.calls == [] and low.target == ["w0", "w1"] and low.stop_at is None
+    high.workers = []
+    session.moves.leaving = {"w1"}  # leaving in place, its process not ended yet
+    session.shrink_waiting()
+    assert session.moves.calls == []
+    session.moves.leaving = set()
+    session.shrink_waiting()
+    assert session.moves.calls == [("grow", "low", ["w1"], ["hetflow-workers-speed-1"])]
+    assert low.workers == ["w0", "w1"] and low.target is None
+
+
+def test_a_job_that_keeps_one_worker_gives_one_up_and_takes_another(session):
+    low = running(session, "low", ["w0", "w1"])
+    low.target = ["w1", "w2"]
+    assert session.in_place(low)
+    assert [c[:3] for c in session.moves.calls] == [
+        ("shrink", "low", ["w0"]),
+        ("grow", "low", ["w2"]),
+    ]
+    assert sorted(low.workers) == ["w1", "w2"] and low.target is None
+
+
+def test_a_grow_is_asked_again_while_the_job_does_not_step(session):
+    session.moves = Recorder(grows=lambda added: None)
+    low = running(session, "low", ["w0"])
+    low.target = ["w0", "w1"]
+    assert session.in_place(low)
+    assert low.workers == ["w0"] and low.target == ["w0", "w1"] and low.stop_at is None
+
+
+def test_a_worker_with_no_spare_slot_relaunches_the_job(session):
+    """The launcher had no slot that fits it (`Moves.grow` added none): the job is asked to
+    stop at its next checkpoint, and its next segment starts on the whole target."""
+    session.moves = Recorder(grows=lambda added: [])
+    low = running(session, "low", ["w0"])
+    low.target = ["w0", "w1"]
+    assert session.in_place(low)
+    assert low.stop_at == 10 and low.target == ["w0", "w1"]
+
+
+@pytest.mark.parametrize(
+    "in_place, workers, target",
+    [
+        (False, ["w0"], ["w0", "w1"]),  # not elastic: a grow relaunches it
+        (True, ["w0"], ["w1"]),  # keeps none of its workers: a relaunch
+        (True, ["w0"], []),  # gives every worker up: a stop
+    ],
+)
+def test_a_move_that_cannot_be_made_in_place_is_a_relaunch(session, in_place, workers, target):
+    low = running(session, "low", workers, in_place=in_place)
+    low.target = target
+    assert not session.in_place(low)
+    assert session.moves.calls == []
+
+
+def test_a_job_asked_to_stop_already_is_not_moved_in_place(session):
+    """Its checkpoint stop stands: every rank may have read it."""
+    low = running(session, "low", ["w0"])
+    low.target, low.stop_at = ["w0", "w1"], 10
+    assert not session.in_place(low)
+    assert session.moves.calls == []
