@@ -108,11 +108,9 @@ def progress_step(run_dir: Path) -> int | None:
 
 
 @dataclass
-class Leaving:
-    """A worker asked to leave `job` in place (rank `rank` of its run in `run_dir`) at `asked_s`
-    (the session's clock), the job then at step `step`; `gone_s`, when its process had ended;
-    `resumed_s`, when the job had stepped again on the workers it kept; `taker`, the job the
-    worker went to (its run in `taker_dir`, from step `taker_from`), stepping at `taken_s`."""
+class _InPlace:
+    """A worker moved in place: out of or into running `job` (rank `rank` of its run in
+    `run_dir`), asked at `asked_s` (the session's clock), the job then at step `step`."""
 
     job: str
     worker: str
@@ -120,6 +118,15 @@ class Leaving:
     run_dir: Path
     asked_s: float
     step: int
+
+
+@dataclass
+class Leaving(_InPlace):
+    """A worker asked to leave `job` in place (`_InPlace`); `gone_s`, when its process had
+    ended; `resumed_s`, when the job had stepped again on the workers it kept; `taker`, the
+    job the worker went to (its run in `taker_dir`, from step `taker_from`), stepping at
+    `taken_s`."""
+
     gone_s: float | None = None
     resumed_s: float | None = None
     taker: str | None = None
@@ -136,18 +143,12 @@ class Leaving:
 
 
 @dataclass
-class Joining:
-    """A worker added to running elastic `job` in place (rank `rank` of its run in `run_dir`)
-    at `asked_s`, the job then at step `step`; `in_step`, the job's step when the worker was
-    first seen in a generation; `joined_s`, when the job had stepped past it with the worker
-    in; `leave`, the move in place that freed the worker, where one did."""
+class Joining(_InPlace):
+    """A worker added to running elastic `job` in place (`_InPlace`); `in_step`, the job's
+    step when the worker was first seen in a generation; `joined_s`, when the job had
+    stepped past it with the worker in; `leave`, the move in place that freed the worker,
+    where one did."""
 
-    job: str
-    worker: str
-    rank: int
-    run_dir: Path
-    asked_s: float
-    step: int
     leave: Leaving | None = None
     in_step: int | None = None
     joined_s: float | None = None
