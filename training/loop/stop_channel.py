@@ -72,11 +72,9 @@ class FileStopChannel(StopChannel):
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
 
-    def report(self, step: int) -> None:
-        """Nothing: rank 0 writes progress.json beside the request (`progress.ProgressFile`)."""
-
     def progress(self) -> int | None:
-        """The step in the run's progress.json, or None before it is written."""
+        """The step in the run's progress.json, which rank 0 writes beside the request
+        (`progress.ProgressFile`: its record, so `report` adds nothing), or None before."""
         try:
             return int(json.loads((self.path.parent / PROGRESS_FILE).read_text())["step"])
         except (FileNotFoundError, ValueError, KeyError):

@@ -42,7 +42,8 @@ def test_profile_of_four_emulated_workers_rediscovers_speeds_and_the_slow_link(d
     result, profile = profile_run(cluster, digits, tmp_path, TrainConfig())
     report = profile_report(profile, cluster)
     print_profile_report(report)
-    for w in report["workers"]:  # goal 10%; 15% here because the machine is shared
+    # the bound is wider than the profiler's own goal: the ranks share this host's cores
+    for w in report["workers"]:
         assert w["measured_speed"] == pytest.approx(w["emulated_speed"], rel=0.15), w
     slow = report["workers"][SLOW_LINK[0]]
     # goal 20%; the link runs on the emulated clock, time_scale times slower, as the compute
