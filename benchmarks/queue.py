@@ -5,6 +5,7 @@ allocator without preemption, and the allocator with preemption at checkpoints.
     hetflow bench queue --real [--repeats 3] [--real-steps 160] [--time-scale 20]
         [--real-case three|queued] [--real-relaunch]
     hetflow bench queue --move [--repeats 3]
+    hetflow bench queue --pool [--repeats 3]
 
 The comparison is an event-driven replay (`hetflow.queue.replay`) of six jobs arriving over
 twenty minutes, two priority classes, on six emulated workers of three kinds (t4, v100,
@@ -22,7 +23,8 @@ how the ratios to FIFO move.
 the allocator on the same arrivals, `--repeats` rounds with the order alternated
 (`benchmarks.queue_real`). `--move` measures a move in place alone, on real processes: an
 elastic job lets a worker go at a step and takes it back at another (`benchmarks.queue_move`),
-`--repeats` times.
+`--repeats` times. `--pool` measures what the session's warm pool saves a job's launch
+(`benchmarks.queue_pool`), `--repeats` rounds with and without it.
 """
 
 from __future__ import annotations
@@ -153,7 +155,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="store_true", help="also the transformer speed-up sweep")
     p.add_argument("--real", action="store_true", help="also the queue flow: fifo vs allocator")
     p.add_argument("--move", action="store_true", help="also a move in place's cost, alone")
-    p.add_argument("--repeats", type=int, default=3, help="--real's rounds of both policies")
+    p.add_argument(
+        "--pool", action="store_true", help="also a launch with the warm pool and without"
+    )
+    p.add_argument("--repeats", type=int, default=3, help="rounds (--real: of both policies)")
     p.add_argument("--time-scale", type=float, default=20.0, help="--real's emulation scale")
     p.add_argument("--real-speeds", default="t4,v100,a100", help="--real's workers (presets)")
     p.add_argument("--real-steps", type=int, default=160, help="--real's low and normal jobs")
@@ -217,6 +222,11 @@ def main(argv: list[str]) -> int:
 
         out["move"] = measure_moves(args.repeats)
         print(json.dumps(out["move"]["median"], indent=1))
+    if args.pool:
+        from benchmarks.queue_pool import measure_pool
+
+        out["pool"] = measure_pool(args.repeats)
+        print(json.dumps(out["pool"]["median"], indent=1))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -91,7 +91,7 @@ def one_move(folder: Path, rank: int, steps: int, at: int, time_scale: float) ->
     dataset = DatasetSpec(url=data.as_uri(), cache_dir=str(folder / "cache"))
     write_dataset(dataset.url, digits_source(dataset.test_fraction, dataset.seed), 256)
     job = QueueJob(name="move", recipe="digits-mlp", global_batch=256, steps=steps, in_place=True)
-    train = job.train_config()  # as the queue launches it: a warm worker for a join
+    train = job.train_config()  # a warm worker for the join, as the session's pool keeps one
     train = train.model_copy(update={"faults": train.faults.model_copy(update={"warm_workers": 1})})
     run_dir = folder / f"run-{time.monotonic_ns()}"
     spec = RunSpec(

@@ -134,8 +134,8 @@ def run_segment(
     indices = sorted(order[n] for n in names) + [order[n] for n in spare]  # held ones first
     sub = sub_cluster(cluster, indices).model_copy(update={"name": f"{cluster.name}/{job.name}"})
     train = job.train_config()
-    if job.in_place:  # a warm worker for the first to join: a grow costs its join, not a start
-        faults = train.faults.model_copy(update={"spare": spare, "warm_workers": 1})
+    if job.in_place:  # its ranks, first and joining, on the session's warm workers
+        faults = train.faults.model_copy(update={"spare": spare})
         train = train.model_copy(update={"faults": faults})
     workers, _ = cluster_kinds(cluster)
     hold_slots(job.name, {n: slot_name(workers[n]) for n in names}, SLOT_WAIT_S)

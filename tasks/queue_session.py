@@ -20,6 +20,7 @@ asked as a move is (`tasks.queue_ends`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from hetflow.tasks.queue import (
 from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
 from hetflow.tasks.queue_moves import Moves
 from hetflow.tasks.train import stable_run_dir
+from hetflow.training.elastic.pool import WarmPool, session_pool
 
 
 @dataclass
@@ -120,6 +122,8 @@ class Session:
         self.t0 = time.monotonic()
         self.pending: list[QueueJob] = []  # taken from the inbox or the flow, not yet arrived
         self.seen: dict[str, float] = {}  # when each inbox job was read
+        self.warm = contextlib.ExitStack()  # closes the session's warm pool (`open_pool`)
+        self.pool: WarmPool | None = None
         take_cancel_requests(self.cancels)
 
     def now(self) -> float:
@@ -320,6 +324,8 @@ class Session:
         busy = {w for j in self.jobs for w in j.workers} | self.moves.busy()
         for j in self.active():
             if j.future is None and j.target and not busy & set(j.target):
+                if j.job.in_place:
+                    self.open_pool()
                 j.workers, j.target, j.since_s = list(j.target), None, self.now()
                 j.stop_at = None
                 j.started_s = j.since_s if j.started_s is None else j.started_s
@@ -336,6 +342,15 @@ class Session:
                 busy |= set(j.workers)
                 started = True
         return started
+
+    def open_pool(self) -> None:
+        """Open the session's warm pool (`training.elastic.pool.session_pool`), one warm
+        worker per worker of the cluster, where it is not open: every elastic job's ranks
+        (`QueueJob.in_place`), those it starts with and those it takes in place, are then
+        processes started ahead, torch imported, and a job that ends leaves the pool to the
+        next. It ends with the session (`run`)."""
+        if self.pool is None:
+            self.pool = self.warm.enter_context(session_pool(self.cluster.world_size))
 
     def write_state(self, publish: bool) -> None:
         """The jobs' state for `hetflow queue list`; where `publish`, also as the Prefect
@@ -374,6 +389,10 @@ class Session:
     def run(self, planned: list[QueueJob], tick_s: float = 1.0) -> None:
         """Until every job has arrived and ended, and the inbox is empty."""
         self.pending = list(planned)
+        with self.warm:
+            self._loop(tick_s)
+
+    def _loop(self, tick_s: float) -> None:
         while True:
             new = self.inbox()
             self.seen |= {q.name: self.now() for q in new}  # an inbox job arrives once read

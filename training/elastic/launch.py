@@ -2,7 +2,9 @@
 worker, started and watched by the launcher itself (`ElasticJob`), which also hosts the job's
 TCPStore. `start_elastic(spec)` hands back the running job: `add_worker` grows it in place,
 `release` lets one of its workers go in place, `wait` watches it to the end (`run_elastic` is
-the three in one, for a job nobody grows or shrinks).
+the three in one, for a job nobody grows or shrinks). A rank's process is a warm worker
+where one waits (`pool`): the session's pool for every rank where one is open, else the
+job's own for its joiners; a new process otherwise.
 
 Not torchrun: its agent stops every worker of the group as soon as one fails, and restarts
 them all (`--max-restarts`), which is the relaunch this mode avoids. Here a worker's end is a
@@ -29,6 +31,7 @@ import torch.distributed as dist
 from hetflow.config import STATELESS_HOOKS, ConfigError, WorkerSpec, check_on_loss
 from hetflow.infra.s3 import free_port
 from hetflow.training.cpu_quota import JobCgroups, find_controller
+from hetflow.training.elastic.pool import WarmPool, current
 from hetflow.training.elastic.world import JOINING, PREFIX
 from hetflow.training.faults.watch import JobWatch, _kill
 from hetflow.training.launch.live import Handle, registered
@@ -111,7 +114,8 @@ class ElasticJob:
         self.timeout_s, self.on_progress = timeout_s, on_progress
         self.procs: dict[int, subprocess.Popen] = {}
         self.joining: set[int] = set()  # started to join, not yet in a generation
-        self.pool: list[subprocess.Popen] = []  # warm workers waiting for a rank (`warm`)
+        self.pool: WarmPool | None = None  # the job's own warm workers, for its joiners
+        self.shared = current()  # a session's pool, open around the job: every rank's process
         self.replacing: set[int] = set()  # lost ranks whose replacement is due (`replace`)
         self.replaced = 0
         self.holders: dict[int, str] = {}  # rank -> the worker its newest process runs as
@@ -138,12 +142,15 @@ class ElasticJob:
         self.store.set(f"{PREFIX}/g0/members", json.dumps({"ranks": first, "leader": first[0]}))
         self.watch = JobWatch(self.run_dir, spec.train.stall_timeout_s)
         self.t0 = time.perf_counter()
-        self.out = self._stack.enter_context((self.run_dir / "workers.log").open("wb"))
+        log = self.run_dir / "workers.log"
+        log.write_bytes(b"")  # appended to by every rank, a warm worker's too (`warm`)
+        self.out = self._stack.enter_context(log.open("ab"))
         cgroups = JobCgroups.of(spec.cluster, spec.run_name, find_controller())
         if cgroups is not None:
             self._stack.enter_context(cgroups)
         self.env0 = self._stack.enter_context(mps_daemon(spec.cluster, rank_env(spec, 0, port)))
         self.port = port
+        self.pool = WarmPool(0, {**self.env0, **rank_env(spec, 0, port)}, self.out, refill=False)
         for r in first:
             self._spawn(r)
         faults = spec.train.faults
@@ -159,37 +166,28 @@ class ElasticJob:
                 self.store.delete_key(f"{PREFIX}/{key}")
         name = worker or self.spec.cluster.workers[rank].name
         self.store.set(f"{PREFIX}/worker/{rank}", name)
+        env = {**self.env0, **rank_env(self.spec, rank, self.port)}
+        if joining:
+            env[JOINING] = "1"
         with self.lock:
-            if joining and self.pool:
-                proc = self.pool.pop(0)
-                proc.stdin.write(f"{rank} {JOINING}\n".encode())
-                proc.stdin.close()
-            else:
-                env = {**self.env0, **rank_env(self.spec, rank, self.port)}
-                if joining:
-                    env[JOINING] = "1"
+            pool = self.shared or (self.pool if joining else None)
+            proc = pool.take(self.job, env, Path(self.out.name)) if pool else None
+            warm = proc is not None
+            if proc is None:
                 cmd = [sys.executable, "-m", "hetflow.training.worker", "--job", str(self.job)]
                 proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT, env=env)
             self.procs[rank], self.holders[rank] = proc, name
             if joining:
                 self.joining.add(rank)
-        print(f"rank {rank} started{' to join' if joining else ''} (pid {proc.pid})", flush=True)
+        how = f"{' to join' if joining else ''}{' on a warm worker' if warm else ''}"
+        print(f"rank {rank} started{how} (pid {proc.pid})", flush=True)
 
     def keep_warm(self, count: int) -> None:
-        """Start warm workers (`warm`) until `count` wait for an assignment."""
-        env = {**self.env0, **rank_env(self.spec, 0, self.port)}
-        cmd = [sys.executable, "-m", "hetflow.training.elastic.warm", "--job", str(self.job)]
-        with self.lock:
-            while len(self.pool) < count:
-                self.pool.append(
-                    subprocess.Popen(
-                        cmd,
-                        stdin=subprocess.PIPE,
-                        stdout=self.out,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                    )
-                )
+        """Keep `count` warm workers (`warm`) of the job's own waiting for its joiners; none
+        where a session's pool is open (`pool.session_pool`: it serves every rank)."""
+        if self.shared is None:
+            self.pool.size = count
+            self.pool.fill()
 
     def free_slots(self) -> list[int]:
         """The ranks of the cluster no live process holds."""
@@ -239,8 +237,9 @@ class ElasticJob:
             self._watch(self.t0 + self.timeout_s)
         finally:
             with self.lock:
-                procs = list(self.procs.values()) + self.pool
-                self.pool = []
+                procs = list(self.procs.values())
+            if self.pool is not None:
+                self.pool.close()
             for p in procs:
                 if p.poll() is None:
                     _kill(p.pid)

@@ -7,7 +7,8 @@ first, so that its own import is not counted in the phase it measures.
 The phases follow one another, each from the end of the one before:
 
 - spawn: the submit (`RunSpec.submitted_at`) to this process's start (the launcher: torchrun
-  starts, imports torch and forks this process);
+  starts, imports torch and forks this process), or, for a warm worker started ahead of the
+  job (`elastic.warm`), to its assignment (`HETFLOW_ASSIGNED_AT`);
 - import: the process's start to the entry's `main` (the interpreter, torch and hetflow);
 - rendezvous: to the process group's existence (the job read, the rank placed, the group);
 - data: to the rank's data opened (the manifest, the host's shard cache);
@@ -47,11 +48,13 @@ class StartupMarks:
     """The times (`time.time()`) at which this rank's start-up phases ended, marked as it goes.
 
     `started` is the process's start (`process_started_at`, else the first line of the
-    entry); `mark(name)` records the end of the phase `name` (one of `MARKS`); `phases` turns
-    them into seconds per phase once the first step's start is known."""
+    entry), or a warm worker's assignment, the end of its wait (`HETFLOW_ASSIGNED_AT`);
+    `mark(name)` records the end of the phase `name` (one of `MARKS`); `phases` turns them
+    into seconds per phase once the first step's start is known."""
 
     def __init__(self) -> None:
-        self.started = process_started_at() or _FIRST_LINE
+        assigned = os.environ.get("HETFLOW_ASSIGNED_AT")
+        self.started = float(assigned) if assigned else process_started_at() or _FIRST_LINE
         self.at: dict[str, float] = {}
 
     def mark(self, name: str) -> None:

@@ -1,0 +1,66 @@
+"""A session's warm pool (`training.elastic.pool`) on real processes: the jobs launched while
+it is open take every rank's process from it, it starts one behind each it gives out, and it
+outlives each job, so the next job's ranks are processes started before it was submitted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hetflow.config import ClusterSpec, TrainConfig
+from hetflow.records import Plan, RunResult
+from hetflow.training.elastic.launch import start_elastic
+from hetflow.training.elastic.pool import current, session_pool
+from hetflow.training.launch.live import Handle, registered
+from hetflow.training.launch.spec import RunSpec
+
+STEPS = 6
+
+
+def _spec(dataset, run_dir: Path) -> RunSpec:
+    train = TrainConfig(
+        recipe="digits-mlp",
+        global_batch=32,
+        steps=STEPS,
+        checkpoint_every=STEPS,
+        eval_every=STEPS,
+        faults={"on_loss": "continue"},
+    )
+    return RunSpec(
+        run_name=run_dir.name,
+        variant="t",
+        cluster=ClusterSpec.from_speeds([1, 1], time_scale=20.0),
+        dataset=dataset,
+        train=train,
+        plan=Plan.equal([16, 16]),
+        run_dir=str(run_dir),
+    )
+
+
+def _run(spec: RunSpec):
+    job = start_elastic(spec, timeout_s=200)
+    pids = {r: p.pid for r, p in job.procs.items()}
+    with registered(spec.run_dir, Handle(job)):
+        return job.wait(), pids
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_jobs_in_turn_take_their_ranks_from_the_session_pool(local_digits, tmp_path):
+    with session_pool(2) as pool:
+        ahead = {p.pid for p in pool.waiting}
+        first, pids = _run(_spec(local_digits, tmp_path / "a"))
+        assert set(pids.values()) == ahead  # both ranks were the pool's, started ahead
+        assert pool.given == 2 and len(pool.waiting) == 2  # and two more wait behind them
+        behind = {p.pid for p in pool.waiting}
+        assert not behind & ahead and all(p.poll() is None for p in pool.waiting)
+        second, pids = _run(_spec(local_digits, tmp_path / "b"))
+        assert set(pids.values()) == behind
+        rest = list(pool.waiting)
+        assert len(rest) == 2
+    assert current() is None and all(p.poll() is not None for p in rest)  # ended with it
+    for launched in (first, second):
+        result = RunResult.model_validate(launched.raw)
+        assert sorted(r.rank for r in result.ranks) == [0, 1]
+        assert [rec.step for rec in result.lead.records] == list(range(STEPS))
