@@ -5,7 +5,9 @@ Both sides are in the allocator's unit, weighted normalised throughput x seconds
 workers, the free ones are shared) to `move` (the allocation over everything), over the
 `horizon_s` it lasts. The cost is the switch: every running job whose workers change stops at
 its next checkpoint (no step is lost) and restarts on its new workers, idle for `switch_s`
-(launch, checkpoint load, warm-up), so it loses its new normalised throughput x `switch_s`.
+(launch, checkpoint load, warm-up), so it loses its new normalised throughput x `switch_s`;
+one moved to no worker restarts later, on workers not known yet, and is charged that
+restart now at the throughput it has (left out, a stop would look free beside a relaunch).
 A job that moves in place (`InPlace`: it runs elastic and keeps some of its workers) does not
 stop: the workers it gives up leave, and those it takes join, at a step boundary, its members
 pausing for a regroup, `InPlace.cost_s`, measured.
@@ -70,12 +72,13 @@ def switch_cost(
     switch_s: float,
     in_place: InPlace | None = None,
 ) -> float:
-    """What the moved jobs lose while they restart, or regroup in place (see the module)."""
+    """What the moved jobs lose while they restart (one moved to no worker, at its
+    throughput now), or regroup in place (see the module)."""
     by_name = {j.name: j for j in jobs}
     in_place = in_place or InPlace()
     return sum(
         by_name[n].weight
-        * normalised(by_name[n], move.get(n, ()), workers, kinds)
+        * normalised(by_name[n], move.get(n) or running[n], workers, kinds)
         * in_place.cost(n, running[n], move.get(n, ()), switch_s)
         for n in moved(running, move)
         if n in by_name

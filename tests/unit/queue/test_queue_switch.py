@@ -46,7 +46,7 @@ def test_the_candidates_priced_the_in_place_shrink_is_worth_most():
     relaunched on the slow worker), `low` stopped off every worker, and `low` kept on one of
     its own workers (a shrink in place). By the rule's own pricing (`net`: the objective's
     rise over the horizon, a relaunch's from its checkpoint on, less the switches), the
-    shrink in place is worth most, and the stop least of the moves but keep."""
+    shrink in place is worth most; the stop, its relaunch later charged, least of the moves."""
     running, left, in_place = situation()
     keep = allocate(JOBS, WORKERS, KINDS, fixed=running)
     candidates = {
@@ -60,8 +60,7 @@ def test_the_candidates_priced_the_in_place_shrink_is_worth_most():
         name: net(JOBS, running, keep, x, WORKERS, KINDS, SWITCH_S, horizon, in_place)
         for name, x in candidates.items()
     }
-    assert worth["in place"] > max(worth["relaunch"], worth["stop"]) > 0
-    # the stop's objective is the lowest: its worth comes from a switch priced at nothing
+    assert worth["in place"] > worth["relaunch"] > worth["stop"] > 0
     assert objective(JOBS, candidates["stop"], WORKERS, KINDS) < objective(
         JOBS, candidates["relaunch"], WORKERS, KINDS
     )
@@ -117,3 +116,14 @@ def test_a_kept_worker_never_makes_a_higher_class_wait():
     in_place = InPlace(frozenset({"low"}), IN_PLACE_S, {"low": 60.0})  # a long wait to stop
     got = decide(JOBS, dict(running), running, {"low": 600.0}, two, KINDS, SWITCH_S, True, in_place)
     assert got["high"] and got["normal"] and not got["low"]
+
+
+def test_a_stop_is_charged_its_relaunch_as_a_move_is():
+    """A running job moved to no worker restarts later: its relaunch is charged at the
+    throughput it has now (here all it gets alone: normalised 1), not priced at nothing."""
+    from hetflow.queue.switch import switch_cost
+
+    running, _, _ = situation()
+    stop = {"low": [], "normal": ["w1"], "high": ["w2"]}
+    charged = switch_cost(JOBS, running, stop, WORKERS, KINDS, SWITCH_S)
+    assert charged == pytest.approx(JOBS[0].weight * 1.0 * SWITCH_S)
