@@ -79,9 +79,10 @@ def normalised(
 class _Allocation:
     """One allocation in the making: what each job holds, the free workers (see `allocate`)."""
 
-    def __init__(self, jobs, workers, kinds, fixed, held, allowed) -> None:
+    def __init__(self, jobs, workers, kinds, fixed, held, allowed, kept) -> None:
         self.workers, self.kinds, self.allowed, self.held = workers, kinds, allowed, held
-        self.out: Holding = {j.name: list(fixed.get(j.name, ())) for j in jobs}
+        self.out: Holding = {j.name: list(fixed.get(j.name) or kept.get(j.name, ())) for j in jobs}
+        self.pinned = {w for names in kept.values() for w in names}
         taken = {w for names in self.out.values() for w in names}
         self.free = [w for w in workers if w not in taken]
         self.others_held = {w for names in held.values() for w in names}
@@ -158,15 +159,17 @@ class _Allocation:
 
     def exchanges(self, a: Job, b: Job):
         """The holdings of `a` and `b` after each exchange between them: one of `a`'s workers
-        handed to `b` (`a` keeps one at least), or swapped for one of `b`'s of another kind."""
+        handed to `b` (`a` keeps one at least), or swapped for one of `b`'s of another kind;
+        never a worker its job keeps (`allocate`'s `kept`)."""
         mine, theirs = self.out[a.name], self.out[b.name]
         for x in mine:
-            if not self.may_hold(b, x):
+            if x in self.pinned or not self.may_hold(b, x):
                 continue
             if len(mine) > 1:
                 yield [w for w in mine if w != x], [*theirs, x]
             for y in theirs:
-                if self.workers[x] != self.workers[y] and self.may_hold(a, y):
+                swappable = y not in self.pinned and self.workers[x] != self.workers[y]
+                if swappable and self.may_hold(a, y):
                     yield [y if w == x else w for w in mine], [x if w == y else w for w in theirs]
 
     def improve(self, movable: Sequence[Job]) -> bool:
@@ -197,6 +200,7 @@ def allocate(
     held: Mapping[str, Sequence[str]] | None = None,
     allowed: Mapping[str, Iterable[str]] | None = None,
     min_gain: float = MIN_GAIN,
+    kept: Mapping[str, Sequence[str]] | None = None,
 ) -> Holding:
     """Each of `jobs` (in arrival order) with the workers it holds, from `workers` (name ->
     kind, in the cluster's order).
@@ -204,11 +208,14 @@ def allocate(
     `fixed`: jobs whose workers do not change (they keep these and take no more); `held`: what
     each job holds now, preferred among workers of a kind (fewer moves); `allowed`: the only
     workers a job may be given (a job resumes from its checkpoint on some of the workers it
-    was taken on, never new ones). Every worker goes to at most one job, every job only to
+    was taken on, never new ones); `kept`: workers a job keeps whatever else changes (it
+    starts with them, before any job gets its first worker, and may grow from there; no
+    exchange takes them from it: a running elastic job kept on some of its own workers moves
+    in place, `switch.decide`). Every worker goes to at most one job, every job only to
     workers whose kind holds it and whose step time for it is known.
     """
     fixed = fixed or {}
-    a = _Allocation(jobs, workers, kinds, fixed, held or {}, allowed or {})
+    a = _Allocation(jobs, workers, kinds, fixed, held or {}, allowed or {}, kept or {})
     a.first_workers(jobs)
     movable = [j for j in jobs if j.name not in fixed and a.out[j.name]]
     a.grow(movable, min_gain)

@@ -5,7 +5,9 @@ Both sides are in the allocator's unit, weighted normalised throughput x seconds
 workers, the free ones are shared) to `move` (the allocation over everything), over the
 `horizon_s` it lasts. The cost is the switch: every running job whose workers change stops at
 its next checkpoint (no step is lost) and restarts on its new workers, idle for `switch_s`
-(launch, checkpoint load, warm-up), so it loses its new normalised throughput x `switch_s`.
+(launch, checkpoint load, warm-up), so it loses its new normalised throughput x `switch_s`;
+one moved to no worker restarts later, on workers not known yet, and is charged that
+restart now at the throughput it has (left out, a stop would look free beside a relaunch).
 A job that moves in place (`InPlace`: it runs elastic and keeps some of its workers) does not
 stop: the workers it gives up leave, and those it takes join, at a step boundary, its members
 pausing for a regroup, `InPlace.cost_s`, measured.
@@ -16,10 +18,11 @@ horizon less that wait (`net`), which a move in place spares.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hetflow.queue.allocate import Holding, allocate, normalised, objective
+from hetflow.queue.allocate import Holding, allocate, normalised, objective, usable
 from hetflow.queue.jobs import Job
 
 
@@ -69,12 +72,13 @@ def switch_cost(
     switch_s: float,
     in_place: InPlace | None = None,
 ) -> float:
-    """What the moved jobs lose while they restart, or regroup in place (see the module)."""
+    """What the moved jobs lose while they restart (one moved to no worker, at its
+    throughput now), or regroup in place (see the module)."""
     by_name = {j.name: j for j in jobs}
     in_place = in_place or InPlace()
     return sum(
         by_name[n].weight
-        * normalised(by_name[n], move.get(n, ()), workers, kinds)
+        * normalised(by_name[n], move.get(n) or running[n], workers, kinds)
         * in_place.cost(n, running[n], move.get(n, ()), switch_s)
         for n in moved(running, move)
         if n in by_name
@@ -161,7 +165,8 @@ def decide(
     nothing outranks it) where `choose` finds it worth its switches over the time the
     soonest-ending running job has left, each move priced as `InPlace.cost` says; and where
     some running jobs move in place (`in_place`), the allocation that keeps each of them on
-    some of its own workers, where it is worth more, its switches counted, over that time.
+    at least one of its own workers (`kept_in_place`), where it is worth more, its switches
+    counted, over that time.
     """
     keep = allocate(jobs, workers, kinds, fixed=holding)
     if not preempt:
@@ -174,10 +179,54 @@ def decide(
     elastic = {n: running[n] for n in names if running.get(n) and n not in top}
     if not elastic:
         return best
-    # the running elastic jobs kept on some of their own workers: moves all made in place
-    shrink = allocate(jobs, workers, kinds, fixed=top, held=holding, allowed=elastic)
 
     def worth(x: Holding) -> float:
         return net(jobs, running, keep, x, workers, kinds, switch_s, horizon, in_place)
 
-    return shrink if worth(shrink) > worth(best) else best
+    def build(kept: Holding) -> Holding:
+        return allocate(jobs, workers, kinds, fixed=top, held=holding, kept=kept)
+
+    def worth_kept(x: Holding) -> float:  # never a job waiting while a lower one holds
+        return -math.inf if outranked(jobs, x, workers, kinds) else worth(x)
+
+    shrink = kept_in_place(elastic, workers, build, worth_kept)
+    return shrink if worth_kept(shrink) > worth(best) else best
+
+
+def outranked(jobs: Sequence[Job], x: Holding, workers, kinds) -> bool:
+    """Whether in `x` a job without workers could hold one that a job of a lower class
+    holds (what the allocator never does, `allocate`)."""
+    held = {j.name: x.get(j.name, ()) for j in jobs}
+    return any(
+        usable(j, kinds[workers[w]])
+        for j in jobs
+        if not held[j.name]
+        for o in jobs
+        if o.rank > j.rank
+        for w in held[o.name]
+    )
+
+
+def kept_in_place(elastic: Holding, workers: Mapping[str, str], build, worth) -> Holding:
+    """The allocation (`build`, from the workers each job keeps) that keeps each running
+    elastic job of `elastic` on one of its own workers, so moves them all in place, worth most
+    by `worth`. Which one each keeps is searched job by job, each trying one worker of every
+    kind it holds, the others' as chosen so far: one pass, linear in the jobs, not over every
+    combination. Without it the allocation over everything hands the workers a running job
+    holds to the arrivals first, by class, and can leave it none of its own: a stop at its
+    checkpoint and a relaunch where giving up some of them in place would do."""
+    choice = {n: names[0] for n, names in elastic.items()}
+    made: dict[tuple, tuple[float, Holding]] = {}
+
+    def trial(n: str, w: str) -> tuple[float, Holding]:
+        kept = {m: [w if m == n else choice[m]] for m in elastic}
+        key = tuple(sorted((m, k[0]) for m, k in kept.items()))
+        if key not in made:
+            x = build(kept)
+            made[key] = (worth(x), x)
+        return made[key]
+
+    for n, names in elastic.items():
+        firsts = {workers[w]: w for w in reversed(names)}  # the first worker of each kind
+        choice[n] = max(firsts.values(), key=lambda w, n=n: trial(n, w)[0])
+    return trial(n, choice[n])[1]
