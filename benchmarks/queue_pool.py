@@ -8,8 +8,10 @@ workers: `pool`, inside a session's pool of one warm worker per worker
 it at its first elastic job's start); `cold`, with none (each rank a new Python process that
 imports torch). Measured on each job: its start-up, the submit to the last rank's first step
 (`startup_s`, the ranks' `Timeline.first_step_s`), and each phase's median over its ranks
-(`training.launch.startup`). The second job is the figure: the first's warm workers were
-started a moment before it, still importing beside it. The variants alternate which runs
+(`training.launch.startup`). The second job is the figure: it starts once the pool has
+refilled (its workers are started one at a time, each once the one before has imported, as
+between a session's jobs); the first's were started a moment before it, one still importing
+as it launches, the others cold. The variants alternate which runs
 first; reported: each repeat, the medians, and pool over cold.
 """
 
@@ -69,10 +71,12 @@ def two_jobs(folder: Path, dataset, pooled: bool, steps: int, time_scale: float)
     from hetflow.training.launch.run import run_workers
 
     out = {}
-    with session_pool(4) if pooled else contextlib.nullcontext():
+    with session_pool(4) if pooled else contextlib.nullcontext() as pool:
         for name in ("first", "second"):
             raw, _ = run_workers(_job(folder, dataset, steps, time_scale))
             out[name] = _startup(raw)
+            if pool is not None:  # refilled, as between a session's jobs, before the next
+                out[f"{name}_refilled"] = pool.wait_ready(300)
     return out
 
 

@@ -68,6 +68,7 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
         "grows_in_place": sum(r["grown_in_place"] for r in rows),
         "in_place_s": session.moves.cost_s,
         "warm_ranks": session.pool.given if session.pool is not None else 0,
+        "warm_joins": session.pool.joins if session.pool is not None else 0,
     }
     out |= {f"{r['job']}/wait_s": r["wait_s"] for r in rows}
     return out, rows

@@ -13,8 +13,8 @@ fresh one per rank keeps one job's state out of the next. What a rank's process 
 taking it is its assignment line, not a Python and torch start.
 
 Not torchrun's: its agent forks a job's ranks itself, for one job (`launch.warm` makes that
-agent warm); a pool that outlives jobs has no such agent in this launcher. Ray keeps its own
-(its workers' processes are reused across tasks); this pool serves the local launcher.
+agent warm); a pool that outlives jobs has no such agent in this launcher. It serves the
+local elastic launcher; under Ray, Ray's own worker processes run the ranks.
 """
 
 from __future__ import annotations
@@ -28,55 +28,109 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from hetflow.training.elastic.world import JOINING
 from hetflow.training.faults.watch import _kill
 
 COMMAND = [sys.executable, "-m", "hetflow.training.elastic.warm"]
 
 
-def assignment(job: Path, env: dict[str, str], log: Path | None) -> bytes:
+def assignment(job: Path, env: dict[str, str], log: Path) -> bytes:
     """The line a warm worker reads (`warm.main`): the job file, the environment variables it
     sets (those that differ from its own, started with the pool's), the log it writes to."""
-    return (json.dumps({"job": str(job), "env": env, "log": str(log or "")}) + "\n").encode()
+    return (json.dumps({"job": str(job), "env": env, "log": str(log)}) + "\n").encode()
 
 
 class WarmPool:
     """Keeps `size` warm workers waiting, started with `env` (default: this process's), their
-    output to `log` until assigned (default: discarded). `take` assigns one and, where
-    `refill`, starts another behind it (else `fill` does, when asked); `close` ends those
-    still waiting. Safe to use from several threads."""
+    errors to `log` until assigned (default: discarded), at most `together` of them importing
+    at a time (default: all; a session's pool, which refills beside running jobs, imports
+    one at a time, so that its refills take at most one core from them). A worker is ready
+    once it has imported (its `ready` line). `take` assigns one, a ready one first, and,
+    where `refill`, has another started behind it (else `fill` does, when asked); `close`
+    ends those still waiting. Safe to use from several threads. A worker that ends before it
+    is ready (a broken install) stops the refills: the launcher then starts its ranks cold."""
 
-    def __init__(self, size: int, env: dict[str, str] | None = None, log=None, refill=True):
+    def __init__(
+        self, size: int, env: dict[str, str] | None = None, log=None, refill=True, together=0
+    ):
         self.size, self.env, self.log, self.refill = size, env, log, refill
+        self.together = together or None
         self.waiting: list[subprocess.Popen] = []
-        self.given = 0
+        self.ready: set[int] = set()  # the pids of those that have imported
+        self.given = self.joins = 0  # workers assigned; of them, to join a running job
         self.lock = threading.Lock()
-        self.closed = False
+        self.changed = threading.Condition(self.lock)
+        self.closed = self.broken = False
+        self.filler: threading.Thread | None = None
 
     def fill(self) -> None:
-        """Start warm workers until `size` wait (ended ones dropped)."""
-        out = self.log if self.log is not None else subprocess.DEVNULL
+        """Have warm workers started until `size` wait (`together` importing at a time)."""
         with self.lock:
-            self.waiting = [p for p in self.waiting if p.poll() is None]
-            while not self.closed and len(self.waiting) < self.size:
-                self.waiting.append(
-                    subprocess.Popen(
-                        COMMAND,
-                        stdin=subprocess.PIPE,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        env=self.env,
-                    )
-                )
+            if self.filler is None and not self.closed:
+                self.filler = threading.Thread(target=self._fill, name="warm-pool", daemon=True)
+                self.filler.start()
+            self.changed.notify_all()
 
-    def take(self, job: Path, env: dict[str, str], log: Path | None) -> subprocess.Popen | None:
-        """A waiting worker, assigned the rank `env` names of the job in `job` (its output to
-        `log`), one started behind it; None where none waits (the caller starts one cold)."""
+    def _fill(self) -> None:
+        out = self.log if self.log is not None else subprocess.DEVNULL
+        while True:
+            with self.lock:
+                while not (self.closed or self.broken or self._room()):
+                    self.changed.wait()
+                if self.closed or self.broken:
+                    return
+                proc = subprocess.Popen(
+                    COMMAND, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=out, env=self.env
+                )
+                self.waiting.append(proc)
+            threading.Thread(target=self._until_ready, args=(proc,), daemon=True).start()
+
+    def _room(self) -> bool:
+        self.waiting = [p for p in self.waiting if p.poll() is None]
+        importing = sum(p.pid not in self.ready for p in self.waiting)
+        return len(self.waiting) < self.size and importing < (self.together or self.size)
+
+    def _until_ready(self, proc: subprocess.Popen) -> None:
+        """Mark `proc` ready at its `ready` line; where its output closes first and it was
+        not taken meanwhile (its assignment closes it), it ended: the pool is broken."""
+        ready = any(line.strip() == b"ready" for line in iter(proc.stdout.readline, b""))
         with self.lock:
-            live = [p for p in self.waiting if p.poll() is None]
-            proc = live.pop(0) if live else None
-            self.waiting = live
+            ended = not ready and proc in self.waiting
+        if ended:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        with self.lock:
+            if ready:
+                self.ready.add(proc.pid)
+            elif ended and not self.closed:
+                self.broken = proc.returncode not in (None, 0)
+            self.changed.notify_all()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until `size` warm workers have imported, at most `timeout_s`; whether they
+        have."""
+        with self.lock:
+            return (
+                self.changed.wait_for(
+                    lambda: (
+                        sum(p.pid in self.ready for p in self.waiting) >= self.size or self.broken
+                    ),
+                    timeout_s,
+                )
+                and not self.broken
+            )
+
+    def take(self, job: Path, env: dict[str, str], log: Path) -> subprocess.Popen | None:
+        """A waiting worker, a ready one first, assigned the rank `env` names of the job in
+        `job` (its output to `log`; `world.JOINING` in `env`: it joins a running job); None
+        where none waits or the pool is broken (the caller starts one cold)."""
+        with self.lock:
+            self._room()  # the ended ones dropped
+            self.waiting.sort(key=lambda p: p.pid not in self.ready)
+            proc = self.waiting.pop(0) if self.waiting and not self.broken else None
             if proc is not None:
                 self.given += 1
+                self.joins += JOINING in env
                 try:
                     proc.stdin.write(assignment(job, self._diff(env), log))
                     proc.stdin.close()
@@ -92,14 +146,17 @@ class WarmPool:
 
     def close(self) -> None:
         """End the workers still waiting (killed: one may still be importing, and none holds
-        anything of a job's)."""
+        anything of a job's), and the refills."""
         with self.lock:
             self.closed, waiting, self.waiting = True, self.waiting, []
+            self.changed.notify_all()
         for p in waiting:
             _kill(p.pid)
             p.wait()
             with contextlib.suppress(OSError):
-                p.stdin.close()
+                p.stdin.close()  # its output: read to its end by its watcher (`_until_ready`)
+        if self.filler is not None:
+            self.filler.join(timeout=10)
 
     def __enter__(self) -> WarmPool:
         self.fill()
@@ -115,12 +172,13 @@ _session: WarmPool | None = None
 @contextlib.contextmanager
 def session_pool(size: int) -> Iterator[WarmPool]:
     """A pool of `size` warm workers that every job this process launches under
-    `on_loss: continue` meanwhile takes its ranks' processes from (`current`); ended, with
-    the workers still waiting, on leaving. One at a time in a process."""
+    `on_loss: continue` meanwhile takes its ranks' processes from (`current`), importing one
+    at a time; ended, with the workers still waiting, on leaving. One at a time in a
+    process."""
     global _session
     if _session is not None:
         raise RuntimeError("a session's warm pool is already open in this process")
-    with WarmPool(size) as pool:
+    with WarmPool(size, together=1) as pool:
         _session = pool
         try:
             yield pool

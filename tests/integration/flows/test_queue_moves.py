@@ -74,8 +74,9 @@ def test_a_job_gives_a_worker_up_and_takes_it_back_in_place(
     assert rows["low"]["moved_in_place"] == 1 and rows["low"]["grown_in_place"] == 1
     assert out["figures"]["steps_redone"] == 0
     assert 0 < out["figures"]["in_place_s"] < 600.0  # measured
-    # low's two ranks at its launch and its worker back: processes of the session's warm pool
-    assert out["figures"]["warm_ranks"] == 3
+    # the worker back: a process of the session's warm pool (low's launch, as the pool opens,
+    # finds at most one started)
+    assert out["figures"]["warm_joins"] == 1 and out["figures"]["warm_ranks"] >= 1
     (grow,) = [m for m in out["moves"] if m["grown"]]
     assert grow["to"] == "low" and grow["taker_s"] is not None  # low stepped with it again
     (result,) = runs_dir().glob("*-low/result.json")

@@ -49,18 +49,36 @@ def _run(spec: RunSpec):
 @pytest.mark.timeout(300)
 def test_jobs_in_turn_take_their_ranks_from_the_session_pool(local_digits, tmp_path):
     with session_pool(2) as pool:
+        assert pool.wait_ready(120)  # both imported, one after the other
         ahead = {p.pid for p in pool.waiting}
         first, pids = _run(_spec(local_digits, tmp_path / "a"))
         assert set(pids.values()) == ahead  # both ranks were the pool's, started ahead
-        assert pool.given == 2 and len(pool.waiting) == 2  # and two more wait behind them
+        assert pool.given == 2 and pool.wait_ready(120)  # and two more wait behind them
         behind = {p.pid for p in pool.waiting}
         assert not behind & ahead and all(p.poll() is None for p in pool.waiting)
         second, pids = _run(_spec(local_digits, tmp_path / "b"))
         assert set(pids.values()) == behind
+        assert pool.wait_ready(120)
         rest = list(pool.waiting)
-        assert len(rest) == 2
     assert current() is None and all(p.poll() is not None for p in rest)  # ended with it
     for launched in (first, second):
         result = RunResult.model_validate(launched.raw)
         assert sorted(r.rank for r in result.ranks) == [0, 1]
         assert [rec.step for rec in result.lead.records] == list(range(STEPS))
+
+
+@pytest.mark.timeout(60)
+def test_a_pool_whose_workers_cannot_start_gives_none_and_stops_refilling(monkeypatch, tmp_path):
+    """A warm worker that ends before it is ready (a broken install): the pool says so, gives
+    no worker (the launcher starts its ranks cold) and starts no more."""
+    import sys
+
+    from hetflow.training.elastic import pool as pools
+
+    monkeypatch.setattr(pools, "COMMAND", [sys.executable, "-c", "raise SystemExit(3)"])
+    with pools.WarmPool(2) as pool:
+        assert not pool.wait_ready(30) and pool.broken
+        assert pool.take(tmp_path / "job.json", {"RANK": "0"}, tmp_path / "log") is None
+        assert pool.given == 0
+        pool.filler.join(timeout=10)
+        assert not pool.filler.is_alive()  # no more started
