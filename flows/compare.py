@@ -39,7 +39,7 @@ from hetflow.infra.tracking.tracker import MLflowTracker
 from hetflow.repeats import run_order
 from hetflow.tasks.history import MEASURED_NOW, prior_note, profile_for
 from hetflow.tasks.opening import Reached, ResolvedJob, opened
-from hetflow.tasks.train import launched_labels, train_task
+from hetflow.tasks.train import launched_labels, train_task, warm_agents
 
 VARIANTS = ("baseline", "optimized")
 
@@ -101,6 +101,20 @@ def reuse_note(profile) -> list[str]:
     ]
 
 
+def _recorded(outcomes, train, profile, order, cluster, tracker, parent):
+    """The comparison's table and notes, its report as the `comparison` artifact and in the
+    parent MLflow run: (table, notes, the verdict, the runs by label)."""
+    table, said = table_and_notes(outcomes, train)
+    said += [*reuse_note(profile), order_note(order)]
+    runs = {"compare": parent, **{v: outcomes[v].run_id for v in VARIANTS}}
+    title = f"{cluster.name}: baseline vs optimized"
+    said_first, md = report(outcomes, table, said, title, tracker.links_markdown(runs))
+    create_markdown_artifact(md, key="comparison", description="baseline vs optimized")
+    ran = {v: launched_labels(cluster, o, profile) for v, o in outcomes.items()}
+    finish_comparison(tracker, parent, outcomes, table, md, rank_labels(cluster, profile), ran)
+    return table, said, said_first, runs
+
+
 @flow(name="compare", log_prints=True)
 def compare(
     train: Compared = TrainConfig(),
@@ -117,9 +131,14 @@ def compare(
     configs = train.compared()  # each variant's own knobs: 'auto' may try local SGD
     outcomes = {}
     order = run_order(VARIANTS, train.seed)
-    with opened(cluster, list(configs.values()), dataset, tracking, job, reached) as run:
+    with (
+        warm_agents(cluster, 1 + len(order)) as agents,  # the profile's launch, each variant's
+        opened(cluster, list(configs.values()), dataset, tracking, job, reached) as run,
+    ):
         cluster, catalog = run.cluster, run.catalog
         profile = profile_for(cluster, dataset, train, list(configs.values()), catalog, run.job)
+        if agents is not None:
+            agents.expect(len(order))  # the profile's launch made, or its history reused
         tracker = MLflowTracker(tracking)
         parent = tracker.start_comparison(cluster, dataset, configs)
         for variant in order:
@@ -140,14 +159,9 @@ def compare(
             except Exception as e:
                 tracker.fail(parent, f"{variant}: {e}")
                 raise
-    table, said = table_and_notes(outcomes, train)
-    said += [*reuse_note(profile), order_note(order)]
-    runs = {"compare": parent, **{v: outcomes[v].run_id for v in VARIANTS}}
-    title = f"{cluster.name}: baseline vs optimized"
-    said_first, md = report(outcomes, table, said, title, tracker.links_markdown(runs))
-    create_markdown_artifact(md, key="comparison", description="baseline vs optimized")
-    ran = {v: launched_labels(cluster, o, profile) for v, o in outcomes.items()}
-    finish_comparison(tracker, parent, outcomes, table, md, rank_labels(cluster, profile), ran)
+    table, said, said_first, runs = _recorded(
+        outcomes, train, profile, order, cluster, tracker, parent
+    )
     return {
         "table": table,
         "verdict": said_first,

@@ -67,8 +67,8 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
         "moves_in_place": sum(r["moved_in_place"] for r in rows),
         "grows_in_place": sum(r["grown_in_place"] for r in rows),
         "in_place_s": session.moves.cost_s,
-        "warm_ranks": session.pool.given if session.pool is not None else 0,
-        "warm_joins": session.pool.joins if session.pool is not None else 0,
+        "warm_ranks": session.pool.given.total() if session.pool is not None else 0,
+        "warm_joins": session.pool.given["join"] if session.pool is not None else 0,
     }
     out |= {f"{r['job']}/wait_s": r["wait_s"] for r in rows}
     return out, rows

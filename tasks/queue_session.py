@@ -48,7 +48,8 @@ from hetflow.tasks.queue import (
 from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
 from hetflow.tasks.queue_moves import Moves
 from hetflow.tasks.train import stable_run_dir
-from hetflow.training.elastic.pool import WarmPool, session_pool
+from hetflow.training.elastic.pool import session_pool
+from hetflow.training.launch.pool import WarmPool
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from prefect import runtime, task
@@ -27,7 +29,9 @@ from hetflow.records import Plan, Profile, RunResult, TrainOutcome
 from hetflow.tasks.history import store_learned
 from hetflow.training.devices import Placement
 from hetflow.training.job import ResolvedJob
+from hetflow.training.launch.agents import agent_pool
 from hetflow.training.launch.outcome import LaunchError, RankFailed
+from hetflow.training.launch.pool import WarmPool
 from hetflow.training.launch.run import Ran, run_plan
 from hetflow.training.loop.optim import is_resolved, resolve_optimizer
 from hetflow.training.metrics import (
@@ -43,6 +47,15 @@ from hetflow.training.plan.ranks import RankMap
 from hetflow.training.plan.rounds import loop_counts, resolve_rounds
 from hetflow.training.recipes import DataInfo, Recipe, recipe_of
 from hetflow.training.recipes.export import input_example, trained_model
+
+
+@contextlib.contextmanager
+def warm_agents(cluster: ClusterSpec, launches: int) -> Iterator[WarmPool | None]:
+    """torchrun's agents kept warm for the `launches` jobs a flow runs in turn on this host
+    (`training.launch.agents.agent_pool`: each imports while the job before it trains);
+    none under Ray, whose own processes run the ranks."""
+    with agent_pool(launches if cluster.launcher == "local" else 0) as pool:
+        yield pool
 
 
 def stable_run_dir(label: str) -> Path:

@@ -31,12 +31,13 @@ import torch.distributed as dist
 from hetflow.config import STATELESS_HOOKS, ConfigError, WorkerSpec, check_on_loss
 from hetflow.infra.s3 import free_port
 from hetflow.training.cpu_quota import JobCgroups, find_controller
-from hetflow.training.elastic.pool import WarmPool, current
+from hetflow.training.elastic.pool import COMMAND, current
 from hetflow.training.elastic.world import JOINING, PREFIX
 from hetflow.training.faults.watch import JobWatch, _kill
 from hetflow.training.launch.live import Handle, registered
 from hetflow.training.launch.mps import mps_daemon
 from hetflow.training.launch.outcome import Launched, LaunchError, RankFailed
+from hetflow.training.launch.pool import WarmPool
 from hetflow.training.launch.spec import RunSpec
 
 
@@ -150,7 +151,8 @@ class ElasticJob:
             self._stack.enter_context(cgroups)
         self.env0 = self._stack.enter_context(mps_daemon(spec.cluster, rank_env(spec, 0, port)))
         self.port = port
-        self.pool = WarmPool(0, {**self.env0, **rank_env(spec, 0, port)}, self.out, refill=False)
+        env = {**self.env0, **rank_env(spec, 0, port)}
+        self.pool = WarmPool(0, COMMAND, env, self.out, refill=False)
         for r in first:
             self._spawn(r)
         faults = spec.train.faults
@@ -171,7 +173,8 @@ class ElasticJob:
             env[JOINING] = "1"
         with self.lock:
             pool = self.shared or (self.pool if joining else None)
-            proc = pool.take(self.job, env, Path(self.out.name)) if pool else None
+            fields = {"job": str(self.job), "log": self.out.name}
+            proc = pool.take(fields, env, "join" if joining else "") if pool else None
             warm = proc is not None
             if proc is None:
                 cmd = [sys.executable, "-m", "hetflow.training.worker", "--job", str(self.job)]

@@ -16,6 +16,7 @@ from pathlib import Path
 from hetflow.infra.s3 import free_port
 from hetflow.training.cpu_quota import JobCgroups, find_controller
 from hetflow.training.faults.watch import JobWatch, dump_stacks, job_pids, kill_job
+from hetflow.training.launch.agents import current as current_agents
 from hetflow.training.launch.mps import mps_daemon
 from hetflow.training.launch.outcome import Launched, LaunchError, RankFailed
 from hetflow.training.launch.spec import RunSpec
@@ -71,7 +72,8 @@ def run_torchrun(
 ) -> Launched:
     """Write the job file, run torchrun to completion, return its result and wall seconds.
     `warm`: the ranks forked from an agent that imported what they run (`launch.warm`), for
-    jobs whose every rank is on the CPU (`run.run_workers` decides).
+    jobs whose every rank is on the CPU (`run.run_workers` decides): one kept waiting by an
+    open `agents.agent_pool` where one waits, its imports done before the submit.
 
     `spec` comes checked and placed by `run.run_workers` (backend, precisions, submitted_at).
     Workers with a `cpu_quota` run in cgroups of their own, made before the ranks start and
@@ -103,7 +105,9 @@ def run_torchrun(
         mps_daemon(spec.cluster, worker_env(spec)) as env,
         cgroups or contextlib.nullcontext(),
     ):
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = _agent(cmd, env, log) if warm else None
+        if proc is None:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             _watch(proc, watch, run_dir, t + timeout_s, on_progress, warm)
         except BaseException:
@@ -120,6 +124,14 @@ def run_torchrun(
             f"torchrun exited {proc.returncode} (log: {log}):\n" + "\n".join(watch.stalls + tail)
         )
     return Launched(json.loads((run_dir / "result.json").read_text()), wall)
+
+
+def _agent(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen | None:
+    """A warm agent of the open `agents.agent_pool`, given torchrun's flags of `cmd` (those
+    after `python -m hetflow.training.launch.warm`), `env` and the job's `log`; None where
+    no pool is open or none waits (the caller starts one)."""
+    pool = current_agents()
+    return pool.take({"argv": cmd[3:], "log": str(log)}, env) if pool is not None else None
 
 
 def _watch(

@@ -2,6 +2,7 @@
 from itself instead of starting a fresh interpreter per rank that imports it all again.
 
     python -m hetflow.training.launch.warm [torchrun's flags] hetflow.training.worker --job JOB
+    python -m hetflow.training.launch.warm --wait     # the same, its flags read when assigned
 
 takes torchrun's own flags (`torch.distributed.run`: rendezvous, restarts, the number of
 processes) and runs the ranks under torchrun's own agent (`elastic_launch`), with its start
@@ -20,6 +21,8 @@ parent touched does not survive a fork, and torch's imports may touch it.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -46,17 +49,45 @@ def preload(entry: str = "hetflow.training.worker") -> list[str]:
     return done
 
 
+def assigned() -> dict:
+    """This process's assignment, waited for (`launch.pool.WarmPool` keeps such processes):
+    `ready` written to its output (the pool's pipe), then one line of JSON read from its
+    input; an empty line or a closed input ends the process unused. Its output goes to the
+    assignment's `log` from then on (appended to), its `env` is set and its `unset` unset
+    (the launcher's environment now, not the pool's at its start); the assignment is
+    returned (what to run: its other fields)."""
+    print("ready", flush=True)
+    line = sys.stdin.readline()
+    if not line.strip():
+        os._exit(0)
+    given = json.loads(line)
+    fd = os.open(given["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    for out in (1, 2):
+        os.dup2(fd, out)
+    os.close(fd)
+    os.environ.update(given["env"])
+    for name in given.get("unset", ()):
+        os.environ.pop(name, None)
+    return given
+
+
 @record  # as torchrun's own main: a failed rank's error summary in the log
 def main(argv: list[str] | None = None) -> None:
     """torchrun's `run` with the ranks forked from this process, warm (`preload`): its
-    arguments are torchrun's, the training script's name then the worker's own flags."""
+    arguments are torchrun's, the training script's name then the worker's own flags; or
+    `--wait` alone: preloaded, it waits for them (`assigned`: its `argv`), an agent kept
+    warm between jobs (`launch.agents`)."""
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
     from hetflow.training.faults.watch import dump_on_signal
 
     dump_on_signal()  # inherited by the forks: a rank stuck before its own start says where
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--wait"]:
+        preload()
+        argv = assigned()["argv"]
+    args = parse_args(argv)
     args.start_method = "fork"
     preload(args.training_script)
     from hetflow.training.worker import forked_main

@@ -18,14 +18,14 @@ from hetflow.training.launch.spec import RunSpec
 STEPS = 6
 
 
-def _spec(dataset, run_dir: Path) -> RunSpec:
+def _spec(dataset, run_dir: Path, on_loss: str = "continue") -> RunSpec:
     train = TrainConfig(
         recipe="digits-mlp",
         global_batch=32,
         steps=STEPS,
         checkpoint_every=STEPS,
         eval_every=STEPS,
-        faults={"on_loss": "continue"},
+        faults={"on_loss": on_loss},
     )
     return RunSpec(
         run_name=run_dir.name,
@@ -53,7 +53,7 @@ def test_jobs_in_turn_take_their_ranks_from_the_session_pool(local_digits, tmp_p
         ahead = {p.pid for p in pool.waiting}
         first, pids = _run(_spec(local_digits, tmp_path / "a"))
         assert set(pids.values()) == ahead  # both ranks were the pool's, started ahead
-        assert pool.given == 2 and pool.wait_ready(120)  # and two more wait behind them
+        assert pool.given[""] == 2 and pool.wait_ready(120)  # and two more wait behind them
         behind = {p.pid for p in pool.waiting}
         assert not behind & ahead and all(p.poll() is None for p in pool.waiting)
         second, pids = _run(_spec(local_digits, tmp_path / "b"))
@@ -68,17 +68,38 @@ def test_jobs_in_turn_take_their_ranks_from_the_session_pool(local_digits, tmp_p
 
 
 @pytest.mark.timeout(60)
-def test_a_pool_whose_workers_cannot_start_gives_none_and_stops_refilling(monkeypatch, tmp_path):
+def test_a_pool_whose_workers_cannot_start_gives_none_and_stops_refilling(tmp_path):
     """A warm worker that ends before it is ready (a broken install): the pool says so, gives
     no worker (the launcher starts its ranks cold) and starts no more."""
     import sys
 
-    from hetflow.training.elastic import pool as pools
+    from hetflow.training.launch.pool import WarmPool
 
-    monkeypatch.setattr(pools, "COMMAND", [sys.executable, "-c", "raise SystemExit(3)"])
-    with pools.WarmPool(2) as pool:
+    with WarmPool(2, [sys.executable, "-c", "raise SystemExit(3)"]) as pool:
         assert not pool.wait_ready(30) and pool.broken
-        assert pool.take(tmp_path / "job.json", {"RANK": "0"}, tmp_path / "log") is None
-        assert pool.given == 0
+        assert pool.take({"log": str(tmp_path / "log")}, {"RANK": "0"}) is None
+        assert not pool.given
         pool.filler.join(timeout=10)
         assert not pool.filler.is_alive()  # no more started
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchrun_jobs_in_turn_take_warm_agents_and_no_more_than_expected(
+    local_digits, tmp_path, monkeypatch
+):
+    """Two torchrun jobs in turn, an agents' pool open for two launches: each job's agent
+    was one of the pool's (imported before its submit), and no third was started."""
+    from hetflow.training.launch.agents import agent_pool
+    from hetflow.training.launch.run import run_workers
+
+    monkeypatch.delenv("HETFLOW_WARM_RANKS", raising=False)
+    with agent_pool(2) as pool:
+        for name in ("a", "b"):
+            assert pool.wait_ready(120)
+            raw, _ = run_workers(_spec(local_digits, tmp_path / name, on_loss="restart"))
+            result = RunResult.model_validate(raw)
+            assert [rec.step for rec in result.lead.records] == list(range(STEPS))
+        assert pool.given.total() == 2 and pool.started == 2 and pool.waiting == []
+    log = (tmp_path / "b" / "workers.log").read_text()
+    assert "ready" not in log.splitlines()  # the agent's word to the pool stayed in its pipe
