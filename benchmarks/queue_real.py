@@ -112,6 +112,8 @@ def summary(out: dict, order: list[str], first: str) -> dict:
         "steps_redone": fig["steps_redone"],
         "measuring_s": round(fig["measuring_s"], 1),
         "moves_in_place": int(fig.get("moves_in_place", 0)),
+        "grows_in_place": int(fig.get("grows_in_place", 0)),
+        "warm_ranks": int(fig.get("warm_ranks", 0)),  # ranks started on the session's pool
         "moves": out.get("moves", []),
         "run_id": out["parent_run_id"],
     }

@@ -69,6 +69,7 @@ def figures(session: Session) -> tuple[dict[str, float], list[dict]]:
         "in_place_s": session.moves.cost_s,
         "warm_ranks": session.pool.given.total() if session.pool is not None else 0,
         "warm_joins": session.pool.given["join"] if session.pool is not None else 0,
+        "warm_agents": session.agents.given.total() if session.agents is not None else 0,
     }
     out |= {f"{r['job']}/wait_s": r["wait_s"] for r in rows}
     return out, rows

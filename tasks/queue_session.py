@@ -49,6 +49,7 @@ from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
 from hetflow.tasks.queue_moves import Moves
 from hetflow.tasks.train import stable_run_dir
 from hetflow.training.elastic.pool import session_pool
+from hetflow.training.launch.agents import agent_pool
 from hetflow.training.launch.pool import WarmPool
 
 
@@ -123,8 +124,9 @@ class Session:
         self.t0 = time.monotonic()
         self.pending: list[QueueJob] = []  # taken from the inbox or the flow, not yet arrived
         self.seen: dict[str, float] = {}  # when each inbox job was read
-        self.warm = contextlib.ExitStack()  # closes the session's warm pool (`open_pool`)
-        self.pool: WarmPool | None = None
+        self.warm = contextlib.ExitStack()  # closes the session's warm pools (`open_pools`)
+        self.pool: WarmPool | None = None  # its warm workers
+        self.agents: WarmPool | None = None  # its torchrun agents
         take_cancel_requests(self.cancels)
 
     def now(self) -> float:
@@ -141,6 +143,7 @@ class Session:
             if self.policy == "fifo":
                 model = queue_model(job)
             else:
+                self.open_pools(elastic=False)  # the next job's measuring on a warm agent
                 model, _ = job_model(job, self.cluster, self.dataset)
             check_job(model, self.kinds)
         except Exception as e:  # the job's own failure: the others go on
@@ -325,8 +328,7 @@ class Session:
         busy = {w for j in self.jobs for w in j.workers} | self.moves.busy()
         for j in self.active():
             if j.future is None and j.target and not busy & set(j.target):
-                if j.job.in_place:
-                    self.open_pool()
+                self.open_pools(j.job.in_place)
                 j.workers, j.target, j.since_s = list(j.target), None, self.now()
                 j.stop_at = None
                 j.started_s = j.since_s if j.started_s is None else j.started_s
@@ -344,14 +346,19 @@ class Session:
                 started = True
         return started
 
-    def open_pool(self) -> None:
-        """Open the session's warm pool (`training.elastic.pool.session_pool`), one warm
-        worker per worker of the cluster, where it is not open: every elastic job's ranks
-        (`QueueJob.in_place`), those it starts with and those it takes in place, are then
-        processes started ahead, torch imported, and a job that ends leaves the pool to the
-        next. It ends with the session (`run`)."""
-        if self.pool is None:
+    def open_pools(self, elastic: bool) -> None:
+        """Open the session's warm pools where they are not open, to the session's end
+        (`run`). `elastic`: its warm workers (`training.elastic.pool.session_pool`), one per
+        worker of the cluster: every elastic job's ranks (`QueueJob.in_place`), those it
+        starts with and those it takes in place, are processes started ahead, torch
+        imported, and a job that ends leaves the pool to the next. Else one torchrun agent
+        kept imported (`training.launch.agents`, on this host's launcher only) for the
+        launches under torchrun: the allocator's measuring, the jobs that do not run
+        elastic."""
+        if elastic and self.pool is None:
             self.pool = self.warm.enter_context(session_pool(self.cluster.world_size))
+        if not elastic and self.agents is None and self.cluster.launcher == "local":
+            self.agents = self.warm.enter_context(agent_pool(None))
 
     def write_state(self, publish: bool) -> None:
         """The jobs' state for `hetflow queue list`; where `publish`, also as the Prefect

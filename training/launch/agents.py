@@ -21,17 +21,18 @@ _agents: WarmPool | None = None
 
 
 @contextlib.contextmanager
-def agent_pool(launches: int, size: int = 1) -> Iterator[WarmPool | None]:
+def agent_pool(launches: int | None, size: int = 1) -> Iterator[WarmPool | None]:
     """`size` warm agents kept for the jobs this process launches under torchrun meanwhile
-    (`current`), at most `launches` started in all (`WarmPool.expect` lowers it); none where
-    one is open already (the outer one serves), `launches` is 0, or warm ranks are off
-    (`HETFLOW_WARM_RANKS=0`, `run.WARM_RANKS`)."""
+    (`current`), at most `launches` started in all (None: no bound; `WarmPool.expect` lowers
+    it); none where one is open already (the outer one serves), `launches` is 0, or warm
+    ranks are off (`HETFLOW_WARM_RANKS=0`, `run.WARM_RANKS`)."""
     global _agents
     if _agents is not None or launches == 0 or os.environ.get("HETFLOW_WARM_RANKS") == "0":
         yield None
         return
     with WarmPool(size, COMMAND, together=1) as pool:
-        pool.expect(launches)
+        if launches is not None:
+            pool.expect(launches)
         _agents = pool
         try:
             yield pool

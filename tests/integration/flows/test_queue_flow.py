@@ -25,7 +25,7 @@ def test_a_high_job_takes_workers_at_the_low_jobs_checkpoint(s3, prefect_harness
             name="low",
             priority="low",
             recipe="digits-mlp",
-            steps=8,
+            steps=40,  # still running when high is in, however fast its launch was
             global_batch=32,
             checkpoint_every=4,
         ),
