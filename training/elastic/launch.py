@@ -189,8 +189,7 @@ class ElasticJob:
         """Keep `count` warm workers (`warm`) of the job's own waiting for its joiners; none
         where a session's pool is open (`pool.session_pool`: it serves every rank)."""
         if self.shared is None:
-            self.pool.size = count
-            self.pool.fill()
+            self.pool.resize(count)
 
     def free_slots(self) -> list[int]:
         """The ranks of the cluster no live process holds."""

@@ -30,9 +30,9 @@ class WarmPool:
     process's), their errors to `log` until assigned (default: discarded), at most `together`
     of them importing at a time, those given out before they had imported counted (default:
     all; a pool that refills beside running jobs imports one at a time, so that its refills
-    take at most one core from them). One is
-    ready once it has imported (its `ready` line). `take` assigns one, a ready one first,
-    and, where `refill`, has another started behind it (else `fill` does, when asked);
+    take at most one core from them). One is ready once it has imported (its `ready` line).
+    `take` assigns one, a ready one first, and, where `refill`, has another started behind
+    it (else `size` drops by one, until the caller calls `resize`);
     `expect` caps how many more are started; `close` ends those still waiting. Safe to use
     from several threads. One that ends before it is ready (a broken install) stops the
     refills: the caller then starts its processes cold."""
@@ -58,6 +58,12 @@ class WarmPool:
         self.closed = self.broken = False
         self.filler: threading.Thread | None = None
         self.started, self.limit = 0, None  # processes started; at most `limit` (`expect`)
+
+    def resize(self, size: int) -> None:
+        """Keep `size` waiting from now on, and have them started."""
+        with self.lock:
+            self.size = size
+        self.fill()
 
     def fill(self) -> None:
         """Have processes started until `size` wait (`together` importing at a time)."""
@@ -136,8 +142,8 @@ class WarmPool:
         """A waiting process, a ready one first, given its assignment: `fields` (what it
         runs, and `log`, where its output goes from then on) and the environment `env` (sent
         as the variables that differ from those the pool started it with, and those to
-        unset); counted in `given` under `tag`. None
-        where none waits or the pool is broken (the caller starts one cold)."""
+        unset); counted in `given` under `tag`. None where none waits or the pool is broken
+        (the caller starts one cold)."""
         unset = [k for k in self.env if k not in env]
         line = (json.dumps({**fields, "env": self._diff(env), "unset": unset}) + "\n").encode()
         with self.lock:
@@ -149,6 +155,7 @@ class WarmPool:
                     proc.stdin.write(line)
                     proc.stdin.close()
                     self.given[tag] += 1
+                    self.size -= not self.refill
                 except BrokenPipeError:  # it ended between the poll and the write
                     proc = None
         if self.refill:
