@@ -179,7 +179,6 @@ class ElasticLoop:
         was lost, the lowest rank left takes its part (`take_the_lead`)."""
         world, before = self.world, self.world.members
         pending = self.admissions.pending()
-        loop.shared.drop()  # the step times already in are kept (`lost.LostStretches`)
         try:
             lost = world.regroup(going_on, admit=() if pending is None else (pending,))
         except LeftBehind as e:  # it stalled; the others went on: leave without a failure
@@ -211,7 +210,10 @@ class ElasticLoop:
         """On the new generation's leader, the stretches of the ranks `lost` (killed,
         stalled; not a leaver on SIGTERM, which left its own) rebuilt from the step times
         this rank holds and kept in the store (`lost.LostStretches.publish`): at once, so
-        that a regroup that fails after this one has them."""
+        that a regroup that fails after this one has them. The step times in flight are
+        dropped first, those already in kept: after the new generation is agreed, by when
+        the last step's, sent before the loss, has most often come in."""
+        loop.shared.drop()
         gone, self.leaver = [r for r in lost if r != self.leaver], None
         if gone and loop.rank == self.world.leader:
             params = parameter_count(loop.net.model)
