@@ -354,7 +354,8 @@ class Timeline(_Record):
 
 class RankResult(_Record):
     """What one rank of a training run returns: one process, from the step it began at to
-    the step it ended or left at (`RunResult.departed`), as the cluster's worker `worker`."""
+    the step it ended, left (`RunResult.departed`) or was lost at (`RunResult.lost`), as the
+    cluster's worker `worker`."""
 
     rank: int
     node: str = ""
@@ -402,18 +403,21 @@ class RankResult(_Record):
 
 class RunResult(_Record):
     """Every rank's result of one training run, in rank order (the workers' result.json): the
-    ranks in the job at its end, and `departed`, those that left it in place before (under
-    `faults.on_loss: continue`), each with the steps it ran. A rank lost (killed, stalled)
-    took its records with it."""
+    ranks in the job at its end; `departed`, those that left it in place before (under
+    `faults.on_loss: continue`), each with the steps it ran; `lost`, those lost (killed,
+    stalled) there, each as the survivors rebuilt it from the step times shared with them
+    (`training.elastic.lost`: batch, compute and idle time measured; the rest 0)."""
 
     mode: Literal["train"] = "train"
     ranks: list[RankResult]
     departed: list[RankResult] = Field([], description="Ranks that left in place, in order.")
+    lost: list[RankResult] = Field([], description="Ranks lost in place, in order.")
 
     @property
     def stretches(self) -> list[RankResult]:
-        """Every process's result: the ranks at the end, then those that left."""
-        return [*self.ranks, *self.departed]
+        """Every process's result: the ranks at the end, then those that left, then those
+        lost."""
+        return [*self.ranks, *self.departed, *self.lost]
 
     @property
     def lead(self) -> RankResult:

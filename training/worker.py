@@ -36,6 +36,7 @@ from hetflow.training.cores import host_cores, pin_rank
 from hetflow.training.cpu_quota import join_quota, own_quota
 from hetflow.training.devices import MixedPrecision, rank_device_precision, synchronizer
 from hetflow.training.elastic.departure import departed_results
+from hetflow.training.elastic.lost import lost_results
 from hetflow.training.elastic.world import open_world, result_group
 from hetflow.training.faults.records import (
     PREEMPTED_EXIT,
@@ -85,17 +86,19 @@ def write_result(
     weights: dict | None,
     state_url: str | None = None,
     departed: list[str] | None = None,
+    lost: list[str] | None = None,
 ) -> None:
     """Rank 0's output: model.pt (the trained weights, if any), and result.json written whole
     (under a temporary name, then renamed), both also put at `state_url` if given:
-    `RunResult`'s JSON for a training run (`ranks`: every rank's `RankResult`; `departed`:
-    the JSON of those that left in place), `{"mode": "profile", "ranks": [...]}` for a
-    profile."""
+    `RunResult`'s JSON for a training run (`ranks`: every rank's `RankResult`; `departed`
+    and `lost`: the JSON of those that left in place and of those lost there),
+    `{"mode": "profile", "ranks": [...]}` for a profile."""
     if weights is not None:
         torch.save(weights, run_dir / "model.pt")
     if mode == "train":
         left = [RankResult.model_validate_json(t) for t in departed or []]
-        text = RunResult(ranks=ranks, departed=left).model_dump_json()
+        gone = [RankResult.model_validate_json(t) for t in lost or []]
+        text = RunResult(ranks=ranks, departed=left, lost=gone).model_dump_json()
     else:
         text = json.dumps({"mode": mode, "ranks": ranks})
     tmp = run_dir / "result.json.tmp"
@@ -250,10 +253,11 @@ def run(
         gathered: list = [None] * len(members)
         dist.all_gather_object(gathered, mine, group=group)
         if rank == writer:  # rank 0, or where it was lost, the rank that took its part
-            left = departed_results() if spec.mode == "train" else []
+            trained = spec.mode == "train"
+            left, lost = (departed_results(), lost_results()) if trained else ([], [])
             ours = gathered.pop(members.index(writer))  # first: `RunResult.lead`
             out = [ours, *gathered]
-            write_result(Path(spec.run_dir), spec.mode, out, weights, spec.state_url, left)
+            write_result(Path(spec.run_dir), spec.mode, out, weights, spec.state_url, left, lost)
     finally:
         counter.uninstall()
 

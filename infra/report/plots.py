@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 
 from hetflow.config import ClusterSpec
 from hetflow.figures import StepFigures
-from hetflow.records import Profile, RunResult, StepRecord
+from hetflow.records import Profile, RankResult, RunResult, StepRecord
 
 PARTS = (
     ("data_s", "data wait", "#9e9e9e"),
@@ -63,18 +63,20 @@ def rank_rows(
     result: RunResult, cluster: ClusterSpec | None, profile: Profile | None = None
 ) -> tuple[list[list[StepRecord]], list[str] | None]:
     """The per-rank timeline's rows (`timeline`): the ranks at the run's end in rank order,
-    then those that left in place (`RunResult.departed`), each labelled by the worker it ran
-    as (`RankResult.worker_index`: its `rank_labels` label, or its own name where it was
-    added in place under one; '(left before step N)' where it left), never by its position
-    among the ranks, which a leave or a join shifts; no labels without `cluster`.
+    then those that left in place (`RunResult.departed`), then those lost there
+    (`RunResult.lost`, as the survivors rebuilt them), each labelled by the worker it ran as
+    (`RankResult.worker_index`: its `rank_labels` label, or its own name where it was added
+    in place under one; '(left before step N)' where it left, '(lost after step N)' where it
+    was lost, N its last step known), never by its position among the ranks, which a leave
+    or a join shifts; no labels without `cluster`.
 
     >>> from hetflow.records import RankResult
     >>> r = lambda rank, worker="": RankResult(rank=rank, worker=worker, records=[], plans=[])
-    >>> rank_rows(RunResult(ranks=[r(2), r(0)], departed=[r(1, "w1")]),
-    ...     ClusterSpec.from_speeds([1, 2, 4]))[1]
-    ['w0 · 1x', 'w2 · 4x', 'w1 · 2x (left)']
+    >>> rank_rows(RunResult(ranks=[r(2), r(0)], departed=[r(1, "w1")], lost=[r(3, "w3")]),
+    ...     ClusterSpec.from_speeds([1, 2, 4, 8]))[1]
+    ['w0 · 1x', 'w2 · 4x', 'w1 · 2x (left)', 'w3 · 8x (lost)']
     """
-    ranks = [*sorted(result.ranks, key=lambda r: r.rank), *result.departed]
+    ranks = [*sorted(result.ranks, key=lambda r: r.rank), *result.departed, *result.lost]
     rows = [r.records for r in ranks]
     if cluster is None:
         return rows, None
@@ -84,10 +86,18 @@ def rank_rows(
         i = r.worker_index(cluster)
         own = r.worker in ("", *names[i : i + 1])
         label = by_index[i] if own and i < len(names) else r.worker or f"rank {r.rank}"
-        if k >= len(result.ranks):
-            label += f" (left before step {r.records[-1].step + 1})" if r.records else " (left)"
-        labels.append(label)
+        labels.append(label + _gone(r, k - len(result.ranks), len(result.departed)))
     return rows, labels
+
+
+def _gone(r: RankResult, k: int, departed: int) -> str:
+    """What a row's label adds for the `k`-th rank past those at the end: a leaver's step it
+    left before, a lost rank's last step known; nothing for a rank at the end (`k` < 0)."""
+    if k < 0:
+        return ""
+    if k < departed:
+        return f" (left before step {r.records[-1].step + 1})" if r.records else " (left)"
+    return f" (lost after step {r.records[-1].step})" if r.records else " (lost)"
 
 
 def _labels(labels: Sequence[str] | None, n: int) -> list[str]:

@@ -70,18 +70,31 @@ class Departures:
         except Exception as e:  # the leave must not fail for its record
             print(f"rank {self.world.rank}: its result is not kept ({e!r})", flush=True)
             return
-        i = int(self.world.store.add("departed", 1)) - 1
-        self.world.store.set(f"departed/{i}", text)
+        store_result(self.world.store, "departed", text)
+
+
+def store_result(store, name: str, text: str) -> None:
+    """`text` (a `RankResult`'s JSON) kept in the job's `store` as `name/I`, I counted by
+    `name`: `departed` (a leaver's own), `lost` (a lost rank's, rebuilt: `elastic.lost`)."""
+    i = int(store.add(name, 1)) - 1
+    store.set(f"{name}/{i}", text)
 
 
 def departed_results(store=None) -> list[str]:
     """The results (JSON) the ranks that left in place left in the job's `store` (a
     `world.PREFIX` one; by default this process's `ElasticWorld`'s), in the order they
     left; none outside `on_loss: continue`."""
+    return stored_results("departed", store)
+
+
+def stored_results(name: str, store=None) -> list[str]:
+    """The results (JSON) kept as `name/I` in `store` (`store_result`; by default this
+    process's `ElasticWorld`'s), in the order they were kept; none outside `on_loss:
+    continue`."""
     if store is None:
         w = current()
         if w is None:
             return []
         store = w.store
-    count = int(store.add("departed", 0))
-    return [store.get(f"departed/{i}").decode() for i in range(count)]
+    count = int(store.add(name, 0))
+    return [store.get(f"{name}/{i}").decode() for i in range(count)]

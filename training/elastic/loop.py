@@ -23,13 +23,16 @@ from hetflow.records import EvalPoint, MembershipChange
 from hetflow.training.comm import register_compression
 from hetflow.training.elastic.admission import Admissions
 from hetflow.training.elastic.departure import Departures
+from hetflow.training.elastic.lost import LostStretches
 from hetflow.training.elastic.shares import joiner_curve, replan
 from hetflow.training.elastic.transfer import receive_state, send_state
 from hetflow.training.elastic.world import ElasticWorld, LeftBehind, StepAborted, current
 from hetflow.training.faults.records import STEP, failure_kind
 from hetflow.training.launch.startup import process_started_at
+from hetflow.training.loop.micro import micro_caps
 from hetflow.training.loop.progress import ProgressFile
 from hetflow.training.plan.rebalancer import Rebalancer
+from hetflow.training.recipes import parameter_count
 
 # What gloo's errors say where a peer died or did not answer (in a DDP comm hook's callback
 # too, whose error wraps the collective's).
@@ -68,6 +71,7 @@ class ElasticLoop:
         self.caps = list(caps)  # every slot's memory cap: a joiner's comes back with it
         self.departures = Departures(world)
         self.admissions = Admissions(world)
+        self.leaver: int | None = None  # a rank leaving on SIGTERM: it keeps its own result
 
     @classmethod
     def attach(cls, loop) -> ElasticLoop:
@@ -81,6 +85,7 @@ class ElasticLoop:
             world = ElasticWorld(loop.rank, loop.world, faults.collective_timeout_s)
         self = cls(world, faults.min_workers, loop.rebalancer.caps)
         self.departures.publish = lambda: loop.result().model_dump_json()  # kept on a leave
+        self.lost = LostStretches(world, loop.shared, loop.state.start, micro_caps(loop.spec))
         world.keep_timeout()
         loop.membership.computing.can_leave = False
         loop.net.opt = CommitGate(loop.net.opt, world)
@@ -148,6 +153,7 @@ class ElasticLoop:
         if who is None and joiner is None:
             return
         why = f"rank {who} left on SIGTERM" if who is not None else f"rank {joiner} joins"
+        self.leaver = who
         self.settled(loop, step, now(), "none", why)
 
     def settled(self, loop, going_on: int, t0: float, in_flight: str, why: str) -> int:
@@ -179,6 +185,7 @@ class ElasticLoop:
             print(f"rank {loop.rank}: {e}; leaving the job", flush=True)
             sys.stdout.flush()
             os._exit(0)
+        self.keep_lost(loop, lost)
         self.departures.asked = False  # a leave asked in the last generation: asked again
         joined = [m for m in world.members if m not in before]
         print(
@@ -199,10 +206,24 @@ class ElasticLoop:
             take_the_lead(loop, going_on)
         return self.settle(loop, going_on, t0, in_flight, lost, joined, phases)
 
+    def keep_lost(self, loop, lost: tuple[int, ...]) -> None:
+        """On the new generation's leader, the stretches of the ranks `lost` (killed,
+        stalled; not a leaver on SIGTERM, which left its own) rebuilt from the step times
+        this rank holds and kept in the store (`lost.LostStretches.publish`): at once, so
+        that a regroup that fails after this one has them. The step times in flight are
+        dropped first, those already in kept: after the new generation is agreed, by when
+        the last step's, sent before the loss, has most often come in."""
+        loop.shared.drop()
+        gone, self.leaver = [r for r in lost if r != self.leaver], None
+        if gone and loop.rank == self.world.leader:
+            params = parameter_count(loop.net.model)
+            self.lost.publish(self.world.store, gone, loop.state.plans, params)
+
     def settle(self, loop, going_on, t0, in_flight, lost, joined, phases) -> int:
         """After a regroup (or a join, on the joiner): the leader's re-balancer state and
         plan (`resync`), a joiner's curve (`joiner_curve`), the global batch re-cut over the
-        members from `going_on`, the change recorded; the end checks of `regroup`."""
+        members from `going_on`, the change recorded (the ranks that joined followed:
+        `lost.LostStretches.follow`); the end checks of `regroup`."""
         world, state = self.world, loop.state
         self.resync(loop)
         for j in joined:
@@ -223,6 +244,7 @@ class ElasticLoop:
             workers={m: n for m in world.members if (n := world.worker_of(m))},
         )
         loop.recovery.membership.append(change)
+        self.lost.follow(change)
         if len(world.members) < self.min_workers:
             loop.checkpointer.save(going_on, state)
             raise TooFewWorkers(
@@ -235,12 +257,14 @@ class ElasticLoop:
 
     def rewire(self, loop, rebuild: bool) -> None:
         """The loop's collectives onto the current generation's group: the shared step times
-        (their unsent and in-flight rows dropped), the count's all-reduce, the evaluation's
-        barrier, the checkpoint's gather; with `rebuild`, DDP over it too (its reducer may have
-        been mid-step), with a fresh comm hook of the plan's method on the group."""
+        (their unsent and in-flight rows dropped, those already in kept), the count's
+        all-reduce, the evaluation's barrier, the checkpoint's gather; with `rebuild`, DDP over
+        it too (its reducer may have been mid-step), with a fresh comm hook of the plan's
+        method on the group."""
         group, members = self.world.group, self.world.members
         shared = loop.shared
-        shared.group, shared.members, shared.unsent, shared.pending = group, members, [], []
+        shared.drop()  # those already in kept (`SharedStepTimes.kept`)
+        shared.group, shared.members = group, members
         mean = loop.mean
         mean.world, mean._pending = len(members), None
         if mean.group is not None:

@@ -23,6 +23,8 @@ Store keys (under `PREFIX`, in the store the launcher hosts, `elastic.launch`):
     gG/admit              'S:R': generation G's members admit rank R before step S
     worker/R              the worker rank R's newest process runs as (the launcher's)
     departed, departed/I  how many ranks left in place; the I-th one's `RankResult` (JSON)
+    lost, lost/I          how many ranks' stretches were rebuilt after a loss; the I-th
+                          (`RankResult` JSON, `lost.LostStretches`)
     admit/R               'G:S': rank R is to ask to be in generation G, going on from step S
     over                  the run's last step is done: a joiner still waiting gives up
 

@@ -28,6 +28,10 @@ class SharedStepTimes:
 
     Every rank must post and collect the same steps with the same `flush`, in the same order:
     each send is a collective.
+
+    `kept` (None: off): where each collected row is also kept, step -> row, for the whole run
+    (under `faults.on_loss: continue`, `elastic.lost`: the survivors build a lost rank's
+    stretch from its column); a dict entry per step, no collective.
     """
 
     def __init__(self, world: int, group, every: int) -> None:
@@ -36,6 +40,7 @@ class SharedStepTimes:
         self.members: tuple[int, ...] | None = None
         self.unsent: list[tuple[StepRecord, int]] = []
         self.pending: list[tuple[list[tuple[StepRecord, int]], list[torch.Tensor], dist.Work]] = []
+        self.kept: dict[int, list[float]] | None = None
 
     def post(self, rec: StepRecord, tag: int) -> None:
         """Queue `rec`'s compute time, with a tag that comes back with its row."""
@@ -69,6 +74,25 @@ class SharedStepTimes:
                 rec.idle_s = min(max(row) - rec.compute_s, rec.wait_s)
                 rec.comm_s = rec.wait_s - rec.idle_s
                 done.append((rec, tag, row))
+                if self.kept is not None:
+                    self.kept[rec.step] = row
+        return done
+
+    def drop(self) -> list[tuple[StepRecord, int, list[float]]]:
+        """Drop the unsent times and the gathers in flight (a peer was lost: they may never
+        complete), first collecting those already complete without an error: their rows
+        (kept, where `kept`) and records' split, as `collect` gives them."""
+        pending, self.pending, self.unsent = self.pending, [], []
+        done = []
+        for gather in pending:
+            if not gather[2].is_completed():
+                continue
+            try:
+                gather[2].wait()
+            except Exception:  # the lost peer's part never came: its rows are lost
+                continue
+            self.pending = [gather]
+            done += self.collect(flush=True)
         return done
 
 

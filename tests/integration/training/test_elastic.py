@@ -35,6 +35,22 @@ def _survived(result: RunResult, lost: list[int], at: int, in_flight: str = "ret
     assert len({r.recovery.replica_digest for r in result.ranks}) == 1
 
 
+def _kept(result: RunResult, lost: list[int], at: int) -> None:
+    """Each rank `lost` (killed or stalled in step `at`) keeps its stretch in the result, as
+    the survivors rebuilt it under the worker it ran as: the steps it ran, each once, in
+    order (the last one's time may still have been on its way when it was lost); its batch
+    at each the plan's, with which the others' make the global batch."""
+    assert sorted(r.rank for r in result.lost) == lost and result.departed == []
+    for gone in result.lost:
+        steps = [rec.step for rec in gone.records]
+        assert steps == list(range(len(steps))) and at - 1 <= len(steps) <= at, steps
+        assert gone.worker == f"w{gone.rank}"
+    upto = min(len(r.records) for r in result.lost)
+    for step in range(upto):
+        batches = [r.records[step].batch for r in (*result.ranks, *result.lost)]
+        assert sum(batches) == GLOBAL
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_worker_killed_mid_step_leaves_the_others_running(local_digits, tmp_path):
@@ -45,6 +61,15 @@ def test_a_worker_killed_mid_step_leaves_the_others_running(local_digits, tmp_pa
     m = summarize(result, GLOBAL, None)
     assert m.steps == STEPS and m.restarts == 0 and m.steps_redone == 0
     assert result.ranks[0].evals[-1].step == STEPS
+    # its steps kept: its type's entry (w2 is the only speed-2) and its row in the timeline
+    _kept(result, lost=[2], at=12)
+    (gone,) = result.lost
+    entries = learned_entries(spec.cluster, spec.train, result, "20260101T000000000000Z")
+    paces = {e.key.kind: e.rank for e in entries}
+    assert paces["speed-2"].worker == "w2"
+    assert paces["speed-2"].compute_batches  # fitted on its steps
+    labels = rank_rows(result, spec.cluster)[1]
+    assert labels[-1] == f"w2 · 2x (lost after step {gone.records[-1].step})"
 
 
 @pytest.mark.slow
@@ -54,6 +79,7 @@ def test_rank_0_lost_hands_its_part_to_the_lowest_rank_left(local_digits, tmp_pa
     raw, _ = run_workers(spec, timeout_s=200)
     result = RunResult.model_validate(raw)
     _survived(result, lost=[0], at=13)
+    _kept(result, lost=[0], at=13)  # rebuilt by rank 1, the leader after it
     assert result.lead.rank == 1  # it wrote the result, evaluated and checkpointed
     assert [e.step for e in result.lead.evals] == [10, 20, 30]  # 10: from rank 0's checkpoint
     assert Path(spec.run_dir, "model.pt").exists()
@@ -65,7 +91,9 @@ def test_rank_0_lost_hands_its_part_to_the_lowest_rank_left(local_digits, tmp_pa
 def test_two_workers_lost_at_once(local_digits, tmp_path):
     spec = _spec(local_digits, tmp_path / "two", inject=[(1, 9, "kill"), (2, 9, "kill")])
     raw, _ = run_workers(spec, timeout_s=200)
-    _survived(RunResult.model_validate(raw), lost=[1, 2], at=9)
+    result = RunResult.model_validate(raw)
+    _survived(result, lost=[1, 2], at=9)
+    _kept(result, lost=[1, 2], at=9)
 
 
 @pytest.mark.slow
@@ -73,7 +101,9 @@ def test_two_workers_lost_at_once(local_digits, tmp_path):
 def test_a_stalled_worker_is_left_behind_and_killed(local_digits, tmp_path):
     spec = _spec(local_digits, tmp_path / "stalled", inject=[(3, 14, "stop")])
     raw, _ = run_workers(spec, timeout_s=200)
-    _survived(RunResult.model_validate(raw), lost=[3], at=14)
+    result = RunResult.model_validate(raw)
+    _survived(result, lost=[3], at=14)
+    _kept(result, lost=[3], at=14)
 
 
 @pytest.mark.slow
@@ -86,6 +116,7 @@ def test_a_worker_sent_sigterm_leaves_at_the_next_boundary_alone(local_digits, t
     _survived(result, lost=[1], at=14, in_flight="none")
     # the leaver's steps are kept; each rank is named as the worker it ran as
     (left,) = result.departed
+    assert result.lost == []  # its own result, not one rebuilt by the others
     assert (left.rank, left.worker) == (1, "w1")
     assert [rec.step for rec in left.records] == list(range(14))
     assert [r.worker for r in result.ranks] == ["w0", "w2", "w3"]

@@ -196,9 +196,14 @@ def test_a_lost_worker_is_replaced_in_place(local_digits, tmp_path):
     assert [(c.lost, c.joined) for c in changes] == [([2], []), ([], [2])]
     replacement = next(r for r in result.ranks if r.rank == 2)
     assert [rec.step for rec in replacement.records] == list(range(changes[1].step, STEPS))
-    # the replacement runs as its slot's worker; the lost one took its steps with it
+    # the replacement runs as its slot's worker; the lost one's steps are kept apart
     assert replacement.worker == "w2" and changes[1].workers[2] == "w2"
     assert 2 not in changes[0].workers and result.departed == []
+    (gone,) = result.lost
+    assert gone.worker == "w2" and [rec.step for rec in gone.records] in (
+        list(range(changes[0].step - 1)),
+        list(range(changes[0].step)),
+    )
     assert [rec.step for rec in result.lead.records] == list(range(STEPS))
     assert len({r.recovery.replica_digest for r in result.ranks}) == 1
 
