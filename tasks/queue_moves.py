@@ -182,6 +182,11 @@ class Moves:
         """The workers asked to leave whose process runs still."""
         return {m.worker for m in self.leaving if m.gone_s is None}
 
+    def pending(self, job: str) -> set[str]:
+        """The workers `job` was grown onto in place that no generation of it has taken in
+        yet (`watch_joins`): they are not members to go on with, nor to admit another."""
+        return {g.worker for g in self.joining if g.job == job and g.in_step is None and not g.over}
+
     def shrink(self, job: str, run_dir: Path, old: list[str], new: list[str], now: float) -> bool:
         """`job`, running elastic on `old` in `run_dir`, asked to go on with `new` (some of
         `old`, not none) in place: True where every worker it gives up was asked to leave (a

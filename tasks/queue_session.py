@@ -232,7 +232,8 @@ class Session:
     def in_place(self, j: Live) -> bool:
         """Whether running `j` moves to its target in place: it runs elastic and keeps some
         of its workers (`switch.InPlace`). Done where it steps already, else at a later tick:
-        the workers it gives up asked to leave at its next step boundary (`Moves.shrink`), then
+        the workers it gives up asked to leave at its next step boundary (`Moves.shrink`; not
+        before one it keeps is a member, not a worker still joining, `Moves.pending`), then
         each worker it takes, once free, started in its spare slot of the job to join at a
         boundary (`Moves.grow`; a worker with no slot there: a relaunch, `ask_stop`)."""
         new = j.target or []
@@ -243,6 +244,8 @@ class Session:
         folder, name = stable_run_dir(j.job.name), j.job.name
         if set(j.workers) - set(new):
             keep = [w for w in j.workers if w in new]
+            if not set(keep) - self.moves.pending(name):  # none of them in yet: later
+                return True
             if not self.moves.shrink(name, folder, j.workers, keep, self.now()):
                 return True
             j.workers = keep

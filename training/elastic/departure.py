@@ -54,6 +54,8 @@ class Departures:
         if who == w.rank:
             print(f"rank {w.rank}: leaving the job before step {step} (SIGTERM)", flush=True)
             self.leave_result()
+            if tuple(w.members) == (w.rank,):  # the last member: no one left to admit a joiner
+                w.store.set("over", "1")
             w.store.set(f"dead/{w.rank}", "1")
             sys.stdout.flush()
             os._exit(0)

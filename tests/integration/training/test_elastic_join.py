@@ -15,6 +15,7 @@ from hetflow.config import ClusterSpec, TrainConfig, WorkerSpec
 from hetflow.infra.report.plots import rank_rows
 from hetflow.records import Plan, RunResult
 from hetflow.training.elastic.launch import start_elastic
+from hetflow.training.launch.outcome import LaunchError
 from hetflow.training.launch.run import run_workers
 from hetflow.training.launch.spec import Injection, RunSpec
 from hetflow.training.plan.learned import learned_entries
@@ -183,6 +184,29 @@ def test_the_launcher_api_releases_a_worker_and_adds_it_back_in_place(local_digi
         "spare",
         f"w3 · 4x (left before step {changes[0].step})",
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_joiner_whose_last_member_leaves_is_told_at_once(local_digits, tmp_path):
+    """The job's only member is released while a worker it was grown onto still asks to
+    join: nobody is left to admit it, so the leaver marks the run over and the joiner ends
+    at once (not after its patience, minutes), and the job ends, without a result."""
+    spec = _spec(local_digits, tmp_path / "last", join_at={}, warm=1)
+    faults = spec.train.faults.model_copy(update={"spare": ["w1", "w2", "w3"]})
+    spec = spec.model_copy(
+        update={"train": spec.train.model_copy(update={"steps": 400, "faults": faults})}
+    )
+    job = start_elastic(spec, timeout_s=120)
+    progress = tmp_path / "last" / "progress.json"
+    _until(lambda: progress.exists() and json.loads(progress.read_text())["step"] >= 3)
+    rank = job.add_worker(WorkerSpec(name="w1", speed=1.0))
+    job.release(0)
+    with pytest.raises(LaunchError, match="no result"):
+        job.wait()
+    log = (tmp_path / "last" / "workers.log").read_text()
+    assert "rank 0: leaving the job" in log
+    assert f"rank {rank}: could not join (rank {rank}: not admitted to the job)" in log
 
 
 @pytest.mark.slow

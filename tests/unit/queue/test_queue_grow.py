@@ -21,6 +21,7 @@ class Recorder:
         self.calls: list[tuple] = []
         self.grows = grows
         self.leaving: set[str] = set()
+        self.joining: set[str] = set()  # grown onto, not yet in a generation
 
     def shrink(self, job, run_dir, old, new, now) -> bool:
         self.calls.append(("shrink", job, sorted(set(old) - set(new))))
@@ -32,6 +33,9 @@ class Recorder:
 
     def busy(self) -> set[str]:
         return set(self.leaving)
+
+    def pending(self, job) -> set[str]:
+        return set(self.joining)
 
 
 @pytest.fixture
@@ -137,3 +141,21 @@ def test_a_job_asked_to_stop_already_is_not_moved_in_place(session):
     low.target, low.stop_at = ["w0", "w1"], 10
     assert not session.in_place(low)
     assert session.moves.calls == []
+
+
+def test_no_worker_leaves_while_every_worker_kept_is_still_joining(session):
+    """`low` runs on w0 and was just grown onto w1 (not yet in a generation); a new target
+    w1, w2 would leave it no member to admit w1: nothing is asked until w1 is in, then w0
+    leaves and w2 joins."""
+    low = running(session, "low", ["w0", "w1"])
+    session.moves.joining = {"w1"}
+    low.target = ["w1", "w2"]
+    assert session.in_place(low)
+    assert session.moves.calls == [] and low.target == ["w1", "w2"] and low.stop_at is None
+    session.moves.joining = set()  # w1 is in
+    session.shrink_waiting()
+    assert session.moves.calls == [
+        ("shrink", "low", ["w0"]),
+        ("grow", "low", ["w2"], ["hetflow-workers-speed-1"]),
+    ]
+    assert low.workers == ["w1", "w2"] and low.target is None
