@@ -130,8 +130,9 @@ def aggregate(runs: list[dict]) -> dict:
         for name in FIGURES:
             row[name], row[f"{name}_range"] = median_spread(r[name] for r in mine)
         for per in ("wait_s", "completion_s"):
-            jobs = mine[0][per] if mine else {}
-            row[per] = {j: median_spread(r[per][j] for r in mine) for j in jobs}
+            # a job that failed in a session has no figure there (its reason is in the log)
+            jobs = list(dict.fromkeys(j for r in mine for j in r[per]))
+            row[per] = {j: median_spread(r[per].get(j) for r in mine) for j in jobs}
         out[policy] = row
     by_repeat: dict[int, dict[str, float]] = {}
     for r in runs:

@@ -259,8 +259,8 @@ class Rebalancer:
         latest = list(self.latest) if self.latest is not None else list(plan)
         on_trial = self.trial is not None and list(plan) == self.trial["new"]
         for i, (pts, b, t) in enumerate(zip(self.points, plan, compute_s_per_step, strict=True)):
-            if b == 0:  # left out: its time says nothing of its speed; keep what was known
-                continue
+            if b == 0 or t <= 0:  # left out, or not computing in this window (a worker that
+                continue  # joined after it began): its time says nothing of its speed
             latest[i] = b
             if b in pts and not on_trial and not 1 / self.jump <= t / pts[b] <= self.jump:
                 # slower (or faster) at every batch alike (`speed_change.scaled`)

@@ -144,3 +144,9 @@ def test_the_real_comparison_pairs_each_repeat_and_takes_each_figures_own_median
     assert out["allocator"]["high_wait_s"] == 20.0
     assert out["allocator"]["wait_s"]["high"] == (20.0, [10.0, 30.0])
     assert [rotated(["t4", "v100", "a100"], r)[0] for r in range(3)] == ["t4", "v100", "a100"]
+    # a job that failed in one session (no figure there) is the median of the others
+    runs[5]["wait_s"], runs[5]["completion_s"] = {}, {}
+    runs[4]["wait_s"]["late"] = 7.0
+    out = aggregate(runs)
+    assert out["allocator"]["wait_s"]["high"] == (20.0, [10.0, 30.0])
+    assert out["fifo"]["wait_s"]["late"] == (7.0, [7.0, 7.0])

@@ -128,3 +128,14 @@ def test_a_straggler_during_a_trial_does_not_stop_later_replans():
     assert reb.margin == pytest.approx(0.05)
     new = reb.propose([43, 85], 30)
     assert new is not None and new[0] > 43, new  # work moves off the straggler
+
+
+def test_a_window_in_which_a_rank_did_not_compute_teaches_nothing_of_its_speed():
+    # A worker that joined in place after the window began has no time in its rows: a mean
+    # of 0 s at the share it was planned (a queue session's job, 0 s then a division by it:
+    # `ZeroDivisionError` at the next window). Its curve keeps what was known.
+    reb = Rebalancer(B, [None] * 2, [0.0, 0.0], [0.002, 0.001], threshold=0.1)
+    reb.observe([64, 64], [0.128, 0.0], rows=5)
+    assert reb.points[1] == {}
+    reb.observe([64, 64], [0.128, 0.064], rows=5)
+    assert reb.points[1] == {64: pytest.approx(0.064)}
