@@ -115,13 +115,23 @@ def write_result(
 def main(argv: list[str] | None = None) -> None:
     """Run the job (`start`). Once it is done, the process exits at once (`os._exit(0)`),
     without the interpreter's teardown."""
-    start(argv)
+    try:
+        start(argv)
+    except SystemExit as e:  # preempted, its checkpoint written: the same way out
+        _exit_now(e.code if isinstance(e.code, int) else 1)
     # Done and written: leave without the interpreter's teardown. There, once in a full test
     # run on the loaded 2-core host, a C++ thread left joinable aborted a rank whose run was
     # over ("terminate called without an active exception"), and torchrun failed the job.
+    _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+    """End this process with `code` at once, its output flushed: no interpreter teardown,
+    which joins every thread left (a data thread stuck on a read that never answers, an
+    S3 request on a loaded host, would hold the rank, and its job, past any deadline)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def forked_main(*argv: str) -> None:
@@ -130,9 +140,14 @@ def forked_main(*argv: str) -> None:
     interpreter's teardown: multiprocessing's `os._exit`). The fork inherits the agent's
     handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT (torchelastic's, which raise its
     `SignalException`): they are put back to a fresh interpreter's first, so a rank answers
-    a signal as one torchrun started would (the rank's own SIGTERM handler comes later)."""
+    a signal as one torchrun started would (the rank's own SIGTERM handler comes later).
+    Preempted (`SystemExit`), it ends at once with its code, as `main` does: multiprocessing
+    would join its threads first."""
     default_signals()
-    start(list(argv))
+    try:
+        start(list(argv))
+    except SystemExit as e:  # preempted, checkpointed: the exit code tells torchrun to restart
+        _exit_now(e.code if isinstance(e.code, int) else 1)
 
 
 def default_signals() -> None:

@@ -193,3 +193,35 @@ def test_a_sigterm_checkpoints_at_the_next_step_and_redoes_at_most_one(
     assert sorted(r for r, _ in stops) == ["0", "1"] and len({s for _, s in stops}) == 1
     row = ("SIGTERM of a worker", "training (2 ranks)", "checkpointed, restarted")
     fault_table.append((*row, m.steps_redone, "none", 1))
+
+
+STUCK_RANK = """
+import threading, sys
+from hetflow.training import worker
+from hetflow.training.faults.records import PREEMPTED_EXIT
+
+def start(argv):  # a rank whose data thread hangs on a read, preempted: checkpointed, exits
+    threading.Thread(target=threading.Event().wait).start()  # not a daemon: joined at teardown
+    print("checkpointed", flush=True)
+    raise SystemExit(PREEMPTED_EXIT)
+
+worker.start = start
+worker.{entry}
+"""
+
+
+@pytest.mark.parametrize("entry", ["main([])", "forked_main()"])
+@pytest.mark.timeout(120)
+def test_a_preempted_rank_exits_at_once_whatever_its_threads_wait_for(entry):
+    """A preempted rank, its checkpoint written, ends with its exit code at once, not after
+    its threads: a thread stuck on a read (an S3 request that never answers) held a forked
+    rank at multiprocessing's teardown past the job's deadline (a full suite's SIGTERM
+    test, torchrun 'ran past its deadline')."""
+    import subprocess
+    import sys
+
+    from hetflow.training.faults.records import PREEMPTED_EXIT
+
+    code = STUCK_RANK.replace("{entry}", entry)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    assert done.returncode == PREEMPTED_EXIT and "checkpointed" in done.stdout
