@@ -105,20 +105,22 @@ def dump_on_signal() -> None:
 def dump_stacks(pid: int, agent: bool = False, wait_s: float = 2.0) -> None:
     """Ask the processes under torchrun `pid` (the ranks), and `pid` itself where `agent`
     (the warm agent, `launch.warm`, registers too), for their stacks (STACKS_SIGNAL,
-    `dump_on_signal`), and give them `wait_s` to write them before the job is killed. A
-    process that registered no handler ends on it: only the ones about to be killed are
-    asked."""
+    `dump_on_signal`), one after another, each given its share of `wait_s` to write them
+    before the next is asked (they share the job's log: dumps written at once interleave
+    line by line) and the job is killed. A process that registered no handler ends on it:
+    only the ones about to be killed are asked."""
     try:
         top = psutil.Process(pid)
         children = top.children(recursive=True)
     except psutil.NoSuchProcess:
         return
-    for p in [top, *children] if agent else children:
+    asked = [top, *children] if agent else children
+    for p in asked:
         try:
             p.send_signal(STACKS_SIGNAL)
         except psutil.NoSuchProcess:
-            pass
-    time.sleep(wait_s)
+            continue
+        time.sleep(wait_s / max(len(asked), 1))
 
 
 def kill_job(pid: int) -> None:
