@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -392,8 +393,10 @@ class Session:
             }
             for q in self.pending
         ]
-        if self.state is not None:
-            self.state.write_text(json.dumps(rows, indent=1))
+        if self.state is not None:  # whole, for `hetflow queue list` reading it meanwhile
+            tmp = self.state.with_name(f".{self.state.name}.tmp")
+            tmp.write_text(json.dumps(rows, indent=1))
+            os.replace(tmp, self.state)
         if publish:
             create_table_artifact(rows, key="queue-now", description="who holds which workers")
 
