@@ -39,7 +39,7 @@ def one_run(variant: str, checkout: Path, flags: list[str], work: Path) -> dict:
     home = Path(tempfile.mkdtemp(prefix=f"launch-{variant}-", dir=work))
     out = home / "demo.json"
     env = {**os.environ, "HETFLOW_HOME": str(home), "PYTHONPATH": str(checkout)}
-    if variant == "cold":  # this checkout with the warm agent off (`run.WARM_RANKS`)
+    if variant == "cold":  # this checkout with the warm agent off (`agents.WARM_RANKS`)
         env["HETFLOW_WARM_RANKS"] = "0"
     load = os.getloadavg()[0]
     t = time.perf_counter()

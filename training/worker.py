@@ -115,14 +115,20 @@ def write_result(
 def main(argv: list[str] | None = None) -> None:
     """Run the job (`start`). Once it is done, the process exits at once (`os._exit(0)`),
     without the interpreter's teardown."""
-    try:
-        start(argv)
-    except SystemExit as e:  # preempted, its checkpoint written: the same way out
-        _exit_now(e.code if isinstance(e.code, int) else 1)
+    _start_or_exit(argv)
     # Done and written: leave without the interpreter's teardown. There, once in a full test
     # run on the loaded 2-core host, a C++ thread left joinable aborted a rank whose run was
     # over ("terminate called without an active exception"), and torchrun failed the job.
     _exit_now(0)
+
+
+def _start_or_exit(argv: list[str] | None) -> None:
+    """`start`; where it ends on `SystemExit` (preempted, its checkpoint written: the code
+    tells the launcher to restart), the process ends there at once with that code."""
+    try:
+        start(argv)
+    except SystemExit as e:
+        _exit_now(e.code if isinstance(e.code, int) else 1)
 
 
 def _exit_now(code: int) -> None:
@@ -144,10 +150,7 @@ def forked_main(*argv: str) -> None:
     Preempted (`SystemExit`), it ends at once with its code, as `main` does: multiprocessing
     would join its threads first."""
     default_signals()
-    try:
-        start(list(argv))
-    except SystemExit as e:  # preempted, checkpointed: the exit code tells torchrun to restart
-        _exit_now(e.code if isinstance(e.code, int) else 1)
+    _start_or_exit(list(argv))
 
 
 def default_signals() -> None:

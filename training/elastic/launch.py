@@ -151,8 +151,7 @@ class ElasticJob:
             self._stack.enter_context(cgroups)
         self.env0 = self._stack.enter_context(mps_daemon(spec.cluster, rank_env(spec, 0, port)))
         self.port = port
-        env = {**self.env0, **rank_env(spec, 0, port)}
-        self.pool = WarmPool(0, COMMAND, env, self.out, refill=False)
+        self.pool = WarmPool(0, COMMAND, self.env0, self.out, refill=False)
         for r in first:
             self._spawn(r)
         faults = spec.train.faults

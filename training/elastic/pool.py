@@ -9,34 +9,12 @@ takes in place, finds one waiting. A job's own warm workers, for its joiners
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 
-from hetflow.training.launch.pool import WarmPool
+from hetflow.training.launch.pool import Kept
 
 COMMAND = [sys.executable, "-m", "hetflow.training.elastic.warm"]
 
-_session: WarmPool | None = None
-
-
-@contextlib.contextmanager
-def session_pool(size: int) -> Iterator[WarmPool]:
-    """A pool of `size` warm workers that every job this process launches under
-    `on_loss: continue` meanwhile takes its ranks' processes from (`current`), importing one
-    at a time; ended, with the workers still waiting, on leaving. One at a time in a
-    process."""
-    global _session
-    if _session is not None:
-        raise RuntimeError("a session's warm pool is already open in this process")
-    with WarmPool(size, COMMAND, together=1) as pool:
-        _session = pool
-        try:
-            yield pool
-        finally:
-            _session = None
-
-
-def current() -> WarmPool | None:
-    """The session's pool open in this process, if any."""
-    return _session
+_kept = Kept(COMMAND)
+session_pool = _kept.open  # (size): every job launched under `on_loss: continue` meanwhile
+current = _kept.current

@@ -13,33 +13,24 @@ import os
 import sys
 from collections.abc import Iterator
 
-from hetflow.training.launch.pool import WarmPool
+from hetflow.training.launch.pool import Kept, WarmPool
 
 COMMAND = [sys.executable, "-m", "hetflow.training.launch.warm", "--wait"]
 
-_agents: WarmPool | None = None
+# torchrun's ranks forked from a warm agent (`launch.warm`) where every rank is on the CPU;
+# HETFLOW_WARM_RANKS=0: a fresh interpreter per rank (`benchmarks.launch --cold`), and no
+# agent kept. On a host loaded far past its cores a niced agent's imports, in one process,
+# get less CPU than four ranks' (docs/measurements/demo.md).
+WARM_RANKS = os.environ.get("HETFLOW_WARM_RANKS", "1") != "0"
+
+_kept = Kept(COMMAND)
+current = _kept.current
 
 
 @contextlib.contextmanager
 def agent_pool(launches: int | None, size: int = 1) -> Iterator[WarmPool | None]:
     """`size` warm agents kept for the jobs this process launches under torchrun meanwhile
-    (`current`), at most `launches` started in all (None: no bound; `WarmPool.expect` lowers
-    it); none where one is open already (the outer one serves), `launches` is 0, or warm
-    ranks are off (`HETFLOW_WARM_RANKS=0`, `run.WARM_RANKS`)."""
-    global _agents
-    if _agents is not None or launches == 0 or os.environ.get("HETFLOW_WARM_RANKS") == "0":
-        yield None
-        return
-    with WarmPool(size, COMMAND, together=1) as pool:
-        if launches is not None:
-            pool.expect(launches)
-        _agents = pool
-        try:
-            yield pool
-        finally:
-            _agents = None
-
-
-def current() -> WarmPool | None:
-    """The agents' pool open in this process, if any."""
-    return _agents
+    (`current`), at most `launches` started in all (`Kept.open`); none where warm ranks are
+    off (`WARM_RANKS`)."""
+    with _kept.open(size, launches if WARM_RANKS else 0) as pool:
+        yield pool

@@ -21,6 +21,7 @@ import os
 import subprocess
 import threading
 from collections import Counter
+from collections.abc import Iterator
 
 from hetflow.training.faults.watch import _kill
 
@@ -155,7 +156,8 @@ class WarmPool:
                     proc.stdin.write(line)
                     proc.stdin.close()
                     self.given[tag] += 1
-                    self.size -= not self.refill
+                    if not self.refill:  # not replaced: one fewer kept, until `resize`
+                        self.size -= 1
                 except BrokenPipeError:  # it ended between the poll and the write
                     proc = None
         if self.refill:
@@ -185,3 +187,33 @@ class WarmPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Kept:
+    """The one pool of `command` open in this process at a time (`open`, `current`): the
+    launchers take from it whatever job they start meanwhile (`elastic.pool`'s warm
+    workers, `launch.agents`' warm agents)."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.command, self.pool = command, None
+
+    @contextlib.contextmanager
+    def open(self, size: int, launches: int | None = None) -> Iterator[WarmPool | None]:
+        """`size` kept waiting, importing one at a time, at most `launches` started in all
+        (None: no bound; `WarmPool.expect` lowers it), ended with those still waiting on
+        leaving; None where one is open already (the outer one serves) or `launches` is 0."""
+        if self.pool is not None or launches == 0:
+            yield None
+            return
+        with WarmPool(size, self.command, together=1) as pool:
+            if launches is not None:
+                pool.expect(launches)
+            self.pool = pool
+            try:
+                yield pool
+            finally:
+                self.pool = None
+
+    def current(self) -> WarmPool | None:
+        """The pool open in this process, if any."""
+        return self.pool

@@ -12,7 +12,6 @@ cluster's `launcher` says; `measure_profile` is a profile-mode job through it.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from hetflow.training.cores import core_sets, host_cores
 from hetflow.training.cpu_quota import check_quotas
 from hetflow.training.devices import Placement, check_devices
 from hetflow.training.elastic.launch import run_elastic
+from hetflow.training.launch.agents import WARM_RANKS
 from hetflow.training.launch.local import run_torchrun
 from hetflow.training.launch.mps import check_mps, mps_available
 from hetflow.training.launch.outcome import Launched
@@ -31,12 +31,6 @@ from hetflow.training.launch.ray_train import run_workers_ray, with_shared_state
 from hetflow.training.launch.ready import launch_ready
 from hetflow.training.launch.spec import RunSpec
 from hetflow.training.plan.ranks import RankMap, Stragglers
-
-# torchrun's ranks forked from a warm agent (`launch.warm`) where every rank is on the CPU;
-# HETFLOW_WARM_RANKS=0: a fresh interpreter per rank (`benchmarks.launch --cold`). On a host
-# loaded far past its cores a niced agent's imports, in one process, get less CPU than four
-# ranks' (docs/measurements/demo.md).
-WARM_RANKS = os.environ.get("HETFLOW_WARM_RANKS", "1") != "0"
 
 
 def run_workers(

@@ -85,15 +85,12 @@ def test_a_pool_whose_workers_cannot_start_gives_none_and_stops_refilling(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_torchrun_jobs_in_turn_take_warm_agents_and_no_more_than_expected(
-    local_digits, tmp_path, monkeypatch
-):
+def test_torchrun_jobs_in_turn_take_warm_agents_and_no_more_than_expected(local_digits, tmp_path):
     """Two torchrun jobs in turn, an agents' pool open for two launches: each job's agent
     was one of the pool's (imported before its submit), and no third was started."""
     from hetflow.training.launch.agents import agent_pool
     from hetflow.training.launch.run import run_workers
 
-    monkeypatch.delenv("HETFLOW_WARM_RANKS", raising=False)
     with agent_pool(2) as pool:
         for name in ("a", "b"):
             assert pool.wait_ready(120)
