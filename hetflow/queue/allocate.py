@@ -81,6 +81,7 @@ class _Allocation:
 
     def __init__(self, jobs, workers, kinds, fixed, held, allowed, kept) -> None:
         self.workers, self.kinds, self.allowed, self.held = workers, kinds, allowed, held
+        self.jobs = jobs
         self.out: Holding = {j.name: list(fixed.get(j.name) or kept.get(j.name, ())) for j in jobs}
         self.pinned = {w for names in kept.values() for w in names}
         taken = {w for names in self.out.values() for w in names}
@@ -153,9 +154,13 @@ class _Allocation:
         return job.weight * math.log(x) if x > 0 else -math.inf
 
     def may_hold(self, job: Job, worker: str) -> bool:
+        """Whether an exchange may hand `worker` to `job`: its kind holds the job, the job
+        may be given it, and no job of a higher class that waits (none yet) could hold it."""
         may = self.allowed.get(job.name)
         kind = self.kinds[self.workers[worker]]
-        return usable(job, kind) and (may is None or worker in set(may))
+        waiting = [j for j in self.jobs if j.rank < job.rank and not self.out[j.name]]
+        outranked = any(usable(j, kind) for j in waiting)
+        return usable(job, kind) and (may is None or worker in set(may)) and not outranked
 
     def exchanges(self, a: Job, b: Job):
         """The holdings of `a` and `b` after each exchange between them: one of `a`'s workers

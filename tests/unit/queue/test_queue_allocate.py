@@ -4,7 +4,7 @@ when moving workers is worth its switch."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hetflow.queue.allocate import allocate, normalised, throughput
@@ -95,6 +95,11 @@ workers_strategy = st.dictionaries(
 
 @settings(max_examples=60, deadline=None)
 @given(spec=jobs_strategy, workers=workers_strategy)
+@example(  # found by a full suite: an exchange handed `low` the a100 `normal` waited for
+    spec=[("high", (1.0, 1.0, 1.0), 2)] * 3
+    + [("normal", (1.0, 1.0, 1.0), 48), ("low", (1.0, 1.0, 2.0), 2)],
+    workers={"w0": "a100", "w1": "a100", "w2": "a100", "w3": "v100"},
+)
 def test_invariants(spec, workers):
     """No worker twice, every job on kinds that hold it, and no job waits while a job of a
     lower class holds a worker that could hold it."""
