@@ -62,10 +62,12 @@ class LoopState:
             self.window.append(row)
 
     def adopt(self, plan: list[int], step: int) -> None:
-        """Run `plan` from `step` on; its rows start afresh."""
+        """Run `plan` from `step` on; its rows start afresh (the window's too: a row of the
+        plan before pairs its times with another plan's batches, as after a regroup in place,
+        which re-cuts the plan without the window being observed first)."""
         self.plan = plan
         self.plans.append(PlanChange(step=step, plan=list(plan)))
-        self.current = []
+        self.current, self.window = [], []
 
 
 @dataclass
