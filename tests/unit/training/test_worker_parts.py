@@ -66,7 +66,7 @@ def test_rows_are_kept_only_for_the_settled_steps_of_the_plan_in_force():
 
     state.adopt([4, 12], step=10)
     assert state.plans[-1] == PlanChange(step=10, plan=[4, 12]) and state.plan == [4, 12]
-    assert state.current == []
+    assert state.current == [] and state.window == []  # the old plan's rows pair other batches
     state.add_row(tag, 10 + SETTLE_STEPS, [9.0, 9.0])  # gathered late, run on the old plan
     assert state.current == []
     state.add_row(len(state.plans), 10 + SETTLE_STEPS - 1, [9.0, 9.0])  # the new plan, unsettled
@@ -74,7 +74,7 @@ def test_rows_are_kept_only_for_the_settled_steps_of_the_plan_in_force():
     for i in range(SUDDEN_ROWS + 3):
         state.add_row(len(state.plans), 10 + SETTLE_STEPS + i, [float(i), 0.0])
     assert len(state.current) == SUDDEN_ROWS and state.current[-1] == [SUDDEN_ROWS + 2.0, 0.0]
-    assert len(state.window) == 1 + SUDDEN_ROWS + 3  # the window is emptied by its reader
+    assert state.window == [[float(i), 0.0] for i in range(SUDDEN_ROWS + 3)]  # read, then emptied
 
 
 def test_loop_state_comes_back_from_a_checkpoint_as_it_was_saved():
