@@ -73,7 +73,8 @@ class Rebalancer:
     rank the plan left out needs twice that (hysteresis: it pays the replica's copy and its
     hops of every all-reduce). A gain under `CLEAR_GAIN` times its bar is adopted only when the
     window before proposed no share moving the other way (decisions on windows, not on
-    one). Verification on measured windows, not on the model (`observe`): a new plan is on
+    one), or a rank's speed jumped since (`sudden_change`: three steps in a row confirmed it).
+    Verification on measured windows, not on the model (`observe`): a new plan is on
     trial, and no other is proposed, until its windows show its step shorter than the plan's
     before it beyond their noise (kept), or not (given up: the run goes back to the best plan
     it measured since the speeds last changed, so it never stays below the plan it started
@@ -119,7 +120,7 @@ class Rebalancer:
     step_noise: float = 0.0
     last_plan: list[int] | None = None  # the plan of the newest window observed
     relearn: int = 0  # short windows left after a jump of speed during a trial
-    jumped: bool = False  # a trial ended by a jump of speed since the last proposal
+    jumped: bool = False  # a rank's speed jumped since the last proposal (`sudden_change`)
     counts: list[dict[int, int]] = field(default_factory=list)  # per rank: batch -> rows seen
 
     @property
@@ -318,10 +319,14 @@ class Rebalancer:
         Three steps in a row, not one: a single slow step is noise (a page fault, the host),
         two paused steps in a row came about once in two runs on a shared host, and each
         further step a straggler runs on the old plan costs a step of its slow pace. A jump
-        during a trial is taken in here (`_jump_on_trial`)."""
+        during a trial is taken in here (`_jump_on_trial`); any other stands for the second
+        window a marginal proposal waits for (`jumped`, `propose`): its steps in a row beyond
+        the noise confirmed it, and each window more runs the straggler's pace."""
         factors = jumps(rows, plan, self.step_jump, recent, reference)
         if factors is not None and self.trial is not None and list(plan or ()) == self.trial["new"]:
             self._jump_on_trial(factors, list(plan or ()))
+        elif factors is not None:
+            self.jumped = True
         return factors is not None
 
     def _jump_on_trial(self, factors: Sequence[float], plan: Sequence[int]) -> None:
@@ -421,7 +426,7 @@ class Rebalancer:
 
     def _agrees(self, moves: Sequence[int]) -> bool:
         """Whether the last window's marginal proposal moved no share the other way (a jump
-        that ended a trial stands for it: `_jump_on_trial`, `propose`)."""
+        of speed since stands for it: `sudden_change`, `propose`)."""
         pending = self.pending
         return pending is not None and all(a * b >= 0 for a, b in zip(pending, moves, strict=True))
 

@@ -112,8 +112,9 @@ def test_a_high_job_moves_the_low_one_through_the_ray_channel(
     for job, worker, start, _ in spans:
         if job == "low":
             held.setdefault(start, set()).add(worker)
-    first, *_, last = [held[t] for t in sorted(held)]
-    assert first != last  # moved to other workers, so onto other labelled nodes
+    # moved to other workers, so onto other labelled nodes (it may come back to its first
+    # once the high job ends: a10g, t4, a10g)
+    assert len({frozenset(w) for w in held.values()}) >= 2, held
     # it ended at the checkpoint agreed, and its next segment resumed there
     (recovery,) = (hetflow_home / "runs").glob("*-low/recovery.json")
     resumed = json.loads(recovery.read_text())

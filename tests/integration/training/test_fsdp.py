@@ -150,11 +150,11 @@ def test_a_run_refuses_a_checkpoint_taken_under_another_strategy(digits, tmp_pat
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_under_fsdp_the_dynamic_plan_moves_work_off_a_straggler(digits, tmp_path):
-    # as tests/integration/training/test_training.py's DDP test: rank 3 slows 8x at step 12 (4x,
-    # under FSDP's
-    # fixed per-step cost, left an imbalance of 0.27-0.31, at the threshold), and the step-by-step
+    # as tests/integration/training/test_training.py's DDP test: rank 3 slows 16x at step 12
+    # (4x, under FSDP's fixed per-step cost, left an imbalance of 0.27-0.31, at the threshold;
+    # the DDP test says why not 8x), and the step-by-step
     # shared timings re-plan a few steps later, every rank alike, the global batch kept. The
     # others wait for it after the optimizer's step (`sharded.end_phase_at_step`), not in the
     # next forward's all-gather: otherwise every rank's compute time rises with the straggler's
     # and the re-balancer sees no imbalance (with a 4x straggler it did not re-plan at all)
-    assert_moved_off_the_straggler(straggler_run(digits, tmp_path, 8.0, strategy="fsdp"))
+    assert_moved_off_the_straggler(straggler_run(digits, tmp_path, 16.0, strategy="fsdp"))

@@ -438,3 +438,18 @@ def test_a_worker_measured_to_hold_no_sample_is_left_out_and_cannot_declare_more
         make_plan(profile_of(ranks), cluster, TrainConfig(global_batch=64))
     with pytest.raises(PlanError, match="^caps: every rank's memory cap is 0"):
         balance_with_exclusion([0.01, 0.01], [0.0, 0.0], 8, [0, 0])
+
+
+def test_a_marginal_plan_after_a_sudden_change_is_adopted_without_a_second_window():
+    # a gain between the bar and twice it waits for a second window to agree, unless a rank's
+    # speed jumped since the last proposal: its three steps in a row beyond the noise confirmed it
+    r = Rebalancer(64, [None] * 4, [0.0] * 4, threshold=0.1)
+    plan, before, after = [8, 8, 16, 32], [0.1, 0.1, 0.07, 0.05], [0.1, 0.1, 0.07, 0.4]
+    r.observe(plan, before, 0.0, 4)
+    assert r.sudden_change([before] * 3 + [after] * 3, plan)  # rank 3 runs 8x slower
+    r.observe(plan, after, 0.6, 3)  # a noisy window: the bar near 1
+    bar = r.margin
+    new = r.propose(plan, step=10)
+    assert new is not None and new[3] < 32, (bar, r.pending)
+    gain = max(r.step_times(plan)) / max(r.step_times(new)) - 1
+    assert bar < gain <= 2 * bar  # marginal: without the jump, it would have waited
