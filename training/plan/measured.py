@@ -20,6 +20,34 @@ from typing import Literal
 # as it is longer by as much, and given up after TRIAL_WINDOWS windows within the noise.
 KEEP_Z = 1.64
 TRIAL_WINDOWS = 4
+# How much more than its margin a re-plan must gain to bring back a rank the plan left out.
+BRING_BACK = 2.0
+
+
+def gain_bar(
+    margin: float,
+    rejected: int,
+    plan: Sequence[int],
+    new: Sequence[int],
+    after: float,
+    steps_left: int | None,
+    switch_s: float,
+) -> float:
+    """The predicted gain `new` must beat over `plan`: `margin`, twice it where a rank comes
+    back plus its copy (`switch_s`) spread over the `steps_left` at `new`'s step (`after`),
+    and doubled for each of the `rejected` plans given up since the speeds changed (the model
+    was wrong there, and a trial costs windows on a plan that may be slower), up to 8x.
+
+    >>> gain_bar(0.1, 0, [8, 8], [4, 12], 1.0, 10, 5.0)
+    0.1
+    >>> gain_bar(0.1, 1, [8, 0], [4, 4], 1.0, 10, 5.0)  # back, one given up: 0.1 x 2 x 2 + 0.5
+    0.9
+    """
+    back = any(b == 0 and n > 0 for b, n in zip(plan, new, strict=True))
+    bar = margin * (BRING_BACK if back else 1.0) * 2 ** min(rejected, 3)
+    if back and steps_left and after > 0:
+        bar += switch_s / (steps_left * after)
+    return bar
 
 
 def entry_of(tried: Sequence[dict], plan: Sequence[int] | None) -> dict | None:

@@ -11,6 +11,7 @@ from hetflow.perf.curve import MOVE_FACTOR, Curve, cost_of
 from hetflow.training.plan.curves import balance_on_curves, per_pass
 from hetflow.training.plan.measured import (
     entry_of,
+    gain_bar,
     judge,
     record,
     return_to,
@@ -31,8 +32,6 @@ LEARNING_WINDOWS = 3
 LEARNING_ROWS = 4
 # The least `Rebalancer.move` a run of reverts narrows the bounded moves to.
 LEAST_MOVE = 1.25
-# How much more than `margin` a re-plan must gain to bring back a rank the plan left out.
-BRING_BACK = 2.0
 # A re-plan whose predicted gain is below this many times its bar is adopted only when the
 # window before proposed no share moving the other way: that twice in a row is seldom noise.
 CLEAR_GAIN = 2.0
@@ -371,10 +370,10 @@ class Rebalancer:
         switch_s: float = 0.0,
     ) -> list[int] | None:
         """A new plan, or None where the current one is good enough: its ranks balanced within
-        `margin` and none left out, or no plan predicted to gain more than `margin` (twice it to
-        bring a rank back, `BRING_BACK`) plus `switch_s` (a rank's copy of the replica where one
-        returns) over the `steps_left` it would save on. A plan that leaves a rank out is looked
-        at again every window: the others slowing down can make it worth its cost again."""
+        `margin` and none left out, or no plan predicted to gain more than its bar
+        (`measured.gain_bar`: more to bring a rank back, its copy `switch_s` over `steps_left`).
+        A plan that leaves a rank out is looked at again every window: the others slowing down
+        can make it worth its cost again."""
         jumped, self.jumped = self.jumped, False
         if self.revert_to is not None:
             back, self.revert_to = self.revert_to, None
@@ -392,7 +391,7 @@ class Rebalancer:
         )
         before, after = max(self.step_times(plan)), max(self.step_times(new))
         gain = before / after - 1 if after > 0 else 0.0
-        bar = self._bar(plan, new, after, steps_left, switch_s)
+        bar = gain_bar(self.margin, len(self.rejected), plan, new, after, steps_left, switch_s)
         if new == list(plan) or new in self.rejected or gain <= bar:
             self.pending = None
             return None
@@ -429,24 +428,6 @@ class Rebalancer:
         of speed since stands for it: `sudden_change`, `propose`)."""
         pending = self.pending
         return pending is not None and all(a * b >= 0 for a, b in zip(pending, moves, strict=True))
-
-    def _bar(
-        self,
-        plan: Sequence[int],
-        new: Sequence[int],
-        after: float,
-        steps_left: int | None,
-        switch_s: float,
-    ) -> float:
-        """The predicted gain `new` must beat: `margin`, twice it where a rank comes back plus
-        its copy spread over the steps left, and doubled for each plan given up since the
-        speeds changed (the model was wrong there, and a trial costs windows on a plan that may
-        be slower), up to 8x."""
-        back = any(b == 0 and n > 0 for b, n in zip(plan, new, strict=True))
-        bar = self.margin * (BRING_BACK if back else 1.0) * 2 ** min(len(self.rejected), 3)
-        if back and steps_left and after > 0:
-            bar += switch_s / (steps_left * after)
-        return bar
 
     def state(self) -> dict:
         """What a checkpoint keeps, for a resumed run to re-plan alike (`rebalancer_state`)."""
