@@ -7,7 +7,8 @@
 The training loop's own turn (`loop.rebalancing.rebalance`, its `LoopState`) on a dynamic run of
 STEPS steps from the equal split 8,8,16,32 on workers of speeds 1,1,3,8 (or 1,1,2,4), whose
 step is (a fixed cost + 4 ms a sample) / its speed, with log-normal noise and one step in ten
-paused 1.5x; every row shared a step late, as `SharedStepTimes` brings it. The first learned
+paused `--pause` x (1.5; a full suite's neighbours paused single steps 3-8x); every row
+shared a step late, as `SharedStepTimes` brings it. The first learned
 plan (about step 7) gives the fast rank 3 most of the batch and is on trial when rank 3 slows
 FACTOR x at ONSET: the case where the trial's verdict could stay open and the plan stay on the
 straggler. Per setting: the runs whose first plan after the onset, by step MOVE_BY, did not
@@ -34,7 +35,7 @@ SETTINGS = [(0.05, 0.1), (0.05, 0.3), (0.2, 0.1), (0.2, 0.3)]  # (fixed cost s, 
 
 
 def run(
-    speeds: list[float], seed: int, noise: float, fixed_s: float
+    speeds: list[float], seed: int, noise: float, fixed_s: float, pause: float = 1.5
 ) -> list[tuple[int, list[int]]]:
     """One run (see the module); the plans adopted, with their first steps."""
     rng = random.Random(seed)
@@ -56,7 +57,7 @@ def run(
         row = []
         for i, b in enumerate(state.plan):
             t = (fixed_s + 0.004 * b) / speeds[i] * (FACTOR if i == 3 and step >= ONSET else 1.0)
-            t *= 1.5 if rng.random() < 0.1 else 1.0
+            t *= pause if rng.random() < 0.1 else 1.0
             row.append(t * rng.lognormvariate(0, noise))
         if late is not None:
             state.add_row(*late)
@@ -76,6 +77,7 @@ def moved_off(plans: list[tuple[int, list[int]]]) -> bool:
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="hetflow bench trial_straggler", description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=30, help="runs per setting")
+    p.add_argument("--pause", type=float, default=1.5, help="a paused step's factor")
     p.add_argument("--json", dest="json_path")
     return p
 
@@ -84,11 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.seeds < 1:
         raise ConfigError(f"--seeds: must be >= 1 (got {args.seeds})")
-    out = {"seeds": args.seeds, "onset": ONSET, "factor": FACTOR, "settings": {}}
+    if args.pause < 1:
+        raise ConfigError(f"--pause: must be >= 1 (got {args.pause})")
+    out = {"seeds": args.seeds, "onset": ONSET, "factor": FACTOR, "pause": args.pause}
+    out["settings"] = {}
     for name, speeds in SPEEDS.items():
         for fixed_s, noise in SETTINGS:
             stuck = sum(
-                not moved_off(run(speeds, seed, noise, fixed_s)) for seed in range(args.seeds)
+                not moved_off(run(speeds, seed, noise, fixed_s, args.pause))
+                for seed in range(args.seeds)
             )
             key = f"{name} / fixed {fixed_s:g} s / noise {noise:g}"
             out["settings"][key] = {"stuck": stuck}

@@ -123,19 +123,26 @@ SQLITE_HEARTBEAT = re.compile(
     r"channel heartbeat persistence failed"
 )
 RECORD = re.compile(r"^\d\d:\d\d:\d\d\.\d+ \||^=== ")
+# Starlette's error when a websocket client of the server (a worker's or a run's events
+# subscriber) goes away before the server accepted it: a task of the server's handler, whose
+# exception asyncio logs when the task is collected. The client left; nothing failed.
+UNRETRIEVED = re.compile(r"\| ERROR +\| asyncio - Task exception was never retrieved")
+CLIENT_LEFT = 'WebSocketDisconnected: WebSocket is not connected. Need to call "accept" first.'
 
 
 def _log(home: Path, service: str) -> Path:
     return home / "stack" / "logs" / f"{service}.log"
 
 
-def _known_lock_records(lines: list[str]) -> set[int]:
-    """The lines of each `SQLITE_HEARTBEAT` record whose exception is SQLite's lock."""
+def _known_records(lines: list[str]) -> set[int]:
+    """The lines of each `SQLITE_HEARTBEAT` record whose exception is SQLite's lock, and of
+    each `UNRETRIEVED` record whose exception is a websocket client that left (`CLIENT_LEFT`)."""
     known: set[int] = set()
-    for i in [i for i, line in enumerate(lines) if SQLITE_HEARTBEAT.search(line)]:
-        end = next((j for j in range(i + 1, len(lines)) if RECORD.search(lines[j])), len(lines))
-        if any("database is locked" in line for line in lines[i:end]):
-            known.update(range(i, end))
+    for mark, cause in ((SQLITE_HEARTBEAT, "database is locked"), (UNRETRIEVED, CLIENT_LEFT)):
+        for i in [i for i, line in enumerate(lines) if mark.search(line)]:
+            end = next((j for j in range(i + 1, len(lines)) if RECORD.search(lines[j])), len(lines))
+            if any(cause in line for line in lines[i:end]):
+                known.update(range(i, end))
     return known
 
 
@@ -159,7 +166,7 @@ def _assert_clean_logs(home: Path, services=("prefect", "mlflow")) -> None:
             end = next((j for j in range(i + 1, len(lines)) if lines[j][:1] != " "), None)
             if end is not None:
                 hits.add(end)
-        hits -= _known_lock_records(lines)
+        hits -= _known_records(lines)
         if hits:
             shown = "\n".join(f"  {i + 1}: {lines[i]}" for i in sorted(hits)[:24])
             found.append(f"{path} ({len(hits)} lines):\n{shown}")
@@ -665,4 +672,20 @@ def test_the_log_check_passes_over_sqlites_lock_on_a_heartbeat_only():
         "ValueError: boom",
         "16:22:24.000 | ERROR   | prefect.server - another",
     ]
-    assert _known_lock_records(lines) == {0, 1, 2, 3}
+    assert _known_records(lines) == {0, 1, 2, 3}
+
+
+def test_the_log_check_passes_over_a_websocket_client_that_left_before_its_accept():
+    unretrieved = "11:49:23.606 | ERROR   | asyncio - Task exception was never retrieved"
+    trace = ["Traceback (most recent call last):", '  File "x.py", line 1, in f']
+    lines = [
+        unretrieved,
+        "future: <Task finished name='Task-9' coro=<f()> exception=WebSocketDisconnected()>",
+        *trace,
+        "starlette.websockets." + CLIENT_LEFT,
+        "11:49:24.000 | INFO    | prefect.server - fine",
+        unretrieved,  # another task's exception is a problem
+        *trace,
+        "ValueError: boom",
+    ]
+    assert _known_records(lines) == {0, 1, 2, 3, 4}
