@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import time
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -148,9 +149,37 @@ def forked_main(*argv: str) -> None:
     `SignalException`): they are put back to a fresh interpreter's first, so a rank answers
     a signal as one torchrun started would (the rank's own SIGTERM handler comes later).
     Preempted (`SystemExit`), it ends at once with its code, as `main` does: multiprocessing
-    would join its threads first."""
+    would join its threads first. It starts once every rank of its round is forked
+    (`await_siblings`)."""
     default_signals()
+    await_siblings(list(argv))
     _start_or_exit(list(argv))
+
+
+SIBLINGS_WAIT_S = 60.0  # how long a forked rank waits for its siblings to be forked
+
+
+def await_siblings(argv: list[str], timeout_s: float = SIBLINGS_WAIT_S) -> None:
+    """Hold a rank forked from the agent until every rank of its round is forked (at most
+    `timeout_s`): each touches a file named by its local rank in a folder of its agent and
+    restart round, beside the job file (`--job` in `argv`), and waits for LOCAL_WORLD_SIZE
+    of them. A fork copies one thread, and whatever lock another thread held at that
+    moment stays held in the child: a rank forked while its agent's store thread resolved
+    the address of a sibling that was connecting (glibc's resolver lock, in `getnameinfo`)
+    hung in its own store connect, and its job with it. Once every rank is forked, none is
+    forked while another connects."""
+    world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if world <= 1:
+        return
+    job = argv[argv.index("--job") + 1] if "--job" in argv[:-1] else None
+    base = Path(job).parent if job else Path("/tmp")
+    round_ = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    folder = base / "forks" / f"{os.getppid()}-{round_}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / os.environ.get("LOCAL_RANK", str(os.getpid()))).touch()
+    deadline = time.monotonic() + timeout_s
+    while sum(1 for _ in folder.iterdir()) < world and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def default_signals() -> None:
