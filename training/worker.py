@@ -164,10 +164,10 @@ def await_siblings(argv: list[str], timeout_s: float = SIBLINGS_WAIT_S) -> None:
     `timeout_s`): each touches a file named by its local rank in a folder of its agent and
     restart round, beside the job file (`--job` in `argv`), and waits for LOCAL_WORLD_SIZE
     of them. A fork copies one thread, and whatever lock another thread held at that
-    moment stays held in the child: a rank forked while its agent's store thread resolved
-    the address of a sibling that was connecting (glibc's resolver lock, in `getnameinfo`)
-    hung in its own store connect, and its job with it. Once every rank is forked, none is
-    forked while another connects."""
+    moment stays held in the child: a rank hung in its own store connect on glibc's
+    resolver lock (in `getnameinfo`), and its job with it, most likely taken by the agent's
+    store thread resolving a sibling that was connecting. Once every rank is forked, none
+    is forked while another connects."""
     world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if world <= 1:
         return
