@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from functools import partial
@@ -162,17 +163,17 @@ SIBLINGS_WAIT_S = 60.0  # how long a forked rank waits for its siblings to be fo
 def await_siblings(argv: list[str], timeout_s: float = SIBLINGS_WAIT_S) -> None:
     """Hold a rank forked from the agent until every rank of its round is forked (at most
     `timeout_s`): each touches a file named by its local rank in a folder of its agent and
-    restart round, beside the job file (`--job` in `argv`), and waits for LOCAL_WORLD_SIZE
-    of them. A fork copies one thread, and whatever lock another thread held at that
-    moment stays held in the child: a rank hung in its own store connect on glibc's
-    resolver lock (in `getnameinfo`), and its job with it, most likely taken by the agent's
-    store thread resolving a sibling that was connecting. Once every rank is forked, none
-    is forked while another connects."""
+    restart round, beside the job file (`--job` in `argv`; else in the temporary folder),
+    and waits for LOCAL_WORLD_SIZE of them. A fork copies one thread, and whatever lock
+    another thread held at that moment stays held in the child: a rank hung in its own
+    store connect on glibc's resolver lock (in `getnameinfo`), and its job with it, most
+    likely taken by the agent's store thread resolving a sibling that was connecting. Once
+    every rank is forked, none is forked while another connects."""
     world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if world <= 1:
         return
     job = argv[argv.index("--job") + 1] if "--job" in argv[:-1] else None
-    base = Path(job).parent if job else Path("/tmp")
+    base = Path(job).parent if job else Path(tempfile.gettempdir())
     round_ = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     folder = base / "forks" / f"{os.getppid()}-{round_}"
     folder.mkdir(parents=True, exist_ok=True)

@@ -123,9 +123,9 @@ SQLITE_HEARTBEAT = re.compile(
     r"channel heartbeat persistence failed"
 )
 RECORD = re.compile(r"^\d\d:\d\d:\d\d\.\d+ \||^=== ")
-# Starlette's error when a websocket client of the server (a worker's or a run's events
-# subscriber) goes away before the server accepted it: a task of the server's handler, whose
-# exception asyncio logs when the task is collected. The client left; nothing failed.
+# Starlette's error when a websocket client of the server goes away before the server
+# accepted it: a task of the server's handler, whose exception asyncio logs when the task is
+# collected. The client left; nothing failed.
 UNRETRIEVED = re.compile(r"\| ERROR +\| asyncio - Task exception was never retrieved")
 CLIENT_LEFT = 'WebSocketDisconnected: WebSocket is not connected. Need to call "accept" first.'
 

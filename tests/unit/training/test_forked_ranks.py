@@ -4,6 +4,7 @@ while a sibling is still being forked (`worker.await_siblings`)."""
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 
 from hetflow.training.worker import await_siblings
@@ -30,7 +31,18 @@ def test_a_rank_whose_sibling_never_comes_starts_after_its_wait(tmp_path, monkey
     assert [p.name for p in folder.iterdir()] == ["2"]
 
 
-def test_a_rank_alone_or_without_a_job_file_does_not_wait(tmp_path, monkeypatch):
+def test_a_rank_alone_does_not_wait(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     await_siblings(["--job", str(tmp_path / "job.json")], timeout_s=60)
     assert not (tmp_path / "forks").exists()
+
+
+def test_a_rank_without_a_job_file_meets_its_siblings_in_the_temporary_folder(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    await_siblings([], timeout_s=0.05)
+    (folder,) = (tmp_path / "forks").iterdir()
+    assert [p.name for p in folder.iterdir()] == ["1"]
