@@ -331,9 +331,13 @@ def test_a_worker_the_plan_leaves_out_leaves_the_all_reduce_and_every_replica_tr
             share = r["records"][i]["batch"] > 0
             later = ring_allreduce_bytes(grad, computing) if share else 0.0
             assert sent[i] == later, (r["rank"], i, sent)
-    # the left-out rank's steps end with the others': its wait is the step
+    # the left-out rank's steps end with the others': its wait is most of its steps' time. Summed
+    # over its steps, not per step: on a loaded host it can come late to one step (descheduled
+    # between steps), whose wait is then near 0 and its data pick the step
     idle = ranks[out]["records"][2:]
-    assert all(rec["wait_s"] > 0.5 * rec["step_s"] > 0 for rec in idle)
+    waits = [(rec["wait_s"], rec["step_s"]) for rec in idle]
+    assert all(step_s > 0 for _, step_s in waits), waits
+    assert sum(w for w, _ in waits) > 0.5 * sum(s for _, s in waits), waits
     # every rank ends with the weights of one process stepping on the whole global batch
     plans = ranks[0]["plans"]
     reference = _single_process_steps(spec, plans, train.steps)
