@@ -3,7 +3,7 @@ allocator without preemption, and the allocator with preemption at checkpoints.
 
     hetflow bench queue [--restart-s 20] [--interval-scale 2] [--sweep] [--json PATH]
     hetflow bench queue --real [--repeats 3] [--real-steps 160] [--time-scale 20]
-        [--real-case three|queued] [--real-relaunch]
+        [--real-case three|queued] [--real-relaunch] [--real-measure-first]
     hetflow bench queue --move [--repeats 3]
     hetflow bench queue --pool [--repeats 3]
 
@@ -164,6 +164,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--real-steps", type=int, default=160, help="--real's low and normal jobs")
     p.add_argument("--real-case", default="three", help="--real's jobs: three, or queued (5)")
     p.add_argument(
+        "--real-measure-first",
+        action="store_true",
+        help="--real: also the allocator profiling each job first, a third variant",
+    )
+    p.add_argument(
         "--real-relaunch", action="store_true", help="--real's jobs not elastic: moves relaunch"
     )
     p.add_argument("--json", help="also write the figures to this file")
@@ -215,6 +220,7 @@ def main(argv: list[str]) -> int:
             args.repeats,
             args.real_case,
             not args.real_relaunch,
+            args.real_measure_first,
         )
         print(json.dumps(out["real"]["aggregate"], indent=1))
     if args.move:

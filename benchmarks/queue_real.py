@@ -13,9 +13,12 @@ allocator's moves that keep some of a job's workers happen in place), under both
 `--real-relaunch`: not, every move a stop at a checkpoint and a relaunch.
 
 Each policy pays its own costs: every session runs on a dataset bucket of its own, whose
-profile history is empty, so the allocator measures its jobs' step times in the session, on
-its clock (`measuring_s`: the session does nothing else meanwhile; the jobs' completion counts
-from their arrival); FIFO measures none. Each repeat runs both policies, which one first
+profile history is empty, so the allocator places its jobs from a prior (the presets'
+published ratios) and learns the unit from the first job's steps (`tasks.queue_pace`), its
+time to model each job on its clock (`measuring_s`: the session does nothing else meanwhile;
+the jobs' completion counts from their arrival); FIFO models none. `--real-measure-first`
+adds a third variant, `MEASURED`: the allocator profiling the cluster as the first job
+arrives, as it did before it learned from steps. Each repeat runs both policies, which one first
 alternating (`hetflow.repeats.run_order`). Reported per policy, as the median over repeats
 with its min-max: average completion, makespan, the high job's wait, each job's wait and
 completion; per repeat the ratio of the allocator's average completion to FIFO's, with its
@@ -31,6 +34,8 @@ from __future__ import annotations
 from hetflow.repeats import median_spread, run_order
 
 POLICIES = ("fifo", "allocator")
+# `--real-measure-first`'s third variant: the allocator profiling each job's kinds first
+MEASURED = "allocator-measured"
 FIGURES = ("avg_job_completion_s", "makespan_s", "high_wait_s", "train_over_launch")
 
 
@@ -71,9 +76,12 @@ def rotated(speeds: list[str], r: int) -> list[str]:
     return run_order(speeds, r)
 
 
-def session(speeds: list[str], time_scale: float, jobs: list, switch_s: float, policy: str):
+def session(
+    speeds: list[str], time_scale: float, jobs: list, switch_s: float, policy: str, measure=False
+):
     """The queue flow on `jobs` and an emulated cluster of `speeds` (presets), in order, on a
-    dataset bucket of its own (an empty profile history)."""
+    dataset bucket of its own (an empty profile history); `measure`: the allocator profiles
+    each job first (`measure_first`)."""
     import uuid
 
     from hetflow.config import ClusterSpec, DatasetSpec
@@ -88,6 +96,7 @@ def session(speeds: list[str], time_scale: float, jobs: list, switch_s: float, p
         switch_s=switch_s,
         read_inbox=False,
         policy=policy,
+        measure_first=measure,
     )
 
 
@@ -115,6 +124,7 @@ def summary(out: dict, order: list[str], first: str) -> dict:
         "grows_in_place": int(fig.get("grows_in_place", 0)),
         "warm_ranks": int(fig.get("warm_ranks", 0)),  # ranks started on the session's pool
         "moves": out.get("moves", []),
+        "units": out.get("units", []),
         "run_id": out["parent_run_id"],
     }
 
@@ -124,7 +134,8 @@ def aggregate(runs: list[dict]) -> dict:
     completion too); the allocator's average completion over FIFO's, per repeat and as a
     median with min-max."""
     out: dict = {}
-    for policy in POLICIES:
+    labels = [p for p in (*POLICIES, MEASURED) if any(r["policy"] == p for r in runs)]
+    for policy in labels:
         mine = [r for r in runs if r["policy"] == policy]
         row: dict = {}
         for name in FIGURES:
@@ -137,13 +148,14 @@ def aggregate(runs: list[dict]) -> dict:
     by_repeat: dict[int, dict[str, float]] = {}
     for r in runs:
         by_repeat.setdefault(r["repeat"], {})[r["policy"]] = r["avg_job_completion_s"]
-    ratios = [
-        round(v["allocator"] / v["fifo"], 3)
-        for _, v in sorted(by_repeat.items())
-        if set(v) == set(POLICIES)
-    ]
-    median, spread = median_spread(ratios)
-    out["allocator_vs_fifo"] = {"per_repeat": ratios, "median": median, "range": spread}
+    for label in labels[1:]:
+        ratios = [
+            round(v[label] / v["fifo"], 3)
+            for _, v in sorted(by_repeat.items())
+            if {label, "fifo"} <= set(v)
+        ]
+        median, spread = median_spread(ratios)
+        out[f"{label}_vs_fifo"] = {"per_repeat": ratios, "median": median, "range": spread}
     moves = [m for r in runs for m in r.get("moves", [])]
     out["moves_in_place"] = {
         k: median_spread(m[k] for m in moves if m[k] is not None) if moves else None
@@ -166,16 +178,20 @@ def compare_real(
     repeats: int,
     case: str = "three",
     in_place: bool = True,
+    measure_first: bool = False,
 ):
-    """`repeats` rounds of both policies on `case`'s jobs (see the module)."""
+    """`repeats` rounds of both policies on `case`'s jobs, and of the allocator measuring
+    first where `measure_first` (`MEASURED`; see the module)."""
     kinds = speeds.split(",")
     jobs = real_jobs(steps, case=case, in_place=in_place)
+    labels = [*POLICIES, MEASURED] if measure_first else list(POLICIES)
     runs = []
     for r in range(repeats):
         order = rotated(kinds, r)
-        names = run_order(list(POLICIES), r)
-        for policy in names:
-            out = session(order, time_scale, jobs, switch_s, policy)
-            runs.append({"repeat": r, **summary(out, order, names[0])})
+        names = run_order(labels, r)
+        for label in names:
+            policy = "allocator" if label == MEASURED else label
+            out = session(order, time_scale, jobs, switch_s, policy, label == MEASURED)
+            runs.append({"repeat": r, **summary(out, order, names[0]), "policy": label})
             print({k: v for k, v in runs[-1].items() if k not in ("run_id", "completion_s")})
     return {"runs": runs, "aggregate": aggregate(runs)}

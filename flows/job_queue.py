@@ -149,6 +149,7 @@ def queue(
     policy: Policy = "allocator",
     launcher: Launcher = "cluster",
     in_place_s: SkipJsonSchema[float] = 1.0,
+    measure_first: SkipJsonSchema[bool] = False,
 ) -> dict:
     """Run `job`, `jobs` and the inbox's (`hetflow queue submit`) on `cluster`, each job's run
     nested under the session's MLflow run (figures, who held which worker when). The form
@@ -158,7 +159,10 @@ def queue(
     place: `in_place_s` until one is measured, `queue_moves.Moves.cost_s`); `policy`:
     the allocator, or `fifo` (`hetflow.queue.fifo`), recorded as the session run's param;
     `launcher`: where each job's segments run (`local`, `ray`; `cluster`: the cluster's
-    own); the stop requests travel as its ranks read them (`tasks.queue.job_stop_channel`)."""
+    own); the stop requests travel as its ranks read them (`tasks.queue.job_stop_channel`).
+    `measure_first`: the allocator profiles a job's worker kinds the history lacks before
+    placing it (`tasks.queue.job_model`), where by default it places it from a prior and its
+    steps set the prior's unit (`tasks.queue.job_prior`, `tasks.queue_pace`)."""
     if launcher != "cluster":
         cluster = cluster.model_copy(update={"launcher": launcher})
     where = queue_dir()
@@ -169,21 +173,14 @@ def queue(
         ensure_slots(cluster)
         tracker = MLflowTracker(tracking)
         parent = tracker.start_run("queue", cluster, dataset)
-        tracker.log_params(parent, {"policy": policy, "launcher": cluster.launcher})
+        first = str(measure_first)
+        params = {"policy": policy, "launcher": cluster.launcher, "measure_first": first}
+        tracker.log_params(parent, params)
         out = {"parent_run_id": parent, "policy": policy}
         inbox = inbox_reader(where / "inbox" if read_inbox else None)
         files = {"state": where / "state.json", "cancels": where / CANCEL_FOLDER}
-        session = Session(
-            cluster,
-            dataset,
-            tracking,
-            parent,
-            switch_s,
-            inbox,
-            **files,
-            policy=policy,
-            in_place_s=in_place_s,
-        )
+        how = {"policy": policy, "in_place_s": in_place_s, "measure_first": measure_first}
+        session = Session(cluster, dataset, tracking, parent, switch_s, inbox, **files, **how)
         try:
             session.run(jobs)
         except QueueError as e:
@@ -195,7 +192,7 @@ def queue(
         if not session.jobs:
             tracker.finish(parent)
             print("queue: no jobs (hetflow queue submit NAME queues one)")
-            return out | {"figures": {}, "jobs": [], "spans": [], "moves": []}
+            return out | {"figures": {}, "jobs": [], "spans": [], "moves": [], "units": []}
         out |= record(session, tracker, parent, [w.name for w in cluster.workers])
     return out
 
@@ -207,9 +204,11 @@ def record(session: Session, tracker: MLflowTracker, parent: str, order: list[st
     tracker.log_metrics(parent, values)
     tracker.log_plots(parent, {"queue_workers.png": worker_timeline(session.spans, order)})
     moves = session.moves.figures()
-    tracker.log_json(parent, "queue.json", {"jobs": rows, "spans": session.spans, "moves": moves})
+    units = session.units.found  # when the jobs' steps set a prior's unit
+    logged = {"jobs": rows, "spans": session.spans, "moves": moves, "units": units}
+    tracker.log_json(parent, "queue.json", logged)
     md = "\n\n".join(t for t in (table(rows), table(ended_badly(session))) if t)
     create_markdown_artifact(md, key="queue", description="the queue's jobs")
     tracker.finish(parent)
     print(f"queue ({session.policy}):\n{md}")
-    return {"figures": values, "jobs": rows, "spans": session.spans, "moves": moves}
+    return {"figures": values, "jobs": rows, "spans": session.spans, "moves": moves, "units": units}

@@ -34,6 +34,7 @@ from hetflow.training.metrics import needs_profile
 from hetflow.training.plan.assemble import entries_of, from_entries, sub_cluster, to_measure
 from hetflow.training.plan.learned import learned_entries
 from hetflow.training.plan.prior import (
+    HISTORY,
     equal_prior,
     mark_prior,
     prior_kind,
@@ -123,7 +124,7 @@ def prior_or_history(
     keys, known = known_types(cluster, dataset, train)
     if all(k in known for k in keys):
         entries = [known[k] for k in keys]
-        sources = [f"prior: the profile history, {source_of(e)}" for e in entries]
+        sources = [f"prior: {HISTORY}, {source_of(e)}" for e in entries]
         profile = mark_prior(from_entries(cluster, train, entries, sources), sources)
     elif (published := published_prior(cluster, train)) is not None:
         profile = published

@@ -27,11 +27,12 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
 from hetflow.config.queue import QueueJob, worker_memory_gb
 from hetflow.history import kind_slug, worker_kind
 from hetflow.queue.jobs import Job, Kind, Line
-from hetflow.tasks.history import profile_for, profile_or_reuse
+from hetflow.tasks.history import prior_or_history, profile_for, profile_or_reuse
 from hetflow.tasks.queue_moves import free_slots, hold_slots
 from hetflow.tasks.train import train_variant
 from hetflow.training.loop.stop_channel import StopChannel, stop_channel
 from hetflow.training.plan.assemble import sub_cluster
+from hetflow.training.plan.prior import HISTORY, prior_kind
 
 # How long a segment waits for its workers' slots: the queue frees them before it starts one,
 # so a longer wait is a slot held by something else (a second session, a hand-made limit).
@@ -80,6 +81,21 @@ def job_model(job: QueueJob, cluster: ClusterSpec, dataset: DatasetSpec) -> tupl
     for r in profile.ranks:
         lines.setdefault(workers[r.worker], Line(r.fit_latency_s, r.fit_s_per_sample))
     return queue_model(job, lines), profile.profiling_time_s
+
+
+def job_prior(job: QueueJob, cluster: ClusterSpec, dataset: DatasetSpec) -> tuple[Job, bool]:
+    """`job` as the allocator sees it with nothing measured first, and whether its lines are
+    a prior's, in the prior's unit (`hetflow.queue.pace`: its own steps set the unit): each
+    kind's line from the profile history where every kind has an entry (seconds, no flag),
+    else from the published ratios of the workers' presets or the equal split
+    (`tasks.history.prior_or_history`; nothing launched)."""
+    profile = prior_or_history(cluster, dataset, job.train_config())
+    workers, _ = cluster_kinds(cluster)
+    lines: dict[str, Line] = {}
+    for r in profile.ranks:
+        lines.setdefault(workers[r.worker], Line(r.fit_latency_s, r.fit_s_per_sample))
+    history = all(prior_kind(s) == HISTORY for s in profile.sources)
+    return queue_model(job, lines), not history
 
 
 def queue_model(job: QueueJob, lines: dict[str, Line] | None = None) -> Job:

@@ -5,7 +5,8 @@ A job fails alone: whatever its model, profile or segment raised becomes its one
 session's run) ends FAILED with the reason as a tag, and the session goes on with the others.
 A job is cancelled by `hetflow queue cancel NAME`, which leaves a request in the queue's
 `cancel/` folder (`hetflow.config.queue.CANCEL_FOLDER`) that the session takes each tick
-(`take_cancel_requests`); its MLflow run, where it has one, ends KILLED.
+(`take_cancel_requests`); its MLflow run, where it has one, ends KILLED. What `hetflow queue
+list` reads of every job, ended or not: `state_rows`.
 """
 
 from __future__ import annotations
@@ -83,3 +84,35 @@ def take_cancel_requests(folder: Path | None) -> list[str]:
         path.unlink(missing_ok=True)
         names.append(path.name)
     return names
+
+
+def state_rows(jobs: list, pending: list[QueueJob]) -> list[dict]:
+    """What `hetflow queue list` reads of a session: a row per job in it (`jobs`, the
+    session's `Live`s) and per job not arrived yet (`pending`)."""
+    rows = [
+        {
+            "name": j.job.name,
+            "priority": j.job.priority,
+            "state": j.state,
+            "workers": j.workers,
+            "steps_done": j.done,
+            "steps": j.job.steps,
+            "arrived_s": round(j.arrived_s, 1),  # after the session started
+            "reason": j.reason,
+        }
+        for j in jobs
+    ]
+    rows += [
+        {
+            "name": q.name,
+            "priority": q.priority,
+            "state": "queued",
+            "workers": [],
+            "steps_done": 0,
+            "steps": q.steps,
+            "arrived_s": None,  # arrives `arrive_after_s` after the session started
+            "reason": "",
+        }
+        for q in pending
+    ]
+    return rows

@@ -1,9 +1,10 @@
 """One queue session: jobs arrive (the flow's list, after each one's delay, and those
 `hetflow queue submit` leaves in the inbox), the policy decides at each arrival and end (the
-allocator, `hetflow.queue.switch.decide`; or `fifo`, `hetflow.queue.fifo`, which never moves a
-running job and needs no job's step times, so it measures none), and each job runs as a train
-run on its workers (`tasks.queue.run_segment`) until it ends or the queue moves its workers:
-then it is asked to stop at its next checkpoint (through the run's stop channel,
+allocator, `hetflow.queue.switch.decide`, and again when a job's steps put the prior it was
+placed from in seconds, `tasks.queue_pace`; or `fifo`, `hetflow.queue.fifo`, which never
+moves a running job and needs no job's step times, so it measures none), and each job runs
+as a train run on its workers (`tasks.queue.run_segment`) until it ends or the queue moves
+its workers: then it is asked to stop at its next checkpoint (through the run's stop channel,
 `tasks.queue.job_stop_channel`: a file, or the Ray cluster's board), and a new segment
 resumes from there on the workers it moves to. A job that runs elastic (`QueueJob.in_place`)
 and keeps some of its workers moves in place instead (`tasks.queue_moves`): those it gives up
@@ -41,13 +42,15 @@ from hetflow.tasks.queue import (
     Segment,
     cluster_kinds,
     job_model,
+    job_prior,
     job_stop_channel,
     queue_model,
     run_segment,
     slot_name,
 )
-from hetflow.tasks.queue_ends import reason_of, record_end, take_cancel_requests
+from hetflow.tasks.queue_ends import reason_of, record_end, state_rows, take_cancel_requests
 from hetflow.tasks.queue_moves import Moves
+from hetflow.tasks.queue_pace import Units
 from hetflow.tasks.train import stable_run_dir
 from hetflow.training.elastic.pool import session_pool
 from hetflow.training.launch.agents import agent_pool
@@ -74,6 +77,7 @@ class Live:
     cancelling: bool = False  # asked to stop at its next checkpoint, and end there
     stop_at: int | None = None  # the checkpoint its running segment was asked to stop at
     joined: dict[str, float] = field(default_factory=dict)  # worker -> when it grew onto it
+    prior: bool = False  # its lines a prior's, in the prior's unit (`queue_pace.Units`)
 
     def held_from(self, worker: str) -> float:
         """When its running segment began to hold `worker` (it grew onto it, or started on it)."""
@@ -118,10 +122,12 @@ class Session:
     measuring_s: float = 0.0
     policy: str = "allocator"
     in_place_s: float = 1.0
+    measure_first: bool = False
 
     def __post_init__(self) -> None:
         self.workers, self.kinds = cluster_kinds(self.cluster)
         self.moves = Moves(self.in_place_s, SLOT_WAIT_S)
+        self.units = Units()  # the priors' lines put in seconds by the jobs' steps
         self.t0 = time.monotonic()
         self.pending: list[QueueJob] = []  # taken from the inbox or the flow, not yet arrived
         self.seen: dict[str, float] = {}  # when each inbox job was read
@@ -134,18 +140,22 @@ class Session:
         return time.monotonic() - self.t0
 
     def admit(self, job: QueueJob, arrived_s: float) -> None:
-        """`job`, arrived at `arrived_s`, taken in, its step time on each kind known
-        (`job_model`; none under `fifo`, blind to the device type); failed alone where that
-        raises or no worker holds it. The measuring's wall time is the allocator's to pay:
-        the job's completion counts from `arrived_s`, and the session does nothing else
-        meanwhile (`measuring_s` sums it)."""
-        t = time.monotonic()
+        """`job`, arrived at `arrived_s`, taken in, its step time on each kind known: from the
+        history or a prior, nothing launched (`job_prior`; a prior's lines put in seconds by
+        the first steps of a job of its recipe, `paced`), or where `measure_first` its kinds
+        the history lacks profiled now (`job_model`); none under `fifo`, blind to the device
+        type. Failed alone where that raises or no worker holds it. The modelling's wall time
+        is the allocator's to pay: the job's completion counts from `arrived_s`, and the
+        session does nothing else meanwhile (`measuring_s` sums it)."""
+        t, prior = time.monotonic(), False
         try:
             if self.policy == "fifo":
                 model = queue_model(job)
-            else:
+            elif self.measure_first:
                 self.open_pools(elastic=False)  # the next job's measuring on a warm agent
                 model, _ = job_model(job, self.cluster, self.dataset)
+            else:
+                model, prior = self.units.admit(job, *job_prior(job, self.cluster, self.dataset))
             check_job(model, self.kinds)
         except Exception as e:  # the job's own failure: the others go on
             self.jobs.append(Live(job, None, arrived_s))
@@ -153,7 +163,7 @@ class Session:
             return
         finally:
             self.measuring_s += time.monotonic() - t if self.policy != "fifo" else 0.0
-        self.jobs.append(Live(job, model, arrived_s))
+        self.jobs.append(Live(job, model, arrived_s, prior=prior))
         print(f"queue: {job.name} ({job.priority}) arrived")
 
     def end(self, j: Live, state: str, reason: str) -> None:
@@ -297,6 +307,19 @@ class Session:
         elif j.cancelling:
             print(f"queue: {j.job.name} ends before its next checkpoint: it completes")
 
+    def paced(self) -> bool:
+        """Whether a running job's steps set its recipe's unit just now (`Units.observe`)."""
+        if self.policy == "fifo":
+            return False
+
+        def progress_at(j: Live):
+            return job_stop_channel(self.cluster, stable_run_dir(j.job.name)).progress_at()
+
+        def settled(j: Live) -> bool:
+            return not self.moves.pending(j.job.name) & set(j.workers)
+
+        return self.units.observe(self.jobs, progress_at, self.kinds_of, settled, self.now())
+
     def kinds_of(self, names: list[str]):
         return [self.kinds[self.workers[w]] for w in names]
 
@@ -367,32 +390,7 @@ class Session:
     def write_state(self, publish: bool) -> None:
         """The jobs' state for `hetflow queue list`; where `publish`, also as the Prefect
         artifact `queue-now` (each version a change: who holds which workers)."""
-        rows = [
-            {
-                "name": j.job.name,
-                "priority": j.job.priority,
-                "state": j.state,
-                "workers": j.workers,
-                "steps_done": j.done,
-                "steps": j.job.steps,
-                "arrived_s": round(j.arrived_s, 1),  # after the session started
-                "reason": j.reason,
-            }
-            for j in self.jobs
-        ]
-        rows += [
-            {
-                "name": q.name,
-                "priority": q.priority,
-                "state": "queued",
-                "workers": [],
-                "steps_done": 0,
-                "steps": q.steps,
-                "arrived_s": None,  # arrives `arrive_after_s` after the session started
-                "reason": "",
-            }
-            for q in self.pending
-        ]
+        rows = state_rows(self.jobs, self.pending)
         if self.state is not None:  # whole, for `hetflow queue list` reading it meanwhile
             tmp = self.state.with_name(f".{self.state.name}.tmp")
             tmp.write_text(json.dumps(rows, indent=1))
@@ -423,7 +421,7 @@ class Session:
             for j in self.active():
                 if j.future is not None and j.future.state.is_final():
                     ended |= self.end_segment(j)
-            if arrivals or ended:
+            if arrivals or ended or self.paced():
                 self.decide()
             self.shrink_waiting()
             freed = self.settle()

@@ -59,7 +59,14 @@ def add_queue_args(sub, command) -> None:
     s.set_defaults(func=cmd_queue_submit)
     ls = command(qsub, "list", "the queued jobs, and who holds which workers")
     ls.set_defaults(func=cmd_queue_list)
-    r = command(qsub, "run", "run the queue session until every job has ended")
+    add_run_args(command(qsub, "run", "run the queue session until every job has ended"))
+    c = command(qsub, "cancel", "take a queued job out, or stop a running one at its checkpoint")
+    c.add_argument("name", metavar="NAME", help="the job, as `hetflow queue list` names it")
+    c.set_defaults(func=cmd_queue_cancel)
+
+
+def add_run_args(r) -> None:
+    """`hetflow queue run`'s flags."""
     r.add_argument("--cluster", metavar="FILE", help="default: 6 emulated workers of 3 kinds")
     r.add_argument("--time-scale", type=float, help="the emulated cluster's time scale")
     r.add_argument("--switch-s", type=float, default=15.0, help="a move's cost (relaunch)")
@@ -68,6 +75,12 @@ def add_queue_args(sub, command) -> None:
         choices=QUEUE_POLICIES,
         default="allocator",
         help="fifo: first come, first served, blind to the device type",
+    )
+    r.add_argument(
+        "--measure-first",
+        action="store_true",
+        help="the allocator profiles each job's unknown worker kinds before placing it "
+        "(default: places it from a prior and learns from its steps)",
     )
     r.add_argument("--demo", action="store_true", help="also the three default jobs")
     r.add_argument(
@@ -83,9 +96,6 @@ def add_queue_args(sub, command) -> None:
         help="the Ray cluster's address (default: $RAY_ADDRESS, else auto)",
     )
     r.set_defaults(func=cmd_queue_run)
-    c = command(qsub, "cancel", "take a queued job out, or stop a running one at its checkpoint")
-    c.add_argument("name", metavar="NAME", help="the job, as `hetflow queue list` names it")
-    c.set_defaults(func=cmd_queue_cancel)
 
 
 def queue_cluster_of(path: str | None = None) -> ClusterSpec:
@@ -292,6 +302,12 @@ def cmd_queue_run(args) -> int:
 
     (queue_dir() / CLUSTER_FILE).write_text(cluster.model_dump_json())
     jobs = default_jobs() if args.demo else []
-    out = queue(jobs=jobs, cluster=cluster, switch_s=args.switch_s, policy=args.policy)
+    out = queue(
+        jobs=jobs,
+        cluster=cluster,
+        switch_s=args.switch_s,
+        policy=args.policy,
+        measure_first=args.measure_first,
+    )
     print(json.dumps(out["figures"], indent=1))
     return failures_said(queue_dir())

@@ -44,6 +44,11 @@ class StopChannel:
     def progress(self) -> int | None:
         return None
 
+    def progress_at(self) -> tuple[int, float] | None:
+        """`progress` and when it was reached (`time.time()`): here, when it is read."""
+        step = self.progress()
+        return None if step is None else (step, time.time())
+
     def write(self, step: int) -> None:
         raise NotImplementedError
 
@@ -79,6 +84,20 @@ class FileStopChannel(StopChannel):
             return int(json.loads((self.path.parent / PROGRESS_FILE).read_text())["step"])
         except (FileNotFoundError, ValueError, KeyError):
             return None
+
+    def progress_at(self) -> tuple[int, float] | None:
+        """`progress` and when rank 0 wrote it: the file's modification time (it rewrites the
+        file in place every step, `progress.ProgressFile`)."""
+        path = self.path.parent / PROGRESS_FILE
+        for _ in range(3):  # a step written between the stat and the read: again
+            try:
+                at = path.stat().st_mtime
+                step = self.progress()
+                if path.stat().st_mtime == at:
+                    return None if step is None else (step, at)
+            except FileNotFoundError:
+                return None
+        return None
 
 
 class StopBoard:

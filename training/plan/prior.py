@@ -24,6 +24,7 @@ from hetflow.perf.fitting import fit_affine
 from hetflow.records import Profile, RankProfile
 
 EQUAL = "prior: the equal split (nothing known)"
+HISTORY = "the profile history"  # what `prior_kind` says of an entry of the history
 
 
 def line_rank(i: int, a: float, c: float, ref: int, **fields) -> RankProfile:

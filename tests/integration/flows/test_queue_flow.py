@@ -13,7 +13,13 @@ from hetflow.config.queue import QueueJob
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_high_job_takes_workers_at_the_low_jobs_checkpoint(s3, prefect_harness, tmp_path):
+@pytest.mark.parametrize("measure_first", [False, True], ids=["from-a-prior", "measured-first"])
+def test_a_high_job_takes_workers_at_the_low_jobs_checkpoint(
+    s3, prefect_harness, tmp_path, measure_first
+):
+    """Placed from a prior (the workers name no preset: the equal split), `low`'s own steps
+    put the recipe's lines in seconds; measured first (`measure_first`), they are in seconds
+    from the profile, and nothing is paced."""
     from mlflow.tracking import MlflowClient
 
     from hetflow.flows.job_queue import queue
@@ -48,8 +54,12 @@ def test_a_high_job_takes_workers_at_the_low_jobs_checkpoint(s3, prefect_harness
         tracking=TrackingConfig(),
         switch_s=0.0,
         read_inbox=False,
+        measure_first=measure_first,
     )
     rows = {r["job"]: r for r in out["jobs"]}
+    paced = [u["job"] for u in out["units"]]
+    assert paced == ([] if measure_first else ["low"]), out["units"]
+    assert all(u["factor"] > 0 and u["step_s"] > 0 for u in out["units"])
     assert rows["low"]["segments"] >= 2  # stopped at its checkpoint, resumed
     assert rows["low"]["moved_in_place"] == 0  # not elastic: moved by relaunch
     assert out["figures"]["steps_redone"] == 0
@@ -64,6 +74,7 @@ def test_a_high_job_takes_workers_at_the_low_jobs_checkpoint(s3, prefect_harness
         f"tags.mlflow.parentRunId = '{parent}'",
     )
     assert sorted(r.info.run_name for r in children) == ["high", "low"]
+    assert client.get_run(parent).data.params["measure_first"] == str(measure_first)
     assert "plots/queue_workers.png" in {a.path for a in client.list_artifacts(parent, "plots")}
 
 

@@ -150,3 +150,10 @@ def test_the_real_comparison_pairs_each_repeat_and_takes_each_figures_own_median
     out = aggregate(runs)
     assert out["allocator"]["wait_s"]["high"] == (20.0, [10.0, 30.0])
     assert out["fifo"]["wait_s"]["late"] == (7.0, [7.0, 7.0])
+    # the allocator measuring first, a third variant of the same repeats: its own ratio
+    assert "allocator-measured" not in out and "allocator-measured_vs_fifo" not in out
+    runs += [run(0, "allocator-measured", 120.0, 30.0), run(2, "allocator-measured", 60.0, 5.0)]
+    out = aggregate(runs)
+    assert out["allocator-measured_vs_fifo"]["per_repeat"] == [1.2, 0.5]
+    assert out["allocator_vs_fifo"]["per_repeat"] == [0.8, 1.0, 0.5]
+    assert out["allocator-measured"]["high_wait_s"] == 17.5
