@@ -4,7 +4,8 @@
 its process has ended (`Moves.shrink`); a free worker given to a running elastic job is
 started in its spare slot of the job and joins at a step boundary (`Moves.grow`,
 `ElasticJob.add_worker`); and the Prefect slots the workers hold, one each (`hold_slots`,
-`hold_slot`), so that a worker that leaves gives its slot back at once.
+`hold_slot`), so that a worker that leaves frees its slot at once: kept held for the job
+that takes it next (`park_slot`), or given back where none does (`release_parked`).
 
 Each worker's slot is held by a thread of its own, inside Prefect's own `concurrency` context
 manager (its lease renewed there): a segment's task run holds its workers' slots while its
@@ -57,7 +58,16 @@ class SlotHold:
 
 
 _HELD: dict[str, dict[str, SlotHold]] = {}  # job -> worker -> its slot
+_PARKED: dict[str, SlotHold] = {}  # worker -> its slot, kept from the job it left in place
 _LOCK = threading.Lock()
+
+
+def _slot(worker: str, limit: str, timeout_s: float) -> SlotHold:
+    """`worker`'s slot of `limit`: the one it kept from the job it left (`park_slot`), else
+    one acquired now."""
+    with _LOCK:
+        kept = _PARKED.pop(worker, None)
+    return kept if kept is not None else SlotHold(limit, timeout_s)
 
 
 def hold_slots(job: str, limits: dict[str, str], timeout_s: float) -> None:
@@ -66,7 +76,7 @@ def hold_slots(job: str, limits: dict[str, str], timeout_s: float) -> None:
     held: dict[str, SlotHold] = {}
     try:
         for worker, limit in sorted(limits.items()):
-            held[worker] = SlotHold(limit, timeout_s)
+            held[worker] = _slot(worker, limit, timeout_s)
     except BaseException:
         for h in held.values():
             h.release()
@@ -78,7 +88,7 @@ def hold_slots(job: str, limits: dict[str, str], timeout_s: float) -> None:
 def hold_slot(job: str, worker: str, limit: str, timeout_s: float) -> None:
     """A slot of `limit` held for `job`'s `worker` besides those it holds (a worker it grew
     onto in place), until `free_slot` or `free_slots`."""
-    h = SlotHold(limit, timeout_s)
+    h = _slot(worker, limit, timeout_s)
     with _LOCK:
         _HELD.setdefault(job, {})[worker] = h
 
@@ -88,6 +98,31 @@ def free_slot(job: str, worker: str) -> None:
     with _LOCK:
         h = _HELD.get(job, {}).pop(worker, None)
     if h is not None:
+        h.release()
+
+
+def park_slot(job: str, worker: str) -> None:
+    """`worker`'s slot, held for `job`, which it left in place, kept held for the job that
+    takes it next (`hold_slots`, `hold_slot`), so that that job's launch does not acquire it
+    again: on a Prefect server whose SQLite is busy an acquire is answered 503, and the
+    client's retry waits 2 s (measured: docs/measurements/queue.md). A no-op where it holds
+    none; `release_parked` gives back those no job takes."""
+    with _LOCK:
+        h = _HELD.get(job, {}).pop(worker, None)
+        old = _PARKED.pop(worker, None) if h is not None else None
+        if h is not None:
+            _PARKED[worker] = h
+    if old is not None:
+        old.release()
+
+
+def release_parked(keep: set[str]) -> None:
+    """Each kept slot (`park_slot`) of a worker not in `keep` (no job holds it or is bound
+    for it) given back."""
+    with _LOCK:
+        gone = [w for w in _PARKED if w not in keep]
+        out = [_PARKED.pop(w) for w in gone]
+    for h in out:
         h.release()
 
 
@@ -235,14 +270,15 @@ class Moves:
         return out
 
     def settle(self, now: float) -> list[Leaving]:
-        """The workers whose process ended since last asked (their slots given back: they
-        are free), and each move's time to the job stepping again, once it has."""
+        """The workers whose process ended since last asked (free: their slots kept for the
+        job that takes them, `park_slot`), and each move's time to the job stepping again,
+        once it has."""
         freed = []
         for m in self.leaving:
             members = live_job(m.run_dir)
             if m.gone_s is None and (members is None or m.rank < 0 or members.gone(m.rank)):
                 m.gone_s, m.step = now, progress_step(m.run_dir) or m.step
-                free_slot(m.job, m.worker)
+                park_slot(m.job, m.worker)
                 freed.append(m)
             stepped = (progress_step(m.run_dir) or -1) > m.step
             if m.gone_s is not None and (members is None or stepped):

@@ -49,7 +49,7 @@ from hetflow.tasks.queue import (
     slot_name,
 )
 from hetflow.tasks.queue_ends import reason_of, record_end, state_rows, take_cancel_requests
-from hetflow.tasks.queue_moves import Moves
+from hetflow.tasks.queue_moves import Moves, release_parked
 from hetflow.tasks.queue_pace import Units
 from hetflow.tasks.train import stable_run_dir
 from hetflow.training.elastic.pool import session_pool
@@ -402,6 +402,7 @@ class Session:
         """Until every job has arrived and ended, and the inbox is empty."""
         self.pending = list(planned)
         with self.warm:
+            self.warm.callback(release_parked, set())  # no worker's slot kept past the session
             self._loop(tick_s)
 
     def _loop(self, tick_s: float) -> None:
@@ -427,5 +428,6 @@ class Session:
             freed = self.settle()
             self.moves.watch(self.now())
             started = self.start_ready()
+            release_parked({w for j in self.active() for w in j.workers + (j.target or [])})
             self.write_state(publish=bool(arrivals or ended or started or freed))
             time.sleep(min(tick_s, 0.05) if self.moves.watching() else tick_s)

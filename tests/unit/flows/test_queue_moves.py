@@ -6,6 +6,7 @@ still moves by relaunch."""
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 from hetflow.tasks import queue_moves
 from hetflow.tasks.queue_moves import Moves
@@ -170,3 +171,41 @@ def test_a_worker_freed_in_place_and_grown_onto_carries_both_sides(tmp_path, mon
     (move,) = moves.figures()
     assert move["job"] == "a" and move["to"] == "b" and move["grown"]
     assert (move["free_s"], move["giver_s"], move["taker_s"]) == (0.5, 1.0, 4.0)
+
+
+class FakeHold:
+    """A Prefect slot held (the limit is outside the claim: each acquire recorded)."""
+
+    made: ClassVar[list[FakeHold]] = []
+
+    def __init__(self, limit: str, timeout_s: float) -> None:
+        self.limit, self.released = limit, False
+        FakeHold.made.append(self)
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_a_worker_that_leaves_in_place_hands_its_slot_to_the_job_that_takes_it(monkeypatch):
+    """The slot of a worker that left a job in place stays held, and the job that takes the
+    worker next (launched on it, or grown onto it) holds that one: no second acquire. One no
+    job is bound for is given back."""
+    FakeHold.made = []
+    monkeypatch.setattr(queue_moves, "SlotHold", FakeHold)
+    queue_moves.hold_slots("a", {"w0": "k0", "w1": "k1"}, 1.0)
+    w0, w1 = sorted(FakeHold.made, key=lambda h: h.limit)
+    queue_moves.park_slot("a", "w1")  # w1 left `a` in place
+    queue_moves.release_parked({"w1"})  # `b` is bound for it: kept
+    queue_moves.hold_slots("b", {"w1": "k1", "w2": "k1"}, 1.0)
+    assert len(FakeHold.made) == 3 and not w1.released  # w2's acquired, w1's handed over
+    queue_moves.park_slot("b", "w1")
+    queue_moves.hold_slot("c", "w1", "k1", 1.0)  # grown onto in place: handed over too
+    assert len(FakeHold.made) == 3 and not w1.released
+    queue_moves.park_slot("c", "w1")
+    queue_moves.release_parked({"w0"})  # no job is bound for w1: given back
+    assert w1.released and not w0.released
+    queue_moves.hold_slot("c", "w1", "k1", 1.0)
+    assert len(FakeHold.made) == 4  # acquired afresh
+    for job in "abc":
+        queue_moves.free_slots(job)
+    assert all(h.released for h in FakeHold.made)
