@@ -4,6 +4,7 @@ allocator without preemption, and the allocator with preemption at checkpoints.
     hetflow bench queue [--restart-s 20] [--interval-scale 2] [--sweep] [--json PATH]
     hetflow bench queue --real [--repeats 3] [--real-steps 160] [--time-scale 20]
         [--real-case three|queued] [--real-relaunch] [--real-measure-first]
+        [--real-equal-prior]
     hetflow bench queue --move [--repeats 3]
     hetflow bench queue --pool [--repeats 3]
 
@@ -169,6 +170,11 @@ def parser() -> argparse.ArgumentParser:
         help="--real: also the allocator profiling each job first, a third variant",
     )
     p.add_argument(
+        "--real-equal-prior",
+        action="store_true",
+        help="--real: also the allocator placing from the equal split, not the presets' ratios",
+    )
+    p.add_argument(
         "--real-relaunch", action="store_true", help="--real's jobs not elastic: moves relaunch"
     )
     p.add_argument("--json", help="also write the figures to this file")
@@ -221,6 +227,7 @@ def main(argv: list[str]) -> int:
             args.real_case,
             not args.real_relaunch,
             args.real_measure_first,
+            args.real_equal_prior,
         )
         print(json.dumps(out["real"]["aggregate"], indent=1))
     if args.move:

@@ -17,8 +17,11 @@ profile history is empty, so the allocator places its jobs from a prior (the pre
 published ratios) and learns the unit from the first job's steps (`tasks.queue_pace`), its
 time to model each job on its clock (`measuring_s`: the session does nothing else meanwhile;
 the jobs' completion counts from their arrival); FIFO models none. `--real-measure-first`
-adds a third variant, `MEASURED`: the allocator profiling the cluster as the first job
-arrives, as it did before it learned from steps. Each repeat runs both policies, which one first
+adds a variant, `MEASURED`: the allocator profiling the cluster as the first job arrives, as
+it did before it learned from steps; `--real-equal-prior` another, `EQUAL`: the allocator
+placing from the equal split, as on workers with no published figures (the emulated presets
+are built from the same published curves the default prior reads, so that prior ranks them
+exactly). Each repeat runs both policies, which one first
 alternating (`hetflow.repeats.run_order`). Reported per policy, as the median over repeats
 with its min-max: average completion, makespan, the high job's wait, each job's wait and
 completion; per repeat the ratio of the allocator's average completion to FIFO's, with its
@@ -34,8 +37,11 @@ from __future__ import annotations
 from hetflow.repeats import median_spread, run_order
 
 POLICIES = ("fifo", "allocator")
-# `--real-measure-first`'s third variant: the allocator profiling each job's kinds first
+# `--real-measure-first`'s variant: the allocator profiling each job's kinds first; and
+# `--real-equal-prior`'s: the allocator placing from the equal split, not the presets' ratios
 MEASURED = "allocator-measured"
+EQUAL = "allocator-equal"
+VARIANTS = {MEASURED: {"measure": True}, EQUAL: {"published": False}}
 FIGURES = ("avg_job_completion_s", "makespan_s", "high_wait_s", "train_over_launch")
 
 
@@ -77,11 +83,17 @@ def rotated(speeds: list[str], r: int) -> list[str]:
 
 
 def session(
-    speeds: list[str], time_scale: float, jobs: list, switch_s: float, policy: str, measure=False
+    speeds: list[str],
+    time_scale: float,
+    jobs: list,
+    switch_s: float,
+    policy: str,
+    measure=False,
+    published=True,
 ):
     """The queue flow on `jobs` and an emulated cluster of `speeds` (presets), in order, on a
     dataset bucket of its own (an empty profile history); `measure`: the allocator profiles
-    each job first (`measure_first`)."""
+    each job first (`measure_first`); not `published`: its prior is the equal split."""
     import uuid
 
     from hetflow.config import ClusterSpec, DatasetSpec
@@ -97,6 +109,7 @@ def session(
         read_inbox=False,
         policy=policy,
         measure_first=measure,
+        published_prior=published,
     )
 
 
@@ -134,7 +147,7 @@ def aggregate(runs: list[dict]) -> dict:
     completion too); the allocator's average completion over FIFO's, per repeat and as a
     median with min-max."""
     out: dict = {}
-    labels = [p for p in (*POLICIES, MEASURED) if any(r["policy"] == p for r in runs)]
+    labels = [p for p in (*POLICIES, *VARIANTS) if any(r["policy"] == p for r in runs)]
     for policy in labels:
         mine = [r for r in runs if r["policy"] == policy]
         row: dict = {}
@@ -179,19 +192,21 @@ def compare_real(
     case: str = "three",
     in_place: bool = True,
     measure_first: bool = False,
+    equal_prior: bool = False,
 ):
     """`repeats` rounds of both policies on `case`'s jobs, and of the allocator measuring
-    first where `measure_first` (`MEASURED`; see the module)."""
+    first where `measure_first` (`MEASURED`), from the equal split where `equal_prior`
+    (`EQUAL`; see the module)."""
     kinds = speeds.split(",")
     jobs = real_jobs(steps, case=case, in_place=in_place)
-    labels = [*POLICIES, MEASURED] if measure_first else list(POLICIES)
+    labels = [*POLICIES] + [MEASURED] * measure_first + [EQUAL] * equal_prior
     runs = []
     for r in range(repeats):
         order = rotated(kinds, r)
         names = run_order(labels, r)
         for label in names:
-            policy = "allocator" if label == MEASURED else label
-            out = session(order, time_scale, jobs, switch_s, policy, label == MEASURED)
+            policy = "allocator" if label in VARIANTS else label
+            out = session(order, time_scale, jobs, switch_s, policy, **VARIANTS.get(label, {}))
             runs.append({"repeat": r, **summary(out, order, names[0]), "policy": label})
             print({k: v for k, v in runs[-1].items() if k not in ("run_id", "completion_s")})
     return {"runs": runs, "aggregate": aggregate(runs)}

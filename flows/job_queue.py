@@ -150,6 +150,7 @@ def queue(
     launcher: Launcher = "cluster",
     in_place_s: SkipJsonSchema[float] = 1.0,
     measure_first: SkipJsonSchema[bool] = False,
+    published_prior: SkipJsonSchema[bool] = True,
 ) -> dict:
     """Run `job`, `jobs` and the inbox's (`hetflow queue submit`) on `cluster`, each job's run
     nested under the session's MLflow run (figures, who held which worker when). The form
@@ -162,7 +163,8 @@ def queue(
     own); the stop requests travel as its ranks read them (`tasks.queue.job_stop_channel`).
     `measure_first`: the allocator profiles a job's worker kinds the history lacks before
     placing it (`tasks.queue.job_model`), where by default it places it from a prior and its
-    steps set the prior's unit (`tasks.queue.job_prior`, `tasks.queue_pace`)."""
+    steps set the prior's unit (`tasks.queue.job_prior`, `tasks.queue_pace`); not
+    `published_prior`: that prior is the equal split, not the presets' published ratios."""
     if launcher != "cluster":
         cluster = cluster.model_copy(update={"launcher": launcher})
     where = queue_dir()
@@ -180,6 +182,7 @@ def queue(
         inbox = inbox_reader(where / "inbox" if read_inbox else None)
         files = {"state": where / "state.json", "cancels": where / CANCEL_FOLDER}
         how = {"policy": policy, "in_place_s": in_place_s, "measure_first": measure_first}
+        how["published_prior"] = published_prior
         session = Session(cluster, dataset, tracking, parent, switch_s, inbox, **files, **how)
         try:
             session.run(jobs)

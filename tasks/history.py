@@ -114,20 +114,25 @@ def profile_or_reuse(
 
 @task(task_run_name="prior of {cluster.name}: its types' history, published ratios or equal")
 def prior_or_history(
-    cluster: ClusterSpec, dataset: DatasetSpec, train: TrainConfig, catalog: Catalog | None = None
+    cluster: ClusterSpec,
+    dataset: DatasetSpec,
+    train: TrainConfig,
+    catalog: Catalog | None = None,
+    published: bool = True,
 ) -> Profile:
     """The prior a run that learns from its own steps plans its first step from, nothing
     launched (`training.plan.prior`): the profile history where every worker's type has an
     entry at most `train.profile_max_age_h` old (assembled as `profile_or_reuse` does); else
-    the published ratios of every worker's preset, or of every worker's instance type (the
-    `catalog`'s peak FLOP/s); else the equal split. One line per worker says which."""
+    the published ratios of every worker's preset (unless not `published`), or of every
+    worker's instance type (the `catalog`'s peak FLOP/s); else the equal split. One line per
+    worker says which."""
     keys, known = known_types(cluster, dataset, train)
     if all(k in known for k in keys):
         entries = [known[k] for k in keys]
         sources = [f"prior: {HISTORY}, {source_of(e)}" for e in entries]
         profile = mark_prior(from_entries(cluster, train, entries, sources), sources)
-    elif (published := published_prior(cluster, train)) is not None:
-        profile = published
+    elif published and (from_presets := published_prior(cluster, train)) is not None:
+        profile = from_presets
     elif catalog is not None and catalog.types and all(w.instance_type for w in cluster.workers):
         seed = seed_profile(cluster, catalog)
         what = [f"prior: the catalog's peak FLOP/s of {w.instance_type}" for w in cluster.workers]

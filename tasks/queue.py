@@ -83,13 +83,15 @@ def job_model(job: QueueJob, cluster: ClusterSpec, dataset: DatasetSpec) -> tupl
     return queue_model(job, lines), profile.profiling_time_s
 
 
-def job_prior(job: QueueJob, cluster: ClusterSpec, dataset: DatasetSpec) -> tuple[Job, bool]:
+def job_prior(
+    job: QueueJob, cluster: ClusterSpec, dataset: DatasetSpec, published: bool = True
+) -> tuple[Job, bool]:
     """`job` as the allocator sees it with nothing measured first, and whether its lines are
     a prior's, in the prior's unit (`hetflow.queue.pace`: its own steps set the unit): each
     kind's line from the profile history where every kind has an entry (seconds, no flag),
-    else from the published ratios of the workers' presets or the equal split
-    (`tasks.history.prior_or_history`; nothing launched)."""
-    profile = prior_or_history(cluster, dataset, job.train_config())
+    else from the published ratios of the workers' presets (unless not `published`) or the
+    equal split (`tasks.history.prior_or_history`; nothing launched)."""
+    profile = prior_or_history(cluster, dataset, job.train_config(), published=published)
     workers, _ = cluster_kinds(cluster)
     lines: dict[str, Line] = {}
     for r in profile.ranks:

@@ -123,6 +123,7 @@ class Session:
     policy: str = "allocator"
     in_place_s: float = 1.0
     measure_first: bool = False
+    published_prior: bool = True
 
     def __post_init__(self) -> None:
         self.workers, self.kinds = cluster_kinds(self.cluster)
@@ -155,7 +156,8 @@ class Session:
                 self.open_pools(elastic=False)  # the next job's measuring on a warm agent
                 model, _ = job_model(job, self.cluster, self.dataset)
             else:
-                model, prior = self.units.admit(job, *job_prior(job, self.cluster, self.dataset))
+                known = job_prior(job, self.cluster, self.dataset, self.published_prior)
+                model, prior = self.units.admit(job, *known)
             check_job(model, self.kinds)
         except Exception as e:  # the job's own failure: the others go on
             self.jobs.append(Live(job, None, arrived_s))

@@ -17,7 +17,7 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrainConfig
 from hetflow.infra.s3 import local_s3_endpoint
 from hetflow.records import PlanChange, RankResult, RunResult, StepRecord
 from hetflow.training.plan.planner import make_plan
-from hetflow.training.plan.prior import EQUAL
+from hetflow.training.plan.prior import EQUAL, prior_kind
 
 # -- what a run learned, in the history -------------------------------------------------------
 
@@ -66,3 +66,24 @@ def test_what_a_run_learned_is_the_next_runs_prior(
     assert all(s.startswith("prior: the profile history, s3://") for s in again.sources)
     plan = make_plan(again, cluster, train)
     assert plan.local_batches[1] > 3 * plan.local_batches[0]  # planned from what it measured
+
+
+def test_a_cluster_of_presets_takes_their_published_ratios_unless_told_not_to(
+    tmp_path, hetflow_home, prefect_harness, monkeypatch
+):
+    """With no history, workers that name presets are planned from the presets' published
+    ratios; `published=False` (the queue's `published_prior`) makes that the equal split."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    dataset = DatasetSpec(url=(tmp_path / "d").as_uri())
+    cluster = ClusterSpec.from_speeds(["t4", "a100"])
+    train = TrainConfig(global_batch=64)
+    with local_s3_endpoint(dataset.url):
+        published = history_task.prior_or_history.fn(cluster, dataset, train)
+        equal = history_task.prior_or_history.fn(cluster, dataset, train, published=False)
+    assert [prior_kind(s) for s in published.sources] == [
+        "the published curve of preset t4",
+        "the published curve of preset a100",
+    ]
+    assert published.ranks[0].fit_s_per_sample > published.ranks[1].fit_s_per_sample
+    assert equal.sources == [EQUAL] * 2

@@ -157,3 +157,5 @@ def test_the_real_comparison_pairs_each_repeat_and_takes_each_figures_own_median
     assert out["allocator-measured_vs_fifo"]["per_repeat"] == [1.2, 0.5]
     assert out["allocator_vs_fifo"]["per_repeat"] == [0.8, 1.0, 0.5]
     assert out["allocator-measured"]["high_wait_s"] == 17.5
+    runs.append(run(1, "allocator-equal", 45.0, 9.0))
+    assert aggregate(runs)["allocator-equal_vs_fifo"]["per_repeat"] == [0.5]
