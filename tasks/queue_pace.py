@@ -1,68 +1,103 @@
-"""The allocator's step-time lines put in seconds by the jobs' own steps, where the session
-placed them from a prior with nothing measured first (`hetflow.queue.pace`; `tasks.queue.
-job_prior`). Reads each running job's progress through its run's stop channel
-(`StopChannel.progress_at`: on this host the time rank 0 wrote it)."""
+"""The allocator's step-time lines learned from the jobs' own steps, where the session placed
+them from a prior with nothing measured first (`hetflow.queue.pace`; `tasks.queue.job_prior`):
+each kind's line from the points a running job's re-balancer wrote (`progress.read_points`,
+the run's points.json on this host), and until one is, the unit from its progress
+(`StopChannel.progress_at`: on this host the time rank 0 wrote it; on Ray, the board's)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from hetflow.config.queue import QueueJob
-from hetflow.queue.allocate import step_s
 from hetflow.queue.jobs import Job
-from hetflow.queue.pace import Pace, scaled
+from hetflow.queue.pace import Learned, Pace, kind_lines
 
 
 class Units:
-    """Per recipe, the factor from a prior's unit to seconds once a job of the recipe has
-    paced (`factors`; `found`: when and from which job, for the session's figures), and each
-    running job's pace on the workers it holds."""
+    """Per recipe, what its jobs' steps measured (`learned`: each kind's line, the unit a pace
+    gave; `found`: each kind learned and each unit set, when and from which job, for the
+    session's figures); each job's model as its prior gave it (`priors`), and each running
+    job's pace on the workers it holds."""
 
     def __init__(self) -> None:
-        self.factors: dict[str, float] = {}
+        self.learned: dict[str, Learned] = {}
         self.found: list[dict] = []
+        self.priors: dict[str, Job] = {}
         self.paces: dict[str, Pace] = {}
+        self.read: dict[str, int] = {}  # job -> the step of the points last read of its run
 
     def admit(self, job: QueueJob, model: Job, prior: bool) -> tuple[Job, bool]:
-        """`model` in seconds where its lines are a `prior`'s and its recipe's factor is
-        known; and whether its lines still wait for one."""
-        factor = self.factors.get(job.recipe)
-        if prior and factor is not None:
-            return scaled(model, factor), False
-        return model, prior
+        """`model` with what its recipe's jobs measured where its lines are a `prior`'s
+        (`Learned.model`); and whether they are."""
+        if not prior:
+            return model, False
+        self.priors[job.name] = model
+        return self.learned.setdefault(job.recipe, Learned()).model(model), True
 
     def observe(
-        self, jobs: Iterable, progress_at: Callable, kinds_of: Callable, settled: Callable, now_s
+        self,
+        jobs: Iterable,
+        progress_at: Callable,
+        points_at: Callable,
+        kinds_of: Callable,
+        kind_of: Mapping[str, str],
+        settled: Callable,
+        now_s: float,
     ) -> bool:
-        """Each running job of `jobs` (the session's `Live`s) whose lines are still a prior's
-        paced on the workers it holds, where `settled` (no worker of it still joining: a
-        pace restarts then); the first pace of a recipe sets its factor, and every job of
-        the recipe whose lines are a prior's is scaled by it. True when any was.
-        `progress_at(job)`: its run's `(step, time)`, or None."""
+        """Each running job of `jobs` (the session's `Live`s) whose lines are a prior's: the
+        points its re-balancer wrote since last read (`points_at(job)`: (step, worker ->
+        points), or None), fitted per kind (`kind_of`: worker -> kind); and, until its recipe
+        has one, its pace on the workers it holds (where `settled`: none of them still
+        joining). Every job of a recipe that learned something
+        is modelled again (`Learned.model`). True when a recipe learned a kind's line or its
+        pace for the first time (the allocator should decide again)."""
         jobs = list(jobs)
-        changed = False
+        changed: set[str] = set()
+        first = False
         for j in jobs:
             if not j.prior or j.future is None or not j.workers:
                 continue
-            key = tuple(sorted(j.workers))
-            pace = self.paces.get(j.job.name)
-            if pace is None or pace.workers != key or not settled(j):
-                self.paces[j.job.name] = pace = Pace(key)
-            seen = progress_at(j)
-            took = None if seen is None else pace.observe(*seen)
-            if took is None:
+            recipe, name = j.job.recipe, j.job.name
+            learned = self.learned.setdefault(recipe, Learned())
+            got = points_at(j)
+            if got is not None and got[0] != self.read.get(name):
+                self.read[name] = got[0]
+                ref = max(1, j.job.global_batch // len(j.workers))
+                lines = kind_lines(got[1], kind_of, ref)
+                for kind in sorted(set(lines) - set(learned.lines)):
+                    self._found(name, now_s, kind=kind, line=lines[kind])
+                    first = True
+                learned.lines.update(lines)
+                changed.add(recipe)
+            if learned.pace is not None:
                 continue
-            factor = took / step_s(j.model, kinds_of(j.workers))
-            self.factors[j.job.recipe] = factor
-            self.found.append(
-                {"job": j.job.name, "at_s": round(now_s, 2), "step_s": took, "factor": factor}
-            )
-            for o in jobs:
-                if o.prior and o.job.recipe == j.job.recipe:
-                    o.model, o.prior = scaled(o.model, factor), False
-            print(
-                f"queue: {j.job.name} steps in {took:.3f} s on {', '.join(key)}: its recipe's "
-                f"lines from the prior scaled by {factor:.3g} to seconds"
-            )
-            changed = True
-        return changed
+            took = self._pace(j, progress_at, settled)
+            if took is not None:
+                learned.pace = (tuple(kinds_of(j.workers)), took, j.job.global_batch)
+                self._found(name, now_s, step_s=took, on=sorted(j.workers))
+                changed.add(recipe)
+                first = True
+        for o in jobs:
+            if o.prior and o.job.recipe in changed:
+                o.model = self.learned[o.job.recipe].model(self.priors[o.job.name])
+        return first
+
+    def _pace(self, j, progress_at: Callable, settled: Callable) -> float | None:
+        """`j`'s step time on the workers it holds, once paced (`Pace`); None before."""
+        key = tuple(sorted(j.workers))
+        pace = self.paces.get(j.job.name)
+        if pace is None or pace.workers != key or not settled(j):
+            self.paces[j.job.name] = pace = Pace(key)
+        seen = progress_at(j)
+        return None if seen is None else pace.observe(*seen)
+
+    def _found(self, job: str, now_s: float, **what) -> None:
+        """A kind's line or a unit learned from `job`'s steps, in `found` and said."""
+        line = what.pop("line", None)
+        if line is not None:
+            what["line"] = [line.fixed_s, line.per_sample_s]
+            said = f"{what['kind']}'s line, {line.fixed_s:.4g} s + {line.per_sample_s:.4g} s/sample"
+        else:
+            said = f"a step in {what['step_s']:.3f} s on {', '.join(what['on'])}"
+        self.found.append({"job": job, "at_s": round(now_s, 2), **what})
+        print(f"queue: {job}'s steps measured {said}")

@@ -55,6 +55,7 @@ from hetflow.tasks.train import stable_run_dir
 from hetflow.training.elastic.pool import session_pool
 from hetflow.training.launch.agents import agent_pool
 from hetflow.training.launch.pool import WarmPool
+from hetflow.training.loop.progress import read_points
 
 
 @dataclass
@@ -310,17 +311,22 @@ class Session:
             print(f"queue: {j.job.name} ends before its next checkpoint: it completes")
 
     def paced(self) -> bool:
-        """Whether a running job's steps set its recipe's unit just now (`Units.observe`)."""
+        """Whether a running job's steps gave its recipe a kind's line or its unit just now
+        (`Units.observe`)."""
         if self.policy == "fifo":
             return False
 
         def progress_at(j: Live):
             return job_stop_channel(self.cluster, stable_run_dir(j.job.name)).progress_at()
 
+        def points_at(j: Live):
+            return read_points(stable_run_dir(j.job.name))
+
         def settled(j: Live) -> bool:
             return not self.moves.pending(j.job.name) & set(j.workers)
 
-        return self.units.observe(self.jobs, progress_at, self.kinds_of, settled, self.now())
+        how = (progress_at, points_at, self.kinds_of, self.workers, settled, self.now())
+        return self.units.observe(self.jobs, *how)
 
     def kinds_of(self, names: list[str]):
         return [self.kinds[self.workers[w]] for w in names]

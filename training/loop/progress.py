@@ -1,4 +1,5 @@
-"""Rank 0's record of how far a run got (progress.json) and of its restarts (recovery.json)."""
+"""Rank 0's record of how far a run got (progress.json), of its restarts (recovery.json), and
+of what its steps measured of each worker (points.json)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,36 @@ from hetflow.records import Recovery
 # text (`TrainingLoop.stop_asked`); the queue writes it to move a job's workers.
 STOP_FILE = "stop_at"
 PROGRESS_FILE = "progress.json"  # `ProgressFile`, in the run directory
+POINTS_FILE = "points.json"  # `write_points`, in the run directory
+
+
+def write_points(run_dir: Path, step: int, points: dict[str, dict[int, float]]) -> None:
+    """`{"step": N, "workers": {worker: {batch: compute seconds}}}`: each worker's points the
+    re-balancer has learned (`Rebalancer.points`) after `step` steps, for the queue to learn
+    each kind's line from (`hetflow.queue.pace.kind_lines`); whole, through a rename, since it
+    is read while the run goes on. Written once a window, not every step."""
+    tmp = run_dir / f".{POINTS_FILE}.tmp"
+    workers = {w: {str(b): t for b, t in pts.items()} for w, pts in points.items()}
+    tmp.write_text(json.dumps({"step": step, "workers": workers}))
+    os.replace(tmp, run_dir / POINTS_FILE)
+
+
+def read_points(run_dir: Path) -> tuple[int, dict[str, dict[int, float]]] | None:
+    """What `write_points` wrote last in `run_dir`: (its step, each worker's points); None
+    where nothing is there yet.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp())
+    >>> read_points(d) is None
+    True
+    >>> write_points(d, 7, {"w0": {16: 0.1, 32: 0.18}}); read_points(d)
+    (7, {'w0': {16: 0.1, 32: 0.18}})
+    """
+    try:
+        raw = json.loads((run_dir / POINTS_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    workers = {w: {int(b): float(t) for b, t in p.items()} for w, p in raw["workers"].items()}
+    return int(raw["step"]), workers
 
 
 class ProgressFile:

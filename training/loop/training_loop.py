@@ -30,7 +30,7 @@ from hetflow.training.loop.evaluator import Evaluator
 from hetflow.training.loop.loop_step import LoopStepper
 from hetflow.training.loop.membership import Membership
 from hetflow.training.loop.optim import build_scheduler, step_scheduler
-from hetflow.training.loop.progress import ProgressFile, note_recovery
+from hetflow.training.loop.progress import ProgressFile, note_recovery, write_points
 from hetflow.training.loop.rebalancing import Rebalancing, share_every
 from hetflow.training.loop.stop_channel import channel_of
 from hetflow.training.loop.stop_request import StopRequest
@@ -100,6 +100,7 @@ class TrainingLoop:
             self.evaluator.rank = self.checkpointer.rank = -1
         self.recovery = self.note_recovery()
         self.progress = self.open_progress()
+        self.points_written = 0  # the re-balancer's windows when points.json was last written
         self.guard = StepGuard(self.spec, self.rank, self.net)  # last: every process group exists
         slack = self.guard.preemption.slack  # how far ahead of rank 0 a rank may run
         every = self.counts.checkpoint_every
@@ -182,6 +183,21 @@ class TrainingLoop:
         if checkpoint_now:
             line.checkpoint_s += self.timed(self.checkpointer.save, done, state)
         self.write_progress(done)
+        self.write_points(done)
+
+    def write_points(self, done: int) -> None:
+        """Rank 0's points.json (`progress.write_points`) once the re-balancer has observed a
+        window since it last wrote: each worker's points, by the name the run's cluster gives
+        the rank."""
+        rb = self.rebalancer
+        if self.progress is None or rb.points is None or rb.windows == self.points_written:
+            return
+        self.points_written = rb.windows
+        names = [w.name for w in self.spec.cluster.workers]
+        points = {names[r]: p for r, p in enumerate(rb.points) if p and r < len(names)}
+        tb = now()
+        write_points(Path(self.spec.run_dir), done, points)
+        self.state.bookkeeping_s += now() - tb
 
     def choose_compression(self) -> CompressionTrials | None:
         """'auto''s trials, or the checkpoint's (`trials.resolve_compression`): `self.spec`'s
