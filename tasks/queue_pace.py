@@ -26,13 +26,13 @@ class Units:
         self.paces: dict[str, Pace] = {}
         self.read: dict[str, int] = {}  # job -> the step of the points last read of its run
 
-    def admit(self, job: QueueJob, model: Job, prior: bool) -> tuple[Job, bool]:
+    def admit(self, job: QueueJob, model: Job, prior: bool) -> Job:
         """`model` with what its recipe's jobs measured where its lines are a `prior`'s
-        (`Learned.model`); and whether they are."""
+        (`Learned.model`; the job is in `priors` then), else as it is."""
         if not prior:
-            return model, False
+            return model
         self.priors[job.name] = model
-        return self.learned.setdefault(job.recipe, Learned()).model(model), True
+        return self.learned.setdefault(job.recipe, Learned()).model(model)
 
     def observe(
         self,
@@ -55,15 +55,14 @@ class Units:
         changed: set[str] = set()
         first = False
         for j in jobs:
-            if not j.prior or j.future is None or not j.workers:
+            if j.job.name not in self.priors or j.future is None or not j.workers:
                 continue
             recipe, name = j.job.recipe, j.job.name
             learned = self.learned.setdefault(recipe, Learned())
             got = points_at(j)
             if got is not None and got[0] != self.read.get(name):
                 self.read[name] = got[0]
-                ref = max(1, j.job.global_batch // len(j.workers))
-                lines = kind_lines(got[1], kind_of, ref)
+                lines = kind_lines(got[1], kind_of)
                 for kind in sorted(set(lines) - set(learned.lines)):
                     self._found(name, now_s, kind=kind, line=lines[kind])
                     first = True
@@ -78,7 +77,7 @@ class Units:
                 changed.add(recipe)
                 first = True
         for o in jobs:
-            if o.prior and o.job.recipe in changed:
+            if o.job.name in self.priors and o.job.recipe in changed:
                 o.model = self.learned[o.job.recipe].model(self.priors[o.job.name])
         return first
 

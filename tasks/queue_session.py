@@ -78,7 +78,6 @@ class Live:
     cancelling: bool = False  # asked to stop at its next checkpoint, and end there
     stop_at: int | None = None  # the checkpoint its running segment was asked to stop at
     joined: dict[str, float] = field(default_factory=dict)  # worker -> when it grew onto it
-    prior: bool = False  # its lines a prior's, in the prior's unit (`queue_pace.Units`)
 
     def held_from(self, worker: str) -> float:
         """When its running segment began to hold `worker` (it grew onto it, or started on it)."""
@@ -149,7 +148,7 @@ class Session:
         type. Failed alone where that raises or no worker holds it. The modelling's wall time
         is the allocator's to pay: the job's completion counts from `arrived_s`, and the
         session does nothing else meanwhile (`measuring_s` sums it)."""
-        t, prior = time.monotonic(), False
+        t = time.monotonic()
         try:
             if self.policy == "fifo":
                 model = queue_model(job)
@@ -158,7 +157,7 @@ class Session:
                 model, _ = job_model(job, self.cluster, self.dataset)
             else:
                 known = job_prior(job, self.cluster, self.dataset, self.published_prior)
-                model, prior = self.units.admit(job, *known)
+                model = self.units.admit(job, *known)
             check_job(model, self.kinds)
         except Exception as e:  # the job's own failure: the others go on
             self.jobs.append(Live(job, None, arrived_s))
@@ -166,7 +165,7 @@ class Session:
             return
         finally:
             self.measuring_s += time.monotonic() - t if self.policy != "fifo" else 0.0
-        self.jobs.append(Live(job, model, arrived_s, prior=prior))
+        self.jobs.append(Live(job, model, arrived_s))
         print(f"queue: {job.name} ({job.priority}) arrived")
 
     def end(self, j: Live, state: str, reason: str) -> None:

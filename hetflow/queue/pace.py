@@ -73,15 +73,15 @@ def scaled(job: Job, factor: float) -> Job:
 
 
 def kind_lines(
-    points: Mapping[str, Mapping[int, float]], kinds: Mapping[str, str], ref: int
+    points: Mapping[str, Mapping[int, float]], kinds: Mapping[str, str]
 ) -> dict[str, Line]:
     """Each kind's line from its workers' `points` (worker -> batch -> compute seconds;
     `kinds`: worker -> kind, a worker not in it left out): the mean over the kind's workers
     at each batch, fitted as a run's own points are (`learned.learned_rank`: a line through
-    two batches or more, proportional through one), its step given at batch `ref`.
+    two batches or more, proportional through one).
 
     >>> kind_lines({"a": {16: 0.2, 32: 0.36}, "b": {16: 0.1}, "x": {8: 1.0}},
-    ...            {"a": "t4", "b": "a100"}, 16)
+    ...            {"a": "t4", "b": "a100"})
     {'t4': Line(fixed_s=0.04, per_sample_s=0.01), 'a100': Line(fixed_s=0.0, per_sample_s=0.00625)}
     """
     by_kind: dict[str, dict[int, list[float]]] = {}
@@ -92,7 +92,7 @@ def kind_lines(
     out = {}
     for kind, pts in by_kind.items():
         means = {b: statistics.mean(ts) for b, ts in sorted(pts.items())}
-        r = learned_rank(0, means, ref)
+        r = learned_rank(0, means, max(means))  # the line alone: any reference batch
         if r is not None:
             out[kind] = Line(round(r.fit_latency_s, 12), round(r.fit_s_per_sample, 12))
     return out

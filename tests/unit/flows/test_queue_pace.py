@@ -27,8 +27,7 @@ PRIOR = {"preset-t4": Line(0.002, 0.0004), "preset-a100": Line(0.001, 0.0001)}  
 def live(units: Units, name: str, recipe: str, workers: list[str], prior: bool = True) -> Live:
     """A job admitted (from the prior where `prior`) and running on `workers` (none: waiting)."""
     job = QueueJob(name=name, recipe=recipe, global_batch=64, steps=100)
-    model, prior = units.admit(job, queue_model(job, PRIOR), prior)
-    j = Live(job, model, 0.0, prior=prior)
+    j = Live(job, units.admit(job, queue_model(job, PRIOR), prior), 0.0)
     j.workers, j.future = list(workers), object() if workers else None
     return j
 
@@ -65,7 +64,8 @@ def test_a_jobs_steps_scale_its_recipes_prior_lines_to_seconds():
     late = live(units, "late", "digits-cnn", [])
     assert late.model.lines["preset-a100"].fixed_s == pytest.approx(0.001 * factor)
     kept = Job("h", "low", 64, 10, 1.0, dict(PRIOR))
-    assert units.admit(low.job, kept, False) == (kept, False)
+    kept_job = QueueJob(name="h", recipe="digits-cnn", global_batch=64, steps=10)
+    assert units.admit(kept_job, kept, False) is kept and "h" not in units.priors
 
 
 def test_each_kind_a_job_ran_on_gets_the_line_its_points_fit_and_the_others_are_scaled():
@@ -86,7 +86,7 @@ def test_each_kind_a_job_ran_on_gets_the_line_its_points_fit_and_the_others_are_
     assert paced(units, [low], [(2, 0.5)], points=points) == [False]
     prior = dict(PRIOR) | {"preset-v100": Line(0.0, 0.0002)}
     job = QueueJob(name="v", recipe="digits-cnn", global_batch=64, steps=10)
-    model, _ = units.admit(job, queue_model(job, prior), True)
+    model = units.admit(job, queue_model(job, prior), True)
     # at the job's share (64 over 3 kinds: 21), t4 0.125/0.0104, a100 0.021/0.0031: median 8.7
     ratios = sorted([(0.02 + 0.005 * 21) / (0.002 + 0.0004 * 21), 0.021 / (0.001 + 0.0001 * 21)])
     median = sum(ratios) / 2
