@@ -12,9 +12,9 @@ jobs' own steps correct both (`Learned.model`), for every job of the recipe:
   to the prior's;
 - the first job of the recipe that runs is timed on the workers it holds, from rank 0's
   progress sampled as the run writes it (`Pace.observe`): the points are compute alone,
-  short of a step (its data, all-reduce and overheads), so every line is scaled until the
-  model's step there is that step (`scaled`). Where the points cannot be read (rank 0 on
-  another node), that sets the unit of the prior alone.
+  short of a step (its data, all-reduce and overheads), so every line is scaled by that
+  step over the model's step there (`scaled`; the ring's latency term is not). Where the
+  points cannot be read (rank 0 on another node), that sets the unit of the prior alone.
 """
 
 from __future__ import annotations
