@@ -7,11 +7,13 @@ as a train run on its workers (`tasks.queue.run_segment`) until it ends or the q
 its workers: then it is asked to stop at its next checkpoint (through the run's stop channel,
 `tasks.queue.job_stop_channel`: a file, or the Ray cluster's board), and a new segment
 resumes from there on the workers it moves to. A job that runs elastic (`QueueJob.in_place`)
-and keeps some of its workers moves in place instead (`tasks.queue_moves`): those it gives up
-leave at its next step boundary, it goes on without them in the same segment, and they are
-free once their processes have ended; those it takes, once free, join it at a step boundary
-in the spare slots it was launched with (`tasks.queue.spare_workers`); a move is priced at
-its measured cost then (`switch.InPlace`).
+moves in place instead (`tasks.queue_moves`): those of its workers it gives up leave at its
+next step boundary, it goes on without them in the same segment, and they are free once
+their processes have ended; those it takes, once free, join it at a step boundary in the
+spare slots it was launched with (`tasks.queue.spare_workers`); one that keeps none of its
+workers takes its new ones first and lets its own go once one is in (`switch.across`: not
+where two such jobs would each need the other's worker first); a move is priced at its
+measured cost then (`switch.InPlace`).
 
 A job that fails (its step-time model, its profile or a segment raised) ends alone, `failed`
 with its one-line reason, and its workers go back to the others; `hetflow queue cancel`
@@ -35,8 +37,8 @@ from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
 from hetflow.config.queue import QueueJob
 from hetflow.queue.allocate import Holding, step_s
 from hetflow.queue.fifo import fifo
-from hetflow.queue.jobs import Job, check_job
-from hetflow.queue.switch import InPlace, decide
+from hetflow.queue.jobs import check_job
+from hetflow.queue.switch import InPlace, across, decide
 from hetflow.tasks.queue import (
     SLOT_WAIT_S,
     Segment,
@@ -49,6 +51,7 @@ from hetflow.tasks.queue import (
     slot_name,
 )
 from hetflow.tasks.queue_ends import reason_of, record_end, state_rows, take_cancel_requests
+from hetflow.tasks.queue_live import Live
 from hetflow.tasks.queue_moves import Moves, release_parked
 from hetflow.tasks.queue_pace import Units
 from hetflow.tasks.train import stable_run_dir
@@ -56,49 +59,6 @@ from hetflow.training.elastic.pool import session_pool
 from hetflow.training.launch.agents import agent_pool
 from hetflow.training.launch.pool import WarmPool
 from hetflow.training.loop.progress import read_points
-
-
-@dataclass
-class Live:
-    """A job in the session."""
-
-    job: QueueJob
-    model: Job | None  # None where it failed or was cancelled before the queue modelled it
-    arrived_s: float
-    done: int = 0  # steps checkpointed
-    workers: list[str] = field(default_factory=list)  # what its running segment holds
-    target: list[str] | None = None
-    future: object = None
-    since_s: float = 0.0
-    started_s: float | None = None
-    finished_s: float | None = None
-    segments: list[Segment] = field(default_factory=list)
-    ended: str | None = None  # done, failed or cancelled (`ENDED_STATES`)
-    reason: str = ""  # why it failed or was cancelled, in one line
-    cancelling: bool = False  # asked to stop at its next checkpoint, and end there
-    stop_at: int | None = None  # the checkpoint its running segment was asked to stop at
-    joined: dict[str, float] = field(default_factory=dict)  # worker -> when it grew onto it
-
-    def held_from(self, worker: str) -> float:
-        """When its running segment began to hold `worker` (it grew onto it, or started on it)."""
-        return self.joined.get(worker, self.since_s)
-
-    @property
-    def state(self) -> str:
-        """What `hetflow queue list` says of it."""
-        if self.ended:
-            return self.ended
-        if self.future is None:
-            return "waiting"
-        return "cancelling" if self.cancelling else "running"
-
-    def stop_step(self, progress: int) -> int | None:
-        """The checkpoint its running segment is asked to stop at, at `progress` steps done:
-        the first at least two steps on (rank 0 of the run moves it to a later one that no
-        rank has passed: `training.loop.stop_request`); None where the job ends first."""
-        k = self.job.checkpoint_every
-        at = -(-(progress + 2) // k) * k
-        return at if at < self.job.steps else None
 
 
 @dataclass
@@ -233,30 +193,35 @@ class Session:
             got = fifo([j.model for j in act], holding, self.workers, self.kinds, asks)
         else:
             got = self.allocate(act, holding)
+        running = {j.job.name: j.workers for j in act if j.future is not None}
+        over = across(running, got, {j.job.name for j in act if j.job.in_place})
         for j in act:
             new = got.get(j.job.name, [])
             if j.future is None:
                 j.target = new
                 continue
             j.target = None if sorted(new) == sorted(j.workers) else new
+            j.across = j.job.name in over
             if j.target is not None and not self.in_place(j):
                 self.ask_stop(j)
 
     def in_place(self, j: Live) -> bool:
         """Whether running `j` moves to its target in place: it runs elastic and keeps some
-        of its workers (`switch.InPlace`). Done where it steps already, else at a later tick:
-        the workers it gives up asked to leave at its next step boundary (`Moves.shrink`; not
-        before one it keeps is a member, not a worker still joining, `Moves.pending`), then
-        each worker it takes, once free, started in its spare slot of the job to join at a
-        boundary (`Moves.grow`; a worker with no slot there: a relaunch, `ask_stop`)."""
+        of its workers, or keeps none and is free to take its new ones first (`j.across`,
+        `switch.across`). Done where it steps already, else at a later tick: the workers it
+        gives up asked to leave at its next step boundary (`Moves.shrink`; not before one it
+        keeps is a member, not a worker still joining, `Moves.pending`: a job moving across
+        lets its own go once a new one is in), and each worker it takes, once free, started
+        in its spare slot of the job to join at a boundary (`Moves.grow`; a worker with no
+        slot there: a relaunch, `ask_stop`)."""
         new = j.target or []
-        if not (j.job.in_place and set(new) & set(j.workers)) or j.cancelling:
+        if not (j.job.in_place and (set(new) & set(j.workers) or j.across)) or j.cancelling:
             return False
         if j.stop_at is not None:  # asked to stop already: that stands
             return False
         folder, name = stable_run_dir(j.job.name), j.job.name
-        if set(j.workers) - set(new):
-            keep = [w for w in j.workers if w in new]
+        keep = [w for w in j.workers if w in new]
+        if set(j.workers) - set(new) and keep:
             if not set(keep) - self.moves.pending(name):  # none of them in yet: later
                 return True
             if not self.moves.shrink(name, folder, j.workers, keep, self.now()):

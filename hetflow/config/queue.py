@@ -81,9 +81,9 @@ class QueueJob(ConfigModel):
         title="Moves in place",
         description="Run the job elastic (`faults.on_loss: continue`): a worker the queue "
         "takes from it leaves at its next step boundary while the others go on, and one it "
-        "gives it joins at a step boundary, no relaunch, no wait for a checkpoint (while it "
-        "keeps some of its workers). Off: each move stops the job at its next checkpoint "
-        "and relaunches it.",
+        "gives it joins at a step boundary, no relaunch, no wait for a checkpoint (moved "
+        "wholly to other workers, it takes them first, then lets its own go). Off: each move "
+        "stops the job at its next checkpoint and relaunches it.",
     )
 
     @field_validator("name", mode="before")

@@ -8,18 +8,19 @@ its next checkpoint (no step is lost) and restarts on its new workers, idle for 
 (launch, checkpoint load, warm-up), so it loses its new normalised throughput x `switch_s`;
 one moved to no worker restarts later, on workers not known yet, and is charged that
 restart now at the throughput it has (left out, a stop would look free beside a relaunch).
-A job that moves in place (`InPlace`: it runs elastic and keeps some of its workers) does not
-stop: the workers it gives up leave, and those it takes join, at a step boundary, its members
-pausing for a regroup, `InPlace.cost_s`, measured.
+A job that moves in place (`InPlace`: it runs elastic) does not stop: where it keeps some of its
+workers, those it gives up leave, and those it takes join, at a step boundary, its members
+pausing for a regroup, `InPlace.cost_s`, measured; where it keeps none (`across`), it takes
+its new workers first and lets its old ones go once they have joined, two regroups.
 Where the seconds until each running job's checkpoint are known (`InPlace.until_stop_s`), a
 move that relaunches a job changes nothing until that checkpoint: its gain runs over the
-horizon less that wait (`net`), which a move in place spares.
+horizon less that wait (`net`); a move in place waits its own seconds only.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hetflow.queue.allocate import Holding, allocate, normalised, objective, usable
@@ -41,26 +42,68 @@ class InPlace:
     with a spare slot for every worker they could take) and the seconds such a move costs
     them (`cost_s`: from the request to the job stepping again on its new workers). A move
     in place keeps some of the job's workers, gives others up, takes others or both; one
-    that takes all its workers relaunches it: `switch_s`.
+    that keeps none grows onto its new workers, then lets its old ones go (`across`): two
+    regroups, where it can; else it relaunches: `switch_s`.
 
-    >>> InPlace(frozenset({"a"}), 0.5).cost("a", ["w0", "w1"], ["w0"], switch_s=15)
-    0.5
-    >>> InPlace(frozenset({"a"}), 0.5).cost("a", ["w0"], ["w0", "w1"], switch_s=15)
-    0.5
-    >>> InPlace(frozenset({"a"}), 0.5).cost("a", ["w0"], ["w1"], switch_s=15)
-    15
+    >>> moving = InPlace(frozenset({"a", "b"}), 0.5)
+    >>> moving.costs({"a": ["w0", "w1"]}, {"a": ["w0"]}, switch_s=15)
+    {'a': 0.5}
+    >>> moving.costs({"a": ["w0"]}, {"a": ["w1"]}, switch_s=15)
+    {'a': 1.0}
+    >>> moving.costs({"a": ["w0"], "b": ["w1"]}, {"a": ["w1"], "b": ["w0"]}, switch_s=15)
+    {'a': 15, 'b': 15}
     """
 
     jobs: frozenset[str] = frozenset()
     cost_s: float = 0.0
     until_stop_s: Mapping[str, float] = field(default_factory=dict)  # running job -> s
 
-    def moves_in_place(self, name: str, old: Sequence[str], new: Sequence[str]) -> bool:
-        """Whether job `name` going from `old` to `new` workers is a move in place."""
-        return name in self.jobs and bool(set(new) & set(old))
+    def costs(self, running: Holding, move: Holding, switch_s: float) -> dict[str, float]:
+        """Each running job `move` changes (`moved`) and the seconds its switch costs it."""
+        over = across(running, move, self.jobs)
 
-    def cost(self, name: str, old: Sequence[str], new: Sequence[str], switch_s: float) -> float:
-        return self.cost_s if self.moves_in_place(name, old, new) else switch_s
+        def cost(n: str) -> float:
+            if n in over:
+                return 2 * self.cost_s
+            kept = n in self.jobs and set(move.get(n, ())) & set(running[n])
+            return self.cost_s if kept else switch_s
+
+        return {n: cost(n) for n in moved(running, move)}
+
+    def relaunched(self, running: Holding, move: Holding) -> list[str]:
+        """The running jobs `move` changes that it relaunches (none of them in place)."""
+        return [n for n, c in self.costs(running, move, math.inf).items() if c == math.inf]
+
+
+def across(running: Holding, move: Holding, elastic: Iterable[str]) -> frozenset[str]:
+    """The running jobs of `elastic` that `move` sends wholly to other workers and that can
+    move so in place: each grows onto its new workers once they are free, then lets its old
+    ones go. Not one whose new workers another such job holds that waits in turn, through
+    others or not, for its workers (a cycle: each would need the other's worker before it
+    gives its own up): those relaunch.
+
+    >>> across({"a": ["w0"], "b": ["w1"]}, {"a": ["w1"], "b": ["w2"]}, {"a", "b"})
+    frozenset({'a', 'b'})
+    >>> sorted(across({"a": ["w0"], "b": ["w1"]}, {"a": ["w1"], "b": ["w0"]}, {"a", "b"}))
+    []
+    """
+    whole = {
+        n for n in elastic if running.get(n) and move.get(n) and not set(move[n]) & set(running[n])
+    }
+    waits = {n: {m for m in whole if m != n and set(move[n]) & set(running[m])} for n in whole}
+
+    def cyclic(n: str) -> bool:
+        seen, todo = set(), list(waits[n])
+        while todo:
+            m = todo.pop()
+            if m == n:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo += waits[m]
+        return False
+
+    return frozenset(n for n in whole if not cyclic(n))
 
 
 def switch_cost(
@@ -77,10 +120,8 @@ def switch_cost(
     by_name = {j.name: j for j in jobs}
     in_place = in_place or InPlace()
     return sum(
-        by_name[n].weight
-        * normalised(by_name[n], move.get(n) or running[n], workers, kinds)
-        * in_place.cost(n, running[n], move.get(n, ()), switch_s)
-        for n in moved(running, move)
+        by_name[n].weight * normalised(by_name[n], move.get(n) or running[n], workers, kinds) * s
+        for n, s in in_place.costs(running, move, switch_s).items()
         if n in by_name
     )
 
@@ -97,17 +138,13 @@ def net(
     in_place: InPlace | None = None,
 ) -> float:
     """What `move` is worth over `keep` in `horizon_s`, less its switches: its objective's
-    rise over the horizon less the wait for the checkpoint of the slowest job it relaunches
-    (nothing changes before that: `InPlace.until_stop_s`), less `switch_cost`."""
+    rise over the horizon less the wait for the slowest switch (nothing changes before
+    that): a relaunched job's checkpoint (`InPlace.until_stop_s`), a move in place's own
+    seconds; less `switch_cost`."""
     in_place = in_place or InPlace()
-    wait = max(
-        (
-            in_place.until_stop_s.get(n, 0.0)
-            for n in moved(running, move)
-            if not in_place.moves_in_place(n, running[n], move.get(n, ()))
-        ),
-        default=0.0,
-    )
+    costs = in_place.costs(running, move, math.inf)
+    waits = [in_place.until_stop_s.get(n, 0.0) if c == math.inf else c for n, c in costs.items()]
+    wait = max(waits, default=0.0)
     rise = objective(jobs, move, workers, kinds) - objective(jobs, keep, workers, kinds)
     cost = switch_cost(jobs, running, move, workers, kinds, switch_s, in_place)
     return rise * max(0.0, horizon_s - wait) - cost

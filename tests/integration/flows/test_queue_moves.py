@@ -98,3 +98,65 @@ def test_a_job_gives_a_worker_up_and_takes_it_back_in_place(
     assert high_from < low_until
     with get_client(sync_client=True) as prefect:
         assert prefect.read_global_concurrency_limit_by_name(slot_name("speed-1")).active_slots == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_job_moved_wholly_to_another_worker_moves_in_place(
+    s3, prefect_harness, tmp_path, hetflow_home, monkeypatch
+):
+    """`low` (elastic) runs on w0 alone; `high` arrives and the allocator's answer (fixed
+    here: which workers it picks is outside the claim) sends `low` wholly to w1 and gives
+    `high` w0. `low` keeps none of its workers, yet moves in place: w1 joins it at a step
+    boundary first, then w0 leaves, and `high` starts on w0 before `low` ends. One launch of
+    `low`, w1 stepping from its join to the end, none redone; its MLflow run records the
+    join before the leave."""
+    from mlflow.tracking import MlflowClient
+
+    from hetflow.flows.job_queue import queue
+    from hetflow.infra.paths import runs_dir
+    from hetflow.infra.tracking.tracker import MLflowTracker
+    from hetflow.tasks.queue_session import Session
+
+    def allocate(self, act, holding):
+        names = {j.job.name for j in act}
+        self.high_seen = getattr(self, "high_seen", False) or "high" in names
+        got = {"low": ["w1"], "high": ["w0"]} if self.high_seen else {"low": ["w0"]}
+        return {n: w for n, w in got.items() if n in names}
+
+    monkeypatch.setattr(Session, "allocate", allocate)
+    common = {"recipe": "digits-mlp", "global_batch": 512, "checkpoint_every": 100}
+    low = QueueJob(name="low", priority="low", steps=STEPS, in_place=True, **common)
+    high = QueueJob(name="high", priority="high", steps=4, **common)
+    submitter = threading.Thread(target=submit_when_stepping, args=(high, "low", 10))
+    submitter.start()
+    out = queue(
+        jobs=[low],
+        cluster=ClusterSpec.from_speeds([1, 1], time_scale=20.0, name="q2"),
+        dataset=DatasetSpec(url="s3://hetflow-queue/digits", cache_dir=str(tmp_path / "c")),
+        tracking=TrackingConfig(),
+        switch_s=600.0,
+        in_place_s=0.1,
+        read_inbox=True,
+    )
+    submitter.join(timeout=5)
+    rows = {r["job"]: r for r in out["jobs"]}
+    assert rows["low"]["segments"] == 1  # one launch: no stop, no relaunch
+    assert rows["low"]["moved_in_place"] == 1 and rows["low"]["grown_in_place"] == 1
+    assert "high" in rows and out["figures"]["steps_redone"] == 0  # rows: the jobs done
+    (result,) = runs_dir().glob("*-low/result.json")
+    (lead,) = json.loads(result.read_text())["ranks"]  # w1's rank: w0's left with w0
+    steps = [s["step"] for s in lead["records"]]
+    client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
+    parent = out["parent_run_id"]
+    children = client.search_runs(
+        [client.get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'"
+    )
+    (run,) = [r for r in children if r.info.run_name == "low"]
+    path = client.download_artifacts(run.info.run_id, "membership.json", str(tmp_path))
+    joined, left = json.loads(open(path).read())
+    assert len(joined["joined"]) == 1 and joined["world"] == 2 and 10 <= joined["step"]
+    assert len(left["lost"]) == 1 and left["world"] == 1 and joined["step"] <= left["step"]
+    assert lead["rank"] == 1 and steps == list(range(joined["step"], STEPS))  # none redone
+    spans = {(job, w): (a, b) for job, w, a, b in out["spans"]}
+    assert spans[("low", "w0")][1] <= spans[("high", "w0")][0] < spans[("low", "w1")][1]

@@ -159,7 +159,7 @@ def test_a_move_stops_the_run_at_a_checkpoint_no_rank_has_reached(progress, expe
     """Two steps past the step progress.json says (a rank may be one ahead), on a boundary;
     none where the job ends first."""
     from hetflow.queue.jobs import Job
-    from hetflow.tasks.queue_session import Live
+    from hetflow.tasks.queue_live import Live
 
     job = QueueJob(name="j", steps=50, checkpoint_every=20)
     live = Live(job, Job("j", "normal", 128, 50, 1.0, checkpoint_every=20), 0.0)

@@ -14,8 +14,8 @@ from hetflow.config.queue import QueueJob
 from hetflow.queue.allocate import step_s
 from hetflow.queue.jobs import Job, Line
 from hetflow.tasks.queue import cluster_kinds, queue_model
+from hetflow.tasks.queue_live import Live
 from hetflow.tasks.queue_pace import Units
-from hetflow.tasks.queue_session import Live
 from hetflow.training.loop.progress import ProgressFile
 from hetflow.training.loop.stop_channel import FileStopChannel
 

@@ -147,7 +147,7 @@ def session(home):
 
 def test_the_session_ends_a_job_cancelled_before_it_arrived_or_while_it_waits(hetflow_home):
     from hetflow.queue.jobs import Job
-    from hetflow.tasks.queue_session import Live
+    from hetflow.tasks.queue_live import Live
 
     hetflow_home.mkdir(parents=True, exist_ok=True)
     (hetflow_home / CANCEL_FOLDER).mkdir()

@@ -118,11 +118,11 @@ def test_invariants(spec, workers):
         assert throughput(j, mine) >= max(throughput(j, [k]) for k in mine) * (1 - 1e-9)
 
 
-def test_an_elastic_job_is_shrunk_in_place_where_a_relaunch_would_not_pay():
+def test_an_elastic_job_moves_in_place_where_a_relaunch_would_not_pay():
     """`low` runs on both a100s, a t4 is free; `high` arrives. Moving `low` to other workers
     is a relaunch, too dear here: the rule keeps `low` as it is and `high` gets the t4. Run
-    elastic (`InPlace`), `low` can give an a100 up in place, which costs little: `high` gets
-    it, `low` keeps the other, no worker it did not hold."""
+    elastic (`InPlace`), `low` moves in place, which costs little (gives an a100 up, or grows
+    onto the t4 and lets both go): `high` gets an a100, nothing relaunches."""
     from hetflow.queue.switch import InPlace, decide
 
     three = {"w0": "a100", "w1": "a100", "w4": "t4"}
@@ -132,12 +132,13 @@ def test_an_elastic_job_is_shrunk_in_place_where_a_relaunch_would_not_pay():
     args = ([low, high], dict(running), running, {"low": 600.0}, three, KINDS)
     relaunched = decide(*args, switch_s=1e6)
     assert relaunched == {"low": ["w0", "w1"], "high": ["w4"]}
-    moved = decide(*args, switch_s=1e6, in_place=InPlace(frozenset({"low"}), 0.1))
-    assert len(moved["low"]) == 1 and set(moved["low"]) < {"w0", "w1"}
-    assert set(moved["high"]) & {"w0", "w1"}
+    elastic = InPlace(frozenset({"low"}), 0.1)
+    moved = decide(*args, switch_s=1e6, in_place=elastic)
+    assert moved["low"] and set(moved["high"]) & {"w0", "w1"}
+    assert elastic.relaunched(running, moved) == []
     # a relaunch free of cost, but `high` would wait 1000 s for `low`'s checkpoint: in place
     wait = InPlace(frozenset({"low"}), 0.1, {"low": 1000.0})
-    assert set(decide(*args, switch_s=0.0, in_place=wait)["low"]) < {"w0", "w1"}
+    assert wait.relaunched(running, decide(*args, switch_s=0.0, in_place=wait)) == []
     free = InPlace(frozenset({"low"}), 0.1, {"low": 0.0})
     assert decide(*args, switch_s=0.0, in_place=free)["low"] == ["w4"]  # moved: worth more
 
@@ -145,7 +146,8 @@ def test_an_elastic_job_is_shrunk_in_place_where_a_relaunch_would_not_pay():
 def test_a_grow_of_an_elastic_job_is_priced_in_place_a_trade_too():
     """A running elastic job that takes a worker (and keeps its own) pays the measured cost of
     a move in place, not a relaunch; one that keeps some workers and trades others too; one
-    moved onto none of its workers, a relaunch."""
+    moved wholly onto other workers, twice it (it grows onto them, then lets its own go);
+    two that would each need the other's worker first, a relaunch each."""
     from hetflow.queue.switch import InPlace, switch_cost
 
     three = {"w0": "a100", "w1": "a100", "w4": "t4"}
@@ -163,4 +165,10 @@ def test_a_grow_of_an_elastic_job_is_priced_in_place_a_trade_too():
         switch_cost([low], {"low": ["w0", "w1"]}, {"low": ["w0", "w4"]}, three, KINDS, 0.5)
     )
     away = switch_cost([low], running, {"low": ["w1"]}, three, KINDS, 100.0, elastic)
-    assert away == pytest.approx(switch_cost([low], running, {"low": ["w1"]}, three, KINDS, 100.0))
+    assert away == pytest.approx(switch_cost([low], running, {"low": ["w1"]}, three, KINDS, 1.0))
+    other = job("other", priority="low", speedups=(1, 3, 8))
+    both, swap = {"low": ["w0"], "other": ["w1"]}, {"low": ["w1"], "other": ["w0"]}
+    pair = InPlace(frozenset({"low", "other"}), 0.5)
+    assert switch_cost([low, other], both, swap, three, KINDS, 100.0, pair) == pytest.approx(
+        switch_cost([low, other], both, swap, three, KINDS, 100.0)
+    )

@@ -1,6 +1,7 @@
 """The session's choice for a running job whose workers change: in place (an elastic job that
 keeps some of its workers gives the others up, `Moves.shrink`, and takes the new ones once they
-are free, `Moves.grow`) or by a stop at its checkpoint and a relaunch. The launcher's handle is
+are free, `Moves.grow`; one that keeps none takes its new ones first, then lets its own go) or
+by a stop at its checkpoint and a relaunch. The launcher's handle is
 outside the claim: `Moves` is replaced by a recorder that answers as a running job would."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import pytest
 from hetflow.config import ClusterSpec, DatasetSpec, TrackingConfig
 from hetflow.config.queue import QueueJob
 from hetflow.tasks import queue_session
-from hetflow.tasks.queue_session import Live, Session
+from hetflow.tasks.queue_live import Live
+from hetflow.tasks.queue_session import Session
 
 
 class Recorder:
@@ -124,7 +126,7 @@ def test_a_worker_with_no_spare_slot_relaunches_the_job(session):
     "in_place, workers, target",
     [
         (False, ["w0"], ["w0", "w1"]),  # not elastic: a grow relaunches it
-        (True, ["w0"], ["w1"]),  # keeps none of its workers: a relaunch
+        (True, ["w0"], ["w1"]),  # keeps none of its workers, not free to move across
         (True, ["w0"], []),  # gives every worker up: a stop
     ],
 )
@@ -159,3 +161,44 @@ def test_no_worker_leaves_while_every_worker_kept_is_still_joining(session):
         ("grow", "low", ["w2"], ["hetflow-workers-speed-1"]),
     ]
     assert low.workers == ["w1", "w2"] and low.target is None
+
+
+def test_a_job_moved_wholly_takes_its_new_worker_then_lets_its_own_go(session):
+    """`low` on w0, bound for w1 alone, free to move across: w1 is grown onto first and w0
+    kept while w1 joins (the job never without a member); once w1 is in, w0 leaves. No stop
+    asked."""
+    low = running(session, "low", ["w0"])
+    low.target, low.across = ["w1"], True
+    assert session.in_place(low)
+    assert session.moves.calls == [("grow", "low", ["w1"], ["hetflow-workers-speed-1"])]
+    assert low.workers == ["w0", "w1"] and low.target == ["w1"]
+    session.moves.joining = {"w1"}
+    session.shrink_waiting()
+    assert len(session.moves.calls) == 1  # w1 still joining: w0 stays
+    session.moves.joining = set()
+    session.shrink_waiting()
+    assert session.moves.calls[1] == ("shrink", "low", ["w0"])
+    assert low.workers == ["w1"] and low.target is None and low.stop_at is None
+
+
+def scripted(session: Session, monkeypatch, got: dict[str, list[str]]) -> None:
+    """The allocator's answer fixed (which workers it picks is outside the claim)."""
+    monkeypatch.setattr(session, "allocate", lambda act, holding: dict(got))
+
+
+def test_the_decision_moves_a_chain_across_in_place_and_relaunches_a_cycle(session, monkeypatch):
+    """`a` on w0 bound for w1, which `b` holds, bound for the free w2: both in place, `b`
+    first (its worker free), `a` once w1 is. `c` on w0 and `d` on w1 bound for each other's
+    worker: neither could take its new worker first, both relaunch at their checkpoints."""
+    a, b = running(session, "a", ["w0"]), running(session, "b", ["w1"])
+    scripted(session, monkeypatch, {"a": ["w1"], "b": ["w2"]})
+    session.decide()
+    assert a.across and b.across and a.stop_at is None and b.stop_at is None
+    assert session.moves.calls == [("grow", "b", ["w2"], ["hetflow-workers-speed-1"])]
+    session.jobs.clear()
+    session.moves = Recorder()
+    c, d = running(session, "c", ["w0"]), running(session, "d", ["w1"])
+    scripted(session, monkeypatch, {"c": ["w1"], "d": ["w0"]})
+    session.decide()
+    assert not (c.across or d.across) and c.stop_at == d.stop_at == 10
+    assert session.moves.calls == []
