@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from hetflow.config import TrainConfig
 from hetflow.figures import RankFigures, RunMetrics, StepFigures, StepRank
-from hetflow.records import EvalPoint, RankResult, RunResult
+from hetflow.records import EvalPoint, RankResult, RunResult, StepRecord
 
 THROUGHPUT_SKIP_STEPS = 1  # the first step includes DDP's bucket rebuild; throughput skips it
 
@@ -32,11 +32,12 @@ def summarize(
     renumbers them as the cluster's workers)."""
     ranks = sorted(result.ranks, key=lambda r: r.rank)
     lead = result.lead  # the writer: under `on_loss: continue` a joiner may hold a lower rank
-    steps = len(lead.records)
-    rounds = steps if any(rec.inner_steps for rec in lead.records) else None
+    records = step_records(result)  # every step, those before a joiner lead's join too
+    steps = len(records)
+    rounds = steps if any(rec.inner_steps for rec in records) else None
     if rounds:  # strategy 'diloco': a step is a round, of every rank's samples
         global_batch = sum(r.records[0].batch for r in ranks)
-    step_times = [r.step_s for r in lead.records]
+    step_times = [r.step_s for r in records]
     loop = sum(step_times)
     timed = step_times[THROUGHPUT_SKIP_STEPS:] or step_times
     bytes_total = sum(sum(rec.bytes_sent for rec in r.records) for r in ranks)
@@ -211,15 +212,30 @@ def _rank_figures(r: RankResult) -> RankFigures:
     )
 
 
+def step_records(result: RunResult) -> list[StepRecord]:
+    """One record per step the run made, in step order: the lead's, and for the steps
+    before its first (a lead that joined in place has none before its join), the record of
+    the first process (`RunResult.stretches`) that ran the step."""
+    lead = result.lead.records
+    earlier: dict[int, StepRecord] = {}
+    for r in result.stretches:
+        for rec in r.records:
+            if not lead or rec.step < lead[0].step:
+                earlier.setdefault(rec.step, rec)
+    return [earlier[s] for s in sorted(earlier)] + list(lead)
+
+
 def step_series(result: RunResult, global_batch: int) -> list[StepFigures]:
-    """Per step: global mean loss (over the counts the recipe's loss sums over), step time
-    (rank 0), and per-rank busy fraction and batch."""
-    ranks = sorted(result.ranks, key=lambda r: r.rank)
+    """Per step the run made (`step_records`): global mean loss (over the counts
+    the recipe's loss sums over), step time (rank 0's, or the lead's), and per-rank busy
+    fraction and batch, of every process that ran the step (those that left in place too;
+    not those lost, whose records the survivors rebuilt without their loss)."""
+    ranks = sorted([*result.ranks, *result.departed], key=lambda r: r.rank)
     # by step, not by position: under `on_loss: continue` the ranks' records may differ in
-    # length (a rank that joined in place has none before its join)
+    # length (a rank that joined in place has none before its join, one that left none after)
     by_step = [{x.step: x for x in r.records} for r in ranks]
     series = []
-    for lead in result.lead.records:
+    for lead in step_records(result):
         recs = [
             (r.rank, m[lead.step]) for r, m in zip(ranks, by_step, strict=True) if lead.step in m
         ]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import ClassVar
 
+import pytest
+
 from hetflow.tasks import queue_moves
 from hetflow.tasks.queue_moves import Moves
 from hetflow.training.launch.live import registered
@@ -106,6 +108,40 @@ def test_the_step_series_of_ranks_with_uneven_records_is_read_by_step():
     rows = step_series(RunResult(ranks=[lead, other]), 32)
     assert [[r.rank for r in row.ranks] for row in rows] == [[0, 1], [0, 1], [0], [0]]
     assert [row.loss for row in rows] == [1.0] * 4
+
+
+def test_a_run_whose_lead_joined_in_place_counts_the_steps_before_its_join():
+    """Rank 0 ran steps 0-2 and left in place at 3; rank 1 joined at 2 and wrote the result
+    (a job moved wholly to another worker): the run made 6 steps, its training loop is all
+    six, and its step series holds each step once, steps 0-1 from rank 0's records."""
+    from hetflow.records import RankResult, RunResult, StepRecord
+    from hetflow.training.metrics import step_records, step_series, summarize
+
+    def rec(step: int, batch: int) -> StepRecord:
+        return StepRecord(
+            step=step,
+            batch=batch,
+            data_s=0.0,
+            compute_s=0.05,
+            wait_s=0.05,
+            step_s=0.1 + step,
+            loss_sum=float(batch),
+            bytes_sent=0.0,
+        )
+
+    joiner = RankResult(
+        rank=1, records=[rec(s, 16 if s < 3 else 32) for s in range(2, 6)], plans=[]
+    )
+    left = RankResult(rank=0, records=[rec(s, 32 if s < 2 else 16) for s in range(3)], plans=[])
+    result = RunResult(ranks=[joiner], departed=[left])
+    assert [r.step for r in step_records(result)] == list(range(6))
+    metrics = summarize(result, 32)
+    assert metrics.steps == 6
+    assert metrics.train_loop_s == pytest.approx(sum(0.1 + s for s in range(6)))
+    rows = step_series(result, 32)
+    assert [row.step for row in rows] == list(range(6))
+    assert [[r.rank for r in row.ranks] for row in rows] == [[0], [0], [0, 1], [1], [1], [1]]
+    assert [row.loss for row in rows] == [1.0] * 6
 
 
 def test_a_grow_starts_each_free_worker_in_its_slot_and_times_its_join(tmp_path, monkeypatch):
