@@ -62,9 +62,10 @@ def real_jobs(steps: int, every: int | None = None, case: str = "three", in_plac
         "checkpoint_every": every,
         "in_place": in_place,
     }
+    half = {"steps": steps // 2, "workers": 1, **common}
     more = [
-        QueueJob(name="low-2", priority="low", steps=steps // 2, arrive_after_s=15, **common),
-        QueueJob(name="normal-2", priority="normal", steps=steps // 2, arrive_after_s=20, **common),
+        QueueJob(name="low-2", priority="low", arrive_after_s=15, **half),
+        QueueJob(name="normal-2", priority="normal", arrive_after_s=20, **half),
     ]
     return (more if case == "queued" else []) + [
         QueueJob(name="low", priority="low", steps=steps, workers=1, **common),

@@ -159,3 +159,15 @@ def test_the_real_comparison_pairs_each_repeat_and_takes_each_figures_own_median
     assert out["allocator-measured"]["high_wait_s"] == 17.5
     runs.append(run(1, "allocator-equal", 45.0, 9.0))
     assert aggregate(runs)["allocator-equal_vs_fifo"]["per_repeat"] == [0.5]
+
+
+@pytest.mark.parametrize("case", ["three", "queued"])
+def test_every_job_of_the_real_bench_asks_fifo_for_one_worker(case):
+    """FIFO at the setting of the comparison: each job takes one free worker. A job asking
+    for none takes every worker that holds it, and a later job waits for the whole cluster
+    (the queued case's two later jobs did before: their waits leaned the comparison)."""
+    from benchmarks.queue_real import real_jobs
+
+    jobs = real_jobs(160, case=case)
+    assert len(jobs) == {"three": 3, "queued": 5}[case]
+    assert all(j.workers == 1 for j in jobs)
