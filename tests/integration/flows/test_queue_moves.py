@@ -34,25 +34,10 @@ def submit_when_stepping(job: QueueJob, low: str, at_step: int) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_job_gives_a_worker_up_and_takes_it_back_in_place(
-    s3, prefect_harness, tmp_path, hetflow_home
-):
-    """`low` (elastic) holds both workers; `high` arrives while it trains and the allocator
-    gives it one of them, at a relaunch's price far above what the move gains, but in place:
-    `low` lets the worker go at a step and goes on; `high` starts on it before `low` ends;
-    when `high` ends, `low` takes the worker back in place (a spare slot of its launch, the
-    worker joining at a step boundary). One launch of `low`, every step once, none redone;
-    its MLflow run records both changes of membership; every worker's slot is free at the
-    end."""
-    from mlflow.tracking import MlflowClient
-    from prefect.client.orchestration import get_client
-
+def low_then_high(tmp_path) -> dict:
+    """A queue session on two workers of speed 1: `low` (elastic, `STEPS` steps) from the
+    start, `high` (4 steps) submitted once `low` steps; the flow's output."""
     from hetflow.flows.job_queue import queue
-    from hetflow.infra.paths import runs_dir
-    from hetflow.infra.tracking.tracker import MLflowTracker
-    from hetflow.tasks.queue import slot_name
 
     common = {"recipe": "digits-mlp", "global_batch": 512, "checkpoint_every": 100}
     low = QueueJob(name="low", priority="low", steps=STEPS, in_place=True, **common)
@@ -69,6 +54,42 @@ def test_a_job_gives_a_worker_up_and_takes_it_back_in_place(
         read_inbox=True,
     )
     submitter.join(timeout=5)
+    return out
+
+
+def low_run(out: dict):
+    """(the MLflow client, `low`'s run under the session's parent run)."""
+    from mlflow.tracking import MlflowClient
+
+    from hetflow.infra.tracking.tracker import MLflowTracker
+
+    client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
+    parent = out["parent_run_id"]
+    children = client.search_runs(
+        [client.get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'"
+    )
+    (run,) = [r for r in children if r.info.run_name == "low"]
+    return client, run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_job_gives_a_worker_up_and_takes_it_back_in_place(
+    s3, prefect_harness, tmp_path, hetflow_home
+):
+    """`low` (elastic) holds both workers; `high` arrives while it trains and the allocator
+    gives it one of them, at a relaunch's price far above what the move gains, but in place:
+    `low` lets the worker go at a step and goes on; `high` starts on it before `low` ends;
+    when `high` ends, `low` takes the worker back in place (a spare slot of its launch, the
+    worker joining at a step boundary). One launch of `low`, every step once, none redone;
+    its MLflow run records both changes of membership; every worker's slot is free at the
+    end."""
+    from prefect.client.orchestration import get_client
+
+    from hetflow.infra.paths import runs_dir
+    from hetflow.tasks.queue import slot_name
+
+    out = low_then_high(tmp_path)
     rows = {r["job"]: r for r in out["jobs"]}
     assert rows["low"]["segments"] == 1  # one launch: no stop, no relaunch
     assert rows["low"]["moved_in_place"] == 1 and rows["low"]["grown_in_place"] == 1
@@ -82,12 +103,7 @@ def test_a_job_gives_a_worker_up_and_takes_it_back_in_place(
     (result,) = runs_dir().glob("*-low/result.json")
     steps = [s["step"] for s in json.loads(result.read_text())["ranks"][0]["records"]]
     assert steps == list(range(STEPS))  # every step once, none redone
-    client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
-    parent = out["parent_run_id"]
-    children = client.search_runs(
-        [client.get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'"
-    )
-    (run,) = [r for r in children if r.info.run_name == "low"]
+    client, run = low_run(out)
     path = client.download_artifacts(run.info.run_id, "membership.json", str(tmp_path))
     left, joined = json.loads(open(path).read())
     assert len(left["lost"]) == 1 and left["world"] == 1 and 10 <= left["step"]
@@ -111,11 +127,8 @@ def test_a_job_moved_wholly_to_another_worker_moves_in_place(
     boundary first, then w0 leaves, and `high` starts on w0 before `low` ends. One launch of
     `low`, w1 stepping from its join to the end, none redone; its MLflow run records the
     join before the leave."""
-    from mlflow.tracking import MlflowClient
 
-    from hetflow.flows.job_queue import queue
     from hetflow.infra.paths import runs_dir
-    from hetflow.infra.tracking.tracker import MLflowTracker
     from hetflow.tasks.queue_session import Session
 
     def allocate(self, act, holding):
@@ -125,21 +138,7 @@ def test_a_job_moved_wholly_to_another_worker_moves_in_place(
         return {n: w for n, w in got.items() if n in names}
 
     monkeypatch.setattr(Session, "allocate", allocate)
-    common = {"recipe": "digits-mlp", "global_batch": 512, "checkpoint_every": 100}
-    low = QueueJob(name="low", priority="low", steps=STEPS, in_place=True, **common)
-    high = QueueJob(name="high", priority="high", steps=4, **common)
-    submitter = threading.Thread(target=submit_when_stepping, args=(high, "low", 10))
-    submitter.start()
-    out = queue(
-        jobs=[low],
-        cluster=ClusterSpec.from_speeds([1, 1], time_scale=20.0, name="q2"),
-        dataset=DatasetSpec(url="s3://hetflow-queue/digits", cache_dir=str(tmp_path / "c")),
-        tracking=TrackingConfig(),
-        switch_s=600.0,
-        in_place_s=0.1,
-        read_inbox=True,
-    )
-    submitter.join(timeout=5)
+    out = low_then_high(tmp_path)
     rows = {r["job"]: r for r in out["jobs"]}
     assert rows["low"]["segments"] == 1  # one launch: no stop, no relaunch
     assert rows["low"]["moved_in_place"] == 1 and rows["low"]["grown_in_place"] == 1
@@ -147,12 +146,7 @@ def test_a_job_moved_wholly_to_another_worker_moves_in_place(
     (result,) = runs_dir().glob("*-low/result.json")
     (lead,) = json.loads(result.read_text())["ranks"]  # w1's rank: w0's left with w0
     steps = [s["step"] for s in lead["records"]]
-    client = MlflowClient(MLflowTracker(TrackingConfig()).tracking_uri)
-    parent = out["parent_run_id"]
-    children = client.search_runs(
-        [client.get_run(parent).info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'"
-    )
-    (run,) = [r for r in children if r.info.run_name == "low"]
+    client, run = low_run(out)
     path = client.download_artifacts(run.info.run_id, "membership.json", str(tmp_path))
     joined, left = json.loads(open(path).read())
     assert len(joined["joined"]) == 1 and joined["world"] == 2 and 10 <= joined["step"]

@@ -85,23 +85,31 @@ def test_the_plan_plot_draws_a_rank_that_left_at_zero_after_its_leave(tmp_path):
     assert path.stat().st_size > 0
 
 
+def record(step: int, batch: int, step_s: float):
+    """A rank's step record of `step_s` seconds, 0.05 of them computing, a loss of 1 a
+    sample."""
+    from hetflow.records import StepRecord
+
+    return StepRecord(
+        step=step,
+        batch=batch,
+        data_s=0.0,
+        compute_s=0.05,
+        wait_s=step_s - 0.05,
+        step_s=step_s,
+        loss_sum=float(batch),
+        bytes_sent=0.0,
+    )
+
+
 def test_the_step_series_of_ranks_with_uneven_records_is_read_by_step():
     """A run whose ranks' records differ in length (a rank that came or went in place): each
     step's row holds the ranks that ran it, its loss over their samples."""
-    from hetflow.records import RankResult, RunResult, StepRecord
+    from hetflow.records import RankResult, RunResult
     from hetflow.training.metrics import step_series
 
-    def rec(step: int, batch: int) -> StepRecord:
-        return StepRecord(
-            step=step,
-            batch=batch,
-            data_s=0.0,
-            compute_s=0.05,
-            wait_s=0.05,
-            step_s=0.1,
-            loss_sum=float(batch),
-            bytes_sent=0.0,
-        )
+    def rec(step: int, batch: int):
+        return record(step, batch, step_s=0.1)
 
     lead = RankResult(rank=0, records=[rec(s, 16 if s < 2 else 32) for s in range(4)], plans=[])
     other = RankResult(rank=1, records=[rec(s, 16) for s in range(2)], plans=[])
@@ -114,20 +122,11 @@ def test_a_run_whose_lead_joined_in_place_counts_the_steps_before_its_join():
     """Rank 0 ran steps 0-2 and left in place at 3; rank 1 joined at 2 and wrote the result
     (a job moved wholly to another worker): the run made 6 steps, its training loop is all
     six, and its step series holds each step once, steps 0-1 from rank 0's records."""
-    from hetflow.records import RankResult, RunResult, StepRecord
+    from hetflow.records import RankResult, RunResult
     from hetflow.training.metrics import step_records, step_series, summarize
 
-    def rec(step: int, batch: int) -> StepRecord:
-        return StepRecord(
-            step=step,
-            batch=batch,
-            data_s=0.0,
-            compute_s=0.05,
-            wait_s=0.05,
-            step_s=0.1 + step,
-            loss_sum=float(batch),
-            bytes_sent=0.0,
-        )
+    def rec(step: int, batch: int):
+        return record(step, batch, step_s=0.1 + step)
 
     joiner = RankResult(
         rank=1, records=[rec(s, 16 if s < 3 else 32) for s in range(2, 6)], plans=[]
