@@ -33,6 +33,13 @@ class Live:
     joined: dict[str, float] = field(default_factory=dict)  # worker -> when it grew onto it
     across: bool = False  # bound for workers none of its own, in place (`switch.across`)
 
+    @property
+    def staying(self) -> bool:
+        """Whether it runs a segment not asked to stop. One asked to stop ends at that
+        checkpoint whatever is decided after (every rank may have read it): the queue places
+        it afresh, as a waiting job, its workers free once the segment has ended."""
+        return self.future is not None and self.stop_at is None
+
     def held_from(self, worker: str) -> float:
         """When its running segment began to hold `worker` (it grew onto it, or started on it)."""
         return self.joined.get(worker, self.since_s)

@@ -162,16 +162,17 @@ class Session:
         return [j for j in self.jobs if j.finished_s is None]
 
     def allocate(self, act: list[Live], holding: Holding) -> Holding:
-        """The allocator's workers for the active jobs (`switch.decide`)."""
-        running = {j.job.name: j.workers for j in act if j.future is not None}
+        """The allocator's workers for the active jobs (`switch.decide`); those running a
+        segment asked to stop are placed as waiting ones (`Live.staying`)."""
+        running = {j.job.name: j.workers for j in act if j.staying}
         left = {
             j.job.name: (j.job.steps - j.done) * step_s(j.model, self.kinds_of(j.workers))
             for j in act
-            if j.future is not None
+            if j.staying
         }
         models = [j.model for j in act]
         elastic = frozenset(j.job.name for j in act if j.job.in_place)
-        until = {j.job.name: self.until_stop_s(j) for j in act if j.future is not None}
+        until = {j.job.name: self.until_stop_s(j) for j in act if j.staying}
         in_place = InPlace(elastic, self.moves.cost_s, until)
         return decide(
             models, holding, running, left, self.workers, self.kinds, self.switch_s, True, in_place
@@ -186,18 +187,18 @@ class Session:
 
     def decide(self) -> None:
         act = self.active()
-        holding = {j.job.name: j.workers or j.target or [] for j in act}
+        holding = {j.job.name: (j.workers if j.staying else []) or j.target or [] for j in act}
         holding = {n: w for n, w in holding.items() if w}
         if self.policy == "fifo":
             asks = {j.job.name: j.job.workers for j in act}
             got = fifo([j.model for j in act], holding, self.workers, self.kinds, asks)
         else:
             got = self.allocate(act, holding)
-        running = {j.job.name: j.workers for j in act if j.future is not None}
+        running = {j.job.name: j.workers for j in act if j.staying}
         over = across(running, got, {j.job.name for j in act if j.job.in_place})
         for j in act:
             new = got.get(j.job.name, [])
-            if j.future is None:
+            if not j.staying:  # waiting, or bound to end at the checkpoint asked
                 j.target = new
                 continue
             j.target = None if sorted(new) == sorted(j.workers) else new

@@ -19,6 +19,8 @@ class Recorder:
     """`Moves` as the session calls it: each shrink and grow recorded; `grows` answers what a
     grow of the job returns (None: not stepping yet; the workers added)."""
 
+    cost_s = 1.0  # a move in place's measured cost, as the allocator prices it
+
     def __init__(self, grows=lambda added: list(added)) -> None:
         self.calls: list[tuple] = []
         self.grows = grows
@@ -202,3 +204,35 @@ def test_the_decision_moves_a_chain_across_in_place_and_relaunches_a_cycle(sessi
     session.decide()
     assert not (c.across or d.across) and c.stop_at == d.stop_at == 10
     assert session.moves.calls == []
+
+
+def test_a_decision_while_a_job_stops_places_it_afresh_and_keeps_the_waiting_one_bound(
+    tmp_path, monkeypatch
+):
+    """`low` (not elastic) runs on both workers and was asked to stop at its checkpoint so
+    that `high` (waiting) gets w1. A decision meanwhile (the pace setting a unit) weighs
+    `low` as the waiting job it is about to be, its stop standing: `high` stays bound for
+    w1, `low` for w0; the workers `low` runs on now are not held for it (they were: `low`
+    was bound for both again, relaunched on them, and `high` waited for that segment)."""
+    from hetflow.queue.jobs import Job, Line
+
+    monkeypatch.setattr(queue_session, "stable_run_dir", lambda name: tmp_path / name)
+    two = Session(
+        cluster=ClusterSpec.from_speeds([1, 2], name="q2"),
+        dataset=DatasetSpec(url="s3://b/d"),
+        tracking=TrackingConfig(),
+        parent_run_id="p",
+        switch_s=0.0,
+        inbox=list,
+    )
+    two.moves = Recorder()
+    lines = {k: Line(0.01, 0.001 / (1 + i)) for i, k in enumerate(two.kinds)}
+    low = running(two, "low", ["w0", "w1"], in_place=False)
+    low.model = Job("low", "low", 64, 100, 0.1, dict(lines), 0.0, 10)
+    low.target, low.stop_at = ["w0"], 10
+    high = Live(QueueJob(name="high", priority="high", steps=40), None, 0.0, target=["w1"])
+    high.model = Job("high", "high", 64, 40, 0.1, dict(lines), 0.0, 10)
+    two.jobs.append(high)
+    two.decide()
+    assert high.target == ["w1"] and low.target == ["w0"]
+    assert low.stop_at == 10 and low.workers == ["w0", "w1"]
