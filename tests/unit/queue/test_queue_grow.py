@@ -42,19 +42,25 @@ class Recorder:
         return set(self.joining)
 
 
-@pytest.fixture
-def session(tmp_path, monkeypatch):
+def new_session(tmp_path, monkeypatch, speeds: list[float], switch_s: float) -> Session:
+    """A session on workers of `speeds`, run directories under `tmp_path`, its moves
+    recorded (`Recorder`)."""
     monkeypatch.setattr(queue_session, "stable_run_dir", lambda name: tmp_path / name)
     s = Session(
-        cluster=ClusterSpec.from_speeds([1, 1, 1], name="q3"),
+        cluster=ClusterSpec.from_speeds(speeds, name=f"q{len(speeds)}"),
         dataset=DatasetSpec(url="s3://b/d"),
         tracking=TrackingConfig(),
         parent_run_id="p",
-        switch_s=15.0,
+        switch_s=switch_s,
         inbox=list,
     )
     s.moves = Recorder()
     return s
+
+
+@pytest.fixture
+def session(tmp_path, monkeypatch):
+    return new_session(tmp_path, monkeypatch, [1, 1, 1], switch_s=15.0)
 
 
 def running(session: Session, name: str, workers: list[str], in_place=True) -> Live:
@@ -216,16 +222,7 @@ def test_a_decision_while_a_job_stops_places_it_afresh_and_keeps_the_waiting_one
     was bound for both again, relaunched on them, and `high` waited for that segment)."""
     from hetflow.queue.jobs import Job, Line
 
-    monkeypatch.setattr(queue_session, "stable_run_dir", lambda name: tmp_path / name)
-    two = Session(
-        cluster=ClusterSpec.from_speeds([1, 2], name="q2"),
-        dataset=DatasetSpec(url="s3://b/d"),
-        tracking=TrackingConfig(),
-        parent_run_id="p",
-        switch_s=0.0,
-        inbox=list,
-    )
-    two.moves = Recorder()
+    two = new_session(tmp_path, monkeypatch, [1, 2], switch_s=0.0)
     lines = {k: Line(0.01, 0.001 / (1 + i)) for i, k in enumerate(two.kinds)}
     low = running(two, "low", ["w0", "w1"], in_place=False)
     low.model = Job("low", "low", 64, 100, 0.1, dict(lines), 0.0, 10)
