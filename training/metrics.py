@@ -7,7 +7,9 @@ adds what the variant paid before its first step (profile, launch, trials).
 
 busy_fraction is compute time over training time, per rank (`rank{r}/busy_fraction`) and over
 all ranks (`busy_fraction`); the rest is communication, waiting for the slowest rank (idle) and
-waiting for data. `train_loop_s` is the training loop's time: the sum of rank 0's step times.
+waiting for data. `train_loop_s` is the training loop's time: the sum of rank 0's step times
+(`step_records`: where the rank that wrote the result joined in place, the steps before its
+join are those of the process that ran them).
 """
 
 from __future__ import annotations
