@@ -164,7 +164,7 @@ class Session:
     def allocate(self, act: list[Live], holding: Holding) -> Holding:
         """The allocator's workers for the active jobs (`switch.decide`); those running a
         segment asked to stop are placed as waiting ones (`Live.staying`)."""
-        running = {j.job.name: j.workers for j in act if j.staying}
+        running = self.running(act)
         left = {
             j.job.name: (j.job.steps - j.done) * step_s(j.model, self.kinds_of(j.workers))
             for j in act
@@ -177,6 +177,11 @@ class Session:
         return decide(
             models, holding, running, left, self.workers, self.kinds, self.switch_s, True, in_place
         )
+
+    @staticmethod
+    def running(act: list[Live]) -> Holding:
+        """The workers each job of `act` that stays on its segment holds (`Live.staying`)."""
+        return {j.job.name: j.workers for j in act if j.staying}
 
     def until_stop_s(self, j: Live) -> float:
         """The seconds until running `j` would reach the checkpoint a stop asks for now (its
@@ -194,8 +199,7 @@ class Session:
             got = fifo([j.model for j in act], holding, self.workers, self.kinds, asks)
         else:
             got = self.allocate(act, holding)
-        running = {j.job.name: j.workers for j in act if j.staying}
-        over = across(running, got, {j.job.name for j in act if j.job.in_place})
+        over = across(self.running(act), got, {j.job.name for j in act if j.job.in_place})
         for j in act:
             new = got.get(j.job.name, [])
             if not j.staying:  # waiting, or bound to end at the checkpoint asked

@@ -126,7 +126,9 @@ class Learned:
         known = [k for k in self.lines if k in prior.lines]
         base = prior
         if known:
-            ratio = statistics.median(_at(self.lines[k], b) / _at(prior.lines[k], b) for k in known)
+            ratio = statistics.median(
+                self.lines[k].curve.time(b) / prior.lines[k].curve.time(b) for k in known
+            )
             lines = {k: self.lines.get(k) or scaled_line(v, ratio) for k, v in prior.lines.items()}
             base = replace(prior, lines=lines)
         if self.pace is None:
@@ -134,10 +136,6 @@ class Learned:
         kinds, took, batch = self.pace
         modelled = step_s(replace(base, global_batch=batch), kinds)
         return scaled(base, took / modelled) if modelled > 0 else base
-
-
-def _at(line: Line, b: int) -> float:
-    return line.fixed_s + line.per_sample_s * b
 
 
 def scaled_line(line: Line, factor: float) -> Line:

@@ -58,21 +58,26 @@ class InPlace:
     cost_s: float = 0.0
     until_stop_s: Mapping[str, float] = field(default_factory=dict)  # running job -> s
 
-    def costs(self, running: Holding, move: Holding, switch_s: float) -> dict[str, float]:
-        """Each running job `move` changes (`moved`) and the seconds its switch costs it."""
+    def in_place(self, running: Holding, move: Holding) -> dict[str, float]:
+        """Each running job `move` changes in place and the seconds that costs it: one
+        regroup where it keeps some of its workers, two where it moves wholly (`across`)."""
         over = across(running, move, self.jobs)
+        return {
+            n: 2 * self.cost_s if n in over else self.cost_s
+            for n in moved(running, move)
+            if n in over or (n in self.jobs and set(move.get(n, ())) & set(running[n]))
+        }
 
-        def cost(n: str) -> float:
-            if n in over:
-                return 2 * self.cost_s
-            kept = n in self.jobs and set(move.get(n, ())) & set(running[n])
-            return self.cost_s if kept else switch_s
-
-        return {n: cost(n) for n in moved(running, move)}
+    def costs(self, running: Holding, move: Holding, switch_s: float) -> dict[str, float]:
+        """Each running job `move` changes (`moved`) and the seconds its switch costs it:
+        `in_place`'s, else a relaunch's `switch_s`."""
+        kept = self.in_place(running, move)
+        return {n: kept.get(n, switch_s) for n in moved(running, move)}
 
     def relaunched(self, running: Holding, move: Holding) -> list[str]:
         """The running jobs `move` changes that it relaunches (none of them in place)."""
-        return [n for n, c in self.costs(running, move, math.inf).items() if c == math.inf]
+        kept = self.in_place(running, move)
+        return [n for n in moved(running, move) if n not in kept]
 
 
 def across(running: Holding, move: Holding, elastic: Iterable[str]) -> frozenset[str]:
@@ -142,9 +147,8 @@ def net(
     that): a relaunched job's checkpoint (`InPlace.until_stop_s`), a move in place's own
     seconds; less `switch_cost`."""
     in_place = in_place or InPlace()
-    costs = in_place.costs(running, move, math.inf)
-    waits = [in_place.until_stop_s.get(n, 0.0) if c == math.inf else c for n, c in costs.items()]
-    wait = max(waits, default=0.0)
+    stops = [in_place.until_stop_s.get(n, 0.0) for n in in_place.relaunched(running, move)]
+    wait = max([*stops, *in_place.in_place(running, move).values()], default=0.0)
     rise = objective(jobs, move, workers, kinds) - objective(jobs, keep, workers, kinds)
     cost = switch_cost(jobs, running, move, workers, kinds, switch_s, in_place)
     return rise * max(0.0, horizon_s - wait) - cost
